@@ -1,0 +1,101 @@
+//! The command line: one module per subcommand. This is the only place that uses `anyhow`; the
+//! library's typed errors are turned into a one-line message and a non-zero exit code here.
+
+mod cert;
+mod csr;
+mod key;
+mod probe;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// hwkey: Kubernetes client certificates whose private keys never leave a PKCS#11 token or TPM.
+#[derive(Debug, Parser)]
+#[command(name = "hwkey", version, about, long_about = None)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "HWKEY_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create, list, inspect and delete hardware keys.
+    #[command(subcommand)]
+    Key(key::KeyCommand),
+    /// Make a PKCS#10 certificate request signed inside the hardware.
+    Csr(csr::CsrArgs),
+    /// Store or inspect the certificate of a hardware key.
+    #[command(subcommand)]
+    Cert(cert::CertCommand),
+    /// One HTTPS GET with mTLS signed by the hardware key, reporting the handshake.
+    Probe(probe::ProbeArgs),
+}
+
+/// Runs the CLI and returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let result = match cli.command {
+        Command::Key(c) => key::run(c),
+        Command::Csr(a) => csr::run(a),
+        Command::Cert(c) => cert::run(c),
+        Command::Probe(a) => probe::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hwkey: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HWKEY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Parses `--key` values into typed URIs at the edge.
+fn parse_uri(s: &str) -> Result<crate::key::KeyUri, String> {
+    s.parse().map_err(|e: crate::key::KeyError| e.to_string())
+}
+
+/// Writes output to `--out` atomically, or to stdout.
+fn emit(out: Option<&std::path::Path>, text: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    match out {
+        Some(path) => crate::atomic_file::write_atomic(path, text.as_bytes(), 0o644)
+            .with_context(|| format!("cannot write {}", path.display())),
+        None => {
+            use std::io::Write;
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(text.as_bytes())?;
+            stdout.flush()?;
+            Ok(())
+        }
+    }
+}

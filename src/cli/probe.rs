@@ -1,0 +1,59 @@
+//! `hwkey probe`: check a key against an mTLS server.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+
+use super::parse_uri;
+use crate::key::{Key, KeyUri};
+use crate::pki::cert;
+use crate::probe::{self, ProbeOptions};
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// The key that signs the handshake.
+    #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+    key: KeyUri,
+    /// Certificate chain (PEM); default: the one stored with the key.
+    #[arg(long, env = "HWKEY_CERT")]
+    cert: Option<PathBuf>,
+    /// CA bundle that signs the server's certificate; default: the system roots.
+    #[arg(long, env = "HWKEY_CA")]
+    ca: Option<PathBuf>,
+    /// Name to verify the server certificate against (default: the URL's host).
+    #[arg(long)]
+    tls_server_name: Option<String>,
+    /// The URL to GET, e.g. https://127.0.0.1:6443/version
+    url: String,
+}
+
+pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
+    let key = Arc::new(Key::open(&args.key)?);
+    let chain = cert::chain_for_key(&key, args.cert.as_deref())?;
+    cert::ensure_matches(&chain[0], &key)?;
+    let options = ProbeOptions {
+        url: args.url,
+        ca: args.ca,
+        server_name: args.tls_server_name,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(probe::probe(key.clone(), chain, &options))?;
+    eprintln!("tls: {} {}", report.tls_version, report.cipher_suite);
+    match report.client_scheme {
+        Some(s) => eprintln!("client signature: {s} (signed by {})", key.describe()),
+        None => {
+            eprintln!("client signature: none (the server did not ask for a client certificate)")
+        }
+    }
+    eprintln!("server: {}", report.peer_subject);
+    eprintln!("http: {}", report.status);
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&report.body)?;
+    out.flush()?;
+    Ok(())
+}

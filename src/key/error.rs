@@ -1,0 +1,148 @@
+//! The key layer's error type. Hardware errors are mapped here, once, at the backend edge, into
+//! variants that say what was wrong and how to fix it.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while finding, creating or using a hardware key.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("invalid key URI '{uri}': {reason}")]
+    InvalidUri { uri: String, reason: String },
+
+    #[error(
+        "unknown algorithm '{given}': use one of ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096"
+    )]
+    UnknownAlgorithm { given: String },
+
+    #[error("{backend} keys cannot use algorithm {algorithm}: {hint}")]
+    UnsupportedAlgorithm {
+        backend: &'static str,
+        algorithm: String,
+        hint: String,
+    },
+
+    #[error("key {key} ({algorithm}) cannot sign with {scheme}")]
+    UnsupportedScheme {
+        key: String,
+        algorithm: String,
+        scheme: String,
+    },
+
+    #[error("no PKCS#11 module given: add module-path=/path/to/module.so to the URI's query or set HWKEY_PKCS11_MODULE")]
+    NoModule,
+
+    #[error("cannot load PKCS#11 module {path}: {reason}; check module-path (is the package installed? e.g. apt-get install softhsm2)")]
+    ModuleLoad { path: PathBuf, reason: String },
+
+    #[error("token '{token}' not found in module {module}; tokens present: {}", list_or_none(.present))]
+    TokenNotFound {
+        token: String,
+        module: PathBuf,
+        present: Vec<String>,
+    },
+
+    #[error("the URI names no token: add token=LABEL (tokens present in {module}: {})", list_or_none(.present))]
+    NoTokenSelected {
+        module: PathBuf,
+        present: Vec<String>,
+    },
+
+    #[error("{what} not found on {place}; keys present: {}", list_or_none(.present))]
+    KeyNotFound {
+        what: String,
+        place: String,
+        present: Vec<String>,
+    },
+
+    #[error("{what} already exists on {place}: choose another object/id/path, or delete it first with `hwkey key delete --yes`")]
+    KeyExists { what: String, place: String },
+
+    #[error("the URI names no key: add object=LABEL or id=%XX (or path=/ handle= for a TPM)")]
+    NoKeySelected,
+
+    #[error("token '{token}' needs a PIN: add pin-source=file:/path/to/pin or pin-source=env:VAR to the URI")]
+    PinRequired { token: String },
+
+    #[error("cannot read the PIN from {source_desc}: {reason}")]
+    PinUnreadable { source_desc: String, reason: String },
+
+    #[error("the PIN for token '{token}' was rejected (CKR_PIN_INCORRECT); hwkey made exactly one attempt and will not retry, because tokens lock after a few wrong PINs: fix the PIN source and try again")]
+    PinIncorrect { token: String },
+
+    #[error("token '{token}' has locked its user PIN (CKR_PIN_LOCKED): unlock it with the SO PIN (e.g. `softhsm2-util` / `pkcs11-tool --unlock-pin`)")]
+    PinLocked { token: String },
+
+    #[error("PKCS#11 {operation} failed on token '{token}': {reason}")]
+    Pkcs11 {
+        operation: &'static str,
+        token: String,
+        reason: String,
+    },
+
+    #[error("cannot open the TPM through TCTI '{tcti}': {reason}; check that the TPM (or swtpm) is running and the tcti= value (or TPM2TOOLS_TCTI) is right")]
+    TpmConnect { tcti: String, reason: String },
+
+    #[error("TPM {operation} failed: {reason}")]
+    Tpm {
+        operation: &'static str,
+        reason: String,
+    },
+
+    #[error("TPM key file {path} is not a usable TSS2 PRIVATE KEY: {reason}")]
+    Tss2Pem { path: PathBuf, reason: String },
+
+    #[error("{key} cannot be used by hwkey: {reason}")]
+    TpmKeyUnusable { key: String, reason: String },
+
+    #[error(
+        "{key} made a {scheme} signature that does not verify against its own public key: {hint}"
+    )]
+    TpmBadSignature {
+        key: String,
+        scheme: String,
+        hint: String,
+    },
+
+    #[error("{key} has no place beside it to store a certificate chain: keep the chain in a PEM file and pass it with --cert FILE")]
+    TpmNoChainStore { key: String },
+
+    #[error("{what} is malformed: {reason}")]
+    Malformed { what: String, reason: String },
+
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("the certificate for {subject} holds a different public key than {key}: use the certificate issued for this key (check with `hwkey cert show`)")]
+    CertificateMismatch { key: String, subject: String },
+
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "(none)".to_string()
+    } else {
+        items
+            .iter()
+            .map(|s| format!("'{s}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl KeyError {
+    /// An I/O error with the action and path that failed.
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        KeyError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}

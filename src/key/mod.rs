@@ -1,0 +1,192 @@
+//! The hardware key layer: one abstraction over keys that live in a PKCS#11 token or a TPM 2.0.
+//!
+//! A [`Key`] knows its algorithm and public key and can sign; the private key never leaves the
+//! device in any code path (keys are created sensitive and non-extractable, and no function here
+//! reads private key material). Backends implement [`KeyBackend`]; the rustls and rcgen adapters
+//! ([`tls`], [`csr_signer`]) sit on top and never the other way round.
+//!
+//! Concurrency: [`Key::sign`] is blocking and may be called from many threads at once. The
+//! PKCS#11 backend runs concurrent signatures on a pool of sessions (one per signer at a time);
+//! the TPM backend serialises them on the single thread that owns the TPM context. Async callers
+//! must not call `sign` on a runtime worker without `block_in_place` (the rustls adapter does so).
+
+pub mod algorithm;
+pub mod der;
+mod error;
+pub mod pin;
+pub mod pkcs11;
+pub mod rcgen_signer;
+pub mod tls;
+pub mod tpm;
+pub mod uri;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use algorithm::{HashAlg, KeyAlgorithm, SignScheme};
+pub use error::KeyError;
+pub use uri::{KeyUri, Pkcs11Uri, TpmKeyLocation, TpmUri};
+
+/// What a hardware backend provides. One job: sign inside the device.
+pub trait KeyBackend: Send + Sync + fmt::Debug {
+    /// The key pair's algorithm.
+    fn algorithm(&self) -> KeyAlgorithm;
+
+    /// The DER SubjectPublicKeyInfo of the key.
+    fn spki_der(&self) -> &[u8];
+
+    /// Signs `message` (the whole message; the backend hashes) with `scheme`, which the caller
+    /// has checked is one of `algorithm().schemes()`. ECDSA results are DER.
+    fn sign(&self, scheme: SignScheme, message: &[u8]) -> Result<Vec<u8>, KeyError>;
+
+    /// A short human description ("PKCS#11 token 'kube', object 'alice'").
+    fn describe(&self) -> String;
+
+    /// The certificate chain stored with the key (DER, leaf first), if any.
+    fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError>;
+
+    /// Session-level counters, for backends that have sessions.
+    fn session_stats(&self) -> Option<SessionStats> {
+        None
+    }
+}
+
+/// Counters of a backend's session pool: tests use them as a speed-independent proof of
+/// parallelism (how many sessions were in use at the same moment).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Sessions opened since the key was opened (reopens after a token reset included).
+    pub opened: u64,
+    /// The largest number of sessions signing at the same moment.
+    pub peak_in_use: u64,
+    /// Sessions that the token invalidated and that were replaced.
+    pub recovered: u64,
+}
+
+/// An opened hardware key, ready to sign from any thread.
+#[derive(Debug)]
+pub struct Key {
+    uri: KeyUri,
+    backend: Box<dyn KeyBackend>,
+    signatures: AtomicU64,
+}
+
+/// One entry of `hwkey key list`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyListing {
+    /// A URI that opens exactly this key.
+    pub uri: KeyUri,
+    /// Its algorithm.
+    pub algorithm: KeyAlgorithm,
+    /// Whether a certificate is stored with it.
+    pub has_certificate: bool,
+}
+
+impl Key {
+    /// Opens the key a URI names. The PIN (if any) is read and used once, here.
+    pub fn open(uri: &KeyUri) -> Result<Key, KeyError> {
+        let backend: Box<dyn KeyBackend> = match uri {
+            KeyUri::Pkcs11(u) => Box::new(pkcs11::open(u)?),
+            KeyUri::Tpm(u) => Box::new(tpm::open(u)?),
+        };
+        Ok(Key::from_backend(uri.clone(), backend))
+    }
+
+    /// Creates a new key on the device and opens it. Refuses if the name is taken.
+    pub fn create(uri: &KeyUri, algorithm: KeyAlgorithm) -> Result<Key, KeyError> {
+        let backend: Box<dyn KeyBackend> = match uri {
+            KeyUri::Pkcs11(u) => Box::new(pkcs11::create(u, algorithm)?),
+            KeyUri::Tpm(u) => Box::new(tpm::create(u, algorithm)?),
+        };
+        Ok(Key::from_backend(uri.clone(), backend))
+    }
+
+    fn from_backend(uri: KeyUri, backend: Box<dyn KeyBackend>) -> Key {
+        Key {
+            uri,
+            backend,
+            signatures: AtomicU64::new(0),
+        }
+    }
+
+    /// The URI the key was opened with.
+    pub fn uri(&self) -> &KeyUri {
+        &self.uri
+    }
+
+    /// The key pair's algorithm.
+    pub fn algorithm(&self) -> KeyAlgorithm {
+        self.backend.algorithm()
+    }
+
+    /// The DER SubjectPublicKeyInfo.
+    pub fn spki_der(&self) -> &[u8] {
+        self.backend.spki_der()
+    }
+
+    /// The public key as a PEM `PUBLIC KEY` block.
+    pub fn public_key_pem(&self) -> String {
+        der::to_pem("PUBLIC KEY", self.spki_der())
+    }
+
+    /// A short description for logs and messages.
+    pub fn describe(&self) -> String {
+        self.backend.describe()
+    }
+
+    /// Signs inside the hardware. Blocking; safe to call from many threads at once.
+    pub fn sign(&self, scheme: SignScheme, message: &[u8]) -> Result<Vec<u8>, KeyError> {
+        let algorithm = self.algorithm();
+        if !algorithm.schemes().contains(&scheme) {
+            return Err(KeyError::UnsupportedScheme {
+                key: self.describe(),
+                algorithm: algorithm.to_string(),
+                scheme: scheme.to_string(),
+            });
+        }
+        let sig = self.backend.sign(scheme, message)?;
+        self.signatures.fetch_add(1, Ordering::Relaxed);
+        Ok(sig)
+    }
+
+    /// How many signatures this key has made since it was opened.
+    pub fn signatures(&self) -> u64 {
+        self.signatures.load(Ordering::Relaxed)
+    }
+
+    /// Session pool counters (PKCS#11 only).
+    pub fn session_stats(&self) -> Option<SessionStats> {
+        self.backend.session_stats()
+    }
+
+    /// The certificate chain stored with the key (DER, leaf first), if any.
+    pub fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError> {
+        self.backend.stored_chain()
+    }
+}
+
+/// Lists the keys on the token or TPM a URI names.
+pub fn list(uri: &KeyUri) -> Result<Vec<KeyListing>, KeyError> {
+    match uri {
+        KeyUri::Pkcs11(u) => pkcs11::list(u),
+        KeyUri::Tpm(u) => tpm::list(u),
+    }
+}
+
+/// Deletes a key and the objects tied to it (public key, certificates). Returns what it removed.
+/// Callers must have an explicit confirmation from the user (`--yes`).
+pub fn delete(uri: &KeyUri) -> Result<Vec<String>, KeyError> {
+    match uri {
+        KeyUri::Pkcs11(u) => pkcs11::delete(u),
+        KeyUri::Tpm(u) => tpm::delete(u),
+    }
+}
+
+/// Stores a certificate chain (DER, leaf first) with the key; the caller has checked that the
+/// leaf matches the key. Replaces a chain stored before. Returns where it was stored.
+pub fn store_chain(uri: &KeyUri, chain: &[Vec<u8>]) -> Result<String, KeyError> {
+    match uri {
+        KeyUri::Pkcs11(u) => pkcs11::store_chain(u, chain),
+        KeyUri::Tpm(u) => tpm::store_chain(u, chain),
+    }
+}

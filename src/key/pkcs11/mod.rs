@@ -1,0 +1,386 @@
+//! PKCS#11 backend (crate `cryptoki`): HSMs, smart cards, SoftHSMv2.
+//!
+//! Layout: [`module`] loads and initialises libraries once per process; [`token`] finds a token by
+//! label and logs in; [`pool`] keeps logged-in sessions for parallel signing; [`objects`] finds
+//! keys, public keys and certificates; [`keygen`] creates keys; [`sign`] maps schemes to
+//! mechanisms.
+//!
+//! Concurrency: a [`Pkcs11Key`] is shared by all signing threads. Each signature borrows one
+//! session from the pool, so signatures run in parallel up to the pool's size (SoftHSM, with
+//! `CKF_OS_LOCKING_OK`, signs in parallel on separate sessions). When the token invalidates
+//! sessions (reset, removal, logout by someone else), the signature that notices drops every idle
+//! session, opens a fresh one, logs in again (unless the PIN was rejected before), finds the key
+//! again and retries once.
+
+mod keygen;
+mod module;
+mod objects;
+mod pool;
+mod sign;
+mod token;
+
+use std::sync::RwLock;
+
+use cryptoki::error::{Error as CkError, RvError};
+use cryptoki::object::{Attribute, AttributeType, CertificateType, ObjectClass, ObjectHandle};
+
+use self::objects::KeyIdent;
+use self::pool::SessionPool;
+use self::sign::SignError;
+use self::token::Token;
+use super::{
+    der, KeyAlgorithm, KeyBackend, KeyError, KeyListing, KeyUri, Pkcs11Uri, SessionStats,
+    SignScheme,
+};
+
+/// How many sessions one key may have open at once. Enough for every core of a busy proxy; small
+/// enough for tokens that allow only a few sessions.
+const MAX_SESSIONS: usize = 16;
+
+/// A private key on a PKCS#11 token.
+#[derive(Debug)]
+pub struct Pkcs11Key {
+    token: Token,
+    uri: Pkcs11Uri,
+    ident: KeyIdent,
+    handle: RwLock<ObjectHandle>,
+    algorithm: KeyAlgorithm,
+    spki: Vec<u8>,
+    pool: SessionPool,
+}
+
+/// Formats a cryptoki error the way PKCS#11 documentation names it (`CKR_PIN_INCORRECT`).
+pub(crate) fn ckr(e: &CkError) -> String {
+    match e {
+        CkError::Pkcs11(rv, function) => {
+            let name = format!("{rv:?}");
+            let mut snake = String::from("CKR");
+            for ch in name.chars() {
+                if ch.is_ascii_uppercase() {
+                    snake.push('_');
+                }
+                snake.push(ch.to_ascii_uppercase());
+            }
+            format!("{snake} from {function}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Errors after which the session (not the request) is what failed.
+fn session_lost(e: &CkError) -> bool {
+    matches!(
+        e,
+        CkError::Pkcs11(
+            RvError::SessionHandleInvalid
+                | RvError::SessionClosed
+                | RvError::DeviceRemoved
+                | RvError::TokenNotPresent
+                | RvError::UserNotLoggedIn
+                | RvError::KeyHandleInvalid
+                | RvError::ObjectHandleInvalid,
+            _
+        )
+    )
+}
+
+/// Opens the key a URI names: finds the token, logs in once, finds the key and its public key.
+pub fn open(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
+    let token = Token::find(uri)?;
+    let session = token.open_session(false)?;
+    let handle = objects::find_private_key(&token, &session, uri)?;
+    let ident = objects::ident(&token, &session, handle)?;
+    let algorithm = objects::algorithm(&token, &session, handle)?;
+    let spki = objects::public_spki(&token, &session, handle, &ident, algorithm)?;
+    let pool = SessionPool::new(MAX_SESSIONS);
+    // The first session stays open in the pool, which keeps this process logged in.
+    pool.adopt(session);
+    Ok(Pkcs11Key {
+        token,
+        uri: uri.clone(),
+        ident,
+        handle: RwLock::new(handle),
+        algorithm,
+        spki,
+        pool,
+    })
+}
+
+/// Creates a key pair on the token. Refuses when a private key with that label or id exists.
+pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, KeyError> {
+    let Some(label) = uri.object.clone() else {
+        return Err(KeyError::InvalidUri {
+            uri: uri.to_string(),
+            reason: "a new key needs a label: add object=NAME to the URI".into(),
+        });
+    };
+    let token = Token::find(uri)?;
+    let session = token.open_session(true)?;
+    for (_, existing) in objects::private_keys(&token, &session)? {
+        let same_label = existing.label.as_deref() == Some(label.as_str());
+        let same_id = uri.id.as_ref().is_some_and(|id| *id == existing.id);
+        if same_label || same_id {
+            return Err(KeyError::KeyExists {
+                what: format!("a key {}", existing.describe()),
+                place: token.place(),
+            });
+        }
+    }
+    let id = match &uri.id {
+        Some(id) => id.clone(),
+        None => {
+            let mut id = vec![0u8; 8];
+            ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id)
+                .map_err(|_| KeyError::Unsupported("the system random generator failed".into()))?;
+            id
+        }
+    };
+    let ident = KeyIdent {
+        label: Some(label),
+        id,
+    };
+    keygen::generate(&token, &session, algorithm, &ident)?;
+    drop(session);
+    let uri = uri.with_key(ident.label.clone(), Some(ident.id.clone()));
+    open(&uri)
+}
+
+/// Lists the private keys on the token the URI names.
+pub fn list(uri: &Pkcs11Uri) -> Result<Vec<KeyListing>, KeyError> {
+    let token = Token::find(uri)?;
+    let session = token.open_session(false)?;
+    let mut out = Vec::new();
+    for (handle, ident) in objects::private_keys(&token, &session)? {
+        let algorithm = match objects::algorithm(&token, &session, handle) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!("skipping key {}: {e}", ident.describe());
+                continue;
+            }
+        };
+        let has_certificate = !objects::certificates(&token, &session, &ident)?.is_empty();
+        let key_uri = Pkcs11Uri {
+            token: Some(token.label.clone()),
+            serial: None,
+            slot_id: None,
+            ..uri.with_key(
+                ident.label.clone(),
+                Some(ident.id.clone()).filter(|i| !i.is_empty()),
+            )
+        };
+        out.push(KeyListing {
+            uri: KeyUri::Pkcs11(key_uri),
+            algorithm,
+            has_certificate,
+        });
+    }
+    Ok(out)
+}
+
+/// Deletes the private key, its public key and its certificates.
+pub fn delete(uri: &Pkcs11Uri) -> Result<Vec<String>, KeyError> {
+    let token = Token::find(uri)?;
+    let session = token.open_session(true)?;
+    let private = objects::find_private_key(&token, &session, uri)?;
+    let ident = objects::ident(&token, &session, private)?;
+    let mut doomed = vec![(private, format!("private key {}", ident.describe()))];
+    for public in session
+        .find_objects(&ident.template(ObjectClass::PUBLIC_KEY))
+        .map_err(|e| token.err("C_FindObjects", &e))?
+    {
+        doomed.push((public, format!("public key {}", ident.describe())));
+    }
+    for (cert, _) in objects::certificates(&token, &session, &ident)? {
+        doomed.push((cert, format!("certificate {}", ident.describe())));
+    }
+    let mut removed = Vec::new();
+    for (handle, what) in doomed {
+        session
+            .destroy_object(handle)
+            .map_err(|e| token.err("C_DestroyObject", &e))?;
+        removed.push(format!("{what} on {}", token.place()));
+    }
+    Ok(removed)
+}
+
+/// Stores certificates as `CKO_CERTIFICATE` objects sharing the key's id and label. The new
+/// objects are written before the old ones are removed, so a failure leaves the old chain.
+pub fn store_chain(uri: &Pkcs11Uri, chain: &[Vec<u8>]) -> Result<String, KeyError> {
+    let token = Token::find(uri)?;
+    let session = token.open_session(true)?;
+    let private = objects::find_private_key(&token, &session, uri)?;
+    let ident = objects::ident(&token, &session, private)?;
+    let old = objects::certificates(&token, &session, &ident)?;
+    let mut created = Vec::new();
+    for cert in chain {
+        let template = certificate_template(&ident, cert)?;
+        match session.create_object(&template) {
+            Ok(h) => created.push(h),
+            Err(e) => {
+                for h in created {
+                    let _ = session.destroy_object(h);
+                }
+                return Err(token.err("C_CreateObject", &e));
+            }
+        }
+    }
+    for (h, _) in old {
+        session
+            .destroy_object(h)
+            .map_err(|e| token.err("C_DestroyObject", &e))?;
+    }
+    Ok(format!(
+        "{} certificate object(s) for key {} on {}",
+        chain.len(),
+        ident.describe(),
+        token.place()
+    ))
+}
+
+fn certificate_template(ident: &KeyIdent, cert: &[u8]) -> Result<Vec<Attribute>, KeyError> {
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(cert).map_err(|e| KeyError::Malformed {
+            what: "certificate".into(),
+            reason: e.to_string(),
+        })?;
+    let tbs = &parsed.tbs_certificate;
+    let serial = yasna::construct_der(|w| w.write_bigint_bytes(tbs.raw_serial(), true));
+    let mut t = vec![
+        Attribute::Class(ObjectClass::CERTIFICATE),
+        Attribute::CertificateType(CertificateType::X_509),
+        Attribute::Token(true),
+        Attribute::Private(false),
+        Attribute::Value(cert.to_vec()),
+        Attribute::Subject(tbs.subject.as_raw().to_vec()),
+        Attribute::Issuer(tbs.issuer.as_raw().to_vec()),
+        Attribute::SerialNumber(serial),
+        Attribute::Id(ident.id.clone()),
+    ];
+    if let Some(label) = &ident.label {
+        t.push(Attribute::Label(label.as_bytes().to_vec()));
+    }
+    Ok(t)
+}
+
+impl Pkcs11Key {
+    fn sign_once(
+        &self,
+        scheme: SignScheme,
+        message: &[u8],
+    ) -> Result<Vec<u8>, (Option<CkError>, KeyError)> {
+        let session = self.pool.get(&self.token).map_err(|e| (None, e))?;
+        let handle = *self.handle.read().unwrap_or_else(|p| p.into_inner());
+        match sign::sign(session.session(), handle, scheme, message) {
+            Ok(sig) => Ok(sig),
+            Err(SignError::Encoding(e)) => Err((None, e)),
+            Err(SignError::Token(e)) => {
+                let err = self.token.err("C_Sign", &e);
+                if session_lost(&e) {
+                    session.discard();
+                }
+                Err((Some(e), err))
+            }
+        }
+    }
+
+    /// Replaces dead sessions and finds the key again after the token invalidated them.
+    fn recover(&self) -> Result<(), KeyError> {
+        self.pool.discard_idle();
+        self.pool.note_recovered();
+        let session = self.pool.get(&self.token)?;
+        let handle = objects::find_private_key(&self.token, session.session(), &self.uri)?;
+        *self.handle.write().unwrap_or_else(|p| p.into_inner()) = handle;
+        Ok(())
+    }
+}
+
+impl KeyBackend for Pkcs11Key {
+    fn algorithm(&self) -> KeyAlgorithm {
+        self.algorithm
+    }
+
+    fn spki_der(&self) -> &[u8] {
+        &self.spki
+    }
+
+    fn sign(&self, scheme: SignScheme, message: &[u8]) -> Result<Vec<u8>, KeyError> {
+        match self.sign_once(scheme, message) {
+            Ok(sig) => Ok(sig),
+            Err((Some(ck), err)) if session_lost(&ck) => {
+                tracing::warn!(
+                    "{}: {err}; reopening sessions and logging in again",
+                    self.describe()
+                );
+                self.recover()?;
+                self.sign_once(scheme, message).map_err(|(_, e)| e)
+            }
+            Err((_, e)) => Err(e),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "PKCS#11 token '{}', key {}",
+            self.token.label,
+            self.ident.describe()
+        )
+    }
+
+    fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError> {
+        let session = self.pool.get(&self.token)?;
+        let certs = objects::certificates(&self.token, session.session(), &self.ident)?;
+        if certs.is_empty() {
+            return Ok(None);
+        }
+        let certs = certs.into_iter().map(|(_, der)| der).collect();
+        Ok(Some(der::order_chain(&self.spki, certs)))
+    }
+
+    fn session_stats(&self) -> Option<SessionStats> {
+        Some(self.pool.stats())
+    }
+}
+
+/// Reads the attributes that prove a private key cannot leave the token, as (name, value) pairs:
+/// `CKA_SENSITIVE`, `CKA_EXTRACTABLE`, `CKA_NEVER_EXTRACTABLE`, `CKA_ALWAYS_SENSITIVE`, and
+/// whether `CKA_VALUE` was readable. `hwkey key show` prints them; tests assert on them.
+pub fn protection(uri: &Pkcs11Uri) -> Result<Vec<(&'static str, bool)>, KeyError> {
+    let token = Token::find(uri)?;
+    let session = token.open_session(false)?;
+    let handle = objects::find_private_key(&token, &session, uri)?;
+    let attrs = session
+        .get_attributes(
+            handle,
+            &[
+                AttributeType::Sensitive,
+                AttributeType::Extractable,
+                AttributeType::NeverExtractable,
+                AttributeType::AlwaysSensitive,
+            ],
+        )
+        .map_err(|e| token.err("C_GetAttributeValue", &e))?;
+    let mut out = Vec::new();
+    for a in attrs {
+        match a {
+            Attribute::Sensitive(v) => out.push(("CKA_SENSITIVE", v)),
+            Attribute::Extractable(v) => out.push(("CKA_EXTRACTABLE", v)),
+            Attribute::NeverExtractable(v) => out.push(("CKA_NEVER_EXTRACTABLE", v)),
+            Attribute::AlwaysSensitive(v) => out.push(("CKA_ALWAYS_SENSITIVE", v)),
+            _ => {}
+        }
+    }
+    // Ask for the private value itself: a sensitive key must not hand it out.
+    let value = session
+        .get_attributes(
+            handle,
+            &[
+                AttributeType::Value,
+                AttributeType::PrivateExponent,
+                AttributeType::Prime,
+            ],
+        )
+        .map(|v| !v.is_empty())
+        .unwrap_or(false);
+    out.push(("private value readable", value));
+    Ok(out)
+}

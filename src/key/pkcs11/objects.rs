@@ -1,0 +1,271 @@
+//! Finding objects on a token: private keys, their public halves and their certificates.
+//!
+//! A key is its private-key object; the public key and certificates belong to it by sharing its
+//! `CKA_ID` (or, when the id is empty, its `CKA_LABEL`), the convention pkcs11-tool, OpenSSL and
+//! p11-kit follow.
+
+use cryptoki::object::{Attribute, AttributeType, KeyType, ObjectClass, ObjectHandle};
+use cryptoki::session::Session;
+
+use super::token::Token;
+use crate::key::uri::hex;
+use crate::key::{der, KeyAlgorithm, KeyError, Pkcs11Uri};
+
+/// What identifies a key object on a token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyIdent {
+    pub(crate) label: Option<String>,
+    pub(crate) id: Vec<u8>,
+}
+
+impl KeyIdent {
+    /// The template that finds objects of `class` tied to this key.
+    pub(crate) fn template(&self, class: ObjectClass) -> Vec<Attribute> {
+        let mut t = vec![Attribute::Class(class)];
+        if !self.id.is_empty() {
+            t.push(Attribute::Id(self.id.clone()));
+        } else if let Some(label) = &self.label {
+            t.push(Attribute::Label(label.as_bytes().to_vec()));
+        }
+        t
+    }
+
+    /// How the key is shown in lists and messages.
+    pub(crate) fn describe(&self) -> String {
+        match &self.label {
+            Some(l) if self.id.is_empty() => format!("'{l}'"),
+            Some(l) => format!("'{l}' (id {})", hex(&self.id)),
+            None => format!("id {}", hex(&self.id)),
+        }
+    }
+}
+
+/// The search template for the private key a URI names.
+pub(crate) fn private_key_template(uri: &Pkcs11Uri) -> Result<Vec<Attribute>, KeyError> {
+    if uri.object.is_none() && uri.id.is_none() {
+        return Err(KeyError::NoKeySelected);
+    }
+    let mut t = vec![Attribute::Class(ObjectClass::PRIVATE_KEY)];
+    if let Some(o) = &uri.object {
+        t.push(Attribute::Label(o.as_bytes().to_vec()));
+    }
+    if let Some(id) = &uri.id {
+        t.push(Attribute::Id(id.clone()));
+    }
+    Ok(t)
+}
+
+/// Finds exactly one private key for the URI.
+pub(crate) fn find_private_key(
+    token: &Token,
+    session: &Session,
+    uri: &Pkcs11Uri,
+) -> Result<ObjectHandle, KeyError> {
+    let found = session
+        .find_objects(&private_key_template(uri)?)
+        .map_err(|e| token.err("C_FindObjects", &e))?;
+    match found.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(KeyError::KeyNotFound {
+            what: uri.key_desc(),
+            place: token.place(),
+            present: private_keys(token, session)?
+                .iter()
+                .map(|(_, ident)| ident.describe())
+                .collect(),
+        }),
+        many => Err(KeyError::Unsupported(format!(
+            "{} matches {} private keys on {}: add id=%XX to the URI to choose one",
+            uri.key_desc(),
+            many.len(),
+            token.place()
+        ))),
+    }
+}
+
+/// Every private key on the token, with its label and id.
+pub(crate) fn private_keys(
+    token: &Token,
+    session: &Session,
+) -> Result<Vec<(ObjectHandle, KeyIdent)>, KeyError> {
+    let handles = session
+        .find_objects(&[Attribute::Class(ObjectClass::PRIVATE_KEY)])
+        .map_err(|e| token.err("C_FindObjects", &e))?;
+    handles
+        .into_iter()
+        .map(|h| Ok((h, ident(token, session, h)?)))
+        .collect()
+}
+
+/// The label and id of an object.
+pub(crate) fn ident(
+    token: &Token,
+    session: &Session,
+    handle: ObjectHandle,
+) -> Result<KeyIdent, KeyError> {
+    let attrs = session
+        .get_attributes(handle, &[AttributeType::Label, AttributeType::Id])
+        .map_err(|e| token.err("C_GetAttributeValue", &e))?;
+    let mut ident = KeyIdent {
+        label: None,
+        id: Vec::new(),
+    };
+    for a in attrs {
+        match a {
+            Attribute::Label(l) if !l.is_empty() => {
+                ident.label = Some(String::from_utf8_lossy(&l).into_owned())
+            }
+            Attribute::Id(id) => ident.id = id,
+            _ => {}
+        }
+    }
+    Ok(ident)
+}
+
+/// The algorithm of a key object (private or public).
+pub(crate) fn algorithm(
+    token: &Token,
+    session: &Session,
+    handle: ObjectHandle,
+) -> Result<KeyAlgorithm, KeyError> {
+    let attrs = session
+        .get_attributes(
+            handle,
+            &[
+                AttributeType::KeyType,
+                AttributeType::EcParams,
+                AttributeType::Modulus,
+                AttributeType::ModulusBits,
+            ],
+        )
+        .map_err(|e| token.err("C_GetAttributeValue", &e))?;
+    let mut key_type = None;
+    let mut params = None;
+    let mut bits = None;
+    for a in attrs {
+        match a {
+            Attribute::KeyType(t) => key_type = Some(t),
+            Attribute::EcParams(p) => params = Some(p),
+            Attribute::Modulus(m) => bits = Some(der_len_bits(&m)),
+            Attribute::ModulusBits(b) => {
+                bits = bits.or(Some(u64::from(b) as u32));
+            }
+            _ => {}
+        }
+    }
+    match key_type {
+        Some(t) if t == KeyType::EC => params
+            .as_deref()
+            .and_then(KeyAlgorithm::from_ec_params_der)
+            .ok_or_else(|| {
+                KeyError::Unsupported(format!(
+                    "an EC key on {} uses a curve hwkey does not support (only P-256 and P-384)",
+                    token.place()
+                ))
+            }),
+        Some(t) if t == KeyType::RSA => Ok(KeyAlgorithm::Rsa {
+            bits: bits.unwrap_or(0),
+        }),
+        other => Err(KeyError::Unsupported(format!(
+            "a key of type {other:?} on {}: hwkey supports EC (P-256, P-384) and RSA keys",
+            token.place()
+        ))),
+    }
+}
+
+fn der_len_bits(modulus: &[u8]) -> u32 {
+    let first = modulus
+        .iter()
+        .position(|&b| b != 0)
+        .unwrap_or(modulus.len());
+    ((modulus.len() - first) * 8) as u32
+}
+
+/// The SPKI of a key: from its public-key object, else its certificate, else (RSA) the public
+/// attributes of the private key itself.
+pub(crate) fn public_spki(
+    token: &Token,
+    session: &Session,
+    private: ObjectHandle,
+    ident: &KeyIdent,
+    alg: KeyAlgorithm,
+) -> Result<Vec<u8>, KeyError> {
+    let publics = session
+        .find_objects(&ident.template(ObjectClass::PUBLIC_KEY))
+        .map_err(|e| token.err("C_FindObjects", &e))?;
+    if let Some(public) = publics.first() {
+        return spki_from_key_object(token, session, *public, alg);
+    }
+    for cert in certificates(token, session, ident)? {
+        if let Ok(spki) = der::cert_spki(&cert.1) {
+            return Ok(spki);
+        }
+    }
+    if !alg.is_ec() {
+        return spki_from_key_object(token, session, private, alg);
+    }
+    Err(KeyError::KeyNotFound {
+        what: format!("the public key of {}", ident.describe()),
+        place: token.place(),
+        present: Vec::new(),
+    })
+}
+
+fn spki_from_key_object(
+    token: &Token,
+    session: &Session,
+    handle: ObjectHandle,
+    alg: KeyAlgorithm,
+) -> Result<Vec<u8>, KeyError> {
+    let wanted: &[AttributeType] = if alg.is_ec() {
+        &[AttributeType::EcPoint]
+    } else {
+        &[AttributeType::Modulus, AttributeType::PublicExponent]
+    };
+    let attrs = session
+        .get_attributes(handle, wanted)
+        .map_err(|e| token.err("C_GetAttributeValue", &e))?;
+    let (mut point, mut modulus, mut exponent) = (None, None, None);
+    for a in attrs {
+        match a {
+            Attribute::EcPoint(p) => point = Some(p),
+            Attribute::Modulus(m) => modulus = Some(m),
+            Attribute::PublicExponent(e) => exponent = Some(e),
+            _ => {}
+        }
+    }
+    let missing = || KeyError::Malformed {
+        what: format!("public key on {}", token.place()),
+        reason: "the token did not return its public attributes".into(),
+    };
+    if alg.is_ec() {
+        let point = der::unwrap_ec_point(alg, &point.ok_or_else(missing)?)?;
+        der::ec_spki(alg, &point)
+    } else {
+        Ok(der::rsa_spki(
+            &modulus.ok_or_else(missing)?,
+            &exponent.ok_or_else(missing)?,
+        ))
+    }
+}
+
+/// The X.509 certificates tied to a key: (handle, DER).
+pub(crate) fn certificates(
+    token: &Token,
+    session: &Session,
+    ident: &KeyIdent,
+) -> Result<Vec<(ObjectHandle, Vec<u8>)>, KeyError> {
+    let handles = session
+        .find_objects(&ident.template(ObjectClass::CERTIFICATE))
+        .map_err(|e| token.err("C_FindObjects", &e))?;
+    let mut out = Vec::new();
+    for h in handles {
+        let attrs = session
+            .get_attributes(h, &[AttributeType::Value])
+            .map_err(|e| token.err("C_GetAttributeValue", &e))?;
+        if let Some(Attribute::Value(v)) = attrs.into_iter().next() {
+            out.push((h, v));
+        }
+    }
+    Ok(out)
+}

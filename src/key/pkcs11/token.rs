@@ -1,0 +1,151 @@
+//! Finding a token by label and logging in to it.
+//!
+//! Tokens are found by label (or serial), never by slot number: `C_InitToken` renumbers SoftHSM
+//! slots. Login is per token per process and happens at most once per session we open; a wrong
+//! PIN is tried exactly once and then remembered, because tokens lock after a few failures.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cryptoki::context::Pkcs11;
+use cryptoki::error::{Error as CkError, RvError};
+use cryptoki::session::{Session, SessionState, UserType};
+use cryptoki::slot::Slot;
+use cryptoki::types::AuthPin;
+
+use super::ckr;
+use crate::key::pin::PinSource;
+use crate::key::{KeyError, Pkcs11Uri};
+
+/// One token in one module, with what is needed to (re)log in.
+#[derive(Debug)]
+pub(crate) struct Token {
+    pub(crate) ctx: Pkcs11,
+    pub(crate) slot: Slot,
+    pub(crate) label: String,
+    pub(crate) module: PathBuf,
+    pin: Option<PinSource>,
+    login_required: bool,
+    pin_rejected: AtomicBool,
+}
+
+impl Token {
+    /// Finds the token a URI selects (by `token=`, `serial=` or `slot-id=`).
+    pub(crate) fn find(uri: &Pkcs11Uri) -> Result<Token, KeyError> {
+        let module = uri.module()?;
+        let ctx = super::module::load(&module)?;
+        let slots = ctx
+            .get_slots_with_token()
+            .map_err(|e| pkcs11_err("C_GetSlotList", "(none)", &e))?;
+        let mut present = Vec::new();
+        let mut chosen = None;
+        for slot in slots {
+            let info = match ctx.get_token_info(slot) {
+                Ok(info) => info,
+                Err(_) => continue,
+            };
+            let label = info.label().trim_end().to_string();
+            let serial = info.serial_number().trim_end().to_string();
+            let matches = uri.token.as_ref().is_none_or(|t| *t == label)
+                && uri.serial.as_ref().is_none_or(|s| *s == serial)
+                && uri.slot_id.is_none_or(|id| id == slot.id());
+            if matches && chosen.is_none() && info.token_initialized() {
+                chosen = Some((slot, label.clone(), info.login_required()));
+            }
+            present.push(label);
+        }
+        if uri.token.is_none()
+            && uri.serial.is_none()
+            && uri.slot_id.is_none()
+            && present.len() != 1
+        {
+            return Err(KeyError::NoTokenSelected { module, present });
+        }
+        let Some((slot, label, login_required)) = chosen else {
+            return Err(KeyError::TokenNotFound {
+                token: uri.token_desc(),
+                module,
+                present,
+            });
+        };
+        Ok(Token {
+            ctx,
+            slot,
+            label,
+            module,
+            pin: uri.pin.clone(),
+            login_required,
+            pin_rejected: AtomicBool::new(false),
+        })
+    }
+
+    /// Opens a session and makes sure the user is logged in on it.
+    pub(crate) fn open_session(&self, read_write: bool) -> Result<Session, KeyError> {
+        let session = if read_write {
+            self.ctx.open_rw_session(self.slot)
+        } else {
+            self.ctx.open_ro_session(self.slot)
+        }
+        .map_err(|e| self.err("C_OpenSession", &e))?;
+        self.ensure_login(&session)?;
+        Ok(session)
+    }
+
+    /// Logs in unless this process is already logged in to the token. One attempt, ever, with a
+    /// PIN the token rejected.
+    fn ensure_login(&self, session: &Session) -> Result<(), KeyError> {
+        let state = session
+            .get_session_info()
+            .map_err(|e| self.err("C_GetSessionInfo", &e))?
+            .session_state();
+        if matches!(state, SessionState::RoUser | SessionState::RwUser) {
+            return Ok(());
+        }
+        let Some(source) = &self.pin else {
+            if self.login_required {
+                return Err(KeyError::PinRequired {
+                    token: self.label.clone(),
+                });
+            }
+            return Ok(());
+        };
+        if self.pin_rejected.load(Ordering::SeqCst) {
+            return Err(KeyError::PinIncorrect {
+                token: self.label.clone(),
+            });
+        }
+        let pin = source.read()?;
+        let auth = AuthPin::from(pin.as_str());
+        match session.login(UserType::User, Some(&auth)) {
+            Ok(()) | Err(CkError::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => Ok(()),
+            Err(CkError::Pkcs11(RvError::PinIncorrect, _)) => {
+                self.pin_rejected.store(true, Ordering::SeqCst);
+                Err(KeyError::PinIncorrect {
+                    token: self.label.clone(),
+                })
+            }
+            Err(CkError::Pkcs11(RvError::PinLocked, _)) => Err(KeyError::PinLocked {
+                token: self.label.clone(),
+            }),
+            Err(e) => Err(self.err("C_Login", &e)),
+        }
+    }
+
+    /// Maps a PKCS#11 error on this token.
+    pub(crate) fn err(&self, operation: &'static str, e: &CkError) -> KeyError {
+        pkcs11_err(operation, &self.label, e)
+    }
+
+    /// Where this token is, for messages.
+    pub(crate) fn place(&self) -> String {
+        format!("token '{}' in {}", self.label, self.module.display())
+    }
+}
+
+fn pkcs11_err(operation: &'static str, token: &str, e: &CkError) -> KeyError {
+    KeyError::Pkcs11 {
+        operation,
+        token: token.to_string(),
+        reason: ckr(e),
+    }
+}

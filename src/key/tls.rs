@@ -1,0 +1,236 @@
+//! rustls adapter: a hardware key as a client-certificate signing key.
+//!
+//! rustls's `with_client_auth_cert` wants a software key, so the key goes in through a
+//! [`HardwareCertResolver`]. The signature happens inside the handshake, on whatever thread
+//! drives the connection; on a multi-thread tokio runtime the blocking hardware call runs under
+//! `block_in_place` so other tasks on that worker move elsewhere instead of stalling.
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use rustls::client::ResolvesClientCert;
+use rustls::pki_types::{CertificateDer, SubjectPublicKeyInfoDer};
+use rustls::sign::{CertifiedKey, Signer, SigningKey};
+use rustls::{SignatureAlgorithm, SignatureScheme};
+
+use super::{der, Key, KeyAlgorithm, KeyError, SignScheme};
+
+/// Maps our scheme to the TLS code point.
+pub fn to_rustls(scheme: SignScheme) -> SignatureScheme {
+    match scheme {
+        SignScheme::EcdsaP256Sha256 => SignatureScheme::ECDSA_NISTP256_SHA256,
+        SignScheme::EcdsaP384Sha384 => SignatureScheme::ECDSA_NISTP384_SHA384,
+        SignScheme::RsaPssSha256 => SignatureScheme::RSA_PSS_SHA256,
+        SignScheme::RsaPssSha384 => SignatureScheme::RSA_PSS_SHA384,
+        SignScheme::RsaPssSha512 => SignatureScheme::RSA_PSS_SHA512,
+        SignScheme::RsaPkcs1Sha256 => SignatureScheme::RSA_PKCS1_SHA256,
+        SignScheme::RsaPkcs1Sha384 => SignatureScheme::RSA_PKCS1_SHA384,
+        SignScheme::RsaPkcs1Sha512 => SignatureScheme::RSA_PKCS1_SHA512,
+    }
+}
+
+/// A hardware key as a rustls `SigningKey`.
+#[derive(Debug, Clone)]
+pub struct HardwareSigningKey {
+    key: Arc<Key>,
+    last_scheme: Arc<Mutex<Option<SignScheme>>>,
+}
+
+impl HardwareSigningKey {
+    /// Wraps an opened key.
+    pub fn new(key: Arc<Key>) -> HardwareSigningKey {
+        HardwareSigningKey {
+            key,
+            last_scheme: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The key underneath.
+    pub fn key(&self) -> &Arc<Key> {
+        &self.key
+    }
+
+    /// The scheme of the last signature made through this adapter (for `hwkey probe`'s report).
+    pub fn last_scheme(&self) -> Option<SignScheme> {
+        *self.last_scheme.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn pick(&self, offered: &[SignatureScheme]) -> Option<SignScheme> {
+        self.key
+            .algorithm()
+            .schemes()
+            .iter()
+            .copied()
+            .find(|s| offered.contains(&to_rustls(*s)))
+    }
+}
+
+impl SigningKey for HardwareSigningKey {
+    fn choose_scheme(&self, offered: &[SignatureScheme]) -> Option<Box<dyn Signer>> {
+        match self.pick(offered) {
+            Some(scheme) => Some(Box::new(HardwareSigner {
+                key: self.clone(),
+                scheme,
+            })),
+            None => {
+                // rustls now silently sends an empty Certificate; say so loudly.
+                tracing::error!(
+                    key = %self.key.describe(),
+                    offered = ?offered,
+                    "the server accepts no signature scheme this {} key can make; no client certificate will be sent",
+                    self.key.algorithm()
+                );
+                None
+            }
+        }
+    }
+
+    fn public_key(&self) -> Option<SubjectPublicKeyInfoDer<'_>> {
+        Some(SubjectPublicKeyInfoDer::from(self.key.spki_der()))
+    }
+
+    fn algorithm(&self) -> SignatureAlgorithm {
+        match self.key.algorithm() {
+            KeyAlgorithm::EcP256 | KeyAlgorithm::EcP384 => SignatureAlgorithm::ECDSA,
+            KeyAlgorithm::Rsa { .. } => SignatureAlgorithm::RSA,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct HardwareSigner {
+    key: HardwareSigningKey,
+    scheme: SignScheme,
+}
+
+impl Signer for HardwareSigner {
+    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, rustls::Error> {
+        let result = run_blocking(|| self.key.key.sign(self.scheme, message));
+        match result {
+            Ok(sig) => {
+                *self
+                    .key
+                    .last_scheme
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(self.scheme);
+                Ok(sig)
+            }
+            Err(e) => {
+                tracing::error!(
+                    "handshake signature with {} failed: {e}",
+                    self.key.key.describe()
+                );
+                Err(rustls::Error::General(format!(
+                    "hardware signature failed: {e}"
+                )))
+            }
+        }
+    }
+
+    fn scheme(&self) -> SignatureScheme {
+        to_rustls(self.scheme)
+    }
+}
+
+/// Runs a blocking hardware call without stalling a multi-thread tokio runtime.
+pub fn run_blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+/// Hands rustls the hardware key and its certificate chain; the chain can be replaced while
+/// connections run (certificate renewal), the key cannot.
+#[derive(Debug)]
+pub struct HardwareCertResolver {
+    signer: HardwareSigningKey,
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl HardwareCertResolver {
+    /// Pairs a key with its chain (leaf first). Refuses a leaf that holds another public key.
+    pub fn new(
+        signer: HardwareSigningKey,
+        chain: Vec<CertificateDer<'static>>,
+    ) -> Result<HardwareCertResolver, KeyError> {
+        let certified = certified(&signer, chain)?;
+        Ok(HardwareCertResolver {
+            signer,
+            current: RwLock::new(certified),
+        })
+    }
+
+    /// Installs a renewed chain for the same key; refuses (and keeps the old one) otherwise.
+    pub fn replace_chain(&self, chain: Vec<CertificateDer<'static>>) -> Result<(), KeyError> {
+        let certified = certified(&self.signer, chain)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = certified;
+        Ok(())
+    }
+
+    /// The signing key adapter.
+    pub fn signer(&self) -> &HardwareSigningKey {
+        &self.signer
+    }
+
+    /// The chain in use now.
+    pub fn chain(&self) -> Vec<CertificateDer<'static>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .cert
+            .clone()
+    }
+}
+
+fn certified(
+    signer: &HardwareSigningKey,
+    chain: Vec<CertificateDer<'static>>,
+) -> Result<Arc<CertifiedKey>, KeyError> {
+    let leaf = chain.first().ok_or_else(|| KeyError::Malformed {
+        what: "certificate chain".into(),
+        reason: "it is empty".into(),
+    })?;
+    let spki = der::cert_spki(leaf)?;
+    if !der::same_public_key(&spki, signer.key.spki_der()) {
+        return Err(KeyError::CertificateMismatch {
+            key: signer.key.describe(),
+            subject: subject_of(leaf),
+        });
+    }
+    Ok(Arc::new(CertifiedKey::new(chain, Arc::new(signer.clone()))))
+}
+
+/// The subject of a certificate as text, for messages.
+pub fn subject_of(cert: &[u8]) -> String {
+    x509_parser::parse_x509_certificate(cert)
+        .map(|(_, c)| c.tbs_certificate.subject.to_string())
+        .unwrap_or_else(|_| "(unparsable certificate)".into())
+}
+
+impl ResolvesClientCert for HardwareCertResolver {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        if self.signer.pick(sigschemes).is_none() {
+            tracing::error!(
+                key = %self.signer.key.describe(),
+                offered = ?sigschemes,
+                "the server asked for a client certificate but accepts no scheme this key can sign with"
+            );
+        }
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,514 @@
+//! Key URIs: the one way every command, config file and kubeconfig names a hardware key.
+//!
+//! * `pkcs11:token=T;object=O;id=%01?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/p`
+//!   (RFC 7512). `pin-source` may be a `file:` URI, an absolute path, or `env:VAR`; `pin-value` is
+//!   accepted with a warning. Without `module-path`, `HWKEY_PKCS11_MODULE` is used.
+//! * `tpm:path=/path/key.pem?tcti=swtpm:host=127.0.0.1,port=2321` (a TSS2 PRIVATE KEY PEM file) or
+//!   `tpm:handle=0x81000101` (a persistent key). The TCTI defaults to `TPM2TOOLS_TCTI`, then
+//!   `device:/dev/tpmrm0`. `tpm:?tcti=…` names the TPM itself (for `key list`).
+//!
+//! Parsing happens once, at the edge; the rest of the code passes [`KeyUri`] values.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
+use zeroize::Zeroizing;
+
+use super::pin::PinSource;
+use super::KeyError;
+
+/// A parsed key URI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyUri {
+    Pkcs11(Pkcs11Uri),
+    Tpm(TpmUri),
+}
+
+/// A PKCS#11 URI (RFC 7512), reduced to the attributes hwkey uses.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Pkcs11Uri {
+    /// `token=`: the token label.
+    pub token: Option<String>,
+    /// `serial=`: the token serial number.
+    pub serial: Option<String>,
+    /// `slot-id=`: the slot number (discouraged: SoftHSM renumbers slots).
+    pub slot_id: Option<u64>,
+    /// `object=`: the key's `CKA_LABEL`.
+    pub object: Option<String>,
+    /// `id=`: the key's `CKA_ID` bytes.
+    pub id: Option<Vec<u8>>,
+    /// `module-path=`: the PKCS#11 library.
+    pub module_path: Option<PathBuf>,
+    /// `pin-source=` / `pin-value=`.
+    pub pin: Option<PinSource>,
+}
+
+/// Where a TPM key lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TpmKeyLocation {
+    /// A TSS2 PRIVATE KEY PEM file.
+    Path(PathBuf),
+    /// A persistent handle (0x81xxxxxx).
+    Handle(u32),
+}
+
+/// A TPM key URI.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TpmUri {
+    /// The key; `None` when the URI names only the TPM (`tpm:?tcti=…`).
+    pub key: Option<TpmKeyLocation>,
+    /// The TCTI configuration string as written in the URI, if any.
+    pub tcti: Option<String>,
+}
+
+/// Characters escaped when printing a URI value (RFC 7512 `pchar`/`qchar` are stricter, but
+/// these are the ones that would change the parse).
+const ESCAPE: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b';')
+    .add(b'?')
+    .add(b'&')
+    .add(b'%')
+    .add(b'=')
+    .add(b'"')
+    .add(b'#');
+
+impl FromStr for KeyUri {
+    type Err = KeyError;
+
+    fn from_str(s: &str) -> Result<Self, KeyError> {
+        let s = s.trim();
+        if let Some(rest) = s.strip_prefix("pkcs11:") {
+            parse_pkcs11(s, rest).map(KeyUri::Pkcs11)
+        } else if let Some(rest) = s.strip_prefix("tpm:") {
+            parse_tpm(s, rest).map(KeyUri::Tpm)
+        } else {
+            Err(KeyError::InvalidUri {
+                uri: redact(s),
+                reason: "it must start with 'pkcs11:' (RFC 7512) or 'tpm:', e.g. \
+                         pkcs11:token=kube;object=alice?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/etc/hwkey/pin"
+                    .into(),
+            })
+        }
+    }
+}
+
+fn invalid(uri: &str, reason: impl Into<String>) -> KeyError {
+    KeyError::InvalidUri {
+        uri: redact(uri),
+        reason: reason.into(),
+    }
+}
+
+/// Hides a `pin-value` so a URI can appear in an error message.
+fn redact(uri: &str) -> String {
+    match uri.find("pin-value=") {
+        Some(i) => {
+            let start = i + "pin-value=".len();
+            let end = uri[start..]
+                .find(['&', ';'])
+                .map(|e| start + e)
+                .unwrap_or(uri.len());
+            format!("{}<redacted>{}", &uri[..start], &uri[end..])
+        }
+        None => uri.to_string(),
+    }
+}
+
+fn decode(uri: &str, name: &str, value: &str) -> Result<String, KeyError> {
+    percent_decode_str(value)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| {
+            invalid(
+                uri,
+                format!("the value of '{name}' is not UTF-8 after percent-decoding"),
+            )
+        })
+}
+
+/// Splits `a=b;c=d` (or with `&`) into decoded pairs, refusing repeats.
+fn pairs<'a>(uri: &str, part: &'a str, sep: char) -> Result<Vec<(&'a str, &'a str)>, KeyError> {
+    let mut out: Vec<(&str, &str)> = Vec::new();
+    for item in part.split(sep).filter(|i| !i.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| invalid(uri, format!("'{item}' is not of the form name=value")))?;
+        if out.iter().any(|(seen, _)| *seen == k) {
+            return Err(invalid(uri, format!("'{k}' is given twice")));
+        }
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
+fn parse_pkcs11(uri: &str, rest: &str) -> Result<Pkcs11Uri, KeyError> {
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut out = Pkcs11Uri::default();
+    for (k, v) in pairs(uri, path, ';')? {
+        match k {
+            "token" => out.token = Some(decode(uri, k, v)?),
+            "object" => out.object = Some(decode(uri, k, v)?),
+            "serial" => out.serial = Some(decode(uri, k, v)?),
+            "id" => out.id = Some(percent_decode_str(v).collect()),
+            "slot-id" => {
+                out.slot_id = Some(
+                    decode(uri, k, v)?
+                        .parse()
+                        .map_err(|_| invalid(uri, "slot-id must be a decimal number"))?,
+                )
+            }
+            // Accepted and ignored: they narrow a search we already narrow by token and key.
+            "type" | "manufacturer" | "model" | "library-manufacturer" | "library-description"
+            | "library-version" | "slot-description" | "slot-manufacturer" => {}
+            other => {
+                return Err(invalid(
+                    uri,
+                    format!(
+                        "unknown path attribute '{other}' (known: token, object, id, serial, slot-id, type)"
+                    ),
+                ))
+            }
+        }
+    }
+    for (k, v) in pairs(uri, query, '&')? {
+        match k {
+            "module-path" => out.module_path = Some(PathBuf::from(decode(uri, k, v)?)),
+            "pin-source" => {
+                if out.pin.is_some() {
+                    return Err(invalid(
+                        uri,
+                        "give either pin-source or pin-value, not both",
+                    ));
+                }
+                out.pin = Some(parse_pin_source(uri, &decode(uri, k, v)?)?)
+            }
+            "pin-value" => {
+                if out.pin.is_some() {
+                    return Err(invalid(
+                        uri,
+                        "give either pin-source or pin-value, not both",
+                    ));
+                }
+                tracing::warn!(
+                    "pin-value in a key URI is visible in process lists, shell history and kubeconfigs; prefer pin-source=file:/path or pin-source=env:VAR"
+                );
+                out.pin = Some(PinSource::Value(Zeroizing::new(decode(uri, k, v)?)))
+            }
+            "module-name" => {}
+            other => return Err(invalid(
+                uri,
+                format!(
+                    "unknown query attribute '{other}' (known: module-path, pin-source, pin-value)"
+                ),
+            )),
+        }
+    }
+    Ok(out)
+}
+
+fn parse_pin_source(uri: &str, value: &str) -> Result<PinSource, KeyError> {
+    if let Some(var) = value.strip_prefix("env:") {
+        if var.is_empty() {
+            return Err(invalid(uri, "pin-source=env: needs a variable name"));
+        }
+        return Ok(PinSource::Env(var.to_string()));
+    }
+    let path = value
+        .strip_prefix("file://")
+        .or_else(|| value.strip_prefix("file:"))
+        .unwrap_or(value);
+    if !path.starts_with('/') {
+        return Err(invalid(
+            uri,
+            format!(
+                "pin-source '{value}' must be file:/absolute/path, an absolute path, or env:VAR"
+            ),
+        ));
+    }
+    Ok(PinSource::File(PathBuf::from(path)))
+}
+
+fn parse_tpm(uri: &str, rest: &str) -> Result<TpmUri, KeyError> {
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut out = TpmUri::default();
+    for (k, v) in pairs(uri, path, ';')? {
+        let v = decode(uri, k, v)?;
+        let loc = match k {
+            "path" => {
+                if v.is_empty() {
+                    return Err(invalid(uri, "path= is empty"));
+                }
+                TpmKeyLocation::Path(PathBuf::from(v))
+            }
+            "handle" => {
+                let digits = v.trim_start_matches("0x").trim_start_matches("0X");
+                let handle = u32::from_str_radix(digits, 16).map_err(|_| {
+                    invalid(
+                        uri,
+                        format!("handle '{v}' is not a hex number like 0x81000101"),
+                    )
+                })?;
+                if handle >> 24 != 0x81 {
+                    return Err(invalid(
+                        uri,
+                        format!("handle {v} is not a persistent handle (0x81000000-0x81FFFFFF)"),
+                    ));
+                }
+                TpmKeyLocation::Handle(handle)
+            }
+            other => {
+                return Err(invalid(
+                    uri,
+                    format!("unknown attribute '{other}' (known: path, handle)"),
+                ))
+            }
+        };
+        if out.key.is_some() {
+            return Err(invalid(uri, "give either path= or handle=, not both"));
+        }
+        out.key = Some(loc);
+    }
+    for (k, v) in pairs(uri, query, '&')? {
+        match k {
+            "tcti" => out.tcti = Some(decode(uri, k, v)?),
+            other => {
+                return Err(invalid(
+                    uri,
+                    format!("unknown query attribute '{other}' (known: tcti)"),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Pkcs11Uri {
+    /// The module to load: `module-path`, else `HWKEY_PKCS11_MODULE`.
+    pub fn module(&self) -> Result<PathBuf, KeyError> {
+        if let Some(p) = &self.module_path {
+            return Ok(p.clone());
+        }
+        match std::env::var_os("HWKEY_PKCS11_MODULE") {
+            Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
+            _ => Err(KeyError::NoModule),
+        }
+    }
+
+    /// A human description of the token this URI selects, for messages.
+    pub fn token_desc(&self) -> String {
+        match (&self.token, &self.serial, self.slot_id) {
+            (Some(t), _, _) => t.clone(),
+            (None, Some(s), _) => format!("serial {s}"),
+            (None, None, Some(id)) => format!("slot {id}"),
+            _ => "(any)".into(),
+        }
+    }
+
+    /// A human description of the key this URI selects, for messages.
+    pub fn key_desc(&self) -> String {
+        match (&self.object, &self.id) {
+            (Some(o), Some(id)) => format!("key object='{o}' id={}", hex(id)),
+            (Some(o), None) => format!("key object='{o}'"),
+            (None, Some(id)) => format!("key id={}", hex(id)),
+            (None, None) => "key".into(),
+        }
+    }
+
+    /// The same URI naming another object on the same token (used by `key list`).
+    pub fn with_key(&self, object: Option<String>, id: Option<Vec<u8>>) -> Pkcs11Uri {
+        Pkcs11Uri {
+            object,
+            id,
+            ..self.clone()
+        }
+    }
+}
+
+/// Lower-case hex, for ids in messages.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl TpmUri {
+    /// The TCTI to use: the URI's, else `TPM2TOOLS_TCTI`, else the kernel resource manager.
+    pub fn tcti(&self) -> String {
+        self.tcti
+            .clone()
+            .or_else(|| {
+                std::env::var("TPM2TOOLS_TCTI")
+                    .ok()
+                    .filter(|v| !v.is_empty())
+            })
+            .unwrap_or_else(|| "device:/dev/tpmrm0".to_string())
+    }
+}
+
+impl fmt::Display for KeyUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyUri::Pkcs11(u) => u.fmt(f),
+            KeyUri::Tpm(u) => u.fmt(f),
+        }
+    }
+}
+
+impl fmt::Display for Pkcs11Uri {
+    /// Prints the URI in canonical order. A `pin-value` is never printed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut path = Vec::new();
+        if let Some(t) = &self.token {
+            path.push(format!("token={}", utf8_percent_encode(t, ESCAPE)));
+        }
+        if let Some(s) = &self.serial {
+            path.push(format!("serial={}", utf8_percent_encode(s, ESCAPE)));
+        }
+        if let Some(s) = self.slot_id {
+            path.push(format!("slot-id={s}"));
+        }
+        if let Some(o) = &self.object {
+            path.push(format!("object={}", utf8_percent_encode(o, ESCAPE)));
+        }
+        if let Some(id) = &self.id {
+            path.push(format!(
+                "id={}",
+                id.iter().map(|b| format!("%{b:02x}")).collect::<String>()
+            ));
+        }
+        let mut query = Vec::new();
+        if let Some(m) = &self.module_path {
+            query.push(format!(
+                "module-path={}",
+                utf8_percent_encode(&m.to_string_lossy(), ESCAPE)
+            ));
+        }
+        match &self.pin {
+            Some(PinSource::File(p)) => query.push(format!(
+                "pin-source=file:{}",
+                utf8_percent_encode(&p.to_string_lossy(), ESCAPE)
+            )),
+            Some(PinSource::Env(v)) => query.push(format!("pin-source=env:{v}")),
+            Some(PinSource::Value(_)) | None => {}
+        }
+        write!(f, "pkcs11:{}", path.join(";"))?;
+        if !query.is_empty() {
+            write!(f, "?{}", query.join("&"))?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for TpmUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("tpm:")?;
+        match &self.key {
+            Some(TpmKeyLocation::Path(p)) => write!(
+                f,
+                "path={}",
+                utf8_percent_encode(&p.to_string_lossy(), ESCAPE)
+            )?,
+            Some(TpmKeyLocation::Handle(h)) => write!(f, "handle=0x{h:08x}")?,
+            None => {}
+        }
+        if let Some(t) = &self.tcti {
+            // TCTI strings hold ':' ',' '=' which are fine in a query value except '&'.
+            write!(f, "?tcti={}", t.replace('&', "%26"))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p11(s: &str) -> Pkcs11Uri {
+        match s.parse::<KeyUri>().expect("parses") {
+            KeyUri::Pkcs11(u) => u,
+            other => panic!("not pkcs11: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn pkcs11_full() {
+        let u = p11("pkcs11:token=kube%20ops;object=alice;id=%01%ff?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/run/pin");
+        assert_eq!(u.token.as_deref(), Some("kube ops"));
+        assert_eq!(u.object.as_deref(), Some("alice"));
+        assert_eq!(u.id.as_deref(), Some(&[0x01, 0xff][..]));
+        assert_eq!(
+            u.module_path.as_deref(),
+            Some(std::path::Path::new("/usr/lib/softhsm/libsofthsm2.so"))
+        );
+        assert_eq!(u.pin, Some(PinSource::File("/run/pin".into())));
+        // Printing and parsing again gives the same value.
+        assert_eq!(p11(&u.to_string()), u);
+    }
+
+    #[test]
+    fn pin_sources() {
+        assert_eq!(
+            p11("pkcs11:token=a?pin-source=/p").pin,
+            Some(PinSource::File("/p".into()))
+        );
+        assert_eq!(
+            p11("pkcs11:token=a?pin-source=file:///p").pin,
+            Some(PinSource::File("/p".into()))
+        );
+        assert_eq!(
+            p11("pkcs11:token=a?pin-source=env:PIN").pin,
+            Some(PinSource::Env("PIN".into()))
+        );
+        let u = p11("pkcs11:token=a?pin-value=1234");
+        assert!(matches!(u.pin, Some(PinSource::Value(_))));
+        assert!(
+            !u.to_string().contains("1234"),
+            "pin-value is never printed"
+        );
+    }
+
+    #[test]
+    fn pkcs11_errors_name_the_problem() {
+        for (uri, needle) in [
+            ("pkcs11:token=a;bogus=1", "unknown path attribute 'bogus'"),
+            ("pkcs11:token=a;token=b", "'token' is given twice"),
+            ("pkcs11:token=a?pin-source=relative/p", "absolute"),
+            ("pkcs11:token", "name=value"),
+            ("pkcs12:token=a", "must start with"),
+        ] {
+            let err = uri.parse::<KeyUri>().expect_err(uri).to_string();
+            assert!(err.contains(needle), "{uri}: {err}");
+        }
+        let err = "pkcs11:token=a?pin-value=9999&x=1"
+            .parse::<KeyUri>()
+            .expect_err("bad")
+            .to_string();
+        assert!(
+            !err.contains("9999"),
+            "pin-value is redacted in errors: {err}"
+        );
+    }
+
+    #[test]
+    fn tpm_uris() {
+        let u: KeyUri = "tpm:path=/k/a.pem?tcti=swtpm:host=127.0.0.1,port=2321"
+            .parse()
+            .expect("tpm path");
+        let KeyUri::Tpm(t) = &u else { panic!("tpm") };
+        assert_eq!(t.key, Some(TpmKeyLocation::Path("/k/a.pem".into())));
+        assert_eq!(t.tcti(), "swtpm:host=127.0.0.1,port=2321");
+        assert_eq!(u.to_string().parse::<KeyUri>().expect("again"), u);
+
+        let u: KeyUri = "tpm:handle=0x81000101".parse().expect("handle");
+        assert_eq!(
+            u,
+            KeyUri::Tpm(TpmUri {
+                key: Some(TpmKeyLocation::Handle(0x8100_0101)),
+                tcti: None
+            })
+        );
+        assert!("tpm:handle=0x40000001".parse::<KeyUri>().is_err());
+        assert!("tpm:?tcti=device:/dev/tpmrm0".parse::<KeyUri>().is_ok());
+    }
+}

@@ -1,0 +1,11 @@
+//! hwkey keeps Kubernetes mTLS client keys inside a PKCS#11 token or a TPM 2.0 and still lets
+//! kubectl and kubelet use them.
+//!
+//! Data flows one way: the CLI ([`cli`]) calls the PKI helpers ([`pki`]) and the probe client
+//! ([`probe`]), which use the key layer ([`key`]), which talks to the hardware.
+
+pub mod atomic_file;
+pub mod cli;
+pub mod key;
+pub mod pki;
+pub mod probe;

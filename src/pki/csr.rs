@@ -1,0 +1,129 @@
+//! PKCS#10 certificate signing requests signed inside the hardware.
+//!
+//! Encoded here with yasna rather than rcgen because Kubernetes subjects repeat O (one per group)
+//! and rcgen's name type cannot; the signature is still made by [`Key::sign`].
+
+use std::net::IpAddr;
+
+use super::name::Name;
+use super::PkiError;
+use crate::key::{der, Key, KeyAlgorithm, SignScheme};
+
+const OID_EXTENSION_REQUEST: &[u64] = &[1, 2, 840, 113549, 1, 9, 14];
+const OID_SUBJECT_ALT_NAME: &[u64] = &[2, 5, 29, 17];
+const OID_ECDSA_SHA256: &[u64] = &[1, 2, 840, 10045, 4, 3, 2];
+const OID_ECDSA_SHA384: &[u64] = &[1, 2, 840, 10045, 4, 3, 3];
+const OID_RSA_SHA256: &[u64] = &[1, 2, 840, 113549, 1, 1, 11];
+
+/// What a request asks for.
+#[derive(Debug, Clone, Default)]
+pub struct CsrRequest {
+    pub subject: Name,
+    pub dns_names: Vec<String>,
+    pub ip_addresses: Vec<IpAddr>,
+}
+
+impl CsrRequest {
+    /// Builds a request from command-line strings, validating each.
+    pub fn parse(subject: &str, dns: &[String], ips: &[String]) -> Result<CsrRequest, PkiError> {
+        let ip_addresses = ips
+            .iter()
+            .map(|s| {
+                s.parse().map_err(|_| PkiError::InvalidIp {
+                    given: s.to_string(),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(CsrRequest {
+            subject: Name::parse(subject)?,
+            dns_names: dns.to_vec(),
+            ip_addresses,
+        })
+    }
+}
+
+/// The signature algorithm a key uses for requests and certificates: ECDSA with the curve's
+/// hash, or RSA PKCS#1 v1.5 with SHA-256 (what every CA accepts).
+fn scheme_and_oid(alg: KeyAlgorithm) -> (SignScheme, &'static [u64]) {
+    match alg {
+        KeyAlgorithm::EcP256 => (SignScheme::EcdsaP256Sha256, OID_ECDSA_SHA256),
+        KeyAlgorithm::EcP384 => (SignScheme::EcdsaP384Sha384, OID_ECDSA_SHA384),
+        KeyAlgorithm::Rsa { .. } => (SignScheme::RsaPkcs1Sha256, OID_RSA_SHA256),
+    }
+}
+
+/// Builds and signs a CSR; returns its DER.
+pub fn build(key: &Key, request: &CsrRequest) -> Result<Vec<u8>, PkiError> {
+    let (scheme, sig_oid) = scheme_and_oid(key.algorithm());
+    let info = yasna::construct_der(|w| {
+        w.write_sequence(|w| {
+            w.next().write_u8(0);
+            request.subject.write_der(w.next());
+            // The SPKI is already DER: splice it in as is.
+            w.next().write_der(key.spki_der());
+            w.next().write_tagged_implicit(yasna::Tag::context(0), |w| {
+                w.write_set(|w| {
+                    if request.dns_names.is_empty() && request.ip_addresses.is_empty() {
+                        return;
+                    }
+                    w.next().write_sequence(|w| {
+                        w.next()
+                            .write_oid(&yasna::models::ObjectIdentifier::from_slice(
+                                OID_EXTENSION_REQUEST,
+                            ));
+                        w.next().write_set(|w| {
+                            w.next().write_sequence(|w| {
+                                write_san_extension(w.next(), request);
+                            })
+                        })
+                    })
+                })
+            });
+        })
+    });
+    let signature = key.sign(scheme, &info)?;
+    Ok(yasna::construct_der(|w| {
+        w.write_sequence(|w| {
+            w.next().write_der(&info);
+            w.next().write_sequence(|w| {
+                w.next()
+                    .write_oid(&yasna::models::ObjectIdentifier::from_slice(sig_oid));
+                if !key.algorithm().is_ec() {
+                    w.next().write_null();
+                }
+            });
+            w.next().write_bitvec_bytes(&signature, signature.len() * 8);
+        })
+    }))
+}
+
+fn write_san_extension(w: yasna::DERWriter, request: &CsrRequest) {
+    let names = yasna::construct_der(|w| {
+        w.write_sequence(|w| {
+            for dns in &request.dns_names {
+                w.next()
+                    .write_tagged_implicit(yasna::Tag::context(2), |w| w.write_ia5_string(dns));
+            }
+            for ip in &request.ip_addresses {
+                let bytes = match ip {
+                    IpAddr::V4(v4) => v4.octets().to_vec(),
+                    IpAddr::V6(v6) => v6.octets().to_vec(),
+                };
+                w.next()
+                    .write_tagged_implicit(yasna::Tag::context(7), |w| w.write_bytes(&bytes));
+            }
+        })
+    });
+    w.write_sequence(|w| {
+        w.next()
+            .write_oid(&yasna::models::ObjectIdentifier::from_slice(
+                OID_SUBJECT_ALT_NAME,
+            ));
+        w.next().write_bytes(&names);
+    });
+}
+
+/// The CSR as PEM (`CERTIFICATE REQUEST`).
+pub fn to_pem(csr_der: &[u8]) -> String {
+    der::to_pem("CERTIFICATE REQUEST", csr_der)
+}

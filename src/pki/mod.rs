@@ -1,0 +1,41 @@
+//! Certificates and certificate requests around a hardware key: building PKCS#10 requests,
+//! reading certificate chains, and checking that a certificate belongs to a key.
+
+pub mod cert;
+pub mod csr;
+pub mod name;
+
+use std::path::PathBuf;
+
+use crate::key::KeyError;
+
+/// Errors of the PKI layer.
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("invalid subject '{given}': {reason} (example: --subject \"CN=alice,O=devs\")")]
+    InvalidSubject { given: String, reason: String },
+
+    #[error("invalid --ip '{given}': not an IPv4 or IPv6 address")]
+    InvalidIp { given: String },
+
+    #[error("cannot read certificate file {path}: {source}")]
+    ReadCert {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(
+        "{path} holds no certificate: expected PEM 'CERTIFICATE' blocks or one DER certificate"
+    )]
+    NoCertInFile { path: PathBuf },
+
+    #[error("{what} is not a valid X.509 certificate: {reason}")]
+    BadCert { what: String, reason: String },
+
+    #[error("no certificate for {key}: pass --cert FILE, or store one with `hwkey cert import --key URI --cert FILE`")]
+    NoCertificate { key: String },
+
+    #[error(transparent)]
+    Key(#[from] KeyError),
+}
