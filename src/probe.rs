@@ -156,7 +156,11 @@ pub async fn probe(
     let (_, conn) = tls.get_ref();
     let tls_version = conn
         .protocol_version()
-        .map(|v| format!("{v:?}"))
+        .map(|v| match v {
+            rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3".to_string(),
+            rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2".to_string(),
+            other => format!("{other:?}"),
+        })
         .unwrap_or_default();
     let cipher_suite = conn
         .negotiated_cipher_suite()

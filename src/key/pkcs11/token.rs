@@ -49,7 +49,10 @@ impl Token {
             let matches = uri.token.as_ref().is_none_or(|t| *t == label)
                 && uri.serial.as_ref().is_none_or(|s| *s == serial)
                 && uri.slot_id.is_none_or(|id| id == slot.id());
-            if matches && chosen.is_none() && info.token_initialized() {
+            if !info.token_initialized() {
+                continue;
+            }
+            if matches && chosen.is_none() {
                 chosen = Some((slot, label.clone(), info.login_required()));
             }
             present.push(label);

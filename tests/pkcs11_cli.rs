@@ -1,0 +1,521 @@
+//! The PKCS#11 key layer through the `hwkey` binary, against a real SoftHSMv2 token and real
+//! foreign peers: `openssl req -verify`, `openssl s_server -Verify 1`, nginx with
+//! `ssl_verify_client on`, and `pkcs11-tool`.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use support::{
+    hwkey, output_text, run_fail, run_ok, Nginx, OpensslServer, SoftHsm, TestCa, TlsVersion,
+};
+use tempfile::TempDir;
+
+/// One SoftHSM token ("kube"), a test CA with a server certificate, and a scratch dir.
+struct Setup {
+    hsm: SoftHsm,
+    ca: TestCa,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    dir: TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let hsm = SoftHsm::new();
+        hsm.init_token("kube");
+        let dir = support::temp_dir();
+        let ca = TestCa::new(dir.path());
+        let (server_cert, server_key) = ca.server_cert(dir.path());
+        Setup {
+            hsm,
+            ca,
+            server_cert,
+            server_key,
+            dir,
+        }
+    }
+
+    fn hwkey(&self) -> Command {
+        let mut cmd = hwkey();
+        cmd.envs(self.hsm.envs());
+        cmd
+    }
+
+    fn key_uri(&self, object: &str) -> String {
+        self.hsm.key_uri("kube", object)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `hwkey csr` → `openssl req -verify` → signed by the test CA → `hwkey cert import`.
+    fn certify(&self, uri: &str, cn: &str) -> PathBuf {
+        let csr = self.path(&format!("{cn}.csr"));
+        run_ok(self.hwkey().args(["csr", "--key", uri]).args([
+            "--subject",
+            &format!("CN={cn},O=devs"),
+            "--dns",
+            &format!("{cn}.example"),
+            "--ip",
+            "127.0.0.1",
+            "--out",
+            csr.to_str().expect("utf-8"),
+        ]));
+        let verify = run_ok(
+            Command::new("openssl")
+                .args(["req", "-verify", "-noout", "-in"])
+                .arg(&csr),
+        );
+        assert!(
+            output_text(&verify).contains("verify OK"),
+            "openssl req -verify: {}",
+            output_text(&verify)
+        );
+        let crt = self.path(&format!("{cn}.crt"));
+        self.ca.sign_csr_file(&csr, 30, &crt);
+        run_ok(
+            self.hwkey()
+                .args(["cert", "import", "--key", uri, "--cert"])
+                .arg(&crt),
+        );
+        crt
+    }
+
+    fn probe(&self, uri: &str, url: &str) -> Output {
+        run_ok(
+            self.hwkey()
+                .args(["probe", "--key", uri, "--ca"])
+                .arg(self.ca.ca_path())
+                .arg(url),
+        )
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// create → CSR verified by openssl → certificate from the test CA → probe against s_server
+/// (TLS 1.3 and 1.2) and nginx, all requiring and verifying client certificates.
+fn full_flow(algorithm: &str) {
+    let s = Setup::new();
+    let uri = s.key_uri("client");
+    let created =
+        run_ok(
+            s.hwkey()
+                .args(["key", "create", "--key", &uri, "--algorithm", algorithm]),
+        );
+    let pem = stdout(&created);
+    assert!(pem.starts_with("-----BEGIN PUBLIC KEY-----"), "{pem}");
+    let public = run_ok(s.hwkey().args(["key", "public", "--key", &uri]));
+    assert_eq!(
+        stdout(&public),
+        pem,
+        "key public prints what create printed"
+    );
+
+    s.certify(&uri, "alice");
+    let show = run_ok(s.hwkey().args(["cert", "show", "--key", &uri]));
+    assert!(
+        stdout(&show).contains("matches key: yes"),
+        "{}",
+        stdout(&show)
+    );
+    assert!(stdout(&show).contains("CN=alice"), "{}", stdout(&show));
+
+    let rsa = algorithm.starts_with("rsa");
+    let tls13_scheme = match algorithm {
+        "ec-p256" => "ecdsa_secp256r1_sha256",
+        "ec-p384" => "ecdsa_secp384r1_sha384",
+        _ => "rsa_pss_rsae_sha256",
+    };
+
+    // TLS 1.3 against openssl s_server -Verify 1 -verify_return_error.
+    let server = OpensslServer::start(
+        &s.ca.ca_path(),
+        &s.server_cert,
+        &s.server_key,
+        TlsVersion::Tls13,
+    );
+    let out = s.probe(&uri, &server.url());
+    assert!(stderr(&out).contains("tls: TLSv1.3"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("client signature: {tls13_scheme}")),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("CN=alice")
+            || stdout(&out).contains("CN = alice")
+            || server.log().contains("CN = alice"),
+        "s_server saw the hardware identity: {}\n{}",
+        stdout(&out),
+        server.log()
+    );
+    drop(server);
+
+    // TLS 1.2: ECDSA, and RSA PKCS#1 v1.5 (the server only accepts rsa_pkcs1_sha256 from clients).
+    let extra: &[&str] = if rsa {
+        &["-client_sigalgs", "RSA+SHA256"]
+    } else {
+        &[]
+    };
+    let server = OpensslServer::start_with(
+        &s.ca.ca_path(),
+        &s.server_cert,
+        &s.server_key,
+        TlsVersion::Tls12,
+        extra,
+    );
+    let out = s.probe(&uri, &server.url());
+    let tls12_scheme = if rsa {
+        "rsa_pkcs1_sha256"
+    } else {
+        tls13_scheme
+    };
+    assert!(stderr(&out).contains("tls: TLSv1.2"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("client signature: {tls12_scheme}")),
+        "{}",
+        stderr(&out)
+    );
+    drop(server);
+
+    // nginx with ssl_verify_client on: it reports the client DN it verified.
+    let nginx = Nginx::start(&s.ca.ca_path(), &s.server_cert, &s.server_key);
+    let out = s.probe(&uri, &nginx.url());
+    assert!(
+        stdout(&out).contains("client=CN=alice,O=devs")
+            || stdout(&out).contains("client=O=devs,CN=alice"),
+        "nginx saw the hardware identity: {}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn ec_p256_full_flow() {
+    full_flow("ec-p256");
+}
+
+#[test]
+fn ec_p384_full_flow() {
+    full_flow("ec-p384");
+}
+
+#[test]
+fn rsa_2048_full_flow() {
+    full_flow("rsa-2048");
+}
+
+#[test]
+fn rsa_3072_full_flow() {
+    full_flow("rsa-3072");
+}
+
+#[test]
+fn rsa_4096_full_flow() {
+    full_flow("rsa-4096");
+}
+
+#[test]
+fn private_key_is_sensitive_and_never_leaves_the_token() {
+    let s = Setup::new();
+    let uri = s.key_uri("locked");
+    run_ok(s.hwkey().args(["key", "create", "--key", &uri]));
+
+    let info = stdout(&run_ok(s.hwkey().args(["key", "info", "--key", &uri])));
+    for line in [
+        "CKA_SENSITIVE: true",
+        "CKA_EXTRACTABLE: false",
+        "CKA_NEVER_EXTRACTABLE: true",
+        "CKA_ALWAYS_SENSITIVE: true",
+        "private value readable: false",
+    ] {
+        assert!(info.contains(line), "missing '{line}' in:\n{info}");
+    }
+
+    // The same facts as a foreign tool sees them.
+    let listed = s.hsm.pkcs11_tool(&[
+        "--token-label",
+        "kube",
+        "--login",
+        "--pin",
+        support::USER_PIN,
+        "--list-objects",
+        "--type",
+        "privkey",
+    ]);
+    let text = output_text(&listed);
+    assert!(text.contains("locked"), "{text}");
+    assert!(text.contains("sensitive"), "{text}");
+    assert!(text.contains("never extractable"), "{text}");
+}
+
+#[test]
+fn keys_made_by_pkcs11_tool_are_usable() {
+    let s = Setup::new();
+    s.hsm
+        .pkcs11_keygen("kube", "from-opensc-ec", "EC:prime256v1");
+    s.hsm.pkcs11_keygen("kube", "from-opensc-rsa", "rsa:2048");
+
+    let list = stdout(&run_ok(s.hwkey().args([
+        "key",
+        "list",
+        "--key",
+        &s.hsm.token_uri("kube"),
+    ])));
+    assert!(
+        list.contains("object=from-opensc-ec") && list.contains("ec-p256"),
+        "{list}"
+    );
+    assert!(
+        list.contains("object=from-opensc-rsa") && list.contains("rsa-2048"),
+        "{list}"
+    );
+
+    let server = OpensslServer::start(
+        &s.ca.ca_path(),
+        &s.server_cert,
+        &s.server_key,
+        TlsVersion::Tls13,
+    );
+    for object in ["from-opensc-ec", "from-opensc-rsa"] {
+        let uri = s.key_uri(object);
+        s.certify(&uri, object);
+        let out = s.probe(&uri, &server.url());
+        assert!(
+            stderr(&out).contains("client signature:"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    // Listed keys now say they have a certificate; the JSON form says the same.
+    let json = stdout(&run_ok(s.hwkey().args([
+        "key",
+        "list",
+        "--json",
+        "--key",
+        &s.hsm.token_uri("kube"),
+    ])));
+    let parsed: serde_json::Value = serde_json::from_str(&json).expect("key list --json is JSON");
+    let items = parsed.as_array().expect("array");
+    assert_eq!(items.len(), 2, "{json}");
+    assert!(items.iter().all(|i| i["certificate"] == true), "{json}");
+}
+
+/// Runs a command that must fail cleanly: non-zero exit, nothing on stdout, a message naming
+/// the problem, no panic.
+fn fails_with(cmd: &mut Command, needles: &[&str]) -> String {
+    let out = run_fail(cmd);
+    let err = stderr(&out);
+    assert!(
+        out.stdout.is_empty(),
+        "stdout must stay empty on error: {}",
+        stdout(&out)
+    );
+    assert!(!err.contains("panicked"), "panic: {err}");
+    for n in needles {
+        assert!(err.contains(n), "expected '{n}' in: {err}");
+    }
+    err
+}
+
+fn token_state(s: &Setup) -> String {
+    let out = s.hsm.pkcs11_tool(&[
+        "--token-label",
+        "kube",
+        "--login",
+        "--pin",
+        support::USER_PIN,
+        "--list-objects",
+    ]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    stdout(&out)
+}
+
+#[test]
+fn bad_input_is_refused_clearly_and_changes_nothing() {
+    let s = Setup::new();
+    let uri = s.key_uri("alice");
+    run_ok(s.hwkey().args(["key", "create", "--key", &uri]));
+    let before = token_state(&s);
+
+    fails_with(
+        s.hwkey().args(["key", "public", "--key", "pkcs11:token"]),
+        &["invalid key URI", "name=value"],
+    );
+    fails_with(
+        s.hwkey().args(["key", "public", "--key", "tpm2:path=/x"]),
+        &["must start with 'pkcs11:'"],
+    );
+    fails_with(
+        s.hwkey().args([
+            "key",
+            "public",
+            "--key",
+            "pkcs11:token=kube;object=alice?module-path=/nonexistent/lib.so",
+        ]),
+        &["cannot load PKCS#11 module /nonexistent/lib.so"],
+    );
+    fails_with(
+        s.hwkey()
+            .args(["key", "public", "--key", &s.hsm.key_uri("nope", "alice")]),
+        &["token 'nope' not found", "'kube'"],
+    );
+    fails_with(
+        s.hwkey()
+            .args(["key", "public", "--key", &s.key_uri("bob")]),
+        &["key object='bob' not found", "'alice'"],
+    );
+    fails_with(
+        s.hwkey()
+            .args(["key", "create", "--key", &uri, "--algorithm", "dsa-1024"]),
+        &["unknown algorithm 'dsa-1024'"],
+    );
+
+    // Duplicate create: refused, and the existing key is untouched.
+    let public = stdout(&run_ok(s.hwkey().args(["key", "public", "--key", &uri])));
+    fails_with(
+        s.hwkey()
+            .args(["key", "create", "--key", &uri, "--algorithm", "rsa-2048"]),
+        &["already exists"],
+    );
+    assert_eq!(
+        stdout(&run_ok(s.hwkey().args(["key", "public", "--key", &uri]))),
+        public
+    );
+
+    // Delete without --yes.
+    fails_with(
+        s.hwkey().args(["key", "delete", "--key", &uri]),
+        &["without --yes"],
+    );
+
+    // Certificate for another key.
+    let other = s.key_uri("other");
+    run_ok(s.hwkey().args(["key", "create", "--key", &other]));
+    let other_crt = s.certify(&other, "other");
+    let before_import = token_state(&s);
+    fails_with(
+        s.hwkey()
+            .args(["cert", "import", "--key", &uri, "--cert"])
+            .arg(&other_crt),
+        &["different public key"],
+    );
+    assert_eq!(
+        token_state(&s),
+        before_import,
+        "a refused import changes nothing on the token"
+    );
+    // `cert show` prints what it found and says NO, exiting non-zero.
+    let shown = run_fail(
+        s.hwkey()
+            .args(["cert", "show", "--key", &uri, "--cert"])
+            .arg(&other_crt),
+    );
+    assert!(
+        stdout(&shown).contains("matches key: NO"),
+        "{}",
+        stdout(&shown)
+    );
+    assert!(
+        stderr(&shown).contains("does not match"),
+        "{}",
+        stderr(&shown)
+    );
+    fails_with(
+        s.hwkey().args([
+            "cert",
+            "import",
+            "--key",
+            &uri,
+            "--cert",
+            "/nonexistent.pem",
+        ]),
+        &["cannot read certificate file /nonexistent.pem"],
+    );
+
+    // The only changes on the token are the ones we asked for ('other' and its certificate).
+    let after = token_state(&s);
+    for line in before.lines().filter(|l| l.contains("label")) {
+        assert!(after.contains(line), "lost '{line}'");
+    }
+    // Missing PIN source, unreadable PIN file.
+    let no_pin = format!(
+        "pkcs11:token=kube;object=alice?module-path={}",
+        support::SOFTHSM_MODULE
+    );
+    fails_with(
+        s.hwkey().args(["key", "public", "--key", &no_pin]),
+        &["needs a PIN", "pin-source"],
+    );
+    let missing_pin = format!("{no_pin}&pin-source=file:/nonexistent/pin");
+    fails_with(
+        s.hwkey().args(["key", "public", "--key", &missing_pin]),
+        &["cannot read the PIN from file /nonexistent/pin"],
+    );
+}
+
+#[test]
+fn wrong_pin_is_tried_once_and_the_token_keeps_working() {
+    let s = Setup::new();
+    let uri = s.key_uri("alice");
+    run_ok(s.hwkey().args(["key", "create", "--key", &uri]));
+    let wrong = s.path("wrong-pin");
+    support::write_private(&wrong, b"999999");
+    let wrong_uri = format!(
+        "pkcs11:token=kube;object=alice?module-path={}&pin-source=file:{}",
+        support::SOFTHSM_MODULE,
+        wrong.display()
+    );
+    let err = fails_with(
+        s.hwkey().args(["key", "public", "--key", &wrong_uri]),
+        &["PIN", "rejected", "exactly one attempt"],
+    );
+    assert!(!err.contains("999999"), "the PIN is never printed: {err}");
+    // PIN from the environment works, and the token was not locked by the failure.
+    let env_uri = format!(
+        "pkcs11:token=kube;object=alice?module-path={}&pin-source=env:HWKEY_TEST_PIN",
+        support::SOFTHSM_MODULE
+    );
+    run_ok(
+        s.hwkey()
+            .args(["key", "public", "--key", &env_uri])
+            .env("HWKEY_TEST_PIN", support::USER_PIN),
+    );
+    let info = s
+        .hsm
+        .pkcs11_tool(&["--token-label", "kube", "--list-token-slots"]);
+    let _ = info;
+    let slots = output_text(&s.hsm.pkcs11_tool(&["--list-slots"]));
+    assert!(!slots.contains("PIN locked"), "{slots}");
+}
+
+#[test]
+fn delete_with_yes_removes_key_public_key_and_certificates() {
+    let s = Setup::new();
+    let uri = s.key_uri("gone");
+    run_ok(s.hwkey().args(["key", "create", "--key", &uri]));
+    s.certify(&uri, "gone");
+    assert!(token_state(&s).contains("gone"));
+    let out = run_ok(s.hwkey().args(["key", "delete", "--yes", "--key", &uri]));
+    let err = stderr(&out);
+    assert!(
+        err.contains("deleted private key")
+            && err.contains("deleted public key")
+            && err.contains("deleted certificate"),
+        "{err}"
+    );
+    assert!(!token_state(&s).contains("gone"), "{}", token_state(&s));
+    fails_with(
+        s.hwkey().args(["key", "delete", "--yes", "--key", &uri]),
+        &["not found"],
+    );
+}

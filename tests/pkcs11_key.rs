@@ -1,0 +1,243 @@
+//! The PKCS#11 key layer used as a library, in this process, against a real SoftHSMv2 token:
+//! parallel signing on a session pool, signature correctness for every scheme, recovery after
+//! the token drops our login, and the private value staying unreadable.
+//!
+//! SoftHSM reads `SOFTHSM2_CONF` once, when the module is initialised, so every test in this
+//! file shares one SoftHSM directory (made before the first key is opened) and uses its own
+//! token or key label.
+
+mod support;
+
+use std::sync::{Arc, OnceLock};
+
+use cryptoki::context::{CInitializeArgs, CInitializeFlags, Pkcs11};
+use cryptoki::object::{Attribute, AttributeType, ObjectClass};
+use cryptoki::session::UserType;
+use cryptoki::types::AuthPin;
+use hwkey::key::{der, Key, KeyAlgorithm, KeyError, KeyUri, SignScheme};
+use support::SoftHsm;
+
+const TOKENS: [&str; 5] = ["parallel", "schemes", "recovery", "pin", "secret"];
+
+fn hsm() -> &'static SoftHsm {
+    static HSM: OnceLock<SoftHsm> = OnceLock::new();
+    HSM.get_or_init(|| {
+        let hsm = SoftHsm::new();
+        for t in TOKENS {
+            hsm.init_token(t);
+        }
+        // Safe here: set once, before any thread of this process loads the module.
+        std::env::set_var("SOFTHSM2_CONF", hsm.conf_path());
+        hsm
+    })
+}
+
+fn uri(token: &str, object: &str) -> KeyUri {
+    hsm().key_uri(token, object).parse().expect("valid URI")
+}
+
+/// Verifies a signature with ring against the key's SPKI.
+fn verify(key: &Key, scheme: SignScheme, message: &[u8], signature: &[u8]) {
+    use ring::signature as sig;
+    let info = der::parse_spki(key.spki_der()).expect("spki");
+    let alg: &dyn sig::VerificationAlgorithm = match scheme {
+        SignScheme::EcdsaP256Sha256 => &sig::ECDSA_P256_SHA256_ASN1,
+        SignScheme::EcdsaP384Sha384 => &sig::ECDSA_P384_SHA384_ASN1,
+        SignScheme::RsaPssSha256 => &sig::RSA_PSS_2048_8192_SHA256,
+        SignScheme::RsaPssSha384 => &sig::RSA_PSS_2048_8192_SHA384,
+        SignScheme::RsaPssSha512 => &sig::RSA_PSS_2048_8192_SHA512,
+        SignScheme::RsaPkcs1Sha256 => &sig::RSA_PKCS1_2048_8192_SHA256,
+        SignScheme::RsaPkcs1Sha384 => &sig::RSA_PKCS1_2048_8192_SHA384,
+        SignScheme::RsaPkcs1Sha512 => &sig::RSA_PKCS1_2048_8192_SHA512,
+    };
+    sig::UnparsedPublicKey::new(alg, &info.key_bits)
+        .verify(message, signature)
+        .unwrap_or_else(|_| panic!("{scheme} signature does not verify"));
+}
+
+#[test]
+fn eight_threads_sign_in_parallel_on_separate_sessions() {
+    let key =
+        Arc::new(Key::create(&uri("parallel", "p256"), KeyAlgorithm::EcP256).expect("create key"));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let key = key.clone();
+            std::thread::spawn(move || {
+                for i in 0..500 {
+                    let message = format!("thread {t} message {i}");
+                    let sig = key
+                        .sign(SignScheme::EcdsaP256Sha256, message.as_bytes())
+                        .expect("sign");
+                    verify(&key, SignScheme::EcdsaP256Sha256, message.as_bytes(), &sig);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("signing thread");
+    }
+    assert_eq!(
+        key.signatures(),
+        4000,
+        "every signature was made and counted"
+    );
+    let stats = key
+        .session_stats()
+        .expect("PKCS#11 keys have session stats");
+    // The speed-independent proof of parallelism: several sessions were signing at one moment.
+    assert!(
+        stats.peak_in_use >= 2,
+        "signatures never overlapped: {stats:?}"
+    );
+    // And no session per signature: at most one per thread (plus the one opened at open time).
+    assert!(
+        stats.opened <= 9,
+        "opened a session per signature? {stats:?}"
+    );
+}
+
+#[test]
+fn one_thread_uses_one_session() {
+    let key = Key::create(&uri("parallel", "single"), KeyAlgorithm::EcP256).expect("create key");
+    for i in 0..200 {
+        let m = format!("m{i}");
+        let sig = key
+            .sign(SignScheme::EcdsaP256Sha256, m.as_bytes())
+            .expect("sign");
+        verify(&key, SignScheme::EcdsaP256Sha256, m.as_bytes(), &sig);
+    }
+    let stats = key.session_stats().expect("stats");
+    assert_eq!((stats.peak_in_use, stats.opened), (1, 1), "{stats:?}");
+}
+
+#[test]
+fn every_scheme_of_every_algorithm_verifies() {
+    for (name, alg) in [
+        ("p256", KeyAlgorithm::EcP256),
+        ("p384", KeyAlgorithm::EcP384),
+        ("rsa2048", KeyAlgorithm::Rsa { bits: 2048 }),
+        ("rsa3072", KeyAlgorithm::Rsa { bits: 3072 }),
+    ] {
+        let key = Key::create(&uri("schemes", name), alg).expect("create");
+        assert_eq!(key.algorithm(), alg);
+        for scheme in alg.schemes() {
+            let sig = key.sign(*scheme, b"the message").expect("sign");
+            verify(&key, *scheme, b"the message", &sig);
+        }
+        // A scheme of another algorithm is refused before reaching the token.
+        let foreign = if alg.is_ec() {
+            SignScheme::RsaPssSha256
+        } else {
+            SignScheme::EcdsaP256Sha256
+        };
+        assert!(matches!(
+            key.sign(foreign, b"x"),
+            Err(KeyError::UnsupportedScheme { .. })
+        ));
+    }
+}
+
+/// Opens the module the way another library in this process would, logged in to `token`.
+fn foreign_session(token: &str) -> cryptoki::session::Session {
+    let ctx = Pkcs11::new(support::SOFTHSM_MODULE).expect("load module");
+    let _ = ctx.initialize(CInitializeArgs::new(CInitializeFlags::OS_LOCKING_OK));
+    let slot = ctx
+        .get_slots_with_token()
+        .expect("slots")
+        .into_iter()
+        .find(|s| {
+            ctx.get_token_info(*s)
+                .map(|i| i.label().trim_end() == token)
+                .unwrap_or(false)
+        })
+        .expect("token slot");
+    let session = ctx.open_rw_session(slot).expect("session");
+    let _ = session.login(UserType::User, Some(&AuthPin::from(support::USER_PIN)));
+    session
+}
+
+#[test]
+fn signing_recovers_when_the_token_logs_us_out() {
+    let key = Key::create(&uri("recovery", "k"), KeyAlgorithm::EcP256).expect("create");
+    key.sign(SignScheme::EcdsaP256Sha256, b"before")
+        .expect("sign before");
+    // Someone in this process logs out: every session of ours loses its login
+    // (CKR_USER_NOT_LOGGED_IN on the next C_Sign).
+    let foreign = foreign_session("recovery");
+    foreign.logout().expect("logout");
+    let sig = key
+        .sign(SignScheme::EcdsaP256Sha256, b"after")
+        .expect("sign after logout recovers");
+    verify(&key, SignScheme::EcdsaP256Sha256, b"after", &sig);
+    let stats = key.session_stats().expect("stats");
+    assert!(stats.recovered >= 1, "{stats:?}");
+}
+
+#[test]
+fn the_private_value_cannot_be_read() {
+    let key =
+        Key::create(&uri("secret", "secret"), KeyAlgorithm::Rsa { bits: 2048 }).expect("create");
+    drop(key);
+    let session = foreign_session("secret");
+    let handles = session
+        .find_objects(&[
+            Attribute::Class(ObjectClass::PRIVATE_KEY),
+            Attribute::Label(b"secret".to_vec()),
+        ])
+        .expect("find");
+    assert_eq!(handles.len(), 1);
+    // C_GetAttributeValue on the private parts yields nothing (CKR_ATTRIBUTE_SENSITIVE).
+    let values = session
+        .get_attributes(
+            handles[0],
+            &[
+                AttributeType::Value,
+                AttributeType::PrivateExponent,
+                AttributeType::Prime1,
+                AttributeType::Prime2,
+            ],
+        )
+        .unwrap_or_default();
+    assert!(values.is_empty(), "private parts were returned: {values:?}");
+    let flags = session
+        .get_attributes(
+            handles[0],
+            &[
+                AttributeType::Sensitive,
+                AttributeType::Extractable,
+                AttributeType::NeverExtractable,
+            ],
+        )
+        .expect("flags");
+    assert!(flags.contains(&Attribute::Sensitive(true)), "{flags:?}");
+    assert!(flags.contains(&Attribute::Extractable(false)), "{flags:?}");
+    assert!(
+        flags.contains(&Attribute::NeverExtractable(true)),
+        "{flags:?}"
+    );
+}
+
+#[test]
+fn a_wrong_pin_fails_once_and_the_right_pin_still_works() {
+    let hsm = hsm();
+    let key_uri = uri("pin", "k");
+    Key::create(&key_uri, KeyAlgorithm::EcP256)
+        .expect("create")
+        .sign(SignScheme::EcdsaP256Sha256, b"x")
+        .expect("sign");
+    // That key (and its login) is dropped: the process is logged out of 'pin' again.
+    let wrong: KeyUri = format!(
+        "pkcs11:token=pin;object=k?module-path={}&pin-source=env:HWKEY_WRONG_PIN",
+        support::SOFTHSM_MODULE
+    )
+    .parse()
+    .expect("uri");
+    std::env::set_var("HWKEY_WRONG_PIN", "000000");
+    match Key::open(&wrong) {
+        Err(KeyError::PinIncorrect { token }) => assert_eq!(token, "pin"),
+        other => panic!("expected PinIncorrect, got {other:?}"),
+    }
+    let _ = hsm;
+    let key = Key::open(&key_uri).expect("the right PIN still works");
+    key.sign(SignScheme::EcdsaP256Sha256, b"y").expect("sign");
+}
