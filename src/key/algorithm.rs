@@ -126,7 +126,7 @@ impl HashAlg {
     }
 
     /// Output length in bytes (also the PSS salt length TLS 1.3 requires).
-    pub fn len(self) -> usize {
+    pub fn output_len(self) -> usize {
         match self {
             HashAlg::Sha256 => 32,
             HashAlg::Sha384 => 48,

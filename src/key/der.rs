@@ -187,52 +187,6 @@ pub fn to_pem(label: &str, der: &[u8]) -> String {
     pem::encode(&pem::Pem::new(label, der.to_vec()))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ecdsa_der_has_positive_integers() {
-        let mut raw = vec![0x80u8; 32];
-        raw.extend(std::iter::repeat_n(0x01, 32));
-        let der = ecdsa_raw_to_der(&raw).expect("der");
-        // SEQUENCE, len, INTEGER 33 bytes (leading zero for the high bit), INTEGER 32 bytes.
-        assert_eq!(der[2], 0x02);
-        assert_eq!(der[3], 33);
-        assert_eq!(der[4], 0x00);
-    }
-
-    #[test]
-    fn ec_point_accepts_raw_and_wrapped() {
-        let mut point = vec![0x04u8];
-        point.extend([7u8; 64]);
-        let wrapped = yasna::construct_der(|w| w.write_bytes(&point));
-        assert_eq!(
-            unwrap_ec_point(KeyAlgorithm::EcP256, &point).expect("raw"),
-            point
-        );
-        assert_eq!(
-            unwrap_ec_point(KeyAlgorithm::EcP256, &wrapped).expect("wrapped"),
-            point
-        );
-    }
-
-    #[test]
-    fn spki_round_trips() {
-        let mut point = vec![0x04u8];
-        point.extend([9u8; 96]);
-        let spki = ec_spki(KeyAlgorithm::EcP384, &point).expect("spki");
-        let info = parse_spki(&spki).expect("parse");
-        assert_eq!(info.algorithm, KeyAlgorithm::EcP384);
-        assert_eq!(info.key_bits, point);
-
-        let spki = rsa_spki(&[0x00, 0xc1, 0x02, 0x03], &[0x01, 0x00, 0x01]);
-        let info = parse_spki(&spki).expect("parse rsa");
-        let (n, e) = parse_rsa_public_key(&info.key_bits).expect("pkcs1");
-        assert_eq!(n, vec![0xc1, 0x02, 0x03]);
-        assert_eq!(e, vec![0x01, 0x00, 0x01]);
-    }
-}
 
 /// The SubjectPublicKeyInfo (DER) of a certificate.
 pub fn cert_spki(cert: &[u8]) -> Result<Vec<u8>, KeyError> {
@@ -286,4 +240,51 @@ pub fn order_chain(spki: &[u8], mut certs: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
     }
     out.extend(certs);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ecdsa_der_has_positive_integers() {
+        let mut raw = vec![0x80u8; 32];
+        raw.extend(std::iter::repeat_n(0x01, 32));
+        let der = ecdsa_raw_to_der(&raw).expect("der");
+        // SEQUENCE, len, INTEGER 33 bytes (leading zero for the high bit), INTEGER 32 bytes.
+        assert_eq!(der[2], 0x02);
+        assert_eq!(der[3], 33);
+        assert_eq!(der[4], 0x00);
+    }
+
+    #[test]
+    fn ec_point_accepts_raw_and_wrapped() {
+        let mut point = vec![0x04u8];
+        point.extend([7u8; 64]);
+        let wrapped = yasna::construct_der(|w| w.write_bytes(&point));
+        assert_eq!(
+            unwrap_ec_point(KeyAlgorithm::EcP256, &point).expect("raw"),
+            point
+        );
+        assert_eq!(
+            unwrap_ec_point(KeyAlgorithm::EcP256, &wrapped).expect("wrapped"),
+            point
+        );
+    }
+
+    #[test]
+    fn spki_round_trips() {
+        let mut point = vec![0x04u8];
+        point.extend([9u8; 96]);
+        let spki = ec_spki(KeyAlgorithm::EcP384, &point).expect("spki");
+        let info = parse_spki(&spki).expect("parse");
+        assert_eq!(info.algorithm, KeyAlgorithm::EcP384);
+        assert_eq!(info.key_bits, point);
+
+        let spki = rsa_spki(&[0x00, 0xc1, 0x02, 0x03], &[0x01, 0x00, 0x01]);
+        let info = parse_spki(&spki).expect("parse rsa");
+        let (n, e) = parse_rsa_public_key(&info.key_bits).expect("pkcs1");
+        assert_eq!(n, vec![0xc1, 0x02, 0x03]);
+        assert_eq!(e, vec![0x01, 0x00, 0x01]);
+    }
 }

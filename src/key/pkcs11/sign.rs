@@ -32,7 +32,7 @@ pub(crate) fn sign(
         let params = PkcsPssParams {
             hash_alg: hash_mechanism(hash),
             mgf: mgf(hash),
-            s_len: (hash.len() as u64).into(),
+            s_len: (hash.output_len() as u64).into(),
         };
         return session
             .sign(&Mechanism::RsaPkcsPss(params), key, &digest)

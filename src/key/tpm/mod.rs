@@ -1,52 +1,343 @@
-//! TPM 2.0 backend (placeholder until the backend lands).
+//! TPM 2.0 backend (tss-esapi): keys named `tpm:path=/k.pem` (a TSS2 PRIVATE KEY file, the
+//! format of tpm2-openssl, so keys move freely between hwkey and OpenSSL) or
+//! `tpm:handle=0x81…` (a persistent key).
+//!
+//! The folder: `context` owns the one ESAPI context per TCTI, `loaded` keeps a key loaded (and
+//! reloads it after a TPM reset), `primary` re-creates the storage key that key files hang
+//! under (tpm2-openssl's template), `tss2_pem` is the file format, `keygen` creates keys,
+//! `sign` signs, `public` turns a public area into an algorithm and an SPKI, `files` names and
+//! reads the files beside a key, and `rc` maps TSS errors to [`KeyError`], once.
+//!
+//! Lifecycle: a [`TpmKey`] loads its key once, when it is opened, and keeps it loaded until it
+//! is dropped (then it is flushed). The storage primary is flushed right after loading: swtpm
+//! and TPMs used without a resource manager hold only three transient objects. A persistent
+//! key takes no transient slot at all. Deleting a key file needs no TPM: the file is the only
+//! copy of the key (its private part is encrypted by the TPM and useless anywhere else).
+//!
+//! Concurrency: signatures from many threads queue on the context's mutex (the TPM signs one
+//! at a time anyway). On swtpm and the Microsoft simulator the TCP connection stays open while a
+//! key is open, and other processes (tpm2-tools, openssl) wait until it closes; through the
+//! kernel's resource manager (`device:/dev/tpmrm0`) they do not.
 
-use super::{KeyAlgorithm, KeyBackend, KeyError, KeyListing, SignScheme, TpmUri};
+mod context;
+mod files;
+mod keygen;
+mod loaded;
+mod persistent;
+mod primary;
+mod public;
+mod rc;
+mod sign;
+mod tss2_pem;
 
-/// A key inside a TPM.
+use std::fs;
+use std::io;
+
+use tss_esapi::handles::KeyHandle;
+use tss_esapi::interface_types::session_handles::AuthSession;
+use tss_esapi::structures::Public;
+use tss_esapi::Context;
+
+use super::{KeyAlgorithm, KeyBackend, KeyError, KeyListing, KeyUri, SignScheme, TpmUri};
+use crate::atomic_file;
+use crate::key::uri::TpmKeyLocation;
+use context::Tpm;
+use loaded::{LoadedKey, Source};
+use public::KeyInfo;
+use tss2_pem::Tss2Key;
+
+/// A key inside a TPM, loaded and ready to sign.
 #[derive(Debug)]
 pub struct TpmKey {
-    _private: (),
+    loaded: LoadedKey,
+    location: TpmKeyLocation,
+    info: KeyInfo,
 }
 
-fn unbuilt() -> KeyError {
-    KeyError::Unsupported("the TPM backend is not built yet".into())
+/// "TPM key file /k.pem" / "TPM persistent key 0x81000101".
+fn location_desc(location: &TpmKeyLocation) -> String {
+    match location {
+        TpmKeyLocation::Path(p) => format!("TPM key file {}", p.display()),
+        TpmKeyLocation::Handle(h) => format!("TPM persistent key {h:#010x}"),
+    }
 }
 
-/// Opens a TPM key.
-pub fn open(_uri: &TpmUri) -> Result<TpmKey, KeyError> {
-    Err(unbuilt())
+fn tpm_place(tcti: &str) -> String {
+    format!("the TPM at TCTI '{tcti}'")
 }
-/// Creates a TPM key.
-pub fn create(_uri: &TpmUri, _alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
-    Err(unbuilt())
+
+/// Opens the key a URI names and loads it into the TPM.
+pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
+    let location = uri.key.clone().ok_or(KeyError::NoKeySelected)?;
+    let tcti = uri.tcti();
+    match &location {
+        TpmKeyLocation::Path(path) => {
+            let file = files::read_key_file(path)?;
+            let info = KeyInfo::from_public(&file.public).map_err(|reason| KeyError::Tss2Pem {
+                path: path.clone(),
+                reason,
+            })?;
+            let tpm = Tpm::connect(&tcti)?;
+            let (handle, generation) = tpm.with_conn(|conn| {
+                let handle = load_key_file(&mut conn.ctx, &file)?;
+                Ok::<_, KeyError>((handle, conn.generation()))
+            })?;
+            Ok(TpmKey {
+                loaded: LoadedKey::new(tpm, Source::File(file), handle, generation),
+                location,
+                info,
+            })
+        }
+        TpmKeyLocation::Handle(h) => {
+            let tpm = Tpm::connect(&tcti)?;
+            let (object, public, generation) = tpm.with_conn(|conn| {
+                let (object, public) = persistent::open_persistent(&mut conn.ctx, *h, &tcti)?;
+                Ok::<_, KeyError>((object, public, conn.generation()))
+            })?;
+            let info = KeyInfo::from_public(&public).map_err(|reason| KeyError::TpmKeyUnusable {
+                key: location_desc(&location),
+                reason,
+            });
+            // Closes the ESYS handle on drop, also if the key is unusable.
+            let source = Source::Persistent { handle: *h, public };
+            let loaded = LoadedKey::new(tpm, source, KeyHandle::from(object), generation);
+            Ok(TpmKey {
+                loaded,
+                location,
+                info: info?,
+            })
+        }
+    }
 }
-/// Lists TPM keys.
-pub fn list(_uri: &TpmUri) -> Result<Vec<KeyListing>, KeyError> {
-    Err(unbuilt())
+
+/// Creates a key in the TPM and stores it where the URI says; refuses (and changes nothing)
+/// if that file or persistent handle is taken.
+pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
+    keygen::check_creatable(alg)?;
+    let location = uri.key.clone().ok_or(KeyError::NoKeySelected)?;
+    let tcti = uri.tcti();
+    match &location {
+        TpmKeyLocation::Path(path) => {
+            let exists = || KeyError::KeyExists {
+                what: location_desc(&location),
+                place: "this machine".into(),
+            };
+            if fs::symlink_metadata(path).is_ok() {
+                return Err(exists());
+            }
+            let tpm = Tpm::connect(&tcti)?;
+            let (new, generation) = tpm.with_conn(|conn| {
+                let new = keygen::create_and_load(&mut conn.ctx, alg)?;
+                Ok::<_, KeyError>((new, conn.generation()))
+            })?;
+            let file = Tss2Key {
+                parent: primary::OWNER_HIERARCHY,
+                public: new.public,
+                private: new.private,
+            };
+            let info = created_info(&file.public);
+            let pem = file.to_pem().map_err(|reason| KeyError::Tpm {
+                operation: "encoding the TSS2 key file",
+                reason,
+            });
+            // From here on the key is flushed on drop, also if anything below fails.
+            let loaded = LoadedKey::new(tpm, Source::File(file), new.handle, generation);
+            let info = info?;
+            atomic_file::create_atomic(path, pem?.as_bytes(), 0o600).map_err(|e| {
+                if e.kind() == io::ErrorKind::AlreadyExists {
+                    exists()
+                } else {
+                    KeyError::io("write the TPM key file", path, e)
+                }
+            })?;
+            Ok(TpmKey {
+                loaded,
+                location,
+                info,
+            })
+        }
+        TpmKeyLocation::Handle(h) => {
+            let tpm = Tpm::connect(&tcti)?;
+            let (object, public, generation) = tpm.with_conn(|conn| {
+                let (object, public) =
+                    persistent::create_persistent(&mut conn.ctx, alg, *h, &tcti)?;
+                Ok::<_, KeyError>((object, public, conn.generation()))
+            })?;
+            let info = created_info(&public);
+            let source = Source::Persistent { handle: *h, public };
+            let loaded = LoadedKey::new(tpm, source, KeyHandle::from(object), generation);
+            Ok(TpmKey {
+                loaded,
+                location,
+                info: info?,
+            })
+        }
+    }
 }
-/// Deletes a TPM key.
-pub fn delete(_uri: &TpmUri) -> Result<Vec<String>, KeyError> {
-    Err(unbuilt())
+
+fn created_info(public: &Public) -> Result<KeyInfo, KeyError> {
+    KeyInfo::from_public(public).map_err(|reason| KeyError::Tpm {
+        operation: "Create (signing key)",
+        reason: format!("the TPM made a key hwkey cannot use: {reason}"),
+    })
 }
-/// Stores a chain beside a TPM key.
-pub fn store_chain(_uri: &TpmUri, _chain: &[Vec<u8>]) -> Result<String, KeyError> {
-    Err(unbuilt())
+
+/// Lists keys: the TSS2 key files in a directory (`tpm:path=/dir`), or the persistent signing
+/// keys in the TPM (`tpm:?tcti=…`).
+pub fn list(uri: &TpmUri) -> Result<Vec<KeyListing>, KeyError> {
+    let listing = |location: TpmKeyLocation, algorithm, has_certificate| KeyListing {
+        uri: KeyUri::Tpm(TpmUri {
+            key: Some(location),
+            tcti: uri.tcti.clone(),
+        }),
+        algorithm,
+        has_certificate,
+    };
+    match &uri.key {
+        Some(TpmKeyLocation::Path(dir)) if dir.is_dir() => {
+            let mut out = Vec::new();
+            for path in files::key_files_in(dir)? {
+                let Ok(data) = fs::read(&path) else { continue };
+                let Ok(file) = Tss2Key::from_file_bytes(&data) else {
+                    continue;
+                };
+                match KeyInfo::from_public(&file.public) {
+                    Ok(info) => {
+                        let has_cert = files::chain_path(&path).exists();
+                        out.push(listing(
+                            TpmKeyLocation::Path(path),
+                            info.algorithm,
+                            has_cert,
+                        ));
+                    }
+                    Err(reason) => {
+                        tracing::debug!("skipping {}: {reason}", path.display());
+                    }
+                }
+            }
+            Ok(out)
+        }
+        Some(TpmKeyLocation::Path(path)) => {
+            let file = files::read_key_file(path)?;
+            let info = KeyInfo::from_public(&file.public).map_err(|reason| KeyError::Tss2Pem {
+                path: path.clone(),
+                reason,
+            })?;
+            let has_cert = files::chain_path(path).exists();
+            Ok(vec![listing(
+                TpmKeyLocation::Path(path.clone()),
+                info.algorithm,
+                has_cert,
+            )])
+        }
+        Some(TpmKeyLocation::Handle(_)) | None => {
+            let tpm = Tpm::connect(&uri.tcti())?;
+            let keys = tpm.with(persistent::persistent_signing_keys)?;
+            Ok(keys
+                .into_iter()
+                .map(|(h, alg)| listing(TpmKeyLocation::Handle(h), alg, false))
+                .collect())
+        }
+    }
+}
+
+/// Deletes a key: removes the key file and the chain beside it, or evicts the persistent key.
+/// Returns what it removed.
+pub fn delete(uri: &TpmUri) -> Result<Vec<String>, KeyError> {
+    let location = uri.key.clone().ok_or(KeyError::NoKeySelected)?;
+    match &location {
+        TpmKeyLocation::Path(path) => {
+            // Never remove a file that is not a TSS2 key, whatever the URI says.
+            let data = fs::read(path).map_err(|e| files::missing_or_io(path, e))?;
+            if !tss2_pem::is_tss2_file(&data) {
+                return Err(KeyError::Tss2Pem {
+                    path: path.clone(),
+                    reason: "it is not a TSS2 key file, so hwkey will not delete it".into(),
+                });
+            }
+            fs::remove_file(path).map_err(|e| KeyError::io("remove the TPM key file", path, e))?;
+            let mut removed = vec![location_desc(&location)];
+            let chain = files::chain_path(path);
+            match fs::remove_file(&chain) {
+                Ok(()) => removed.push(format!("certificate chain {}", chain.display())),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(KeyError::io("remove the certificate chain", chain, e)),
+            }
+            Ok(removed)
+        }
+        TpmKeyLocation::Handle(h) => {
+            let tcti = uri.tcti();
+            let tpm = Tpm::connect(&tcti)?;
+            tpm.with(|ctx| persistent::evict_persistent(ctx, *h, &tcti))?;
+            Ok(vec![location_desc(&location)])
+        }
+    }
+}
+
+/// Stores a certificate chain (DER, leaf first) beside a key file as `<key>.crt.pem`.
+pub fn store_chain(uri: &TpmUri, chain: &[Vec<u8>]) -> Result<String, KeyError> {
+    let location = uri.key.clone().ok_or(KeyError::NoKeySelected)?;
+    match &location {
+        TpmKeyLocation::Path(path) => {
+            if chain.is_empty() {
+                return Err(KeyError::Malformed {
+                    what: "certificate chain".into(),
+                    reason: "it is empty".into(),
+                });
+            }
+            fs::metadata(path).map_err(|e| files::missing_or_io(path, e))?;
+            let chain_path = files::chain_path(path);
+            atomic_file::write_atomic(&chain_path, files::chain_pem(chain).as_bytes(), 0o644)
+                .map_err(|e| KeyError::io("write the certificate chain", &chain_path, e))?;
+            Ok(chain_path.display().to_string())
+        }
+        TpmKeyLocation::Handle(_) => Err(KeyError::TpmNoChainStore {
+            key: location_desc(&location),
+        }),
+    }
 }
 
 impl KeyBackend for TpmKey {
     fn algorithm(&self) -> KeyAlgorithm {
-        KeyAlgorithm::EcP256
+        self.info.algorithm
     }
+
     fn spki_der(&self) -> &[u8] {
-        &[]
+        &self.info.spki
     }
-    fn sign(&self, _scheme: SignScheme, _message: &[u8]) -> Result<Vec<u8>, KeyError> {
-        Err(unbuilt())
+
+    fn sign(&self, scheme: SignScheme, message: &[u8]) -> Result<Vec<u8>, KeyError> {
+        sign::sign(
+            &self.loaded,
+            &self.info,
+            &|| self.describe(),
+            scheme,
+            message,
+        )
     }
+
     fn describe(&self) -> String {
-        "TPM key".into()
+        format!(
+            "{} (TCTI '{}')",
+            location_desc(&self.location),
+            self.loaded.tcti()
+        )
     }
+
     fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError> {
-        Ok(None)
+        match &self.location {
+            TpmKeyLocation::Path(p) => files::read_chain(&files::chain_path(p)),
+            TpmKeyLocation::Handle(_) => Ok(None),
+        }
     }
+}
+
+/// Loads a key file's key under its parent; the parent is flushed before this returns.
+fn load_key_file(ctx: &mut Context, file: &Tss2Key) -> Result<KeyHandle, KeyError> {
+    primary::with_parent(ctx, file.parent, |ctx, parent| {
+        ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+            ctx.load(parent, file.private.clone(), file.public.clone())
+        })
+        .map_err(rc::tpm_error("Load (key file)"))
+    })
 }

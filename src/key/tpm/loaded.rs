@@ -1,0 +1,169 @@
+//! A key object in use by a [`super::TpmKey`], and its recovery when the TPM forgets it.
+//!
+//! The key is loaded once and then used for every signature. If the TPM loses it (the
+//! connection broke because swtpm or the resource manager restarted, or the TPM was reset), the
+//! next operation reconnects if needed, loads the key again from what was read when it was
+//! opened (the file's blob, or the persistent handle, whose public key must not have changed)
+//! and retries once. Retrying is safe: the operations run here (Sign, RSA_Decrypt) change
+//! nothing in the TPM.
+//!
+//! The ESYS handle and its generation are atomics only so that `&self` can update them; they
+//! are read and written under the TPM lock, never elsewhere.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tss_esapi::handles::{KeyHandle, ObjectHandle};
+use tss_esapi::structures::Public;
+use tss_esapi::tss2_esys::ESYS_TR;
+use tss_esapi::Context;
+
+use super::context::{Conn, Tpm};
+use super::tss2_pem::Tss2Key;
+use super::{rc, KeyError};
+
+/// Where a key comes from, kept to load it again.
+pub(crate) enum Source {
+    /// A key file's contents, as read when it was opened.
+    File(Tss2Key),
+    /// A persistent key and its public area when it was opened.
+    Persistent { handle: u32, public: Public },
+}
+
+/// Generation value meaning "no valid handle".
+const NOT_LOADED: u64 = u64::MAX;
+
+/// A key object the TPM holds for us.
+pub(crate) struct LoadedKey {
+    tpm: Arc<Tpm>,
+    source: Source,
+    handle: AtomicU32,
+    generation: AtomicU64,
+}
+
+impl fmt::Debug for LoadedKey {
+    /// Short on purpose: the key blob is long and says nothing to a reader of logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let source = match &self.source {
+            Source::File(file) => format!("file (parent {:#010x})", file.parent),
+            Source::Persistent { handle, .. } => format!("persistent {handle:#010x}"),
+        };
+        f.debug_struct("LoadedKey")
+            .field("tcti", &self.tpm.tcti())
+            .field("source", &source)
+            .field("generation", &self.generation.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl LoadedKey {
+    /// Wraps a key that was just loaded (or opened) in connection `generation`; from here on
+    /// it is released on drop.
+    pub(crate) fn new(tpm: Arc<Tpm>, source: Source, handle: KeyHandle, generation: u64) -> Self {
+        LoadedKey {
+            tpm,
+            source,
+            handle: AtomicU32::new(ESYS_TR::from(handle)),
+            generation: AtomicU64::new(generation),
+        }
+    }
+
+    /// The TCTI of the TPM holding the key.
+    pub(crate) fn tcti(&self) -> &str {
+        self.tpm.tcti()
+    }
+
+    /// Runs a side-effect-free operation on the key, reloading it (and reconnecting) once if
+    /// the TPM lost it.
+    pub(crate) fn with_key<T>(
+        &self,
+        operation: &'static str,
+        f: impl Fn(&mut Context, KeyHandle) -> Result<T, tss_esapi::Error>,
+    ) -> Result<T, KeyError> {
+        self.tpm.with_conn(|conn| {
+            let handle = self.ensure_loaded(conn)?;
+            let err = match f(&mut conn.ctx, handle) {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            if rc::is_connection_lost(&err) {
+                tracing::warn!(
+                    "TPM connection lost during {operation} ({}); reconnecting",
+                    rc::describe(&err)
+                );
+                conn.reconnect()?;
+            } else if rc::is_object_gone(&err) {
+                tracing::warn!(
+                    "the TPM lost the key during {operation} ({}); reloading it",
+                    rc::describe(&err)
+                );
+                self.forget(conn);
+            } else {
+                return Err(rc::tpm_error(operation)(err));
+            }
+            let handle = self.ensure_loaded(conn)?;
+            f(&mut conn.ctx, handle).map_err(rc::tpm_error(operation))
+        })
+    }
+
+    /// The key's handle in the current connection, loading the key if it has none.
+    fn ensure_loaded(&self, conn: &mut Conn) -> Result<KeyHandle, KeyError> {
+        if self.generation.load(Ordering::Relaxed) == conn.generation() {
+            return Ok(KeyHandle::from(self.handle.load(Ordering::Relaxed)));
+        }
+        let handle = match &self.source {
+            Source::File(file) => super::load_key_file(&mut conn.ctx, file)?,
+            Source::Persistent { handle, public } => {
+                let (mut object, now) =
+                    super::persistent::open_persistent(&mut conn.ctx, *handle, self.tpm.tcti())?;
+                if &now != public {
+                    let _ = conn.ctx.tr_close(&mut object);
+                    return Err(KeyError::TpmKeyUnusable {
+                        key: format!("TPM persistent key {handle:#010x}"),
+                        reason: "another key was stored at this handle since hwkey opened it; \
+                                 open the key again (and check its certificate)"
+                            .into(),
+                    });
+                }
+                KeyHandle::from(object)
+            }
+        };
+        self.handle.store(ESYS_TR::from(handle), Ordering::Relaxed);
+        self.generation.store(conn.generation(), Ordering::Relaxed);
+        tracing::info!("TPM key reloaded on TCTI '{}'", self.tpm.tcti());
+        Ok(handle)
+    }
+
+    /// Drops the ESAPI record of a key the TPM no longer has.
+    fn forget(&self, conn: &mut Conn) {
+        if self.generation.load(Ordering::Relaxed) == conn.generation() {
+            let mut object = ObjectHandle::from(self.handle.load(Ordering::Relaxed));
+            // Closing is local to ESAPI; tss-esapi complains that a loaded object should have
+            // been flushed, but the TPM has nothing left to flush.
+            let _ = conn.ctx.tr_close(&mut object);
+        }
+        self.generation.store(NOT_LOADED, Ordering::Relaxed);
+    }
+}
+
+impl Drop for LoadedKey {
+    fn drop(&mut self) {
+        let persistent = matches!(self.source, Source::Persistent { .. });
+        self.tpm.with_conn(|conn| {
+            // A handle of an older connection may name another object in this one.
+            if self.generation.load(Ordering::Relaxed) != conn.generation() {
+                return;
+            }
+            let handle = self.handle.load(Ordering::Relaxed);
+            let result = if persistent {
+                conn.ctx.tr_close(&mut ObjectHandle::from(handle))
+            } else {
+                conn.ctx.flush_context(ObjectHandle::from(handle))
+            };
+            if let Err(e) = result {
+                tracing::warn!("could not release a TPM key: {}", rc::describe(&e));
+            }
+        });
+    }
+}

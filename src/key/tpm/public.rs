@@ -1,0 +1,151 @@
+//! What a TPM public area says about a key: its algorithm, its SubjectPublicKeyInfo, and
+//! whether (and how) hwkey can sign with it.
+//!
+//! Every key, whether hwkey, tpm2-openssl or tpm2-tools made it, goes through [`KeyInfo::from_public`]
+//! before it is used, so an unusable key (a storage key, a restricted attestation key, an
+//! unsupported curve) is refused with its reason when it is opened, not at the first handshake.
+
+use tss_esapi::interface_types::ecc::EccCurve;
+use tss_esapi::structures::{EccScheme, Public, RsaScheme};
+
+use crate::key::{der, KeyAlgorithm};
+
+/// How RSA-PSS signatures are made with this key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PssMethod {
+    /// Not an RSA key.
+    NotRsa,
+    /// The key may decrypt with scheme NULL: hwkey encodes EMSA-PSS itself (salt = hash
+    /// length, as TLS 1.3 requires) and the TPM applies the raw private-key operation
+    /// (TPM2_RSA_Decrypt). Works on every TPM.
+    SoftwareEncoded,
+    /// A sign-only key: TPM2_Sign with RSAPSS. The TPM picks the salt length; hwkey checks the
+    /// result (some TPMs use the maximum salt length, which TLS 1.3 peers reject).
+    Tpm,
+}
+
+/// The facts about a key that signing needs.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyInfo {
+    pub algorithm: KeyAlgorithm,
+    pub spki: Vec<u8>,
+    /// The PKCS#1 `RSAPublicKey` (for checking RSA signatures); empty for EC keys.
+    pub rsa_public_key: Vec<u8>,
+    /// RSA modulus length in bytes; 0 for EC keys.
+    pub modulus_len: usize,
+    pub pss: PssMethod,
+}
+
+impl KeyInfo {
+    /// Reads a public area; the error is the reason the key cannot be used.
+    pub(crate) fn from_public(public: &Public) -> Result<KeyInfo, String> {
+        let attributes = public.object_attributes();
+        if !attributes.sign_encrypt() {
+            return Err(if attributes.restricted() && attributes.decrypt() {
+                "it is a storage (parent) key, not a signing key".into()
+            } else {
+                "it is not a signing key (the sign attribute is clear)".into()
+            });
+        }
+        if attributes.restricted() {
+            return Err(
+                "it is a restricted signing key (an attestation key): it signs only \
+                        data the TPM produced, never a TLS handshake"
+                    .into(),
+            );
+        }
+        if !attributes.user_with_auth() {
+            return Err(
+                "it can only be used through a policy session (userWithAuth is clear), \
+                        which hwkey does not support"
+                    .into(),
+            );
+        }
+        match public {
+            Public::Ecc {
+                parameters, unique, ..
+            } => {
+                let algorithm = match parameters.ecc_curve() {
+                    EccCurve::NistP256 => KeyAlgorithm::EcP256,
+                    EccCurve::NistP384 => KeyAlgorithm::EcP384,
+                    other => {
+                        return Err(format!(
+                            "its curve {other:?} is not supported (use NIST P-256 or P-384)"
+                        ))
+                    }
+                };
+                if !matches!(
+                    parameters.ecc_scheme(),
+                    EccScheme::Null | EccScheme::EcDsa(_)
+                ) {
+                    return Err(format!(
+                        "its scheme {:?} is not ECDSA",
+                        parameters.ecc_scheme()
+                    ));
+                }
+                let len = algorithm.ec_scalar_len().unwrap_or(0);
+                let mut point = Vec::with_capacity(1 + 2 * len);
+                point.push(0x04);
+                point.extend(left_pad(unique.x().value(), len)?);
+                point.extend(left_pad(unique.y().value(), len)?);
+                let spki = der::ec_spki(algorithm, &point).map_err(|e| e.to_string())?;
+                Ok(KeyInfo {
+                    algorithm,
+                    spki,
+                    rsa_public_key: Vec::new(),
+                    modulus_len: 0,
+                    pss: PssMethod::NotRsa,
+                })
+            }
+            Public::Rsa {
+                parameters, unique, ..
+            } => {
+                let modulus = unique.value();
+                let first = modulus
+                    .iter()
+                    .position(|&b| b != 0)
+                    .unwrap_or(modulus.len());
+                let modulus = &modulus[first..];
+                if modulus.is_empty() {
+                    return Err("its public area holds no modulus".into());
+                }
+                let exponent = match parameters.exponent().value() {
+                    0 => 65537,
+                    e => e,
+                };
+                let exponent = exponent.to_be_bytes();
+                let spki = der::rsa_spki(modulus, &exponent);
+                let pss = match parameters.rsa_scheme() {
+                    RsaScheme::Null if attributes.decrypt() => PssMethod::SoftwareEncoded,
+                    RsaScheme::Null | RsaScheme::RsaPss(_) | RsaScheme::RsaSsa(_) => PssMethod::Tpm,
+                    other => return Err(format!("its scheme {other:?} is not a signature scheme")),
+                };
+                Ok(KeyInfo {
+                    algorithm: KeyAlgorithm::Rsa {
+                        bits: (modulus.len() * 8) as u32,
+                    },
+                    spki,
+                    rsa_public_key: der::rsa_public_key(modulus, &exponent),
+                    modulus_len: modulus.len(),
+                    pss,
+                })
+            }
+            _ => Err("it is not an RSA or EC key".into()),
+        }
+    }
+}
+
+/// Left-pads a big-endian scalar to `len` bytes.
+pub(crate) fn left_pad(value: &[u8], len: usize) -> Result<Vec<u8>, String> {
+    let first = value.iter().position(|&b| b != 0).unwrap_or(value.len());
+    let value = &value[first..];
+    if value.len() > len {
+        return Err(format!(
+            "a {}-byte value where at most {len} bytes fit",
+            value.len()
+        ));
+    }
+    let mut out = vec![0u8; len - value.len()];
+    out.extend_from_slice(value);
+    Ok(out)
+}
