@@ -7,40 +7,25 @@ mod support;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use support::{
-    hwkey, output_text, run_fail, run_ok, Nginx, OpensslServer, SoftHsm, TestCa, TlsVersion,
-};
-use tempfile::TempDir;
+use support::flow::{fails_with, stderr, stdout, Flow};
+use support::{output_text, run_fail, run_ok, OpensslServer, SoftHsm, TlsVersion};
 
-/// One SoftHSM token ("kube"), a test CA with a server certificate, and a scratch dir.
+/// One SoftHSM token ("kube") and the shared operator flow (test CA, server certificate).
 struct Setup {
     hsm: SoftHsm,
-    ca: TestCa,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    dir: TempDir,
+    flow: Flow,
 }
 
 impl Setup {
     fn new() -> Setup {
         let hsm = SoftHsm::new();
         hsm.init_token("kube");
-        let dir = support::temp_dir();
-        let ca = TestCa::new(dir.path());
-        let (server_cert, server_key) = ca.server_cert(dir.path());
-        Setup {
-            hsm,
-            ca,
-            server_cert,
-            server_key,
-            dir,
-        }
+        let flow = Flow::new(hsm.envs());
+        Setup { hsm, flow }
     }
 
     fn hwkey(&self) -> Command {
-        let mut cmd = hwkey();
-        cmd.envs(self.hsm.envs());
-        cmd
+        self.flow.hwkey()
     }
 
     fn key_uri(&self, object: &str) -> String {
@@ -48,155 +33,23 @@ impl Setup {
     }
 
     fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        self.flow.path(name)
     }
 
-    /// `hwkey csr` → `openssl req -verify` → signed by the test CA → `hwkey cert import`.
     fn certify(&self, uri: &str, cn: &str) -> PathBuf {
-        let csr = self.path(&format!("{cn}.csr"));
-        run_ok(self.hwkey().args(["csr", "--key", uri]).args([
-            "--subject",
-            &format!("CN={cn},O=devs"),
-            "--dns",
-            &format!("{cn}.example"),
-            "--ip",
-            "127.0.0.1",
-            "--out",
-            csr.to_str().expect("utf-8"),
-        ]));
-        let verify = run_ok(
-            Command::new("openssl")
-                .args(["req", "-verify", "-noout", "-in"])
-                .arg(&csr),
-        );
-        assert!(
-            output_text(&verify).contains("verify OK"),
-            "openssl req -verify: {}",
-            output_text(&verify)
-        );
-        let crt = self.path(&format!("{cn}.crt"));
-        self.ca.sign_csr_file(&csr, 30, &crt);
-        run_ok(
-            self.hwkey()
-                .args(["cert", "import", "--key", uri, "--cert"])
-                .arg(&crt),
-        );
-        crt
+        self.flow.certify(uri, cn)
     }
 
     fn probe(&self, uri: &str, url: &str) -> Output {
-        run_ok(
-            self.hwkey()
-                .args(["probe", "--key", uri, "--ca"])
-                .arg(self.ca.ca_path())
-                .arg(url),
-        )
+        self.flow.probe(uri, url)
     }
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// create → CSR verified by openssl → certificate from the test CA → probe against s_server
 /// (TLS 1.3 and 1.2) and nginx, all requiring and verifying client certificates.
 fn full_flow(algorithm: &str) {
     let s = Setup::new();
-    let uri = s.key_uri("client");
-    let created =
-        run_ok(
-            s.hwkey()
-                .args(["key", "create", "--key", &uri, "--algorithm", algorithm]),
-        );
-    let pem = stdout(&created);
-    assert!(pem.starts_with("-----BEGIN PUBLIC KEY-----"), "{pem}");
-    let public = run_ok(s.hwkey().args(["key", "public", "--key", &uri]));
-    assert_eq!(
-        stdout(&public),
-        pem,
-        "key public prints what create printed"
-    );
-
-    s.certify(&uri, "alice");
-    let show = run_ok(s.hwkey().args(["cert", "show", "--key", &uri]));
-    assert!(
-        stdout(&show).contains("matches key: yes"),
-        "{}",
-        stdout(&show)
-    );
-    assert!(stdout(&show).contains("CN=alice"), "{}", stdout(&show));
-
-    let rsa = algorithm.starts_with("rsa");
-    let tls13_scheme = match algorithm {
-        "ec-p256" => "ecdsa_secp256r1_sha256",
-        "ec-p384" => "ecdsa_secp384r1_sha384",
-        _ => "rsa_pss_rsae_sha256",
-    };
-
-    // TLS 1.3 against openssl s_server -Verify 1 -verify_return_error.
-    let server = OpensslServer::start(
-        &s.ca.ca_path(),
-        &s.server_cert,
-        &s.server_key,
-        TlsVersion::Tls13,
-    );
-    let out = s.probe(&uri, &server.url());
-    assert!(stderr(&out).contains("tls: TLSv1.3"), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(&format!("client signature: {tls13_scheme}")),
-        "{}",
-        stderr(&out)
-    );
-    assert!(
-        stdout(&out).contains("CN=alice")
-            || stdout(&out).contains("CN = alice")
-            || server.log().contains("CN = alice"),
-        "s_server saw the hardware identity: {}\n{}",
-        stdout(&out),
-        server.log()
-    );
-    drop(server);
-
-    // TLS 1.2: ECDSA, and RSA PKCS#1 v1.5 (the server only accepts rsa_pkcs1_sha256 from clients).
-    let extra: &[&str] = if rsa {
-        &["-client_sigalgs", "RSA+SHA256"]
-    } else {
-        &[]
-    };
-    let server = OpensslServer::start_with(
-        &s.ca.ca_path(),
-        &s.server_cert,
-        &s.server_key,
-        TlsVersion::Tls12,
-        extra,
-    );
-    let out = s.probe(&uri, &server.url());
-    let tls12_scheme = if rsa {
-        "rsa_pkcs1_sha256"
-    } else {
-        tls13_scheme
-    };
-    assert!(stderr(&out).contains("tls: TLSv1.2"), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(&format!("client signature: {tls12_scheme}")),
-        "{}",
-        stderr(&out)
-    );
-    drop(server);
-
-    // nginx with ssl_verify_client on: it reports the client DN it verified.
-    let nginx = Nginx::start(&s.ca.ca_path(), &s.server_cert, &s.server_key);
-    let out = s.probe(&uri, &nginx.url());
-    assert!(
-        stdout(&out).contains("client=CN=alice,O=devs")
-            || stdout(&out).contains("client=O=devs,CN=alice"),
-        "nginx saw the hardware identity: {}",
-        stdout(&out)
-    );
+    s.flow.create_certify_probe(&s.key_uri("client"), algorithm);
 }
 
 #[test]
@@ -281,9 +134,9 @@ fn keys_made_by_pkcs11_tool_are_usable() {
     );
 
     let server = OpensslServer::start(
-        &s.ca.ca_path(),
-        &s.server_cert,
-        &s.server_key,
+        &s.flow.ca.ca_path(),
+        &s.flow.server_cert,
+        &s.flow.server_key,
         TlsVersion::Tls13,
     );
     for object in ["from-opensc-ec", "from-opensc-rsa"] {
@@ -308,23 +161,6 @@ fn keys_made_by_pkcs11_tool_are_usable() {
     let items = parsed.as_array().expect("array");
     assert_eq!(items.len(), 2, "{json}");
     assert!(items.iter().all(|i| i["certificate"] == true), "{json}");
-}
-
-/// Runs a command that must fail cleanly: non-zero exit, nothing on stdout, a message naming
-/// the problem, no panic.
-fn fails_with(cmd: &mut Command, needles: &[&str]) -> String {
-    let out = run_fail(cmd);
-    let err = stderr(&out);
-    assert!(
-        out.stdout.is_empty(),
-        "stdout must stay empty on error: {}",
-        stdout(&out)
-    );
-    assert!(!err.contains("panicked"), "panic: {err}");
-    for n in needles {
-        assert!(err.contains(n), "expected '{n}' in: {err}");
-    }
-    err
 }
 
 fn token_state(s: &Setup) -> String {

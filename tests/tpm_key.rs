@@ -10,7 +10,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Instant;
 
 use hwkey::key::{der, Key, KeyAlgorithm, KeyError, KeyUri, SignScheme};
 use ring::signature::{self as rs, UnparsedPublicKey, VerificationAlgorithm};
@@ -647,27 +646,5 @@ fn four_threads_sign_400_times_on_one_key() {
     eprintln!(
         "4 threads: 400 P-256 signatures in {elapsed:?} ({:.0}/s)",
         400.0 / elapsed.as_secs_f64()
-    );
-}
-
-#[test]
-fn sign_rate_p256_single_thread() {
-    let tpm = Swtpm::start();
-    let dir = temp_dir();
-    let key = Key::create(
-        &file_uri(&dir.path().join("k.pem"), &tpm),
-        KeyAlgorithm::EcP256,
-    )
-    .expect("create");
-    let n = 500;
-    let start = Instant::now();
-    for i in 0..n {
-        key.sign(SignScheme::EcdsaP256Sha256, &i.to_string().into_bytes())
-            .expect("sign");
-    }
-    let elapsed = start.elapsed();
-    eprintln!(
-        "P-256 on swtpm: {n} signatures in {elapsed:?} ({:.0}/s)",
-        f64::from(n) / elapsed.as_secs_f64()
     );
 }
