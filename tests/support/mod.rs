@@ -6,6 +6,8 @@
 //! temporary directory is removed.
 #![allow(dead_code)]
 
+pub mod flow;
+
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
