@@ -9,3 +9,4 @@ pub mod cli;
 pub mod key;
 pub mod pki;
 pub mod probe;
+pub mod proxy;

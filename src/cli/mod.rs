@@ -5,6 +5,7 @@ mod cert;
 mod csr;
 mod key;
 mod probe;
+mod proxy;
 
 use std::process::ExitCode;
 
@@ -46,6 +47,8 @@ enum Command {
     Cert(cert::CertCommand),
     /// One HTTPS GET with mTLS signed by the hardware key, reporting the handshake.
     Probe(probe::ProbeArgs),
+    /// Let kubectl/kubelet reach the API server with the hardware key (TLS-offload proxy).
+    Proxy(proxy::ProxyArgs),
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -57,6 +60,7 @@ pub fn main() -> ExitCode {
         Command::Csr(a) => csr::run(a),
         Command::Cert(c) => cert::run(c),
         Command::Probe(a) => probe::run(a),
+        Command::Proxy(a) => proxy::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -72,6 +76,7 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),

@@ -149,7 +149,7 @@ pub fn parse_rsa_public_key(der: &[u8]) -> Result<(Vec<u8>, Vec<u8>), KeyError> 
 
 /// Converts a raw `r || s` ECDSA signature (what PKCS#11 and the TPM return) to DER.
 pub fn ecdsa_raw_to_der(raw: &[u8]) -> Result<Vec<u8>, KeyError> {
-    if raw.is_empty() || raw.len() % 2 != 0 {
+    if raw.is_empty() || !raw.len().is_multiple_of(2) {
         return Err(KeyError::Malformed {
             what: "ECDSA signature".into(),
             reason: format!("raw r||s of odd length {}", raw.len()),
@@ -186,7 +186,6 @@ pub fn unwrap_ec_point(alg: KeyAlgorithm, value: &[u8]) -> Result<Vec<u8>, KeyEr
 pub fn to_pem(label: &str, der: &[u8]) -> String {
     pem::encode(&pem::Pem::new(label, der.to_vec()))
 }
-
 
 /// The SubjectPublicKeyInfo (DER) of a certificate.
 pub fn cert_spki(cert: &[u8]) -> Result<Vec<u8>, KeyError> {

@@ -7,6 +7,8 @@
 #![allow(dead_code)]
 
 pub mod flow;
+pub mod proxy;
+pub mod upstream;
 
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};

@@ -1,0 +1,158 @@
+//! `hwkey proxy`: flags, environment and `--config` file merged into a typed
+//! [`ProxyConfig`], then [`proxy::run`].
+//!
+//! Precedence: command line, then environment (`HWKEY_*`), then the config file, then the
+//! defaults. List flags (`--listen`, `--allow-uid`) given on the command line or in the
+//! environment replace the file's list.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::key::KeyUri;
+use crate::proxy::{self, config::parse_duration, FileConfig, ListenAddr, ProxyConfig};
+
+#[derive(Debug, Args)]
+#[command(
+    long_about = "Accepts kubectl/kubelet connections on loopback TLS and UNIX sockets and re-originates each one to the API server over mTLS signed inside the hardware key. Prints a line starting with 'hwkey proxy: ready' on stderr once listening. SIGHUP reloads the certificate; SIGTERM drains and exits 0."
+)]
+pub struct ProxyArgs {
+    /// The hardware key that signs upstream handshakes (pkcs11:… or tpm:…).
+    #[arg(long, env = "HWKEY_KEY")]
+    key: Option<String>,
+    /// Certificate chain (PEM) of the key; default: the one stored with the key. Reloaded when
+    /// the file changes.
+    #[arg(long, env = "HWKEY_CERT")]
+    cert: Option<PathBuf>,
+    /// The API server, e.g. https://10.0.0.1:6443.
+    #[arg(long, env = "HWKEY_UPSTREAM")]
+    upstream: Option<String>,
+    /// CA bundle that signs the API server's certificate; default: the system roots.
+    #[arg(long, env = "HWKEY_UPSTREAM_CA")]
+    upstream_ca: Option<PathBuf>,
+    /// Name to verify the API server's certificate against (default: the upstream host).
+    #[arg(long, env = "HWKEY_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
+    /// Where clients connect: unix:PATH (mode 0600, peer uid checked) or
+    /// tcp:127.0.0.1:PORT (TLS, loopback client certificate required). Repeatable; the
+    /// environment variable takes a comma-separated list.
+    #[arg(long, env = "HWKEY_LISTEN", value_delimiter = ',')]
+    listen: Vec<String>,
+    /// Admin listener for /healthz and /metrics: tcp:127.0.0.1:PORT or unix:PATH.
+    #[arg(long, env = "HWKEY_ADMIN")]
+    admin: Option<String>,
+    /// Directory for the loopback CA and the control socket (default:
+    /// $XDG_STATE_HOME/hwkey or ~/.local/state/hwkey).
+    #[arg(long, env = "HWKEY_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// A TOML or YAML file with the same settings (keys named like the flags, e.g. upstream-ca).
+    #[arg(long, env = "HWKEY_CONFIG")]
+    config: Option<PathBuf>,
+    /// Exit (after draining) when the process holding an flock on this file goes away.
+    #[arg(long, env = "HWKEY_LOCK_FILE")]
+    lock_file: Option<PathBuf>,
+    /// Exit after this long without client connections, e.g. 15m (default: never).
+    #[arg(long, env = "HWKEY_IDLE_EXIT")]
+    idle_exit: Option<String>,
+    /// Limit for the local and for the upstream handshake, each (default 10s).
+    #[arg(long, env = "HWKEY_HANDSHAKE_TIMEOUT")]
+    handshake_timeout: Option<String>,
+    /// Close a connection after this long without a byte either way (default: never; watches
+    /// may be quiet for long).
+    #[arg(long, env = "HWKEY_IDLE_TIMEOUT")]
+    idle_timeout: Option<String>,
+    /// On SIGTERM, how long open connections may take to finish (default 30s).
+    #[arg(long, env = "HWKEY_DRAIN_TIMEOUT")]
+    drain_timeout: Option<String>,
+    /// Most client connections open at once; more wait to be accepted (default 4096).
+    #[arg(long, env = "HWKEY_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Also accept UNIX-socket peers with this uid (repeatable; comma-separated in the
+    /// environment). The proxy's own uid is always accepted.
+    #[arg(long = "allow-uid", env = "HWKEY_ALLOW_UID", value_delimiter = ',')]
+    allow_uid: Vec<u32>,
+    /// Allow --listen / --admin on non-loopback addresses (exposes the local hop: avoid).
+    #[arg(long, env = "HWKEY_UNSAFE_LISTEN")]
+    unsafe_listen: bool,
+    /// Default lifetime of loopback credentials from the control socket (default 10m).
+    #[arg(long, env = "HWKEY_CREDENTIAL_VALIDITY")]
+    credential_validity: Option<String>,
+    /// How often the --cert file is checked for changes (default 2s).
+    #[arg(long, env = "HWKEY_RELOAD_INTERVAL")]
+    reload_interval: Option<String>,
+}
+
+/// Merges flags, environment and the config file into a typed config.
+fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
+    let file = match &args.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    let key_text = args.key.or(file.key).ok_or(proxy::ProxyError::NoKey)?;
+    let key: KeyUri = key_text.parse()?;
+    let upstream = args
+        .upstream
+        .or(file.upstream)
+        .ok_or(proxy::ProxyError::NoUpstream)?
+        .parse()?;
+    let listen_text = if args.listen.is_empty() {
+        file.listen
+    } else {
+        args.listen
+    };
+    let listen = listen_text
+        .iter()
+        .map(|s| s.parse::<ListenAddr>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let admin = args
+        .admin
+        .or(file.admin)
+        .map(|s| s.parse::<ListenAddr>())
+        .transpose()?;
+    let duration = |flag: Option<String>, from_file: Option<String>| {
+        flag.or(from_file).map(|s| parse_duration(&s)).transpose()
+    };
+    let allow_uids = if args.allow_uid.is_empty() {
+        file.allow_uid
+    } else {
+        args.allow_uid
+    };
+    Ok(ProxyConfig {
+        key,
+        cert: args.cert.or(file.cert),
+        upstream,
+        upstream_ca: args.upstream_ca.or(file.upstream_ca),
+        tls_server_name: args.tls_server_name.or(file.tls_server_name),
+        listen,
+        admin,
+        state_dir: args
+            .state_dir
+            .or(file.state_dir)
+            .unwrap_or_else(proxy::default_state_dir),
+        lock_file: args.lock_file.or(file.lock_file),
+        idle_exit: duration(args.idle_exit, file.idle_exit)?,
+        handshake_timeout: duration(args.handshake_timeout, file.handshake_timeout)?
+            .unwrap_or(proxy::DEFAULT_HANDSHAKE_TIMEOUT),
+        idle_timeout: duration(args.idle_timeout, file.idle_timeout)?,
+        drain_timeout: duration(args.drain_timeout, file.drain_timeout)?
+            .unwrap_or(proxy::DEFAULT_DRAIN_TIMEOUT),
+        max_connections: args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(proxy::DEFAULT_MAX_CONNECTIONS),
+        allow_uids,
+        unsafe_listen: args.unsafe_listen || file.unsafe_listen.unwrap_or(false),
+        credential_validity: duration(args.credential_validity, file.credential_validity)?
+            .unwrap_or(proxy::control::DEFAULT_VALIDITY),
+        reload_interval: duration(args.reload_interval, file.reload_interval)?
+            .unwrap_or(proxy::DEFAULT_RELOAD_INTERVAL),
+    })
+}
+
+pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    let config = resolve(args)?;
+    let upstream = config.upstream.to_string();
+    proxy::run(config).with_context(|| format!("proxy to {upstream}"))?;
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! The admin listener: `GET /healthz` and `GET /metrics` (Prometheus text), on loopback TCP
+//! or a UNIX socket, separate from the client listeners so that monitoring never competes with
+//! (or is mistaken for) API traffic. It serves no secrets.
+//!
+//! `/healthz` is 200 when the key can sign and the upstream accepts TCP connections, else 503
+//! with the reasons. "Can sign" is proved by handshake signatures made since the last check;
+//! only when there were none does the check make one test signature (on a blocking thread),
+//! and its result is reused for [`KEY_CHECK_TTL`], so probes do not wear a slow TPM.
+//!
+//! Tasks: one accept loop task, one task per admin connection (hyper HTTP/1.1).
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::sync::watch;
+
+use super::listener::{check_peer, stopped, Bound};
+use super::Shared;
+
+/// How long a test signature's result stands for.
+pub const KEY_CHECK_TTL: Duration = Duration::from_secs(30);
+/// How long `/healthz` waits for the upstream's TCP accept.
+const UPSTREAM_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Remembers what the last key check found.
+#[derive(Debug, Default)]
+pub struct HealthState {
+    last: Mutex<Option<KeyCheck>>,
+}
+
+#[derive(Debug, Clone)]
+struct KeyCheck {
+    at: Instant,
+    signatures: u64,
+    result: Result<(), String>,
+}
+
+/// Serves the admin endpoints until `stop`.
+pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<bool>) {
+    loop {
+        let conn: Box<dyn super::bridge::ClientIo> = match &bound {
+            Bound::Tcp { listener, .. } => tokio::select! {
+                biased;
+                _ = stopped(&mut stop) => break,
+                r = listener.accept() => match r {
+                    Ok((s, _)) => Box::new(s),
+                    Err(_) => { tokio::time::sleep(Duration::from_millis(100)).await; continue }
+                },
+            },
+            Bound::Unix { listener, .. } => tokio::select! {
+                biased;
+                _ = stopped(&mut stop) => break,
+                r = listener.accept() => match r {
+                    Ok((s, _)) => {
+                        if check_peer(&s, &shared.allowed_uids).is_err() {
+                            tracing::warn!("refused an admin client of another user");
+                            continue;
+                        }
+                        Box::new(s)
+                    }
+                    Err(_) => { tokio::time::sleep(Duration::from_millis(100)).await; continue }
+                },
+            },
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(route(&shared, req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(conn), service)
+                .await;
+        });
+    }
+}
+
+async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    match (req.method().as_str(), req.uri().path()) {
+        ("GET", "/metrics") => {
+            let body = shared.metrics.render(shared.key.signatures());
+            text(StatusCode::OK, "text/plain; version=0.0.4", body)
+        }
+        ("GET", "/healthz") => {
+            let mut problems = Vec::new();
+            if let Err(e) = key_check(shared).await {
+                problems.push(format!("key: {e}"));
+            }
+            if let Err(e) = upstream_check(shared).await {
+                problems.push(format!("upstream: {e}"));
+            }
+            if problems.is_empty() {
+                text(StatusCode::OK, "text/plain", "ok\n".into())
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!("unhealthy: {}\n", problems.join("; ")),
+                )
+            }
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /healthz or /metrics\n".into(),
+        ),
+    }
+}
+
+fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+async fn key_check(shared: &Shared) -> Result<(), String> {
+    let now_sigs = shared.key.signatures();
+    let cached = shared
+        .health
+        .last
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    if let Some(c) = &cached {
+        // Handshakes signed since the last check: the key works, no test signature needed.
+        if now_sigs > c.signatures && c.result.is_ok() {
+            return Ok(());
+        }
+        if c.at.elapsed() < KEY_CHECK_TTL {
+            return c.result.clone();
+        }
+    }
+    let key = shared.key.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let scheme = key
+            .algorithm()
+            .schemes()
+            .first()
+            .copied()
+            .ok_or_else(|| "the key offers no signature scheme".to_string())?;
+        key.sign(scheme, b"hwkey proxy health check")
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("the check panicked: {e}")));
+    *shared.health.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(KeyCheck {
+        at: Instant::now(),
+        signatures: shared.key.signatures(),
+        result: result.clone(),
+    });
+    result
+}
+
+async fn upstream_check(shared: &Shared) -> Result<(), String> {
+    let t = shared.upstream.target();
+    match tokio::time::timeout(
+        UPSTREAM_CHECK_TIMEOUT,
+        tokio::net::TcpStream::connect((t.host.as_str(), t.port)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("cannot connect to {}: {e}", t.authority())),
+        Err(_) => Err(format!(
+            "{} did not accept within {UPSTREAM_CHECK_TIMEOUT:?}",
+            t.authority()
+        )),
+    }
+}

@@ -1,0 +1,201 @@
+//! The data path: connect upstream for an authenticated local client, then copy bytes both
+//! ways until either side closes (`copy_bidirectional`). No HTTP parsing, so HTTP/1.1, HTTP/2,
+//! watches and protocol upgrades (exec, attach, port-forward) pass untouched.
+//!
+//! The one place the proxy writes HTTP itself is a failure before any byte was forwarded: an
+//! HTTP/1.1 client gets a `502` with a Kubernetes `Status` body naming the cause; an HTTP/2
+//! client gets a clean close (TLS close_notify on the loopback listener).
+//!
+//! Runs on the connection's task. The idle timeout is watched by the same task; the half-close
+//! of one direction is passed on (`shutdown`), so request bodies ending early work.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use super::metrics::UpstreamStage;
+use super::{ProxyError, Shared};
+
+/// A local client's stream: loopback TLS or a UNIX socket.
+pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientIo for T {}
+
+/// Size of each direction's copy buffer.
+const COPY_BUFFER: usize = 64 * 1024;
+
+/// Connects upstream offering `alpn`, replays `prefix` (bytes already read from the client),
+/// then bridges until both directions are done.
+pub async fn serve(
+    shared: &Shared,
+    mut client: Box<dyn ClientIo>,
+    prefix: Vec<u8>,
+    alpn: Option<Vec<u8>>,
+) {
+    let connected = tokio::time::timeout(
+        shared.handshake_timeout,
+        shared.upstream.connect(alpn.as_deref()),
+    )
+    .await;
+    let upstream = match connected {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "upstream connection failed");
+            fail_client(&mut client, alpn.as_deref(), &e).await;
+            return;
+        }
+        Err(_) => {
+            shared.metrics.upstream_error(UpstreamStage::Timeout);
+            let e = ProxyError::UpstreamTimeout {
+                addr: shared.upstream.target().authority(),
+                after: shared.handshake_timeout,
+            };
+            tracing::warn!(error = %e, "upstream connection failed");
+            fail_client(&mut client, alpn.as_deref(), &e).await;
+            return;
+        }
+    };
+    let mut up = upstream.stream;
+    if !prefix.is_empty() {
+        if let Err(e) = up.write_all(&prefix).await {
+            tracing::debug!(error = %e, "upstream closed before the first bytes were forwarded");
+            return;
+        }
+    }
+    let last = Arc::new(LastActivity::new());
+    let mut a = Tracked::new(client, last.clone());
+    let mut b = Tracked::new(up, last.clone());
+    let copy = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, COPY_BUFFER, COPY_BUFFER);
+    let outcome = match shared.idle_timeout {
+        Some(limit) => tokio::select! {
+            r = copy => r.map(|_| ()),
+            _ = last.idle(limit) => Err(io::Error::new(io::ErrorKind::TimedOut, format!("idle for {limit:?}"))),
+        },
+        None => copy.await.map(|_| ()),
+    };
+    if let Err(e) = outcome {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+    shared
+        .metrics
+        .bytes(a.bytes() + prefix.len() as u64, b.bytes());
+}
+
+/// Tells the client the upstream could not be reached, in the protocol it speaks, and closes.
+async fn fail_client(client: &mut Box<dyn ClientIo>, alpn: Option<&[u8]>, e: &ProxyError) {
+    let http1 = matches!(alpn, None | Some(b"http/1.1"));
+    if http1 {
+        let status = serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": format!("hwkey proxy: {e}"),
+            "reason": "ServiceUnavailable",
+            "code": 502,
+        })
+        .to_string();
+        let response = format!(
+            "HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{status}",
+            status.len()
+        );
+        let _ = client.write_all(response.as_bytes()).await;
+    }
+    let _ = client.shutdown().await;
+}
+
+/// When either side last moved a byte, for the idle timeout.
+struct LastActivity {
+    base: Instant,
+    millis: AtomicU64,
+}
+
+impl LastActivity {
+    fn new() -> LastActivity {
+        LastActivity {
+            base: Instant::now(),
+            millis: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let now = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.millis.store(now, Ordering::Relaxed);
+    }
+
+    fn since(&self) -> Duration {
+        let last = Duration::from_millis(self.millis.load(Ordering::Relaxed));
+        self.base.elapsed().saturating_sub(last)
+    }
+
+    /// Resolves once nothing moved for `limit`.
+    async fn idle(&self, limit: Duration) {
+        loop {
+            let since = self.since();
+            if since >= limit {
+                return;
+            }
+            tokio::time::sleep(limit - since).await;
+        }
+    }
+}
+
+/// A stream that records activity and counts the bytes read from it.
+struct Tracked<S> {
+    inner: S,
+    last: Arc<LastActivity>,
+    read: u64,
+}
+
+impl<S> Tracked<S> {
+    fn new(inner: S, last: Arc<LastActivity>) -> Tracked<S> {
+        Tracked {
+            inner,
+            last,
+            read: 0,
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.read
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            self.read += n as u64;
+            self.last.touch();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

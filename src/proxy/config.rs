@@ -1,0 +1,302 @@
+//! The proxy's settings as typed values, and the two text forms they arrive in: command-line
+//! values (`unix:PATH`, `tcp:HOST:PORT`, `https://HOST:PORT`, `30s`) and a `--config` file
+//! (TOML or YAML) holding the same settings under the flags' names.
+//!
+//! Everything is parsed here, at the edge; the rest of the proxy only sees [`ListenAddr`],
+//! [`UpstreamTarget`] and [`Duration`]s.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::ProxyError;
+
+/// Where a listener (client, admin) accepts connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A UNIX socket at this path (created mode 0600, removed on exit).
+    Unix(PathBuf),
+    /// A TCP address; port 0 picks a free port (printed in the ready line).
+    Tcp(SocketAddr),
+}
+
+impl ListenAddr {
+    /// True for UNIX sockets and loopback TCP addresses.
+    pub fn is_local(&self) -> bool {
+        match self {
+            ListenAddr::Unix(_) => true,
+            ListenAddr::Tcp(a) => a.ip().is_loopback(),
+        }
+    }
+}
+
+impl FromStr for ListenAddr {
+    type Err = ProxyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = |reason: &str| ProxyError::InvalidListen {
+            given: s.to_string(),
+            reason: reason.to_string(),
+        };
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(invalid("the socket path is empty"));
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        if let Some(addr) = s.strip_prefix("tcp:") {
+            // A name like localhost:8443 resolves once, here; the first address wins.
+            let resolved = addr
+                .to_socket_addrs()
+                .map_err(|e| invalid(&format!("not a HOST:PORT address ({e})")))?
+                .next()
+                .ok_or_else(|| invalid("the host name resolves to no address"))?;
+            return Ok(ListenAddr::Tcp(resolved));
+        }
+        Err(invalid("expected unix:PATH or tcp:HOST:PORT"))
+    }
+}
+
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+/// The API server the proxy re-originates connections to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTarget {
+    /// Host as written in the URL (brackets removed from IPv6 literals).
+    pub host: String,
+    pub port: u16,
+}
+
+impl UpstreamTarget {
+    /// `host:port` for messages and TCP connects (IPv6 in brackets).
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl FromStr for UpstreamTarget {
+    type Err = ProxyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = |reason: &str| ProxyError::InvalidUpstream {
+            given: s.to_string(),
+            reason: reason.to_string(),
+        };
+        let uri: hyper::Uri = s.parse().map_err(|_| invalid("not a URL"))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(invalid("the upstream must be an https:// URL"));
+        }
+        if uri.path() != "/" && !uri.path().is_empty() {
+            return Err(invalid(
+                "a path is not supported: the proxy forwards whole connections",
+            ));
+        }
+        let host = uri
+            .host()
+            .ok_or_else(|| invalid("no host"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        Ok(UpstreamTarget {
+            host,
+            port: uri.port_u16().unwrap_or(443),
+        })
+    }
+}
+
+impl fmt::Display for UpstreamTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "https://{}", self.authority())
+    }
+}
+
+/// Parses `90s`, `10m`, `1h30m`, `500ms`, `2d` or a bare number of seconds. `0` means zero.
+pub fn parse_duration(s: &str) -> Result<Duration, ProxyError> {
+    let invalid = || ProxyError::InvalidDuration {
+        given: s.to_string(),
+    };
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(invalid());
+    }
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .ok_or_else(invalid)?;
+        if digits == 0 {
+            return Err(invalid());
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| invalid())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let part = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3600)),
+            "d" => Duration::from_secs(n.saturating_mul(86400)),
+            _ => return Err(invalid()),
+        };
+        total = total.saturating_add(part);
+    }
+    Ok(total)
+}
+
+/// The settings a `--config` file may hold: the flags' long names, without the dashes' prefix
+/// (`upstream-ca: /etc/kubernetes/ca.crt`). Flags given on the command line or in the
+/// environment win over the file. Unknown keys are an error, so a typo is not silently ignored.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct FileConfig {
+    pub key: Option<String>,
+    pub cert: Option<PathBuf>,
+    pub upstream: Option<String>,
+    pub upstream_ca: Option<PathBuf>,
+    pub tls_server_name: Option<String>,
+    #[serde(default)]
+    pub listen: Vec<String>,
+    pub admin: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub lock_file: Option<PathBuf>,
+    pub idle_exit: Option<String>,
+    pub handshake_timeout: Option<String>,
+    pub idle_timeout: Option<String>,
+    pub drain_timeout: Option<String>,
+    pub max_connections: Option<usize>,
+    #[serde(default)]
+    pub allow_uid: Vec<u32>,
+    pub unsafe_listen: Option<bool>,
+    pub credential_validity: Option<String>,
+    pub reload_interval: Option<String>,
+}
+
+impl FileConfig {
+    /// Reads a TOML (`.toml`) or YAML (`.yaml`, `.yml`) file; other names are tried as TOML,
+    /// then YAML.
+    pub fn load(path: &Path) -> Result<FileConfig, ProxyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ProxyError::ReadConfig {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let bad = |reason: String| ProxyError::BadConfig {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        match ext.as_str() {
+            "toml" => toml::from_str(&text).map_err(|e| bad(e.to_string())),
+            "yaml" | "yml" => serde_yaml::from_str(&text).map_err(|e| bad(e.to_string())),
+            _ => toml::from_str(&text).or_else(|toml_err| {
+                serde_yaml::from_str(&text).map_err(|yaml_err| {
+                    bad(format!(
+                        "neither TOML ({toml_err}) nor YAML ({yaml_err}); name the file .toml or .yaml for a precise message"
+                    ))
+                })
+            }),
+        }
+    }
+}
+
+/// A loopback address set for the loopback server certificate's SANs.
+pub(crate) fn loopback_names(listen: &[ListenAddr]) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = vec![
+        IpAddr::from([127, 0, 0, 1]),
+        IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+    ];
+    for l in listen {
+        if let ListenAddr::Tcp(a) = l {
+            if !ips.contains(&a.ip()) && !a.ip().is_unspecified() {
+                ips.push(a.ip());
+            }
+        }
+    }
+    ips
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn listen_addrs() {
+        assert_eq!(
+            "unix:/run/x.sock".parse::<ListenAddr>().unwrap(),
+            ListenAddr::Unix("/run/x.sock".into())
+        );
+        let tcp: ListenAddr = "tcp:127.0.0.1:8443".parse().unwrap();
+        assert!(tcp.is_local());
+        let any: ListenAddr = "tcp:0.0.0.0:8443".parse().unwrap();
+        assert!(!any.is_local());
+        assert!("127.0.0.1:8443".parse::<ListenAddr>().is_err());
+    }
+
+    #[test]
+    fn upstreams() {
+        let u: UpstreamTarget = "https://[::1]:6443".parse().unwrap();
+        assert_eq!(u.host, "::1");
+        assert_eq!(u.authority(), "[::1]:6443");
+        let d: UpstreamTarget = "https://api.example".parse().unwrap();
+        assert_eq!(d.port, 443);
+        assert!("http://x:1".parse::<UpstreamTarget>().is_err());
+        assert!("https://x:1/api".parse::<UpstreamTarget>().is_err());
+    }
+
+    #[test]
+    fn file_config_toml_and_yaml() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("p.toml");
+        std::fs::write(
+            &t,
+            "upstream = \"https://127.0.0.1:6443\"\nlisten = [\"unix:/tmp/a\"]\nallow-uid = [1000]\n",
+        )
+        .unwrap();
+        let c = FileConfig::load(&t).unwrap();
+        assert_eq!(c.listen, vec!["unix:/tmp/a".to_string()]);
+        assert_eq!(c.allow_uid, vec![1000]);
+        let y = dir.path().join("p.yaml");
+        std::fs::write(&y, "upstream-ca: /ca.pem\nmax-connections: 7\n").unwrap();
+        let c = FileConfig::load(&y).unwrap();
+        assert_eq!(c.max_connections, Some(7));
+        std::fs::write(&y, "upstream_typo: x\n").unwrap();
+        assert!(FileConfig::load(&y).is_err());
+    }
+}

@@ -1,0 +1,147 @@
+//! The control socket: where a local process of the proxy's user gets a loopback credential.
+//!
+//! A UNIX socket in `--state-dir` (`control.sock`, mode 0600, peer uid checked like the client
+//! socket) speaking HTTP/1.1, so that `curl --unix-socket` and the exec front end use it alike:
+//!
+//! - `GET /v1/credential[?validity=10m]`: a fresh software key and a short-lived loopback
+//!   client certificate (default [`DEFAULT_VALIDITY`], at most [`MAX_VALIDITY`], never past the
+//!   hardware certificate's NotAfter), the loopback CA, and the proxy's loopback URL.
+//! - `GET /v1/info`: the same without a credential (URLs, upstream, key description).
+//!
+//! The response holds a private key (a throw-away software key for the local hop only): it is
+//! never logged and never written to disk by the proxy.
+//!
+//! Tasks: one accept loop task, one task per control connection (hyper HTTP/1.1).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+
+use super::listener::{check_peer, own_uid, stopped};
+use super::local_ca::rfc3339;
+use super::Shared;
+
+/// The name of the control socket inside the state directory.
+pub const CONTROL_SOCKET: &str = "control.sock";
+/// Loopback credential lifetime when the client asks for none.
+pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(600);
+/// The longest loopback credential handed out.
+pub const MAX_VALIDITY: Duration = Duration::from_secs(24 * 3600);
+/// The shortest (a credential that expires before it is used helps nobody).
+pub const MIN_VALIDITY: Duration = Duration::from_secs(60);
+
+/// Serves the control socket until `stop`.
+pub async fn serve(shared: Arc<Shared>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
+    loop {
+        let stream = tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => break,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(_) => { tokio::time::sleep(Duration::from_millis(100)).await; continue }
+            },
+        };
+        if let Err(uid) = check_peer(&stream, &shared.allowed_uids) {
+            tracing::warn!(peer_uid = ?uid, proxy_uid = own_uid(), "refused a control-socket client of another user");
+            continue;
+        }
+        shared.activity.touch();
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(route(&shared, &req)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    match (req.method().as_str(), req.uri().path()) {
+        ("GET", "/v1/credential") => credential(shared, req.uri().query()),
+        ("GET", "/v1/info") => json(StatusCode::OK, info(shared).to_string()),
+        _ => json(
+            StatusCode::NOT_FOUND,
+            serde_json::json!({"error": "not found: GET /v1/credential or /v1/info"}).to_string(),
+        ),
+    }
+}
+
+fn info(shared: &Shared) -> serde_json::Value {
+    serde_json::json!({
+        "kind": "ProxyInfo",
+        "apiVersion": "hwkey/v1",
+        "server": shared.loopback_url,
+        "unixSockets": shared.unix_sockets.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "upstream": shared.upstream.target().to_string(),
+        "key": shared.key.describe(),
+        "certificateAuthorityPem": shared.ca.cert_pem(),
+    })
+}
+
+fn credential(shared: &Shared, query: Option<&str>) -> Response<Full<Bytes>> {
+    let mut validity = shared.credential_validity;
+    for pair in query.unwrap_or("").split('&') {
+        if let Some(v) = pair.strip_prefix("validity=") {
+            match super::config::parse_duration(v) {
+                Ok(d) => validity = d,
+                Err(e) => {
+                    return json(
+                        StatusCode::BAD_REQUEST,
+                        serde_json::json!({"error": e.to_string()}).to_string(),
+                    )
+                }
+            }
+        }
+    }
+    let validity = validity.clamp(MIN_VALIDITY, MAX_VALIDITY);
+    let cap = hardware_not_after(shared);
+    let cred = match shared.ca.mint_client(validity, cap) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot mint a loopback credential");
+            return json(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                serde_json::json!({"error": e.to_string()}).to_string(),
+            );
+        }
+    };
+    shared.metrics.credential_issued();
+    let mut body = info(shared);
+    body["kind"] = "LoopbackCredential".into();
+    body["clientCertificatePem"] = cred.cert_pem.clone().into();
+    body["clientKeyPem"] = cred.key_pem.as_str().into();
+    body["expirationTimestamp"] = rfc3339(cred.not_after).into();
+    body["expirationUnix"] = cred.not_after.unix_timestamp().into();
+    // The throw-away key lives in this response only: `cred.key_pem` is wiped on drop; the
+    // JSON copies go to the socket and are freed (not wiped) with the response. Never logged.
+    json(StatusCode::OK, body.to_string())
+}
+
+fn hardware_not_after(shared: &Shared) -> Option<time::OffsetDateTime> {
+    let chain = shared.upstream.resolver().chain();
+    let leaf = chain.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
+    time::OffsetDateTime::from_unix_timestamp(cert.validity().not_after.timestamp()).ok()
+}
+
+fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}

@@ -1,0 +1,198 @@
+//! How long the proxy lives, and how it stops.
+//!
+//! Stop causes (KEP-2718 lifetimes plus the usual signals): SIGTERM or SIGINT; the owner of
+//! `--lock-file` is gone (its `flock` lock can be taken); no connection for `--idle-exit`.
+//! On any of them the main task stops the listeners, removes the socket files, then waits for
+//! open connections to finish, at most `--drain-timeout`, and the process exits 0.
+//!
+//! [`Activity`] counts open client connections; connection tasks hold a [`ConnGuard`] while
+//! they live. The main task's [`wait_for_stop`] and [`drain`] read it.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::Notify;
+
+use super::metrics::Metrics;
+use super::ProxyError;
+
+/// Why the proxy stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// SIGTERM or SIGINT.
+    Signal(&'static str),
+    /// The process holding `--lock-file` went away.
+    LockOwnerGone(PathBuf),
+    /// No client connection for `--idle-exit`.
+    Idle(Duration),
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::Signal(s) => write!(f, "{s} received"),
+            StopReason::LockOwnerGone(p) => {
+                write!(f, "the owner of the lock file {} is gone", p.display())
+            }
+            StopReason::Idle(d) => write!(f, "no connection for {d:?}"),
+        }
+    }
+}
+
+/// Open connections and the time of the last change.
+#[derive(Debug)]
+pub struct Activity {
+    open: AtomicUsize,
+    last_change: Mutex<Instant>,
+    changed: Notify,
+    metrics: Arc<Metrics>,
+}
+
+impl Activity {
+    pub fn new(metrics: Arc<Metrics>) -> Activity {
+        Activity {
+            open: AtomicUsize::new(0),
+            last_change: Mutex::new(Instant::now()),
+            changed: Notify::new(),
+            metrics,
+        }
+    }
+
+    /// Registers an open connection until the guard is dropped.
+    pub fn enter(self: &Arc<Self>) -> ConnGuard {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        self.metrics.active_inc();
+        self.touch();
+        ConnGuard {
+            activity: self.clone(),
+        }
+    }
+
+    /// Marks activity without a connection (e.g. a credential handed out).
+    pub fn touch(&self) {
+        *self.last_change.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.changed.notify_waiters();
+    }
+
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    fn idle_for(&self) -> Option<Duration> {
+        if self.open() > 0 {
+            return None;
+        }
+        Some(
+            self.last_change
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .elapsed(),
+        )
+    }
+}
+
+/// Held by a connection task while the connection is open.
+#[derive(Debug)]
+pub struct ConnGuard {
+    activity: Arc<Activity>,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.activity.open.fetch_sub(1, Ordering::SeqCst);
+        self.activity.metrics.active_dec();
+        self.activity.touch();
+    }
+}
+
+/// Resolves when the proxy should stop.
+pub async fn wait_for_stop(
+    activity: Arc<Activity>,
+    lock_file: Option<PathBuf>,
+    idle_exit: Option<Duration>,
+) -> Result<StopReason, ProxyError> {
+    let sig = |kind: SignalKind, name: &'static str| {
+        signal(kind).map_err(|source| ProxyError::Signal { name, source })
+    };
+    let mut term = sig(SignalKind::terminate(), "SIGTERM")?;
+    let mut int = sig(SignalKind::interrupt(), "SIGINT")?;
+    let lock = async {
+        match &lock_file {
+            Some(p) => watch_lock(p).await,
+            None => std::future::pending().await,
+        }
+    };
+    let idle = async {
+        match idle_exit {
+            Some(d) if !d.is_zero() => watch_idle(&activity, d).await,
+            _ => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => Ok(StopReason::Signal("SIGTERM")),
+        _ = int.recv() => Ok(StopReason::Signal("SIGINT")),
+        r = lock => r,
+        r = idle => Ok(r),
+    }
+}
+
+async fn watch_idle(activity: &Activity, limit: Duration) -> StopReason {
+    loop {
+        let notified = activity.changed.notified();
+        match activity.idle_for() {
+            Some(idle) if idle >= limit => return StopReason::Idle(limit),
+            Some(idle) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(limit - idle) => {}
+                    _ = notified => {}
+                }
+            }
+            None => notified.await,
+        }
+    }
+}
+
+/// How often the lock file is tried.
+const LOCK_POLL: Duration = Duration::from_millis(250);
+
+/// Polls the lock: the owner holds an exclusive `flock` on the file; when the proxy can take
+/// it, the owner is gone. A lock nobody holds at start counts as an owner already gone, so
+/// the starter must take the lock before it starts the proxy.
+async fn watch_lock(path: &Path) -> Result<StopReason, ProxyError> {
+    let file = File::open(path).map_err(|source| ProxyError::LockFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    loop {
+        if try_flock(&file) {
+            return Ok(StopReason::LockOwnerGone(path.to_path_buf()));
+        }
+        tokio::time::sleep(LOCK_POLL).await;
+    }
+}
+
+fn try_flock(file: &File) -> bool {
+    // SAFETY: flock only reads the descriptor number, which `file` keeps open for the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    rc == 0
+}
+
+/// Waits until no connection is open or `timeout` passes; true if all finished.
+pub async fn drain(activity: &Activity, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let notified = activity.changed.notified();
+        if activity.open() == 0 {
+            return true;
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep_until(deadline) => return activity.open() == 0,
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! Client listeners and the local hop's authentication.
+//!
+//! Two kinds of listener take kubectl/kubelet connections:
+//! - **loopback TLS** (`tcp:127.0.0.1:PORT`): the proxy serves a certificate from its loopback
+//!   CA and *requires* a client certificate from that CA (rustls `WebPkiClientVerifier`). The
+//!   ClientHello is read first (`LazyConfigAcceptor`) to learn the client's ALPN offer; the
+//!   protocol is chosen from it (see [`super::upstream`] for why before the upstream), and the
+//!   handshake is finished — and the client certificate verified — before anything upstream.
+//! - **UNIX socket** (`unix:PATH`, plaintext): created mode 0600, and every peer's uid
+//!   (SO_PEERCRED) must be the proxy's own or in `--allow-uid`. The first bytes are read to
+//!   tell the HTTP/2 preface from HTTP/1.1; they are replayed upstream untouched.
+//!
+//! A peer that fails either check is closed here: no upstream connection, no signature.
+//!
+//! Tasks: one accept loop task for all client listeners; one task per connection, which runs the local
+//! handshake, then [`super::bridge::serve`]. A semaphore of `--max-connections` permits is
+//! taken *before* accepting, so at the limit new clients wait in the kernel's backlog.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use rustls::server::{Acceptor, WebPkiClientVerifier};
+use rustls::ServerConfig;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::watch;
+use tokio_rustls::LazyConfigAcceptor;
+
+use super::config::ListenAddr;
+use super::local_ca::LoopbackCa;
+use super::metrics::{ListenerKind, Refusal};
+use super::{bridge, ProxyError, Shared};
+
+/// The HTTP/2 client connection preface (RFC 9113, section 3.4).
+pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A bound listener, not yet accepting.
+#[derive(Debug)]
+pub enum Bound {
+    Unix {
+        listener: UnixListener,
+        path: PathBuf,
+    },
+    Tcp {
+        listener: TcpListener,
+        addr: SocketAddr,
+    },
+}
+
+impl Bound {
+    /// What it listens on, with the real port when port 0 was asked for.
+    pub fn addr(&self) -> ListenAddr {
+        match self {
+            Bound::Unix { path, .. } => ListenAddr::Unix(path.clone()),
+            Bound::Tcp { addr, .. } => ListenAddr::Tcp(*addr),
+        }
+    }
+
+    /// The socket file to remove at exit, if any.
+    pub fn socket_path(&self) -> Option<&Path> {
+        match self {
+            Bound::Unix { path, .. } => Some(path),
+            Bound::Tcp { .. } => None,
+        }
+    }
+}
+
+/// Binds a listener. Refuses non-loopback TCP addresses unless `unsafe_listen`.
+pub fn bind(addr: &ListenAddr, unsafe_listen: bool) -> Result<Bound, ProxyError> {
+    match addr {
+        ListenAddr::Tcp(a) => {
+            if !a.ip().is_loopback() && !unsafe_listen {
+                return Err(ProxyError::NonLoopbackListen { addr: addr.clone() });
+            }
+            let std = std::net::TcpListener::bind(a).map_err(|source| ProxyError::Bind {
+                addr: addr.clone(),
+                source,
+            })?;
+            std.set_nonblocking(true)
+                .map_err(|source| ProxyError::Bind {
+                    addr: addr.clone(),
+                    source,
+                })?;
+            let listener = TcpListener::from_std(std).map_err(|source| ProxyError::Bind {
+                addr: addr.clone(),
+                source,
+            })?;
+            let bound = listener.local_addr().map_err(|source| ProxyError::Bind {
+                addr: addr.clone(),
+                source,
+            })?;
+            Ok(Bound::Tcp {
+                listener,
+                addr: bound,
+            })
+        }
+        ListenAddr::Unix(path) => {
+            let listener = bind_unix(path)?;
+            Ok(Bound::Unix {
+                listener,
+                path: path.clone(),
+            })
+        }
+    }
+}
+
+/// Binds a UNIX socket with mode 0600, replacing a stale socket file but never a live one.
+///
+/// Between bind and chmod the file briefly has the umask's mode; the peer-uid check closes
+/// that window, so a foreign peer still gets nothing.
+pub fn bind_unix(path: &Path) -> Result<UnixListener, ProxyError> {
+    let addr = ListenAddr::Unix(path.to_path_buf());
+    let bind_err = |source: std::io::Error| ProxyError::Bind {
+        addr: addr.clone(),
+        source,
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(ProxyError::NotASocket {
+                path: path.to_path_buf(),
+            });
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(ProxyError::SocketInUse {
+                path: path.to_path_buf(),
+            });
+        }
+        std::fs::remove_file(path).map_err(bind_err)?;
+    }
+    if let Some(parent) = path.parent() {
+        if !parent.as_os_str().is_empty() && !parent.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(bind_err)?;
+        }
+    }
+    let listener = UnixListener::bind(path).map_err(bind_err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
+    Ok(listener)
+}
+
+/// The effective uid of this process: UNIX-socket peers must match it (or be allowed).
+pub fn own_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Checks a UNIX-socket peer's uid; Err(uid) when it must be refused.
+pub fn check_peer(stream: &UnixStream, allowed: &[u32]) -> Result<u32, Option<u32>> {
+    match stream.peer_cred() {
+        Ok(cred) if cred.uid() == own_uid() || allowed.contains(&cred.uid()) => Ok(cred.uid()),
+        Ok(cred) => Err(Some(cred.uid())),
+        Err(_) => Err(None),
+    }
+}
+
+/// The loopback listener's TLS server configs, one per negotiated protocol, sharing the
+/// certificate, the client verifier and the session cache.
+pub struct LocalTls {
+    base: ServerConfig,
+    by_alpn: Mutex<HashMap<Option<Vec<u8>>, Arc<ServerConfig>>>,
+}
+
+impl std::fmt::Debug for LocalTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalTls").finish_non_exhaustive()
+    }
+}
+
+impl LocalTls {
+    /// A server config presenting a fresh loopback certificate for `ips` and requiring a client
+    /// certificate from the loopback CA.
+    pub fn new(ca: &LoopbackCa, ips: &[IpAddr]) -> Result<LocalTls, ProxyError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(ca.cert_der().clone())
+            .map_err(|e| ProxyError::LocalTls(e.to_string()))?;
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .map_err(|e| ProxyError::LocalTls(e.to_string()))?;
+        let (chain, key) = ca.server_cert(ips)?;
+        let base = ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| ProxyError::LocalTls(e.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .map_err(|e| ProxyError::LocalTls(e.to_string()))?;
+        Ok(LocalTls {
+            base,
+            by_alpn: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn config_for(&self, alpn: Option<&[u8]>) -> Arc<ServerConfig> {
+        let key = alpn.map(<[u8]>::to_vec);
+        let mut map = self.by_alpn.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key.clone())
+            .or_insert_with(|| {
+                let mut c = self.base.clone();
+                c.alpn_protocols = key.into_iter().collect();
+                Arc::new(c)
+            })
+            .clone()
+    }
+}
+
+/// What one accept produced.
+enum Accepted {
+    Unix(std::io::Result<UnixStream>),
+    Tcp(std::io::Result<(TcpStream, SocketAddr)>),
+}
+
+/// Polls every listener, starting at `first` so that a busy listener cannot starve the others.
+fn poll_any(listeners: &[Bound], first: usize, cx: &mut Context<'_>) -> Poll<(usize, Accepted)> {
+    let n = listeners.len();
+    for k in 0..n {
+        let i = (first + k) % n;
+        match &listeners[i] {
+            Bound::Unix { listener, .. } => {
+                if let Poll::Ready(r) = listener.poll_accept(cx) {
+                    return Poll::Ready((i, Accepted::Unix(r.map(|(s, _)| s))));
+                }
+            }
+            Bound::Tcp { listener, .. } => {
+                if let Poll::Ready(r) = listener.poll_accept(cx) {
+                    return Poll::Ready((i, Accepted::Tcp(r)));
+                }
+            }
+        }
+    }
+    Poll::Pending
+}
+
+/// Runs until `stop` turns true: takes a connection slot, then accepts on whichever client
+/// listener is ready first, one task per connection. One loop for all listeners, so that the
+/// `--max-connections` slots are shared fairly (a loop per listener would let an idle listener
+/// sit on a slot while another one's clients wait).
+pub async fn accept_loop(
+    shared: Arc<Shared>,
+    listeners: Vec<Bound>,
+    mut stop: watch::Receiver<bool>,
+) {
+    if listeners.is_empty() {
+        return;
+    }
+    let mut first = 0;
+    loop {
+        let Some(permit) = slot(&shared, &mut stop).await else {
+            break;
+        };
+        let (i, accepted) = tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => break,
+            r = std::future::poll_fn(|cx| poll_any(&listeners, first, cx)) => r,
+        };
+        first = (i + 1) % listeners.len();
+        match accepted {
+            Accepted::Unix(Ok(stream)) => {
+                shared.metrics.connection_accepted(ListenerKind::Unix);
+                let guard = shared.activity.enter();
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    handle_unix(&shared, stream).await;
+                    drop(guard);
+                    drop(permit);
+                });
+            }
+            Accepted::Tcp(Ok((stream, peer))) => {
+                shared.metrics.connection_accepted(ListenerKind::Tcp);
+                let guard = shared.activity.enter();
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    handle_tcp(&shared, stream, peer).await;
+                    drop(guard);
+                    drop(permit);
+                });
+            }
+            Accepted::Unix(Err(e)) | Accepted::Tcp(Err(e)) => {
+                accept_error(&listeners[i].addr().to_string(), e).await
+            }
+        }
+    }
+    tracing::debug!("stopped accepting");
+}
+
+async fn slot(
+    shared: &Shared,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    tokio::select! {
+        biased;
+        _ = stopped(stop) => None,
+        p = shared.slots.clone().acquire_owned() => p.ok(),
+    }
+}
+
+/// Resolves once the stop flag is set.
+pub async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn accept_error(name: &str, e: std::io::Error) {
+    // EMFILE and friends: back off instead of spinning.
+    tracing::warn!(listener = %name, error = %e, "accept failed");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+async fn handle_unix(shared: &Shared, mut stream: UnixStream) {
+    match check_peer(&stream, &shared.allowed_uids) {
+        Ok(_) => {}
+        Err(uid) => {
+            shared.metrics.refused(Refusal::PeerUid);
+            tracing::warn!(
+                peer_uid = ?uid,
+                proxy_uid = own_uid(),
+                "refused a UNIX-socket client of another user (allow it with --allow-uid)"
+            );
+            return;
+        }
+    }
+    let prefix = match tokio::time::timeout(shared.handshake_timeout, sniff(&mut stream)).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "UNIX-socket client went away before sending a request");
+            return;
+        }
+        Err(_) => {
+            shared.metrics.refused(Refusal::HandshakeTimeout);
+            tracing::info!("UNIX-socket client sent no request in time; closed");
+            return;
+        }
+    };
+    let alpn: &[u8] = if prefix.as_slice() == H2_PREFACE {
+        b"h2"
+    } else {
+        b"http/1.1"
+    };
+    bridge::serve(shared, Box::new(stream), prefix, Some(alpn.to_vec())).await;
+}
+
+/// Reads just enough to tell the HTTP/2 preface from anything else.
+async fn sniff(stream: &mut UnixStream) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; H2_PREFACE.len()];
+    let mut len = 0;
+    while len < buf.len() {
+        let n = stream.read(&mut buf[len..]).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        len += n;
+        if buf[..len] != H2_PREFACE[..len] {
+            break;
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+async fn handle_tcp(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let started = Instant::now();
+    let handshake = async {
+        let start = LazyConfigAcceptor::new(Acceptor::default(), stream).await?;
+        let offered: Vec<Vec<u8>> = start
+            .client_hello()
+            .alpn()
+            .map(|list| list.map(<[u8]>::to_vec).collect())
+            .unwrap_or_default();
+        let chosen = shared.upstream.choose_alpn(&offered);
+        let config = shared.local_tls.config_for(chosen.as_deref());
+        let tls = start.into_stream(config).await?;
+        Ok::<_, std::io::Error>((tls, chosen))
+    };
+    let (tls, alpn) = match tokio::time::timeout(shared.handshake_timeout, handshake).await {
+        Ok(Ok(done)) => done,
+        Ok(Err(e)) => {
+            shared.metrics.refused(Refusal::ClientAuth);
+            tracing::warn!(
+                %peer,
+                error = %e,
+                "refused a loopback client: TLS handshake failed (a client certificate from the loopback CA is required)"
+            );
+            return;
+        }
+        Err(_) => {
+            shared.metrics.refused(Refusal::HandshakeTimeout);
+            tracing::info!(%peer, "loopback TLS handshake timed out; closed");
+            return;
+        }
+    };
+    shared.metrics.local_handshake(started.elapsed());
+    bridge::serve(shared, Box::new(tls), Vec::new(), alpn).await;
+}

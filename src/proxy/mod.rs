@@ -1,0 +1,451 @@
+//! `hwkey proxy`: the TLS-offload proxy that lets vanilla kubectl and kubelet use a hardware
+//! key. Local clients connect over loopback TLS or a UNIX socket; each connection is
+//! re-originated to the API server over mTLS whose CertificateVerify is signed inside the
+//! PKCS#11 token or TPM, then bytes are copied both ways (no HTTP parsing).
+//!
+//! Connection path (one task per connection):
+//! 1. [`listener`]: accept; authenticate the local peer (loopback-CA client certificate, or
+//!    the UNIX peer's uid) and pick the application protocol. A peer that fails stops here.
+//! 2. [`upstream`]: TCP + TLS to the API server offering that protocol, resuming a TLS 1.3
+//!    session when one is cached (no hardware signature), else a full handshake whose
+//!    signature runs under `block_in_place` on the task's worker thread.
+//! 3. [`bridge`]: `copy_bidirectional` until both sides close (or the idle timeout).
+//!
+//! Other tasks: one accept loop for the client listeners, [`control`] (loopback credentials), [`admin`]
+//! (`/healthz`, `/metrics`), [`reload`] (SIGHUP, file changes) and the main task, which waits
+//! in [`lifetime`] for a stop cause, then drains. Blocking work (opening the key, test
+//! signatures, reading a chain stored on the token) never runs on a runtime worker without
+//! `block_in_place` or `spawn_blocking`; [`run`] builds the multi-thread runtime itself so
+//! that a current-thread runtime (where `block_in_place` is impossible) cannot happen.
+
+pub mod admin;
+pub mod bridge;
+pub mod config;
+pub mod control;
+pub mod lifetime;
+pub mod listener;
+pub mod local_ca;
+pub mod metrics;
+pub mod reload;
+pub mod upstream;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Semaphore};
+
+pub use config::{FileConfig, ListenAddr, UpstreamTarget};
+pub use lifetime::StopReason;
+
+use crate::key::tls::{HardwareCertResolver, HardwareSigningKey};
+use crate::key::{Key, KeyError, KeyUri};
+use crate::pki::{cert, PkiError};
+
+/// Default `--handshake-timeout`: local plus upstream handshake, each.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `--drain-timeout`.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default `--reload-interval` (how often the cert file is compared).
+pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Everything the proxy needs, parsed and typed.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// The hardware key that signs upstream handshakes.
+    pub key: KeyUri,
+    /// Certificate chain file; None: the chain stored with the key.
+    pub cert: Option<PathBuf>,
+    pub upstream: UpstreamTarget,
+    /// CA bundle for the upstream's certificate; None: the system roots.
+    pub upstream_ca: Option<PathBuf>,
+    /// Name to verify the upstream certificate against (default: the upstream host).
+    pub tls_server_name: Option<String>,
+    /// Client listeners (at least one).
+    pub listen: Vec<ListenAddr>,
+    pub admin: Option<ListenAddr>,
+    /// Holds the loopback CA and the control socket.
+    pub state_dir: PathBuf,
+    pub lock_file: Option<PathBuf>,
+    pub idle_exit: Option<Duration>,
+    pub handshake_timeout: Duration,
+    /// Close a bridged connection after this long without a byte either way (None: never).
+    pub idle_timeout: Option<Duration>,
+    pub drain_timeout: Duration,
+    pub max_connections: usize,
+    /// UNIX-socket peers allowed besides the proxy's own uid.
+    pub allow_uids: Vec<u32>,
+    /// Allow non-loopback TCP listeners.
+    pub unsafe_listen: bool,
+    /// Default lifetime of loopback credentials.
+    pub credential_validity: Duration,
+    pub reload_interval: Duration,
+}
+
+/// Errors of the proxy layer, each saying what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("invalid listen address '{given}': {reason} (examples: unix:/run/hwkey/proxy.sock, tcp:127.0.0.1:6443)")]
+    InvalidListen { given: String, reason: String },
+
+    #[error("refusing to listen on {addr}: it is not a loopback address and the local hop would be exposed; pass --unsafe-listen if you really mean it")]
+    NonLoopbackListen { addr: ListenAddr },
+
+    #[error("no --listen address given: add e.g. --listen unix:/run/hwkey/proxy.sock or --listen tcp:127.0.0.1:6443")]
+    NoListener,
+
+    #[error("invalid upstream '{given}': {reason} (example: https://10.0.0.1:6443)")]
+    InvalidUpstream { given: String, reason: String },
+
+    #[error("no --upstream given: the API server URL, e.g. https://10.0.0.1:6443")]
+    NoUpstream,
+
+    #[error("no --key given: the hardware key URI (pkcs11:… or tpm:…)")]
+    NoKey,
+
+    #[error("invalid --tls-server-name '{given}': not a DNS name or IP address")]
+    InvalidServerName { given: String },
+
+    #[error("invalid duration '{given}': use e.g. 30s, 10m, 1h30m, 500ms")]
+    InvalidDuration { given: String },
+
+    #[error("cannot read config file {path}: {source}")]
+    ReadConfig {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("invalid config file {path}: {reason}")]
+    BadConfig { path: PathBuf, reason: String },
+
+    #[error("cannot use state directory {path}: {source}")]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("loopback CA {path}: {reason}")]
+    LoopbackCa { path: PathBuf, reason: String },
+
+    #[error("the system random generator failed")]
+    Random,
+
+    #[error("cannot set up the loopback TLS listener: {0}")]
+    LocalTls(String),
+
+    #[error("cannot read the upstream CA bundle: {reason}")]
+    UpstreamCa { reason: String },
+
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: ListenAddr,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{path} exists and is not a socket; refusing to replace it")]
+    NotASocket { path: PathBuf },
+
+    #[error("another process already listens on {path} (another hwkey proxy?)")]
+    SocketInUse { path: PathBuf },
+
+    #[error("cannot connect to the upstream {addr}: {source}")]
+    UpstreamConnect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("TLS handshake with the upstream {addr} failed: {reason}")]
+    UpstreamHandshake { addr: String, reason: String },
+
+    #[error("the upstream {addr} did not agree to protocol '{asked}' (answered with {got})")]
+    UpstreamAlpn {
+        addr: String,
+        asked: String,
+        got: String,
+    },
+
+    #[error("the upstream {addr} did not complete a handshake within {after:?}")]
+    UpstreamTimeout { addr: String, after: Duration },
+
+    #[error("cannot watch for {name}: {source}")]
+    Signal {
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("cannot open the lock file {path}: {source}")]
+    LockFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+
+    #[error(transparent)]
+    Key(#[from] KeyError),
+
+    #[error(transparent)]
+    Pki(#[from] PkiError),
+}
+
+/// What every task of a running proxy shares.
+pub struct Shared {
+    pub(crate) key: Arc<Key>,
+    pub(crate) upstream: upstream::Upstream,
+    pub(crate) local_tls: listener::LocalTls,
+    pub(crate) ca: local_ca::LoopbackCa,
+    pub(crate) metrics: Arc<metrics::Metrics>,
+    pub(crate) activity: Arc<lifetime::Activity>,
+    pub(crate) health: admin::HealthState,
+    pub(crate) slots: Arc<Semaphore>,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) allowed_uids: Vec<u32>,
+    pub(crate) credential_validity: Duration,
+    pub(crate) loopback_url: Option<String>,
+    pub(crate) unix_sockets: Vec<PathBuf>,
+}
+
+/// Runs the proxy until a stop cause (signal, lock owner gone, idle), then drains and returns
+/// why it stopped. Opens the key first, on the calling thread; builds its own multi-thread
+/// runtime.
+pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
+    if config.listen.is_empty() {
+        return Err(ProxyError::NoListener);
+    }
+    for addr in config.listen.iter().chain(config.admin.iter()) {
+        if !addr.is_local() && !config.unsafe_listen {
+            return Err(ProxyError::NonLoopbackListen { addr: addr.clone() });
+        }
+    }
+    let key = Arc::new(Key::open(&config.key)?);
+    let chain = cert::chain_for_key(&key, config.cert.as_deref())?;
+    cert::ensure_matches(&chain[0], &key)?;
+    let resolver = Arc::new(HardwareCertResolver::new(
+        HardwareSigningKey::new(key.clone()),
+        chain,
+    )?);
+    let roots = crate::probe::root_store(config.upstream_ca.as_deref()).map_err(|e| {
+        ProxyError::UpstreamCa {
+            reason: e.to_string(),
+        }
+    })?;
+    let ca = local_ca::LoopbackCa::load_or_create(&config.state_dir)?;
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .max(2);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name("hwkey-proxy")
+        .enable_all()
+        .build()
+        .map_err(ProxyError::Runtime)?;
+    let result = runtime.block_on(serve(config, key, resolver, roots, ca));
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+async fn serve(
+    config: ProxyConfig,
+    key: Arc<Key>,
+    resolver: Arc<HardwareCertResolver>,
+    roots: rustls::RootCertStore,
+    ca: local_ca::LoopbackCa,
+) -> Result<StopReason, ProxyError> {
+    let metrics = Arc::new(metrics::Metrics::default());
+    let upstream = upstream::Upstream::new(
+        config.upstream.clone(),
+        config.tls_server_name.as_deref(),
+        resolver,
+        roots,
+        metrics.clone(),
+    )?;
+
+    // Bind everything before announcing readiness; on any failure, remove what was created.
+    let mut sockets: Vec<PathBuf> = Vec::new();
+    let bound = bind_all(&config, &mut sockets);
+    let (listeners, control, admin) = match bound {
+        Ok(b) => b,
+        Err(e) => {
+            remove_sockets(&sockets);
+            return Err(e);
+        }
+    };
+    let bound_addrs: Vec<ListenAddr> = listeners.iter().map(listener::Bound::addr).collect();
+    let loopback_url = bound_addrs.iter().find_map(|a| match a {
+        ListenAddr::Tcp(s) => Some(format!("https://{s}")),
+        ListenAddr::Unix(_) => None,
+    });
+    let local_tls = match listener::LocalTls::new(&ca, &config::loopback_names(&bound_addrs)) {
+        Ok(t) => t,
+        Err(e) => {
+            remove_sockets(&sockets);
+            return Err(e);
+        }
+    };
+    let activity = Arc::new(lifetime::Activity::new(metrics.clone()));
+    let shared = Arc::new(Shared {
+        key: key.clone(),
+        upstream,
+        local_tls,
+        ca,
+        metrics,
+        activity: activity.clone(),
+        health: admin::HealthState::default(),
+        slots: Arc::new(Semaphore::new(config.max_connections.max(1))),
+        handshake_timeout: config.handshake_timeout,
+        idle_timeout: config.idle_timeout.filter(|d| !d.is_zero()),
+        allowed_uids: config.allow_uids.clone(),
+        credential_validity: config.credential_validity,
+        loopback_url: loopback_url.clone(),
+        unix_sockets: bound_addrs
+            .iter()
+            .filter_map(|a| match a {
+                ListenAddr::Unix(p) => Some(p.clone()),
+                ListenAddr::Tcp(_) => None,
+            })
+            .collect(),
+    });
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(listener::accept_loop(
+        shared.clone(),
+        listeners,
+        stop_rx.clone(),
+    )));
+    let control_path = config.state_dir.join(control::CONTROL_SOCKET);
+    tasks.push(tokio::spawn(control::serve(
+        shared.clone(),
+        control,
+        stop_rx.clone(),
+    )));
+    let admin_addr = admin.as_ref().map(listener::Bound::addr);
+    if let Some(a) = admin {
+        tasks.push(tokio::spawn(admin::serve(
+            shared.clone(),
+            a,
+            stop_rx.clone(),
+        )));
+    }
+    let reloader = tokio::spawn(reload::watch(
+        shared.clone(),
+        config.cert.clone(),
+        config.reload_interval,
+        stop_rx.clone(),
+    ));
+
+    let listen_text: Vec<String> = bound_addrs.iter().map(ToString::to_string).collect();
+    // Tests and supervisors wait for this line; it holds no secret.
+    eprintln!(
+        "hwkey proxy: ready: listen={} control=unix:{} admin={} upstream={} key={}",
+        listen_text.join(","),
+        control_path.display(),
+        admin_addr
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "none".into()),
+        config.upstream,
+        key.describe(),
+    );
+    tracing::info!(listen = %listen_text.join(","), upstream = %config.upstream, "proxy ready");
+
+    let reason =
+        lifetime::wait_for_stop(activity.clone(), config.lock_file.clone(), config.idle_exit).await;
+    let _ = stop_tx.send(true);
+    remove_sockets(&sockets);
+    for t in tasks {
+        let _ = t.await;
+    }
+    reloader.abort();
+    let reason = reason?;
+    tracing::info!(%reason, open = activity.open(), "stopping: draining open connections");
+    let drained = lifetime::drain(&activity, config.drain_timeout).await;
+    if drained {
+        eprintln!("hwkey proxy: stopped ({reason})");
+    } else {
+        eprintln!(
+            "hwkey proxy: stopped ({reason}); {} connection(s) still open after {:?} were closed",
+            activity.open(),
+            config.drain_timeout
+        );
+    }
+    Ok(reason)
+}
+
+type BoundSet = (
+    Vec<listener::Bound>,
+    tokio::net::UnixListener,
+    Option<listener::Bound>,
+);
+
+fn bind_all(config: &ProxyConfig, sockets: &mut Vec<PathBuf>) -> Result<BoundSet, ProxyError> {
+    let mut listeners = Vec::new();
+    for addr in &config.listen {
+        let b = listener::bind(addr, config.unsafe_listen)?;
+        if let Some(p) = b.socket_path() {
+            sockets.push(p.to_path_buf());
+        }
+        listeners.push(b);
+    }
+    let control_path = config.state_dir.join(control::CONTROL_SOCKET);
+    let control = listener::bind_unix(&control_path)?;
+    sockets.push(control_path);
+    let admin = match &config.admin {
+        Some(a) => {
+            let b = listener::bind(a, config.unsafe_listen)?;
+            if let Some(p) = b.socket_path() {
+                sockets.push(p.to_path_buf());
+            }
+            Some(b)
+        }
+        None => None,
+    };
+    Ok((listeners, control, admin))
+}
+
+fn remove_sockets(paths: &[PathBuf]) {
+    for p in paths {
+        if let Err(e) = std::fs::remove_file(p) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %p.display(), error = %e, "cannot remove socket");
+            }
+        }
+    }
+}
+
+/// The default state directory: `$XDG_STATE_HOME/hwkey`, `$HOME/.local/state/hwkey`, or
+/// `/var/lib/hwkey` when there is no home (system services).
+pub fn default_state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return Path::new(&d).join("hwkey");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return Path::new(&h).join(".local/state/hwkey");
+    }
+    PathBuf::from("/var/lib/hwkey")
+}
+
+/// An error and its sources on one line.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        let t = inner.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        source = inner.source();
+    }
+    s
+}

@@ -1,0 +1,234 @@
+//! The connector to the API server: mTLS with the hardware key, ALPN chosen per connection,
+//! and TLS 1.3 session resumption so that most connections need no hardware signature.
+//!
+//! All connections share one rustls session store: after the first full handshake the
+//! server's tickets let the following connections resume (a PSK handshake, no
+//! CertificateVerify, no signature). rustls wants one `ClientConfig` per ALPN list, so there is
+//! one per protocol asked for, all built on the same store and the same
+//! [`HardwareCertResolver`]. A certificate reload starts a new generation of configs with an
+//! empty store: a resumed session would otherwise keep presenting the old certificate.
+//!
+//! ALPN: the local client's protocol is chosen (and told to the client) *before* the upstream
+//! connection, because the local client must authenticate first (a TLS 1.3 client sends its
+//! certificate only after the server has picked the protocol) and an unauthenticated peer must
+//! never cause an upstream connection. The upstream is then offered exactly that protocol. If
+//! it refuses it, the protocol is remembered as unsupported, this one connection fails cleanly,
+//! and later clients get the next protocol of their list.
+//!
+//! Threads: `connect` runs on the connection's task. The hardware signature of a full
+//! handshake happens inside rustls on that task's worker thread, under `block_in_place` (see
+//! [`crate::key::tls`]), so other connections keep moving on the remaining workers.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use rustls::client::{ClientSessionMemoryCache, Resumption};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, HandshakeKind, RootCertStore};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use super::config::UpstreamTarget;
+use super::metrics::{Metrics, UpstreamStage};
+use super::ProxyError;
+use crate::key::tls::HardwareCertResolver;
+
+/// How many servers' sessions the store remembers (there is one upstream; headroom for
+/// name changes across reloads is all that is needed).
+const SESSION_STORE_SERVERS: usize = 32;
+
+/// An established upstream connection.
+pub struct UpstreamConn {
+    pub stream: TlsStream<TcpStream>,
+    /// The protocol the upstream agreed to (None: no ALPN).
+    pub alpn: Option<Vec<u8>>,
+    pub resumed: bool,
+}
+
+/// One generation of client configs sharing a session store.
+struct Generation {
+    configs: Mutex<HashMap<Option<Vec<u8>>, Arc<ClientConfig>>>,
+    store: Arc<ClientSessionMemoryCache>,
+}
+
+/// The upstream connector, shared by all connection tasks.
+pub struct Upstream {
+    target: UpstreamTarget,
+    server_name: ServerName<'static>,
+    resolver: Arc<HardwareCertResolver>,
+    roots: Arc<RootCertStore>,
+    provider: Arc<CryptoProvider>,
+    generation: RwLock<Arc<Generation>>,
+    refused_alpn: Mutex<HashSet<Vec<u8>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("target", &self.target)
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Upstream {
+    /// A connector to `target`, verifying its certificate against `roots` under
+    /// `server_name` (default: the target's host).
+    pub fn new(
+        target: UpstreamTarget,
+        server_name: Option<&str>,
+        resolver: Arc<HardwareCertResolver>,
+        roots: RootCertStore,
+        metrics: Arc<Metrics>,
+    ) -> Result<Upstream, ProxyError> {
+        let name = server_name.unwrap_or(&target.host).to_string();
+        let server_name =
+            ServerName::try_from(name.clone()).map_err(|_| ProxyError::InvalidServerName {
+                given: name.clone(),
+            })?;
+        Ok(Upstream {
+            target,
+            server_name,
+            resolver,
+            roots: Arc::new(roots),
+            provider: Arc::new(rustls::crypto::ring::default_provider()),
+            generation: RwLock::new(Arc::new(new_generation())),
+            refused_alpn: Mutex::new(HashSet::new()),
+            metrics,
+        })
+    }
+
+    /// The API server's address.
+    pub fn target(&self) -> &UpstreamTarget {
+        &self.target
+    }
+
+    /// The resolver holding the hardware key and its current chain.
+    pub fn resolver(&self) -> &Arc<HardwareCertResolver> {
+        &self.resolver
+    }
+
+    /// Forgets all resumable sessions: the next connection makes a full handshake (and
+    /// presents the current certificate). Connections already open are not touched.
+    pub fn reset_sessions(&self) {
+        *self.generation.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new_generation());
+    }
+
+    /// Picks the protocol for a client that offered `offered` (its preference order): the
+    /// first one the upstream has not refused. None when it offered nothing usable.
+    pub fn choose_alpn(&self, offered: &[Vec<u8>]) -> Option<Vec<u8>> {
+        let refused = self.refused_alpn.lock().unwrap_or_else(|p| p.into_inner());
+        offered.iter().find(|p| !refused.contains(*p)).cloned()
+    }
+
+    /// Opens a TCP connection and completes the TLS handshake offering exactly `alpn`.
+    /// The caller applies the handshake timeout.
+    pub async fn connect(&self, alpn: Option<&[u8]>) -> Result<UpstreamConn, ProxyError> {
+        let addr = self.target.authority();
+        let tcp = match TcpStream::connect((self.target.host.as_str(), self.target.port)).await {
+            Ok(t) => t,
+            Err(source) => {
+                self.metrics.upstream_error(UpstreamStage::Connect);
+                return Err(ProxyError::UpstreamConnect { addr, source });
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let config = self.config_for(alpn)?;
+        let started = Instant::now();
+        let stream = match tokio_rustls::TlsConnector::from(config)
+            .connect(self.server_name.clone(), tcp)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                let reason = super::error_chain(&e);
+                if let (Some(p), true) = (alpn, reason.contains("NoApplicationProtocol")) {
+                    self.refuse_alpn(p);
+                    self.metrics.upstream_error(UpstreamStage::Alpn);
+                    return Err(ProxyError::UpstreamAlpn {
+                        addr,
+                        asked: String::from_utf8_lossy(p).into_owned(),
+                        got: "a no_application_protocol alert".into(),
+                    });
+                }
+                self.metrics.upstream_error(UpstreamStage::Handshake);
+                return Err(ProxyError::UpstreamHandshake { addr, reason });
+            }
+        };
+        let took = started.elapsed();
+        let (_, conn) = stream.get_ref();
+        let resumed = conn.handshake_kind() == Some(HandshakeKind::Resumed);
+        self.metrics.upstream_handshake(resumed, took);
+        let got = conn.alpn_protocol().map(<[u8]>::to_vec);
+        if let Some(asked) = alpn {
+            if got.as_deref() != Some(asked) {
+                self.refuse_alpn(asked);
+                self.metrics.upstream_error(UpstreamStage::Alpn);
+                return Err(ProxyError::UpstreamAlpn {
+                    addr,
+                    asked: String::from_utf8_lossy(asked).into_owned(),
+                    got: got
+                        .map(|g| String::from_utf8_lossy(&g).into_owned())
+                        .unwrap_or_else(|| "no protocol".into()),
+                });
+            }
+        }
+        tracing::debug!(upstream = %addr, resumed, ms = took.as_millis() as u64, "upstream handshake done");
+        Ok(UpstreamConn {
+            stream,
+            alpn: got,
+            resumed,
+        })
+    }
+
+    fn refuse_alpn(&self, p: &[u8]) {
+        let fresh = self
+            .refused_alpn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(p.to_vec());
+        if fresh {
+            tracing::warn!(
+                upstream = %self.target,
+                protocol = %String::from_utf8_lossy(p),
+                "the upstream does not speak this protocol; clients will be offered the next one they support"
+            );
+        }
+    }
+
+    fn config_for(&self, alpn: Option<&[u8]>) -> Result<Arc<ClientConfig>, ProxyError> {
+        let generation = self
+            .generation
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut configs = generation.configs.lock().unwrap_or_else(|p| p.into_inner());
+        let key = alpn.map(<[u8]>::to_vec);
+        if let Some(c) = configs.get(&key) {
+            return Ok(c.clone());
+        }
+        let mut config = ClientConfig::builder_with_provider(self.provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| ProxyError::UpstreamHandshake {
+                addr: self.target.authority(),
+                reason: e.to_string(),
+            })?
+            .with_root_certificates(self.roots.clone())
+            .with_client_cert_resolver(self.resolver.clone());
+        config.alpn_protocols = key.iter().cloned().collect();
+        config.resumption = Resumption::store(generation.store.clone());
+        let config = Arc::new(config);
+        configs.insert(key, config.clone());
+        Ok(config)
+    }
+}
+
+fn new_generation() -> Generation {
+    Generation {
+        configs: Mutex::new(HashMap::new()),
+        store: Arc::new(ClientSessionMemoryCache::new(SESSION_STORE_SERVERS)),
+    }
+}

@@ -1,0 +1,438 @@
+//! The proxy under test: a hardware identity (key + certificate from a [`TestCa`]) and a
+//! running `hwkey proxy` process with a UNIX socket, a loopback TLS listener and an admin
+//! listener, killed on Drop. Helpers read `/metrics`, fetch loopback credentials from the
+//! control socket, and speak raw HTTP/1.1 over the UNIX socket.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Output};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use super::upstream::TestUpstream;
+use super::{free_port, hwkey, run_ok, temp_dir, ChildGuard, SoftHsm, Swtpm, TestCa};
+
+/// How long the proxy may take to print its ready line.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the hardware key lives.
+pub enum Backend {
+    SoftHsm(SoftHsm),
+    Tpm(Swtpm),
+}
+
+/// A hardware key with a certificate from the test CA, which also signs the upstream's
+/// server certificate.
+pub struct Identity {
+    pub backend: Backend,
+    pub key_uri: String,
+    pub cert: PathBuf,
+    pub ca: TestCa,
+    pub dir: TempDir,
+}
+
+impl Identity {
+    /// A SoftHSM token `kube` with an EC P-256 key `alice` and a certificate for
+    /// `CN=alice,O=devs` in DIR/alice.pem.
+    pub fn softhsm() -> Identity {
+        let hsm = SoftHsm::new();
+        hsm.init_token("kube");
+        let key_uri = hsm.key_uri("kube", "alice");
+        let dir = temp_dir();
+        let ca = TestCa::new(dir.path());
+        let mut id = Identity {
+            backend: Backend::SoftHsm(hsm),
+            key_uri,
+            cert: dir.path().join("alice.pem"),
+            ca,
+            dir,
+        };
+        id.create_key(&id.key_uri.clone());
+        let cert = id.cert.clone();
+        id.issue(&id.key_uri.clone(), "CN=alice,O=devs", &cert);
+        id
+    }
+
+    /// A swtpm with an EC P-256 key in DIR/alice.tpm.pem and the same certificate as
+    /// [`Identity::softhsm`].
+    pub fn tpm() -> Identity {
+        let tpm = Swtpm::start();
+        let dir = temp_dir();
+        let key_uri = format!(
+            "tpm:path={}?tcti={}",
+            dir.path().join("alice.tpm.pem").display(),
+            tpm.tcti()
+        );
+        let ca = TestCa::new(dir.path());
+        let mut id = Identity {
+            backend: Backend::Tpm(tpm),
+            key_uri,
+            cert: dir.path().join("alice.pem"),
+            ca,
+            dir,
+        };
+        id.create_key(&id.key_uri.clone());
+        let cert = id.cert.clone();
+        id.issue(&id.key_uri.clone(), "CN=alice,O=devs", &cert);
+        id
+    }
+
+    /// The URI of another key `name` beside this one (same token or directory).
+    pub fn sibling_uri(&self, name: &str) -> String {
+        match &self.backend {
+            Backend::SoftHsm(h) => h.key_uri("kube", name),
+            Backend::Tpm(t) => format!(
+                "tpm:path={}?tcti={}",
+                self.dir.path().join(format!("{name}.tpm.pem")).display(),
+                t.tcti()
+            ),
+        }
+    }
+
+    /// Environment the hwkey processes need for this backend.
+    pub fn envs(&self) -> Vec<(String, String)> {
+        match &self.backend {
+            Backend::SoftHsm(h) => h.envs(),
+            Backend::Tpm(t) => t.envs(),
+        }
+    }
+
+    /// `hwkey key create --key URI`.
+    pub fn create_key(&mut self, uri: &str) {
+        run_ok(
+            hwkey()
+                .envs(self.envs())
+                .args(["key", "create", "--key", uri]),
+        );
+    }
+
+    /// A CSR signed in the hardware for `subject`, signed by the test CA into `out`.
+    pub fn issue(&self, uri: &str, subject: &str, out: &Path) {
+        let csr =
+            run_ok(
+                hwkey()
+                    .envs(self.envs())
+                    .args(["csr", "--key", uri, "--subject", subject]),
+            );
+        let pem = String::from_utf8(csr.stdout).expect("CSR is UTF-8");
+        std::fs::write(out, self.ca.sign_csr_pem(&pem, 30))
+            .unwrap_or_else(|e| panic!("write {}: {e}", out.display()));
+    }
+}
+
+/// Defines `mod softhsm` and `mod tpm`, each with one `#[test]` per named function, which is
+/// called with the backend's [`Identity`] constructor.
+#[macro_export]
+macro_rules! proxy_tests_on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod softhsm {
+            $(#[test] fn $name() { super::$name(super::support::proxy::Identity::softhsm) })*
+        }
+        mod tpm {
+            $(#[test] fn $name() { super::$name(super::support::proxy::Identity::tpm) })*
+        }
+    };
+}
+
+/// A running `hwkey proxy`.
+pub struct ProxyProcess {
+    pub guard: ChildGuard,
+    pub socket: PathBuf,
+    pub tcp_port: u16,
+    pub admin_port: u16,
+    pub state_dir: PathBuf,
+    pub dir: TempDir,
+}
+
+/// Options for [`ProxyProcess::start_with`].
+#[derive(Default)]
+pub struct ProxyOptions<'a> {
+    /// Extra command-line arguments.
+    pub args: Vec<String>,
+    /// Extra environment.
+    pub envs: Vec<(String, String)>,
+    /// Directory to hold the UNIX socket (default: a private temp dir).
+    pub socket_dir: Option<&'a Path>,
+    /// The state directory (default: DIR/state in a private temp dir).
+    pub state_dir: Option<&'a Path>,
+    /// Leave out --key/--cert/--upstream/... (they come from a config file or the environment).
+    pub bare: bool,
+}
+
+impl ProxyProcess {
+    /// `hwkey proxy` for `id` in front of `upstream` with a UNIX socket, a loopback TLS
+    /// listener and an admin listener; waits for the ready line.
+    pub fn start(id: &Identity, upstream: &TestUpstream) -> ProxyProcess {
+        Self::start_with(id, upstream, ProxyOptions::default())
+    }
+
+    pub fn start_with(id: &Identity, upstream: &TestUpstream, opts: ProxyOptions) -> ProxyProcess {
+        let dir = temp_dir();
+        let socket = opts.socket_dir.unwrap_or(dir.path()).join("proxy.sock");
+        let state_dir = opts
+            .state_dir
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| dir.path().join("state"));
+        let tcp_port = free_port();
+        let admin_port = free_port();
+        let mut cmd = hwkey();
+        cmd.envs(id.envs()).env("HWKEY_LOG", "info").arg("proxy");
+        if !opts.bare {
+            cmd.args(["--key", &id.key_uri])
+                .arg("--cert")
+                .arg(&id.cert)
+                .args(["--upstream", &upstream.url()])
+                .arg("--upstream-ca")
+                .arg(id.ca.ca_path())
+                .arg("--listen")
+                .arg(format!("unix:{}", socket.display()))
+                .args(["--listen", &format!("tcp:127.0.0.1:{tcp_port}")])
+                .args(["--admin", &format!("tcp:127.0.0.1:{admin_port}")])
+                .arg("--state-dir")
+                .arg(&state_dir);
+        }
+        cmd.args(&opts.args).envs(opts.envs.iter().cloned());
+        let log = dir.path().join("proxy.log");
+        let guard = ChildGuard::spawn(&mut cmd, "hwkey proxy", &log);
+        let mut p = ProxyProcess {
+            guard,
+            socket,
+            tcp_port,
+            admin_port,
+            state_dir,
+            dir,
+        };
+        p.wait_ready();
+        p
+    }
+
+    /// Waits for the "ready" line; panics with the log if the proxy exits or times out.
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let log = self.guard.log();
+            if log.contains("hwkey proxy: ready") {
+                return;
+            }
+            if let Some(status) = self.guard.try_wait() {
+                panic!("hwkey proxy exited ({status}) before it was ready:\n{log}");
+            }
+            if Instant::now() > deadline {
+                panic!("hwkey proxy not ready after {READY_TIMEOUT:?}:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The proxy's stderr so far.
+    pub fn log(&self) -> String {
+        self.guard.log()
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn tls_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.tcp_port)
+    }
+
+    /// The control socket.
+    pub fn control_socket(&self) -> PathBuf {
+        self.state_dir.join("control.sock")
+    }
+
+    /// GET `path` on the admin listener: (status, body).
+    pub fn admin_get(&self, path: &str) -> (u16, String) {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.admin_port))
+            .unwrap_or_else(|e| panic!("connect to the admin port: {e}\n{}", self.log()));
+        s.set_read_timeout(Some(Duration::from_secs(20))).ok();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+        )
+        .expect("write admin request");
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("read admin response");
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    /// The `/metrics` text.
+    pub fn metrics(&self) -> String {
+        let (status, body) = self.admin_get("/metrics");
+        assert_eq!(status, 200, "GET /metrics: {body}");
+        body
+    }
+
+    /// The value of the sample named exactly `series` (e.g. `hwkey_signatures_total` or
+    /// `hwkey_upstream_handshakes_total{resumed="true"}`).
+    pub fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics();
+        metric_in(&text, series)
+    }
+
+    /// `hwkey_signatures_total`.
+    pub fn signatures(&self) -> u64 {
+        self.metric("hwkey_signatures_total") as u64
+    }
+
+    /// A loopback credential from the control socket (JSON).
+    pub fn credential(&self) -> serde_json::Value {
+        let out = run_ok(
+            Command::new("curl")
+                .args(["-sS", "--fail", "--unix-socket"])
+                .arg(self.control_socket())
+                .arg("http://localhost/v1/credential"),
+        );
+        serde_json::from_slice(&out.stdout).expect("credential JSON")
+    }
+
+    /// Writes a loopback credential to DIR/loop-{ca,cert,key}.pem; returns (ca, cert, key).
+    pub fn credential_files(&self, dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        let c = self.credential();
+        let ca = dir.join("loop-ca.pem");
+        let cert = dir.join("loop-cert.pem");
+        let key = dir.join("loop-key.pem");
+        std::fs::write(&ca, c["certificateAuthorityPem"].as_str().expect("CA")).expect("write");
+        std::fs::write(&cert, c["clientCertificatePem"].as_str().expect("cert")).expect("write");
+        super::write_private(&key, c["clientKeyPem"].as_str().expect("key").as_bytes());
+        (ca, cert, key)
+    }
+
+    /// curl over the UNIX socket: `curl -sS --unix-socket SOCK ARGS... http://localhost{path}`.
+    pub fn curl_unix(&self, args: &[&str], path: &str) -> Output {
+        Command::new("curl")
+            .args(["-sS", "--max-time", "60", "--unix-socket"])
+            .arg(&self.socket)
+            .args(args)
+            .arg(format!("http://localhost{path}"))
+            .output()
+            .expect("run curl")
+    }
+
+    /// curl over loopback TLS with the files from [`ProxyProcess::credential_files`].
+    pub fn curl_tls(
+        &self,
+        cred: &(PathBuf, PathBuf, PathBuf),
+        args: &[&str],
+        path: &str,
+    ) -> Output {
+        Command::new("curl")
+            .args(["-sS", "--max-time", "60", "--cacert"])
+            .arg(&cred.0)
+            .arg("--cert")
+            .arg(&cred.1)
+            .arg("--key")
+            .arg(&cred.2)
+            .args(args)
+            .arg(format!("{}{path}", self.tls_url()))
+            .output()
+            .expect("run curl")
+    }
+
+    /// Sends a signal to the proxy.
+    pub fn signal(&self, sig: i32) {
+        let pid = i32::try_from(self.guard.id()).expect("pid fits");
+        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig})");
+    }
+
+    /// Waits for the proxy to exit; panics after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.guard.try_wait() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "hwkey proxy still running after {timeout:?}:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The value of `series` in a Prometheus text; panics if absent.
+pub fn metric_in(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
+}
+
+/// A raw HTTP/1.1 exchange on a UNIX-socket stream.
+pub struct RawHttp {
+    pub reader: BufReader<UnixStream>,
+}
+
+impl RawHttp {
+    pub fn connect(socket: &Path) -> RawHttp {
+        let s = UnixStream::connect(socket)
+            .unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
+        s.set_read_timeout(Some(Duration::from_secs(20))).ok();
+        RawHttp {
+            reader: BufReader::new(s),
+        }
+    }
+
+    pub fn send(&mut self, text: &str) {
+        self.reader
+            .get_mut()
+            .write_all(text.as_bytes())
+            .expect("write request");
+    }
+
+    /// Reads a status line and headers: (status, lowercased headers).
+    pub fn read_head(&mut self) -> (u16, Vec<(String, String)>) {
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("status line");
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("bad status line {line:?}"));
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            self.reader.read_line(&mut h).expect("header line");
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            }
+        }
+        (status, headers)
+    }
+
+    /// Reads a response with Content-Length: (status, body).
+    pub fn read_response(&mut self) -> (u16, String) {
+        let (status, headers) = self.read_head();
+        let len: usize = headers
+            .iter()
+            .find(|(k, _)| k == "content-length")
+            .map(|(_, v)| v.parse().expect("content-length"))
+            .unwrap_or(0);
+        let mut body = vec![0u8; len];
+        self.reader.read_exact(&mut body).expect("body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+}
