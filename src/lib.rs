@@ -6,7 +6,9 @@
 
 pub mod atomic_file;
 pub mod cli;
+pub mod exec;
 pub mod key;
+pub mod kubeconfig;
 pub mod pki;
 pub mod probe;
 pub mod proxy;

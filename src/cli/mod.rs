@@ -2,8 +2,10 @@
 //! library's typed errors are turned into a one-line message and a non-zero exit code here.
 
 mod cert;
+mod credential;
 mod csr;
 mod key;
+mod kubeconfig;
 mod probe;
 mod proxy;
 
@@ -49,6 +51,10 @@ enum Command {
     Probe(probe::ProbeArgs),
     /// Let kubectl/kubelet reach the API server with the hardware key (TLS-offload proxy).
     Proxy(proxy::ProxyArgs),
+    /// client-go exec plugin: prints an ExecCredential for the hwkey proxy (used by kubectl).
+    Credential(credential::CredentialArgs),
+    /// Write or merge a kubeconfig in which kubectl or kubelet works through hwkey.
+    Kubeconfig(kubeconfig::KubeconfigArgs),
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -61,14 +67,33 @@ pub fn main() -> ExitCode {
         Command::Cert(c) => cert::run(c),
         Command::Probe(a) => probe::run(a),
         Command::Proxy(a) => proxy::run(a),
+        Command::Credential(a) => credential::run(a),
+        Command::Kubeconfig(a) => kubeconfig::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("hwkey: error: {e:#}");
+            eprintln!("hwkey: error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, leaving out a cause whose text the message above it
+/// already includes (our error types print their source inline).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 fn init_logging(format: LogFormat) {

@@ -198,12 +198,14 @@ fn parse_pkcs11(uri: &str, rest: &str) -> Result<Pkcs11Uri, KeyError> {
                 out.pin = Some(PinSource::Value(Zeroizing::new(decode(uri, k, v)?)))
             }
             "module-name" => {}
-            other => return Err(invalid(
-                uri,
-                format!(
+            other => {
+                return Err(invalid(
+                    uri,
+                    format!(
                     "unknown query attribute '{other}' (known: module-path, pin-source, pin-value)"
                 ),
-            )),
+                ))
+            }
         }
     }
     Ok(out)

@@ -86,7 +86,10 @@ fn info(shared: &Shared) -> serde_json::Value {
         "unixSockets": shared.unix_sockets.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "upstream": shared.upstream.target().to_string(),
         "key": shared.key.describe(),
+        "pid": std::process::id(),
         "certificateAuthorityPem": shared.ca.cert_pem(),
+        // The hardware certificate chain (public): what `hwkey credential --cert-only` returns.
+        "certificateChainPem": crate::pki::cert::chain_to_pem(&shared.upstream.resolver().chain()),
     })
 }
 

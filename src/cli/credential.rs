@@ -1,0 +1,67 @@
+//! `hwkey credential`: the client-go exec plugin. stdout holds exactly one JSON object;
+//! everything else goes to stderr.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::exec::credential::ExecInfo;
+use crate::exec::settings::{Overrides, Settings};
+
+#[derive(Debug, Args)]
+#[command(
+    long_about = "A client-go exec plugin (client.authentication.k8s.io/v1 and v1beta1). Reads KUBERNETES_EXEC_INFO, makes sure the hwkey proxy for the cluster runs (starting it if needed), and prints an ExecCredential holding a short-lived loopback client certificate and its throw-away key: never the hardware key. Settings come from these flags or from the cluster's client.authentication.k8s.io/exec extension (see `hwkey kubeconfig`)."
+)]
+pub struct CredentialArgs {
+    /// The hardware key (default: the cluster extension's `key`).
+    #[arg(long)]
+    key: Option<String>,
+    /// The key's certificate chain (default: the extension's `cert`, else the stored one).
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    /// The API server (default: the extension's `upstream`).
+    #[arg(long)]
+    upstream: Option<String>,
+    /// The API server's CA bundle (default: the extension's `upstreamCA`).
+    #[arg(long)]
+    upstream_ca: Option<PathBuf>,
+    /// Name to verify the API server's certificate against.
+    #[arg(long)]
+    tls_server_name: Option<String>,
+    /// The proxy's state directory (default: the extension's `stateDir`).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Where the proxy listens (default: from the cluster's server URL).
+    #[arg(long)]
+    listen: Option<String>,
+    /// How long an auto-started proxy stays up without clients (default 30m).
+    #[arg(long)]
+    idle_exit: Option<String>,
+    /// KEP-2718 shape: the hardware certificate chain and proxyConfig, no key.
+    #[arg(long)]
+    cert_only: bool,
+}
+
+pub fn run(args: CredentialArgs) -> anyhow::Result<()> {
+    let info = ExecInfo::from_env()?;
+    let overrides = Overrides {
+        key: args.key,
+        cert: args.cert,
+        upstream: args.upstream,
+        upstream_ca: args.upstream_ca,
+        tls_server_name: args.tls_server_name,
+        state_dir: args.state_dir,
+        listen: args.listen,
+        idle_exit: args.idle_exit,
+        cert_only: args.cert_only,
+    };
+    let settings = Settings::resolve(&info, &overrides)?;
+    let credential = crate::exec::run(&info, &settings)?;
+    let json = zeroize::Zeroizing::new(credential.to_json()?);
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(json.as_bytes())?;
+    out.write_all(b"\n")?;
+    out.flush()?;
+    Ok(())
+}

@@ -1,0 +1,123 @@
+//! `hwkey kubeconfig`: write a kubeconfig in which kubectl (or kubelet) works through hwkey.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+
+use super::parse_uri;
+use crate::key::KeyUri;
+use crate::kubeconfig::{self, Consumer, KubeconfigError, Request};
+
+#[derive(Debug, Args)]
+pub struct KubeconfigArgs {
+    /// Name of the cluster, user and context entries.
+    #[arg(long)]
+    name: String,
+    /// The hardware key.
+    #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+    key: KeyUri,
+    /// The key's certificate chain (default: the one stored with the key).
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    /// The API server, e.g. https://10.0.0.1:6443.
+    #[arg(long)]
+    server: String,
+    /// The API server's CA bundle.
+    #[arg(long)]
+    ca: PathBuf,
+    /// Name to verify the API server's certificate against.
+    #[arg(long)]
+    tls_server_name: Option<String>,
+    /// Kubeconfig to write or merge into (default: $KUBECONFIG's first file, else ~/.kube/config).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// kubectl (interactive PIN prompt allowed) or kubelet (never interactive).
+    #[arg(long = "for", value_enum, default_value = "kubectl")]
+    consumer: Consumer,
+    /// Loopback port of the proxy (default: kept from an earlier run, else a free one).
+    #[arg(long)]
+    port: Option<u16>,
+    /// The proxy's state directory (default: ~/.kube/cache/hwkey/NAME; kubelet: /var/lib/hwkey/NAME).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// How long a proxy started by `hwkey credential` stays up without clients (default 30m).
+    #[arg(long)]
+    idle_exit: Option<String>,
+}
+
+fn absolute(
+    what: &'static str,
+    path: &Path,
+    hint: &'static str,
+) -> Result<PathBuf, KubeconfigError> {
+    std::fs::canonicalize(path).map_err(|_| KubeconfigError::MissingFile {
+        what,
+        path: path.to_path_buf(),
+        hint,
+    })
+}
+
+pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
+    let uri: hyper::Uri = args.server.parse().map_err(|_| KubeconfigError::Invalid {
+        what: "--server",
+        given: args.server.clone(),
+        reason: "not a URL (example: https://10.0.0.1:6443)".into(),
+    })?;
+    if uri.scheme_str() != Some("https") || uri.host().is_none() {
+        return Err(KubeconfigError::Invalid {
+            what: "--server",
+            given: args.server.clone(),
+            reason: "must be https://HOST[:PORT]".into(),
+        }
+        .into());
+    }
+    let upstream_ca = absolute(
+        "--ca",
+        &args.ca,
+        "give the API server's CA bundle (e.g. /etc/kubernetes/pki/ca.crt)",
+    )?;
+    let cert = match &args.cert {
+        Some(c) => Some(absolute("--cert", c, "give the certificate issued for the hardware key, or leave --cert out to use the one stored with the key")?),
+        None => None,
+    };
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    let out = match args.out {
+        Some(o) => o,
+        None => std::env::var_os("KUBECONFIG")
+            .and_then(|k| std::env::split_paths(&k).next())
+            .unwrap_or_else(|| home.join(".kube").join("config")),
+    };
+    let state_dir = args.state_dir.unwrap_or_else(|| match args.consumer {
+        Consumer::Kubectl => home
+            .join(".kube")
+            .join("cache")
+            .join("hwkey")
+            .join(&args.name),
+        Consumer::Kubelet => PathBuf::from("/var/lib/hwkey").join(&args.name),
+    });
+    let command = std::env::current_exe().context("cannot find the hwkey binary's path")?;
+    let request = Request {
+        name: args.name.clone(),
+        key: args.key,
+        cert,
+        upstream: args.server,
+        upstream_ca,
+        tls_server_name: args.tls_server_name,
+        port: args.port,
+        state_dir,
+        idle_exit: args.idle_exit,
+        command,
+        consumer: args.consumer,
+    };
+    let server = kubeconfig::write(&request, &out)?;
+    eprintln!(
+        "wrote context '{}' to {}: kubectl talks to the hwkey proxy at {server}, which signs with {}",
+        args.name,
+        out.display(),
+        request.key
+    );
+    Ok(())
+}

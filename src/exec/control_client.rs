@@ -1,0 +1,53 @@
+//! A tiny blocking HTTP/1.1 client for the proxy's control socket.
+//!
+//! The plugin is a short-lived synchronous process; one request with `Connection: close` over a
+//! `std` UNIX stream is all it needs, without starting an async runtime.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use zeroize::Zeroizing;
+
+use super::ExecError;
+
+/// GETs `path` on the control socket and parses the JSON body of a 200 answer.
+pub fn get_json(sock: &Path, path: &str) -> Result<serde_json::Value, ExecError> {
+    let err = |reason: String| ExecError::Control {
+        path: sock.to_path_buf(),
+        reason,
+    };
+    let mut stream = UnixStream::connect(sock).map_err(|e| err(e.to_string()))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| err(e.to_string()))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: hwkey\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| err(e.to_string()))?;
+    // The answer may hold a private key: keep it in a wiped buffer.
+    let mut raw = Zeroizing::new(Vec::new());
+    stream
+        .read_to_end(&mut raw)
+        .map_err(|e| err(e.to_string()))?;
+    let text = std::str::from_utf8(&raw).map_err(|_| err("the answer is not UTF-8".into()))?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| err("the answer is not HTTP".into()))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| err("the answer has no status".into()))?;
+    let value: serde_json::Value = serde_json::from_str(body.trim())
+        .map_err(|e| err(format!("the answer is not JSON: {e}")))?;
+    if status != 200 {
+        return Err(err(format!(
+            "HTTP {status}: {}",
+            value["error"].as_str().unwrap_or("no reason given")
+        )));
+    }
+    Ok(value)
+}

@@ -1,0 +1,230 @@
+//! The client-go exec plugin contract: `KUBERNETES_EXEC_INFO` in, one `ExecCredential` JSON
+//! object out, in the same apiVersion (`client.authentication.k8s.io/v1` or `v1beta1`).
+//!
+//! client-go caches the credential until `expirationTimestamp`, runs the plugin again on a 401,
+//! and expects stdout to hold the JSON object and nothing else.
+
+use serde::{Deserialize, Serialize};
+
+use super::ExecError;
+
+/// The exec credential API versions hwkey speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiVersion {
+    V1,
+    V1Beta1,
+}
+
+impl ApiVersion {
+    /// The apiVersion string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiVersion::V1 => "client.authentication.k8s.io/v1",
+            ApiVersion::V1Beta1 => "client.authentication.k8s.io/v1beta1",
+        }
+    }
+
+    /// Parses an apiVersion string.
+    pub fn parse(s: &str) -> Result<ApiVersion, ExecError> {
+        match s {
+            "client.authentication.k8s.io/v1" => Ok(ApiVersion::V1),
+            "client.authentication.k8s.io/v1beta1" => Ok(ApiVersion::V1Beta1),
+            other => Err(ExecError::UnknownApiVersion {
+                given: other.to_string(),
+            }),
+        }
+    }
+}
+
+/// What client-go passes in `KUBERNETES_EXEC_INFO`.
+#[derive(Debug, Clone)]
+pub struct ExecInfo {
+    pub api_version: ApiVersion,
+    /// `spec.interactive`: whether the plugin may prompt on the terminal.
+    pub interactive: bool,
+    /// `spec.cluster` (only with `provideClusterInfo: true`).
+    pub cluster: Option<Cluster>,
+}
+
+/// The cluster client-go is talking to, as it passes it to the plugin.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Cluster {
+    /// The server URL from the kubeconfig (for hwkey: the proxy's loopback address).
+    #[serde(default)]
+    pub server: String,
+    #[serde(default)]
+    pub tls_server_name: Option<String>,
+    /// The CA of `server`, base64 in JSON (client-go sends bytes).
+    #[serde(default)]
+    pub certificate_authority_data: Option<String>,
+    /// The cluster's `client.authentication.k8s.io/exec` extension.
+    #[serde(default)]
+    pub config: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawInfo {
+    api_version: Option<String>,
+    kind: Option<String>,
+    #[serde(default)]
+    spec: RawSpec,
+}
+
+#[derive(Deserialize, Default)]
+struct RawSpec {
+    #[serde(default)]
+    interactive: Option<bool>,
+    #[serde(default)]
+    cluster: Option<Cluster>,
+}
+
+impl ExecInfo {
+    /// Parses the value of `KUBERNETES_EXEC_INFO`.
+    pub fn parse(json: &str) -> Result<ExecInfo, ExecError> {
+        let raw: RawInfo =
+            serde_json::from_str(json).map_err(|e| ExecError::MalformedExecInfo {
+                reason: e.to_string(),
+            })?;
+        if let Some(kind) = &raw.kind {
+            if kind != "ExecCredential" {
+                return Err(ExecError::MalformedExecInfo {
+                    reason: format!("kind is '{kind}', expected 'ExecCredential'"),
+                });
+            }
+        }
+        let api_version = ApiVersion::parse(raw.api_version.as_deref().ok_or_else(|| {
+            ExecError::MalformedExecInfo {
+                reason: "apiVersion is missing".into(),
+            }
+        })?)?;
+        Ok(ExecInfo {
+            api_version,
+            interactive: raw.spec.interactive.unwrap_or(false),
+            cluster: raw.spec.cluster,
+        })
+    }
+
+    /// Reads `KUBERNETES_EXEC_INFO`; when it is absent (the plugin run by hand), assumes v1 and
+    /// interactive only if stdin is a terminal.
+    pub fn from_env() -> Result<ExecInfo, ExecError> {
+        match std::env::var("KUBERNETES_EXEC_INFO") {
+            Ok(v) if !v.trim().is_empty() => ExecInfo::parse(&v),
+            _ => Ok(ExecInfo {
+                api_version: ApiVersion::V1,
+                interactive: std::io::IsTerminal::is_terminal(&std::io::stdin()),
+                cluster: None,
+            }),
+        }
+    }
+}
+
+/// The plugin's answer.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecCredential {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub status: ExecCredentialStatus,
+}
+
+/// `status` of an [`ExecCredential`].
+#[derive(Debug, Clone, Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecCredentialStatus {
+    /// RFC 3339; client-go caches the credential until then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expiration_timestamp: Option<String>,
+    /// PEM certificate chain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_certificate_data: Option<String>,
+    /// PEM private key: only ever the throw-away loopback key, never the hardware key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_key_data: Option<String>,
+    /// KEP-2718 shape (`--cert-only`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy_config: Option<ProxyConfig>,
+}
+
+/// KEP-2718 `proxyConfig`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProxyConfig {
+    pub url: String,
+    /// Base64 of the PEM CA bundle, as client-go encodes `[]byte`.
+    #[serde(rename = "certificate-authority-data")]
+    pub certificate_authority_data: String,
+}
+
+impl ExecCredential {
+    /// A credential in the caller's apiVersion.
+    pub fn new(api_version: ApiVersion, status: ExecCredentialStatus) -> ExecCredential {
+        ExecCredential {
+            api_version: api_version.as_str(),
+            kind: "ExecCredential",
+            status,
+        }
+    }
+
+    /// The JSON object client-go reads from stdout.
+    pub fn to_json(&self) -> Result<String, ExecError> {
+        serde_json::to_string(self).map_err(|e| ExecError::Internal(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_v1_with_cluster_config() {
+        let info = ExecInfo::parse(
+            r#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1",
+                "spec":{"interactive":true,"cluster":{"server":"https://127.0.0.1:7443",
+                "certificate-authority-data":"QUJD","config":{"key":"pkcs11:token=a;object=b"}}}}"#,
+        )
+        .expect("valid");
+        assert_eq!(info.api_version, ApiVersion::V1);
+        assert!(info.interactive);
+        let cluster = info.cluster.expect("cluster");
+        assert_eq!(cluster.server, "https://127.0.0.1:7443");
+        assert_eq!(
+            cluster.config.expect("config")["key"],
+            "pkcs11:token=a;object=b"
+        );
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_answer() {
+        assert!(matches!(
+            ExecInfo::parse("{not json"),
+            Err(ExecError::MalformedExecInfo { .. })
+        ));
+        assert!(matches!(
+            ExecInfo::parse(
+                r#"{"apiVersion":"client.authentication.k8s.io/v2","kind":"ExecCredential"}"#
+            ),
+            Err(ExecError::UnknownApiVersion { .. })
+        ));
+        assert!(matches!(
+            ExecInfo::parse(r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"Pod"}"#),
+            Err(ExecError::MalformedExecInfo { .. })
+        ));
+    }
+
+    #[test]
+    fn output_has_only_what_was_set() {
+        let cred = ExecCredential::new(
+            ApiVersion::V1Beta1,
+            ExecCredentialStatus {
+                client_certificate_data: Some("CERT".into()),
+                ..Default::default()
+            },
+        );
+        let json = cred.to_json().expect("json");
+        assert_eq!(
+            json,
+            r#"{"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","status":{"clientCertificateData":"CERT"}}"#
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! The exec credential front end: `hwkey credential`, a client-go exec plugin.
+//!
+//! client-go refuses a credential without `clientKeyData`, so the default answer is a
+//! short-lived *loopback* certificate and its throw-away key, minted by the local `hwkey proxy`
+//! (which holds the hardware key and re-originates TLS to the API server). The hardware key is
+//! never in the answer. `--cert-only` answers in the KEP-2718 shape instead: the hardware chain
+//! and `proxyConfig`, no key.
+//!
+//! Flow: parse `KUBERNETES_EXEC_INFO` ([`credential`]) → resolve settings from arguments and the
+//! cluster's `client.authentication.k8s.io/exec` extension ([`settings`]) → make sure the proxy
+//! for that cluster runs, starting it detached under a lock if not ([`launcher`]) → ask its
+//! control socket for a credential ([`control_client`]) → print one JSON object.
+
+pub mod control_client;
+pub mod credential;
+pub mod launcher;
+pub mod settings;
+
+use std::path::PathBuf;
+
+use base64::Engine;
+
+use self::credential::{ExecCredential, ExecCredentialStatus, ExecInfo, ProxyConfig};
+use self::settings::Settings;
+use crate::key::KeyError;
+
+/// Errors of the exec front end. Each is printed as one line on stderr (kubectl shows it).
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("KUBERNETES_EXEC_INFO is not a valid ExecCredential: {reason} (hwkey credential is meant to be run by kubectl; see `hwkey kubeconfig`)")]
+    MalformedExecInfo { reason: String },
+
+    #[error("unsupported exec credential apiVersion '{given}': use client.authentication.k8s.io/v1 or client.authentication.k8s.io/v1beta1 in the kubeconfig's exec block")]
+    UnknownApiVersion { given: String },
+
+    #[error("no {what}: {hint}")]
+    MissingSetting {
+        what: &'static str,
+        hint: &'static str,
+    },
+
+    #[error("invalid {what} '{given}': {reason}")]
+    InvalidSetting {
+        what: &'static str,
+        given: String,
+        reason: String,
+    },
+
+    #[error("the key {key} needs a PIN and kubectl runs this plugin non-interactively: add pin-source=file:/path or pin-source=env:VAR to the key URI")]
+    PinNeeded { key: String },
+
+    #[error("cannot start hwkey proxy for {server}: {reason}{log}")]
+    ProxyStart {
+        server: String,
+        reason: String,
+        log: String,
+    },
+
+    #[error("the hwkey proxy's control socket {path} did not answer: {reason}")]
+    Control { path: PathBuf, reason: String },
+
+    #[error(transparent)]
+    Key(#[from] KeyError),
+
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Produces the credential for one exec-plugin invocation.
+pub fn run(info: &ExecInfo, settings: &Settings) -> Result<ExecCredential, ExecError> {
+    let pin = settings::pin_for(settings, info.interactive)?;
+    launcher::ensure_proxy(settings, pin)?;
+    let sock = settings.control_socket();
+    if settings.cert_only {
+        let answer = control_client::get_json(&sock, "/v1/info")?;
+        let chain = answer["certificateChainPem"]
+            .as_str()
+            .ok_or_else(|| ExecError::Control {
+                path: sock.clone(),
+                reason: "the proxy did not report its certificate chain".into(),
+            })?
+            .to_string();
+        let ca = answer["certificateAuthorityPem"]
+            .as_str()
+            .unwrap_or_default();
+        let url = answer["server"].as_str().unwrap_or_default().to_string();
+        return Ok(ExecCredential::new(
+            info.api_version,
+            ExecCredentialStatus {
+                client_certificate_data: Some(chain),
+                proxy_config: Some(ProxyConfig {
+                    url,
+                    certificate_authority_data: base64::engine::general_purpose::STANDARD
+                        .encode(ca),
+                }),
+                ..Default::default()
+            },
+        ));
+    }
+    let answer = control_client::get_json(&sock, "/v1/credential")?;
+    let field = |name: &str| {
+        answer[name]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| ExecError::Control {
+                path: sock.clone(),
+                reason: format!("the answer has no {name}"),
+            })
+    };
+    let cert = field("clientCertificatePem")?;
+    let key = zeroize::Zeroizing::new(field("clientKeyPem")?);
+    let not_after = answer["expirationUnix"]
+        .as_i64()
+        .ok_or_else(|| ExecError::Control {
+            path: sock.clone(),
+            reason: "the answer has no expirationUnix".into(),
+        })?;
+    Ok(ExecCredential::new(
+        info.api_version,
+        ExecCredentialStatus {
+            expiration_timestamp: Some(expiry_before(not_after)),
+            client_certificate_data: Some(cert),
+            client_key_data: Some(key.to_string()),
+            ..Default::default()
+        },
+    ))
+}
+
+/// client-go must ask again *before* the loopback certificate expires (it ignores NotAfter and
+/// uses our timestamp), so answer a minute early, or half the remaining time when that is short.
+fn expiry_before(not_after_unix: i64) -> String {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let remaining = (not_after_unix - now).max(0);
+    let margin = 60.min(remaining / 2);
+    let at = time::OffsetDateTime::from_unix_timestamp(not_after_unix - margin)
+        .unwrap_or_else(|_| time::OffsetDateTime::now_utc());
+    at.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}

@@ -1,0 +1,224 @@
+//! Where `hwkey credential` finds its settings: its own arguments first, then the cluster's
+//! `client.authentication.k8s.io/exec` extension that client-go passes as `spec.cluster.config`
+//! (with `provideClusterInfo: true`), so one kubeconfig holds everything.
+//!
+//! Extension fields (camelCase): `key`, `cert`, `upstream`, `upstreamCA`, `tlsServerName`,
+//! `stateDir`, `idleExit`.
+
+use std::path::{Path, PathBuf};
+
+use zeroize::Zeroizing;
+
+use super::credential::ExecInfo;
+use super::ExecError;
+use crate::key::pin::PinSource;
+use crate::key::KeyUri;
+
+/// The name of the control socket the proxy creates in its state directory.
+pub const CONTROL_SOCKET: &str = "control.sock";
+
+/// Settings given on the plugin's command line (each optional).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub key: Option<String>,
+    pub cert: Option<PathBuf>,
+    pub upstream: Option<String>,
+    pub upstream_ca: Option<PathBuf>,
+    pub tls_server_name: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub idle_exit: Option<String>,
+    pub cert_only: bool,
+}
+
+/// Everything needed to find or start the proxy for one cluster.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub key: KeyUri,
+    pub cert: Option<PathBuf>,
+    pub upstream: String,
+    pub upstream_ca: Option<PathBuf>,
+    pub tls_server_name: Option<String>,
+    pub state_dir: PathBuf,
+    /// `tcp:127.0.0.1:PORT`: where the proxy must listen (the kubeconfig's `server`).
+    pub listen: String,
+    /// The kubeconfig's server URL (for messages).
+    pub server: String,
+    pub idle_exit: String,
+    pub cert_only: bool,
+}
+
+impl Settings {
+    /// Merges arguments over the cluster extension.
+    pub fn resolve(info: &ExecInfo, args: &Overrides) -> Result<Settings, ExecError> {
+        let empty = serde_json::Value::Null;
+        let ext = info
+            .cluster
+            .as_ref()
+            .and_then(|c| c.config.as_ref())
+            .unwrap_or(&empty);
+        let ext_str = |name: &str| ext.get(name).and_then(|v| v.as_str()).map(str::to_string);
+
+        let key_text = args.key.clone().or_else(|| ext_str("key")).ok_or(ExecError::MissingSetting {
+            what: "key URI",
+            hint: "pass --key URI, or generate the kubeconfig with `hwkey kubeconfig` (it puts the key in the cluster's client.authentication.k8s.io/exec extension and sets provideClusterInfo: true)",
+        })?;
+        let key: KeyUri = key_text.parse()?;
+        let upstream = args
+            .upstream
+            .clone()
+            .or_else(|| ext_str("upstream"))
+            .ok_or(ExecError::MissingSetting {
+                what: "upstream API server",
+                hint: "pass --upstream https://APISERVER:6443 or set 'upstream' in the cluster's client.authentication.k8s.io/exec extension",
+            })?;
+
+        let server = info
+            .cluster
+            .as_ref()
+            .map(|c| c.server.clone())
+            .filter(|s| !s.is_empty());
+        let listen = match (&args.listen, &server) {
+            (Some(l), _) => l.clone(),
+            (None, Some(server)) => listen_from_server(server)?,
+            (None, None) => {
+                return Err(ExecError::MissingSetting {
+                    what: "proxy address",
+                    hint: "set provideClusterInfo: true in the kubeconfig's exec block (the cluster's server is the proxy's loopback address), or pass --listen tcp:127.0.0.1:PORT",
+                })
+            }
+        };
+        let server =
+            server.unwrap_or_else(|| format!("https://{}", listen.trim_start_matches("tcp:")));
+        let state_dir = args
+            .state_dir
+            .clone()
+            .or_else(|| ext_str("stateDir").map(PathBuf::from))
+            .unwrap_or_else(|| default_state_dir(&listen));
+        Ok(Settings {
+            key,
+            cert: args
+                .cert
+                .clone()
+                .or_else(|| ext_str("cert").map(PathBuf::from)),
+            upstream,
+            upstream_ca: args
+                .upstream_ca
+                .clone()
+                .or_else(|| ext_str("upstreamCA").map(PathBuf::from)),
+            tls_server_name: args
+                .tls_server_name
+                .clone()
+                .or_else(|| ext_str("tlsServerName")),
+            state_dir,
+            listen,
+            server,
+            idle_exit: args
+                .idle_exit
+                .clone()
+                .or_else(|| ext_str("idleExit"))
+                .unwrap_or_else(|| "30m".into()),
+            cert_only: args.cert_only,
+        })
+    }
+
+    /// The proxy's control socket.
+    pub fn control_socket(&self) -> PathBuf {
+        self.state_dir.join(CONTROL_SOCKET)
+    }
+}
+
+/// `https://127.0.0.1:7443` → `tcp:127.0.0.1:7443`; anything not on loopback is refused, because
+/// then the kubeconfig does not point at an hwkey proxy.
+pub fn listen_from_server(server: &str) -> Result<String, ExecError> {
+    let bad = |reason: &str| ExecError::InvalidSetting {
+        what: "cluster server",
+        given: server.to_string(),
+        reason: reason.to_string(),
+    };
+    let uri: hyper::Uri = server.parse().map_err(|_| bad("not a URL"))?;
+    if uri.scheme_str() != Some("https") {
+        return Err(bad("the proxy's address must be https://127.0.0.1:PORT"));
+    }
+    let host = uri.host().ok_or_else(|| bad("no host"))?;
+    let ip: std::net::IpAddr = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|_| bad("must be a loopback IP address such as 127.0.0.1 (the hwkey proxy's address), not a name"))?;
+    if !ip.is_loopback() {
+        return Err(bad("not a loopback address: the kubeconfig's server must be the local hwkey proxy (see `hwkey kubeconfig`)"));
+    }
+    let port = uri.port_u16().unwrap_or(443);
+    Ok(match ip {
+        std::net::IpAddr::V4(v4) => format!("tcp:{v4}:{port}"),
+        std::net::IpAddr::V6(v6) => format!("tcp:[{v6}]:{port}"),
+    })
+}
+
+/// Per-user state: `$XDG_RUNTIME_DIR/hwkey/PORT`, else `~/.kube/cache/hwkey/PORT`.
+pub fn default_state_dir(listen: &str) -> PathBuf {
+    let leaf = listen
+        .trim_start_matches("tcp:")
+        .replace(['[', ']'], "")
+        .replace(':', "-");
+    base_state_dir().join(leaf)
+}
+
+/// `$XDG_RUNTIME_DIR/hwkey` if set, else `~/.kube/cache/hwkey`.
+pub fn base_state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("hwkey");
+    }
+    home().join(".kube").join("cache").join("hwkey")
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new("/").to_path_buf())
+}
+
+/// The PIN to hand the proxy when the key URI has no source for it: prompted on the terminal
+/// when client-go says the session is interactive, otherwise an error saying what to add.
+/// TPM keys and URIs with a `pin-source` need nothing here.
+pub fn pin_for(
+    settings: &Settings,
+    interactive: bool,
+) -> Result<Option<Zeroizing<String>>, ExecError> {
+    let KeyUri::Pkcs11(uri) = &settings.key else {
+        return Ok(None);
+    };
+    if uri.pin.is_some() {
+        return Ok(None);
+    }
+    if std::fs::metadata(settings.control_socket()).is_ok() {
+        // A running proxy already holds its login; only a start needs the PIN.
+        return Ok(None);
+    }
+    if !interactive {
+        return Err(ExecError::PinNeeded {
+            key: settings.key.to_string(),
+        });
+    }
+    let prompt = format!("PIN for token '{}': ", uri.token_desc());
+    let pin = rpassword::prompt_password(prompt).map_err(|e| ExecError::InvalidSetting {
+        what: "PIN",
+        given: String::new(),
+        reason: format!("cannot read it from the terminal: {e}"),
+    })?;
+    Ok(Some(Zeroizing::new(pin)))
+}
+
+/// The key URI the proxy gets when the PIN was prompted: same key, PIN from the environment
+/// variable the launcher sets for the proxy process only.
+pub fn with_env_pin(key: &KeyUri, var: &str) -> KeyUri {
+    match key {
+        KeyUri::Pkcs11(u) => {
+            let mut u = u.clone();
+            u.pin = Some(PinSource::Env(var.to_string()));
+            KeyUri::Pkcs11(u)
+        }
+        other => other.clone(),
+    }
+}

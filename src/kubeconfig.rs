@@ -1,0 +1,278 @@
+//! Writing kubeconfigs in which kubectl (or kubelet) reaches the API server through hwkey.
+//!
+//! The generated entries: a cluster whose `server` is the proxy's loopback address, with the
+//! proxy's loopback CA and an extension named `client.authentication.k8s.io/exec` carrying the
+//! upstream URL, its CA and the key URI; a user whose `exec` block runs `hwkey credential` with
+//! `provideClusterInfo: true` (so the extension reaches the plugin); and a context. An existing
+//! file is merged: entries of other names are kept as they are, the file is replaced atomically
+//! and stays mode 0600.
+
+use std::path::{Path, PathBuf};
+
+use serde_yaml::{Mapping, Value};
+
+use crate::key::KeyUri;
+use crate::proxy::local_ca::LoopbackCa;
+
+/// The extension name client-go passes to exec plugins as `spec.cluster.config`.
+pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
+
+/// Errors of kubeconfig generation.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeconfigError {
+    #[error("cannot read kubeconfig {path}: {reason}; fix or move it, hwkey does not overwrite a file it cannot parse")]
+    Read { path: PathBuf, reason: String },
+
+    #[error("cannot write kubeconfig {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{what} {path} does not exist: {hint}")]
+    MissingFile {
+        what: &'static str,
+        path: PathBuf,
+        hint: &'static str,
+    },
+
+    #[error("invalid {what} '{given}': {reason}")]
+    Invalid {
+        what: &'static str,
+        given: String,
+        reason: String,
+    },
+
+    #[error("cannot prepare the proxy's loopback CA: {0}")]
+    LoopbackCa(String),
+}
+
+/// Who will use the kubeconfig.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Consumer {
+    /// A person with kubectl: the plugin may prompt for a PIN.
+    Kubectl,
+    /// kubelet (a service): never interactive; the proxy runs under systemd.
+    Kubelet,
+}
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Name of the cluster, user and context entries.
+    pub name: String,
+    pub key: KeyUri,
+    pub cert: Option<PathBuf>,
+    /// The API server, e.g. `https://10.0.0.1:6443`.
+    pub upstream: String,
+    /// CA bundle of the API server.
+    pub upstream_ca: PathBuf,
+    pub tls_server_name: Option<String>,
+    /// Loopback port of the proxy; default: the one this name had before, else a free one.
+    pub port: Option<u16>,
+    /// The proxy's state directory (loopback CA, control socket).
+    pub state_dir: PathBuf,
+    /// `--idle-exit` of a proxy the plugin starts (None: the plugin's default).
+    pub idle_exit: Option<String>,
+    /// Absolute path of the hwkey binary the exec block runs.
+    pub command: PathBuf,
+    pub consumer: Consumer,
+}
+
+/// Merges the entries for `request` into the kubeconfig at `out` (created if absent).
+/// Returns the loopback server URL.
+pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
+    let mut doc = read_existing(out)?;
+    let port = match request.port {
+        Some(p) => p,
+        None => existing_port(&doc, &request.name).unwrap_or(free_port()?),
+    };
+    let ca = LoopbackCa::load_or_create(&request.state_dir)
+        .map_err(|e| KubeconfigError::LoopbackCa(e.to_string()))?;
+    let server = format!("https://127.0.0.1:{port}");
+    merge(&mut doc, request, &server, ca.cert_pem());
+    let text = serde_yaml::to_string(&doc).map_err(|e| KubeconfigError::Read {
+        path: out.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| KubeconfigError::Write {
+            path: out.to_path_buf(),
+            source,
+        })?;
+    }
+    crate::atomic_file::write_atomic(out, text.as_bytes(), 0o600).map_err(|source| {
+        KubeconfigError::Write {
+            path: out.to_path_buf(),
+            source,
+        }
+    })?;
+    Ok(server)
+}
+
+fn read_existing(path: &Path) -> Result<Value, KubeconfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) if text.trim().is_empty() => Ok(empty_config()),
+        Ok(text) => {
+            let v: Value = serde_yaml::from_str(&text).map_err(|e| KubeconfigError::Read {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })?;
+            if !v.is_mapping() {
+                return Err(KubeconfigError::Read {
+                    path: path.to_path_buf(),
+                    reason: "it is not a YAML mapping".into(),
+                });
+            }
+            Ok(v)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(empty_config()),
+        Err(e) => Err(KubeconfigError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn empty_config() -> Value {
+    let mut m = Mapping::new();
+    m.insert("apiVersion".into(), "v1".into());
+    m.insert("kind".into(), "Config".into());
+    m.insert("preferences".into(), Value::Mapping(Mapping::new()));
+    Value::Mapping(m)
+}
+
+fn free_port() -> Result<u16, KubeconfigError> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| KubeconfigError::Invalid {
+            what: "loopback port",
+            given: "auto".into(),
+            reason: format!("cannot find a free one: {e}"),
+        })
+}
+
+/// The port this cluster name already uses, so regenerating keeps the proxy's address.
+fn existing_port(doc: &Value, name: &str) -> Option<u16> {
+    let clusters = doc.get("clusters")?.as_sequence()?;
+    let entry = clusters
+        .iter()
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(name))?;
+    let server = entry.get("cluster")?.get("server")?.as_str()?;
+    server.parse::<hyper::Uri>().ok()?.port_u16()
+}
+
+fn named(name: &str, field: &str, body: Value) -> Value {
+    let mut m = Mapping::new();
+    m.insert("name".into(), name.into());
+    m.insert(field.into(), body);
+    Value::Mapping(m)
+}
+
+fn upsert(doc: &mut Value, list: &str, entry: Value) {
+    let Some(map) = doc.as_mapping_mut() else {
+        return;
+    };
+    let name = entry.get("name").cloned();
+    let seq = map
+        .entry(list.into())
+        .or_insert_with(|| Value::Sequence(Vec::new()));
+    if !seq.is_sequence() {
+        *seq = Value::Sequence(Vec::new());
+    }
+    if let Some(items) = seq.as_sequence_mut() {
+        match items.iter_mut().find(|i| i.get("name") == name.as_ref()) {
+            Some(existing) => *existing = entry,
+            None => items.push(entry),
+        }
+    }
+}
+
+fn merge(doc: &mut Value, r: &Request, server: &str, loopback_ca_pem: &str) {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+
+    let mut ext = Mapping::new();
+    ext.insert("key".into(), r.key.to_string().into());
+    if let Some(c) = &r.cert {
+        ext.insert("cert".into(), c.display().to_string().into());
+    }
+    ext.insert("upstream".into(), r.upstream.clone().into());
+    ext.insert(
+        "upstreamCA".into(),
+        r.upstream_ca.display().to_string().into(),
+    );
+    if let Some(n) = &r.tls_server_name {
+        ext.insert("tlsServerName".into(), n.clone().into());
+    }
+    ext.insert("stateDir".into(), r.state_dir.display().to_string().into());
+    if let Some(i) = &r.idle_exit {
+        ext.insert("idleExit".into(), i.clone().into());
+    }
+
+    let mut cluster = Mapping::new();
+    cluster.insert("server".into(), server.into());
+    cluster.insert(
+        "certificate-authority-data".into(),
+        b64(loopback_ca_pem).into(),
+    );
+    cluster.insert(
+        "extensions".into(),
+        Value::Sequence(vec![named(
+            EXEC_EXTENSION,
+            "extension",
+            Value::Mapping(ext),
+        )]),
+    );
+
+    let mut exec = Mapping::new();
+    exec.insert(
+        "apiVersion".into(),
+        "client.authentication.k8s.io/v1".into(),
+    );
+    exec.insert("command".into(), r.command.display().to_string().into());
+    exec.insert("args".into(), Value::Sequence(vec!["credential".into()]));
+    exec.insert(
+        "interactiveMode".into(),
+        match r.consumer {
+            Consumer::Kubectl => "IfAvailable",
+            Consumer::Kubelet => "Never",
+        }
+        .into(),
+    );
+    exec.insert("provideClusterInfo".into(), true.into());
+    exec.insert(
+        "installHint".into(),
+        "hwkey keeps this cluster's client key in hardware. Install it with `cargo install --path .` from the hwkey repository and see its README."
+            .into(),
+    );
+    let mut user = Mapping::new();
+    user.insert("exec".into(), Value::Mapping(exec));
+
+    let mut context = Mapping::new();
+    context.insert("cluster".into(), r.name.clone().into());
+    context.insert("user".into(), r.name.clone().into());
+
+    upsert(
+        doc,
+        "clusters",
+        named(&r.name, "cluster", Value::Mapping(cluster)),
+    );
+    upsert(doc, "users", named(&r.name, "user", Value::Mapping(user)));
+    upsert(
+        doc,
+        "contexts",
+        named(&r.name, "context", Value::Mapping(context)),
+    );
+    if let Some(map) = doc.as_mapping_mut() {
+        let current = map
+            .get("current-context")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if current.is_empty() {
+            map.insert("current-context".into(), r.name.clone().into());
+        }
+    }
+}

@@ -1,0 +1,531 @@
+//! kubectl end to end with nothing but the kubeconfig `hwkey kubeconfig` writes: the exec plugin
+//! (`hwkey credential`) starts the proxy on first use, hands kubectl a loopback credential, and
+//! the proxy signs the upstream handshake inside SoftHSM or the TPM. Real kubectl, real
+//! SoftHSM/swtpm, the kube-apiserver stand-in from tests/support/upstream.rs.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::flow::{fails_with, stdout};
+use support::proxy::Identity;
+use support::upstream::TestUpstream;
+use support::{free_port, hwkey, run_ok, temp_dir};
+use tempfile::TempDir;
+
+/// kubectl from the machine image; Debian's kubernetes-client (1.20) is too old for
+/// client.authentication.k8s.io/v1.
+fn require_kubectl() {
+    if support::find_tool("kubectl").is_none() {
+        panic!("kubectl not found: install kubectl >= 1.24 (Debian's kubernetes-client 1.20 is too old for client.authentication.k8s.io/v1)");
+    }
+}
+
+/// One user's view: a hardware identity, an upstream, and a generated kubeconfig.
+struct Cluster {
+    id: Identity,
+    upstream: TestUpstream,
+    dir: TempDir,
+    kubeconfig: PathBuf,
+    state: PathBuf,
+}
+
+impl Cluster {
+    fn new(identity: fn() -> Identity, idle_exit: &str) -> Cluster {
+        require_kubectl();
+        let id = identity();
+        let upstream = TestUpstream::start(&id.ca);
+        let dir = temp_dir();
+        let kubeconfig = dir.path().join("kubeconfig");
+        let state = dir.path().join("state");
+        run_ok(
+            hwkey()
+                .envs(id.envs())
+                .args(["kubeconfig", "--name", "e2e", "--key", &id.key_uri])
+                .arg("--cert")
+                .arg(&id.cert)
+                .args(["--server", &upstream.url()])
+                .arg("--ca")
+                .arg(id.ca.ca_path())
+                .arg("--out")
+                .arg(&kubeconfig)
+                .arg("--state-dir")
+                .arg(&state)
+                .args(["--idle-exit", idle_exit]),
+        );
+        Cluster {
+            id,
+            upstream,
+            dir,
+            kubeconfig,
+            state,
+        }
+    }
+
+    fn kubectl(&self) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.envs(self.id.envs())
+            .env("HOME", self.dir.path())
+            .env_remove("KUBERNETES_EXEC_INFO")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig);
+        cmd
+    }
+
+    /// How many times a plugin started a proxy for this cluster.
+    fn proxy_starts(&self) -> usize {
+        std::fs::read_to_string(self.state.join("proxy.log"))
+            .unwrap_or_default()
+            .matches("--- hwkey credential starting the proxy")
+            .count()
+    }
+
+    fn proxy_pid(&self) -> Option<i32> {
+        std::fs::read_to_string(self.state.join("proxy.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// The cluster extension the kubeconfig carries (what client-go passes as spec.cluster.config).
+    fn extension(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
+        let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+        let ext = &doc["clusters"][0]["cluster"]["extensions"][0];
+        assert_eq!(ext["name"], "client.authentication.k8s.io/exec");
+        serde_json::to_value(&ext["extension"]).expect("JSON")
+    }
+
+    fn server(&self) -> String {
+        let text = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
+        let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+        doc["clusters"][0]["cluster"]["server"]
+            .as_str()
+            .expect("server")
+            .to_string()
+    }
+
+    /// `hwkey credential` run the way client-go runs it, with the given exec info.
+    fn credential(&self, exec_info: &str, args: &[&str]) -> Command {
+        let mut cmd = hwkey();
+        cmd.envs(self.id.envs())
+            .env("KUBERNETES_EXEC_INFO", exec_info)
+            .arg("credential")
+            .args(args);
+        cmd
+    }
+
+    fn exec_info(&self, api_version: &str) -> String {
+        serde_json::json!({
+            "apiVersion": api_version,
+            "kind": "ExecCredential",
+            "spec": {"interactive": false, "cluster": {
+                "server": self.server(),
+                "config": self.extension(),
+            }},
+        })
+        .to_string()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(pid) = self.proxy_pid() {
+            stop_pid(pid);
+        }
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie has exited too: look at /proc state.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z "))
+        .unwrap_or(false)
+}
+
+fn stop_pid(pid: i32) {
+    let _ = Command::new("kill")
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if alive(pid) {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+}
+
+fn ok(out: Output) -> String {
+    stdout(&out)
+}
+
+fn version_and_whoami(c: &Cluster) {
+    let version: serde_json::Value =
+        serde_json::from_str(&ok(run_ok(c.kubectl().args(["get", "--raw", "/version"]))))
+            .expect("/version is JSON");
+    assert_eq!(version["user"], "alice", "{version}");
+    let whoami = ok(run_ok(c.kubectl().args(["auth", "whoami"])));
+    assert!(whoami.contains("alice"), "{whoami}");
+    assert!(whoami.contains("devs"), "{whoami}");
+}
+
+#[test]
+fn kubectl_works_with_only_the_generated_kubeconfig_softhsm() {
+    let c = Cluster::new(Identity::softhsm, "10m");
+    version_and_whoami(&c);
+    let first = c.proxy_pid().expect("the first kubectl started a proxy");
+    // The second call (and the third) reuse that proxy.
+    run_ok(c.kubectl().args(["get", "--raw", "/version"]));
+    assert_eq!(c.proxy_starts(), 1, "one proxy start");
+    assert_eq!(c.proxy_pid(), Some(first));
+    assert!(alive(first));
+    // Upstream saw the hardware identity on every connection.
+    let stats = c.upstream.stats();
+    assert!(!stats.connections.is_empty());
+    assert!(stats.connections.iter().all(|r| r.cn == "alice"));
+}
+
+#[test]
+fn kubectl_works_with_only_the_generated_kubeconfig_tpm() {
+    let c = Cluster::new(Identity::tpm, "10m");
+    version_and_whoami(&c);
+    assert_eq!(c.proxy_starts(), 1);
+}
+
+#[test]
+fn watch_streams_survives_a_killed_kubectl_and_idle_exit_ends_the_proxy() {
+    let c = Cluster::new(Identity::softhsm, "3s");
+    let mut watch = c
+        .kubectl()
+        .args([
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/configmaps?watch=1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl watch");
+    let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    // Wait until the watch is established through the proxy, then see each event arrive before
+    // the next one is emitted.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.upstream.stats().connections.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let n = c.upstream.emit_watch_event();
+        let line = lines.next().expect("an event line").expect("readable");
+        assert!(
+            line.contains(&format!("\"{n}\"")) || line.contains(&n.to_string()),
+            "event {n}: {line}"
+        );
+    }
+    let pid = c.proxy_pid().expect("proxy started");
+    // kubectl dies mid-watch; the proxy stays healthy.
+    watch.kill().expect("kill kubectl");
+    let _ = watch.wait();
+    run_ok(c.kubectl().args(["get", "--raw", "/version"]));
+    assert_eq!(c.proxy_pid(), Some(pid));
+    assert_eq!(c.proxy_starts(), 1);
+    // Without clients, --idle-exit (3s here) ends it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!alive(pid), "the proxy did not exit after its idle period");
+    assert!(
+        !c.state.join("control.sock").exists(),
+        "control socket removed"
+    );
+}
+
+#[test]
+fn two_kubectl_at_the_same_moment_start_one_proxy() {
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let spawn = || {
+        c.kubectl()
+            .args(["get", "--raw", "/version"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl")
+    };
+    let (a, b) = (spawn(), spawn());
+    for child in [a, b] {
+        let out = child.wait_with_output().expect("kubectl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout(&out).contains("alice"));
+    }
+    assert_eq!(c.proxy_starts(), 1, "exactly one proxy was started");
+}
+
+fn parse_pem_cert(pem_text: &str) -> Vec<u8> {
+    pem::parse(pem_text).expect("PEM").into_contents()
+}
+
+#[test]
+fn exec_contract_v1_and_v1beta1_and_the_key_is_never_the_hardware_key() {
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let hardware_cert = std::fs::read_to_string(&c.id.cert).expect("cert");
+    let hardware_der = parse_pem_cert(&hardware_cert);
+    let (_, hw) = x509_parser::parse_x509_certificate(&hardware_der).expect("x509");
+    let hardware_spki = hw.tbs_certificate.subject_pki.raw.to_vec();
+    let hardware_not_after = hw.validity().not_after.timestamp();
+
+    for version in [
+        "client.authentication.k8s.io/v1",
+        "client.authentication.k8s.io/v1beta1",
+    ] {
+        let out = run_ok(&mut c.credential(&c.exec_info(version), &[]));
+        let text = stdout(&out);
+        let cred: serde_json::Value =
+            serde_json::from_str(&text).expect("stdout is one JSON object");
+        assert_eq!(cred["apiVersion"], version);
+        assert_eq!(cred["kind"], "ExecCredential");
+        let status = &cred["status"];
+        let cert_pem = status["clientCertificateData"].as_str().expect("cert");
+        let key_pem = status["clientKeyData"].as_str().expect("key");
+        let cert_der = parse_pem_cert(cert_pem);
+        let (_, loopback) = x509_parser::parse_x509_certificate(&cert_der).expect("x509");
+        // Not the hardware certificate, not the hardware key.
+        assert_ne!(loopback.tbs_certificate.subject_pki.raw, &hardware_spki[..]);
+        assert!(!key_pem.is_empty());
+        let key_der = pem::parse(key_pem).expect("key PEM").into_contents();
+        let kp = rcgen::KeyPair::try_from(key_der.as_slice()).expect("a software key");
+        assert_eq!(
+            rcgen::PublicKeyData::subject_public_key_info(&kp),
+            loopback.tbs_certificate.subject_pki.raw,
+            "the emitted key belongs to the emitted loopback certificate"
+        );
+        // Expiry: before the loopback cert's NotAfter, never after the hardware cert's.
+        let expiry = time::OffsetDateTime::parse(
+            status["expirationTimestamp"].as_str().expect("expiry"),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .expect("RFC 3339")
+        .unix_timestamp();
+        assert!(expiry < loopback.validity().not_after.timestamp());
+        assert!(expiry <= hardware_not_after);
+        assert!(expiry > time::OffsetDateTime::now_utc().unix_timestamp());
+    }
+
+    // --cert-only: the hardware chain and proxyConfig, no key (KEP-2718 shape).
+    let out = run_ok(&mut c.credential(
+        &c.exec_info("client.authentication.k8s.io/v1"),
+        &["--cert-only"],
+    ));
+    let cred: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    let status = &cred["status"];
+    assert!(status.get("clientKeyData").is_none(), "{cred}");
+    let chain = status["clientCertificateData"].as_str().expect("chain");
+    assert_eq!(parse_pem_cert(chain), hardware_der);
+    assert_eq!(status["proxyConfig"]["url"], c.server());
+    assert!(status["proxyConfig"]["certificate-authority-data"]
+        .as_str()
+        .is_some_and(|s| !s.is_empty()));
+}
+
+#[test]
+fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
+    let c = Cluster::new(Identity::softhsm, "10m");
+    fails_with(
+        &mut c.credential("{not json", &[]),
+        &["KUBERNETES_EXEC_INFO"],
+    );
+    fails_with(
+        &mut c.credential(&c.exec_info("client.authentication.k8s.io/v2"), &[]),
+        &["unsupported exec credential apiVersion", "v1beta1"],
+    );
+    // No key anywhere.
+    let no_key = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+        "spec": {"interactive": false, "cluster": {"server": c.server()}},
+    })
+    .to_string();
+    fails_with(
+        &mut c.credential(&no_key, &[]),
+        &["no key URI", "hwkey kubeconfig"],
+    );
+
+    // Unreadable certificate: the proxy cannot start, and the error says why.
+    let mut ext = c.extension();
+    ext["cert"] = "/nonexistent/alice.pem".into();
+    ext["stateDir"] = c
+        .dir
+        .path()
+        .join("state-badcert")
+        .display()
+        .to_string()
+        .into();
+    let info = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+        "spec": {"interactive": false, "cluster": {"server": c.server(), "config": ext}},
+    })
+    .to_string();
+    fails_with(
+        &mut c.credential(&info, &[]),
+        &["cannot start hwkey proxy", "/nonexistent/alice.pem"],
+    );
+
+    // Port taken: something else listens where the proxy should.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let mut ext = c.extension();
+    ext["stateDir"] = c
+        .dir
+        .path()
+        .join("state-taken")
+        .display()
+        .to_string()
+        .into();
+    let info = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+        "spec": {"interactive": false, "cluster": {"server": format!("https://127.0.0.1:{port}"), "config": ext}},
+    })
+    .to_string();
+    fails_with(
+        &mut c.credential(&info, &[]),
+        &[
+            "cannot start hwkey proxy",
+            &port.to_string(),
+            "Address already in use",
+        ],
+    );
+
+    // A PKCS#11 key without a PIN source, non-interactive: says how to give one.
+    let mut ext = c.extension();
+    let key = ext["key"].as_str().expect("key").to_string();
+    let no_pin = key.split("&pin-source").next().expect("uri").to_string();
+    ext["key"] = no_pin.into();
+    ext["stateDir"] = c
+        .dir
+        .path()
+        .join("state-nopin")
+        .display()
+        .to_string()
+        .into();
+    let info = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+        "spec": {"interactive": false, "cluster": {"server": c.server(), "config": ext}},
+    })
+    .to_string();
+    fails_with(
+        &mut c.credential(&info, &[]),
+        &["needs a PIN", "pin-source"],
+    );
+}
+
+#[test]
+fn kubectl_shows_the_plugins_message() {
+    let c = Cluster::new(Identity::softhsm, "10m");
+    // Point the kubeconfig at a key that does not exist.
+    let text = std::fs::read_to_string(&c.kubeconfig).expect("kubeconfig");
+    std::fs::write(&c.kubeconfig, text.replace("object=alice", "object=nobody")).expect("write");
+    let out = Command::new("kubectl")
+        .envs(c.id.envs())
+        .env("HOME", c.dir.path())
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .args(["get", "--raw", "/version"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("kubectl");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("key object='nobody' not found"),
+        "kubectl stderr: {err}"
+    );
+}
+
+#[test]
+fn kubeconfig_merges_without_disturbing_other_entries() {
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    std::fs::write(
+        &out,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: other\n  cluster:\n    server: https://10.9.9.9:6443\nusers:\n- name: other\n  user:\n    token: abc\ncontexts:\n- name: other\n  context:\n    cluster: other\n    user: other\ncurrent-context: other\n",
+    )
+    .expect("write");
+    let ca = support::TestCa::new(dir.path());
+    let gen = |port: Option<u16>| {
+        let mut cmd = hwkey();
+        cmd.args([
+            "kubeconfig",
+            "--name",
+            "hw",
+            "--key",
+            "pkcs11:token=t;object=o?module-path=/x.so&pin-source=file:/p",
+        ])
+        .args(["--server", "https://10.0.0.1:6443", "--ca"])
+        .arg(ca.ca_path())
+        .arg("--out")
+        .arg(&out)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"));
+        if let Some(p) = port {
+            cmd.args(["--port", &p.to_string()]);
+        }
+        run_ok(&mut cmd);
+    };
+    gen(Some(free_port()));
+    let first = std::fs::read_to_string(&out).expect("read");
+    gen(None);
+    let second = std::fs::read_to_string(&out).expect("read");
+    assert_eq!(
+        first, second,
+        "regenerating keeps the port and changes nothing"
+    );
+    let doc: serde_yaml::Value = serde_yaml::from_str(&second).expect("YAML");
+    assert_eq!(
+        doc["current-context"], "other",
+        "the user's current context is kept"
+    );
+    assert_eq!(
+        doc["users"][0]["user"]["token"], "abc",
+        "other entries are kept"
+    );
+    assert_eq!(doc["clusters"].as_sequence().expect("seq").len(), 2);
+    let exec = &doc["users"][1]["user"]["exec"];
+    assert_eq!(exec["apiVersion"], "client.authentication.k8s.io/v1");
+    assert_eq!(exec["provideClusterInfo"], true);
+    assert_eq!(exec["interactiveMode"], "IfAvailable");
+    assert!(Path::new(exec["command"].as_str().expect("command")).is_absolute());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&out).expect("meta").permissions().mode() & 0o777,
+        0o600
+    );
+
+    // Bad input: nothing written.
+    fails_with(
+        hwkey()
+            .args([
+                "kubeconfig",
+                "--name",
+                "hw2",
+                "--key",
+                "pkcs11:token=t;object=o",
+                "--server",
+                "https://10.0.0.1:6443",
+                "--ca",
+                "/nonexistent/ca.pem",
+                "--out",
+            ])
+            .arg(&out),
+        &["--ca /nonexistent/ca.pem does not exist"],
+    );
+    assert_eq!(std::fs::read_to_string(&out).expect("read"), second);
+}
