@@ -26,6 +26,7 @@ pub mod lifetime;
 pub mod listener;
 pub mod local_ca;
 pub mod metrics;
+pub mod notify;
 pub mod reload;
 pub mod upstream;
 
@@ -358,9 +359,11 @@ async fn serve(
         key.describe(),
     );
     tracing::info!(listen = %listen_text.join(","), upstream = %config.upstream, "proxy ready");
+    notify::notify("READY=1");
 
     let reason =
         lifetime::wait_for_stop(activity.clone(), config.lock_file.clone(), config.idle_exit).await;
+    notify::notify("STOPPING=1");
     let _ = stop_tx.send(true);
     remove_sockets(&sockets);
     for t in tasks {
