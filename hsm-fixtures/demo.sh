@@ -5,8 +5,10 @@
 # a SoftHSM token in a temporary directory, creates a P-256 key inside it, makes a CSR signed by
 # the token, has a throw-away test CA issue the client certificate, stores it on the token, starts
 # an mTLS server that requires and verifies client certificates (openssl s_server), and has
-# `hwkey probe` talk to it with the handshake signed inside the token. Everything it starts is
-# stopped and removed on exit.
+# `hwkey probe` talk to it with the handshake signed inside the token. Then it writes a
+# kubeconfig with `hwkey kubeconfig` and runs kubectl with nothing else: the exec plugin starts
+# `hwkey proxy`, and kubectl's requests reach the server over mTLS signed inside the token.
+# Everything it starts is stopped and removed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hsm-fixtures/install-deps.sh
@@ -17,6 +19,8 @@ WORK=$(mktemp -d -t hwkey-demo-XXXXXX)
 SERVER_PID=""
 cleanup() {
   [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null || true
+  [[ -f "$WORK/state/proxy.pid" ]] && kill "$(cat "$WORK/state/proxy.pid")" 2>/dev/null || true
+  sleep 0.2
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -55,5 +59,17 @@ done
 
 step "hwkey probe https://127.0.0.1:$PORT/ (CertificateVerify signed inside the token)"
 "$HWKEY" probe --key "$KEY" --ca "$WORK/ca/ca.pem" "https://127.0.0.1:$PORT/" | grep -E 'Protocol|Cipher|Subject|CN' || true
+
+step "hwkey kubeconfig: kubectl through the hwkey proxy"
+"$HWKEY" kubeconfig --name demo --key "$KEY" --server "https://127.0.0.1:$PORT" \
+  --ca "$WORK/ca/ca.pem" --out "$WORK/kubeconfig" --state-dir "$WORK/state" --idle-exit 1m
+if command -v kubectl >/dev/null 2>&1; then
+  # s_server -www answers every GET with its status page, which names the client certificate
+  # it verified: the one whose key is in the token.
+  kubectl --kubeconfig "$WORK/kubeconfig" get --raw / | grep -E 'Protocol|Subject:' || true
+  echo "(kubectl started the proxy through 'hwkey credential'; its log: $WORK/state/proxy.log)"
+else
+  echo "kubectl is not installed: skipping the kubectl step of the demo (install kubectl >= 1.24)"
+fi
 
 step "done: the private key never left the token"
