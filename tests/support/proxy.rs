@@ -169,6 +169,12 @@ impl ProxyProcess {
     }
 
     pub fn start_with(id: &Identity, upstream: &TestUpstream, opts: ProxyOptions) -> ProxyProcess {
+        Self::start_to(id, &upstream.url(), opts)
+    }
+
+    /// Like [`ProxyProcess::start_with`] in front of any upstream URL whose server certificate
+    /// the identity's test CA issued (e.g. nginx).
+    pub fn start_to(id: &Identity, upstream_url: &str, opts: ProxyOptions) -> ProxyProcess {
         let dir = temp_dir();
         let socket = opts.socket_dir.unwrap_or(dir.path()).join("proxy.sock");
         let state_dir = opts
@@ -183,7 +189,7 @@ impl ProxyProcess {
             cmd.args(["--key", &id.key_uri])
                 .arg("--cert")
                 .arg(&id.cert)
-                .args(["--upstream", &upstream.url()])
+                .args(["--upstream", upstream_url])
                 .arg("--upstream-ca")
                 .arg(id.ca.ca_path())
                 .arg("--listen")
