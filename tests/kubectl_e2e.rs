@@ -529,3 +529,54 @@ fn kubeconfig_merges_without_disturbing_other_entries() {
     );
     assert_eq!(std::fs::read_to_string(&out).expect("read"), second);
 }
+
+/// A PKCS#11 key URI without a PIN source, interactive session: the plugin prompts on the
+/// terminal (no echo), the proxy gets the PIN through its environment (never argv), and stdout
+/// still carries the credential.
+#[test]
+fn interactive_sessions_are_prompted_for_a_missing_pin() {
+    support::require_tool("script", "bsdutils");
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let mut ext = c.extension();
+    let key = ext["key"].as_str().expect("key").to_string();
+    ext["key"] = key
+        .split("&pin-source")
+        .next()
+        .expect("uri")
+        .to_string()
+        .into();
+    let info = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+        "spec": {"interactive": true, "cluster": {"server": c.server(), "config": ext}},
+    })
+    .to_string();
+    // `script` gives the plugin a terminal; the PIN is typed after the prompt appears.
+    let shell = format!(
+        "(sleep 1; printf '{}\\r') | script -qec '{} credential' /dev/null",
+        support::USER_PIN,
+        env!("CARGO_BIN_EXE_hwkey")
+    );
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&shell)
+        .envs(c.id.envs())
+        .env("KUBERNETES_EXEC_INFO", &info)
+        .output()
+        .expect("script");
+    let text = stdout(&out);
+    assert!(text.contains("PIN for token 'kube'"), "{text}");
+    let before_json = text.split('{').next().unwrap_or_default();
+    assert!(
+        !before_json.contains(support::USER_PIN),
+        "the PIN was echoed: {before_json}"
+    );
+    assert!(text.contains("\"kind\":\"ExecCredential\""), "{text}");
+    let pid = c.proxy_pid().expect("the proxy started");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+    assert!(
+        !String::from_utf8_lossy(&cmdline).contains(support::USER_PIN),
+        "the PIN is not in the proxy's argv"
+    );
+    let log = std::fs::read_to_string(c.state.join("proxy.log")).expect("log");
+    assert!(!log.contains(support::USER_PIN), "the PIN is not logged");
+}
