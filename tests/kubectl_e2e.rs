@@ -119,6 +119,23 @@ impl Cluster {
         cmd
     }
 
+    /// The cluster extension with its own state directory (so a failing case starts its own
+    /// proxy instead of finding the shared one).
+    fn extension_in(&self, state: &str) -> serde_json::Value {
+        let mut ext = self.extension();
+        ext["stateDir"] = self.dir.path().join(state).display().to_string().into();
+        ext
+    }
+
+    /// Non-interactive v1 exec info for `server` with the extension `ext`.
+    fn exec_info_with(&self, server: &str, ext: serde_json::Value) -> String {
+        serde_json::json!({
+            "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+            "spec": {"interactive": false, "cluster": {"server": server, "config": ext}},
+        })
+        .to_string()
+    }
+
     fn exec_info(&self, api_version: &str) -> String {
         serde_json::json!({
             "apiVersion": api_version,
@@ -360,43 +377,22 @@ fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
     );
 
     // Unreadable certificate: the proxy cannot start, and the error says why.
-    let mut ext = c.extension();
+    let mut ext = c.extension_in("state-badcert");
     ext["cert"] = "/nonexistent/alice.pem".into();
-    ext["stateDir"] = c
-        .dir
-        .path()
-        .join("state-badcert")
-        .display()
-        .to_string()
-        .into();
-    let info = serde_json::json!({
-        "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
-        "spec": {"interactive": false, "cluster": {"server": c.server(), "config": ext}},
-    })
-    .to_string();
     fails_with(
-        &mut c.credential(&info, &[]),
+        &mut c.credential(&c.exec_info_with(&c.server(), ext), &[]),
         &["cannot start hwkey proxy", "/nonexistent/alice.pem"],
     );
 
     // Port taken: something else listens where the proxy should.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
-    let mut ext = c.extension();
-    ext["stateDir"] = c
-        .dir
-        .path()
-        .join("state-taken")
-        .display()
-        .to_string()
-        .into();
-    let info = serde_json::json!({
-        "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
-        "spec": {"interactive": false, "cluster": {"server": format!("https://127.0.0.1:{port}"), "config": ext}},
-    })
-    .to_string();
+    let server = format!("https://127.0.0.1:{port}");
     fails_with(
-        &mut c.credential(&info, &[]),
+        &mut c.credential(
+            &c.exec_info_with(&server, c.extension_in("state-taken")),
+            &[],
+        ),
         &[
             "cannot start hwkey proxy",
             &port.to_string(),
@@ -405,26 +401,18 @@ fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
     );
 
     // A PKCS#11 key without a PIN source, non-interactive: says how to give one.
-    let mut ext = c.extension();
-    let key = ext["key"].as_str().expect("key").to_string();
-    let no_pin = key.split("&pin-source").next().expect("uri").to_string();
-    ext["key"] = no_pin.into();
-    ext["stateDir"] = c
-        .dir
-        .path()
-        .join("state-nopin")
-        .display()
-        .to_string()
-        .into();
-    let info = serde_json::json!({
-        "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
-        "spec": {"interactive": false, "cluster": {"server": c.server(), "config": ext}},
-    })
-    .to_string();
+    let mut ext = c.extension_in("state-nopin");
+    ext["key"] = without_pin_source(&ext["key"]).into();
     fails_with(
-        &mut c.credential(&info, &[]),
+        &mut c.credential(&c.exec_info_with(&c.server(), ext), &[]),
         &["needs a PIN", "pin-source"],
     );
+}
+
+/// A key URI string without its `pin-source`.
+fn without_pin_source(key: &serde_json::Value) -> String {
+    let key = key.as_str().expect("key URI");
+    key.split("&pin-source").next().unwrap_or(key).to_string()
 }
 
 #[test]
@@ -538,13 +526,7 @@ fn interactive_sessions_are_prompted_for_a_missing_pin() {
     support::require_tool("script", "bsdutils");
     let c = Cluster::new(Identity::softhsm, "10m");
     let mut ext = c.extension();
-    let key = ext["key"].as_str().expect("key").to_string();
-    ext["key"] = key
-        .split("&pin-source")
-        .next()
-        .expect("uri")
-        .to_string()
-        .into();
+    ext["key"] = without_pin_source(&ext["key"]).into();
     let info = serde_json::json!({
         "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
         "spec": {"interactive": true, "cluster": {"server": c.server(), "config": ext}},

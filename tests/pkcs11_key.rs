@@ -14,7 +14,7 @@ use cryptoki::context::{CInitializeArgs, CInitializeFlags, Pkcs11};
 use cryptoki::object::{Attribute, AttributeType, ObjectClass};
 use cryptoki::session::UserType;
 use cryptoki::types::AuthPin;
-use hwkey::key::{der, Key, KeyAlgorithm, KeyError, KeyUri, SignScheme};
+use hwkey::key::{Key, KeyAlgorithm, KeyError, KeyUri, SignScheme};
 use support::SoftHsm;
 
 const TOKENS: [&str; 5] = ["parallel", "schemes", "recovery", "pin", "secret"];
@@ -38,21 +38,10 @@ fn uri(token: &str, object: &str) -> KeyUri {
 
 /// Verifies a signature with ring against the key's SPKI.
 fn verify(key: &Key, scheme: SignScheme, message: &[u8], signature: &[u8]) {
-    use ring::signature as sig;
-    let info = der::parse_spki(key.spki_der()).expect("spki");
-    let alg: &dyn sig::VerificationAlgorithm = match scheme {
-        SignScheme::EcdsaP256Sha256 => &sig::ECDSA_P256_SHA256_ASN1,
-        SignScheme::EcdsaP384Sha384 => &sig::ECDSA_P384_SHA384_ASN1,
-        SignScheme::RsaPssSha256 => &sig::RSA_PSS_2048_8192_SHA256,
-        SignScheme::RsaPssSha384 => &sig::RSA_PSS_2048_8192_SHA384,
-        SignScheme::RsaPssSha512 => &sig::RSA_PSS_2048_8192_SHA512,
-        SignScheme::RsaPkcs1Sha256 => &sig::RSA_PKCS1_2048_8192_SHA256,
-        SignScheme::RsaPkcs1Sha384 => &sig::RSA_PKCS1_2048_8192_SHA384,
-        SignScheme::RsaPkcs1Sha512 => &sig::RSA_PKCS1_2048_8192_SHA512,
-    };
-    sig::UnparsedPublicKey::new(alg, &info.key_bits)
-        .verify(message, signature)
-        .unwrap_or_else(|_| panic!("{scheme} signature does not verify"));
+    assert!(
+        hwkey::key::verify::verify(key.spki_der(), scheme, message, signature).expect("spki"),
+        "{scheme} signature does not verify"
+    );
 }
 
 #[test]

@@ -12,7 +12,6 @@ use std::process::Command;
 use std::sync::Arc;
 
 use hwkey::key::{der, Key, KeyAlgorithm, KeyError, KeyUri, SignScheme};
-use ring::signature::{self as rs, UnparsedPublicKey, VerificationAlgorithm};
 use support::{require_tool, run_ok, temp_dir, Swtpm};
 
 fn file_uri(path: &Path, tpm: &Swtpm) -> KeyUri {
@@ -33,25 +32,13 @@ fn tpm_uri(tpm: &Swtpm) -> KeyUri {
         .expect("TPM URI parses")
 }
 
-fn ring_alg(scheme: SignScheme) -> &'static dyn VerificationAlgorithm {
-    match scheme {
-        SignScheme::EcdsaP256Sha256 => &rs::ECDSA_P256_SHA256_ASN1,
-        SignScheme::EcdsaP384Sha384 => &rs::ECDSA_P384_SHA384_ASN1,
-        SignScheme::RsaPssSha256 => &rs::RSA_PSS_2048_8192_SHA256,
-        SignScheme::RsaPssSha384 => &rs::RSA_PSS_2048_8192_SHA384,
-        SignScheme::RsaPssSha512 => &rs::RSA_PSS_2048_8192_SHA512,
-        SignScheme::RsaPkcs1Sha256 => &rs::RSA_PKCS1_2048_8192_SHA256,
-        SignScheme::RsaPkcs1Sha384 => &rs::RSA_PKCS1_2048_8192_SHA384,
-        SignScheme::RsaPkcs1Sha512 => &rs::RSA_PKCS1_2048_8192_SHA512,
-    }
-}
-
-/// Verifies with ring against the key bits of `spki` (parsed by `der::parse_spki`).
+/// Verifies with ring against `spki`.
 fn verify(spki: &[u8], scheme: SignScheme, message: &[u8], signature: &[u8]) {
-    let info = der::parse_spki(spki).expect("the key's SPKI parses");
-    UnparsedPublicKey::new(ring_alg(scheme), &info.key_bits)
-        .verify(message, signature)
-        .unwrap_or_else(|_| panic!("{scheme} signature does not verify with ring"));
+    assert!(
+        hwkey::key::verify::verify(spki, scheme, message, signature)
+            .expect("the key's SPKI parses"),
+        "{scheme} signature does not verify with ring"
+    );
 }
 
 /// Signs with every scheme the key offers and verifies each signature.

@@ -19,6 +19,7 @@ pub mod rcgen_signer;
 pub mod tls;
 pub mod tpm;
 pub mod uri;
+pub mod verify;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -134,24 +134,11 @@ fn check_rsa(
     message: &[u8],
     signature: &[u8],
 ) -> Result<(), KeyError> {
-    use ring::signature as rs;
-    if info.modulus_len < 256 {
+    if info.modulus_len < 256 || scheme.is_ecdsa() {
         // ring verifies only moduli of 2048 bits and more; smaller keys go unchecked.
         return Ok(());
     }
-    let alg: &dyn rs::VerificationAlgorithm = match scheme {
-        SignScheme::RsaPssSha256 => &rs::RSA_PSS_2048_8192_SHA256,
-        SignScheme::RsaPssSha384 => &rs::RSA_PSS_2048_8192_SHA384,
-        SignScheme::RsaPssSha512 => &rs::RSA_PSS_2048_8192_SHA512,
-        SignScheme::RsaPkcs1Sha256 => &rs::RSA_PKCS1_2048_8192_SHA256,
-        SignScheme::RsaPkcs1Sha384 => &rs::RSA_PKCS1_2048_8192_SHA384,
-        SignScheme::RsaPkcs1Sha512 => &rs::RSA_PKCS1_2048_8192_SHA512,
-        SignScheme::EcdsaP256Sha256 | SignScheme::EcdsaP384Sha384 => return Ok(()),
-    };
-    if rs::UnparsedPublicKey::new(alg, &info.rsa_public_key)
-        .verify(message, signature)
-        .is_ok()
-    {
+    if crate::key::verify::verify_key_bits(&info.rsa_public_key, scheme, message, signature) {
         return Ok(());
     }
     let hint = if scheme.is_pss() && info.pss == PssMethod::Tpm {
