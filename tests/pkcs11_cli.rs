@@ -355,3 +355,53 @@ fn delete_with_yes_removes_key_public_key_and_certificates() {
         &["not found"],
     );
 }
+
+#[test]
+fn csr_as_a_kubernetes_certificate_signing_request() {
+    let s = Setup::new();
+    let uri = s.key_uri("node");
+    run_ok(s.hwkey().args(["key", "create", "--key", &uri]));
+    let out = run_ok(s.hwkey().args([
+        "csr",
+        "--key",
+        &uri,
+        "--subject",
+        "CN=system:node:n1,O=system:nodes",
+        "--k8s-name",
+        "node-n1",
+        "--expiration-seconds",
+        "86400",
+    ]));
+    let doc: serde_yaml::Value = serde_yaml::from_str(&stdout(&out)).expect("YAML");
+    assert_eq!(doc["apiVersion"], "certificates.k8s.io/v1");
+    assert_eq!(doc["kind"], "CertificateSigningRequest");
+    assert_eq!(doc["metadata"]["name"], "node-n1");
+    assert_eq!(
+        doc["spec"]["signerName"],
+        "kubernetes.io/kube-apiserver-client-kubelet"
+    );
+    assert_eq!(doc["spec"]["expirationSeconds"], 86400);
+    let usages: Vec<&str> = doc["spec"]["usages"]
+        .as_sequence()
+        .expect("usages")
+        .iter()
+        .filter_map(|u| u.as_str())
+        .collect();
+    assert_eq!(usages, ["digital signature", "client auth"]);
+    // The request is the PEM CSR, base64-encoded; openssl verifies its signature.
+    use base64::Engine;
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(doc["spec"]["request"].as_str().expect("request"))
+        .expect("base64");
+    let csr = s.path("node.csr");
+    std::fs::write(&csr, &pem).expect("write");
+    assert!(!pem.contains(&b'\r'), "PEM uses Unix line endings");
+    let verify = run_ok(
+        Command::new("openssl")
+            .args(["req", "-verify", "-noout", "-subject", "-in"])
+            .arg(&csr),
+    );
+    let text = output_text(&verify);
+    assert!(text.contains("verify OK"), "{text}");
+    assert!(text.contains("system:node:n1"), "{text}");
+}

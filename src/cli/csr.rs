@@ -1,4 +1,5 @@
-//! `hwkey csr`: a PKCS#10 request signed inside the hardware.
+//! `hwkey csr`: a PKCS#10 request signed inside the hardware, as PEM or wrapped in a Kubernetes
+//! `certificates.k8s.io/v1` CertificateSigningRequest ready for `kubectl apply -f -`.
 
 use std::path::PathBuf;
 
@@ -22,14 +23,43 @@ pub struct CsrArgs {
     /// An IP subject alternative name (repeatable).
     #[arg(long = "ip")]
     ip: Vec<String>,
-    /// Write the PEM here (atomically) instead of stdout.
+    /// Write the output here (atomically) instead of stdout.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Print a Kubernetes CertificateSigningRequest object with this name instead of PEM.
+    #[arg(long = "k8s-name")]
+    k8s_name: Option<String>,
+    /// signerName of the Kubernetes object (default: kubernetes.io/kube-apiserver-client, or
+    /// kubernetes.io/kube-apiserver-client-kubelet for CN=system:node:…).
+    #[arg(long, requires = "k8s_name")]
+    signer_name: Option<String>,
+    /// spec.expirationSeconds of the Kubernetes object.
+    #[arg(long, requires = "k8s_name")]
+    expiration_seconds: Option<u32>,
 }
 
 pub fn run(args: CsrArgs) -> anyhow::Result<()> {
     let request = CsrRequest::parse(&args.subject, &args.dns, &args.ip)?;
     let key = Key::open(&args.key)?;
     let der = csr::build(&key, &request)?;
-    emit(args.out.as_deref(), &csr::to_pem(&der))
+    let pem = csr::to_pem(&der);
+    let text = match &args.k8s_name {
+        None => pem,
+        Some(name) => {
+            let signer = args.signer_name.clone().unwrap_or_else(|| {
+                let node = request
+                    .subject
+                    .0
+                    .iter()
+                    .any(|a| a.short == "CN" && a.value.starts_with("system:node:"));
+                if node {
+                    "kubernetes.io/kube-apiserver-client-kubelet".into()
+                } else {
+                    "kubernetes.io/kube-apiserver-client".into()
+                }
+            });
+            csr::kubernetes_object(name, &pem, &signer, args.expiration_seconds)
+        }
+    };
+    emit(args.out.as_deref(), &text)
 }

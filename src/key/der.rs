@@ -182,9 +182,12 @@ pub fn unwrap_ec_point(alg: KeyAlgorithm, value: &[u8]) -> Result<Vec<u8>, KeyEr
     })
 }
 
-/// Wraps a PEM label around DER.
+/// Wraps a PEM label around DER, with Unix line endings.
 pub fn to_pem(label: &str, der: &[u8]) -> String {
-    pem::encode(&pem::Pem::new(label, der.to_vec()))
+    pem::encode_config(
+        &pem::Pem::new(label, der.to_vec()),
+        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+    )
 }
 
 /// The SubjectPublicKeyInfo (DER) of a certificate.

@@ -127,3 +127,31 @@ fn write_san_extension(w: yasna::DERWriter, request: &CsrRequest) {
 pub fn to_pem(csr_der: &[u8]) -> String {
     der::to_pem("CERTIFICATE REQUEST", csr_der)
 }
+
+/// Wraps a CSR in a `certificates.k8s.io/v1` CertificateSigningRequest (YAML) for a client
+/// certificate: usages `digital signature` and `client auth`, as the kube-apiserver client
+/// signers require.
+pub fn kubernetes_object(
+    name: &str,
+    csr_pem: &str,
+    signer_name: &str,
+    expiration_seconds: Option<u32>,
+) -> String {
+    use base64::Engine;
+    let request = base64::engine::general_purpose::STANDARD.encode(csr_pem);
+    let mut spec = serde_json::json!({
+        "request": request,
+        "signerName": signer_name,
+        "usages": ["digital signature", "client auth"],
+    });
+    if let Some(s) = expiration_seconds {
+        spec["expirationSeconds"] = s.into();
+    }
+    let object = serde_json::json!({
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    serde_yaml::to_string(&object).unwrap_or_default()
+}
