@@ -562,3 +562,37 @@ fn interactive_sessions_are_prompted_for_a_missing_pin() {
     let log = std::fs::read_to_string(c.state.join("proxy.log")).expect("log");
     assert!(!log.contains(support::USER_PIN), "the PIN is not logged");
 }
+
+#[test]
+fn doctor_checks_the_key_certificate_and_kubeconfig() {
+    let c = Cluster::new(Identity::softhsm, "10m");
+    run_ok(c.kubectl().args(["get", "--raw", "/version"]));
+    let out = run_ok(
+        hwkey()
+            .envs(c.id.envs())
+            .arg("doctor")
+            .arg("--kubeconfig")
+            .arg(&c.kubeconfig),
+    );
+    let text = stdout(&out);
+    for line in [
+        "ok    exec plugin",
+        "ok    proxy: running (pid",
+        "ok    open key",
+        "ok    sign",
+        "ok    certificate: holds this key's public key",
+        "ok    validity: CN=alice",
+    ] {
+        assert!(text.contains(line), "missing '{line}' in:\n{text}");
+    }
+    // A broken setup: the key is gone. Non-zero exit, the failing step named with its fix.
+    let missing = c.id.sibling_uri("nobody");
+    let out = support::run_fail(
+        hwkey()
+            .envs(c.id.envs())
+            .args(["doctor", "--key", &missing]),
+    );
+    let text = stdout(&out);
+    assert!(text.contains("FAIL  open key"), "{text}");
+    assert!(text.contains("keys present: 'alice'"), "{text}");
+}

@@ -4,6 +4,7 @@
 mod cert;
 mod credential;
 mod csr;
+mod doctor;
 mod key;
 mod kubeconfig;
 mod probe;
@@ -55,6 +56,8 @@ enum Command {
     Credential(credential::CredentialArgs),
     /// Write or merge a kubeconfig in which kubectl or kubelet works through hwkey.
     Kubeconfig(kubeconfig::KubeconfigArgs),
+    /// Check a key, its certificate and a kubeconfig step by step, saying what to fix.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -69,6 +72,7 @@ pub fn main() -> ExitCode {
         Command::Proxy(a) => proxy::run(a),
         Command::Credential(a) => credential::run(a),
         Command::Kubeconfig(a) => kubeconfig::run(a),
+        Command::Doctor(a) => doctor::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -130,7 +130,13 @@ fn list_or_none(items: &[String]) -> String {
     } else {
         items
             .iter()
-            .map(|s| format!("'{s}'"))
+            .map(|s| {
+                if s.starts_with('\'') {
+                    s.clone()
+                } else {
+                    format!("'{s}'")
+                }
+            })
             .collect::<Vec<_>>()
             .join(", ")
     }

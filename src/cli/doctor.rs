@@ -1,0 +1,246 @@
+//! `hwkey doctor`: checks an installation step by step and says what to fix.
+//!
+//! Each check prints `ok`, `warn` or `FAIL` with the fix; the exit status is non-zero when any
+//! check failed. It changes nothing (a test signature is not a change).
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::exec::control_client;
+use crate::key::{verify, Key, KeyUri};
+use crate::pki::cert;
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The key to check (default: the one in the kubeconfig context, with --kubeconfig).
+    #[arg(long, env = "HWKEY_KEY")]
+    key: Option<String>,
+    /// Certificate chain to check instead of the stored one.
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    /// A kubeconfig written by `hwkey kubeconfig` to check (exec block, proxy, CA).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The context to check in --kubeconfig (default: its current-context).
+    #[arg(long)]
+    context: Option<String>,
+}
+
+#[derive(Default)]
+struct Report {
+    failed: usize,
+}
+
+impl Report {
+    fn ok(&mut self, what: &str, detail: impl std::fmt::Display) {
+        println!("ok    {what}: {detail}");
+    }
+    fn warn(&mut self, what: &str, detail: impl std::fmt::Display) {
+        println!("warn  {what}: {detail}");
+    }
+    fn fail(&mut self, what: &str, detail: impl std::fmt::Display) {
+        self.failed += 1;
+        println!("FAIL  {what}: {detail}");
+    }
+}
+
+pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
+    let mut r = Report::default();
+    let mut key_text = args.key.clone();
+    let mut cert_path = args.cert.clone();
+    if let Some(path) = &args.kubeconfig {
+        if let Some((k, c)) = check_kubeconfig(&mut r, path, args.context.as_deref()) {
+            key_text = key_text.or(Some(k));
+            cert_path = cert_path.or(c);
+        }
+    }
+    match key_text {
+        Some(k) => check_key(&mut r, &k, cert_path),
+        None if args.kubeconfig.is_none() => {
+            anyhow::bail!("nothing to check: pass --key URI and/or --kubeconfig FILE")
+        }
+        None => {}
+    }
+    if r.failed > 0 {
+        anyhow::bail!("{} check(s) failed", r.failed);
+    }
+    Ok(())
+}
+
+fn check_key(r: &mut Report, text: &str, cert_path: Option<PathBuf>) {
+    let uri: KeyUri = match text.parse() {
+        Ok(u) => u,
+        Err(e) => return r.fail("key URI", e),
+    };
+    r.ok("key URI", &uri);
+    let key = match Key::open(&uri) {
+        Ok(k) => k,
+        Err(e) => return r.fail("open key", e),
+    };
+    r.ok(
+        "open key",
+        format!("{} ({})", key.describe(), key.algorithm()),
+    );
+    let scheme = key.algorithm().schemes()[0];
+    let message = b"hwkey doctor test signature";
+    match key.sign(scheme, message) {
+        Ok(sig) => match verify::verify(key.spki_der(), scheme, message, &sig) {
+            Ok(true) => r.ok(
+                "sign",
+                format!("a {scheme} signature verifies against the public key"),
+            ),
+            Ok(false) => r.fail(
+                "sign",
+                "the device's signature does not verify: check the device's health",
+            ),
+            Err(e) => r.fail("sign", e),
+        },
+        Err(e) => r.fail("sign", e),
+    }
+    let chain = match cert::chain_for_key(&key, cert_path.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return r.fail("certificate", e),
+    };
+    let leaf = &chain[0];
+    match cert::matches_key(leaf, &key) {
+        Ok(true) => r.ok("certificate", "holds this key's public key"),
+        Ok(false) => {
+            return r.fail(
+                "certificate",
+                "it is for another key: import the certificate issued for this key",
+            )
+        }
+        Err(e) => return r.fail("certificate", e),
+    }
+    if let Ok(s) = cert::summarize(leaf) {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let left = s.not_after_unix - now;
+        if left <= 0 {
+            r.fail(
+                "validity",
+                format!(
+                    "expired {} ({}): renew it (hwkey csr, then hwkey cert import)",
+                    s.not_after, s.subject
+                ),
+            );
+        } else if left < 7 * 24 * 3600 {
+            r.warn(
+                "validity",
+                format!(
+                    "expires {} (in {} h): renew it soon",
+                    s.not_after,
+                    left / 3600
+                ),
+            );
+        } else {
+            r.ok("validity", format!("{} until {}", s.subject, s.not_after));
+        }
+    }
+}
+
+/// Checks the hwkey entries of a kubeconfig; returns the key URI and cert of the context.
+fn check_kubeconfig(
+    r: &mut Report,
+    path: &std::path::Path,
+    context: Option<&str>,
+) -> Option<(String, Option<PathBuf>)> {
+    let doc: serde_yaml::Value = match std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_yaml::from_str(&t).map_err(|e| e.to_string()))
+    {
+        Ok(d) => d,
+        Err(e) => {
+            r.fail("kubeconfig", format!("{}: {e}", path.display()));
+            return None;
+        }
+    };
+    let name = context
+        .map(str::to_string)
+        .or_else(|| doc["current-context"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    let find = |list: &str, n: &str| {
+        doc[list]
+            .as_sequence()
+            .and_then(|s| s.iter().find(|e| e["name"].as_str() == Some(n)).cloned())
+    };
+    let Some(ctx) = find("contexts", &name) else {
+        r.fail(
+            "kubeconfig",
+            format!("no context '{name}' in {}: pass --context", path.display()),
+        );
+        return None;
+    };
+    let cluster_name = ctx["context"]["cluster"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let user_name = ctx["context"]["user"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let (Some(cluster), Some(user)) = (find("clusters", &cluster_name), find("users", &user_name))
+    else {
+        r.fail(
+            "kubeconfig",
+            format!("context '{name}' names a cluster or user that is not in the file"),
+        );
+        return None;
+    };
+    let exec = &user["user"]["exec"];
+    match exec["command"].as_str() {
+        Some(cmd) if std::path::Path::new(cmd).is_file() => r.ok("exec plugin", cmd),
+        Some(cmd) => r.fail(
+            "exec plugin",
+            format!("{cmd} does not exist: regenerate with `hwkey kubeconfig` or fix the path"),
+        ),
+        None => {
+            r.fail(
+                "exec plugin",
+                format!("user '{user_name}' has no exec block: regenerate with `hwkey kubeconfig`"),
+            );
+            return None;
+        }
+    }
+    if exec["provideClusterInfo"].as_bool() != Some(true) {
+        r.fail(
+            "exec plugin",
+            "provideClusterInfo is not true: the plugin cannot see the cluster extension",
+        );
+    }
+    let ext = cluster["cluster"]["extensions"]
+        .as_sequence()
+        .and_then(|s| {
+            s.iter()
+                .find(|e| e["name"].as_str() == Some(crate::kubeconfig::EXEC_EXTENSION))
+        })
+        .map(|e| e["extension"].clone());
+    let Some(ext) = ext else {
+        r.fail(
+            "cluster extension",
+            "missing: regenerate with `hwkey kubeconfig`",
+        );
+        return None;
+    };
+    let key = ext["key"].as_str().unwrap_or_default().to_string();
+    let cert = ext["cert"].as_str().map(PathBuf::from);
+    match ext["stateDir"].as_str() {
+        Some(dir) => {
+            let sock = PathBuf::from(dir).join(crate::exec::settings::CONTROL_SOCKET);
+            match control_client::get_json(&sock, "/v1/info") {
+                Ok(info) => r.ok(
+                    "proxy",
+                    format!(
+                        "running (pid {}) at {} for {}",
+                        info["pid"],
+                        info["server"].as_str().unwrap_or("?"),
+                        info["upstream"].as_str().unwrap_or("?")
+                    ),
+                ),
+                Err(_) => r.ok("proxy", "not running (kubectl's first call starts it)"),
+            }
+        }
+        None => r.warn("proxy", "the extension names no stateDir"),
+    }
+    Some((key, cert))
+}
