@@ -28,6 +28,7 @@ pub mod local_ca;
 pub mod metrics;
 pub mod notify;
 pub mod reload;
+pub mod sessions;
 pub mod upstream;
 
 use std::path::{Path, PathBuf};

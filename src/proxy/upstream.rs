@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use rustls::client::{ClientSessionMemoryCache, Resumption};
+use rustls::client::Resumption;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, HandshakeKind, RootCertStore};
@@ -32,6 +32,7 @@ use tokio_rustls::client::TlsStream;
 
 use super::config::UpstreamTarget;
 use super::metrics::{Metrics, UpstreamStage};
+use super::sessions::{SessionStore, Warmup};
 use super::ProxyError;
 use crate::key::tls::HardwareCertResolver;
 
@@ -50,7 +51,7 @@ pub struct UpstreamConn {
 /// One generation of client configs sharing a session store.
 struct Generation {
     configs: Mutex<HashMap<Option<Vec<u8>>, Arc<ClientConfig>>>,
-    store: Arc<ClientSessionMemoryCache>,
+    store: Arc<SessionStore>,
 }
 
 /// The upstream connector, shared by all connection tasks.
@@ -136,13 +137,21 @@ impl Upstream {
             }
         };
         let _ = tcp.set_nodelay(true);
-        let config = self.config_for(alpn)?;
+        let generation = self.current_generation();
+        let config = self.config_for(&generation, alpn)?;
+        // A cold store: one connection warms it, the others wait for its ticket (sessions.rs).
+        let warmup = generation.store.warm_up().await;
         let started = Instant::now();
         let stream = match tokio_rustls::TlsConnector::from(config)
             .connect(self.server_name.clone(), tcp)
             .await
         {
-            Ok(s) => s,
+            Ok(s) => {
+                if let Warmup::Leader(guard) = warmup {
+                    guard.succeeded();
+                }
+                s
+            }
             Err(e) => {
                 let reason = super::error_chain(&e);
                 if let (Some(p), true) = (alpn, reason.contains("NoApplicationProtocol")) {
@@ -199,12 +208,18 @@ impl Upstream {
         }
     }
 
-    fn config_for(&self, alpn: Option<&[u8]>) -> Result<Arc<ClientConfig>, ProxyError> {
-        let generation = self
-            .generation
+    fn current_generation(&self) -> Arc<Generation> {
+        self.generation
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
+            .clone()
+    }
+
+    fn config_for(
+        &self,
+        generation: &Generation,
+        alpn: Option<&[u8]>,
+    ) -> Result<Arc<ClientConfig>, ProxyError> {
         let mut configs = generation.configs.lock().unwrap_or_else(|p| p.into_inner());
         let key = alpn.map(<[u8]>::to_vec);
         if let Some(c) = configs.get(&key) {
@@ -229,6 +244,6 @@ impl Upstream {
 fn new_generation() -> Generation {
     Generation {
         configs: Mutex::new(HashMap::new()),
-        store: Arc::new(ClientSessionMemoryCache::new(SESSION_STORE_SERVERS)),
+        store: Arc::new(SessionStore::new(SESSION_STORE_SERVERS)),
     }
 }
