@@ -513,6 +513,11 @@ impl Swtpm {
         self.guard = guard;
     }
 
+    /// The simulator's process id (tests pause it with SIGSTOP to play a very slow TPM).
+    pub fn pid(&self) -> u32 {
+        self.guard.id()
+    }
+
     /// The TCTI string for tpm2-tools / tss-esapi: `swtpm:host=127.0.0.1,port=P`.
     pub fn tcti(&self) -> String {
         format!("swtpm:host=127.0.0.1,port={}", self.port)

@@ -1,0 +1,129 @@
+//! A slow signer must not stall data on established connections. The slowest TPM there is: a
+//! swtpm paused with SIGSTOP. While a new connection's full handshake waits inside the TPM, a
+//! watch opened before keeps delivering every event, and the stalled handshake completes once
+//! the TPM answers again. No timing is measured: events delivered during the stall are counted.
+
+mod support;
+
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::proxy::{Backend, Identity, ProxyProcess, RawHttp};
+use support::upstream::TestUpstream;
+use support::{output_text, require_tool};
+
+/// Resumes a paused swtpm even when the test fails half-way.
+struct Paused(i32);
+
+impl Paused {
+    fn new(pid: u32) -> Paused {
+        let pid = i32::try_from(pid).expect("pid");
+        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        Paused(pid)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+fn read_event(http: &mut RawHttp, n: u64) {
+    let wanted = format!("\"name\":\"cm-{n}\"");
+    loop {
+        let mut line = String::new();
+        let read = http
+            .reader
+            .read_line(&mut line)
+            .unwrap_or_else(|e| panic!("event {n} did not arrive: {e}"));
+        assert!(read > 0, "stream ended before event {n}");
+        if line.contains(&wanted) {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_stalled_tpm_does_not_stall_established_connections() {
+    require_tool("curl", "curl");
+    let id = Identity::tpm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let Backend::Tpm(tpm) = &id.backend else {
+        unreachable!("Identity::tpm has a TPM backend")
+    };
+
+    // An established watch (its handshake was signed while the TPM was running).
+    let mut http = RawHttp::connect(&proxy.socket);
+    http.send(
+        "GET /api/v1/namespaces/default/configmaps?watch=1 HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    );
+    let (status, _) = http.read_head();
+    assert_eq!(status, 200);
+    read_event(&mut http, upstream.emit_watch_event());
+
+    // Forget the session tickets (a reload does), so the next connection must sign; then
+    // freeze the TPM and start that connection.
+    proxy.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy.metric("hwkey_cert_reloads_total{result=\"ok\"}") < 1.0 && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let signatures_before = proxy.signatures();
+    let paused = Paused::new(tpm.pid());
+    // More stalled handshakes than the proxy has runtime workers: a signer that blocked its
+    // worker (instead of handing it over) would leave none for the watch.
+    let stalled: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new("curl")
+                .args(["-sS", "--max-time", "120", "--unix-socket"])
+                .arg(&proxy.socket)
+                .arg("http://localhost/version")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("curl")
+        })
+        .collect();
+    // Wait until they reach the upstream (TCP), then past the ticket gate's wait, so that all
+    // three are inside the (frozen) signer.
+    let before = upstream.stats().tcp_connections;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while upstream.stats().tcp_connections < before + 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        upstream.stats().tcp_connections >= before + 3,
+        "the new connections reached the upstream"
+    );
+    std::thread::sleep(hwkey::proxy::sessions::WARMUP_WAIT + Duration::from_millis(500));
+
+    // While the TPM is frozen, the established watch delivers every event.
+    for _ in 0..5 {
+        read_event(&mut http, upstream.emit_watch_event());
+    }
+    assert_eq!(
+        proxy.signatures(),
+        signatures_before,
+        "the frozen TPM has made no signature yet"
+    );
+
+    // The TPM answers again: the stalled connections complete with the hardware identity.
+    drop(paused);
+    for curl in stalled {
+        let out = curl.wait_with_output().expect("curl");
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            output_text(&out),
+            proxy.log()
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("\"user\":\"alice\""));
+    }
+    assert!(proxy.signatures() > signatures_before);
+}
