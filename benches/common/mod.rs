@@ -1,0 +1,188 @@
+//! What the benchmark binaries share: the quick/full switch, order statistics, and the result
+//! rows that `benches/report.rs` turns into `docs/BENCHMARKS.md`.
+//!
+//! Every figure is a distribution (median and p25–p75 over repetitions) measured next to its
+//! baseline in the same process and the same minute, because on a shared 2-core machine an
+//! absolute number means little: only the ratio to a baseline run under the same load does.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// True when `HWKEY_BENCH_QUICK` is set (`hsm-fixtures/bench.sh --quick`): fewer and shorter
+/// repetitions, for a run under a minute while developing.
+pub fn quick() -> bool {
+    std::env::var_os("HWKEY_BENCH_QUICK").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// True when `cargo bench` runs the binary (it passes `--bench`). `cargo test --all-targets`
+/// (hsm-fixtures/test.sh) runs bench binaries too, without it: they must then do nothing, or
+/// the test suite would spend a minute benchmarking and rewrite docs/BENCHMARKS.md.
+pub fn skip_unless_cargo_bench(name: &str) -> bool {
+    if std::env::args().any(|a| a == "--bench") {
+        return false;
+    }
+    eprintln!("{name}: not run (benchmarks run under `cargo bench`; see hsm-fixtures/bench.sh)");
+    true
+}
+
+/// `full` normally, `quick` in quick mode.
+pub fn pick<T>(full: T, quick_value: T) -> T {
+    if quick() {
+        quick_value
+    } else {
+        full
+    }
+}
+
+/// Where the benchmark binaries leave their results for the report:
+/// `$CARGO_TARGET_DIR/hwkey-bench` (default `target/hwkey-bench` in the package).
+pub fn results_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target")));
+    let dir = target.join("hwkey-bench");
+    std::fs::create_dir_all(&dir).expect("create the benchmark results directory");
+    dir
+}
+
+/// A distribution summarised: median, quartiles, extremes, count.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Stat {
+    pub median: f64,
+    pub p25: f64,
+    pub p75: f64,
+    pub min: f64,
+    pub max: f64,
+    pub n: usize,
+}
+
+impl Stat {
+    /// Summarises `values` (any order); panics on an empty slice, which is a harness bug.
+    pub fn of(values: &[f64]) -> Stat {
+        assert!(!values.is_empty(), "no values to summarise");
+        let mut v = values.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        Stat {
+            median: percentile_sorted(&v, 50.0),
+            p25: percentile_sorted(&v, 25.0),
+            p75: percentile_sorted(&v, 75.0),
+            min: v[0],
+            max: v[v.len() - 1],
+            n: v.len(),
+        }
+    }
+}
+
+/// The `p`-th percentile of sorted values, interpolating linearly between neighbours.
+pub fn percentile_sorted(sorted: &[f64], p: f64) -> f64 {
+    let rank = (p / 100.0) * (sorted.len() - 1) as f64;
+    let lo = rank.floor() as usize;
+    let hi = rank.ceil() as usize;
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64)
+}
+
+/// Per-repetition ratios `subject[i] / baseline[i]` of paired repetitions.
+pub fn paired_ratios(subject: &[f64], baseline: &[f64]) -> Vec<f64> {
+    subject
+        .iter()
+        .zip(baseline)
+        .map(|(s, b)| if *b == 0.0 { f64::NAN } else { s / b })
+        .collect()
+}
+
+/// One line of a result table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Row {
+    /// The area (`signing, raw`, `handshakes`, …): one table per area.
+    pub area: String,
+    /// What was measured, as a reader would say it.
+    pub measure: String,
+    /// Unit of `subject` and `baseline` (`signs/s`, `MB/s`, `µs`, …).
+    pub unit: String,
+    pub subject: Option<Stat>,
+    /// What the baseline is, e.g. "bare cryptoki loop".
+    pub baseline_label: String,
+    pub baseline: Option<Stat>,
+    /// subject / baseline: of paired repetitions, or of the medians when the repetitions are
+    /// not paired (criterion runs one benchmark after the other).
+    pub ratio: Option<Stat>,
+    /// The target for this row, as text ("≥ 0.95×").
+    pub target: String,
+    /// Whether the target was met; None when the row has no target.
+    pub met: Option<bool>,
+    /// Anything a reader needs to read the figure right.
+    pub note: String,
+}
+
+impl Row {
+    /// A row with a subject only.
+    pub fn new(area: &str, measure: &str, unit: &str, subject: Option<Stat>) -> Row {
+        Row {
+            area: area.into(),
+            measure: measure.into(),
+            unit: unit.into(),
+            subject,
+            baseline_label: String::new(),
+            baseline: None,
+            ratio: None,
+            target: String::new(),
+            met: None,
+            note: String::new(),
+        }
+    }
+
+    /// Adds a baseline and the ratio.
+    pub fn versus(mut self, label: &str, baseline: Option<Stat>, ratio: Option<Stat>) -> Row {
+        self.baseline_label = label.into();
+        self.baseline = baseline;
+        self.ratio = ratio;
+        self
+    }
+
+    /// Adds the target and whether it was met.
+    pub fn target(mut self, target: &str, met: Option<bool>) -> Row {
+        self.target = target.into();
+        self.met = met;
+        self
+    }
+
+    /// Adds a note.
+    pub fn note(mut self, note: impl Into<String>) -> Row {
+        self.note = note.into();
+        self
+    }
+}
+
+/// Results of one benchmark binary, with the load it ran under.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Results {
+    pub quick: bool,
+    pub load_before: String,
+    pub load_after: String,
+    pub seconds: f64,
+    pub rows: Vec<Row>,
+}
+
+/// The 1/5/15-minute load averages now, as text.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Writes `target/hwkey-bench/NAME.json`.
+pub fn save(name: &str, results: &Results) {
+    let path = results_dir().join(format!("{name}.json"));
+    let text = serde_json::to_string_pretty(results).expect("serialise results");
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    eprintln!("bench: wrote {}", path.display());
+}
+
+/// Reads `target/hwkey-bench/NAME.json`, if a run left one.
+pub fn load(name: &str) -> Option<Results> {
+    let path = results_dir().join(format!("{name}.json"));
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
