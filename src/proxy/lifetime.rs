@@ -9,7 +9,6 @@
 //! they live. The main task's [`wait_for_stop`] and [`drain`] read it.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -177,9 +176,8 @@ async fn watch_lock(path: &Path) -> Result<StopReason, ProxyError> {
 }
 
 fn try_flock(file: &File) -> bool {
-    // SAFETY: flock only reads the descriptor number, which `file` keeps open for the call.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    rc == 0
+    // std's File::try_lock is flock(LOCK_EX | LOCK_NB) on Linux: the same lock the owner holds.
+    file.try_lock().is_ok()
 }
 
 /// Waits until no connection is open or `timeout` passes; true if all finished.
