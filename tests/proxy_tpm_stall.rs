@@ -75,6 +75,7 @@ fn a_stalled_tpm_does_not_stall_established_connections() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let signatures_before = proxy.signatures();
+    let before = upstream.stats().tcp_connections;
     let paused = Paused::new(tpm.pid());
     // More stalled handshakes than the proxy has runtime workers: a signer that blocked its
     // worker (instead of handing it over) would leave none for the watch.
@@ -92,14 +93,16 @@ fn a_stalled_tpm_does_not_stall_established_connections() {
         .collect();
     // Wait until they reach the upstream (TCP), then past the ticket gate's wait, so that all
     // three are inside the (frozen) signer.
-    let before = upstream.stats().tcp_connections;
     let deadline = Instant::now() + Duration::from_secs(30);
     while upstream.stats().tcp_connections < before + 3 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(
         upstream.stats().tcp_connections >= before + 3,
-        "the new connections reached the upstream"
+        "the new connections reached the upstream ({} before, {} now):\n{}",
+        before,
+        upstream.stats().tcp_connections,
+        proxy.log()
     );
     std::thread::sleep(hwkey::proxy::sessions::WARMUP_WAIT + Duration::from_millis(500));
 
