@@ -7,4 +7,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hsm-fixtures/install-deps.sh
-exec cargo test --locked --all-targets "$@"
+exec cargo test --locked --all-targets --no-fail-fast "$@"
