@@ -217,7 +217,7 @@ fn kubectl_works_with_only_the_generated_kubeconfig_tpm() {
 
 #[test]
 fn watch_streams_survives_a_killed_kubectl_and_idle_exit_ends_the_proxy() {
-    let c = Cluster::new(Identity::softhsm, "3s");
+    let c = Cluster::new(Identity::softhsm, "5s");
     let mut watch = c
         .kubectl()
         .args([
@@ -229,21 +229,40 @@ fn watch_streams_survives_a_killed_kubectl_and_idle_exit_ends_the_proxy() {
         .stderr(Stdio::null())
         .spawn()
         .expect("kubectl watch");
-    let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
-    // Wait until the watch is established through the proxy, then see each event arrive before
-    // the next one is emitted.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while c.upstream.stats().connections.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
+    let lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The watch is live once an event comes back (the request may still be on its way when
+    // the first ones are emitted).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the watch never delivered an event"
+        );
+        c.upstream.emit_watch_event();
+        if rx.recv_timeout(Duration::from_secs(1)).is_ok() {
+            break;
+        }
     }
-    std::thread::sleep(Duration::from_millis(300));
+    // From now on each event arrives before the next one is emitted (late lines of the
+    // events above are skipped).
     for _ in 0..3 {
         let n = c.upstream.emit_watch_event();
-        let line = lines.next().expect("an event line").expect("readable");
-        assert!(
-            line.contains(&format!("\"{n}\"")) || line.contains(&n.to_string()),
-            "event {n}: {line}"
-        );
+        loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("event {n} did not arrive"));
+            if line.contains(&format!("\"cm-{n}\"")) {
+                break;
+            }
+        }
     }
     let pid = c.proxy_pid().expect("proxy started");
     // kubectl dies mid-watch; the proxy stays healthy.
@@ -252,7 +271,7 @@ fn watch_streams_survives_a_killed_kubectl_and_idle_exit_ends_the_proxy() {
     run_ok(c.kubectl().args(["get", "--raw", "/version"]));
     assert_eq!(c.proxy_pid(), Some(pid));
     assert_eq!(c.proxy_starts(), 1);
-    // Without clients, --idle-exit (3s here) ends it.
+    // Without clients, --idle-exit (5s here) ends it.
     let deadline = Instant::now() + Duration::from_secs(60);
     while alive(pid) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
