@@ -176,12 +176,11 @@ impl LoopbackCa {
             path: self.cert_path(),
             reason,
         };
-        let key =
-            KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(|e| fail(e.to_string()))?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, "hwkey proxy (loopback)");
-        params.distinguished_name = dn;
+        let (key, mut params) = leaf(
+            "hwkey proxy (loopback)",
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
+        .map_err(fail)?;
         params.subject_alt_names.push(SanType::DnsName(
             "localhost"
                 .try_into()
@@ -190,10 +189,6 @@ impl LoopbackCa {
         for ip in ips {
             params.subject_alt_names.push(SanType::IpAddress(*ip));
         }
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.use_authority_key_identifier_extension = true;
         let now = OffsetDateTime::now_utc();
         params.not_before = now - time::Duration::minutes(5);
         params.not_after = now + time::Duration::days(365);
@@ -217,16 +212,8 @@ impl LoopbackCa {
             path: self.cert_path(),
             reason,
         };
-        let key =
-            KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(|e| fail(e.to_string()))?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, "hwkey loopback client");
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.use_authority_key_identifier_extension = true;
+        let (key, mut params) =
+            leaf("hwkey loopback client", ExtendedKeyUsagePurpose::ClientAuth).map_err(fail)?;
         let now = OffsetDateTime::now_utc();
         let wanted = now + time::Duration::try_from(validity).unwrap_or(time::Duration::MAX);
         let not_after = match cap {
@@ -258,6 +245,21 @@ fn random_serial() -> Result<SerialNumber, ProxyError> {
         .map_err(|_| ProxyError::Random)?;
     bytes[0] = (bytes[0] & 0x7f) | 0x01;
     Ok(SerialNumber::from_slice(&bytes))
+}
+
+/// A fresh software P-256 key and the parameters every loopback leaf shares: one CN, not a CA,
+/// digitalSignature, one extended key usage, an authority key identifier.
+fn leaf(cn: &str, usage: ExtendedKeyUsagePurpose) -> Result<(KeyPair, CertificateParams), String> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![usage];
+    params.use_authority_key_identifier_extension = true;
+    Ok((key, params))
 }
 
 /// RFC 3339 UTC text (`2026-01-02T03:04:05Z`) without pulling in time's formatting feature.
