@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -32,21 +31,6 @@ impl Drop for Paused {
     }
 }
 
-fn read_event(http: &mut RawHttp, n: u64) {
-    let wanted = format!("\"name\":\"cm-{n}\"");
-    loop {
-        let mut line = String::new();
-        let read = http
-            .reader
-            .read_line(&mut line)
-            .unwrap_or_else(|e| panic!("event {n} did not arrive: {e}"));
-        assert!(read > 0, "stream ended before event {n}");
-        if line.contains(&wanted) {
-            return;
-        }
-    }
-}
-
 #[test]
 fn a_stalled_tpm_does_not_stall_established_connections() {
     require_tool("curl", "curl");
@@ -64,7 +48,7 @@ fn a_stalled_tpm_does_not_stall_established_connections() {
     );
     let (status, _) = http.read_head();
     assert_eq!(status, 200);
-    read_event(&mut http, upstream.emit_watch_event());
+    http.read_watch_event(upstream.emit_watch_event());
 
     // Forget the session tickets (a reload does), so the next connection must sign; then
     // freeze the TPM and start that connection.
@@ -108,7 +92,7 @@ fn a_stalled_tpm_does_not_stall_established_connections() {
 
     // While the TPM is frozen, the established watch delivers every event.
     for _ in 0..5 {
-        read_event(&mut http, upstream.emit_watch_event());
+        http.read_watch_event(upstream.emit_watch_event());
     }
     assert_eq!(
         proxy.signatures(),

@@ -40,19 +40,7 @@ impl Identity {
         let hsm = SoftHsm::new();
         hsm.init_token("kube");
         let key_uri = hsm.key_uri("kube", "alice");
-        let dir = temp_dir();
-        let ca = TestCa::new(dir.path());
-        let mut id = Identity {
-            backend: Backend::SoftHsm(hsm),
-            key_uri,
-            cert: dir.path().join("alice.pem"),
-            ca,
-            dir,
-        };
-        id.create_key(&id.key_uri.clone());
-        let cert = id.cert.clone();
-        id.issue(&id.key_uri.clone(), "CN=alice,O=devs", &cert);
-        id
+        Identity::provision(Backend::SoftHsm(hsm), key_uri, temp_dir())
     }
 
     /// A swtpm with an EC P-256 key in DIR/alice.tpm.pem and the same certificate as
@@ -65,11 +53,17 @@ impl Identity {
             dir.path().join("alice.tpm.pem").display(),
             tpm.tcti()
         );
+        Identity::provision(Backend::Tpm(tpm), key_uri, dir)
+    }
+
+    /// Creates the key `key_uri` on `backend` and has a new test CA in `dir` certify it for
+    /// `CN=alice,O=devs` into DIR/alice.pem.
+    fn provision(backend: Backend, key_uri: String, dir: TempDir) -> Identity {
         let ca = TestCa::new(dir.path());
         let mut id = Identity {
-            backend: Backend::Tpm(tpm),
-            key_uri,
+            backend,
             cert: dir.path().join("alice.pem"),
+            key_uri,
             ca,
             dir,
         };
@@ -427,6 +421,29 @@ impl RawHttp {
             }
         }
         (status, headers)
+    }
+
+    /// Reads chunked watch lines until event `n` (`"name":"cm-N"`) shows up and returns it;
+    /// panics if the stream ends, times out, or shows a later event first (one emitted after
+    /// `n` cannot have arrived before it).
+    pub fn read_watch_event(&mut self, n: u64) -> serde_json::Value {
+        let wanted = format!("\"name\":\"cm-{n}\"");
+        let later = format!("\"name\":\"cm-{}\"", n + 1);
+        loop {
+            let mut line = String::new();
+            let read = self
+                .reader
+                .read_line(&mut line)
+                .unwrap_or_else(|e| panic!("event {n} did not arrive: {e}"));
+            assert!(read > 0, "stream ended before event {n}");
+            assert!(
+                !line.contains(&later),
+                "an event arrived before it was emitted"
+            );
+            if line.contains(&wanted) {
+                return serde_json::from_str(line.trim()).expect("a watch event is JSON");
+            }
+        }
     }
 
     /// Reads a response with Content-Length: (status, body).
