@@ -177,7 +177,10 @@ fn certificate_reloads_under_load_fail_no_request() {
     for round in 1..=3u32 {
         // Let some requests through on the current certificate first.
         let before = ok.load(Ordering::SeqCst);
-        wait_until(|| ok.load(Ordering::SeqCst) >= before + 20, "requests flowing");
+        wait_until(
+            || ok.load(Ordering::SeqCst) >= before + 20,
+            "requests flowing",
+        );
         let renewed = id.dir.path().join(format!("renewed-{round}.pem"));
         id.issue(&id.key_uri.clone(), "CN=alice,O=devs", &renewed);
         last_serial = serial_of(&renewed);
@@ -192,7 +195,10 @@ fn certificate_reloads_under_load_fail_no_request() {
         );
     }
     let before = ok.load(Ordering::SeqCst);
-    wait_until(|| ok.load(Ordering::SeqCst) >= before + 20, "requests after");
+    wait_until(
+        || ok.load(Ordering::SeqCst) >= before + 20,
+        "requests after",
+    );
     stop.store(true, Ordering::SeqCst);
     let failures: Vec<String> = clients
         .into_iter()
