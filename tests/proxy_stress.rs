@@ -71,10 +71,7 @@ fn full_duplex_small_writes_and_half_close_through_an_upgraded_stream() {
     // What will be sent: the same generator on the writer side.
     let mut sent = Vec::new();
     let mut noise = Noise(0x9e37_79b9_7f4a_7c15);
-    let mut chunks = Vec::new();
-    for _ in 0..20_000 {
-        chunks.push(1usize);
-    }
+    let mut chunks = vec![1usize; 20_000];
     let mut total: usize = 20_000;
     while total < 8 * 1024 * 1024 + 20_000 {
         let size = match noise.next() % 4 {
