@@ -289,8 +289,15 @@ async fn handshakes(f: &Fixture) -> Vec<Row> {
         .add(CertificateDer::from(f.id.ca.ca_der()))
         .expect("root");
     let target: UpstreamTarget = f.upstream.url().parse().expect("target");
-    let connector = Upstream::new(target, None, resolver, roots, Arc::new(Metrics::default()))
-        .expect("connector");
+    let connector = Upstream::new(
+        target,
+        None,
+        resolver,
+        roots,
+        hwkey::key::tls::protocol_versions(&key, false).expect("TLS versions"),
+        Arc::new(Metrics::default()),
+    )
+    .expect("connector");
     let port = f.upstream.port();
     let n = pick(200, 40);
     let rounds = pick(5, 3);

@@ -59,6 +59,8 @@ pub struct ProbeOptions {
     pub url: String,
     pub ca: Option<PathBuf>,
     pub server_name: Option<String>,
+    /// Allow TLS 1.2 for a PKCS#1-only RSA key ([`crate::key::tls::protocol_versions`]).
+    pub allow_tls12_fallback: bool,
 }
 
 /// What the probe saw.
@@ -124,11 +126,12 @@ pub async fn probe(
         .to_string();
     let addr = format!("{host}:{port}");
 
+    let versions = crate::key::tls::protocol_versions(&key, options.allow_tls12_fallback)?;
     let signer = HardwareSigningKey::new(key);
     let resolver = Arc::new(HardwareCertResolver::new(signer.clone(), chain)?);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .with_protocol_versions(versions)
         .map_err(|e| ProbeError::Handshake {
             addr: addr.clone(),
             reason: e.to_string(),

@@ -82,7 +82,16 @@ fn check_key(r: &mut Report, text: &str, cert_path: Option<PathBuf>) {
         "open key",
         format!("{} ({})", key.describe(), key.algorithm()),
     );
-    let scheme = key.algorithm().schemes()[0];
+    match crate::key::tls::protocol_versions(&key, false) {
+        Ok(_) => r.ok("signing path", key.signing_path()),
+        Err(e) => r.fail("signing path", e),
+    }
+    let Some(scheme) = key.schemes().first().copied() else {
+        return r.fail(
+            "sign",
+            "the key offers no signature scheme this device can make",
+        );
+    };
     let message = b"hwkey doctor test signature";
     match key.sign(scheme, message) {
         Ok(sig) => match verify::verify(key.spki_der(), scheme, message, &sig) {

@@ -97,13 +97,9 @@ pub fn run(cmd: KeyCommand) -> anyhow::Result<()> {
             println!("key:       {}", opened.describe());
             println!("uri:       {}", opened.uri());
             println!("algorithm: {}", opened.algorithm());
-            let schemes: Vec<String> = opened
-                .algorithm()
-                .schemes()
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
+            let schemes: Vec<String> = opened.schemes().iter().map(|s| s.to_string()).collect();
             println!("schemes:   {}", schemes.join(", "));
+            println!("signing:   {}", opened.signing_path());
             if let KeyUri::Pkcs11(u) = &key {
                 for (name, value) in key::pkcs11::protection(u)? {
                     println!("{name}: {value}");

@@ -24,6 +24,10 @@ pub struct ProbeArgs {
     /// Name to verify the server certificate against (default: the URL's host).
     #[arg(long)]
     tls_server_name: Option<String>,
+    /// For an RSA key on a token without RSA-PSS and without raw RSA: use TLS 1.2 with
+    /// PKCS#1 v1.5 signatures instead of refusing.
+    #[arg(long, env = "HWKEY_ALLOW_TLS12_FALLBACK")]
+    allow_tls12_fallback: bool,
     /// The URL to GET, e.g. https://127.0.0.1:6443/version
     url: String,
 }
@@ -36,6 +40,7 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         url: args.url,
         ca: args.ca,
         server_name: args.tls_server_name,
+        allow_tls12_fallback: args.allow_tls12_fallback,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -43,6 +48,7 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         .build()?;
     let report = runtime.block_on(probe::probe(key.clone(), chain, &options))?;
     eprintln!("tls: {} {}", report.tls_version, report.cipher_suite);
+    eprintln!("signing path: {}", key.signing_path());
     match report.client_scheme {
         Some(s) => eprintln!("client signature: {s} (signed by {})", key.describe()),
         None => {

@@ -75,6 +75,10 @@ pub struct ProxyArgs {
     /// Allow --listen / --admin on non-loopback addresses (exposes the local hop: avoid).
     #[arg(long, env = "HWKEY_UNSAFE_LISTEN")]
     unsafe_listen: bool,
+    /// For an RSA key on a token without RSA-PSS and without raw RSA (CKM_RSA_X_509): connect
+    /// upstream over TLS 1.2 with PKCS#1 v1.5 signatures instead of refusing to start.
+    #[arg(long, env = "HWKEY_ALLOW_TLS12_FALLBACK")]
+    allow_tls12_fallback: bool,
     /// Default lifetime of loopback credentials from the control socket (default 10m).
     #[arg(long, env = "HWKEY_CREDENTIAL_VALIDITY")]
     credential_validity: Option<String>,
@@ -143,6 +147,8 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
             .unwrap_or(proxy::DEFAULT_MAX_CONNECTIONS),
         allow_uids,
         unsafe_listen: args.unsafe_listen || file.unsafe_listen.unwrap_or(false),
+        allow_tls12_fallback: args.allow_tls12_fallback
+            || file.allow_tls12_fallback.unwrap_or(false),
         credential_validity: duration(args.credential_validity, file.credential_validity)?
             .unwrap_or(proxy::control::DEFAULT_VALIDITY),
         reload_interval: duration(args.reload_interval, file.reload_interval)?

@@ -122,6 +122,15 @@ pub enum KeyError {
 
     #[error("{0}")]
     Unsupported(String),
+
+    #[error("cannot encode an RSA-PSS signature: {reason}")]
+    PssEncoding { reason: String },
+
+    #[error("{key} cannot sign a TLS 1.3 handshake: the token offers RSA PKCS#1 v1.5 only (it lacks {missing}), and TLS 1.3 allows RSA keys only RSA-PSS. Ways out: use an EC key (`hwkey key create --algorithm ec-p256`), or allow TLS 1.2 with PKCS#1 v1.5 signatures (--allow-tls12-fallback, config `allow-tls12-fallback = true`)")]
+    NoTls13Signature { key: String, missing: &'static str },
+
+    #[error("{key} cannot sign at all: the token lacks {missing}; use a key of another algorithm (e.g. `hwkey key create --algorithm ec-p256`)")]
+    NoSignatureMechanism { key: String, missing: &'static str },
 }
 
 fn list_or_none(items: &[String]) -> String {

@@ -15,7 +15,9 @@ pub mod der;
 mod error;
 pub mod pin;
 pub mod pkcs11;
+pub(crate) mod pss;
 pub mod rcgen_signer;
+pub mod signing_path;
 pub mod tls;
 pub mod tpm;
 pub mod uri;
@@ -26,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use algorithm::{HashAlg, KeyAlgorithm, SignScheme};
 pub use error::KeyError;
+pub use signing_path::SigningPath;
 pub use uri::{KeyUri, Pkcs11Uri, TpmKeyLocation, TpmUri};
 
 /// What a hardware backend provides. One job: sign inside the device.
@@ -49,6 +52,12 @@ pub trait KeyBackend: Send + Sync + fmt::Debug {
     /// Session-level counters, for backends that have sessions.
     fn session_stats(&self) -> Option<SessionStats> {
         None
+    }
+
+    /// How signatures are made (decided when the key was opened). Backends whose RSA keys can
+    /// lack PSS say so here; the default is the device's own mechanisms.
+    fn signing_path(&self) -> SigningPath {
+        SigningPath::Native
     }
 }
 
@@ -135,10 +144,27 @@ impl Key {
         self.backend.describe()
     }
 
+    /// How this key's signatures are made (native, software PSS over raw RSA, PKCS#1 only).
+    pub fn signing_path(&self) -> SigningPath {
+        self.backend.signing_path()
+    }
+
+    /// The schemes this key can sign with, in order of preference: the algorithm's schemes
+    /// that its signing path can make (a PKCS#1-only token offers no RSA-PSS).
+    pub fn schemes(&self) -> Vec<SignScheme> {
+        let path = self.signing_path();
+        self.algorithm()
+            .schemes()
+            .iter()
+            .copied()
+            .filter(|s| path.offers(*s))
+            .collect()
+    }
+
     /// Signs inside the hardware. Blocking; safe to call from many threads at once.
     pub fn sign(&self, scheme: SignScheme, message: &[u8]) -> Result<Vec<u8>, KeyError> {
         let algorithm = self.algorithm();
-        if !algorithm.schemes().contains(&scheme) {
+        if !algorithm.schemes().contains(&scheme) || !self.signing_path().offers(scheme) {
             return Err(KeyError::UnsupportedScheme {
                 key: self.describe(),
                 algorithm: algorithm.to_string(),

@@ -12,7 +12,38 @@ use rustls::pki_types::{CertificateDer, SubjectPublicKeyInfoDer};
 use rustls::sign::{CertifiedKey, Signer, SigningKey};
 use rustls::{SignatureAlgorithm, SignatureScheme};
 
-use super::{der, Key, KeyAlgorithm, KeyError, SignScheme};
+use super::{der, Key, KeyAlgorithm, KeyError, SignScheme, SigningPath};
+
+/// The TLS versions a connection signed by `key` may use. A key that can make RSA-PSS or ECDSA
+/// signatures offers TLS 1.3 and 1.2. A PKCS#1-only RSA key cannot sign a TLS 1.3
+/// CertificateVerify at all: it gets TLS 1.2 alone when the user allowed the fallback, and a
+/// clear error otherwise — never a handshake that fails in a way users cannot read.
+pub fn protocol_versions(
+    key: &Key,
+    allow_tls12_fallback: bool,
+) -> Result<&'static [&'static rustls::SupportedProtocolVersion], KeyError> {
+    static BOTH: [&rustls::SupportedProtocolVersion; 2] =
+        [&rustls::version::TLS13, &rustls::version::TLS12];
+    static TLS12_ONLY: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS12];
+    match key.signing_path() {
+        SigningPath::Native | SigningPath::SoftwarePss { .. } => Ok(&BOTH),
+        SigningPath::Pkcs1Only { .. } if allow_tls12_fallback => {
+            tracing::warn!(
+                key = %key.describe(),
+                "the token has no RSA-PSS: connections use TLS 1.2 with PKCS#1 v1.5 signatures (--allow-tls12-fallback)"
+            );
+            Ok(&TLS12_ONLY)
+        }
+        SigningPath::Pkcs1Only { missing } => Err(KeyError::NoTls13Signature {
+            key: key.describe(),
+            missing,
+        }),
+        SigningPath::Unusable { missing } => Err(KeyError::NoSignatureMechanism {
+            key: key.describe(),
+            missing,
+        }),
+    }
+}
 
 /// Maps our scheme to the TLS code point.
 pub fn to_rustls(scheme: SignScheme) -> SignatureScheme {
@@ -56,10 +87,8 @@ impl HardwareSigningKey {
 
     fn pick(&self, offered: &[SignatureScheme]) -> Option<SignScheme> {
         self.key
-            .algorithm()
             .schemes()
-            .iter()
-            .copied()
+            .into_iter()
             .find(|s| offered.contains(&to_rustls(*s)))
     }
 }

@@ -142,7 +142,6 @@ async fn key_check(shared: &Shared) -> Result<(), String> {
     let key = shared.key.clone();
     let result = tokio::task::spawn_blocking(move || {
         let scheme = key
-            .algorithm()
             .schemes()
             .first()
             .copied()

@@ -190,6 +190,7 @@ pub struct FileConfig {
     #[serde(default)]
     pub allow_uid: Vec<u32>,
     pub unsafe_listen: Option<bool>,
+    pub allow_tls12_fallback: Option<bool>,
     pub credential_validity: Option<String>,
     pub reload_interval: Option<String>,
 }

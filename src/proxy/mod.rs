@@ -81,6 +81,9 @@ pub struct ProxyConfig {
     pub allow_uids: Vec<u32>,
     /// Allow non-loopback TCP listeners.
     pub unsafe_listen: bool,
+    /// Let a PKCS#1-only RSA key connect upstream over TLS 1.2 (see
+    /// [`crate::key::tls::protocol_versions`]).
+    pub allow_tls12_fallback: bool,
     /// Default lifetime of loopback credentials.
     pub credential_validity: Duration,
     pub reload_interval: Duration,
@@ -230,6 +233,8 @@ pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
         }
     }
     let key = Arc::new(Key::open(&config.key)?);
+    // Refuse now, in words, a key that cannot sign any handshake the upstream could accept.
+    let versions = crate::key::tls::protocol_versions(&key, config.allow_tls12_fallback)?;
     let chain = cert::chain_for_key(&key, config.cert.as_deref())?;
     cert::ensure_matches(&chain[0], &key)?;
     let resolver = Arc::new(HardwareCertResolver::new(
@@ -252,7 +257,7 @@ pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
         .enable_all()
         .build()
         .map_err(ProxyError::Runtime)?;
-    let result = runtime.block_on(serve(config, key, resolver, roots, ca));
+    let result = runtime.block_on(serve(config, key, resolver, roots, ca, versions));
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
 }
@@ -263,6 +268,7 @@ async fn serve(
     resolver: Arc<HardwareCertResolver>,
     roots: rustls::RootCertStore,
     ca: local_ca::LoopbackCa,
+    versions: &'static [&'static rustls::SupportedProtocolVersion],
 ) -> Result<StopReason, ProxyError> {
     let metrics = Arc::new(metrics::Metrics::default());
     let upstream = upstream::Upstream::new(
@@ -270,6 +276,7 @@ async fn serve(
         config.tls_server_name.as_deref(),
         resolver,
         roots,
+        versions,
         metrics.clone(),
     )?;
 

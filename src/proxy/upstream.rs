@@ -13,7 +13,8 @@
 //! certificate only after the server has picked the protocol) and an unauthenticated peer must
 //! never cause an upstream connection. The upstream is then offered exactly that protocol. If
 //! it refuses it, the protocol is remembered as unsupported, this one connection fails cleanly,
-//! and later clients get the next protocol of their list.
+//! and later clients get the next protocol of their list. An upstream that answers with no
+//! protocol at all does not do ALPN (RFC 7301); HTTP/1.1 clients proceed over it.
 //!
 //! Threads: `connect` runs on the connection's task. The hardware signature of a full
 //! handshake happens inside rustls on that task's worker thread, under `block_in_place` (see
@@ -61,6 +62,7 @@ pub struct Upstream {
     resolver: Arc<HardwareCertResolver>,
     roots: Arc<RootCertStore>,
     provider: Arc<CryptoProvider>,
+    versions: &'static [&'static rustls::SupportedProtocolVersion],
     generation: RwLock<Arc<Generation>>,
     refused_alpn: Mutex<HashSet<Vec<u8>>>,
     metrics: Arc<Metrics>,
@@ -83,6 +85,7 @@ impl Upstream {
         server_name: Option<&str>,
         resolver: Arc<HardwareCertResolver>,
         roots: RootCertStore,
+        versions: &'static [&'static rustls::SupportedProtocolVersion],
         metrics: Arc<Metrics>,
     ) -> Result<Upstream, ProxyError> {
         let name = server_name.unwrap_or(&target.host).to_string();
@@ -96,6 +99,7 @@ impl Upstream {
             resolver,
             roots: Arc::new(roots),
             provider: Arc::new(rustls::crypto::ring::default_provider()),
+            versions,
             generation: RwLock::new(Arc::new(new_generation())),
             refused_alpn: Mutex::new(HashSet::new()),
             metrics,
@@ -173,7 +177,11 @@ impl Upstream {
         self.metrics.upstream_handshake(resumed, took);
         let got = conn.alpn_protocol().map(<[u8]>::to_vec);
         if let Some(asked) = alpn {
-            if got.as_deref() != Some(asked) {
+            // RFC 7301: a server that answers without any protocol simply does not do ALPN,
+            // and such servers (older ones, some load balancers) speak HTTP/1.1. An h2 client
+            // still gets the clean failure below and HTTP/1.1 on its next connection.
+            let no_alpn_http1 = got.is_none() && asked == b"http/1.1";
+            if got.as_deref() != Some(asked) && !no_alpn_http1 {
                 self.refuse_alpn(asked);
                 self.metrics.upstream_error(UpstreamStage::Alpn);
                 return Err(ProxyError::UpstreamAlpn {
@@ -226,7 +234,7 @@ impl Upstream {
             return Ok(c.clone());
         }
         let mut config = ClientConfig::builder_with_provider(self.provider.clone())
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .with_protocol_versions(self.versions)
             .map_err(|e| ProxyError::UpstreamHandshake {
                 addr: self.target.authority(),
                 reason: e.to_string(),

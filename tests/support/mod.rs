@@ -357,6 +357,12 @@ pub struct SoftHsm {
 impl SoftHsm {
     /// A new empty SoftHSM setup in a temp dir (config from softhsm-config/, PIN file written).
     pub fn new() -> SoftHsm {
+        Self::with_config("")
+    }
+
+    /// Like [`SoftHsm::new`] with `extra` lines appended to softhsm2.conf (e.g. a
+    /// `slots.mechanisms = -…` filter that makes SoftHSM play a limited smart card).
+    pub fn with_config(extra: &str) -> SoftHsm {
         require_tool("softhsm2-util", "softhsm2");
         softhsm_module();
         let dir = temp_dir();
@@ -371,7 +377,10 @@ impl SoftHsm {
         let conf = dir.path().join("softhsm2.conf");
         fs::write(
             &conf,
-            template.replace("@TOKENDIR@", tokens.to_str().expect("UTF-8 temp path")),
+            template.replace("@TOKENDIR@", tokens.to_str().expect("UTF-8 temp path"))
+                + "\n"
+                + extra
+                + "\n",
         )
         .expect("write softhsm2.conf");
         let pin = dir.path().join("pin");

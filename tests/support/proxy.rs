@@ -56,6 +56,32 @@ impl Identity {
         Identity::provision(Backend::Tpm(tpm), key_uri, dir)
     }
 
+    /// A key of `algorithm` (e.g. `rsa-2048`) named `alice` on token `kube` of the given
+    /// SoftHSM setup (e.g. one with a mechanism filter), certified like [`Identity::softhsm`].
+    pub fn softhsm_with(hsm: SoftHsm, algorithm: &str) -> Identity {
+        hsm.init_token("kube");
+        let key_uri = hsm.key_uri("kube", "alice");
+        let dir = temp_dir();
+        let ca = TestCa::new(dir.path());
+        let id = Identity {
+            backend: Backend::SoftHsm(hsm),
+            cert: dir.path().join("alice.pem"),
+            key_uri,
+            ca,
+            dir,
+        };
+        run_ok(hwkey().envs(id.envs()).args([
+            "key",
+            "create",
+            "--key",
+            &id.key_uri,
+            "--algorithm",
+            algorithm,
+        ]));
+        id.issue(&id.key_uri, "CN=alice,O=devs", &id.cert);
+        id
+    }
+
     /// Creates the key `key_uri` on `backend` and has a new test CA in `dir` certify it for
     /// `CN=alice,O=devs` into DIR/alice.pem.
     fn provision(backend: Backend, key_uri: String, dir: TempDir) -> Identity {

@@ -52,6 +52,8 @@ pub struct ConnRecord {
     pub protocol: String,
     /// True for a resumed (PSK) handshake.
     pub resumed: bool,
+    /// The negotiated TLS version (`TLSv1_3`, `TLSv1_2`).
+    pub version: String,
 }
 
 /// Counters of a [`TestUpstream`].
@@ -288,6 +290,10 @@ async fn accept_loop(
                         .map(|p| String::from_utf8_lossy(p).into_owned())
                         .unwrap_or_else(|| "none".into()),
                     resumed: conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+                    version: conn
+                        .protocol_version()
+                        .map(|v| format!("{v:?}"))
+                        .unwrap_or_default(),
                 }
             };
             shared

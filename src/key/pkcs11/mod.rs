@@ -22,6 +22,7 @@ mod token;
 use std::sync::RwLock;
 
 use cryptoki::error::{Error as CkError, RvError};
+use cryptoki::mechanism::MechanismType;
 use cryptoki::object::{Attribute, AttributeType, CertificateType, ObjectClass, ObjectHandle};
 
 use self::objects::KeyIdent;
@@ -30,7 +31,7 @@ use self::sign::SignError;
 use self::token::Token;
 use super::{
     der, KeyAlgorithm, KeyBackend, KeyError, KeyListing, KeyUri, Pkcs11Uri, SessionStats,
-    SignScheme,
+    SignScheme, SigningPath,
 };
 
 /// How many sessions one key may have open at once. Enough for every core of a busy proxy; small
@@ -46,6 +47,7 @@ pub struct Pkcs11Key {
     handle: RwLock<ObjectHandle>,
     algorithm: KeyAlgorithm,
     spki: Vec<u8>,
+    path: SigningPath,
     pool: SessionPool,
 }
 
@@ -92,6 +94,7 @@ pub fn open(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
     let ident = objects::ident(&token, &session, handle)?;
     let algorithm = objects::algorithm(&token, &session, handle)?;
     let spki = objects::public_spki(&token, &session, handle, &ident, algorithm)?;
+    let path = signing_path(&token, algorithm);
     let pool = SessionPool::new(MAX_SESSIONS);
     // The first session stays open in the pool, which keeps this process logged in.
     pool.adopt(session);
@@ -102,8 +105,49 @@ pub fn open(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
         handle: RwLock::new(handle),
         algorithm,
         spki,
+        path,
         pool,
     })
+}
+
+/// Reads the token's mechanism list once per key and picks how an RSA key signs (see
+/// [`SigningPath`]): the token's PSS, else PSS padded by hwkey over raw RSA (`CKM_RSA_X_509`),
+/// else PKCS#1 v1.5 only (TLS 1.2). EC keys always sign natively with `CKM_ECDSA`.
+fn signing_path(token: &Token, algorithm: KeyAlgorithm) -> SigningPath {
+    if !matches!(algorithm, KeyAlgorithm::Rsa { .. }) {
+        return SigningPath::Native;
+    }
+    let mechanisms = match token.ctx.get_mechanism_list(token.slot) {
+        Ok(m) => m,
+        Err(e) => {
+            // A token that cannot list its mechanisms is assumed to have the standard ones.
+            tracing::warn!("{}: {}", token.place(), token.err("C_GetMechanismList", &e));
+            return SigningPath::Native;
+        }
+    };
+    let signs = |m: MechanismType| {
+        mechanisms.contains(&m)
+            && token
+                .ctx
+                .get_mechanism_info(token.slot, m)
+                .map(|info| info.sign())
+                .unwrap_or(false)
+    };
+    if signs(MechanismType::RSA_PKCS_PSS) {
+        SigningPath::Native
+    } else if signs(MechanismType::RSA_X_509) {
+        SigningPath::SoftwarePss {
+            mechanism: "CKM_RSA_X_509",
+        }
+    } else if signs(MechanismType::RSA_PKCS) {
+        SigningPath::Pkcs1Only {
+            missing: "CKM_RSA_PKCS_PSS and CKM_RSA_X_509",
+        }
+    } else {
+        SigningPath::Unusable {
+            missing: "CKM_RSA_PKCS_PSS, CKM_RSA_X_509 and CKM_RSA_PKCS",
+        }
+    }
 }
 
 /// Creates a key pair on the token. Refuses when a private key with that label or id exists.
@@ -270,8 +314,20 @@ impl Pkcs11Key {
     ) -> Result<Vec<u8>, (Option<CkError>, KeyError)> {
         let session = self.pool.get(&self.token).map_err(|e| (None, e))?;
         let handle = *self.handle.read().unwrap_or_else(|p| p.into_inner());
-        match sign::sign(session.session(), handle, scheme, message) {
-            Ok(sig) => Ok(sig),
+        match sign::sign(
+            session.session(),
+            handle,
+            (self.algorithm, &self.path),
+            scheme,
+            message,
+        ) {
+            Ok(sig) => {
+                if scheme.is_pss() && matches!(self.path, SigningPath::SoftwarePss { .. }) {
+                    self.check_raw_rsa(scheme, message, &sig)
+                        .map_err(|e| (None, e))?;
+                }
+                Ok(sig)
+            }
             Err(SignError::Encoding(e)) => Err((None, e)),
             Err(SignError::Token(e)) => {
                 let err = self.token.err("C_Sign", &e);
@@ -280,6 +336,30 @@ impl Pkcs11Key {
                 }
                 Err((Some(e), err))
             }
+        }
+    }
+
+    /// Verifies a signature made with hwkey's PSS padding and the token's raw RSA before it
+    /// leaves the key layer: a wrong raw RSA result is never released (a faulty RSA-CRT
+    /// signature can reveal the private key), and a peer never gets a signature it rejects.
+    fn check_raw_rsa(
+        &self,
+        scheme: SignScheme,
+        message: &[u8],
+        signature: &[u8],
+    ) -> Result<(), KeyError> {
+        match super::verify::verify(&self.spki, scheme, message, signature) {
+            Ok(true) => Ok(()),
+            // ring checks moduli of 2048 bits and more only; smaller keys go unchecked.
+            _ if matches!(self.algorithm, KeyAlgorithm::Rsa { bits } if bits < 2048) => Ok(()),
+            Ok(false) => Err(KeyError::Pkcs11 {
+                operation: "C_Sign (CKM_RSA_X_509 for RSA-PSS)",
+                token: self.token.label.clone(),
+                reason: "the token's raw RSA result does not verify against the key's public \
+                         key; the signature was discarded"
+                    .into(),
+            }),
+            Err(e) => Err(e),
         }
     }
 
@@ -338,6 +418,10 @@ impl KeyBackend for Pkcs11Key {
 
     fn session_stats(&self) -> Option<SessionStats> {
         Some(self.pool.stats())
+    }
+
+    fn signing_path(&self) -> SigningPath {
+        self.path.clone()
     }
 }
 

@@ -3,20 +3,23 @@
 //!
 //! The message is hashed in software and the token gets the most basic mechanism (`CKM_ECDSA`,
 //! `CKM_RSA_PKCS`, `CKM_RSA_PKCS_PSS`): every token implements those, while combined
-//! hash-and-sign mechanisms are patchy across smart cards.
+//! hash-and-sign mechanisms are patchy across smart cards. A token without `CKM_RSA_PKCS_PSS`
+//! but with `CKM_RSA_X_509` gets the PSS padding from hwkey ([`crate::key::pss`]) and does the
+//! raw RSA operation; the caller verifies that result before it is released.
 
 use cryptoki::mechanism::rsa::{PkcsMgfType, PkcsPssParams};
 use cryptoki::mechanism::{Mechanism, MechanismType};
 use cryptoki::object::ObjectHandle;
 use cryptoki::session::Session;
 
-use crate::key::{der, HashAlg, SignScheme};
+use crate::key::{der, HashAlg, KeyAlgorithm, SignScheme, SigningPath};
 
 /// Signs `message` with `scheme` on `session`. Returns the token's error untouched so the caller
 /// can tell an invalidated session from a real failure.
 pub(crate) fn sign(
     session: &Session,
     key: ObjectHandle,
+    (algorithm, path): (KeyAlgorithm, &SigningPath),
     scheme: SignScheme,
     message: &[u8],
 ) -> Result<Vec<u8>, SignError> {
@@ -27,6 +30,15 @@ pub(crate) fn sign(
             .sign(&Mechanism::Ecdsa, key, &digest)
             .map_err(SignError::Token)?;
         return der::ecdsa_raw_to_der(&raw).map_err(SignError::Encoding);
+    }
+    if let (true, SigningPath::SoftwarePss { .. }, KeyAlgorithm::Rsa { bits }) =
+        (scheme.is_pss(), path, algorithm)
+    {
+        let encoded =
+            crate::key::pss::encode(&digest, hash, bits as usize).map_err(SignError::Encoding)?;
+        return session
+            .sign(&Mechanism::RsaX509, key, &encoded)
+            .map_err(SignError::Token);
     }
     if scheme.is_pss() {
         let params = PkcsPssParams {

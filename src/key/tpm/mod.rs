@@ -330,6 +330,15 @@ impl KeyBackend for TpmKey {
             TpmKeyLocation::Handle(_) => Ok(None),
         }
     }
+
+    fn signing_path(&self) -> crate::key::SigningPath {
+        match self.info.pss {
+            public::PssMethod::SoftwareEncoded => crate::key::SigningPath::SoftwarePss {
+                mechanism: "TPM2_RSA_Decrypt",
+            },
+            public::PssMethod::Tpm | public::PssMethod::NotRsa => crate::key::SigningPath::Native,
+        }
+    }
 }
 
 /// Loads a key file's key under its parent; the parent is flushed before this returns.
