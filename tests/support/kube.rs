@@ -1,0 +1,293 @@
+//! A real Kubernetes control plane for the certificate-lifecycle tests: etcd, kube-apiserver
+//! and kube-controller-manager (csrsigning, csrapproving, csrcleaner) built from Debian 12's
+//! `kubernetes` source package by `hsm-fixtures/build-kube.sh` and cached outside the clone.
+//!
+//! The cluster's client CA is a [`TestCa`]; kube-controller-manager signs issued client
+//! certificates with that same CA (`--cluster-signing-*`), so what it issues authenticates at
+//! once. Bootstrap-token authentication is on, and the standard RBAC for kubelet TLS
+//! bootstrapping and self-renewal is bound (`system:bootstrappers` → node-bootstrapper and
+//! nodeclient; `system:nodes` → selfnodeclient), as kubeadm sets it up. Everything runs on free
+//! 127.0.0.1 ports in a temp dir and is killed on Drop.
+//!
+//! Missing binaries are a test failure naming the command that builds them, never a skip.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use super::{free_port, output_text, run_ok, temp_dir, ChildGuard, TestCa};
+
+/// How long the API server may take to become ready (etcd + apiserver start on 2 loaded cores).
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The bootstrap token every cluster accepts (`<id>.<secret>`).
+pub const BOOTSTRAP_TOKEN: &str = "abcdef.0123456789abcdef";
+
+/// The directory holding kube-apiserver and kube-controller-manager: `HWKEY_KUBE_BIN`, else
+/// what `hsm-fixtures/build-kube.sh` reports (it only looks when the build is cached).
+pub fn kube_bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HWKEY_KUBE_BIN") {
+        let d = PathBuf::from(d);
+        if d.join("kube-apiserver").is_file() {
+            return d;
+        }
+    }
+    let root = std::env::var_os("HWKEY_KUBE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/hwkey/kube"));
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&root)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.join("kube-apiserver").is_file() && p.join("kube-controller-manager").is_file()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.pop().unwrap_or_else(|| {
+        panic!(
+            "no kube-apiserver build in {} (or HWKEY_KUBE_BIN): build it once with \
+             `hsm-fixtures/build-kube.sh` (hsm-fixtures/test.sh does this)",
+            root.display()
+        )
+    })
+}
+
+/// A running control plane.
+pub struct KubeCluster {
+    pub ca: TestCa,
+    pub port: u16,
+    /// Admin kubeconfig (`system:masters`).
+    pub admin_kubeconfig: PathBuf,
+    /// A kubeconfig holding only the bootstrap token, as kubeadm's bootstrap-kubelet.conf.
+    pub bootstrap_kubeconfig: PathBuf,
+    // Fields drop in order: the controller manager and the API server before etcd.
+    kcm: ChildGuard,
+    apiserver: ChildGuard,
+    etcd: ChildGuard,
+    pub dir: TempDir,
+}
+
+impl KubeCluster {
+    /// Starts etcd, kube-apiserver and kube-controller-manager issuing certificates valid for
+    /// `signing_duration` (kube-controller-manager `--cluster-signing-duration`), and installs
+    /// the bootstrap token and the node RBAC.
+    pub fn start(signing_duration: &str) -> KubeCluster {
+        let bin = kube_bin_dir();
+        let etcd_bin = super::find_tool("etcd").unwrap_or_else(|| {
+            panic!("etcd not found: install it with `apt-get install etcd-server` (hsm-fixtures/build-kube.sh does)")
+        });
+        let dir = temp_dir();
+        let d = dir.path();
+        let ca = TestCa::new(d);
+        let (serving_cert, serving_key) = ca.server_cert(d);
+        let (admin_cert, admin_key) = ca.client_cert(d, "admin", "kubernetes-admin", Some("system:masters"));
+        let sa_key = d.join("sa.key");
+        run_ok(Command::new("openssl").args(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out"]).arg(&sa_key));
+
+        // etcd on two free ports.
+        let (etcd_client, etcd_peer) = (free_port(), free_port());
+        let mut cmd = Command::new(etcd_bin);
+        cmd.arg("--data-dir")
+            .arg(d.join("etcd"))
+            .arg(format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"))
+            .arg(format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"))
+            .arg(format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"));
+        let mut etcd = ChildGuard::spawn(&mut cmd, "etcd", &d.join("etcd.log"));
+        etcd.wait_for_port(etcd_client, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("etcd did not start: {e}\n{}", etcd.log()));
+
+        let port = free_port();
+        let mut cmd = Command::new(bin.join("kube-apiserver"));
+        cmd.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
+            .arg(format!("--secure-port={port}"))
+            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+            .arg(format!("--tls-cert-file={}", serving_cert.display()))
+            .arg(format!("--tls-private-key-file={}", serving_key.display()))
+            .arg(format!("--client-ca-file={}", ca.ca_path().display()))
+            .arg("--service-account-issuer=https://kubernetes.default.svc")
+            .arg(format!("--service-account-key-file={}", sa_key.display()))
+            .arg(format!("--service-account-signing-key-file={}", sa_key.display()))
+            .args(["--service-cluster-ip-range=10.96.0.0/24", "--authorization-mode=RBAC"])
+            .arg("--enable-bootstrap-token-auth")
+            .arg(format!("--cert-dir={}", d.join("apiserver-certs").display()));
+        let mut apiserver = ChildGuard::spawn(&mut cmd, "kube-apiserver", &d.join("apiserver.log"));
+
+        let admin_kubeconfig = d.join("admin.kubeconfig");
+        std::fs::write(
+            &admin_kubeconfig,
+            kubeconfig(port, &ca.ca_path(), &format!("    client-certificate: {}\n    client-key: {}\n", admin_cert.display(), admin_key.display())),
+        )
+        .expect("write admin kubeconfig");
+        let bootstrap_kubeconfig = d.join("bootstrap.kubeconfig");
+        std::fs::write(
+            &bootstrap_kubeconfig,
+            kubeconfig(port, &ca.ca_path(), &format!("    token: {BOOTSTRAP_TOKEN}\n")),
+        )
+        .expect("write bootstrap kubeconfig");
+
+        // Ready when /readyz answers ok to the admin.
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let out = Command::new("kubectl")
+                .env("KUBECONFIG", &admin_kubeconfig)
+                .args(["get", "--raw", "/readyz", "--request-timeout=5s"])
+                .output()
+                .expect("run kubectl");
+            if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok" {
+                break;
+            }
+            if let Some(status) = apiserver.try_wait() {
+                panic!("kube-apiserver exited ({status}):\n{}", apiserver.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kube-apiserver not ready after {READY_TIMEOUT:?}: {}\n{}",
+                output_text(&out),
+                tail(&apiserver.log())
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+
+        let mut cmd = Command::new(bin.join("kube-controller-manager"));
+        cmd.arg(format!("--kubeconfig={}", admin_kubeconfig.display()))
+            .args(["--leader-elect=false", "--port=0", "--secure-port=0"])
+            .arg("--controllers=csrsigning,csrapproving,csrcleaner,clusterrole-aggregation,namespace")
+            .arg(format!("--cluster-signing-cert-file={}", ca.ca_path().display()))
+            .arg(format!("--cluster-signing-key-file={}", ca.key_path().display()))
+            .arg(format!("--cluster-signing-duration={signing_duration}"));
+        let kcm = ChildGuard::spawn(&mut cmd, "kube-controller-manager", &d.join("kcm.log"));
+
+        let cluster = KubeCluster {
+            ca,
+            port,
+            admin_kubeconfig,
+            bootstrap_kubeconfig,
+            kcm,
+            apiserver,
+            etcd,
+            dir,
+        };
+        cluster.apply(BOOTSTRAP_OBJECTS);
+        cluster
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// kubectl as the cluster admin.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.env("KUBECONFIG", &self.admin_kubeconfig);
+        cmd
+    }
+
+    /// `kubectl apply -f -` of `yaml` as the admin.
+    pub fn apply(&self, yaml: &str) {
+        let path = self.dir.path().join("apply.yaml");
+        std::fs::write(&path, yaml).expect("write manifest");
+        run_ok(self.kubectl().arg("apply").arg("-f").arg(&path));
+    }
+
+    /// Runs kubectl as the admin; panics with its output on failure.
+    pub fn kubectl_ok(&self, args: &[&str]) -> Output {
+        run_ok(self.kubectl().args(args))
+    }
+
+    /// The logs of the control plane, for failure messages.
+    pub fn logs(&self) -> String {
+        format!(
+            "--- kube-controller-manager ---\n{}\n--- kube-apiserver ---\n{}",
+            tail(&self.kcm.log()),
+            tail(&self.apiserver.log())
+        )
+    }
+
+    /// The CA file clients verify the API server with.
+    pub fn ca_path(&self) -> PathBuf {
+        self.ca.ca_path()
+    }
+
+    /// Where this cluster's files live.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Keeps etcd alive in the struct (it is only ever dropped).
+    pub fn etcd_pid(&self) -> u32 {
+        self.etcd.id()
+    }
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn kubeconfig(port: u16, ca: &Path, user: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: {}\nusers:\n- name: test\n  user:\n{user}contexts:\n- name: test\n  context: {{cluster: test, user: test}}\ncurrent-context: test\n",
+        ca.display()
+    )
+}
+
+/// The bootstrap token and the RBAC kubeadm sets up for kubelet TLS bootstrapping and renewal.
+const BOOTSTRAP_OBJECTS: &str = r#"apiVersion: v1
+kind: Secret
+metadata:
+  name: bootstrap-token-abcdef
+  namespace: kube-system
+type: bootstrap.kubernetes.io/token
+stringData:
+  token-id: abcdef
+  token-secret: 0123456789abcdef
+  usage-bootstrap-authentication: "true"
+  auth-extra-groups: system:bootstrappers:hwkey
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: hwkey-test:node-bootstrapper
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:node-bootstrapper
+subjects:
+- apiGroup: rbac.authorization.k8s.io
+  kind: Group
+  name: system:bootstrappers
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: hwkey-test:nodeclient
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:certificates.k8s.io:certificatesigningrequests:nodeclient
+subjects:
+- apiGroup: rbac.authorization.k8s.io
+  kind: Group
+  name: system:bootstrappers
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: hwkey-test:selfnodeclient
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:certificates.k8s.io:certificatesigningrequests:selfnodeclient
+subjects:
+- apiGroup: rbac.authorization.k8s.io
+  kind: Group
+  name: system:nodes
+"#;
