@@ -9,6 +9,7 @@ pub mod cli;
 pub mod exec;
 pub mod key;
 pub mod kubeconfig;
+pub mod lifecycle;
 pub mod pki;
 pub mod probe;
 pub mod proxy;

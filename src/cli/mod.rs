@@ -1,6 +1,7 @@
 //! The command line: one module per subcommand. This is the only place that uses `anyhow`; the
 //! library's typed errors are turned into a one-line message and a non-zero exit code here.
 
+mod bootstrap;
 mod cert;
 mod credential;
 mod csr;
@@ -9,6 +10,7 @@ mod key;
 mod kubeconfig;
 mod probe;
 mod proxy;
+mod renew;
 
 use std::process::ExitCode;
 
@@ -58,6 +60,10 @@ enum Command {
     Kubeconfig(kubeconfig::KubeconfigArgs),
     /// Check a key, its certificate and a kubeconfig step by step, saying what to fix.
     Doctor(doctor::DoctorArgs),
+    /// Renew a hardware key's certificate through the Kubernetes CSR API.
+    Renew(renew::RenewArgs),
+    /// kubelet TLS bootstrapping with the node key in hardware.
+    Bootstrap(bootstrap::BootstrapArgs),
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -73,6 +79,8 @@ pub fn main() -> ExitCode {
         Command::Credential(a) => credential::run(a),
         Command::Kubeconfig(a) => kubeconfig::run(a),
         Command::Doctor(a) => doctor::run(a),
+        Command::Renew(a) => renew::run(a),
+        Command::Bootstrap(a) => bootstrap::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -42,7 +42,8 @@ pub fn kube_bin_dir() -> PathBuf {
             rd.filter_map(Result::ok)
                 .map(|e| e.path())
                 .filter(|p| {
-                    p.join("kube-apiserver").is_file() && p.join("kube-controller-manager").is_file()
+                    p.join("kube-apiserver").is_file()
+                        && p.join("kube-controller-manager").is_file()
                 })
                 .collect()
         })
@@ -59,7 +60,8 @@ pub fn kube_bin_dir() -> PathBuf {
 
 /// A running control plane.
 pub struct KubeCluster {
-    pub ca: TestCa,
+    /// The cluster's CA (client CA, signing CA and the API server's serving CA).
+    ca_path: PathBuf,
     pub port: u16,
     /// Admin kubeconfig (`system:masters`).
     pub admin_kubeconfig: PathBuf,
@@ -73,32 +75,57 @@ pub struct KubeCluster {
 }
 
 impl KubeCluster {
-    /// Starts etcd, kube-apiserver and kube-controller-manager issuing certificates valid for
-    /// `signing_duration` (kube-controller-manager `--cluster-signing-duration`), and installs
-    /// the bootstrap token and the node RBAC.
-    pub fn start(signing_duration: &str) -> KubeCluster {
+    /// Note: kube-controller-manager 1.20 backdates NotBefore by 5 minutes and sets NotAfter =
+    /// NotBefore + `signing_duration`, so a duration of 5m or less issues certificates that are
+    /// expired on arrival; 10m gives about 5 minutes of validity.
+    ///
+    /// Starts etcd, kube-apiserver and kube-controller-manager with `ca` as the cluster CA
+    /// (client certificates it issued authenticate; issued certificates are signed by it),
+    /// issuing certificates valid for `signing_duration` (`--cluster-signing-duration`), and
+    /// installs the bootstrap token and the node RBAC.
+    pub fn start(ca: &TestCa, signing_duration: &str) -> KubeCluster {
         let bin = kube_bin_dir();
         let etcd_bin = super::find_tool("etcd").unwrap_or_else(|| {
             panic!("etcd not found: install it with `apt-get install etcd-server` (hsm-fixtures/build-kube.sh does)")
         });
         let dir = temp_dir();
         let d = dir.path();
-        let ca = TestCa::new(d);
         let (serving_cert, serving_key) = ca.server_cert(d);
-        let (admin_cert, admin_key) = ca.client_cert(d, "admin", "kubernetes-admin", Some("system:masters"));
+        let (admin_cert, admin_key) =
+            ca.client_cert(d, "admin", "kubernetes-admin", Some("system:masters"));
         let sa_key = d.join("sa.key");
-        run_ok(Command::new("openssl").args(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out"]).arg(&sa_key));
+        // SEC1 ("EC PRIVATE KEY"): kube-apiserver 1.20 reads no PKCS#8 public keys from it.
+        run_ok(
+            Command::new("openssl")
+                .args([
+                    "ecparam",
+                    "-name",
+                    "prime256v1",
+                    "-genkey",
+                    "-noout",
+                    "-out",
+                ])
+                .arg(&sa_key),
+        );
 
         // etcd on two free ports.
         let (etcd_client, etcd_peer) = (free_port(), free_port());
         let mut cmd = Command::new(etcd_bin);
         cmd.arg("--data-dir")
             .arg(d.join("etcd"))
-            .arg(format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"))
-            .arg(format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"))
+            .arg(format!(
+                "--listen-client-urls=http://127.0.0.1:{etcd_client}"
+            ))
+            .arg(format!(
+                "--advertise-client-urls=http://127.0.0.1:{etcd_client}"
+            ))
             .arg(format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"))
-            .arg(format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"))
-            .arg(format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"));
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"
+            ))
+            .arg(format!(
+                "--initial-cluster=default=http://127.0.0.1:{etcd_peer}"
+            ));
         let mut etcd = ChildGuard::spawn(&mut cmd, "etcd", &d.join("etcd.log"));
         etcd.wait_for_port(etcd_client, Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("etcd did not start: {e}\n{}", etcd.log()));
@@ -113,22 +140,43 @@ impl KubeCluster {
             .arg(format!("--client-ca-file={}", ca.ca_path().display()))
             .arg("--service-account-issuer=https://kubernetes.default.svc")
             .arg(format!("--service-account-key-file={}", sa_key.display()))
-            .arg(format!("--service-account-signing-key-file={}", sa_key.display()))
-            .args(["--service-cluster-ip-range=10.96.0.0/24", "--authorization-mode=RBAC"])
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                sa_key.display()
+            ))
+            .args([
+                "--service-cluster-ip-range=10.96.0.0/24",
+                "--authorization-mode=Node,RBAC",
+            ])
             .arg("--enable-bootstrap-token-auth")
-            .arg(format!("--cert-dir={}", d.join("apiserver-certs").display()));
+            .arg(format!(
+                "--cert-dir={}",
+                d.join("apiserver-certs").display()
+            ));
         let mut apiserver = ChildGuard::spawn(&mut cmd, "kube-apiserver", &d.join("apiserver.log"));
 
         let admin_kubeconfig = d.join("admin.kubeconfig");
         std::fs::write(
             &admin_kubeconfig,
-            kubeconfig(port, &ca.ca_path(), &format!("    client-certificate: {}\n    client-key: {}\n", admin_cert.display(), admin_key.display())),
+            kubeconfig(
+                port,
+                &ca.ca_path(),
+                &format!(
+                    "    client-certificate: {}\n    client-key: {}\n",
+                    admin_cert.display(),
+                    admin_key.display()
+                ),
+            ),
         )
         .expect("write admin kubeconfig");
         let bootstrap_kubeconfig = d.join("bootstrap.kubeconfig");
         std::fs::write(
             &bootstrap_kubeconfig,
-            kubeconfig(port, &ca.ca_path(), &format!("    token: {BOOTSTRAP_TOKEN}\n")),
+            kubeconfig(
+                port,
+                &ca.ca_path(),
+                &format!("    token: {BOOTSTRAP_TOKEN}\n"),
+            ),
         )
         .expect("write bootstrap kubeconfig");
 
@@ -165,7 +213,7 @@ impl KubeCluster {
         let kcm = ChildGuard::spawn(&mut cmd, "kube-controller-manager", &d.join("kcm.log"));
 
         let cluster = KubeCluster {
-            ca,
+            ca_path: ca.ca_path(),
             port,
             admin_kubeconfig,
             bootstrap_kubeconfig,
@@ -213,7 +261,7 @@ impl KubeCluster {
 
     /// The CA file clients verify the API server with.
     pub fn ca_path(&self) -> PathBuf {
-        self.ca.ca_path()
+        self.ca_path.clone()
     }
 
     /// Where this cluster's files live.

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod flow;
+pub mod kube;
 pub mod proxy;
 pub mod upstream;
 

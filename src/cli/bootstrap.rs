@@ -1,0 +1,77 @@
+//! `hwkey bootstrap`: kubelet TLS bootstrapping with the node key in hardware.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::parse_uri;
+use crate::key::{KeyAlgorithm, KeyUri};
+use crate::lifecycle::bootstrap::{self, BootstrapOptions, Bootstrapped};
+
+#[derive(Debug, Args)]
+pub struct BootstrapArgs {
+    /// A kubeconfig holding the API server, its CA and a bootstrap token (kubeadm's
+    /// bootstrap-kubelet.conf).
+    #[arg(long)]
+    bootstrap_kubeconfig: PathBuf,
+    /// The node's name: the certificate is for CN=system:node:NAME, O=system:nodes.
+    #[arg(long)]
+    node_name: String,
+    /// The node key.
+    #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+    key: KeyUri,
+    /// Create the key in the hardware with this algorithm if it does not exist (ec-p256 is
+    /// recommended).
+    #[arg(long)]
+    create_key: Option<String>,
+    /// Where the node certificate goes (default: stored with the key).
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    /// The kubelet kubeconfig to write (as `hwkey kubeconfig --for kubelet` writes it).
+    #[arg(long)]
+    out: PathBuf,
+    /// The proxy's state directory (default: /var/lib/hwkey/kubelet).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// How long to wait for the request to be issued.
+    #[arg(long, default_value = "15m")]
+    wait: String,
+}
+
+pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
+    let create_key = args
+        .create_key
+        .as_deref()
+        .map(str::parse::<KeyAlgorithm>)
+        .transpose()?;
+    let options = BootstrapOptions {
+        bootstrap_kubeconfig: args.bootstrap_kubeconfig,
+        node_name: args.node_name,
+        key: args.key,
+        create_key,
+        cert: args.cert,
+        out: args.out,
+        state_dir: args
+            .state_dir
+            .unwrap_or_else(|| PathBuf::from("/var/lib/hwkey/kubelet")),
+        wait: crate::proxy::config::parse_duration(&args.wait)?,
+        command: std::env::current_exe().context("cannot find the hwkey binary's path")?,
+    };
+    match bootstrap::bootstrap(&options)? {
+        Bootstrapped::AlreadyDone { subject, not_after } => eprintln!(
+            "already bootstrapped: {subject}, valid until {not_after}; nothing to do (kubeconfig {})",
+            options.out.display()
+        ),
+        Bootstrapped::Issued(r) => eprintln!(
+            "bootstrapped: {} (serial {}), valid until {}; CertificateSigningRequest {}; installed in {}; kubelet kubeconfig {}",
+            r.issued.subject,
+            r.issued.serial,
+            r.issued.not_after,
+            r.csr_name,
+            r.installed,
+            options.out.display()
+        ),
+    }
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! `hwkey bootstrap`: kubelet TLS bootstrapping with the key in hardware.
+//!
+//! kubelet's own bootstrap mints a software key. Here the key is created (or found) in the
+//! PKCS#11 token or TPM, a CSR for `CN=system:node:NAME, O=system:nodes` is signed inside it and
+//! submitted with the bootstrap token (kube-controller-manager's csrapproving controller approves
+//! it for the `system:bootstrappers` group), and the issued certificate is installed; then the
+//! kubelet kubeconfig is written the way `hwkey kubeconfig --for kubelet` writes it. Idempotent:
+//! a valid node certificate for this key and node already present means there is nothing to do.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::issued::Target;
+use super::renew::{request_and_install, Ask, Renewed};
+use super::{client, LifecycleError, KUBELET_SIGNER};
+use crate::key::{Key, KeyAlgorithm, KeyError, KeyUri};
+use crate::kubeconfig::{self, Consumer, Request};
+use crate::pki::cert;
+
+/// What `hwkey bootstrap` needs.
+#[derive(Debug, Clone)]
+pub struct BootstrapOptions {
+    /// A kubeconfig with the API server, its CA and a bootstrap token.
+    pub bootstrap_kubeconfig: PathBuf,
+    pub node_name: String,
+    pub key: KeyUri,
+    /// Create the key with this algorithm when it does not exist yet.
+    pub create_key: Option<KeyAlgorithm>,
+    /// Where the node certificate goes (None: the key's own store).
+    pub cert: Option<PathBuf>,
+    /// The kubelet kubeconfig to write.
+    pub out: PathBuf,
+    /// The proxy's state directory (loopback CA, control socket).
+    pub state_dir: PathBuf,
+    pub wait: Duration,
+    /// The hwkey binary the kubelet kubeconfig's exec block runs.
+    pub command: PathBuf,
+}
+
+/// What bootstrapping did.
+#[derive(Debug, Clone)]
+pub enum Bootstrapped {
+    /// A valid node certificate was already there; only missing files were written.
+    AlreadyDone { subject: String, not_after: String },
+    /// A certificate was requested and installed.
+    Issued(Renewed),
+}
+
+/// Bootstraps the node identity.
+pub fn bootstrap(options: &BootstrapOptions) -> Result<Bootstrapped, LifecycleError> {
+    check_node_name(&options.node_name)?;
+    let subject = format!("CN=system:node:{},O=system:nodes", options.node_name);
+    let key = open_or_create(&options.key, options.create_key)?;
+    let (config, ca_file) = read_bootstrap_kubeconfig(options)?;
+
+    if let Some((subject, not_after)) = current_node_cert(&key, options)? {
+        write_kubelet_kubeconfig(options, &config, &ca_file)?;
+        return Ok(Bootstrapped::AlreadyDone { subject, not_after });
+    }
+    let target = match &options.cert {
+        Some(p) => Target::File(p.clone()),
+        None => Target::KeyStore(options.key.clone()),
+    };
+    let renewed = request_and_install(
+        &key,
+        &Ask {
+            subject: &subject,
+            signer_name: Some(KUBELET_SIGNER),
+            expiration_seconds: None,
+            wait: options.wait,
+        },
+        &config,
+        client::Identity::Config,
+        &target,
+    )?;
+    write_kubelet_kubeconfig(options, &config, &ca_file)?;
+    Ok(Bootstrapped::Issued(renewed))
+}
+
+/// Node names are DNS subdomains (lowercase letters, digits, '-', '.').
+fn check_node_name(name: &str) -> Result<(), LifecycleError> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && !name.starts_with(['-', '.'])
+        && !name.ends_with(['-', '.']);
+    if ok {
+        Ok(())
+    } else {
+        Err(LifecycleError::Kubelet(format!(
+            "invalid --node-name '{name}': a node name is a DNS subdomain (lowercase letters, digits, '-' and '.', e.g. worker-1)"
+        )))
+    }
+}
+
+fn open_or_create(uri: &KeyUri, create: Option<KeyAlgorithm>) -> Result<Key, LifecycleError> {
+    match Key::open(uri) {
+        Ok(k) => Ok(k),
+        Err(KeyError::KeyNotFound { .. }) if create.is_some() => create_key(uri, create),
+        Err(KeyError::Io { ref source, .. })
+            if create.is_some() && source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            create_key(uri, create)
+        }
+        Err(e @ (KeyError::KeyNotFound { .. } | KeyError::Io { .. })) => {
+            Err(LifecycleError::Kubelet(format!(
+                "{e}; to create the node key now, add --create-key ec-p256"
+            )))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn create_key(uri: &KeyUri, create: Option<KeyAlgorithm>) -> Result<Key, LifecycleError> {
+    let algorithm = create.unwrap_or(KeyAlgorithm::EcP256);
+    let key = Key::create(uri, algorithm)?;
+    tracing::info!(key = %key.describe(), %algorithm, "created the node key");
+    Ok(key)
+}
+
+/// The node certificate already installed for this key, if it is valid now and names this node.
+fn current_node_cert(
+    key: &Key,
+    options: &BootstrapOptions,
+) -> Result<Option<(String, String)>, LifecycleError> {
+    let chain = match cert::chain_for_key(key, options.cert.as_deref()) {
+        Ok(c) => c,
+        Err(_) => return Ok(None),
+    };
+    if !cert::matches_key(&chain[0], key).unwrap_or(false) {
+        return Ok(None);
+    }
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(&chain[0]) else {
+        return Ok(None);
+    };
+    let wanted = format!("system:node:{}", options.node_name);
+    let names_node = parsed
+        .subject()
+        .iter_common_name()
+        .any(|cn| cn.as_str().ok() == Some(wanted.as_str()));
+    if !names_node || !parsed.validity().is_valid() {
+        return Ok(None);
+    }
+    Ok(Some((
+        parsed.subject().to_string(),
+        parsed.validity().not_after.to_string(),
+    )))
+}
+
+/// Reads the bootstrap kubeconfig into a kube config (server, CA, token) and a CA file path for
+/// the kubelet kubeconfig (the bootstrap file's, or its inline data written to the state dir).
+fn read_bootstrap_kubeconfig(
+    options: &BootstrapOptions,
+) -> Result<(kube::Config, PathBuf), LifecycleError> {
+    let path = &options.bootstrap_kubeconfig;
+    let bad = |reason: String| LifecycleError::Kubeconfig {
+        path: path.clone(),
+        reason,
+    };
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
+    let context_name = kubeconfig.current_context.clone();
+    let cluster_name = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| Some(&c.name) == context_name.as_ref())
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone())
+        .or_else(|| kubeconfig.clusters.first().map(|c| c.name.clone()))
+        .ok_or_else(|| bad("it names no cluster".into()))?;
+    let cluster = kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster_name)
+        .and_then(|c| c.cluster.clone())
+        .ok_or_else(|| bad(format!("cluster '{cluster_name}' is not defined")))?;
+    let ca_file = match (&cluster.certificate_authority, &cluster.certificate_authority_data) {
+        (Some(file), _) => {
+            let p = PathBuf::from(file);
+            let p = if p.is_relative() {
+                path.parent().unwrap_or(Path::new(".")).join(p)
+            } else {
+                p
+            };
+            std::fs::canonicalize(&p).map_err(|e| bad(format!("CA file {}: {e}", p.display())))?
+        }
+        (None, Some(data)) => {
+            use base64::Engine;
+            let pem = base64::engine::general_purpose::STANDARD
+                .decode(data.trim())
+                .map_err(|e| bad(format!("certificate-authority-data is not base64: {e}")))?;
+            std::fs::create_dir_all(&options.state_dir).map_err(|source| {
+                LifecycleError::Install {
+                    path: options.state_dir.clone(),
+                    source,
+                }
+            })?;
+            let p = options.state_dir.join("apiserver-ca.pem");
+            crate::atomic_file::write_atomic(&p, &pem, 0o644)
+                .map_err(|source| LifecycleError::Install {
+                    path: p.clone(),
+                    source,
+                })?;
+            p
+        }
+        (None, None) => {
+            return Err(bad(
+                "it names no certificate-authority for the API server; add certificate-authority or certificate-authority-data".into(),
+            ))
+        }
+    };
+    let runtime = super::runtime()?;
+    let config = runtime
+        .block_on(kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        ))
+        .map_err(|e| bad(e.to_string()))?;
+    Ok((config, ca_file))
+}
+
+fn write_kubelet_kubeconfig(
+    options: &BootstrapOptions,
+    config: &kube::Config,
+    ca_file: &Path,
+) -> Result<(), LifecycleError> {
+    let server = config.cluster_url.to_string();
+    let request = Request {
+        name: "kubelet".into(),
+        key: options.key.clone(),
+        cert: options.cert.clone(),
+        upstream: server.trim_end_matches('/').to_string(),
+        upstream_ca: ca_file.to_path_buf(),
+        tls_server_name: config.tls_server_name.clone(),
+        port: None,
+        state_dir: options.state_dir.clone(),
+        idle_exit: None,
+        command: options.command.clone(),
+        consumer: Consumer::Kubelet,
+    };
+    kubeconfig::write(&request, &options.out)
+        .map(|_| ())
+        .map_err(|e| LifecycleError::Kubelet(format!("cannot write the kubelet kubeconfig: {e}")))
+}

@@ -1,0 +1,118 @@
+//! A `kube` client for the CSR API whose TLS is hwkey's: the client certificate is signed in the
+//! hardware through [`HardwareCertResolver`] (kube's own TLS stack wants a software key), or no
+//! client certificate and a bearer token (a bootstrap kubeconfig). kube's `Client::new` takes any
+//! tower service, so the seam is a hyper client over hyper-rustls built from our `ClientConfig`,
+//! with kube's base-URI and auth layers on top.
+
+use std::sync::Arc;
+
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::RootCertStore;
+use tower::{BoxError, ServiceBuilder};
+
+use super::LifecycleError;
+use crate::key::tls::HardwareCertResolver;
+
+/// How the client proves who it is.
+pub enum Identity {
+    /// mTLS with the hardware key and its current certificate chain.
+    Hardware {
+        resolver: Arc<HardwareCertResolver>,
+        versions: &'static [&'static rustls::SupportedProtocolVersion],
+    },
+    /// Whatever the kube `Config` carries (a bootstrap token); no client certificate.
+    Config,
+}
+
+/// Builds a client for `config` (server URL, CA bundle, TLS server name, and for
+/// [`Identity::Config`] its credentials).
+pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, LifecycleError> {
+    use kube::client::ConfigExt;
+    let server = config.cluster_url.to_string();
+    let fail = |reason: String| LifecycleError::Client {
+        server: server.clone(),
+        reason,
+    };
+    let roots = roots(config).map_err(&fail)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let versions: &[&rustls::SupportedProtocolVersion] = match &identity {
+        Identity::Hardware { versions, .. } => versions,
+        Identity::Config => &[&rustls::version::TLS13, &rustls::version::TLS12],
+    };
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)
+        .map_err(|e| fail(e.to_string()))?
+        .with_root_certificates(roots);
+    let tls = match identity {
+        Identity::Hardware { resolver, .. } => builder.with_client_cert_resolver(resolver),
+        Identity::Config => builder.with_no_client_auth(),
+    };
+    let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
+    let https = match &config.tls_server_name {
+        Some(name) => {
+            let name = ServerName::try_from(name.clone())
+                .map_err(|_| fail(format!("tls-server-name '{name}' is not a DNS name or IP")))?;
+            https
+                .https_only()
+                .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+        }
+        None => https.https_only(),
+    }
+    .enable_http1()
+    .build();
+    let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+    let auth = config.auth_layer().map_err(|e| fail(e.to_string()))?;
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(auth)
+        .map_err(BoxError::from)
+        .service(hyper);
+    Ok(kube::Client::new(service, config.default_namespace.clone()))
+}
+
+/// The config's CA bundle, else the system roots.
+fn roots(config: &kube::Config) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    match &config.root_cert {
+        Some(certs) => {
+            for der in certs {
+                roots
+                    .add(CertificateDer::from(der.clone()))
+                    .map_err(|e| format!("the CA bundle holds an unusable certificate: {e}"))?;
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    if roots.is_empty() {
+        return Err("no CA certificate to verify the API server with: pass --ca FILE".into());
+    }
+    Ok(roots)
+}
+
+/// A config for `server`, verified with the PEM CA bundle `ca` (None: system roots).
+pub fn config_for(
+    server: &str,
+    ca: Option<&std::path::Path>,
+    tls_server_name: Option<String>,
+) -> Result<kube::Config, LifecycleError> {
+    let invalid = |reason: &str| LifecycleError::InvalidServer {
+        url: server.to_string(),
+        reason: reason.into(),
+    };
+    let uri: hyper::Uri = server.parse().map_err(|_| invalid("not a URL"))?;
+    if uri.scheme_str() != Some("https") {
+        return Err(invalid("only https:// API servers are supported"));
+    }
+    let mut config = kube::Config::new(uri);
+    if let Some(path) = ca {
+        let chain = crate::pki::cert::load_chain(path)?;
+        config.root_cert = Some(chain.into_iter().map(|c| c.to_vec()).collect());
+    }
+    config.tls_server_name = tls_server_name;
+    Ok(config)
+}

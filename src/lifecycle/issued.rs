@@ -1,0 +1,126 @@
+//! Checking an issued certificate and installing it where the proxy reads it.
+//!
+//! Nothing is installed unless the certificate holds the hardware key's public key and is valid
+//! now: a signer that answered with someone else's certificate, or one not yet valid, must not
+//! replace a working identity. Installing is atomic (temp file + rename, or on the token new
+//! objects before old ones are removed); a file keeps its predecessor beside it as `FILE.prev`,
+//! so an operator can go back.
+
+use std::path::{Path, PathBuf};
+
+use rustls::pki_types::CertificateDer;
+
+use super::LifecycleError;
+use crate::key::{Key, KeyUri};
+use crate::pki::cert;
+
+/// A certificate that passed the checks.
+#[derive(Debug, Clone)]
+pub struct Issued {
+    pub chain: Vec<CertificateDer<'static>>,
+    pub subject: String,
+    pub serial: String,
+    pub not_before_unix: i64,
+    pub not_after_unix: i64,
+    pub not_after: String,
+}
+
+/// Parses the PEM chain of CertificateSigningRequest `name` and checks it against `key`.
+pub fn check(name: &str, pem_chain: &[u8], key: &Key) -> Result<Issued, LifecycleError> {
+    let bad = |reason: String| LifecycleError::BadIssued {
+        name: name.to_string(),
+        reason,
+    };
+    let chain: Vec<CertificateDer<'static>> = pem::parse_many(pem_chain)
+        .map_err(|e| bad(format!("not PEM: {e}")))?
+        .into_iter()
+        .filter(|b| b.tag() == "CERTIFICATE")
+        .map(|b| CertificateDer::from(b.into_contents()))
+        .collect();
+    let leaf = chain
+        .first()
+        .ok_or_else(|| bad("it holds no certificate".into()))?;
+    if !cert::matches_key(leaf, key)? {
+        return Err(bad(format!(
+            "it does not hold the public key of {}",
+            key.describe()
+        )));
+    }
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(leaf).map_err(|e| bad(format!("unreadable: {e}")))?;
+    let validity = parsed.validity();
+    if !validity.is_valid() {
+        return Err(bad(format!(
+            "it is valid only from {} to {}",
+            validity.not_before, validity.not_after
+        )));
+    }
+    Ok(Issued {
+        subject: parsed.subject().to_string(),
+        serial: parsed.raw_serial_as_string(),
+        not_before_unix: validity.not_before.timestamp(),
+        not_after_unix: validity.not_after.timestamp(),
+        not_after: validity.not_after.to_string(),
+        chain,
+    })
+}
+
+/// Where a certificate lives.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A PEM file (the proxy's `--cert`).
+    File(PathBuf),
+    /// The key's own store (PKCS#11 certificate objects, or `NAME.crt.pem` beside a TPM key).
+    KeyStore(KeyUri),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::File(p) => write!(f, "{}", p.display()),
+            Target::KeyStore(uri) => write!(f, "the store of {uri}"),
+        }
+    }
+}
+
+/// Installs `issued` at `target`. A file's previous content is kept as `FILE.prev` first.
+/// Returns where it went, for the user.
+pub fn install(target: &Target, issued: &Issued) -> Result<String, LifecycleError> {
+    match target {
+        Target::File(path) => {
+            keep_previous(path)?;
+            crate::atomic_file::write_atomic(
+                path,
+                cert::chain_to_pem(&issued.chain).as_bytes(),
+                0o644,
+            )
+            .map_err(|source| LifecycleError::Install {
+                path: path.clone(),
+                source,
+            })?;
+            Ok(path.display().to_string())
+        }
+        Target::KeyStore(uri) => {
+            let chain: Vec<Vec<u8>> = issued.chain.iter().map(|c| c.to_vec()).collect();
+            Ok(crate::key::store_chain(uri, &chain)?)
+        }
+    }
+}
+
+fn keep_previous(path: &Path) -> Result<(), LifecycleError> {
+    let previous = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(LifecycleError::Install {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mut prev = path.as_os_str().to_owned();
+    prev.push(".prev");
+    let prev = PathBuf::from(prev);
+    crate::atomic_file::write_atomic(&prev, &previous, 0o644)
+        .map_err(|source| LifecycleError::Install { path: prev, source })
+}

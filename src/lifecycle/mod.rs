@@ -1,0 +1,132 @@
+//! The certificate lifecycle: a hardware identity never expires in place.
+//!
+//! A key in hardware lives for years; its client certificate does not. This module renews it the
+//! way kubelet's certificate manager renews software keys, but with the key in the device: a
+//! PKCS#10 request signed *inside* the PKCS#11 token or TPM ([`crate::pki::csr`]), submitted as a
+//! `certificates.k8s.io/v1` CertificateSigningRequest, watched until it is issued (or denied),
+//! then checked (it must hold the hardware public key and be valid now) and installed atomically
+//! where the proxy reads it.
+//!
+//! - [`client`]: a `kube` client whose TLS client certificate is signed by the hardware key
+//!   (hyper-rustls with hwkey's own rustls `ClientConfig`), or that authenticates with a
+//!   bootstrap token from a kubeconfig.
+//! - [`csr_api`]: create the CertificateSigningRequest and wait for its outcome.
+//! - [`issued`]: check and install what was issued, keeping the previous certificate.
+//! - [`renew`] (`hwkey renew`) and [`bootstrap`] (`hwkey bootstrap`, kubelet TLS bootstrapping).
+//!
+//! Threads: the key is opened and the CSR signed on the calling thread, before any runtime
+//! exists; the API calls run on a small multi-thread runtime (handshake signatures run under
+//! `block_in_place`, see [`crate::key::tls`]).
+
+pub mod bootstrap;
+pub mod client;
+pub mod context;
+pub mod csr_api;
+pub mod issued;
+pub mod renew;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::key::KeyError;
+use crate::pki::PkiError;
+
+/// The usages of a client-certificate request. kube-controller-manager 1.20's auto-approver
+/// accepts a kubelet client CSR only with exactly these three (EC keys included); newer servers
+/// also accept it without key encipherment.
+pub const CLIENT_USAGES: [&str; 3] = ["digital signature", "key encipherment", "client auth"];
+
+/// The signer of kubelet client certificates.
+pub const KUBELET_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+/// The signer of other client certificates.
+pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+
+/// Default `--wait`.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(15 * 60);
+
+/// Errors of the lifecycle, each saying what happened to the installed certificate.
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("invalid API server URL '{url}': {reason} (example: https://10.0.0.1:6443)")]
+    InvalidServer { url: String, reason: String },
+
+    #[error("cannot set up the connection to {server}: {reason}")]
+    Client { server: String, reason: String },
+
+    #[error("cannot read kubeconfig {path}: {reason}")]
+    Kubeconfig { path: PathBuf, reason: String },
+
+    #[error(
+        "the API server {server} refused to create the CertificateSigningRequest: {reason}{hint}"
+    )]
+    Create {
+        server: String,
+        reason: String,
+        hint: &'static str,
+    },
+
+    #[error("CertificateSigningRequest {name} was denied ({reason}): {message}; the current certificate was left as it was")]
+    Denied {
+        name: String,
+        reason: String,
+        message: String,
+    },
+
+    #[error("CertificateSigningRequest {name} failed ({reason}): {message}; the current certificate was left as it was")]
+    Failed {
+        name: String,
+        reason: String,
+        message: String,
+    },
+
+    #[error("CertificateSigningRequest {name} was not issued within {waited:?}: an administrator approves it with `kubectl certificate approve {name}` (or pass a longer --wait); the current certificate was left as it was")]
+    Timeout { name: String, waited: Duration },
+
+    #[error("watching CertificateSigningRequest {name} failed: {reason}; the current certificate was left as it was")]
+    Watch { name: String, reason: String },
+
+    #[error("the certificate issued for CertificateSigningRequest {name} is not usable: {reason}; the current certificate was left as it was")]
+    BadIssued { name: String, reason: String },
+
+    #[error("cannot copy the subject of the current certificate ({reason}): pass --subject")]
+    Subject { reason: String },
+
+    #[error("cannot install the certificate at {path}: {source}; the current certificate was left as it was")]
+    Install {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{0}")]
+    Kubelet(String),
+
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+
+    #[error(transparent)]
+    Key(#[from] KeyError),
+
+    #[error(transparent)]
+    Pki(#[from] PkiError),
+}
+
+/// The signer for a subject: kubelet's when it is a node identity (`CN=system:node:NAME`,
+/// `O=system:nodes`), the generic client signer otherwise.
+pub fn default_signer(common_name: &str, organizations: &[String]) -> &'static str {
+    if common_name.starts_with("system:node:") && organizations.iter().any(|o| o == "system:nodes")
+    {
+        KUBELET_SIGNER
+    } else {
+        CLIENT_SIGNER
+    }
+}
+
+/// A multi-thread runtime for the API calls (block_in_place needs one).
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, LifecycleError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(LifecycleError::Runtime)
+}

@@ -1,0 +1,254 @@
+//! `hwkey renew`: one renewal of a hardware identity through the CSR API, authenticating with
+//! the current certificate (which must still be valid). The subject is copied from the current
+//! certificate unless one is given; the request is signed in the hardware; the issued
+//! certificate is checked and installed where the current one was read from.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::csr_api::{self, Outcome, Submission};
+use super::issued::{self, Issued, Target};
+use super::{client, default_signer, LifecycleError, CLIENT_USAGES};
+use crate::key::tls::{HardwareCertResolver, HardwareSigningKey};
+use crate::key::{Key, KeyUri};
+use crate::pki::cert;
+use crate::pki::csr::{self, CsrRequest};
+use crate::pki::name::Name;
+
+/// What `hwkey renew` needs.
+#[derive(Debug, Clone)]
+pub struct RenewOptions {
+    pub key: KeyUri,
+    /// The current certificate's file, where the new one goes; None: the key's own store.
+    pub cert: Option<PathBuf>,
+    /// The API server, e.g. `https://10.0.0.1:6443`.
+    pub server: String,
+    /// Its CA bundle (None: the system roots).
+    pub ca: Option<PathBuf>,
+    pub tls_server_name: Option<String>,
+    /// The subject to ask for (default: the current certificate's).
+    pub subject: Option<String>,
+    pub signer_name: Option<String>,
+    pub expiration_seconds: Option<u32>,
+    pub wait: Duration,
+    pub allow_tls12_fallback: bool,
+}
+
+/// What a renewal produced.
+#[derive(Debug, Clone)]
+pub struct Renewed {
+    /// The CertificateSigningRequest's name.
+    pub csr_name: String,
+    pub issued: Issued,
+    /// Where it was installed.
+    pub installed: String,
+    /// Things the user should know (e.g. expirationSeconds ignored by an old server).
+    pub notes: Vec<String>,
+}
+
+/// Renews the certificate of `options.key`.
+pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
+    let key = Arc::new(Key::open(&options.key)?);
+    let chain = cert::chain_for_key(&key, options.cert.as_deref())?;
+    cert::ensure_matches(&chain[0], &key)?;
+    let subject = match &options.subject {
+        Some(s) => s.clone(),
+        None => subject_text(&chain[0])?,
+    };
+    let config = client::config_for(
+        &options.server,
+        options.ca.as_deref(),
+        options.tls_server_name.clone(),
+    )?;
+    let versions = crate::key::tls::protocol_versions(&key, options.allow_tls12_fallback)?;
+    let resolver = Arc::new(HardwareCertResolver::new(
+        HardwareSigningKey::new(key.clone()),
+        chain,
+    )?);
+    let target = match &options.cert {
+        Some(path) => Target::File(path.clone()),
+        None => Target::KeyStore(options.key.clone()),
+    };
+    request_and_install(
+        &key,
+        &Ask {
+            subject: &subject,
+            signer_name: options.signer_name.as_deref(),
+            expiration_seconds: options.expiration_seconds,
+            wait: options.wait,
+        },
+        &config,
+        client::Identity::Hardware { resolver, versions },
+        &target,
+    )
+}
+
+/// What to ask the CSR API for.
+pub(crate) struct Ask<'a> {
+    pub subject: &'a str,
+    pub signer_name: Option<&'a str>,
+    pub expiration_seconds: Option<u32>,
+    pub wait: Duration,
+}
+
+/// Signs a CSR for `ask.subject` with `key`, submits it as `identity`, waits for the outcome,
+/// checks and installs the certificate at `target`. Shared by renew and bootstrap.
+pub(crate) fn request_and_install(
+    key: &Key,
+    ask: &Ask<'_>,
+    config: &kube::Config,
+    identity: client::Identity,
+    target: &Target,
+) -> Result<Renewed, LifecycleError> {
+    let name = Name::parse(ask.subject)?;
+    let cn = name
+        .0
+        .iter()
+        .find(|a| a.short == "CN")
+        .map(|a| a.value.clone())
+        .unwrap_or_default();
+    let orgs: Vec<String> = name
+        .0
+        .iter()
+        .filter(|a| a.short == "O")
+        .map(|a| a.value.clone())
+        .collect();
+    // Signed in the hardware, on this thread, before any runtime exists.
+    let csr_der = csr::build(
+        key,
+        &CsrRequest {
+            subject: name,
+            ..Default::default()
+        },
+    )?;
+    let submission = Submission {
+        csr_pem: csr::to_pem(&csr_der),
+        signer_name: ask
+            .signer_name
+            .map(str::to_string)
+            .unwrap_or_else(|| default_signer(&cn, &orgs).to_string()),
+        usages: CLIENT_USAGES.iter().map(|u| u.to_string()).collect(),
+        expiration_seconds: ask
+            .expiration_seconds
+            .map(|s| i32::try_from(s).unwrap_or(i32::MAX)),
+        name_prefix: format!("hwkey-{}-", k8s_name_part(&cn)),
+    };
+    let server = config.cluster_url.to_string();
+    let runtime = super::runtime()?;
+    let (csr_name, outcome, notes) = runtime.block_on(async {
+        let client = client::build(config, identity)?;
+        let mut notes = Vec::new();
+        if ask.expiration_seconds.is_some() {
+            if let Ok(info) = client.apiserver_version().await {
+                let minor: u32 = info
+                    .minor
+                    .trim_end_matches(|c: char| !c.is_ascii_digit())
+                    .parse()
+                    .unwrap_or(u32::MAX);
+                if info.major == "1" && minor < 22 {
+                    notes.push(format!(
+                        "--expiration-seconds is ignored by this API server ({}): it issues certificates for its --cluster-signing-duration",
+                        info.git_version
+                    ));
+                }
+            }
+        }
+        let csr_name = csr_api::create(&client, &server, &submission).await?;
+        tracing::info!(csr = %csr_name, signer = %submission.signer_name, "CertificateSigningRequest created; waiting for it to be issued");
+        let outcome = csr_api::wait(&client, &csr_name, ask.wait).await?;
+        Ok::<_, LifecycleError>((csr_name, outcome, notes))
+    })?;
+    match outcome {
+        Outcome::Issued(pem) => {
+            let issued = issued::check(&csr_name, &pem, key)?;
+            let installed = issued::install(target, &issued)?;
+            tracing::info!(csr = %csr_name, subject = %issued.subject, not_after = %issued.not_after, installed = %installed, "certificate rotated");
+            Ok(Renewed {
+                csr_name,
+                issued,
+                installed,
+                notes,
+            })
+        }
+        Outcome::Denied { reason, message } => Err(LifecycleError::Denied {
+            name: csr_name,
+            reason,
+            message,
+        }),
+        Outcome::Failed { reason, message } => Err(LifecycleError::Failed {
+            name: csr_name,
+            reason,
+            message,
+        }),
+    }
+}
+
+/// The subject of a certificate as `CN=…,O=…` text that [`Name::parse`] reads back.
+fn subject_text(cert_der: &[u8]) -> Result<String, LifecycleError> {
+    const SHORT: &[(&str, &str)] = &[
+        ("2.5.4.3", "CN"),
+        ("2.5.4.10", "O"),
+        ("2.5.4.11", "OU"),
+        ("2.5.4.6", "C"),
+        ("2.5.4.8", "ST"),
+        ("2.5.4.7", "L"),
+        ("2.5.4.5", "SERIALNUMBER"),
+        ("0.9.2342.19200300.100.1.25", "DC"),
+        ("1.2.840.113549.1.9.1", "EMAILADDRESS"),
+    ];
+    let bad = |reason: String| LifecycleError::Subject { reason };
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert_der)
+        .map_err(|e| bad(format!("unreadable certificate: {e}")))?;
+    let mut parts = Vec::new();
+    for attr in parsed.subject().iter_attributes() {
+        let oid = attr.attr_type().to_id_string();
+        let short = SHORT
+            .iter()
+            .find(|(o, _)| *o == oid)
+            .map(|(_, s)| *s)
+            .ok_or_else(|| bad(format!("attribute {oid} has no short name hwkey knows")))?;
+        let value = attr
+            .as_str()
+            .map_err(|_| bad(format!("{short} is not a string")))?;
+        if value.contains('\\') {
+            return Err(bad(format!("{short} holds a backslash")));
+        }
+        parts.push(format!("{short}={}", value.replace(',', "\\,")));
+    }
+    if parts.is_empty() {
+        return Err(bad("it is empty".into()));
+    }
+    Ok(parts.join(","))
+}
+
+/// A lowercase RFC 1123 fragment of `text` for `metadata.generateName`.
+fn k8s_name_part(text: &str) -> String {
+    let mut out: String = text
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' | '.' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .collect();
+    out.truncate(40);
+    let trimmed = out.trim_matches(|c| c == '-' || c == '.').to_string();
+    if trimmed.is_empty() {
+        "client".into()
+    } else {
+        trimmed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_names_are_valid_kubernetes_names() {
+        assert_eq!(k8s_name_part("system:node:Node-1"), "system-node-node-1");
+        assert_eq!(k8s_name_part("::"), "client");
+        assert!(k8s_name_part(&"a".repeat(100)).len() <= 40);
+    }
+}

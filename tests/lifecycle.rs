@@ -1,0 +1,388 @@
+//! The certificate lifecycle against a real kube-apiserver + kube-controller-manager 1.20
+//! (built from Debian 12's source package by hsm-fixtures/build-kube.sh): `hwkey renew` for a
+//! person (an admin approves) and for a node (auto-approved, no human step), `hwkey bootstrap`
+//! with a bootstrap token, and a denied request. Every CSR is checked to carry the hardware
+//! key's public key and a valid self-signature (openssl), so no software key stands in.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::kube::KubeCluster;
+use support::proxy::{Identity, ProxyOptions, ProxyProcess};
+use support::*;
+
+/// Lets group `devs` create and watch CertificateSigningRequests (what a person renewing needs).
+const DEVS_MAY_REQUEST: &str = r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: devs-request-certificates
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:node-bootstrapper
+subjects:
+- apiGroup: rbac.authorization.k8s.io
+  kind: Group
+  name: devs
+"#;
+
+fn serial_of(path: &Path) -> String {
+    let pem = std::fs::read(path).expect("read cert");
+    let block = pem::parse(pem).expect("PEM");
+    let (_, c) = x509_parser::parse_x509_certificate(block.contents()).expect("cert");
+    c.raw_serial_as_string()
+}
+
+/// (subject, lifetime) of the leaf in a PEM file.
+fn subject_and_lifetime(path: &Path) -> (String, Duration) {
+    let pem = std::fs::read(path).expect("read cert");
+    let block = pem::parse(pem).expect("PEM");
+    let (_, c) = x509_parser::parse_x509_certificate(block.contents()).expect("cert");
+    let v = c.validity();
+    let secs = (v.not_after.timestamp() - v.not_before.timestamp()).max(0) as u64;
+    (c.subject().to_string(), Duration::from_secs(secs))
+}
+
+/// `hwkey renew` for `id`'s key and certificate file `cert`, started in the background.
+fn spawn_renew(id: &Identity, cluster: &KubeCluster, cert: &Path, dir: &Path) -> Child {
+    hwkey()
+        .envs(id.envs())
+        .args(["renew", "--key", &id.key_uri, "--cert"])
+        .arg(cert)
+        .args(["--server", &cluster.url(), "--ca"])
+        .arg(cluster.ca_path())
+        .args(["--wait", "120s"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("renew.out")).expect("stdout file"))
+        .stderr(std::fs::File::create(dir.join("renew.err")).expect("stderr file"))
+        .spawn()
+        .expect("spawn hwkey renew")
+}
+
+fn wait_child(child: &mut Child, dir: &Path, cluster: &KubeCluster) -> (bool, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "hwkey renew did not finish:\n{}\n{}",
+                read(&dir.join("renew.err")),
+                cluster.logs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    (
+        status.success(),
+        read(&dir.join("renew.out")),
+        read(&dir.join("renew.err")),
+    )
+}
+
+/// The name of the first CertificateSigningRequest whose name starts with `prefix`.
+fn wait_for_csr(cluster: &KubeCluster, prefix: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = cluster.kubectl_ok(&["get", "csr", "-o", "jsonpath={.items[*].metadata.name}"]);
+        let names = String::from_utf8_lossy(&out.stdout).into_owned();
+        if let Some(n) = names.split_whitespace().find(|n| n.starts_with(prefix)) {
+            return n.to_string();
+        }
+        assert!(Instant::now() < deadline, "no CSR named {prefix}*: {names}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn csr_field(cluster: &KubeCluster, name: &str, jsonpath: &str) -> String {
+    let out = cluster.kubectl_ok(&["get", "csr", name, "-o", &format!("jsonpath={jsonpath}")]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The CSR object carries a request signed by the hardware key: openssl verifies its
+/// self-signature and its public key is the one `hwkey key public` prints.
+fn assert_signed_by_hardware(
+    cluster: &KubeCluster,
+    name: &str,
+    id: &Identity,
+    uri: &str,
+    dir: &Path,
+) {
+    use base64::Engine;
+    let b64 = csr_field(cluster, name, "{.spec.request}");
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .expect("spec.request is base64");
+    let csr_path = dir.join(format!("{name}.csr"));
+    std::fs::write(&csr_path, &pem).expect("write CSR");
+    let verified = run_ok(
+        Command::new("openssl")
+            .args(["req", "-verify", "-noout", "-pubkey", "-in"])
+            .arg(&csr_path),
+    );
+    let csr_key = String::from_utf8_lossy(&verified.stdout).into_owned();
+    let hw = run_ok(
+        hwkey()
+            .envs(id.envs())
+            .args(["key", "public", "--key", uri]),
+    );
+    assert_eq!(
+        csr_key.trim(),
+        String::from_utf8_lossy(&hw.stdout).trim(),
+        "the CSR's public key is not the hardware key's"
+    );
+}
+
+/// A person's PKCS#11 identity renews: `hwkey renew` + `kubectl certificate approve` by an
+/// admin; the new certificate is installed (the old one kept as .prev) and the running proxy
+/// picks it up without a restart.
+#[test]
+fn a_persons_pkcs11_identity_renews_with_admin_approval() {
+    let id = Identity::softhsm();
+    let cluster = KubeCluster::start(&id.ca, "10m");
+    cluster.apply(DEVS_MAY_REQUEST);
+    let proxy = ProxyProcess::start_to(
+        &id,
+        &cluster.url(),
+        ProxyOptions {
+            args: vec!["--reload-interval".into(), "200ms".into()],
+            ..Default::default()
+        },
+    );
+    let out = proxy.curl_unix(&["--fail"], "/version");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        output_text(&out),
+        proxy.log()
+    );
+
+    let work = temp_dir();
+    let before = std::fs::read(&id.cert).expect("read cert");
+    let old_serial = serial_of(&id.cert);
+    let mut renew = spawn_renew(&id, &cluster, &id.cert, work.path());
+    let name = wait_for_csr(&cluster, "hwkey-alice-");
+    assert_eq!(csr_field(&cluster, &name, "{.spec.username}"), "alice");
+    assert_eq!(
+        csr_field(&cluster, &name, "{.spec.signerName}"),
+        "kubernetes.io/kube-apiserver-client"
+    );
+    assert_signed_by_hardware(&cluster, &name, &id, &id.key_uri, work.path());
+    cluster.kubectl_ok(&["certificate", "approve", &name]);
+
+    let (ok, stdout, stderr) = wait_child(&mut renew, work.path(), &cluster);
+    assert!(ok, "hwkey renew failed:\n{stderr}\n{}", cluster.logs());
+    assert!(stdout.is_empty(), "stdout: {stdout}");
+    assert!(
+        stderr.contains("renewed: ") && stderr.contains("valid until"),
+        "{stderr}"
+    );
+    assert_ne!(
+        serial_of(&id.cert),
+        old_serial,
+        "the certificate was not replaced"
+    );
+    let mut prev = id.cert.clone().into_os_string();
+    prev.push(".prev");
+    assert_eq!(std::fs::read(PathBuf::from(prev)).expect(".prev"), before);
+    let (subject, lifetime) = subject_and_lifetime(&id.cert);
+    assert!(
+        subject.contains("CN=alice") && subject.contains("O=devs"),
+        "{subject}"
+    );
+    assert!(
+        lifetime <= Duration::from_secs(11 * 60),
+        "not from the cluster signer: {lifetime:?}"
+    );
+    let show = run_ok(
+        hwkey()
+            .envs(id.envs())
+            .args(["cert", "show", "--key", &id.key_uri, "--cert"])
+            .arg(&id.cert),
+    );
+    assert!(
+        output_text(&show).contains("matches"),
+        "{}",
+        output_text(&show)
+    );
+
+    // The running proxy reloads the renewed file and keeps working, without a restart.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proxy.metric("hwkey_cert_reloads_total{result=\"ok\"}") < 1.0 {
+        assert!(Instant::now() < deadline, "no reload:\n{}", proxy.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = proxy.curl_unix(&["--fail"], "/version");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        output_text(&out),
+        proxy.log()
+    );
+}
+
+/// A node's TPM identity renews with no human step: kube-controller-manager's csrapproving
+/// controller auto-approves a node renewing its own `system:node:NAME` identity.
+#[test]
+fn a_nodes_tpm_identity_renews_with_no_human_step() {
+    let id = Identity::tpm();
+    let node_cert = id.dir.path().join("node1.pem");
+    id.issue(
+        &id.key_uri,
+        "CN=system:node:node1,O=system:nodes",
+        &node_cert,
+    );
+    let cluster = KubeCluster::start(&id.ca, "10m");
+    let work = temp_dir();
+    let old_serial = serial_of(&node_cert);
+    let mut renew = spawn_renew(&id, &cluster, &node_cert, work.path());
+    let (ok, _, stderr) = wait_child(&mut renew, work.path(), &cluster);
+    assert!(ok, "hwkey renew failed:\n{stderr}\n{}", cluster.logs());
+    assert_ne!(serial_of(&node_cert), old_serial);
+    let (subject, lifetime) = subject_and_lifetime(&node_cert);
+    assert!(
+        subject.contains("CN=system:node:node1") && subject.contains("O=system:nodes"),
+        "{subject}"
+    );
+    assert!(lifetime <= Duration::from_secs(11 * 60), "{lifetime:?}");
+    let name = wait_for_csr(&cluster, "hwkey-system-node-node1-");
+    assert_eq!(
+        csr_field(&cluster, &name, "{.spec.signerName}"),
+        "kubernetes.io/kube-apiserver-client-kubelet"
+    );
+    assert_eq!(
+        csr_field(&cluster, &name, "{.status.conditions[0].reason}"),
+        "AutoApproved"
+    );
+    assert_eq!(
+        csr_field(&cluster, &name, "{.spec.username}"),
+        "system:node:node1"
+    );
+}
+
+/// `hwkey bootstrap` with a bootstrap token yields a working node identity with no human step;
+/// run again, it has nothing to do.
+#[test]
+fn bootstrap_with_a_token_yields_a_working_node_identity() {
+    require_tool("kubectl", "kubectl (from the machine image)");
+    let id = Identity::softhsm();
+    let cluster = KubeCluster::start(&id.ca, "10m");
+    let work = temp_dir();
+    let uri = id.sibling_uri("node2");
+    let cert = work.path().join("node2.pem");
+    let kubelet_conf = work.path().join("kubelet.conf");
+    let state = work.path().join("state");
+    let bootstrap = || {
+        let mut cmd = hwkey();
+        cmd.envs(id.envs())
+            .arg("bootstrap")
+            .arg("--bootstrap-kubeconfig")
+            .arg(&cluster.bootstrap_kubeconfig)
+            .args([
+                "--node-name",
+                "node2",
+                "--key",
+                &uri,
+                "--create-key",
+                "ec-p256",
+            ])
+            .arg("--cert")
+            .arg(&cert)
+            .arg("--out")
+            .arg(&kubelet_conf)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--wait", "120s"]);
+        cmd
+    };
+    let out = run_ok(&mut bootstrap());
+    assert!(
+        output_text(&out).contains("bootstrapped: "),
+        "{}",
+        output_text(&out)
+    );
+    let (subject, _) = subject_and_lifetime(&cert);
+    assert!(subject.contains("CN=system:node:node2"), "{subject}");
+    let name = wait_for_csr(&cluster, "hwkey-system-node-node2-");
+    assert_eq!(
+        csr_field(&cluster, &name, "{.spec.username}"),
+        "system:bootstrap:abcdef"
+    );
+    assert_signed_by_hardware(&cluster, &name, &id, &uri, work.path());
+
+    // The kubelet kubeconfig works: client-go runs `hwkey credential`, which starts the proxy,
+    // which presents the node certificate signed in the token; the API server sees a node.
+    let kubeconfig_text = read(&kubelet_conf);
+    assert!(
+        kubeconfig_text.contains("interactiveMode: Never"),
+        "{kubeconfig_text}"
+    );
+    let out = Command::new("kubectl")
+        .envs(id.envs())
+        .env("KUBECONFIG", &kubelet_conf)
+        .args([
+            "auth",
+            "can-i",
+            "create",
+            "certificatesigningrequests",
+            "--subresource=selfnodeclient",
+        ])
+        .output()
+        .expect("run kubectl");
+    let pid = std::fs::read_to_string(state.join("proxy.pid")).ok();
+    if let Some(pid) = pid.as_deref().and_then(|p| p.trim().parse::<i32>().ok()) {
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "yes",
+        "{}\n{}",
+        output_text(&out),
+        read(&state.join("proxy.log"))
+    );
+
+    // Idempotent: a valid node certificate is there, so no new request.
+    let before = cluster.kubectl_ok(&["get", "csr", "-o", "name"]).stdout;
+    let out = run_ok(&mut bootstrap());
+    assert!(
+        output_text(&out).contains("already bootstrapped"),
+        "{}",
+        output_text(&out)
+    );
+    assert_eq!(
+        cluster.kubectl_ok(&["get", "csr", "-o", "name"]).stdout,
+        before
+    );
+}
+
+/// Denied: `hwkey renew` exits non-zero naming the reason, prints nothing on stdout, and the
+/// current certificate is left byte for byte (no .prev either).
+#[test]
+fn a_denied_request_fails_naming_the_reason_and_keeps_the_certificate() {
+    let id = Identity::softhsm();
+    let cluster = KubeCluster::start(&id.ca, "10m");
+    cluster.apply(DEVS_MAY_REQUEST);
+    let work = temp_dir();
+    let before = std::fs::read(&id.cert).expect("read cert");
+    let mut renew = spawn_renew(&id, &cluster, &id.cert, work.path());
+    let name = wait_for_csr(&cluster, "hwkey-alice-");
+    cluster.kubectl_ok(&["certificate", "deny", &name]);
+    let (ok, stdout, stderr) = wait_child(&mut renew, work.path(), &cluster);
+    assert!(!ok, "renew succeeded after a denial:\n{stderr}");
+    assert!(stdout.is_empty(), "stdout: {stdout}");
+    assert!(
+        stderr.contains(&format!("CertificateSigningRequest {name} was denied"))
+            && stderr.contains("KubectlDeny")
+            && stderr.contains("left as it was"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(&id.cert).expect("read cert"), before);
+    let mut prev = id.cert.clone().into_os_string();
+    prev.push(".prev");
+    assert!(!PathBuf::from(prev).exists());
+}
