@@ -386,3 +386,118 @@ fn a_denied_request_fails_naming_the_reason_and_keeps_the_certificate() {
     prev.push(".prev");
     assert!(!PathBuf::from(prev).exists());
 }
+
+/// NotAfter (Unix seconds) of the certificate the proxy uses now, from its metrics.
+fn proxy_not_after(proxy: &ProxyProcess) -> i64 {
+    proxy.metric("hwkey_certificate_not_after_timestamp_seconds") as i64
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64
+}
+
+/// `hwkey proxy --renew` with certificates that live about a minute (kube-controller-manager
+/// `--cluster-signing-duration 6m`, backdated 5m): across at least two rotations, a client
+/// making an authenticated request every second sees no failure; a watch opened before a
+/// rotation ends no later than its certificate's expiry, and a new watch works afterwards.
+#[test]
+fn the_proxy_renews_by_itself_across_rotations_with_no_failed_request() {
+    let id = Identity::softhsm();
+    // The node identity the proxy starts with: first from the test CA, then one short-lived
+    // certificate from the cluster (auto-approved), so that renewal is due at once.
+    id.issue(&id.key_uri, "CN=system:node:node9,O=system:nodes", &id.cert);
+    let cluster = KubeCluster::start(&id.ca, "6m");
+    let work = temp_dir();
+    let mut first = spawn_renew(&id, &cluster, &id.cert, work.path());
+    let (ok, _, stderr) = wait_child(&mut first, work.path(), &cluster);
+    assert!(ok, "first renewal failed:\n{stderr}\n{}", cluster.logs());
+
+    let proxy = ProxyProcess::start_to(
+        &id,
+        &cluster.url(),
+        ProxyOptions {
+            args: vec!["--renew".into()],
+            ..Default::default()
+        },
+    );
+    const LIST: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+
+    // A watch opened under the current certificate; its NotAfter is the bound.
+    let (watch, not_after) = loop {
+        let before = proxy_not_after(&proxy);
+        let mut w = support::proxy::RawHttp::connect(&proxy.socket);
+        w.send(&format!(
+            "GET {LIST}?watch=1 HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        ));
+        let (status, _) = w.read_head();
+        assert_eq!(status, 200, "{}", proxy.log());
+        if proxy_not_after(&proxy) == before {
+            break (w, before);
+        }
+    };
+    let watcher = std::thread::spawn(move || {
+        let mut w = watch;
+        w.reader
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_secs(300)))
+            .ok();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match std::io::BufRead::read_line(&mut w.reader, &mut line) {
+                Ok(0) | Err(_) => return unix_now(),
+                Ok(_) => {}
+            }
+        }
+    });
+
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let (mut ok_requests, mut failures) = (0u32, Vec::new());
+    while proxy.metric("hwkey_renewals_total{result=\"ok\"}") < 2.0 || !watcher.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "fewer than two renewals, or the watch still open, after 5 minutes:\n{}\n{}",
+            proxy.log(),
+            cluster.logs()
+        );
+        let out = proxy.curl_unix(&["-o", "/dev/null", "-w", "%{http_code}"], LIST);
+        let code = String::from_utf8_lossy(&out.stdout).into_owned();
+        if code == "200" {
+            ok_requests += 1;
+        } else {
+            failures.push(format!("{code} {}", output_text(&out)));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed across the rotations: {:?}\n{}",
+        failures.len(),
+        failures.len() as u32 + ok_requests,
+        &failures[..failures.len().min(3)],
+        proxy.log()
+    );
+    let ended = watcher.join().expect("watch thread");
+    assert!(
+        ended <= not_after + 2,
+        "the watch ended at {ended}, after its certificate expired at {not_after}"
+    );
+    assert!(
+        proxy_not_after(&proxy) > not_after,
+        "no newer certificate in use"
+    );
+    // A new watch works, under the new certificate.
+    let mut w = support::proxy::RawHttp::connect(&proxy.socket);
+    w.send(&format!(
+        "GET {LIST}?watch=1 HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    ));
+    assert_eq!(w.read_head().0, 200, "{}", proxy.log());
+    assert!(
+        proxy.log().contains("certificate renewed and installed"),
+        "{}",
+        proxy.log()
+    );
+}

@@ -79,6 +79,14 @@ pub struct ProxyArgs {
     /// upstream over TLS 1.2 with PKCS#1 v1.5 signatures instead of refusing to start.
     #[arg(long, env = "HWKEY_ALLOW_TLS12_FALLBACK")]
     allow_tls12_fallback: bool,
+    /// Renew the certificate through the Kubernetes CSR API at 70-90 % of its lifetime, signed
+    /// in the hardware, and use the new one at once (see `hwkey renew`).
+    #[arg(long, env = "HWKEY_RENEW")]
+    renew: bool,
+    /// When connections opened with a replaced certificate are closed: at its expiry (default;
+    /// they survive reloads) or immediately (what kubelet does after a rotation).
+    #[arg(long, value_enum, env = "HWKEY_ROTATION_CLOSE")]
+    rotation_close: Option<proxy::rotation::RotationClose>,
     /// Default lifetime of loopback credentials from the control socket (default 10m).
     #[arg(long, env = "HWKEY_CREDENTIAL_VALIDITY")]
     credential_validity: Option<String>,
@@ -149,6 +157,11 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
         unsafe_listen: args.unsafe_listen || file.unsafe_listen.unwrap_or(false),
         allow_tls12_fallback: args.allow_tls12_fallback
             || file.allow_tls12_fallback.unwrap_or(false),
+        renew: args.renew || file.renew.unwrap_or(false),
+        rotation_close: args
+            .rotation_close
+            .or(file.rotation_close)
+            .unwrap_or_default(),
         credential_validity: duration(args.credential_validity, file.credential_validity)?
             .unwrap_or(proxy::control::DEFAULT_VALIDITY),
         reload_interval: duration(args.reload_interval, file.reload_interval)?

@@ -92,15 +92,9 @@ pub(crate) struct Ask<'a> {
     pub wait: Duration,
 }
 
-/// Signs a CSR for `ask.subject` with `key`, submits it as `identity`, waits for the outcome,
-/// checks and installs the certificate at `target`. Shared by renew and bootstrap.
-pub(crate) fn request_and_install(
-    key: &Key,
-    ask: &Ask<'_>,
-    config: &kube::Config,
-    identity: client::Identity,
-    target: &Target,
-) -> Result<Renewed, LifecycleError> {
+/// Signs a CSR for `ask.subject` with `key` (blocking: the signature is made in the device) and
+/// describes the CertificateSigningRequest to create for it.
+pub(crate) fn prepare(key: &Key, ask: &Ask<'_>) -> Result<Submission, LifecycleError> {
     let name = Name::parse(ask.subject)?;
     let cn = name
         .0
@@ -114,7 +108,6 @@ pub(crate) fn request_and_install(
         .filter(|a| a.short == "O")
         .map(|a| a.value.clone())
         .collect();
-    // Signed in the hardware, on this thread, before any runtime exists.
     let csr_der = csr::build(
         key,
         &CsrRequest {
@@ -122,7 +115,7 @@ pub(crate) fn request_and_install(
             ..Default::default()
         },
     )?;
-    let submission = Submission {
+    Ok(Submission {
         csr_pem: csr::to_pem(&csr_der),
         signer_name: ask
             .signer_name
@@ -133,44 +126,37 @@ pub(crate) fn request_and_install(
             .expiration_seconds
             .map(|s| i32::try_from(s).unwrap_or(i32::MAX)),
         name_prefix: format!("hwkey-{}-", k8s_name_part(&cn)),
-    };
-    let server = config.cluster_url.to_string();
-    let runtime = super::runtime()?;
-    let (csr_name, outcome, notes) = runtime.block_on(async {
-        let client = client::build(config, identity)?;
-        let mut notes = Vec::new();
-        if ask.expiration_seconds.is_some() {
-            if let Ok(info) = client.apiserver_version().await {
-                let minor: u32 = info
-                    .minor
-                    .trim_end_matches(|c: char| !c.is_ascii_digit())
-                    .parse()
-                    .unwrap_or(u32::MAX);
-                if info.major == "1" && minor < 22 {
-                    notes.push(format!(
-                        "--expiration-seconds is ignored by this API server ({}): it issues certificates for its --cluster-signing-duration",
-                        info.git_version
-                    ));
-                }
+    })
+}
+
+/// Creates the request and waits for it: the issued PEM chain and the request's name, or the
+/// denial/failure as an error. Notes what the user should know (an ignored expirationSeconds).
+pub(crate) async fn submit(
+    client: &kube::Client,
+    server: &str,
+    submission: &Submission,
+    wait: Duration,
+    notes: &mut Vec<String>,
+) -> Result<(String, Vec<u8>), LifecycleError> {
+    if submission.expiration_seconds.is_some() {
+        if let Ok(info) = client.apiserver_version().await {
+            let minor: u32 = info
+                .minor
+                .trim_end_matches(|c: char| !c.is_ascii_digit())
+                .parse()
+                .unwrap_or(u32::MAX);
+            if info.major == "1" && minor < 22 {
+                notes.push(format!(
+                    "--expiration-seconds is ignored by this API server ({}): it issues certificates for its --cluster-signing-duration",
+                    info.git_version
+                ));
             }
         }
-        let csr_name = csr_api::create(&client, &server, &submission).await?;
-        tracing::info!(csr = %csr_name, signer = %submission.signer_name, "CertificateSigningRequest created; waiting for it to be issued");
-        let outcome = csr_api::wait(&client, &csr_name, ask.wait).await?;
-        Ok::<_, LifecycleError>((csr_name, outcome, notes))
-    })?;
-    match outcome {
-        Outcome::Issued(pem) => {
-            let issued = issued::check(&csr_name, &pem, key)?;
-            let installed = issued::install(target, &issued)?;
-            tracing::info!(csr = %csr_name, subject = %issued.subject, not_after = %issued.not_after, installed = %installed, "certificate rotated");
-            Ok(Renewed {
-                csr_name,
-                issued,
-                installed,
-                notes,
-            })
-        }
+    }
+    let csr_name = csr_api::create(client, server, submission).await?;
+    tracing::info!(csr = %csr_name, signer = %submission.signer_name, "CertificateSigningRequest created; waiting for it to be issued");
+    match csr_api::wait(client, &csr_name, wait).await? {
+        Outcome::Issued(pem) => Ok((csr_name, pem)),
         Outcome::Denied { reason, message } => Err(LifecycleError::Denied {
             name: csr_name,
             reason,
@@ -184,8 +170,37 @@ pub(crate) fn request_and_install(
     }
 }
 
+/// Signs a CSR for `ask.subject` with `key`, submits it as `identity`, waits for the outcome,
+/// checks and installs the certificate at `target`. Shared by renew and bootstrap.
+pub(crate) fn request_and_install(
+    key: &Key,
+    ask: &Ask<'_>,
+    config: &kube::Config,
+    identity: client::Identity,
+    target: &Target,
+) -> Result<Renewed, LifecycleError> {
+    // Signed in the hardware, on this thread, before any runtime exists.
+    let submission = prepare(key, ask)?;
+    let server = config.cluster_url.to_string();
+    let runtime = super::runtime()?;
+    let mut notes = Vec::new();
+    let (csr_name, pem) = runtime.block_on(async {
+        let client = client::build(config, identity)?;
+        submit(&client, &server, &submission, ask.wait, &mut notes).await
+    })?;
+    let issued = issued::check(&csr_name, &pem, key)?;
+    let installed = issued::install(target, &issued)?;
+    tracing::info!(csr = %csr_name, subject = %issued.subject, not_after = %issued.not_after, installed = %installed, "certificate rotated");
+    Ok(Renewed {
+        csr_name,
+        issued,
+        installed,
+        notes,
+    })
+}
+
 /// The subject of a certificate as `CN=…,O=…` text that [`Name::parse`] reads back.
-fn subject_text(cert_der: &[u8]) -> Result<String, LifecycleError> {
+pub(crate) fn subject_text(cert_der: &[u8]) -> Result<String, LifecycleError> {
     const SHORT: &[(&str, &str)] = &[
         ("2.5.4.3", "CN"),
         ("2.5.4.10", "O"),

@@ -38,6 +38,9 @@ pub async fn serve(
     prefix: Vec<u8>,
     alpn: Option<Vec<u8>>,
 ) {
+    // The certificate this connection is opened with (read before the handshake: if a rotation
+    // races it, the connection is attributed to the older one and ends earlier, never later).
+    let epoch = *shared.epoch.borrow();
     let connected = tokio::time::timeout(
         shared.handshake_timeout,
         shared.upstream.connect(alpn.as_deref()),
@@ -72,12 +75,20 @@ pub async fn serve(
     let mut a = Tracked::new(client, last.clone());
     let mut b = Tracked::new(up, last.clone());
     let copy = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, COPY_BUFFER, COPY_BUFFER);
-    let outcome = match shared.idle_timeout {
-        Some(limit) => tokio::select! {
-            r = copy => r.map(|_| ()),
-            _ = last.idle(limit) => Err(io::Error::new(io::ErrorKind::TimedOut, format!("idle for {limit:?}"))),
-        },
-        None => copy.await.map(|_| ()),
+    let idle = async {
+        match shared.idle_timeout {
+            Some(limit) => last.idle(limit).await,
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let retired = super::rotation::retire(shared.epoch.subscribe(), epoch, shared.rotation_close);
+    let outcome = tokio::select! {
+        r = copy => r.map(|_| ()),
+        _ = idle => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
+        _ = retired => {
+            tracing::info!("closing a connection opened with a certificate that was replaced or has expired");
+            Err(io::Error::other("certificate rotated"))
+        }
     };
     if let Err(e) = outcome {
         tracing::debug!(error = %e, "connection ended with an error");

@@ -191,6 +191,8 @@ pub struct FileConfig {
     pub allow_uid: Vec<u32>,
     pub unsafe_listen: Option<bool>,
     pub allow_tls12_fallback: Option<bool>,
+    pub renew: Option<bool>,
+    pub rotation_close: Option<super::rotation::RotationClose>,
     pub credential_validity: Option<String>,
     pub reload_interval: Option<String>,
 }

@@ -162,6 +162,18 @@ pub struct Metrics {
     reloads_ok: AtomicU64,
     reloads_refused: AtomicU64,
     credentials_issued: AtomicU64,
+    renewal: RenewalMetrics,
+}
+
+/// The certificate in use and the renewals (`--renew`).
+#[derive(Debug, Default)]
+struct RenewalMetrics {
+    /// NotAfter of the certificate in use, Unix seconds (i64::MIN: unknown).
+    not_after: std::sync::atomic::AtomicI64,
+    attempts: AtomicU64,
+    succeeded: AtomicU64,
+    last_success_unix: AtomicU64,
+    failures: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 impl Metrics {
@@ -214,6 +226,34 @@ impl Metrics {
         } else {
             self.reloads_refused.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Records the NotAfter (Unix seconds) of the certificate now in use.
+    pub fn certificate(&self, not_after_unix: Option<i64>) {
+        self.renewal
+            .not_after
+            .store(not_after_unix.unwrap_or(i64::MIN), Ordering::Relaxed);
+    }
+
+    pub fn renewal_attempt(&self) {
+        self.renewal.attempts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn renewal_succeeded(&self, at_unix: f64) {
+        self.renewal.succeeded.fetch_add(1, Ordering::Relaxed);
+        self.renewal
+            .last_success_unix
+            .store(at_unix as u64, Ordering::Relaxed);
+    }
+
+    pub fn renewal_failed(&self, reason: &'static str) {
+        *self
+            .renewal
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason)
+            .or_default() += 1;
     }
 
     pub fn credential_issued(&self) {
@@ -382,7 +422,68 @@ impl Metrics {
             "hwkey_loopback_credentials_issued_total {}",
             load(&self.credentials_issued)
         );
+        self.render_certificate(&mut o);
         o
+    }
+
+    fn render_certificate(&self, o: &mut String) {
+        let r = &self.renewal;
+        let not_after = r.not_after.load(Ordering::Relaxed);
+        if not_after != i64::MIN {
+            header(
+                o,
+                "hwkey_certificate_not_after_timestamp_seconds",
+                "gauge",
+                "NotAfter of the client certificate in use (Unix time).",
+            );
+            let _ = writeln!(
+                o,
+                "hwkey_certificate_not_after_timestamp_seconds {not_after}"
+            );
+            let now = time::OffsetDateTime::now_utc().unix_timestamp();
+            header(
+                o,
+                "hwkey_certificate_remaining_seconds",
+                "gauge",
+                "Seconds until the client certificate in use expires (negative: expired).",
+            );
+            let _ = writeln!(o, "hwkey_certificate_remaining_seconds {}", not_after - now);
+        }
+        header(
+            o,
+            "hwkey_renewals_total",
+            "counter",
+            "Certificate renewals through the CSR API (--renew), by result.",
+        );
+        let ok = r.succeeded.load(Ordering::Relaxed);
+        let failed: u64 = r
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .sum();
+        let _ = writeln!(o, "hwkey_renewals_total{{result=\"ok\"}} {ok}");
+        let _ = writeln!(o, "hwkey_renewals_total{{result=\"failed\"}} {failed}");
+        header(
+            o,
+            "hwkey_renewal_failures_total",
+            "counter",
+            "Failed renewals, by reason (denied, failed, timeout, api, bad_certificate, install, key).",
+        );
+        for (reason, n) in r.failures.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(o, "hwkey_renewal_failures_total{{reason=\"{reason}\"}} {n}");
+        }
+        header(
+            o,
+            "hwkey_renewal_last_success_timestamp_seconds",
+            "gauge",
+            "When the last renewal succeeded (Unix time; 0: never).",
+        );
+        let _ = writeln!(
+            o,
+            "hwkey_renewal_last_success_timestamp_seconds {}",
+            r.last_success_unix.load(Ordering::Relaxed)
+        );
     }
 }
 

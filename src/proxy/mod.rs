@@ -28,6 +28,8 @@ pub mod local_ca;
 pub mod metrics;
 pub mod notify;
 pub mod reload;
+pub mod renewal;
+pub mod rotation;
 pub mod sessions;
 pub mod upstream;
 
@@ -87,6 +89,10 @@ pub struct ProxyConfig {
     /// Default lifetime of loopback credentials.
     pub credential_validity: Duration,
     pub reload_interval: Duration,
+    /// Renew the certificate through the CSR API before it expires (`--renew`).
+    pub renew: bool,
+    /// When connections opened with a replaced certificate are closed.
+    pub rotation_close: rotation::RotationClose,
 }
 
 /// Errors of the proxy layer, each saying what to fix.
@@ -218,6 +224,25 @@ pub struct Shared {
     pub(crate) credential_validity: Duration,
     pub(crate) loopback_url: Option<String>,
     pub(crate) unix_sockets: Vec<PathBuf>,
+    /// The certificate generation in use and its NotAfter (see [`rotation`]).
+    pub(crate) epoch: watch::Sender<rotation::CertEpoch>,
+    pub(crate) rotation_close: rotation::RotationClose,
+}
+
+impl Shared {
+    /// Installs a chain for new upstream connections: the resolver's chain, an empty session
+    /// store (no resumed session presents the old certificate), a new epoch (connections opened
+    /// before end per `--rotation-close`), and the certificate metrics.
+    pub(crate) fn install_chain(
+        &self,
+        chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    ) -> Result<(), KeyError> {
+        self.upstream.resolver().replace_chain(chain.clone())?;
+        self.upstream.reset_sessions();
+        rotation::advance(&self.epoch, &chain);
+        self.metrics.certificate(rotation::not_after_unix(&chain));
+        Ok(())
+    }
 }
 
 /// Runs the proxy until a stop cause (signal, lock owner gone, idle), then drains and returns
@@ -271,6 +296,9 @@ async fn serve(
     versions: &'static [&'static rustls::SupportedProtocolVersion],
 ) -> Result<StopReason, ProxyError> {
     let metrics = Arc::new(metrics::Metrics::default());
+    let first_chain = resolver.chain();
+    metrics.certificate(rotation::not_after_unix(&first_chain));
+    let epoch = rotation::first(&first_chain);
     let upstream = upstream::Upstream::new(
         config.upstream.clone(),
         config.tls_server_name.as_deref(),
@@ -324,6 +352,8 @@ async fn serve(
                 ListenAddr::Tcp(_) => None,
             })
             .collect(),
+        epoch,
+        rotation_close: config.rotation_close,
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -344,6 +374,20 @@ async fn serve(
         tasks.push(tokio::spawn(admin::serve(
             shared.clone(),
             a,
+            stop_rx.clone(),
+        )));
+    }
+    if config.renew {
+        tasks.push(tokio::spawn(renewal::run(
+            shared.clone(),
+            renewal::RenewSettings {
+                key: config.key.clone(),
+                cert: config.cert.clone(),
+                server: format!("https://{}", config.upstream.authority()),
+                upstream_ca: config.upstream_ca.clone(),
+                tls_server_name: config.tls_server_name.clone(),
+                versions,
+            },
             stop_rx.clone(),
         )));
     }

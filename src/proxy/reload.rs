@@ -99,11 +99,6 @@ fn install(shared: &Shared, chain: Vec<CertificateDer<'static>>) -> Result<Strin
             summary.serial, summary.not_after
         ));
     }
-    shared
-        .upstream
-        .resolver()
-        .replace_chain(chain)
-        .map_err(|e| e.to_string())?;
-    shared.upstream.reset_sessions();
+    shared.install_chain(chain).map_err(|e| e.to_string())?;
     Ok(summary.serial)
 }

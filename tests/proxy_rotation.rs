@@ -1,0 +1,105 @@
+//! When bridged connections end after the certificate changes (`--rotation-close`): with
+//! `immediate` (kubelet's behaviour) a connection opened with a replaced certificate is closed at
+//! once and the client reconnects under the new one; in every mode a connection never outlives
+//! the certificate it was opened with. Real SoftHSM key, real rustls/hyper upstream.
+
+mod support;
+
+use std::io::BufRead;
+use std::time::{Duration, Instant};
+
+use support::proxy::{Identity, ProxyOptions, ProxyProcess, RawHttp};
+use support::upstream::TestUpstream;
+use support::*;
+
+const WATCH: &str =
+    "GET /api/v1/namespaces/default/configmaps?watch=1 HTTP/1.1\r\nHost: localhost\r\n\r\n";
+
+/// Reads until the stream ends; panics if it is still open after `limit`.
+fn ends_within(w: &mut RawHttp, limit: Duration, proxy: &ProxyProcess) -> Duration {
+    let started = Instant::now();
+    w.reader.get_ref().set_read_timeout(Some(limit)).ok();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match w.reader.read_line(&mut line) {
+            Ok(0) => return started.elapsed(),
+            Ok(_) => continue,
+            Err(e) => panic!(
+                "the watch was not closed within {limit:?} ({e}):\n{}",
+                proxy.log()
+            ),
+        }
+    }
+}
+
+#[test]
+fn immediate_closes_connections_of_a_replaced_certificate() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions {
+            args: vec![
+                "--rotation-close".into(),
+                "immediate".into(),
+                "--reload-interval".into(),
+                "100ms".into(),
+            ],
+            ..Default::default()
+        },
+    );
+    let mut watch = RawHttp::connect(&proxy.socket);
+    watch.send(WATCH);
+    assert_eq!(watch.read_head().0, 200);
+
+    let renewed = id.dir.path().join("renewed.pem");
+    id.issue(&id.key_uri, "CN=alice,O=devs", &renewed);
+    let tmp = id.cert.with_extension("new");
+    std::fs::copy(&renewed, &tmp).expect("copy");
+    std::fs::rename(&tmp, &id.cert).expect("rename");
+    ends_within(&mut watch, Duration::from_secs(20), &proxy);
+
+    // The client reconnects and is served under the new certificate.
+    let out = proxy.curl_unix(&["--fail"], "/version");
+    assert!(out.status.success(), "{}", output_text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let pem = std::fs::read(&renewed).expect("read");
+    let block = pem::parse(pem).expect("PEM");
+    let (_, c) = x509_parser::parse_x509_certificate(block.contents()).expect("cert");
+    assert_eq!(v["serial"], c.raw_serial_as_string().as_str());
+}
+
+/// Without any rotation, a watch is closed when the certificate it was opened with expires:
+/// nothing goes on under an expired identity.
+#[test]
+fn a_connection_never_outlives_its_certificate() {
+    let id = Identity::softhsm();
+    // A certificate that expires in a few seconds.
+    let csr = run_ok(hwkey().envs(id.envs()).args([
+        "csr",
+        "--key",
+        &id.key_uri,
+        "--subject",
+        "CN=alice,O=devs",
+    ]));
+    let pem = id.ca.sign_csr_pem_for(
+        &String::from_utf8(csr.stdout).expect("UTF-8"),
+        Duration::from_secs(8),
+    );
+    std::fs::write(&id.cert, pem).expect("write cert");
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let mut watch = RawHttp::connect(&proxy.socket);
+    watch.send(WATCH);
+    assert_eq!(watch.read_head().0, 200);
+    ends_within(&mut watch, Duration::from_secs(30), &proxy);
+    assert!(
+        proxy
+            .log()
+            .contains("closing a connection opened with a certificate"),
+        "{}",
+        proxy.log()
+    );
+}
