@@ -34,6 +34,10 @@ pub struct BootstrapArgs {
     /// The proxy's state directory (default: /var/lib/hwkey/kubelet).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// The proxy's loopback port for the kubeconfig's server (match the proxy's
+    /// `listen = tcp:127.0.0.1:PORT`; default: the one the file had, else a free one).
+    #[arg(long)]
+    port: Option<u16>,
     /// How long to wait for the request to be issued.
     #[arg(long, default_value = "15m")]
     wait: String,
@@ -55,6 +59,7 @@ pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
         state_dir: args
             .state_dir
             .unwrap_or_else(|| PathBuf::from("/var/lib/hwkey/kubelet")),
+        port: args.port,
         wait: crate::proxy::config::parse_duration(&args.wait)?,
         command: std::env::current_exe().context("cannot find the hwkey binary's path")?,
     };

@@ -32,6 +32,8 @@ pub struct BootstrapOptions {
     pub out: PathBuf,
     /// The proxy's state directory (loopback CA, control socket).
     pub state_dir: PathBuf,
+    /// The proxy's loopback port the kubeconfig points at (None: the file's, else a free one).
+    pub port: Option<u16>,
     pub wait: Duration,
     /// The hwkey binary the kubelet kubeconfig's exec block runs.
     pub command: PathBuf,
@@ -233,7 +235,7 @@ fn write_kubelet_kubeconfig(
         upstream: server.trim_end_matches('/').to_string(),
         upstream_ca: ca_file.to_path_buf(),
         tls_server_name: config.tls_server_name.clone(),
-        port: None,
+        port: options.port,
         state_dir: options.state_dir.clone(),
         idle_exit: None,
         command: options.command.clone(),
