@@ -57,6 +57,41 @@ pub enum Consumer {
     Kubelet,
 }
 
+/// The `client.authentication.k8s.io` version of the exec block. client-go before 1.22 (e.g.
+/// kubelet 1.20/1.21) knows only `v1beta1`; `v1` needs `interactiveMode`, which `v1beta1`
+/// clients of that age do not know, so it is left out there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ExecApiVersion {
+    #[default]
+    V1,
+    V1beta1,
+}
+
+impl ExecApiVersion {
+    /// The apiVersion string of the exec block.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            ExecApiVersion::V1 => "client.authentication.k8s.io/v1",
+            ExecApiVersion::V1beta1 => "client.authentication.k8s.io/v1beta1",
+        }
+    }
+
+    /// The version a kubelet of a cluster at `major.minor` understands: kubelets may be two
+    /// minor versions older than the API server, and `v1` arrived in client-go 1.22, so
+    /// clusters before 1.24 get `v1beta1` (which newer clients still accept).
+    pub fn for_cluster(major: &str, minor: &str) -> ExecApiVersion {
+        let minor: u32 = minor
+            .trim_end_matches(|c: char| !c.is_ascii_digit())
+            .parse()
+            .unwrap_or(u32::MAX);
+        if major == "1" && minor < 24 {
+            ExecApiVersion::V1beta1
+        } else {
+            ExecApiVersion::V1
+        }
+    }
+}
+
 /// What to generate.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -78,6 +113,8 @@ pub struct Request {
     /// Absolute path of the hwkey binary the exec block runs.
     pub command: PathBuf,
     pub consumer: Consumer,
+    /// The exec block's apiVersion.
+    pub exec_api_version: ExecApiVersion,
 }
 
 /// Merges the entries for `request` into the kubeconfig at `out` (created if absent).
@@ -228,20 +265,19 @@ fn merge(doc: &mut Value, r: &Request, server: &str, loopback_ca_pem: &str) {
     );
 
     let mut exec = Mapping::new();
-    exec.insert(
-        "apiVersion".into(),
-        "client.authentication.k8s.io/v1".into(),
-    );
+    exec.insert("apiVersion".into(), r.exec_api_version.api_version().into());
     exec.insert("command".into(), r.command.display().to_string().into());
     exec.insert("args".into(), Value::Sequence(vec!["credential".into()]));
-    exec.insert(
-        "interactiveMode".into(),
-        match r.consumer {
-            Consumer::Kubectl => "IfAvailable",
-            Consumer::Kubelet => "Never",
-        }
-        .into(),
-    );
+    if r.exec_api_version == ExecApiVersion::V1 {
+        exec.insert(
+            "interactiveMode".into(),
+            match r.consumer {
+                Consumer::Kubectl => "IfAvailable",
+                Consumer::Kubelet => "Never",
+            }
+            .into(),
+        );
+    }
     exec.insert("provideClusterInfo".into(), true.into());
     exec.insert(
         "installHint".into(),
@@ -274,5 +310,25 @@ fn merge(doc: &mut Value, r: &Request, server: &str, loopback_ca_pem: &str) {
         if current.is_empty() {
             map.insert("current-context".into(), r.name.clone().into());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ExecApiVersion;
+
+    #[test]
+    fn kubelets_of_clusters_before_1_24_get_v1beta1() {
+        assert_eq!(
+            ExecApiVersion::for_cluster("1", "20"),
+            ExecApiVersion::V1beta1
+        );
+        assert_eq!(
+            ExecApiVersion::for_cluster("1", "23+"),
+            ExecApiVersion::V1beta1
+        );
+        assert_eq!(ExecApiVersion::for_cluster("1", "24"), ExecApiVersion::V1);
+        assert_eq!(ExecApiVersion::for_cluster("1", "32"), ExecApiVersion::V1);
+        assert_eq!(ExecApiVersion::for_cluster("2", "0"), ExecApiVersion::V1);
     }
 }

@@ -38,6 +38,10 @@ pub struct BootstrapArgs {
     /// `listen = tcp:127.0.0.1:PORT`; default: the one the file had, else a free one).
     #[arg(long)]
     port: Option<u16>,
+    /// The kubelet kubeconfig's exec apiVersion (default: v1beta1 for API servers before 1.24,
+    /// whose kubelets may predate client.authentication.k8s.io/v1; else v1).
+    #[arg(long, value_enum)]
+    exec_api_version: Option<crate::kubeconfig::ExecApiVersion>,
     /// How long to wait for the request to be issued.
     #[arg(long, default_value = "15m")]
     wait: String,
@@ -60,6 +64,7 @@ pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
             .state_dir
             .unwrap_or_else(|| PathBuf::from("/var/lib/hwkey/kubelet")),
         port: args.port,
+        exec_api_version: args.exec_api_version,
         wait: crate::proxy::config::parse_duration(&args.wait)?,
         command: std::env::current_exe().context("cannot find the hwkey binary's path")?,
     };

@@ -35,6 +35,10 @@ pub struct KubeconfigArgs {
     /// kubectl (interactive PIN prompt allowed) or kubelet (never interactive).
     #[arg(long = "for", value_enum, default_value = "kubectl")]
     consumer: Consumer,
+    /// The exec block's client.authentication.k8s.io version: v1, or v1beta1 for client-go
+    /// older than 1.22 (kubelet 1.20/1.21).
+    #[arg(long, value_enum, default_value = "v1")]
+    exec_api_version: crate::kubeconfig::ExecApiVersion,
     /// Loopback port of the proxy (default: kept from an earlier run, else a free one).
     #[arg(long)]
     port: Option<u16>,
@@ -111,6 +115,7 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
         idle_exit: args.idle_exit,
         command,
         consumer: args.consumer,
+        exec_api_version: args.exec_api_version,
     };
     let server = kubeconfig::write(&request, &out)?;
     eprintln!(

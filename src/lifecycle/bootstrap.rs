@@ -14,7 +14,7 @@ use super::issued::Target;
 use super::renew::{request_and_install, Ask, Renewed};
 use super::{client, LifecycleError, KUBELET_SIGNER};
 use crate::key::{Key, KeyAlgorithm, KeyError, KeyUri};
-use crate::kubeconfig::{self, Consumer, Request};
+use crate::kubeconfig::{self, Consumer, ExecApiVersion, Request};
 use crate::pki::cert;
 
 /// What `hwkey bootstrap` needs.
@@ -37,6 +37,9 @@ pub struct BootstrapOptions {
     pub wait: Duration,
     /// The hwkey binary the kubelet kubeconfig's exec block runs.
     pub command: PathBuf,
+    /// The exec block's version (None: from the API server's version, see
+    /// [`ExecApiVersion::for_cluster`]).
+    pub exec_api_version: Option<ExecApiVersion>,
 }
 
 /// What bootstrapping did.
@@ -77,6 +80,22 @@ pub fn bootstrap(options: &BootstrapOptions) -> Result<Bootstrapped, LifecycleEr
     )?;
     write_kubelet_kubeconfig(options, &config, &ca_file)?;
     Ok(Bootstrapped::Issued(renewed))
+}
+
+/// The exec apiVersion for the cluster's kubelets, from the API server's `/version` (readable
+/// with the bootstrap token). When it cannot be read, `v1beta1`: every client-go since 1.11
+/// understands it.
+fn cluster_exec_api_version(config: &kube::Config) -> ExecApiVersion {
+    let version = super::runtime().ok().and_then(|rt| {
+        rt.block_on(async {
+            let client = client::build(config, client::Identity::Config).ok()?;
+            client.apiserver_version().await.ok()
+        })
+    });
+    match version {
+        Some(v) => ExecApiVersion::for_cluster(&v.major, &v.minor),
+        None => ExecApiVersion::V1beta1,
+    }
 }
 
 /// Node names are DNS subdomains (lowercase letters, digits, '-', '.').
@@ -227,6 +246,10 @@ fn write_kubelet_kubeconfig(
     config: &kube::Config,
     ca_file: &Path,
 ) -> Result<(), LifecycleError> {
+    let exec_api_version = match options.exec_api_version {
+        Some(v) => v,
+        None => cluster_exec_api_version(config),
+    };
     let server = config.cluster_url.to_string();
     let request = Request {
         name: "kubelet".into(),
@@ -240,6 +263,7 @@ fn write_kubelet_kubeconfig(
         idle_exit: None,
         command: options.command.clone(),
         consumer: Consumer::Kubelet,
+        exec_api_version,
     };
     kubeconfig::write(&request, &options.out)
         .map(|_| ())
