@@ -538,8 +538,9 @@ fn kubeconfig_merges_without_disturbing_other_entries() {
 }
 
 /// A PKCS#11 key URI without a PIN source, interactive session: the plugin prompts on the
-/// terminal (no echo), the proxy gets the PIN through its environment (never argv), and stdout
-/// still carries the credential.
+/// terminal (no echo), the proxy gets the PIN on a pipe (its stdin) — never argv, never its
+/// environment (/proc/PID/environ, readable for the proxy's whole life) — and stdout still
+/// carries the credential.
 #[test]
 fn interactive_sessions_are_prompted_for_a_missing_pin() {
     support::require_tool("script", "bsdutils");
@@ -577,6 +578,12 @@ fn interactive_sessions_are_prompted_for_a_missing_pin() {
     assert!(
         !String::from_utf8_lossy(&cmdline).contains(support::USER_PIN),
         "the PIN is not in the proxy's argv"
+    );
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        !environ.contains(support::USER_PIN) && !environ.contains("PIN"),
+        "the PIN (or a PIN variable) is in the proxy's environment"
     );
     let log = std::fs::read_to_string(c.state.join("proxy.log")).expect("log");
     assert!(!log.contains(support::USER_PIN), "the PIN is not logged");

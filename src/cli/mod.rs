@@ -86,9 +86,65 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("hwkey: error: {}", one_line(&e));
-            ExitCode::FAILURE
+            if pin_refused(&e) {
+                ExitCode::from(EXIT_PIN_REFUSED)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
+}
+
+pub use crate::key::pin::EXIT_PIN_REFUSED;
+
+/// True when the error chain holds a PIN rejection, wherever a layer wrapped it.
+fn pin_refused(e: &anyhow::Error) -> bool {
+    use crate::key::KeyError;
+    use crate::pki::PkiError;
+    let is_pin = |k: &KeyError| {
+        matches!(
+            k,
+            KeyError::PinIncorrect { .. }
+                | KeyError::PinRemembered { .. }
+                | KeyError::PinFinalTry { .. }
+                | KeyError::PinLocked { .. }
+        )
+    };
+    let in_pki = |p: &PkiError| matches!(p, PkiError::Key(k) if is_pin(k));
+    e.chain().any(|cause| {
+        if let Some(k) = cause.downcast_ref::<KeyError>() {
+            return is_pin(k);
+        }
+        if let Some(p) = cause.downcast_ref::<PkiError>() {
+            return in_pki(p);
+        }
+        if let Some(p) = cause.downcast_ref::<crate::proxy::ProxyError>() {
+            return match p {
+                crate::proxy::ProxyError::Key(k) => is_pin(k),
+                crate::proxy::ProxyError::Pki(p) => in_pki(p),
+                _ => false,
+            };
+        }
+        if let Some(crate::exec::ExecError::Key(k)) = cause.downcast_ref::<crate::exec::ExecError>()
+        {
+            return is_pin(k);
+        }
+        if let Some(l) = cause.downcast_ref::<crate::lifecycle::LifecycleError>() {
+            return match l {
+                crate::lifecycle::LifecycleError::Key(k) => is_pin(k),
+                crate::lifecycle::LifecycleError::Pki(p) => in_pki(p),
+                _ => false,
+            };
+        }
+        if let Some(p) = cause.downcast_ref::<crate::probe::ProbeError>() {
+            return match p {
+                crate::probe::ProbeError::Key(k) => is_pin(k),
+                crate::probe::ProbeError::Pki(p) => in_pki(p),
+                _ => false,
+            };
+        }
+        false
+    })
 }
 
 /// The error and its causes on one line, leaving out a cause whose text the message above it

@@ -79,6 +79,11 @@ pub struct ProxyArgs {
     /// upstream over TLS 1.2 with PKCS#1 v1.5 signatures instead of refusing to start.
     #[arg(long, env = "HWKEY_ALLOW_TLS12_FALLBACK")]
     allow_tls12_fallback: bool,
+    /// Read the token PIN from standard input (one line) at start and keep it only in locked,
+    /// wiped memory: how `hwkey credential` hands a prompted PIN to the proxy it starts (never
+    /// argv, never the environment).
+    #[arg(long, env = "HWKEY_PIN_STDIN")]
+    pin_stdin: bool,
     /// Renew the certificate through the Kubernetes CSR API at 70-90 % of its lifetime, signed
     /// in the hardware, and use the new one at once (see `hwkey renew`).
     #[arg(long, env = "HWKEY_RENEW")]
@@ -170,7 +175,14 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
 }
 
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
-    let config = resolve(args)?;
+    // The proxy holds a logged-in session and maybe a PIN: keep other processes out of it.
+    crate::key::pin::protect_process();
+    let pin_stdin = args.pin_stdin;
+    let mut config = resolve(args)?;
+    if pin_stdin {
+        let pin = crate::key::pin::read_pin_line(std::io::stdin().lock())?;
+        config.key = config.key.with_pin_value(pin);
+    }
     let upstream = config.upstream.to_string();
     proxy::run(config).with_context(|| format!("proxy to {upstream}"))?;
     Ok(())

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use zeroize::Zeroizing;
 
-use super::settings::{with_env_pin, Settings};
+use super::settings::Settings;
 use super::{control_client, ExecError};
 use crate::key::pin::PinSource;
 use crate::key::KeyUri;
@@ -24,14 +24,12 @@ use crate::key::KeyUri;
 /// How long a starting proxy may take to answer on its control socket (opening a key may need a
 /// TPM or a slow token).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
-/// The environment variable that carries a prompted PIN to the proxy process (never argv).
-const PIN_VAR: &str = "HWKEY_PROXY_PIN";
 
-/// Makes sure a proxy answers on the settings' control socket.
+/// Makes sure a proxy for these settings answers on the settings' control socket.
 pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Result<(), ExecError> {
     let sock = settings.control_socket();
-    if control_client::get_json(&sock, "/v1/info").is_ok() {
-        return Ok(());
+    if let Ok(info) = control_client::get_json(&sock, "/v1/info") {
+        return same_proxy(settings, &info);
     }
     let start_err = |reason: String| ExecError::ProxyStart {
         server: settings.server.clone(),
@@ -59,10 +57,43 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
     lock.lock()
         .map_err(|e| start_err(format!("cannot lock {}: {e}", lock_path.display())))?;
     // Someone else may have started it while we waited for the lock.
-    if control_client::get_json(&sock, "/v1/info").is_ok() {
-        return Ok(());
+    if let Ok(info) = control_client::get_json(&sock, "/v1/info") {
+        return same_proxy(settings, &info);
+    }
+    // A socket file nobody answers on is left by a proxy that was killed: remove it (under the
+    // lock, so never a live one another plugin just created).
+    if std::fs::symlink_metadata(&sock).is_ok() {
+        if let Err(e) = fs::remove_file(&sock) {
+            return Err(start_err(format!(
+                "a stale control socket {} is in the way and cannot be removed: {e}",
+                sock.display()
+            )));
+        }
     }
     start(settings, pin, &lock)
+}
+
+/// Checks that the proxy answering in the state directory serves this kubeconfig's upstream
+/// and key: a proxy left running for other settings must not carry this cluster's traffic.
+fn same_proxy(settings: &Settings, info: &serde_json::Value) -> Result<(), ExecError> {
+    let wanted_upstream = settings
+        .upstream
+        .parse::<crate::proxy::UpstreamTarget>()
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| settings.upstream.clone());
+    let wanted_key = settings.key.without_pin().to_string();
+    let running_upstream = info["upstream"].as_str().unwrap_or_default();
+    let running_key = info["keyUri"].as_str().unwrap_or_default();
+    if running_upstream == wanted_upstream && running_key == wanted_key {
+        return Ok(());
+    }
+    let pid = fs::read_to_string(settings.state_dir.join("proxy.pid")).unwrap_or_default();
+    Err(ExecError::ProxyMismatch {
+        state_dir: settings.state_dir.clone(),
+        running: format!("upstream {running_upstream}, key {running_key}"),
+        wanted: format!("upstream {wanted_upstream}, key {wanted_key}"),
+        pid: pid.trim().to_string(),
+    })
 }
 
 fn start(
@@ -90,7 +121,9 @@ fn start(
         settings.server
     );
 
-    // A PIN that is not in a file or the environment reaches the proxy through its environment.
+    // A PIN that is not in a file or the environment (prompted, or a pin-value, which the URI's
+    // text never shows) reaches the proxy on its standard input: a pipe only it reads, never
+    // argv or the environment (both readable in /proc).
     let pin = match (&settings.key, pin) {
         (_, Some(p)) => Some(p),
         (KeyUri::Pkcs11(u), None) => match &u.pin {
@@ -99,11 +132,7 @@ fn start(
         },
         _ => None,
     };
-    let key = if pin.is_some() {
-        with_env_pin(&settings.key, PIN_VAR)
-    } else {
-        settings.key.clone()
-    };
+    let key = settings.key.clone();
 
     let mut cmd = Command::new(exe);
     cmd.arg("proxy")
@@ -126,20 +155,34 @@ fn start(
     if let Some(n) = &settings.tls_server_name {
         cmd.arg("--tls-server-name").arg(n);
     }
-    if let Some(p) = &pin {
-        cmd.env(PIN_VAR, p.as_str());
+    if pin.is_some() {
+        cmd.arg("--pin-stdin");
     }
     let stderr = log
         .try_clone()
         .map_err(|e| fail(format!("cannot open {}: {e}", log_path.display())))?;
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(stderr))
-        // Its own process group: kubectl's Ctrl-C must not take the shared proxy down.
-        .process_group(0);
+    cmd.stdin(if pin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::null())
+    .stderr(Stdio::from(stderr))
+    // Its own process group: kubectl's Ctrl-C must not take the shared proxy down.
+    .process_group(0);
     let mut child = cmd
         .spawn()
         .map_err(|e| fail(format!("cannot run hwkey proxy: {e}")))?;
+    if let (Some(p), Some(mut stdin)) = (&pin, child.stdin.take()) {
+        let mut line = Zeroizing::new(p.as_bytes().to_vec());
+        line.push(b'\n');
+        // The pipe closes when `stdin` drops: the proxy reads one line, then end of file.
+        if let Err(e) = stdin.write_all(&line) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(fail(format!("cannot hand the PIN to the proxy: {e}")));
+        }
+    }
     drop(pin);
     // Operators (and tests) find the detached proxy by this file.
     let _ = crate::atomic_file::write_atomic(
@@ -155,6 +198,11 @@ fn start(
             return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {
+            if status.code() == Some(i32::from(crate::key::pin::EXIT_PIN_REFUSED)) {
+                return Err(fail(format!(
+                    "it exited ({status}) because the token's PIN was refused; nothing retries it: the PIN is not presented again until its source changes"
+                )));
+            }
             return Err(fail(format!("it exited ({status})")));
         }
         if Instant::now() > deadline {

@@ -11,7 +11,6 @@ use zeroize::Zeroizing;
 
 use super::credential::ExecInfo;
 use super::ExecError;
-use crate::key::pin::PinSource;
 use crate::key::KeyUri;
 
 /// The name of the control socket the proxy creates in its state directory.
@@ -192,8 +191,9 @@ pub fn pin_for(
     if uri.pin.is_some() {
         return Ok(None);
     }
-    if std::fs::metadata(settings.control_socket()).is_ok() {
-        // A running proxy already holds its login; only a start needs the PIN.
+    if super::control_client::get_json(&settings.control_socket(), "/v1/info").is_ok() {
+        // A running proxy already holds its login; only a start needs the PIN. (A socket file
+        // alone proves nothing: a killed proxy leaves one behind.)
         return Ok(None);
     }
     if !interactive {
@@ -208,17 +208,4 @@ pub fn pin_for(
         reason: format!("cannot read it from the terminal: {e}"),
     })?;
     Ok(Some(Zeroizing::new(pin)))
-}
-
-/// The key URI the proxy gets when the PIN was prompted: same key, PIN from the environment
-/// variable the launcher sets for the proxy process only.
-pub fn with_env_pin(key: &KeyUri, var: &str) -> KeyUri {
-    match key {
-        KeyUri::Pkcs11(u) => {
-            let mut u = u.clone();
-            u.pin = Some(PinSource::Env(var.to_string()));
-            KeyUri::Pkcs11(u)
-        }
-        other => other.clone(),
-    }
 }

@@ -66,8 +66,18 @@ pub enum KeyError {
     #[error("cannot read the PIN from {source_desc}: {reason}")]
     PinUnreadable { source_desc: String, reason: String },
 
-    #[error("the PIN for token '{token}' was rejected (CKR_PIN_INCORRECT); hwkey made exactly one attempt and will not retry, because tokens lock after a few wrong PINs: fix the PIN source and try again")]
+    #[error("the PIN for token '{token}' was rejected (CKR_PIN_INCORRECT); hwkey made exactly one attempt and, because tokens lock after a few wrong PINs, will not present this PIN again (in any process) until its source changes: fix the PIN source and try again")]
     PinIncorrect { token: String },
+
+    #[error("the PIN from {source_desc} was rejected by token '{token}' before (CKR_PIN_INCORRECT), so hwkey did not present it again: tokens lock after a few wrong PINs. Fix the PIN in {source_desc} (hwkey tries a changed PIN once), or, if the token's PIN was changed instead, delete {}", .record.display())]
+    PinRemembered {
+        token: String,
+        source_desc: String,
+        record: PathBuf,
+    },
+
+    #[error("token '{token}' has one user-PIN attempt left (CKF_USER_PIN_FINAL_TRY): hwkey will not spend it, because a wrong PIN now locks the token. Check the PIN, then allow this one attempt with HWKEY_ALLOW_FINAL_PIN_TRY=1")]
+    PinFinalTry { token: String },
 
     #[error("token '{token}' has locked its user PIN (CKR_PIN_LOCKED): unlock it with the SO PIN (e.g. `softhsm2-util` / `pkcs11-tool --unlock-pin`)")]
     PinLocked { token: String },

@@ -14,6 +14,7 @@ pub mod algorithm;
 pub mod der;
 mod error;
 pub mod pin;
+pub mod pin_memory;
 pub mod pkcs11;
 pub(crate) mod pss;
 pub mod rcgen_signer;

@@ -60,3 +60,101 @@ impl fmt::Debug for PinSource {
         }
     }
 }
+
+/// The exit status of an hwkey process when the token rejected the PIN, or hwkey refused to
+/// present a PIN the token rejected before (or its last attempt): supervisors must not restart
+/// on it (the systemd unit sets `RestartPreventExitStatus=77`), and the credential plugin does
+/// not retry. 77 is sysexits' EX_NOPERM.
+pub const EXIT_PIN_REFUSED: u8 = 77;
+
+/// The longest PIN read from a pipe (PKCS#11 PINs are short; this bounds the locked buffer).
+const MAX_PIN_LEN: usize = 256;
+
+/// Reads one PIN line from `reader` (a pipe from the process that prompted for it) into a
+/// buffer that is locked in RAM where the system allows it (never swapped out) and wiped when
+/// dropped. The trailing newline is not part of the PIN.
+pub fn read_pin_line(mut reader: impl std::io::Read) -> Result<Zeroizing<String>, KeyError> {
+    let mut buf = Zeroizing::new(Vec::with_capacity(MAX_PIN_LEN + 1));
+    lock_in_ram(buf.as_ptr(), buf.capacity());
+    let mut byte = [0u8; 1];
+    loop {
+        match reader.read(&mut byte) {
+            Ok(0) => break,
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) if buf.len() == MAX_PIN_LEN => {
+                return Err(KeyError::PinUnreadable {
+                    source_desc: "standard input".into(),
+                    reason: format!("longer than {MAX_PIN_LEN} bytes"),
+                })
+            }
+            Ok(_) => buf.push(byte[0]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(KeyError::PinUnreadable {
+                    source_desc: "standard input".into(),
+                    reason: e.to_string(),
+                })
+            }
+        }
+        byte[0] = 0;
+    }
+    if buf.last() == Some(&b'\r') {
+        buf.pop();
+    }
+    let text = std::str::from_utf8(&buf).map_err(|_| KeyError::PinUnreadable {
+        source_desc: "standard input".into(),
+        reason: "it is not UTF-8 text".into(),
+    })?;
+    if text.is_empty() {
+        return Err(KeyError::PinUnreadable {
+            source_desc: "standard input".into(),
+            reason: "no PIN was written to it".into(),
+        });
+    }
+    let mut pin = Zeroizing::new(String::with_capacity(MAX_PIN_LEN));
+    lock_in_ram(pin.as_ptr(), pin.capacity());
+    pin.push_str(text);
+    Ok(pin)
+}
+
+/// Keeps a process that holds a PIN out of reach of other processes of the same user: no core
+/// dumps, and no ptrace or /proc/PID/{mem,environ} access (non-dumpable processes' /proc files
+/// belong to root). Best effort: logged if the kernel refuses.
+pub fn protect_process() {
+    // SAFETY: prctl(PR_SET_DUMPABLE, 0) only changes a flag of this process; the extra
+    // arguments are ignored for this option and passed as zero as the man page asks.
+    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if rc != 0 {
+        tracing::warn!(
+            error = %std::io::Error::last_os_error(),
+            "cannot make the process non-dumpable"
+        );
+    }
+}
+
+/// Locks `len` bytes at `ptr` in RAM (best effort: RLIMIT_MEMLOCK may forbid it).
+fn lock_in_ram(ptr: *const u8, len: usize) {
+    if len == 0 {
+        return;
+    }
+    // SAFETY: mlock reads no memory; it asks the kernel to keep the pages of a live allocation
+    // of `len` bytes resident. A failure changes nothing and is ignored on purpose.
+    let _ = unsafe { libc::mlock(ptr.cast(), len) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pin_line_is_read_without_its_newline() {
+        assert_eq!(read_pin_line(&b"1234\n"[..]).expect("pin").as_str(), "1234");
+        assert_eq!(
+            read_pin_line(&b"1234\r\nrest"[..]).expect("pin").as_str(),
+            "1234"
+        );
+        assert_eq!(read_pin_line(&b"1234"[..]).expect("pin").as_str(), "1234");
+        assert!(read_pin_line(&b"\n"[..]).is_err());
+        assert!(read_pin_line(&[b'1'; 300][..]).is_err());
+    }
+}

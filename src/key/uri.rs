@@ -348,6 +348,32 @@ impl TpmUri {
     }
 }
 
+impl KeyUri {
+    /// The same key without its PIN source: what identifies the key (two URIs naming one key
+    /// with different PIN sources compare equal this way).
+    pub fn without_pin(&self) -> KeyUri {
+        match self {
+            KeyUri::Pkcs11(u) => KeyUri::Pkcs11(Pkcs11Uri {
+                pin: None,
+                ..u.clone()
+            }),
+            other => other.clone(),
+        }
+    }
+
+    /// The same key with the PIN held in memory (read from a pipe): never printed, never put in
+    /// argv or the environment.
+    pub fn with_pin_value(&self, pin: Zeroizing<String>) -> KeyUri {
+        match self {
+            KeyUri::Pkcs11(u) => KeyUri::Pkcs11(Pkcs11Uri {
+                pin: Some(PinSource::Value(pin)),
+                ..u.clone()
+            }),
+            other => other.clone(),
+        }
+    }
+}
+
 impl fmt::Display for KeyUri {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -86,6 +86,7 @@ fn info(shared: &Shared) -> serde_json::Value {
         "unixSockets": shared.unix_sockets.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "upstream": shared.upstream.target().to_string(),
         "key": shared.key.describe(),
+        "keyUri": shared.key.uri().without_pin().to_string(),
         "pid": std::process::id(),
         "certificateAuthorityPem": shared.ca.cert_pem(),
         // The hardware certificate chain (public): what `hwkey credential --cert-only` returns.

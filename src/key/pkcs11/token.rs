@@ -2,7 +2,10 @@
 //!
 //! Tokens are found by label (or serial), never by slot number: `C_InitToken` renumbers SoftHSM
 //! slots. Login is per token per process and happens at most once per session we open; a wrong
-//! PIN is tried exactly once and then remembered, because tokens lock after a few failures.
+//! PIN is tried exactly once and then remembered — on disk, across processes, until the PIN's
+//! source changes ([`crate::key::pin_memory`]) — because tokens lock after a few failures. A
+//! token that says it has one attempt left (`CKF_USER_PIN_FINAL_TRY`) gets no login at all
+//! unless the user allows it (`HWKEY_ALLOW_FINAL_PIN_TRY=1`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +18,7 @@ use cryptoki::types::AuthPin;
 
 use super::ckr;
 use crate::key::pin::PinSource;
+use crate::key::pin_memory::{self, Record};
 use crate::key::{KeyError, Pkcs11Uri};
 
 /// One token in one module, with what is needed to (re)log in.
@@ -23,6 +27,7 @@ pub(crate) struct Token {
     pub(crate) ctx: Pkcs11,
     pub(crate) slot: Slot,
     pub(crate) label: String,
+    pub(crate) serial: String,
     pub(crate) module: PathBuf,
     pin: Option<PinSource>,
     login_required: bool,
@@ -53,7 +58,7 @@ impl Token {
                 continue;
             }
             if matches && chosen.is_none() {
-                chosen = Some((slot, label.clone(), info.login_required()));
+                chosen = Some((slot, label.clone(), serial.clone(), info.login_required()));
             }
             present.push(label);
         }
@@ -64,7 +69,7 @@ impl Token {
         {
             return Err(KeyError::NoTokenSelected { module, present });
         }
-        let Some((slot, label, login_required)) = chosen else {
+        let Some((slot, label, serial, login_required)) = chosen else {
             return Err(KeyError::TokenNotFound {
                 token: uri.token_desc(),
                 module,
@@ -75,6 +80,7 @@ impl Token {
             ctx,
             slot,
             label,
+            serial,
             module,
             pin: uri.pin.clone(),
             login_required,
@@ -118,11 +124,28 @@ impl Token {
             });
         }
         let pin = source.read()?;
+        let record = Record::for_source(&self.identity(), source, &pin);
+        if let Some(r) = record.as_ref().filter(|r| r.exists()) {
+            return Err(KeyError::PinRemembered {
+                token: self.label.clone(),
+                source_desc: pin_memory::describe(source),
+                record: r.path().to_path_buf(),
+            });
+        }
+        self.check_pin_attempts()?;
         let auth = AuthPin::from(pin.as_str());
         match session.login(UserType::User, Some(&auth)) {
-            Ok(()) | Err(CkError::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => Ok(()),
+            Ok(()) | Err(CkError::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => {
+                if let Some(r) = &record {
+                    r.forget();
+                }
+                Ok(())
+            }
             Err(CkError::Pkcs11(RvError::PinIncorrect, _)) => {
                 self.pin_rejected.store(true, Ordering::SeqCst);
+                if let Some(r) = &record {
+                    r.remember(&self.label, source);
+                }
                 Err(KeyError::PinIncorrect {
                     token: self.label.clone(),
                 })
@@ -132,6 +155,33 @@ impl Token {
             }),
             Err(e) => Err(self.err("C_Login", &e)),
         }
+    }
+
+    /// What identifies this token in the rejected-PIN records: module, serial and label.
+    fn identity(&self) -> String {
+        format!("{}\n{}\n{}", self.module.display(), self.serial, self.label)
+    }
+
+    /// Refuses to spend a token's last PIN attempt unless the user allowed it, and warns when
+    /// the token has seen wrong PINs.
+    fn check_pin_attempts(&self) -> Result<(), KeyError> {
+        let Ok(info) = self.ctx.get_token_info(self.slot) else {
+            return Ok(());
+        };
+        if info.user_pin_final_try()
+            && std::env::var("HWKEY_ALLOW_FINAL_PIN_TRY").as_deref() != Ok("1")
+        {
+            return Err(KeyError::PinFinalTry {
+                token: self.label.clone(),
+            });
+        }
+        if info.user_pin_count_low() {
+            tracing::warn!(
+                token = %self.label,
+                "the token reports wrong PINs since the last good login (CKF_USER_PIN_COUNT_LOW)"
+            );
+        }
+        Ok(())
     }
 
     /// Maps a PKCS#11 error on this token.

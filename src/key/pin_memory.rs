@@ -1,0 +1,156 @@
+//! Remembering, across processes and restarts, a PIN the token rejected.
+//!
+//! Smart cards lock after three wrong PINs, and every `hwkey credential` run, proxy restart
+//! (systemd `Restart=`) or operator command is a new process: a rejection kept in memory would
+//! let each of them spend one more of the token's attempts. So a `CKR_PIN_INCORRECT` is written
+//! down, keyed by the token (module, serial, label) and by the *identity of the PIN source* —
+//! a file's path, inode, size and modification time; for an environment variable or a
+//! `pin-value`, an HMAC of the value under a random secret kept beside the records — and that
+//! PIN is never presented again until the source changes. Changing the PIN file (or the
+//! variable) gives exactly one new attempt; a successful login forgets the record.
+//!
+//! Records live in `$HWKEY_PIN_STATE_DIR`, else `$XDG_STATE_HOME/hwkey/rejected-pins`,
+//! `~/.local/state/hwkey/rejected-pins`, or `/var/lib/hwkey/rejected-pins` (mode 0700). They
+//! hold no PIN and no PIN hash an attacker could test offline without the secret. If the
+//! directory cannot be written, the rejection is still remembered for this process.
+
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use ring::{digest, hmac, rand::SecureRandom};
+
+use super::pin::PinSource;
+
+/// Where the records are kept (see the module comment).
+pub fn memory_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HWKEY_PIN_STATE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return Path::new(&d).join("hwkey").join("rejected-pins");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return Path::new(&h).join(".local/state/hwkey/rejected-pins");
+    }
+    PathBuf::from("/var/lib/hwkey/rejected-pins")
+}
+
+/// One (token, PIN source) pair's record.
+#[derive(Debug, Clone)]
+pub(crate) struct Record {
+    path: PathBuf,
+}
+
+impl Record {
+    /// The record for `pin` from `source` on the token identified by `token_id` (module, serial
+    /// and label). None when the source cannot be identified (then only this process remembers).
+    pub(crate) fn for_source(token_id: &str, source: &PinSource, pin: &str) -> Option<Record> {
+        let dir = memory_dir();
+        let identity = match source {
+            PinSource::File(path) => {
+                let meta = std::fs::metadata(path).ok()?;
+                let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+                format!(
+                    "file:{}:{}:{}:{}:{}.{}",
+                    canonical.display(),
+                    meta.dev(),
+                    meta.ino(),
+                    meta.len(),
+                    meta.mtime(),
+                    meta.mtime_nsec()
+                )
+            }
+            PinSource::Env(var) => format!("env:{var}:{}", fingerprint(&dir, pin)?),
+            PinSource::Value(_) => format!("value:{}", fingerprint(&dir, pin)?),
+        };
+        let name = digest::digest(
+            &digest::SHA256,
+            format!("{token_id}\n{identity}").as_bytes(),
+        );
+        Some(Record {
+            path: dir.join(hex(name.as_ref())),
+        })
+    }
+
+    /// True when this PIN was rejected before.
+    pub(crate) fn exists(&self) -> bool {
+        self.path.exists()
+    }
+
+    /// Where the record is (error messages name it, so an operator can remove it).
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes the record; failures are logged (the process still remembers).
+    pub(crate) fn remember(&self, token: &str, source: &PinSource) {
+        let text = format!(
+            "token '{token}' rejected the PIN from {} (CKR_PIN_INCORRECT); hwkey will not present it again until that source changes.\n",
+            describe(source)
+        );
+        let result = self
+            .path
+            .parent()
+            .map(ensure_dir)
+            .unwrap_or(Ok(()))
+            .and_then(|()| crate::atomic_file::write_atomic(&self.path, text.as_bytes(), 0o600));
+        if let Err(e) = result {
+            tracing::warn!(
+                path = %self.path.display(),
+                error = %e,
+                "cannot record the rejected PIN on disk; only this process will remember it"
+            );
+        }
+    }
+
+    /// Forgets the record after a successful login.
+    pub(crate) fn forget(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// How a PIN source is named in messages (never the PIN).
+pub(crate) fn describe(source: &PinSource) -> String {
+    match source {
+        PinSource::File(p) => format!("file {}", p.display()),
+        PinSource::Env(v) => format!("environment variable {v}"),
+        PinSource::Value(_) => "the key URI's pin-value".into(),
+    }
+}
+
+/// HMAC-SHA256 of the PIN under the directory's secret (created on first use, mode 0600).
+fn fingerprint(dir: &Path, pin: &str) -> Option<String> {
+    ensure_dir(dir).ok()?;
+    let secret_path = dir.join("secret");
+    let secret = match std::fs::read(&secret_path) {
+        Ok(s) if s.len() == 32 => s,
+        _ => {
+            let mut s = vec![0u8; 32];
+            ring::rand::SystemRandom::new().fill(&mut s).ok()?;
+            // create_new: two processes racing keep the first secret.
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&secret_path)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, &s));
+            match written {
+                Ok(()) => s,
+                Err(_) => std::fs::read(&secret_path).ok().filter(|s| s.len() == 32)?,
+            }
+        }
+    };
+    let key = hmac::Key::new(hmac::HMAC_SHA256, &secret);
+    Some(hex(hmac::sign(&key, pin.as_bytes()).as_ref()))
+}
+
+fn ensure_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
