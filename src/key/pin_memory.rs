@@ -63,12 +63,10 @@ impl Record {
             PinSource::Env(var) => format!("env:{var}:{}", fingerprint(&dir, pin)?),
             PinSource::Value(_) => format!("value:{}", fingerprint(&dir, pin)?),
         };
-        let name = digest::digest(
-            &digest::SHA256,
-            format!("{token_id}\n{identity}").as_bytes(),
-        );
+        let token = token_prefix(token_id);
+        let name = digest::digest(&digest::SHA256, identity.as_bytes());
         Some(Record {
-            path: dir.join(hex(name.as_ref())),
+            path: dir.join(format!("{token}-{}", hex(name.as_ref()))),
         })
     }
 
@@ -102,11 +100,26 @@ impl Record {
             );
         }
     }
+}
 
-    /// Forgets the record after a successful login.
-    pub(crate) fn forget(&self) {
-        let _ = std::fs::remove_file(&self.path);
+/// Forgets every rejection recorded for the token `token_id`: a successful login proves the
+/// PIN in use works, so older records only describe PINs that are gone.
+pub(crate) fn forget_token(token_id: &str) {
+    let prefix = format!("{}-", token_prefix(token_id));
+    let Ok(entries) = std::fs::read_dir(memory_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
+}
+
+/// The part of a record's name that names the token.
+fn token_prefix(token_id: &str) -> String {
+    let d = digest::digest(&digest::SHA256, token_id.as_bytes());
+    hex(&d.as_ref()[..8])
 }
 
 /// How a PIN source is named in messages (never the PIN).

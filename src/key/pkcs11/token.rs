@@ -136,9 +136,7 @@ impl Token {
         let auth = AuthPin::from(pin.as_str());
         match session.login(UserType::User, Some(&auth)) {
             Ok(()) | Err(CkError::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => {
-                if let Some(r) = &record {
-                    r.forget();
-                }
+                pin_memory::forget_token(&self.identity());
                 Ok(())
             }
             Err(CkError::Pkcs11(RvError::PinIncorrect, _)) => {

@@ -1,0 +1,290 @@
+//! PIN safety across processes (issue 9, findings 1, 10, 11): a PIN the token rejected is
+//! presented to it exactly once however many kubectl runs and proxy restarts follow — counted
+//! in OpenSC's pkcs11-spy log between hwkey and SoftHSM — and again once after the PIN source
+//! changes; a killed proxy's stale control socket does not disable the PIN prompt; a proxy
+//! running for other settings is not reused.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::flow::stdout;
+use support::proxy::Identity;
+use support::upstream::TestUpstream;
+use support::*;
+
+/// OpenSC's PKCS#11 spy module.
+const SPY: &str = "/usr/lib/x86_64-linux-gnu/pkcs11-spy.so";
+
+/// How many C_Login calls reached the token, from the spy's log.
+fn logins(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.ends_with(": C_Login"))
+        .count()
+}
+
+/// The environment that puts pkcs11-spy between hwkey and SoftHSM, logging to `log`, with the
+/// rejected-PIN records in `records`.
+fn spy_env(id: &Identity, log: &Path, records: &Path) -> Vec<(String, String)> {
+    assert!(
+        Path::new(SPY).exists(),
+        "{SPY} not found: install it with `apt-get install opensc-pkcs11` (part of opensc)"
+    );
+    let mut envs = id.envs();
+    envs.push(("PKCS11SPY".into(), SOFTHSM_MODULE.into()));
+    envs.push(("PKCS11SPY_OUTPUT".into(), log.display().to_string()));
+    envs.push(("HWKEY_PIN_STATE_DIR".into(), records.display().to_string()));
+    envs
+}
+
+#[test]
+fn a_wrong_pin_reaches_the_token_once_across_kubectl_runs_and_proxy_restarts() {
+    require_tool("kubectl", "kubectl (from the machine image)");
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let work = temp_dir();
+    let log = work.path().join("spy.log");
+    let records = work.path().join("records");
+    let envs = spy_env(&id, &log, &records);
+    let pin_file = work.path().join("pin");
+    write_private(&pin_file, b"9999");
+    let uri = format!(
+        "pkcs11:token=kube;object=alice?module-path={SPY}&pin-source=file:{}",
+        pin_file.display()
+    );
+    let kubeconfig = work.path().join("kubeconfig");
+    let state = work.path().join("state");
+    run_ok(
+        hwkey()
+            .envs(envs.iter().cloned())
+            .args(["kubeconfig", "--name", "pin", "--key", &uri, "--cert"])
+            .arg(&id.cert)
+            .args(["--server", &upstream.url(), "--ca"])
+            .arg(id.ca.ca_path())
+            .arg("--out")
+            .arg(&kubeconfig)
+            .arg("--state-dir")
+            .arg(&state),
+    );
+    let kubectl = || {
+        let mut cmd = Command::new("kubectl");
+        cmd.envs(envs.iter().cloned())
+            .env("HOME", work.path())
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["get", "--raw", "/version", "--request-timeout=20s"]);
+        cmd
+    };
+    for run in 1..=5 {
+        let out = run_fail(&mut kubectl());
+        let text = output_text(&out);
+        assert!(text.contains("PIN"), "run {run}: {text}");
+    }
+    let proxy = || {
+        let mut cmd = hwkey();
+        cmd.envs(envs.iter().cloned())
+            .args(["proxy", "--key", &uri, "--cert"])
+            .arg(&id.cert)
+            .args(["--upstream", &upstream.url(), "--upstream-ca"])
+            .arg(id.ca.ca_path())
+            .args(["--listen", &format!("tcp:127.0.0.1:{}", free_port())])
+            .arg("--state-dir")
+            .arg(work.path().join("state2"));
+        cmd
+    };
+    for run in 1..=5 {
+        let out = run_fail(&mut proxy());
+        assert_eq!(
+            out.status.code(),
+            Some(77),
+            "run {run}: {}",
+            output_text(&out)
+        );
+        assert!(
+            output_text(&out).contains("did not present it again"),
+            "run {run}: {}",
+            output_text(&out)
+        );
+    }
+    assert_eq!(
+        logins(&log),
+        1,
+        "C_Login calls that reached the token across 5 kubectl runs and 5 proxy starts"
+    );
+
+    // A changed PIN source gets exactly one new attempt, which works; the record is forgotten.
+    write_private(&pin_file, USER_PIN.as_bytes());
+    let out = run_ok(&mut kubectl());
+    assert!(
+        stdout(&out).contains("v1.32.0+hwkey-test"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(logins(&log), 2);
+    let left: Vec<PathBuf> = std::fs::read_dir(&records)
+        .expect("records dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n != "secret"))
+        .collect();
+    assert!(left.is_empty(), "records left after a good login: {left:?}");
+    stop_proxy(&state);
+}
+
+fn stop_proxy(state: &Path) {
+    if let Ok(pid) = std::fs::read_to_string(state.join("proxy.pid")) {
+        let _ = Command::new("kill").arg(pid.trim()).status();
+    }
+}
+
+/// The cluster extension of a generated kubeconfig, as client-go passes it to the plugin.
+fn extension(kubeconfig: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+    serde_json::to_value(&doc["clusters"][0]["cluster"]["extensions"][0]["extension"])
+        .expect("JSON")
+}
+
+/// The loopback server URL of a generated kubeconfig.
+fn server_of(kubeconfig: &Path) -> String {
+    let text = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+    doc["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .expect("server")
+        .to_string()
+}
+
+fn exec_info(server: &str, ext: &serde_json::Value, interactive: bool) -> String {
+    serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+        "spec": {"interactive": interactive, "cluster": {"server": server, "config": ext}},
+    })
+    .to_string()
+}
+
+/// A kubeconfig for `id` in front of `upstream` (state in DIR/state); returns its path.
+fn kubeconfig_for(id: &Identity, upstream: &TestUpstream, uri: &str, dir: &Path) -> PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
+    run_ok(
+        hwkey()
+            .envs(id.envs())
+            .args(["kubeconfig", "--name", "t", "--key", uri, "--cert"])
+            .arg(&id.cert)
+            .args(["--server", &upstream.url(), "--ca"])
+            .arg(id.ca.ca_path())
+            .arg("--out")
+            .arg(&kubeconfig)
+            .arg("--state-dir")
+            .arg(dir.join("state")),
+    );
+    kubeconfig
+}
+
+/// The plugin under a terminal (`script`), typing the PIN after the prompt.
+fn prompted_credential(id: &Identity, info: &str) -> String {
+    require_tool("script", "bsdutils");
+    let shell = format!(
+        "(sleep 1; printf '{USER_PIN}\\r') | script -qec '{} credential' /dev/null",
+        env!("CARGO_BIN_EXE_hwkey")
+    );
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&shell)
+        .envs(id.envs())
+        .env("KUBERNETES_EXEC_INFO", info)
+        .output()
+        .expect("script");
+    stdout(&out)
+}
+
+/// A proxy killed with SIGKILL leaves control.sock behind; the next interactive run still asks
+/// for the PIN (before: it took the dead socket for a running proxy, skipped the prompt and
+/// failed for good).
+#[test]
+fn a_stale_control_socket_does_not_disable_the_pin_prompt() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let no_pin = id
+        .key_uri
+        .split("&pin-source")
+        .next()
+        .expect("uri")
+        .to_string();
+    let kubeconfig = kubeconfig_for(&id, &upstream, &no_pin, dir.path());
+    let state = dir.path().join("state");
+    let info = exec_info(&server_of(&kubeconfig), &extension(&kubeconfig), true);
+
+    let first = prompted_credential(&id, &info);
+    assert!(first.contains("\"kind\":\"ExecCredential\""), "{first}");
+    let pid = std::fs::read_to_string(state.join("proxy.pid")).expect("pid");
+    run_ok(Command::new("kill").args(["-KILL", pid.trim()]));
+    let sock = state.join("control.sock");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+        .is_ok_and(|s| !s.contains(") Z "))
+    {
+        assert!(std::time::Instant::now() < deadline, "proxy not killed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        sock.exists(),
+        "SIGKILL left no socket: the test proves nothing"
+    );
+
+    let second = prompted_credential(&id, &info);
+    assert!(
+        second.contains("PIN for token 'kube'"),
+        "no prompt: {second}"
+    );
+    assert!(second.contains("\"kind\":\"ExecCredential\""), "{second}");
+    stop_proxy(&state);
+}
+
+/// A proxy answering in the state directory for another upstream is not reused: the plugin
+/// fails naming both settings and prints nothing on stdout.
+#[test]
+fn a_proxy_for_other_settings_is_not_reused() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let other = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let kubeconfig = kubeconfig_for(&id, &upstream, &id.key_uri, dir.path());
+    let state = dir.path().join("state");
+    let ext = extension(&kubeconfig);
+    let first = run_ok(
+        hwkey()
+            .envs(id.envs())
+            .env(
+                "KUBERNETES_EXEC_INFO",
+                exec_info(&server_of(&kubeconfig), &ext, false),
+            )
+            .arg("credential"),
+    );
+    assert!(stdout(&first).contains("ExecCredential"));
+
+    let mut changed = ext.clone();
+    changed["upstream"] = other.url().into();
+    let out = run_fail(
+        hwkey()
+            .envs(id.envs())
+            .env(
+                "KUBERNETES_EXEC_INFO",
+                exec_info(&server_of(&kubeconfig), &changed, false),
+            )
+            .arg("credential"),
+    );
+    assert!(out.stdout.is_empty(), "stdout: {}", stdout(&out));
+    let text = output_text(&out);
+    assert!(
+        text.contains(&format!("serves upstream {}", upstream.url()))
+            && text.contains(&format!("asks for upstream {}", other.url())),
+        "{text}"
+    );
+    assert_eq!(other.stats().tcp_connections, 0);
+    stop_proxy(&state);
+}
