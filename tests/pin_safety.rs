@@ -288,3 +288,31 @@ fn a_proxy_for_other_settings_is_not_reused() {
     assert_eq!(other.stats().tcp_connections, 0);
     stop_proxy(&state);
 }
+
+/// A `pin-value` never appears in an error, whatever its spelling and however many there are:
+/// clap's own "invalid value" message used to echo the raw `--key`, and only the first,
+/// lower-case `pin-value` was redacted.
+#[test]
+fn a_pin_value_never_appears_in_an_error() {
+    let uris = [
+        "pkcs11:token=a?PIN-VALUE=s3cr3t1&pin-value=s3cr3t2",
+        "pkcs11:token=a?pin-value=s3cr3t1&pin-value=s3cr3t2",
+        "pkcs11:token=a?Pin%2Dvalue=s3cr3t1&bogus=1",
+    ];
+    for uri in uris {
+        for args in [
+            vec!["key", "info", "--key", uri],
+            vec!["csr", "--key", uri, "--subject", "CN=x"],
+            vec!["proxy", "--key", uri, "--upstream", "https://127.0.0.1:1"],
+        ] {
+            let out = run_fail(hwkey().args(&args));
+            let text = output_text(&out);
+            assert!(
+                !text.contains("s3cr3t"),
+                "hwkey {} leaked the PIN: {text}",
+                args[0]
+            );
+            assert!(text.contains("<redacted>") || text.contains("pin-value"), "{text}");
+        }
+    }
+}

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use super::parse_uri;
 use crate::key::{KeyAlgorithm, KeyUri};
 use crate::lifecycle::bootstrap::{self, BootstrapOptions, Bootstrapped};
 
@@ -19,7 +18,7 @@ pub struct BootstrapArgs {
     #[arg(long)]
     node_name: String,
     /// The node key.
-    #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+    #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
     key: KeyUri,
     /// Create the key in the hardware with this algorithm if it does not exist (ec-p256 is
     /// recommended).

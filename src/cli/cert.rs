@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 
-use super::parse_uri;
 use crate::key::{self, Key, KeyUri};
 use crate::pki::cert;
 
@@ -13,7 +12,7 @@ pub enum CertCommand {
     /// Store a certificate (chain) with its key: on the token (PKCS#11) or beside the key file
     /// (TPM). Refuses a certificate for another key.
     Import {
-        #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+        #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
         key: KeyUri,
         /// PEM file: the key's certificate first, then intermediates.
         #[arg(long)]
@@ -21,7 +20,7 @@ pub enum CertCommand {
     },
     /// Show a key's certificate: subject, issuer, SANs, validity, and whether it matches the key.
     Show {
-        #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+        #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
         key: KeyUri,
         /// Show this file instead of the stored certificate.
         #[arg(long)]

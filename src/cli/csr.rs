@@ -5,14 +5,14 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{emit, parse_uri};
+use super::emit;
 use crate::key::{Key, KeyUri};
 use crate::pki::csr::{self, CsrRequest};
 
 #[derive(Debug, Args)]
 pub struct CsrArgs {
     /// The key that signs the request.
-    #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+    #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
     key: KeyUri,
     /// Subject, e.g. "CN=alice,O=devs" (Kubernetes: CN = user, each O = a group).
     #[arg(long)]

@@ -3,7 +3,6 @@
 use anyhow::{bail, Context};
 use clap::Subcommand;
 
-use super::parse_uri;
 use crate::key::{self, Key, KeyAlgorithm, KeyUri};
 
 #[derive(Debug, Subcommand)]
@@ -14,7 +13,7 @@ pub enum KeyCommand {
     Create {
         /// The key to create, e.g. pkcs11:token=kube;object=alice?module-path=…&pin-source=file:/p
         /// or tpm:path=/var/lib/hwkey/alice.pem
-        #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+        #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
         key: KeyUri,
         /// ec-p256 (recommended), ec-p384, rsa-2048, rsa-3072 or rsa-4096.
         #[arg(long, default_value = "ec-p256")]
@@ -23,7 +22,7 @@ pub enum KeyCommand {
     /// List the keys on a token (pkcs11:token=T?…) or TPM (tpm:?tcti=…): one line per key.
     List {
         /// The token or TPM.
-        #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+        #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
         key: KeyUri,
         /// Print JSON instead of lines.
         #[arg(long)]
@@ -31,17 +30,17 @@ pub enum KeyCommand {
     },
     /// Print a key's public key (SubjectPublicKeyInfo PEM).
     Public {
-        #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+        #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
         key: KeyUri,
     },
     /// Show what a key is and how it is protected (PKCS#11 attributes).
     Info {
-        #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+        #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
         key: KeyUri,
     },
     /// Delete a key and the objects tied to it. Needs --yes.
     Delete {
-        #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+        #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
         key: KeyUri,
         /// Confirm: the private key is destroyed for good.
         #[arg(long)]

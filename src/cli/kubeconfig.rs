@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
-use super::parse_uri;
 use crate::key::KeyUri;
 use crate::kubeconfig::{self, Consumer, KubeconfigError, Request};
 
@@ -15,7 +14,7 @@ pub struct KubeconfigArgs {
     #[arg(long)]
     name: String,
     /// The hardware key.
-    #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+    #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
     key: KeyUri,
     /// The key's certificate chain (default: the one stored with the key).
     #[arg(long)]

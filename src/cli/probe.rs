@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::parse_uri;
 use crate::key::{Key, KeyUri};
 use crate::pki::cert;
 use crate::probe::{self, ProbeOptions};
@@ -13,7 +12,7 @@ use crate::probe::{self, ProbeOptions};
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
     /// The key that signs the handshake.
-    #[arg(long, value_parser = parse_uri, env = "HWKEY_KEY")]
+    #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
     key: KeyUri,
     /// Certificate chain (PEM); default: the one stored with the key.
     #[arg(long, env = "HWKEY_CERT")]

@@ -102,19 +102,35 @@ fn invalid(uri: &str, reason: impl Into<String>) -> KeyError {
     }
 }
 
-/// Hides a `pin-value` so a URI can appear in an error message.
-fn redact(uri: &str) -> String {
-    match uri.find("pin-value=") {
-        Some(i) => {
-            let start = i + "pin-value=".len();
-            let end = uri[start..]
-                .find(['&', ';'])
-                .map(|e| start + e)
-                .unwrap_or(uri.len());
-            format!("{}<redacted>{}", &uri[..start], &uri[end..])
+/// Hides every `pin-value` (whatever its case or percent-encoding) so a URI can appear in an
+/// error message.
+pub fn redact(uri: &str) -> String {
+    let mut out = String::with_capacity(uri.len());
+    let mut rest = uri;
+    loop {
+        let end = rest.find(['?', '&', ';']).unwrap_or(rest.len());
+        let (part, tail) = rest.split_at(end);
+        match part.split_once('=') {
+            Some((name, _)) if is_pin_value(name) => {
+                out.push_str(name);
+                out.push_str("=<redacted>");
+            }
+            _ => out.push_str(part),
         }
-        None => uri.to_string(),
+        let Some(sep) = tail.chars().next() else {
+            return out;
+        };
+        out.push(sep);
+        rest = &tail[sep.len_utf8()..];
     }
+}
+
+/// True for an attribute name that means `pin-value`.
+fn is_pin_value(name: &str) -> bool {
+    percent_decode_str(name)
+        .decode_utf8_lossy()
+        .trim()
+        .eq_ignore_ascii_case("pin-value")
 }
 
 fn decode(uri: &str, name: &str, value: &str) -> Result<String, KeyError> {
@@ -450,6 +466,17 @@ impl fmt::Display for TpmUri {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn every_pin_value_is_redacted_whatever_its_spelling() {
+        let text = redact("pkcs11:token=a;pin-value=1?PIN-VALUE=2&pin%2Dvalue=3&x=4&Pin-Value=5");
+        for secret in ["=1", "=2", "=3", "=5"] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        assert!(text.contains("x=4"), "{text}");
+        assert_eq!(redact("pkcs11:token=a?module-path=/m"), "pkcs11:token=a?module-path=/m");
+    }
+
     use super::*;
 
     fn p11(s: &str) -> Pkcs11Uri {
