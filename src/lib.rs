@@ -13,3 +13,4 @@ pub mod lifecycle;
 pub mod pki;
 pub mod probe;
 pub mod proxy;
+pub mod state_dir;

@@ -312,7 +312,10 @@ fn a_pin_value_never_appears_in_an_error() {
                 "hwkey {} leaked the PIN: {text}",
                 args[0]
             );
-            assert!(text.contains("<redacted>") || text.contains("pin-value"), "{text}");
+            assert!(
+                text.contains("<redacted>") || text.contains("pin-value"),
+                "{text}"
+            );
         }
     }
 }

@@ -18,6 +18,8 @@ pub fn get_json(sock: &Path, path: &str) -> Result<serde_json::Value, ExecError>
         path: sock.to_path_buf(),
         reason,
     };
+    // Only a socket of our own: another user's socket would hand out that user's credentials.
+    crate::state_dir::check_file(sock).map_err(|e| err(e.to_string()))?;
     let mut stream = UnixStream::connect(sock).map_err(|e| err(e.to_string()))?;
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))

@@ -8,7 +8,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -36,16 +36,20 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
         reason,
         log: String::new(),
     };
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&settings.state_dir)
-        .map_err(|e| {
-            start_err(format!(
-                "cannot create {}: {e}",
-                settings.state_dir.display()
-            ))
-        })?;
+    crate::state_dir::ensure_private(&settings.state_dir).map_err(|e| {
+        start_err(format!(
+            "cannot use the state directory {}: {e}",
+            settings.state_dir.display()
+        ))
+    })?;
+    // A control socket that is not ours is neither used nor removed.
+    if std::fs::symlink_metadata(&sock).is_ok() {
+        if let Err(e) = crate::state_dir::check_file(&sock) {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                return Err(start_err(format!("refusing the control socket: {e}")));
+            }
+        }
+    }
     let lock_path = settings.state_dir.join("start.lock");
     let lock = OpenOptions::new()
         .create(true)

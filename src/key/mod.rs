@@ -80,6 +80,10 @@ pub struct Key {
     uri: KeyUri,
     backend: Box<dyn KeyBackend>,
     signatures: AtomicU64,
+    failures: AtomicU64,
+    /// The error of the latest signature attempt, if it failed (None after a success): health
+    /// checks must see a key that stopped working, not only one that once worked.
+    last_error: std::sync::Mutex<Option<String>>,
 }
 
 /// One entry of `hwkey key list`.
@@ -117,6 +121,8 @@ impl Key {
             uri,
             backend,
             signatures: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            last_error: std::sync::Mutex::new(None),
         }
     }
 
@@ -172,9 +178,33 @@ impl Key {
                 scheme: scheme.to_string(),
             });
         }
-        let sig = self.backend.sign(scheme, message)?;
-        self.signatures.fetch_add(1, Ordering::Relaxed);
-        Ok(sig)
+        let result = self.backend.sign(scheme, message);
+        let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+        match &result {
+            Ok(_) => {
+                self.signatures.fetch_add(1, Ordering::Relaxed);
+                *last = None;
+            }
+            Err(e) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                *last = Some(e.to_string());
+            }
+        }
+        result
+    }
+
+    /// How many signature attempts failed since the key was opened.
+    pub fn signature_failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// The error of the latest signature attempt when it failed; None when it succeeded (or
+    /// none was made).
+    pub fn last_signature_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// How many signatures this key has made since it was opened.

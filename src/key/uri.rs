@@ -474,7 +474,10 @@ mod tests {
             assert!(!text.contains(secret), "{text}");
         }
         assert!(text.contains("x=4"), "{text}");
-        assert_eq!(redact("pkcs11:token=a?module-path=/m"), "pkcs11:token=a?module-path=/m");
+        assert_eq!(
+            redact("pkcs11:token=a?module-path=/m"),
+            "pkcs11:token=a?module-path=/m"
+        );
     }
 
     use super::*;

@@ -84,7 +84,9 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
 async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
     match (req.method().as_str(), req.uri().path()) {
         ("GET", "/metrics") => {
-            let body = shared.metrics.render(shared.key.signatures());
+            let body = shared
+                .metrics
+                .render(shared.key.signatures(), shared.key.signature_failures());
             text(StatusCode::OK, "text/plain; version=0.0.4", body)
         }
         ("GET", "/healthz") => {
@@ -130,12 +132,18 @@ async fn key_check(shared: &Shared) -> Result<(), String> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
+    let last_error = shared.key.last_signature_error();
     if let Some(c) = &cached {
-        // Handshakes signed since the last check: the key works, no test signature needed.
-        if now_sigs > c.signatures && c.result.is_ok() {
+        // Signatures since the last check and the latest attempt succeeded: the key works now,
+        // no test signature needed.
+        if now_sigs > c.signatures && last_error.is_none() {
             return Ok(());
         }
         if c.at.elapsed() < KEY_CHECK_TTL {
+            // A signature that failed after a good check is the news.
+            if let (Some(e), Ok(())) = (last_error, &c.result) {
+                return Err(e);
+            }
             return c.result.clone();
         }
     }

@@ -148,8 +148,7 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, ProxyError> {
 
 /// The effective uid of this process: UNIX-socket peers must match it (or be allowed).
 pub fn own_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    crate::state_dir::own_uid()
 }
 
 /// Checks a UNIX-socket peer's uid; Err(uid) when it must be refused.

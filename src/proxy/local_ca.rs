@@ -14,7 +14,7 @@
 use std::fs;
 use std::io::ErrorKind;
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -66,16 +66,20 @@ impl LoopbackCa {
             path: dir.to_path_buf(),
             source,
         };
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(state)?;
+        crate::state_dir::ensure_private(dir).map_err(state)?;
         let key_path = dir.join(CA_KEY_FILE);
         let cert_path = dir.join(CA_CERT_FILE);
-        match fs::read_to_string(&key_path) {
-            Ok(key_pem) => {
-                let key_pem = Zeroizing::new(key_pem);
+        match crate::state_dir::read_private(&key_path) {
+            Ok(key_bytes) => {
+                let key_bytes = Zeroizing::new(key_bytes);
+                let key_pem = Zeroizing::new(
+                    std::str::from_utf8(&key_bytes)
+                        .map_err(|_| ProxyError::LoopbackCa {
+                            path: key_path.clone(),
+                            reason: "it is not PEM text".into(),
+                        })?
+                        .to_string(),
+                );
                 let mode = fs::metadata(&key_path).map_err(state)?.permissions().mode();
                 if mode & 0o077 != 0 {
                     return Err(ProxyError::LoopbackCa {
@@ -86,15 +90,19 @@ impl LoopbackCa {
                         ),
                     });
                 }
-                let cert_pem =
-                    fs::read_to_string(&cert_path).map_err(|e| ProxyError::LoopbackCa {
+                let cert_pem = crate::state_dir::read_private(&cert_path)
+                    .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    .map_err(|e| ProxyError::LoopbackCa {
                         path: cert_path.clone(),
                         reason: e.to_string(),
                     })?;
                 Self::from_pem(dir, &cert_pem, &key_pem)
             }
             Err(e) if e.kind() == ErrorKind::NotFound => Self::create(dir),
-            Err(e) => Err(state(e)),
+            Err(e) => Err(ProxyError::LoopbackCa {
+                path: key_path,
+                reason: e.to_string(),
+            }),
         }
     }
 

@@ -266,7 +266,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition (format 0.0.4).
-    pub fn render(&self, signatures: u64) -> String {
+    pub fn render(&self, signatures: u64, signature_failures: u64) -> String {
         let mut o = String::with_capacity(4096);
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         header(
@@ -276,6 +276,13 @@ impl Metrics {
             "Signatures made inside the hardware key (handshakes and health checks).",
         );
         let _ = writeln!(o, "hwkey_signatures_total {signatures}");
+        header(
+            &mut o,
+            "hwkey_signature_failures_total",
+            "counter",
+            "Signature attempts the hardware key failed (device gone, session lost, PIN refused).",
+        );
+        let _ = writeln!(o, "hwkey_signature_failures_total {signature_failures}");
 
         header(
             &mut o,
@@ -502,7 +509,7 @@ mod tests {
         m.upstream_handshake(false, Duration::from_millis(20));
         m.upstream_handshake(true, Duration::from_millis(2));
         m.upstream_handshake(true, Duration::from_millis(3));
-        let text = m.render(1);
+        let text = m.render(1, 0);
         assert!(text.contains("hwkey_signatures_total 1\n"));
         assert!(text.contains("hwkey_upstream_handshakes_total{resumed=\"true\"} 2\n"));
         assert!(text.contains("hwkey_upstream_handshakes_total{resumed=\"false\"} 1\n"));

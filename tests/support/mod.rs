@@ -516,7 +516,17 @@ impl Swtpm {
 
     /// Kills swtpm and starts it again on the same ports and state (a TPM reset: transient objects are gone, persistent ones stay).
     pub fn restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+
+    /// Kills swtpm (the TPM is gone until [`Swtpm::start_again`]).
+    pub fn stop(&mut self) {
         self.guard.kill();
+    }
+
+    /// Starts a stopped swtpm again on the same ports and state.
+    pub fn start_again(&mut self) {
         let port = self.port;
         let mut ports = std::iter::repeat(port);
         let (guard, _) = Self::spawn(self.dir.path(), move || ports.next().unwrap_or(port));

@@ -23,6 +23,7 @@ use std::ffi::CString;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
 use tss_esapi::{Context, TctiNameConf};
 
@@ -45,7 +46,23 @@ pub(crate) struct Conn {
     generation: u64,
     conf: TctiNameConf,
     tcti: String,
+    /// Set when a reconnect failed: `ctx` is the dead connection's context and must not be
+    /// used again (its last command never finished, so every later call would be ESAPI's "bad
+    /// sequence"); the next operation reconnects first.
+    broken: Option<Broken>,
 }
+
+/// When the last reconnect failed and how long to wait before the next attempt.
+#[derive(Debug, Clone, Copy)]
+struct Broken {
+    at: Instant,
+    wait: Duration,
+}
+
+/// First pause after a failed reconnect; doubles up to [`MAX_RECONNECT_WAIT`]. Requests in
+/// between fail at once (no TPM round trip) instead of queueing on a dead TPM.
+const FIRST_RECONNECT_WAIT: Duration = Duration::from_millis(200);
+const MAX_RECONNECT_WAIT: Duration = Duration::from_secs(5);
 
 impl Conn {
     /// Counts the contexts made for this TPM; ESYS handles belong to one generation.
@@ -54,8 +71,22 @@ impl Conn {
     }
 
     /// Replaces a broken context by a new connection. Every ESYS handle of the old one is void.
+    /// A failure marks the connection broken (see [`Conn::ensure_connected`]).
     pub(crate) fn reconnect(&mut self) -> Result<(), KeyError> {
-        let ctx = open_context(&self.tcti, self.conf.clone())?;
+        let ctx = match open_context(&self.tcti, self.conf.clone()) {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                let wait = self
+                    .broken
+                    .map(|b| (b.wait * 2).min(MAX_RECONNECT_WAIT))
+                    .unwrap_or(FIRST_RECONNECT_WAIT);
+                self.broken = Some(Broken {
+                    at: Instant::now(),
+                    wait,
+                });
+                return Err(e);
+            }
+        };
         tracing::warn!(
             "reconnected to the TPM at TCTI '{}'; keys will be reloaded",
             self.tcti
@@ -64,7 +95,27 @@ impl Conn {
         // the failures; the TPM already forgot them.
         self.ctx = ctx;
         self.generation += 1;
+        self.broken = None;
         Ok(())
+    }
+
+    /// Makes sure the context is a live connection: after a failed reconnect, tries again once
+    /// the backoff has passed, and until then fails at once with a clear error.
+    pub(crate) fn ensure_connected(&mut self) -> Result<(), KeyError> {
+        let Some(b) = self.broken else {
+            return Ok(());
+        };
+        let since = b.at.elapsed();
+        if since < b.wait {
+            return Err(KeyError::TpmConnect {
+                tcti: self.tcti.clone(),
+                reason: format!(
+                    "the connection to the TPM was lost and reconnecting failed; the next attempt is in {} ms",
+                    (b.wait - since).as_millis()
+                ),
+            });
+        }
+        self.reconnect()
     }
 }
 
@@ -114,6 +165,7 @@ impl Tpm {
                 generation: 0,
                 conf,
                 tcti: tcti.to_string(),
+                broken: None,
             }),
         });
         open.retain(|_, weak| weak.strong_count() > 0);

@@ -4,7 +4,9 @@
 //! connection broke because swtpm or the resource manager restarted, or the TPM was reset), the
 //! next operation reconnects if needed, loads the key again from what was read when it was
 //! opened (the file's blob, or the persistent handle, whose public key must not have changed)
-//! and retries once. Retrying is safe: the operations run here (Sign, RSA_Decrypt) change
+//! and retries once. If the TPM is still down, the reconnect fails, the connection is marked
+//! broken, and later operations fail fast until a reconnect (tried again with backoff) works:
+//! the dead context is never used again. Retrying is safe: the operations run here (Sign, RSA_Decrypt) change
 //! nothing in the TPM.
 //!
 //! The ESYS handle and its generation are atomics only so that `&self` can update them; they
@@ -82,6 +84,7 @@ impl LoadedKey {
         f: impl Fn(&mut Context, KeyHandle) -> Result<T, tss_esapi::Error>,
     ) -> Result<T, KeyError> {
         self.tpm.with_conn(|conn| {
+            conn.ensure_connected()?;
             let handle = self.ensure_loaded(conn)?;
             let err = match f(&mut conn.ctx, handle) {
                 Ok(v) => return Ok(v),

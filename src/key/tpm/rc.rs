@@ -17,6 +17,9 @@ const LAYER_TCTI: u32 = 10;
 const LAYER_RESMGR_TPM: u32 = 12;
 /// `TSS2_ESYS_RC_BAD_TR`: ESAPI does not know the handle.
 const ESYS_BAD_TR: u32 = 0x0007_0018;
+/// `TSS2_ESYS_RC_BAD_SEQUENCE`: the context's last command never finished (its connection
+/// died mid-command); the context is unusable.
+const ESYS_BAD_SEQUENCE: u32 = 0x0007_0007;
 
 /// The raw `TSS2_RC`, if the error carries one.
 fn raw_rc(err: &Error) -> Option<u32> {
@@ -44,9 +47,10 @@ pub(crate) fn tpm_kind(err: &Error) -> Option<Tss2ResponseCodeKind> {
     }
 }
 
-/// True if the connection to the TPM is gone (the TCTI layer failed): reconnect.
+/// True if the connection to the TPM is gone (the TCTI layer failed, or ESAPI is stuck in a
+/// command the dead connection never answered): reconnect.
 pub(crate) fn is_connection_lost(err: &Error) -> bool {
-    raw_rc(err).is_some_and(|raw| (raw >> 16) & 0xff == LAYER_TCTI)
+    raw_rc(err).is_some_and(|raw| (raw >> 16) & 0xff == LAYER_TCTI || raw == ESYS_BAD_SEQUENCE)
 }
 
 /// True if the TPM no longer has the object the command named (after a TPM reset or a

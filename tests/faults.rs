@@ -1,0 +1,98 @@
+//! Fault injection with real processes (issue 9): the hardware or the upstream goes away while
+//! the proxy runs. The contract of every test: requests during the outage fail fast with a
+//! clear 502 (a Kubernetes `Status`), and after recovery there are 0 failures without restarting
+//! hwkey. Each test says which fault it injects and how.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::proxy::{Backend, Identity, ProxyProcess};
+use support::upstream::TestUpstream;
+
+/// (HTTP status, body) of GET /version over the proxy's UNIX socket, and how long it took.
+fn version(proxy: &ProxyProcess) -> (String, String, Duration) {
+    let started = Instant::now();
+    let out = proxy.curl_unix(&["-w", "\n%{http_code}"], "/version");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", ""));
+    (code.to_string(), body.to_string(), started.elapsed())
+}
+
+fn wait_for(proxy: &ProxyProcess, series: &str, value: f64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proxy.metric(series) < value {
+        assert!(
+            Instant::now() < deadline,
+            "{series} < {value}:\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Fault: swtpm is killed while the proxy runs, and the session store is emptied (SIGHUP), so
+/// requests need a hardware signature while the TPM is gone. Contract: those requests fail
+/// within seconds with a 502 naming the TPM; once swtpm is back, the next 20 requests succeed
+/// and /healthz is healthy, with the same proxy process. (Before the fix, a failed reconnect
+/// left a half-made ESAPI context behind and every later call failed with "bad sequence".)
+#[test]
+fn tpm_outage_fails_fast_and_recovers_without_a_restart() {
+    let mut id = Identity::tpm();
+    let upstream = TestUpstream::start(&id.ca);
+    let mut proxy = ProxyProcess::start(&id, &upstream);
+    let (code, _, _) = version(&proxy);
+    assert_eq!(code, "200", "{}", proxy.log());
+    // Healthy now: /healthz caches that for 30 s, which must not hide a failure (finding 7).
+    assert_eq!(proxy.admin_get("/healthz").0, 200);
+
+    let Backend::Tpm(tpm) = &mut id.backend else {
+        panic!("a TPM identity")
+    };
+    tpm.stop();
+    proxy.signal(libc::SIGHUP);
+    wait_for(&proxy, "hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
+    for _ in 0..3 {
+        let (code, body, took) = version(&proxy);
+        assert_eq!(
+            code,
+            "502",
+            "a request without a TPM: {body}\n{}",
+            proxy.log()
+        );
+        assert!(body.contains("\"kind\":\"Status\""), "{body}");
+        assert!(took < Duration::from_secs(15), "took {took:?}");
+    }
+    let (status, _) = proxy.admin_get("/healthz");
+    assert_eq!(status, 503, "healthy without a TPM");
+    assert!(proxy.metric("hwkey_signature_failures_total") >= 1.0);
+
+    tpm.start_again();
+    // The first request may find the reconnect backoff still running; then everything works.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, _, _) = version(&proxy);
+        if code == "200" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never recovered:\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let failures: Vec<String> = (0..20)
+        .map(|_| version(&proxy))
+        .filter(|(code, _, _)| code != "200")
+        .map(|(code, body, _)| format!("{code} {body}"))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "after recovery: {failures:?}\n{}",
+        proxy.log()
+    );
+    let (status, body) = proxy.admin_get("/healthz");
+    assert_eq!(status, 200, "{body}");
+    assert!(proxy.guard.try_wait().is_none(), "the proxy exited");
+}
