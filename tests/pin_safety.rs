@@ -96,7 +96,7 @@ fn a_wrong_pin_reaches_the_token_once_across_kubectl_runs_and_proxy_restarts() {
         cmd
     };
     for run in 1..=5 {
-        let out = run_fail(&mut proxy());
+        let out = run_fail_within(&mut proxy(), std::time::Duration::from_secs(30));
         assert_eq!(
             out.status.code(),
             Some(77),
@@ -305,7 +305,7 @@ fn a_pin_value_never_appears_in_an_error() {
             vec!["csr", "--key", uri, "--subject", "CN=x"],
             vec!["proxy", "--key", uri, "--upstream", "https://127.0.0.1:1"],
         ] {
-            let out = run_fail(hwkey().args(&args));
+            let out = run_fail_within(hwkey().args(&args), std::time::Duration::from_secs(30));
             let text = output_text(&out);
             assert!(
                 !text.contains("s3cr3t"),

@@ -204,7 +204,7 @@ fn a_pkcs1_only_token_is_refused_clearly_and_works_over_tls12_with_the_flag() {
         .args(["--upstream", &upstream.url(), "--upstream-ca"])
         .arg(id.ca.ca_path())
         .args(["--listen", &format!("tcp:127.0.0.1:{}", free_port())]);
-    let out = run_fail(&mut cmd);
+    let out = run_fail_within(&mut cmd, std::time::Duration::from_secs(30));
     let text = output_text(&out);
     for needle in [
         "cannot sign a TLS 1.3 handshake",

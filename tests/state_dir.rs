@@ -8,6 +8,7 @@ mod support;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use support::proxy::{Identity, ProxyProcess};
 use support::upstream::TestUpstream;
@@ -90,7 +91,10 @@ fn another_users_state_directory_is_refused() {
             .args(["-R", "65534:65534"])
             .arg(&state),
     );
-    let out = run_fail(&mut proxy_cmd(&id, &upstream, &state));
+    let out = run_fail_within(
+        &mut proxy_cmd(&id, &upstream, &state),
+        Duration::from_secs(30),
+    );
     let text = output_text(&out);
     assert!(text.contains("belongs to uid 65534"), "{text}");
     assert!(text.contains("--state-dir"), "{text}");
@@ -110,7 +114,10 @@ fn a_state_directory_others_may_write_is_refused() {
     let upstream = TestUpstream::start(&id.ca);
     let (_dir, state) = state_with_ca(&id, &upstream);
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let out = run_fail(&mut proxy_cmd(&id, &upstream, &state));
+    let out = run_fail_within(
+        &mut proxy_cmd(&id, &upstream, &state),
+        Duration::from_secs(30),
+    );
     let text = output_text(&out);
     assert!(
         text.contains("writable by other users (mode 777)"),
@@ -128,7 +135,10 @@ fn a_symlinked_loopback_ca_key_is_refused() {
     let elsewhere = dir.path().join("planted.key");
     std::fs::rename(&key, &elsewhere).expect("move key");
     std::os::unix::fs::symlink(&elsewhere, &key).expect("symlink");
-    let out = run_fail(&mut proxy_cmd(&id, &upstream, &state));
+    let out = run_fail_within(
+        &mut proxy_cmd(&id, &upstream, &state),
+        Duration::from_secs(30),
+    );
     let text = output_text(&out);
     assert!(text.contains("loopback-ca.key"), "{text}");
     assert!(

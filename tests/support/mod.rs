@@ -314,6 +314,46 @@ pub fn run_fail(cmd: &mut Command) -> Output {
     out
 }
 
+/// Like [`run_fail`] for a command that would run forever if it wrongly succeeded (a proxy that
+/// should refuse to start): panics if it is still running after `limit` (it is killed).
+pub fn run_fail_within(cmd: &mut Command, limit: Duration) -> Output {
+    let dir = temp_dir();
+    let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&out_path).expect("stdout file"))
+        .stderr(fs::File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "still running after {limit:?} instead of refusing: {cmd:?}\n--- stderr ---\n{}",
+                fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        sleep(Duration::from_millis(20));
+    };
+    let out = Output {
+        status,
+        stdout: fs::read(&out_path).unwrap_or_default(),
+        stderr: fs::read(&err_path).unwrap_or_default(),
+    };
+    if out.status.success() {
+        panic!(
+            "command unexpectedly succeeded: {cmd:?}\n--- stderr ---\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
 /// stdout and stderr of `out` as one lossy UTF-8 string (for assertions and messages).
 pub fn output_text(out: &Output) -> String {
     format!(
