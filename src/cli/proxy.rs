@@ -130,6 +130,12 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
     let duration = |flag: Option<String>, from_file: Option<String>| {
         flag.or(from_file).map(|s| parse_duration(&s)).transpose()
     };
+    // Durations that must not be zero: a zero handshake timeout refuses every client, a zero
+    // credential validity mints certificates that are expired on arrival.
+    let positive = |what: &'static str, d: Option<std::time::Duration>| match d {
+        Some(d) if d.is_zero() => Err(proxy::ProxyError::ZeroDuration { what }),
+        other => Ok(other),
+    };
     let allow_uids = if args.allow_uid.is_empty() {
         file.allow_uid
     } else {
@@ -149,8 +155,11 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
             .unwrap_or_else(proxy::default_state_dir),
         lock_file: args.lock_file.or(file.lock_file),
         idle_exit: duration(args.idle_exit, file.idle_exit)?,
-        handshake_timeout: duration(args.handshake_timeout, file.handshake_timeout)?
-            .unwrap_or(proxy::DEFAULT_HANDSHAKE_TIMEOUT),
+        handshake_timeout: positive(
+            "handshake-timeout",
+            duration(args.handshake_timeout, file.handshake_timeout)?,
+        )?
+        .unwrap_or(proxy::DEFAULT_HANDSHAKE_TIMEOUT),
         idle_timeout: duration(args.idle_timeout, file.idle_timeout)?,
         drain_timeout: duration(args.drain_timeout, file.drain_timeout)?
             .unwrap_or(proxy::DEFAULT_DRAIN_TIMEOUT),
@@ -167,8 +176,11 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
             .rotation_close
             .or(file.rotation_close)
             .unwrap_or_default(),
-        credential_validity: duration(args.credential_validity, file.credential_validity)?
-            .unwrap_or(proxy::control::DEFAULT_VALIDITY),
+        credential_validity: positive(
+            "credential-validity",
+            duration(args.credential_validity, file.credential_validity)?,
+        )?
+        .unwrap_or(proxy::control::DEFAULT_VALIDITY),
         reload_interval: duration(args.reload_interval, file.reload_interval)?
             .unwrap_or(proxy::DEFAULT_RELOAD_INTERVAL),
     })

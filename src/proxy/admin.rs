@@ -7,7 +7,9 @@
 //! only when there were none does the check make one test signature (on a blocking thread),
 //! and its result is reused for [`KEY_CHECK_TTL`], so probes do not wear a slow TPM.
 //!
-//! Tasks: one accept loop task, one task per admin connection (hyper HTTP/1.1).
+//! Tasks: one accept loop task, one task per admin connection (hyper HTTP/1.1). Another local
+//! user can reach a loopback TCP admin listener, so connections are capped, idle ones reaped
+//! (header and connection timeouts) and refusals logged at a bounded rate.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -20,7 +22,8 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
 
-use super::listener::{check_peer, stopped, Bound};
+use super::listener::{accept_error, check_peer, stopped, Bound};
+use super::ratelimit::RateLimited;
 use super::Shared;
 
 /// How long a test signature's result stands for.
@@ -41,8 +44,23 @@ struct KeyCheck {
     result: Result<(), String>,
 }
 
-/// Serves the admin endpoints until `stop`.
+/// At most this many admin connections at once; more are closed at accept, so no local user can
+/// exhaust the proxy's descriptors through the admin listener.
+pub const ADMIN_MAX_CONNECTIONS: usize = 32;
+/// How long an admin client may take to send its request headers.
+const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest an admin connection lives (one request: `/healthz` may wait for the upstream and
+/// a test signature).
+const ADMIN_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+static BUSY_LOG: RateLimited = RateLimited::new(Duration::from_secs(10));
+static REFUSED_LOG: RateLimited = RateLimited::new(Duration::from_secs(10));
+
+/// Serves the admin endpoints until `stop`: one request per connection, at most
+/// [`ADMIN_MAX_CONNECTIONS`] at once, each bounded by header and connection timeouts.
 pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<bool>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
+    let name = bound.addr().to_string();
     loop {
         let conn: Box<dyn super::bridge::ClientIo> = match &bound {
             Bound::Tcp { listener, .. } => tokio::select! {
@@ -50,7 +68,7 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
                 _ = stopped(&mut stop) => break,
                 r = listener.accept() => match r {
                     Ok((s, _)) => Box::new(s),
-                    Err(_) => { tokio::time::sleep(Duration::from_millis(100)).await; continue }
+                    Err(e) => { accept_error(&name, e).await; continue }
                 },
             },
             Bound::Unix { listener, .. } => tokio::select! {
@@ -59,14 +77,25 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
                 r = listener.accept() => match r {
                     Ok((s, _)) => {
                         if check_peer(&s, &shared.allowed_uids).is_err() {
-                            tracing::warn!("refused an admin client of another user");
+                            if let Some(suppressed) = REFUSED_LOG.allow() {
+                                tracing::warn!(suppressed, "refused an admin client of another user");
+                            }
                             continue;
                         }
                         Box::new(s)
                     }
-                    Err(_) => { tokio::time::sleep(Duration::from_millis(100)).await; continue }
+                    Err(e) => { accept_error(&name, e).await; continue }
                 },
             },
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            if let Some(suppressed) = BUSY_LOG.allow() {
+                tracing::warn!(
+                    suppressed,
+                    "{ADMIN_MAX_CONNECTIONS} admin connections are open; closed a new one"
+                );
+            }
+            continue;
         };
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -74,9 +103,13 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
                 let shared = shared.clone();
                 async move { Ok::<_, Infallible>(route(&shared, req).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(conn), service)
-                .await;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(ADMIN_HEADER_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(conn), service);
+            let _ = tokio::time::timeout(ADMIN_CONNECTION_TIMEOUT, connection).await;
+            drop(permit);
         });
     }
 }

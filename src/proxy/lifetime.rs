@@ -112,7 +112,7 @@ impl Drop for ConnGuard {
 /// Resolves when the proxy should stop.
 pub async fn wait_for_stop(
     activity: Arc<Activity>,
-    lock_file: Option<PathBuf>,
+    lock_file: Option<(PathBuf, File)>,
     idle_exit: Option<Duration>,
 ) -> Result<StopReason, ProxyError> {
     let sig = |kind: SignalKind, name: &'static str| {
@@ -122,7 +122,7 @@ pub async fn wait_for_stop(
     let mut int = sig(SignalKind::interrupt(), "SIGINT")?;
     let lock = async {
         match &lock_file {
-            Some(p) => watch_lock(p).await,
+            Some((p, f)) => watch_lock(p, f).await,
             None => std::future::pending().await,
         }
     };
@@ -162,17 +162,22 @@ const LOCK_POLL: Duration = Duration::from_millis(250);
 /// Polls the lock: the owner holds an exclusive `flock` on the file; when the proxy can take
 /// it, the owner is gone. A lock nobody holds at start counts as an owner already gone, so
 /// the starter must take the lock before it starts the proxy.
-async fn watch_lock(path: &Path) -> Result<StopReason, ProxyError> {
-    let file = File::open(path).map_err(|source| ProxyError::LockFile {
-        path: path.to_path_buf(),
-        source,
-    })?;
+async fn watch_lock(path: &Path, file: &File) -> Result<StopReason, ProxyError> {
     loop {
-        if try_flock(&file) {
+        if try_flock(file) {
             return Ok(StopReason::LockOwnerGone(path.to_path_buf()));
         }
         tokio::time::sleep(LOCK_POLL).await;
     }
+}
+
+/// Opens the `--lock-file` before the proxy says it is ready, so a missing or unreadable lock
+/// file is an error at start, not after "ready".
+pub fn open_lock_file(path: &Path) -> Result<File, ProxyError> {
+    File::open(path).map_err(|source| ProxyError::LockFile {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 fn try_flock(file: &File) -> bool {

@@ -34,6 +34,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use super::config::ListenAddr;
 use super::local_ca::LoopbackCa;
 use super::metrics::{ListenerKind, Refusal};
+use super::ratelimit::RateLimited;
 use super::{bridge, ProxyError, Shared};
 
 /// The HTTP/2 client connection preface (RFC 9113, section 3.4).
@@ -239,10 +240,23 @@ fn poll_any(listeners: &[Bound], first: usize, cx: &mut Context<'_>) -> Poll<(us
     Poll::Pending
 }
 
-/// Runs until `stop` turns true: takes a connection slot, then accepts on whichever client
-/// listener is ready first, one task per connection. One loop for all listeners, so that the
-/// `--max-connections` slots are shared fairly (a loop per listener would let an idle listener
-/// sit on a slot while another one's clients wait).
+/// How many loopback TLS handshakes may be unauthenticated at once. Past it, new TCP
+/// connections are closed at accept: a flood from another local user can hold at most this
+/// many descriptors, and never the `--max-connections` slots of authenticated clients.
+pub const PREAUTH_BUDGET: usize = 128;
+/// How long an unauthenticated peer may take to complete the loopback TLS handshake (a real
+/// client on loopback needs milliseconds).
+pub const PREAUTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+static REFUSED_LOG: RateLimited = RateLimited::new(Duration::from_secs(10));
+static BUSY_LOG: RateLimited = RateLimited::new(Duration::from_secs(10));
+static ACCEPT_ERROR_LOG: RateLimited = RateLimited::new(Duration::from_secs(10));
+
+/// Runs until `stop` turns true: accepts on whichever client listener is ready first, one task
+/// per connection. One loop for all listeners, polled round-robin so a busy listener cannot
+/// starve the others. A connection takes one of the `--max-connections` slots only once its
+/// peer is authenticated (UNIX: uid at once; TCP: after the loopback TLS handshake, which runs
+/// under the separate [`PREAUTH_BUDGET`] and [`PREAUTH_TIMEOUT`]).
 pub async fn accept_loop(
     shared: Arc<Shared>,
     listeners: Vec<Bound>,
@@ -253,9 +267,6 @@ pub async fn accept_loop(
     }
     let mut first = 0;
     loop {
-        let Some(permit) = slot(&shared, &mut stop).await else {
-            break;
-        };
         let (i, accepted) = tokio::select! {
             biased;
             _ = stopped(&mut stop) => break,
@@ -265,23 +276,24 @@ pub async fn accept_loop(
         match accepted {
             Accepted::Unix(Ok(stream)) => {
                 shared.metrics.connection_accepted(ListenerKind::Unix);
-                let guard = shared.activity.enter();
                 let shared = shared.clone();
-                tokio::spawn(async move {
-                    handle_unix(&shared, stream).await;
-                    drop(guard);
-                    drop(permit);
-                });
+                tokio::spawn(async move { handle_unix(&shared, stream).await });
             }
             Accepted::Tcp(Ok((stream, peer))) => {
                 shared.metrics.connection_accepted(ListenerKind::Tcp);
-                let guard = shared.activity.enter();
+                let Ok(preauth) = shared.preauth.clone().try_acquire_owned() else {
+                    shared.metrics.refused(Refusal::Busy);
+                    if let Some(suppressed) = BUSY_LOG.allow() {
+                        tracing::warn!(
+                            %peer,
+                            suppressed,
+                            "too many unauthenticated loopback handshakes at once; closed a new connection"
+                        );
+                    }
+                    continue;
+                };
                 let shared = shared.clone();
-                tokio::spawn(async move {
-                    handle_tcp(&shared, stream, peer).await;
-                    drop(guard);
-                    drop(permit);
-                });
+                tokio::spawn(async move { handle_tcp(&shared, stream, peer, preauth).await });
             }
             Accepted::Unix(Err(e)) | Accepted::Tcp(Err(e)) => {
                 accept_error(&listeners[i].addr().to_string(), e).await
@@ -291,26 +303,25 @@ pub async fn accept_loop(
     tracing::debug!("stopped accepting");
 }
 
-async fn slot(
-    shared: &Shared,
-    stop: &mut watch::Receiver<bool>,
-) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    tokio::select! {
-        biased;
-        _ = stopped(stop) => None,
-        p = shared.slots.clone().acquire_owned() => p.ok(),
-    }
-}
-
 /// Resolves once the stop flag is set.
 pub async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn accept_error(name: &str, e: std::io::Error) {
-    // EMFILE and friends: back off instead of spinning.
-    tracing::warn!(listener = %name, error = %e, "accept failed");
+/// After a failed accept (EMFILE and friends): back off instead of spinning, and log at most
+/// once per interval.
+pub async fn accept_error(name: &str, e: std::io::Error) {
+    if let Some(suppressed) = ACCEPT_ERROR_LOG.allow() {
+        tracing::warn!(listener = %name, error = %e, suppressed, "accept failed");
+    }
     tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// A warning about a refused peer, rate-limited.
+fn refused(what: &str, detail: &dyn std::fmt::Display) {
+    if let Some(suppressed) = REFUSED_LOG.allow() {
+        tracing::warn!(suppressed, "{what}: {detail}");
+    }
 }
 
 async fn handle_unix(shared: &Shared, mut stream: UnixStream) {
@@ -318,14 +329,18 @@ async fn handle_unix(shared: &Shared, mut stream: UnixStream) {
         Ok(_) => {}
         Err(uid) => {
             shared.metrics.refused(Refusal::PeerUid);
-            tracing::warn!(
-                peer_uid = ?uid,
-                proxy_uid = own_uid(),
-                "refused a UNIX-socket client of another user (allow it with --allow-uid)"
+            refused(
+                "refused a UNIX-socket client of another user (allow it with --allow-uid)",
+                &format!("peer uid {uid:?}, proxy uid {}", own_uid()),
             );
             return;
         }
     }
+    // Authenticated: a connection slot, and activity for --idle-exit.
+    let Ok(_slot) = shared.slots.clone().acquire_owned().await else {
+        return;
+    };
+    let _active = shared.activity.enter();
     let prefix = match tokio::time::timeout(shared.handshake_timeout, sniff(&mut stream)).await {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => {
@@ -364,7 +379,12 @@ async fn sniff(stream: &mut UnixStream) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-async fn handle_tcp(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
+async fn handle_tcp(
+    shared: &Shared,
+    stream: TcpStream,
+    peer: SocketAddr,
+    preauth: tokio::sync::OwnedSemaphorePermit,
+) {
     let _ = stream.set_nodelay(true);
     let started = Instant::now();
     let handshake = async {
@@ -379,23 +399,55 @@ async fn handle_tcp(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
         let tls = start.into_stream(config).await?;
         Ok::<_, std::io::Error>((tls, chosen))
     };
-    let (tls, alpn) = match tokio::time::timeout(shared.handshake_timeout, handshake).await {
+    let limit = shared.handshake_timeout.min(PREAUTH_TIMEOUT);
+    let (tls, alpn) = match tokio::time::timeout(limit, handshake).await {
         Ok(Ok(done)) => done,
         Ok(Err(e)) => {
             shared.metrics.refused(Refusal::ClientAuth);
-            tracing::warn!(
-                %peer,
-                error = %e,
-                "refused a loopback client: TLS handshake failed (a client certificate from the loopback CA is required)"
+            refused(
+                "refused a loopback client: TLS handshake failed (a client certificate from the loopback CA is required)",
+                &format!("{peer}: {e}"),
             );
             return;
         }
         Err(_) => {
             shared.metrics.refused(Refusal::HandshakeTimeout);
-            tracing::info!(%peer, "loopback TLS handshake timed out; closed");
+            refused("loopback TLS handshake timed out; closed", &peer);
             return;
         }
     };
+    // A resumed session carries the certificate of the handshake it resumes: check it is still
+    // valid, so a session outliving its short-lived loopback credential gets nothing.
+    if let Err(why) = client_cert_valid(tls.get_ref().1.peer_certificates()) {
+        shared.metrics.refused(Refusal::Expired);
+        refused("refused a loopback client", &format!("{peer}: {why}"));
+        return;
+    }
+    drop(preauth);
+    let Ok(_slot) = shared.slots.clone().acquire_owned().await else {
+        return;
+    };
+    let _active = shared.activity.enter();
     shared.metrics.local_handshake(started.elapsed());
     bridge::serve(shared, Box::new(tls), Vec::new(), alpn).await;
+}
+
+/// The loopback client's certificate must be valid now (the verifier checked it when it was
+/// presented; resumption skips that).
+fn client_cert_valid(
+    certs: Option<&[rustls::pki_types::CertificateDer<'_>]>,
+) -> Result<(), String> {
+    let leaf = certs
+        .and_then(|c| c.first())
+        .ok_or("no client certificate")?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(leaf)
+        .map_err(|e| format!("unreadable client certificate: {e}"))?;
+    if parsed.validity().is_valid() {
+        Ok(())
+    } else {
+        Err(format!(
+            "its loopback credential expired at {} (a resumed TLS session does not extend it)",
+            parsed.validity().not_after
+        ))
+    }
 }

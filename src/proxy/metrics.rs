@@ -33,12 +33,19 @@ pub enum Refusal {
     ClientAuth,
     /// The local handshake (TLS or HTTP/2 preface sniffing) did not finish in time.
     HandshakeTimeout,
+    /// Too many unauthenticated handshakes at once: closed at accept.
+    Busy,
+    /// A loopback client certificate outside its validity (e.g. a resumed session whose
+    /// credential expired).
+    Expired,
 }
 
-const REFUSALS: [Refusal; 3] = [
+const REFUSALS: [Refusal; 5] = [
     Refusal::PeerUid,
     Refusal::ClientAuth,
     Refusal::HandshakeTimeout,
+    Refusal::Busy,
+    Refusal::Expired,
 ];
 
 impl Refusal {
@@ -47,6 +54,8 @@ impl Refusal {
             Refusal::PeerUid => "peer_uid",
             Refusal::ClientAuth => "client_auth",
             Refusal::HandshakeTimeout => "handshake_timeout",
+            Refusal::Busy => "busy",
+            Refusal::Expired => "expired_credential",
         }
     }
     fn index(self) -> usize {
@@ -54,6 +63,8 @@ impl Refusal {
             Refusal::PeerUid => 0,
             Refusal::ClientAuth => 1,
             Refusal::HandshakeTimeout => 2,
+            Refusal::Busy => 3,
+            Refusal::Expired => 4,
         }
     }
 }
@@ -150,7 +161,7 @@ impl Histogram {
 pub struct Metrics {
     connections_total: [AtomicU64; 2],
     connections_active: AtomicU64,
-    refused: [AtomicU64; 3],
+    refused: [AtomicU64; 5],
     upstream_full: AtomicU64,
     upstream_resumed: AtomicU64,
     upstream_errors: [AtomicU64; 4],

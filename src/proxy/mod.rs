@@ -23,10 +23,12 @@ pub mod bridge;
 pub mod config;
 pub mod control;
 pub mod lifetime;
+pub mod limits;
 pub mod listener;
 pub mod local_ca;
 pub mod metrics;
 pub mod notify;
+pub mod ratelimit;
 pub mod reload;
 pub mod renewal;
 pub mod rotation;
@@ -121,6 +123,9 @@ pub enum ProxyError {
 
     #[error("invalid duration '{given}': use e.g. 30s, 10m, 1h30m, 500ms")]
     InvalidDuration { given: String },
+
+    #[error("{what} must be more than 0 (e.g. 10s)")]
+    ZeroDuration { what: &'static str },
 
     #[error("cannot read config file {path}: {source}")]
     ReadConfig {
@@ -218,6 +223,8 @@ pub struct Shared {
     pub(crate) activity: Arc<lifetime::Activity>,
     pub(crate) health: admin::HealthState,
     pub(crate) slots: Arc<Semaphore>,
+    /// Unauthenticated loopback TLS handshakes in flight ([`listener::PREAUTH_BUDGET`]).
+    pub(crate) preauth: Arc<Semaphore>,
     pub(crate) handshake_timeout: Duration,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) allowed_uids: Vec<u32>,
@@ -339,7 +346,10 @@ async fn serve(
         metrics,
         activity: activity.clone(),
         health: admin::HealthState::default(),
-        slots: Arc::new(Semaphore::new(config.max_connections.max(1))),
+        slots: Arc::new(Semaphore::new(limits::fit_connections(
+            config.max_connections.max(1),
+        ))),
+        preauth: Arc::new(Semaphore::new(listener::PREAUTH_BUDGET)),
         handshake_timeout: config.handshake_timeout,
         idle_timeout: config.idle_timeout.filter(|d| !d.is_zero()),
         allowed_uids: config.allow_uids.clone(),
@@ -398,6 +408,17 @@ async fn serve(
         stop_rx.clone(),
     ));
 
+    let lock = match &config.lock_file {
+        Some(p) => match lifetime::open_lock_file(p) {
+            Ok(f) => Some((p.clone(), f)),
+            Err(e) => {
+                let _ = stop_tx.send(true);
+                remove_sockets(&sockets);
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     let listen_text: Vec<String> = bound_addrs.iter().map(ToString::to_string).collect();
     // Tests and supervisors wait for this line; it holds no secret.
     eprintln!(
@@ -413,8 +434,7 @@ async fn serve(
     tracing::info!(listen = %listen_text.join(","), upstream = %config.upstream, "proxy ready");
     notify::notify("READY=1");
 
-    let reason =
-        lifetime::wait_for_stop(activity.clone(), config.lock_file.clone(), config.idle_exit).await;
+    let reason = lifetime::wait_for_stop(activity.clone(), lock, config.idle_exit).await;
     notify::notify("STOPPING=1");
     let _ = stop_tx.send(true);
     remove_sockets(&sockets);

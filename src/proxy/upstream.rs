@@ -37,6 +37,9 @@ use super::sessions::{SessionStore, Warmup};
 use super::ProxyError;
 use crate::key::tls::HardwareCertResolver;
 
+/// The application protocols the proxy bridges (what kubectl, client-go and kubelet speak).
+pub const SERVED_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
 /// How many servers' sessions the store remembers (there is one upstream; headroom for
 /// name changes across reloads is all that is needed).
 const SESSION_STORE_SERVERS: usize = 32;
@@ -123,10 +126,16 @@ impl Upstream {
     }
 
     /// Picks the protocol for a client that offered `offered` (its preference order): the
-    /// first one the upstream has not refused. None when it offered nothing usable.
+    /// first one the proxy serves ([`SERVED_ALPN`]) that the upstream has not refused. None
+    /// when it offered nothing usable. Only served protocols ever reach the per-protocol
+    /// config caches, so ClientHellos with made-up ALPN strings cannot grow them.
     pub fn choose_alpn(&self, offered: &[Vec<u8>]) -> Option<Vec<u8>> {
         let refused = self.refused_alpn.lock().unwrap_or_else(|p| p.into_inner());
-        offered.iter().find(|p| !refused.contains(*p)).cloned()
+        offered
+            .iter()
+            .filter(|p| SERVED_ALPN.contains(&p.as_slice()))
+            .find(|p| !refused.contains(*p))
+            .cloned()
     }
 
     /// Opens a TCP connection and completes the TLS handshake offering exactly `alpn`.

@@ -179,6 +179,8 @@ pub struct ProxyOptions<'a> {
     pub state_dir: Option<&'a Path>,
     /// Leave out --key/--cert/--upstream/... (they come from a config file or the environment).
     pub bare: bool,
+    /// Run under `prlimit --nofile=N:N` (the descriptor limit an auto-started proxy may get).
+    pub nofile: Option<u64>,
 }
 
 impl ProxyProcess {
@@ -220,6 +222,21 @@ impl ProxyProcess {
                 .arg(&state_dir);
         }
         cmd.args(&opts.args).envs(opts.envs.iter().cloned());
+        if let Some(n) = opts.nofile {
+            let mut wrapped = Command::new("prlimit");
+            wrapped
+                .arg(format!("--nofile={n}:{n}"))
+                .arg("--")
+                .arg(cmd.get_program())
+                .args(cmd.get_args());
+            for (k, v) in cmd.get_envs() {
+                match v {
+                    Some(v) => wrapped.env(k, v),
+                    None => wrapped.env_remove(k),
+                };
+            }
+            cmd = wrapped;
+        }
         let log = dir.path().join("proxy.log");
         let guard = ChildGuard::spawn(&mut cmd, "hwkey proxy", &log);
         let mut p = ProxyProcess {

@@ -1,0 +1,60 @@
+//! Descriptor budget: a proxy started by `hwkey credential` inherits the shell's soft
+//! RLIMIT_NOFILE (often 1024), while `--max-connections` defaults to 4096 and every bridged
+//! connection holds two descriptors (client and upstream). At start the soft limit is raised to
+//! the hard limit, and `--max-connections` is lowered to what fits, keeping room for the
+//! unauthenticated handshakes, the admin and control listeners and the process itself — so the
+//! proxy never runs into EMFILE by its own configuration.
+
+use super::admin::ADMIN_MAX_CONNECTIONS;
+use super::listener::PREAUTH_BUDGET;
+
+/// Descriptors kept for everything but bridged connections: the listeners, the token or TPM,
+/// log files, the control socket's clients.
+const RESERVED: usize = 64;
+
+/// Raises the soft descriptor limit as far as allowed and returns the number of connections
+/// that fit (at most `wanted`).
+pub fn fit_connections(wanted: usize) -> usize {
+    let limit = raise_nofile();
+    let Some(limit) = limit else {
+        return wanted;
+    };
+    let reserved = RESERVED + PREAUTH_BUDGET + ADMIN_MAX_CONNECTIONS;
+    let fit = (limit.saturating_sub(reserved as u64) / 2).max(1);
+    let fit = usize::try_from(fit).unwrap_or(usize::MAX);
+    if wanted > fit {
+        tracing::warn!(
+            wanted,
+            using = fit,
+            rlimit_nofile = limit,
+            "--max-connections does not fit the descriptor limit (2 per connection, {reserved} kept for handshakes, admin and control): lowered; raise `ulimit -n` (LimitNOFILE= under systemd) for more"
+        );
+        fit
+    } else {
+        wanted
+    }
+}
+
+/// Sets the soft RLIMIT_NOFILE to the hard limit; returns the soft limit now in force.
+fn raise_nofile() -> Option<u64> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit struct, which `rl` is.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return None;
+    }
+    if rl.rlim_cur < rl.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: rl.rlim_max,
+            rlim_max: rl.rlim_max,
+        };
+        // SAFETY: setrlimit reads one rlimit struct; raising the soft limit up to the hard limit
+        // is always permitted.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            rl.rlim_cur = rl.rlim_max;
+        }
+    }
+    Some(rl.rlim_cur)
+}
