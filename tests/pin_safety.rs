@@ -298,6 +298,9 @@ fn a_pin_value_never_appears_in_an_error() {
         "pkcs11:token=a?PIN-VALUE=s3cr3t1&pin-value=s3cr3t2",
         "pkcs11:token=a?pin-value=s3cr3t1&pin-value=s3cr3t2",
         "pkcs11:token=a?Pin%2Dvalue=s3cr3t1&bogus=1",
+        // Found by tests/fuzz_props.rs: right after the scheme, and inside a quoted value.
+        "pkcs11:pin-value=s3cr3t1;",
+        "tpm:handle=0x&pin-value=s3cr3t1;",
     ];
     for uri in uris {
         for args in [

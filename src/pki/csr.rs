@@ -34,6 +34,24 @@ impl CsrRequest {
                 })
             })
             .collect::<Result<_, _>>()?;
+        for name in dns {
+            // A dNSName is an IA5String: ASCII only (the encoder would panic on others).
+            if let Some(c) = name.chars().find(|c| !c.is_ascii() || c.is_ascii_control()) {
+                return Err(PkiError::InvalidDns {
+                    given: name.clone(),
+                    reason: format!(
+                        "'{}' is not allowed in a DNS name; write internationalized domains in punycode (xn--…)",
+                        c.escape_default()
+                    ),
+                });
+            }
+            if name.is_empty() {
+                return Err(PkiError::InvalidDns {
+                    given: name.clone(),
+                    reason: "it is empty".into(),
+                });
+            }
+        }
         Ok(CsrRequest {
             subject: Name::parse(subject)?,
             dns_names: dns.to_vec(),

@@ -18,6 +18,9 @@ pub enum PkiError {
     #[error("invalid --ip '{given}': not an IPv4 or IPv6 address")]
     InvalidIp { given: String },
 
+    #[error("invalid --dns '{given}': {reason}")]
+    InvalidDns { given: String, reason: String },
+
     #[error("cannot read certificate file {path}: {source}")]
     ReadCert {
         path: PathBuf,

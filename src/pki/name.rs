@@ -68,6 +68,25 @@ impl Name {
             if *short == "C" && value.len() != 2 {
                 return Err(bad("C must be a two-letter country code".into()));
             }
+            // The string types these attributes are encoded as allow only some characters
+            // (the encoder would panic on others): refuse, naming them.
+            match *short {
+                "C" | "SERIALNUMBER" => {
+                    if let Some(c) = value.chars().find(|c| !is_printable(*c)) {
+                        return Err(bad(format!(
+                            "{short} may hold only letters, digits, spaces and ' ( ) + , - . / : = ? (a PrintableString); '{c}' is not allowed"
+                        )));
+                    }
+                }
+                "DC" | "EMAILADDRESS" => {
+                    if let Some(c) = value.chars().find(|c| !c.is_ascii()) {
+                        return Err(bad(format!(
+                            "{short} may hold only ASCII characters (an IA5String); '{c}' is not allowed (write internationalized domains in punycode, e.g. xn--…)"
+                        )));
+                    }
+                }
+                _ => {}
+            }
             attrs.push(NameAttr { oid, short, value });
         }
         if attrs.is_empty() {
@@ -94,6 +113,11 @@ impl Name {
             }
         })
     }
+}
+
+/// Characters of an ASN.1 PrintableString.
+fn is_printable(c: char) -> bool {
+    c.is_ascii_alphanumeric() || " '()+,-./:=?".contains(c)
 }
 
 fn split_escaped(s: &str, sep: char) -> Vec<String> {
