@@ -120,7 +120,28 @@ pub struct Request {
 /// Merges the entries for `request` into the kubeconfig at `out` (created if absent).
 /// Returns the loopback server URL.
 pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
+    if let KeyUri::Pkcs11(u) = &request.key {
+        if matches!(u.pin, Some(crate::key::pin::PinSource::Value(_))) {
+            return Err(KubeconfigError::Invalid {
+                what: "--key",
+                given: request.key.to_string(),
+                reason: "it carries a pin-value, which would put the PIN into the kubeconfig; use pin-source=file:/path or pin-source=env:VAR (or no PIN source: kubectl then asks for the PIN)".into(),
+            });
+        }
+    }
+    // A symlinked kubeconfig stays a symlink: write its target, as kubectl does.
+    let out = &resolve_symlink(out);
     let mut doc = read_existing(out)?;
+    for list in ["clusters", "users", "contexts"] {
+        if let Some(v) = doc.get(list) {
+            if !(v.is_sequence() || v.is_null()) {
+                return Err(KubeconfigError::Read {
+                    path: out.to_path_buf(),
+                    reason: format!("'{list}' is not a list"),
+                });
+            }
+        }
+    }
     let port = match request.port {
         Some(p) => p,
         None => existing_port(&doc, &request.name).unwrap_or(free_port()?),
@@ -146,6 +167,24 @@ pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
         }
     })?;
     Ok(server)
+}
+
+/// The file a kubeconfig path really names (following symlinks, even dangling ones to a file
+/// that does not exist yet).
+fn resolve_symlink(path: &Path) -> PathBuf {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::read_link(&p) {
+            Ok(target) => {
+                p = match p.parent() {
+                    Some(dir) if target.is_relative() => dir.join(target),
+                    _ => target,
+                };
+            }
+            Err(_) => break,
+        }
+    }
+    p
 }
 
 fn read_existing(path: &Path) -> Result<Value, KubeconfigError> {

@@ -1,0 +1,123 @@
+//! Merging into existing kubeconfigs without losing anything (issue 9, finding 15): a
+//! symlinked kubeconfig stays a symlink and its target is updated (as kubectl does); a file
+//! whose `clusters` is not a list is refused and left byte for byte; a key URI with a
+//! `pin-value` is refused instead of silently losing the PIN (or writing it into the file).
+
+mod support;
+
+use std::path::Path;
+
+use support::proxy::Identity;
+use support::upstream::TestUpstream;
+use support::*;
+
+fn kubeconfig_cmd(
+    id: &Identity,
+    upstream: &TestUpstream,
+    key: &str,
+    out: &Path,
+    state: &Path,
+) -> std::process::Command {
+    let mut cmd = hwkey();
+    cmd.envs(id.envs())
+        .args([
+            "kubeconfig",
+            "--name",
+            "hw",
+            "--key",
+            key,
+            "--server",
+            &upstream.url(),
+            "--ca",
+        ])
+        .arg(id.ca.ca_path())
+        .arg("--out")
+        .arg(out)
+        .arg("--state-dir")
+        .arg(state);
+    cmd
+}
+
+const OTHER: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: other\n  cluster:\n    server: https://example.invalid:6443\ncontexts: []\nusers: []\ncurrent-context: other\n";
+
+#[test]
+fn a_symlinked_kubeconfig_stays_a_symlink_and_its_target_is_updated() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let real = dir.path().join("real.yaml");
+    std::fs::write(&real, OTHER).expect("write");
+    let link = dir.path().join("config");
+    std::os::unix::fs::symlink("real.yaml", &link).expect("symlink");
+    run_ok(&mut kubeconfig_cmd(
+        &id,
+        &upstream,
+        &id.key_uri,
+        &link,
+        &dir.path().join("state"),
+    ));
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .expect("lstat")
+            .file_type()
+            .is_symlink(),
+        "the kubeconfig symlink was replaced by a file"
+    );
+    let text = std::fs::read_to_string(&real).expect("read");
+    assert!(
+        text.contains("name: other") && text.contains("name: hw"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_kubeconfig_whose_clusters_is_not_a_list_is_refused_and_kept() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    let odd = "apiVersion: v1\nkind: Config\nclusters: {a: 1}\n";
+    std::fs::write(&out, odd).expect("write");
+    let failed = run_fail(&mut kubeconfig_cmd(
+        &id,
+        &upstream,
+        &id.key_uri,
+        &out,
+        &dir.path().join("state"),
+    ));
+    assert!(
+        output_text(&failed).contains("'clusters' is not a list"),
+        "{}",
+        output_text(&failed)
+    );
+    assert_eq!(std::fs::read_to_string(&out).expect("read"), odd);
+}
+
+#[test]
+fn a_key_uri_with_a_pin_value_is_refused_not_silently_stripped() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    let uri = id
+        .key_uri
+        .split("&pin-source")
+        .next()
+        .expect("uri")
+        .to_string()
+        + "&pin-value=1234";
+    let failed = run_fail(&mut kubeconfig_cmd(
+        &id,
+        &upstream,
+        &uri,
+        &out,
+        &dir.path().join("state"),
+    ));
+    let text = output_text(&failed);
+    assert!(
+        text.contains("pin-value") && text.contains("pin-source=file:"),
+        "{text}"
+    );
+    assert!(!text.contains("1234"), "{text}");
+    assert!(!out.exists(), "a kubeconfig was written");
+}
