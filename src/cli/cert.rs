@@ -17,6 +17,10 @@ pub enum CertCommand {
         /// PEM file: the key's certificate first, then intermediates.
         #[arg(long)]
         cert: PathBuf,
+        /// The CA bundle that issued it (e.g. /etc/kubernetes/pki/ca.crt): the chain's
+        /// signatures are checked against it before anything is replaced.
+        #[arg(long)]
+        ca: Option<PathBuf>,
     },
     /// Show a key's certificate: subject, issuer, SANs, validity, and whether it matches the key.
     Show {
@@ -36,8 +40,14 @@ pub fn run(cmd: CertCommand) -> anyhow::Result<()> {
         CertCommand::Import {
             key: uri,
             cert: path,
+            ca,
         } => {
             let chain = cert::load_chain(&path)?;
+            let anchors = match &ca {
+                Some(p) => cert::load_chain(p)?,
+                None => Vec::new(),
+            };
+            cert::check_for_import(&chain, &anchors)?;
             let opened = Key::open(&uri)?;
             cert::ensure_matches(&chain[0], &opened)?;
             drop(opened);

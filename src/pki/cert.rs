@@ -142,3 +142,83 @@ pub fn chain_to_pem(chain: &[CertificateDer<'_>]) -> String {
         .map(|c| der::to_pem("CERTIFICATE", c))
         .collect()
 }
+
+/// Checks a chain before it replaces the stored one (`hwkey cert import`): the leaf is valid now,
+/// may sign (keyUsage digitalSignature) and authenticate clients (extendedKeyUsage clientAuth,
+/// when the extension is there); every certificate is signed by the next one; and when
+/// `anchors` are given, the last one is signed by one of them (or is one of them). A corrupted
+/// certificate (a flipped bit in its body or signature) fails the signature check.
+pub fn check_for_import(
+    chain: &[CertificateDer<'_>],
+    anchors: &[CertificateDer<'_>],
+) -> Result<(), PkiError> {
+    use x509_parser::extensions::ParsedExtension;
+    let mut certs = Vec::with_capacity(chain.len());
+    for (i, der) in chain.iter().enumerate() {
+        let (_, c) = x509_parser::parse_x509_certificate(der).map_err(|e| PkiError::BadCert {
+            what: format!("certificate #{}", i + 1),
+            reason: e.to_string(),
+        })?;
+        certs.push(c);
+    }
+    let leaf = certs.first().ok_or_else(|| PkiError::BadCert {
+        what: "the chain".into(),
+        reason: "it holds no certificate".into(),
+    })?;
+    let bad_leaf = |reason: String| PkiError::BadCert {
+        what: format!("the certificate for {}", leaf.subject()),
+        reason,
+    };
+    let validity = leaf.validity();
+    if !validity.is_valid() {
+        return Err(bad_leaf(format!(
+            "it is valid only from {} to {} (check the clock, or import a current certificate)",
+            validity.not_before, validity.not_after
+        )));
+    }
+    for ext in leaf.extensions() {
+        match ext.parsed_extension() {
+            ParsedExtension::KeyUsage(ku) if !ku.digital_signature() => {
+                return Err(bad_leaf(
+                    "its keyUsage does not allow digitalSignature, which a TLS client key needs"
+                        .into(),
+                ))
+            }
+            ParsedExtension::ExtendedKeyUsage(eku) if !(eku.client_auth || eku.any) => {
+                return Err(bad_leaf(
+                    "its extendedKeyUsage does not include clientAuth: it is not a client certificate"
+                        .into(),
+                ))
+            }
+            _ => {}
+        }
+    }
+    for (i, pair) in certs.windows(2).enumerate() {
+        pair[0]
+            .verify_signature(Some(pair[1].public_key()))
+            .map_err(|_| PkiError::BadCert {
+                what: format!("certificate #{} ({})", i + 1, pair[0].subject()),
+                reason: format!(
+                    "its signature does not verify with the next certificate's key ({}): the file is corrupted or out of order",
+                    pair[1].subject()
+                ),
+            })?;
+    }
+    if !anchors.is_empty() {
+        let last = certs.last().unwrap_or(leaf);
+        let last_der = chain.last().map(|c| c.as_ref()).unwrap_or_default();
+        let trusted = anchors.iter().any(|a| {
+            a.as_ref() == last_der
+                || x509_parser::parse_x509_certificate(a)
+                    .map(|(_, ca)| last.verify_signature(Some(ca.public_key())).is_ok())
+                    .unwrap_or(false)
+        });
+        if !trusted {
+            return Err(PkiError::BadCert {
+                what: format!("the certificate for {}", last.subject()),
+                reason: "its signature does not verify with any certificate of --ca: the file is corrupted, or it was issued by another CA".into(),
+            });
+        }
+    }
+    Ok(())
+}
