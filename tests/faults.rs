@@ -96,3 +96,61 @@ fn tpm_outage_fails_fast_and_recovers_without_a_restart() {
     assert_eq!(status, 200, "{body}");
     assert!(proxy.guard.try_wait().is_none(), "the proxy exited");
 }
+
+/// Fault: the SoftHSM token disappears (its directory is moved away, as a smart card is pulled)
+/// and comes back, under a running proxy whose session store is emptied so requests need
+/// signatures. Contract: requests fail fast with a 502 while it is gone; within 30 s of its
+/// return requests succeed again, without restarting hwkey. (Before the fix the token was
+/// looked up once and the recovery reused the old slot: CKR_GENERAL_ERROR forever.)
+#[test]
+fn pkcs11_token_removed_and_restored_recovers_without_a_restart() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    assert_eq!(version(&proxy).0, "200", "{}", proxy.log());
+    let Backend::SoftHsm(hsm) = &id.backend else {
+        panic!("a SoftHSM identity")
+    };
+    let tokens = hsm.dir().join("tokens");
+    let token = std::fs::read_dir(&tokens)
+        .expect("token dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .next()
+        .expect("one token");
+    let away = hsm.dir().join("removed-token");
+    std::fs::rename(&token, &away).expect("remove the token");
+    proxy.signal(libc::SIGHUP);
+    wait_for(&proxy, "hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
+    for _ in 0..3 {
+        let (code, body, took) = version(&proxy);
+        assert_eq!(
+            code,
+            "502",
+            "a request without the token: {body}\n{}",
+            proxy.log()
+        );
+        assert!(took < Duration::from_secs(15), "took {took:?}");
+    }
+
+    std::fs::rename(&away, &token).expect("restore the token");
+    let restored = Instant::now();
+    loop {
+        if version(&proxy).0 == "200" {
+            break;
+        }
+        assert!(
+            restored.elapsed() < Duration::from_secs(30),
+            "not recovered 30 s after the token came back:\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let failures: Vec<String> = (0..10)
+        .map(|_| version(&proxy))
+        .filter(|(code, _, _)| code != "200")
+        .map(|(code, body, _)| format!("{code} {body}"))
+        .collect();
+    assert!(failures.is_empty(), "after recovery: {failures:?}");
+    assert_eq!(proxy.admin_get("/healthz").0, 200);
+}

@@ -10,7 +10,11 @@
 //! `CKF_OS_LOCKING_OK`, signs in parallel on separate sessions). When the token invalidates
 //! sessions (reset, removal, logout by someone else), the signature that notices drops every idle
 //! session, opens a fresh one, logs in again (unless the PIN was rejected before), finds the key
-//! again and retries once.
+//! again and retries once. When the token itself went away (`CKR_GENERAL_ERROR`,
+//! `CKR_DEVICE_REMOVED`, `CKR_TOKEN_NOT_PRESENT`, …: a card pulled, a SoftHSM token directory
+//! moved), the token is looked up again by label/serial — after re-initialising the module,
+//! which some modules need to see a token that came back — and the key must still have the same
+//! public key.
 
 mod keygen;
 mod module;
@@ -69,6 +73,30 @@ pub(crate) fn ckr(e: &CkError) -> String {
     }
 }
 
+/// PKCS#11 return values that mean the token (or the module's view of it) is gone: look the
+/// token up again, re-initialising the module if needed.
+const DEVICE_GONE: [&str; 6] = [
+    "CKR_GENERAL_ERROR",
+    "CKR_DEVICE_ERROR",
+    "CKR_DEVICE_REMOVED",
+    "CKR_TOKEN_NOT_PRESENT",
+    "CKR_TOKEN_NOT_RECOGNIZED",
+    "CKR_SLOT_ID_INVALID",
+];
+
+/// True when a failure (from the token, or from logging in / opening a session on it) means the
+/// token went away.
+fn device_gone(ck: Option<&CkError>, err: &KeyError) -> bool {
+    let text = match ck {
+        Some(e) => ckr(e),
+        None => match err {
+            KeyError::Pkcs11 { reason, .. } => reason.clone(),
+            _ => return false,
+        },
+    };
+    DEVICE_GONE.iter().any(|code| text.starts_with(code))
+}
+
 /// Errors after which the session (not the request) is what failed.
 fn session_lost(e: &CkError) -> bool {
     matches!(
@@ -117,7 +145,7 @@ fn signing_path(token: &Token, algorithm: KeyAlgorithm) -> SigningPath {
     if !matches!(algorithm, KeyAlgorithm::Rsa { .. }) {
         return SigningPath::Native;
     }
-    let mechanisms = match token.ctx.get_mechanism_list(token.slot) {
+    let mechanisms = match token.ctx.get_mechanism_list(token.slot()) {
         Ok(m) => m,
         Err(e) => {
             // A token that cannot list its mechanisms is assumed to have the standard ones.
@@ -129,7 +157,7 @@ fn signing_path(token: &Token, algorithm: KeyAlgorithm) -> SigningPath {
         mechanisms.contains(&m)
             && token
                 .ctx
-                .get_mechanism_info(token.slot, m)
+                .get_mechanism_info(token.slot(), m)
                 .map(|info| info.sign())
                 .unwrap_or(false)
     };
@@ -363,6 +391,35 @@ impl Pkcs11Key {
         }
     }
 
+    /// After the token went away: re-initialises the module (at most once per
+    /// [`module::REINIT_INTERVAL`]), finds the token again by label/serial (maybe in another
+    /// slot), logs in again, finds the key, and checks it is the same key (public key unchanged).
+    fn reattach(&self) -> Result<(), KeyError> {
+        self.pool.discard_idle();
+        if self.token.relocate().is_err() {
+            module::reinitialize(&self.token.module, &self.token.ctx);
+            self.token.relocate()?;
+        }
+        self.recover()?;
+        let session = self.pool.get(&self.token)?;
+        let handle = *self.handle.read().unwrap_or_else(|p| p.into_inner());
+        let spki = objects::public_spki(
+            &self.token,
+            session.session(),
+            handle,
+            &self.ident,
+            self.algorithm,
+        )?;
+        if !der::same_public_key(&spki, &self.spki) {
+            return Err(KeyError::TpmKeyUnusable {
+                key: self.describe(),
+                reason: "the token that came back holds another key under this label/id; open the key again (and check its certificate)".into(),
+            });
+        }
+        tracing::info!("{}: the token is back; signing again", self.describe());
+        Ok(())
+    }
+
     /// Replaces dead sessions and finds the key again after the token invalidated them.
     fn recover(&self) -> Result<(), KeyError> {
         self.pool.discard_idle();
@@ -391,7 +448,18 @@ impl KeyBackend for Pkcs11Key {
                     "{}: {err}; reopening sessions and logging in again",
                     self.describe()
                 );
-                self.recover()?;
+                match self.recover() {
+                    Ok(()) => self.sign_once(scheme, message).map_err(|(_, e)| e),
+                    Err(e) if device_gone(None, &e) => {
+                        self.reattach()?;
+                        self.sign_once(scheme, message).map_err(|(_, e)| e)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Err((ck, err)) if device_gone(ck.as_ref(), &err) => {
+                tracing::warn!("{}: {err}; looking for the token again", self.describe());
+                self.reattach()?;
                 self.sign_once(scheme, message).map_err(|(_, e)| e)
             }
             Err((_, e)) => Err(e),
@@ -407,8 +475,18 @@ impl KeyBackend for Pkcs11Key {
     }
 
     fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError> {
-        let session = self.pool.get(&self.token)?;
-        let certs = objects::certificates(&self.token, session.session(), &self.ident)?;
+        let read = || -> Result<Vec<(ObjectHandle, Vec<u8>)>, KeyError> {
+            let session = self.pool.get(&self.token)?;
+            objects::certificates(&self.token, session.session(), &self.ident)
+        };
+        // A token that went away and came back (SIGHUP reload after a card was re-inserted).
+        let certs = match read() {
+            Err(e) if device_gone(None, &e) => {
+                self.reattach()?;
+                read()?
+            }
+            other => other?,
+        };
         if certs.is_empty() {
             return Ok(None);
         }

@@ -25,7 +25,11 @@ use crate::key::{KeyError, Pkcs11Uri};
 #[derive(Debug)]
 pub(crate) struct Token {
     pub(crate) ctx: Pkcs11,
-    pub(crate) slot: Slot,
+    /// The slot id; it can change when the token is removed and comes back
+    /// ([`Token::relocate`]).
+    slot: std::sync::Mutex<Slot>,
+    /// The URI's token selection (label, serial, slot id), kept to find the token again.
+    selector: Pkcs11Uri,
     pub(crate) label: String,
     pub(crate) serial: String,
     pub(crate) module: PathBuf,
@@ -39,46 +43,11 @@ impl Token {
     pub(crate) fn find(uri: &Pkcs11Uri) -> Result<Token, KeyError> {
         let module = uri.module()?;
         let ctx = super::module::load(&module)?;
-        let slots = ctx
-            .get_slots_with_token()
-            .map_err(|e| pkcs11_err("C_GetSlotList", "(none)", &e))?;
-        let mut present = Vec::new();
-        let mut chosen = None;
-        for slot in slots {
-            let info = match ctx.get_token_info(slot) {
-                Ok(info) => info,
-                Err(_) => continue,
-            };
-            let label = info.label().trim_end().to_string();
-            let serial = info.serial_number().trim_end().to_string();
-            let matches = uri.token.as_ref().is_none_or(|t| *t == label)
-                && uri.serial.as_ref().is_none_or(|s| *s == serial)
-                && uri.slot_id.is_none_or(|id| id == slot.id());
-            if !info.token_initialized() {
-                continue;
-            }
-            if matches && chosen.is_none() {
-                chosen = Some((slot, label.clone(), serial.clone(), info.login_required()));
-            }
-            present.push(label);
-        }
-        if uri.token.is_none()
-            && uri.serial.is_none()
-            && uri.slot_id.is_none()
-            && present.len() != 1
-        {
-            return Err(KeyError::NoTokenSelected { module, present });
-        }
-        let Some((slot, label, serial, login_required)) = chosen else {
-            return Err(KeyError::TokenNotFound {
-                token: uri.token_desc(),
-                module,
-                present,
-            });
-        };
+        let (slot, label, serial, login_required) = locate(&ctx, uri, &module)?;
         Ok(Token {
             ctx,
-            slot,
+            slot: std::sync::Mutex::new(slot),
+            selector: uri.clone(),
             label,
             serial,
             module,
@@ -88,12 +57,34 @@ impl Token {
         })
     }
 
+    /// The token's slot now.
+    pub(crate) fn slot(&self) -> Slot {
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Looks the token up again (same label / serial / slot id) after it was removed and came
+    /// back, possibly in another slot; the module must have been re-initialised if it only
+    /// scans tokens at C_Initialize (SoftHSM).
+    pub(crate) fn relocate(&self) -> Result<(), KeyError> {
+        let (slot, _, serial, _) = locate(&self.ctx, &self.selector, &self.module)?;
+        if serial != self.serial {
+            tracing::warn!(
+                token = %self.label,
+                old_serial = %self.serial,
+                new_serial = %serial,
+                "the token came back with another serial number"
+            );
+        }
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = slot;
+        Ok(())
+    }
+
     /// Opens a session and makes sure the user is logged in on it.
     pub(crate) fn open_session(&self, read_write: bool) -> Result<Session, KeyError> {
         let session = if read_write {
-            self.ctx.open_rw_session(self.slot)
+            self.ctx.open_rw_session(self.slot())
         } else {
-            self.ctx.open_ro_session(self.slot)
+            self.ctx.open_ro_session(self.slot())
         }
         .map_err(|e| self.err("C_OpenSession", &e))?;
         self.ensure_login(&session)?;
@@ -163,7 +154,7 @@ impl Token {
     /// Refuses to spend a token's last PIN attempt unless the user allowed it, and warns when
     /// the token has seen wrong PINs.
     fn check_pin_attempts(&self) -> Result<(), KeyError> {
-        let Ok(info) = self.ctx.get_token_info(self.slot) else {
+        let Ok(info) = self.ctx.get_token_info(self.slot()) else {
             return Ok(());
         };
         if info.user_pin_final_try()
@@ -199,4 +190,47 @@ fn pkcs11_err(operation: &'static str, token: &str, e: &CkError) -> KeyError {
         token: token.to_string(),
         reason: ckr(e),
     }
+}
+
+/// Finds the slot of the token `uri` selects: (slot, label, serial, login required).
+fn locate(
+    ctx: &Pkcs11,
+    uri: &Pkcs11Uri,
+    module: &std::path::Path,
+) -> Result<(Slot, String, String, bool), KeyError> {
+    let module = module.to_path_buf();
+    let slots = ctx
+        .get_slots_with_token()
+        .map_err(|e| pkcs11_err("C_GetSlotList", "(none)", &e))?;
+    let mut present = Vec::new();
+    let mut chosen = None;
+    for slot in slots {
+        let info = match ctx.get_token_info(slot) {
+            Ok(info) => info,
+            Err(_) => continue,
+        };
+        let label = info.label().trim_end().to_string();
+        let serial = info.serial_number().trim_end().to_string();
+        let matches = uri.token.as_ref().is_none_or(|t| *t == label)
+            && uri.serial.as_ref().is_none_or(|s| *s == serial)
+            && uri.slot_id.is_none_or(|id| id == slot.id());
+        if !info.token_initialized() {
+            continue;
+        }
+        if matches && chosen.is_none() {
+            chosen = Some((slot, label.clone(), serial.clone(), info.login_required()));
+        }
+        present.push(label);
+    }
+    if uri.token.is_none() && uri.serial.is_none() && uri.slot_id.is_none() && present.len() != 1 {
+        return Err(KeyError::NoTokenSelected { module, present });
+    }
+    let Some((slot, label, serial, login_required)) = chosen else {
+        return Err(KeyError::TokenNotFound {
+            token: uri.token_desc(),
+            module,
+            present,
+        });
+    };
+    Ok((slot, label, serial, login_required))
 }
