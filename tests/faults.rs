@@ -154,3 +154,41 @@ fn pkcs11_token_removed_and_restored_recovers_without_a_restart() {
     assert!(failures.is_empty(), "after recovery: {failures:?}");
     assert_eq!(proxy.admin_get("/healthz").0, 200);
 }
+
+/// Fault: the upstream flaps — stopped and started again on the same port three times while
+/// the proxy runs. Contract: while it is down, requests fail fast with a 502 `Status`; each time
+/// it is back, requests succeed (resumed or full handshakes), with the same proxy process.
+#[test]
+fn a_flapping_upstream_fails_fast_and_recovers_each_time() {
+    let id = Identity::softhsm();
+    let mut upstream = TestUpstream::start(&id.ca);
+    let port = upstream.port();
+    let proxy = ProxyProcess::start(&id, &upstream);
+    assert_eq!(version(&proxy).0, "200");
+    for cycle in 1..=3 {
+        upstream.stop();
+        for _ in 0..2 {
+            let (code, body, took) = version(&proxy);
+            assert_eq!(code, "502", "cycle {cycle}: {body}");
+            assert!(body.contains("\"kind\":\"Status\""), "{body}");
+            assert!(
+                took < Duration::from_secs(10),
+                "cycle {cycle}: took {took:?}"
+            );
+        }
+        upstream = TestUpstream::start_on(&id.ca, port);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while version(&proxy).0 != "200" {
+            assert!(
+                Instant::now() < deadline,
+                "cycle {cycle}: not back:\n{}",
+                proxy.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for _ in 0..5 {
+            assert_eq!(version(&proxy).0, "200", "cycle {cycle}:\n{}", proxy.log());
+        }
+    }
+    assert_eq!(proxy.admin_get("/healthz").0, 200);
+}

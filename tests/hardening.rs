@@ -418,3 +418,59 @@ fn impossible_settings_are_refused_before_ready() {
         assert!(!text.contains("ready"), "{extra:?} said ready: {text}");
     }
 }
+
+/// Connection churn with abortive closes: 200 loopback TLS clients send a request and reset the
+/// connection (SO_LINGER 0) mid-answer; the proxy's descriptors return to their baseline and it
+/// keeps serving.
+#[test]
+fn abortive_closes_leave_no_descriptors_behind() {
+    use std::os::fd::AsRawFd;
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let pid = proxy.guard.id();
+    let config = loopback_client(&proxy.credential());
+    assert_eq!(loopback_get(&config, proxy.tcp_port).0, "200");
+    let baseline = fd_count(pid);
+    for _ in 0..200 {
+        let mut conn = rustls::ClientConnection::new(
+            config.clone(),
+            rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name"),
+        )
+        .expect("client");
+        let mut tcp = TcpStream::connect(("127.0.0.1", proxy.tcp_port)).expect("connect");
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        {
+            let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+            let _ = tls.write_all(b"GET /bytes?n=1000000 HTTP/1.1\r\nHost: localhost\r\n\r\n");
+            let mut first = [0u8; 1024];
+            let _ = tls.read(&mut first);
+        }
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: setsockopt reads one linger struct from a live local; the fd is open.
+        unsafe {
+            libc::setsockopt(
+                tcp.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            );
+        }
+        drop(tcp);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fd_count(pid) > baseline + 4 {
+        assert!(
+            Instant::now() < deadline,
+            "descriptors: {} (baseline {baseline})\n{}",
+            fd_count(pid),
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(loopback_get(&config, proxy.tcp_port).0, "200");
+}
