@@ -103,3 +103,54 @@ fn a_connection_never_outlives_its_certificate() {
         proxy.log()
     );
 }
+
+/// `--renew` with a certificate past 90 % of its lifetime and a renewal that keeps failing (the
+/// stand-in upstream has no CSR API): `/healthz` still answers 200 but says "degraded" with the
+/// reason, the failures are counted, and `hwkey doctor` calls the renewal overdue.
+#[test]
+fn a_failing_renewal_near_expiry_is_reported_as_degraded() {
+    let id = Identity::softhsm();
+    let csr = run_ok(
+        hwkey()
+            .envs(id.envs())
+            .args(["csr", "--key", &id.key_uri, "--subject", "CN=alice,O=devs"]),
+    );
+    // NotBefore is backdated 5 minutes: 30 s left is past 90 % of the lifetime.
+    let pem = id.ca.sign_csr_pem_for(
+        &String::from_utf8(csr.stdout).expect("UTF-8"),
+        Duration::from_secs(30),
+    );
+    std::fs::write(&id.cert, pem).expect("write cert");
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions {
+            args: vec!["--renew".into()],
+            ..Default::default()
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (status, body) = proxy.admin_get("/healthz");
+        assert_eq!(status, 200, "{body}");
+        if body.starts_with("degraded:") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "never degraded: {body}\n{}", proxy.log());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(body.contains("past 90% of its lifetime"), "{body}");
+    assert!(proxy.metric("hwkey_renewals_total{result=\"failed\"}") >= 1.0);
+    let doctor = run_ok(
+        hwkey()
+            .envs(id.envs())
+            .args(["doctor", "--key", &id.key_uri, "--cert"])
+            .arg(&id.cert),
+    );
+    assert!(
+        output_text(&doctor).contains("renewal: overdue"),
+        "{}",
+        output_text(&doctor)
+    );
+}

@@ -129,7 +129,7 @@ fn check_key(r: &mut Report, text: &str, cert_path: Option<PathBuf>) {
             r.fail(
                 "validity",
                 format!(
-                    "expired {} ({}): renew it (hwkey csr, then hwkey cert import)",
+                    "expired {} ({}): it can no longer authenticate `hwkey renew`; get a new one (hwkey bootstrap for a node, or hwkey csr --k8s-name, approval, hwkey cert import)",
                     s.not_after, s.subject
                 ),
             );
@@ -145,6 +145,39 @@ fn check_key(r: &mut Report, text: &str, cert_path: Option<PathBuf>) {
         } else {
             r.ok("validity", format!("{} until {}", s.subject, s.not_after));
         }
+        if left > 0 {
+            renewal_state(r, leaf, now);
+        }
+    }
+}
+
+/// Where the certificate is in its lifetime, against the 70–90 % window in which
+/// `hwkey proxy --renew` renews.
+fn renewal_state(r: &mut Report, leaf: &[u8], now: i64) {
+    let Ok((_, c)) = x509_parser::parse_x509_certificate(leaf) else {
+        return;
+    };
+    let (from, to) = (
+        c.validity().not_before.timestamp(),
+        c.validity().not_after.timestamp(),
+    );
+    let lifetime = (to - from).max(1);
+    let used = (now - from).clamp(0, lifetime) * 100 / lifetime;
+    if used < 70 {
+        r.ok(
+            "renewal",
+            format!("not due ({used}% of the lifetime used; `hwkey proxy --renew` renews between 70% and 90%)"),
+        );
+    } else if used < 90 {
+        r.warn(
+            "renewal",
+            format!("due ({used}% of the lifetime used): a proxy with --renew renews now; otherwise run `hwkey renew`"),
+        );
+    } else {
+        r.warn(
+            "renewal",
+            format!("overdue ({used}% of the lifetime used): run `hwkey renew` now; with --renew, check the proxy's log and hwkey_renewal_failures_total"),
+        );
     }
 }
 

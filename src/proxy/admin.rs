@@ -131,7 +131,10 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>>
                 problems.push(format!("upstream: {e}"));
             }
             if problems.is_empty() {
-                text(StatusCode::OK, "text/plain", "ok\n".into())
+                match renewal_degraded(shared) {
+                    Some(why) => text(StatusCode::OK, "text/plain", format!("degraded: {why}\n")),
+                    None => text(StatusCode::OK, "text/plain", "ok\n".into()),
+                }
             } else {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -146,6 +149,29 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>>
             "not found: try /healthz or /metrics\n".into(),
         ),
     }
+}
+
+/// With `--renew`: the certificate is past 90 % of its lifetime and the last renewal attempt
+/// failed. Still serving (200), but the operator must look before it expires.
+fn renewal_degraded(shared: &Shared) -> Option<String> {
+    let error = shared
+        .renewal_error
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()?;
+    let chain = shared.upstream.resolver().chain();
+    let (_, leaf) = x509_parser::parse_x509_certificate(chain.first()?).ok()?;
+    let v = leaf.validity();
+    let (from, to) = (v.not_before.timestamp(), v.not_after.timestamp());
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let lifetime = (to - from).max(1);
+    if (now - from) * 10 < lifetime * 9 {
+        return None;
+    }
+    Some(format!(
+        "the certificate is past 90% of its lifetime (expires {}) and renewal keeps failing: {error}",
+        v.not_after
+    ))
 }
 
 fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {

@@ -234,6 +234,9 @@ pub struct Shared {
     /// The certificate generation in use and its NotAfter (see [`rotation`]).
     pub(crate) epoch: watch::Sender<rotation::CertEpoch>,
     pub(crate) rotation_close: rotation::RotationClose,
+    /// The last renewal failure (`--renew`), cleared by a success: `/healthz` reports
+    /// "degraded" when the certificate is also past 90 % of its lifetime.
+    pub(crate) renewal_error: std::sync::Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -364,6 +367,7 @@ async fn serve(
             .collect(),
         epoch,
         rotation_close: config.rotation_close,
+        renewal_error: std::sync::Mutex::new(None),
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -72,6 +72,10 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
             match renew_once(&shared, &settings).await {
                 Ok(issued) => {
                     shared.metrics.renewal_succeeded(now_unix());
+                    *shared
+                        .renewal_error
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = None;
                     tracing::info!(
                         subject = %issued.subject,
                         serial = %issued.serial,
@@ -82,6 +86,10 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
                 }
                 Err(e) => {
                     shared.metrics.renewal_failed(reason_label(&e));
+                    *shared
+                        .renewal_error
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                     tracing::error!(error = %e, retry_in_secs = backoff.as_secs(), "certificate renewal failed; the current certificate stays in use");
                     tokio::select! {
                         biased;
