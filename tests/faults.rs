@@ -19,6 +19,30 @@ fn version(proxy: &ProxyProcess) -> (String, String, Duration) {
     (code.to_string(), body.to_string(), started.elapsed())
 }
 
+/// Waits until a request succeeds (at most `within`), then makes `n` more, which must all
+/// succeed: recovered, and stays so.
+fn recovers(proxy: &ProxyProcess, within: Duration, n: usize) {
+    let deadline = Instant::now() + within;
+    while version(proxy).0 != "200" {
+        assert!(
+            Instant::now() < deadline,
+            "not recovered within {within:?}:\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let failures: Vec<String> = (0..n)
+        .map(|_| version(proxy))
+        .filter(|(code, _, _)| code != "200")
+        .map(|(code, body, _)| format!("{code} {body}"))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "after recovery: {failures:?}\n{}",
+        proxy.log()
+    );
+}
+
 fn wait_for(proxy: &ProxyProcess, series: &str, value: f64) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while proxy.metric(series) < value {
@@ -69,29 +93,7 @@ fn tpm_outage_fails_fast_and_recovers_without_a_restart() {
 
     tpm.start_again();
     // The first request may find the reconnect backoff still running; then everything works.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (code, _, _) = version(&proxy);
-        if code == "200" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never recovered:\n{}",
-            proxy.log()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    let failures: Vec<String> = (0..20)
-        .map(|_| version(&proxy))
-        .filter(|(code, _, _)| code != "200")
-        .map(|(code, body, _)| format!("{code} {body}"))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "after recovery: {failures:?}\n{}",
-        proxy.log()
-    );
+    recovers(&proxy, Duration::from_secs(15), 20);
     let (status, body) = proxy.admin_get("/healthz");
     assert_eq!(status, 200, "{body}");
     assert!(proxy.guard.try_wait().is_none(), "the proxy exited");
@@ -134,24 +136,7 @@ fn pkcs11_token_removed_and_restored_recovers_without_a_restart() {
     }
 
     std::fs::rename(&away, &token).expect("restore the token");
-    let restored = Instant::now();
-    loop {
-        if version(&proxy).0 == "200" {
-            break;
-        }
-        assert!(
-            restored.elapsed() < Duration::from_secs(30),
-            "not recovered 30 s after the token came back:\n{}",
-            proxy.log()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    let failures: Vec<String> = (0..10)
-        .map(|_| version(&proxy))
-        .filter(|(code, _, _)| code != "200")
-        .map(|(code, body, _)| format!("{code} {body}"))
-        .collect();
-    assert!(failures.is_empty(), "after recovery: {failures:?}");
+    recovers(&proxy, Duration::from_secs(30), 10);
     assert_eq!(proxy.admin_get("/healthz").0, 200);
 }
 

@@ -247,18 +247,7 @@ fn hellos(port: u16, ca_pem: &str, first: usize, count: usize) {
 fn a_resumed_session_does_not_outlive_its_loopback_credential() {
     let id = Identity::softhsm();
     // A hardware certificate that expires in a few seconds caps the loopback credential too.
-    let csr = run_ok(hwkey().envs(id.envs()).args([
-        "csr",
-        "--key",
-        &id.key_uri,
-        "--subject",
-        "CN=alice,O=devs",
-    ]));
-    let pem = id.ca.sign_csr_pem_for(
-        &String::from_utf8(csr.stdout).expect("UTF-8"),
-        Duration::from_secs(6),
-    );
-    std::fs::write(&id.cert, pem).expect("write cert");
+    id.short_lived_cert(Duration::from_secs(6));
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
     let cred = proxy.credential();

@@ -77,18 +77,7 @@ fn immediate_closes_connections_of_a_replaced_certificate() {
 fn a_connection_never_outlives_its_certificate() {
     let id = Identity::softhsm();
     // A certificate that expires in a few seconds.
-    let csr = run_ok(hwkey().envs(id.envs()).args([
-        "csr",
-        "--key",
-        &id.key_uri,
-        "--subject",
-        "CN=alice,O=devs",
-    ]));
-    let pem = id.ca.sign_csr_pem_for(
-        &String::from_utf8(csr.stdout).expect("UTF-8"),
-        Duration::from_secs(8),
-    );
-    std::fs::write(&id.cert, pem).expect("write cert");
+    id.short_lived_cert(Duration::from_secs(8));
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
     let mut watch = RawHttp::connect(&proxy.socket);
@@ -110,17 +99,8 @@ fn a_connection_never_outlives_its_certificate() {
 #[test]
 fn a_failing_renewal_near_expiry_is_reported_as_degraded() {
     let id = Identity::softhsm();
-    let csr = run_ok(
-        hwkey()
-            .envs(id.envs())
-            .args(["csr", "--key", &id.key_uri, "--subject", "CN=alice,O=devs"]),
-    );
     // NotBefore is backdated 5 minutes: 30 s left is past 90 % of the lifetime.
-    let pem = id.ca.sign_csr_pem_for(
-        &String::from_utf8(csr.stdout).expect("UTF-8"),
-        Duration::from_secs(30),
-    );
-    std::fs::write(&id.cert, pem).expect("write cert");
+    id.short_lived_cert(Duration::from_secs(30));
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start_with(
         &id,
@@ -137,7 +117,11 @@ fn a_failing_renewal_near_expiry_is_reported_as_degraded() {
         if body.starts_with("degraded:") {
             break body;
         }
-        assert!(Instant::now() < deadline, "never degraded: {body}\n{}", proxy.log());
+        assert!(
+            Instant::now() < deadline,
+            "never degraded: {body}\n{}",
+            proxy.log()
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(body.contains("past 90% of its lifetime"), "{body}");

@@ -128,6 +128,24 @@ impl Identity {
         );
     }
 
+    /// Replaces the certificate file with one for `CN=alice,O=devs` that expires `validity` from
+    /// now (NotBefore backdated 5 minutes): for tests of expiry, rotation and renewal.
+    pub fn short_lived_cert(&self, validity: Duration) {
+        let csr = run_ok(hwkey().envs(self.envs()).args([
+            "csr",
+            "--key",
+            &self.key_uri,
+            "--subject",
+            "CN=alice,O=devs",
+        ]));
+        let pem = self.ca.sign_csr_pem_for(
+            &String::from_utf8(csr.stdout).expect("CSR is UTF-8"),
+            validity,
+        );
+        std::fs::write(&self.cert, pem)
+            .unwrap_or_else(|e| panic!("write {}: {e}", self.cert.display()));
+    }
+
     /// A CSR signed in the hardware for `subject`, signed by the test CA into `out`.
     pub fn issue(&self, uri: &str, subject: &str, out: &Path) {
         let csr =
