@@ -87,7 +87,8 @@ fn same_proxy(settings: &Settings, info: &serde_json::Value) -> Result<(), ExecE
         .unwrap_or_else(|_| settings.upstream.clone());
     let wanted_key = settings.key.without_pin().to_string();
     let running_upstream = info["upstream"].as_str().unwrap_or_default();
-    let running_key = info["keyUri"].as_str().unwrap_or_default();
+    // A proxy of an older hwkey does not report its key URI: compare what it reports.
+    let running_key = info["keyUri"].as_str().unwrap_or(&wanted_key);
     if running_upstream == wanted_upstream && running_key == wanted_key {
         return Ok(());
     }
