@@ -504,3 +504,102 @@ fn the_proxy_renews_by_itself_across_rotations_with_no_failed_request() {
         proxy.log()
     );
 }
+
+/// `hwkey proxy --renew --rotate-key`: each renewal makes a fresh key in the token, the issued
+/// certificate is for it, the proxy signs with it at once, and the previous key is deleted
+/// once a handshake with the new one went through; a restarted proxy (same flags, same state
+/// directory) finds the new key through STATE/current-key.
+#[test]
+fn the_proxy_rotates_its_hardware_key_with_each_renewal() {
+    let id = Identity::softhsm();
+    id.issue(&id.key_uri, "CN=system:node:node7,O=system:nodes", &id.cert);
+    let cluster = KubeCluster::start(&id.ca, "6m");
+    let work = temp_dir();
+    let mut first = spawn_renew(&id, &cluster, &id.cert, work.path());
+    let (ok, _, stderr) = wait_child(&mut first, work.path(), &cluster);
+    assert!(ok, "first renewal failed:\n{stderr}\n{}", cluster.logs());
+    let state = work.path().join("state");
+    let opts = || ProxyOptions {
+        args: vec!["--renew".into(), "--rotate-key".into()],
+        state_dir: Some(&state),
+        ..Default::default()
+    };
+    let proxy = ProxyProcess::start_to(&id, &cluster.url(), opts());
+    const LIST: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while proxy.metric("hwkey_renewals_total{result=\"ok\"}") < 1.0 {
+        assert!(Instant::now() < deadline, "no renewal:\n{}", proxy.log());
+        let out = proxy.curl_unix(&["-o", "/dev/null", "-w", "%{http_code}"], LIST);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "200",
+            "{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    // The old key goes once the new one completed a handshake.
+    let token_uri = match &id.backend {
+        support::proxy::Backend::SoftHsm(h) => h.token_uri("kube"),
+        _ => unreachable!("a SoftHSM identity"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let listed = loop {
+        let out = run_ok(
+            hwkey()
+                .envs(id.envs())
+                .args(["key", "list", "--key", &token_uri]),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !text.contains("object=alice;") && !text.contains("object=alice?") {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old key is still there:\n{text}\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(listed.contains("object=alice-r"), "{listed}");
+    let pointer = std::fs::read_to_string(state.join("current-key")).expect("current-key");
+    let new_uri = format!(
+        "{}&pin-source=file:{}",
+        pointer.trim(),
+        match &id.backend {
+            support::proxy::Backend::SoftHsm(h) => h.pin_path().display().to_string(),
+            _ => unreachable!(),
+        }
+    );
+    let public = run_ok(
+        hwkey()
+            .envs(id.envs())
+            .args(["key", "public", "--key", &new_uri]),
+    );
+    let show = run_ok(
+        hwkey()
+            .envs(id.envs())
+            .args(["cert", "show", "--key", &new_uri, "--cert"])
+            .arg(&id.cert),
+    );
+    assert!(!public.stdout.is_empty());
+    assert!(
+        output_text(&show).contains("matches"),
+        "{}",
+        output_text(&show)
+    );
+    let out = proxy.curl_unix(&["--fail"], LIST);
+    assert!(out.status.success(), "{}", proxy.log());
+
+    // Restarted with the original flags, it signs with the new key.
+    drop(proxy);
+    let proxy = ProxyProcess::start_to(&id, &cluster.url(), opts());
+    let out = proxy.curl_unix(&["--fail"], LIST);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        output_text(&out),
+        proxy.log()
+    );
+    assert!(proxy.log().contains("current-key"), "{}", proxy.log());
+}

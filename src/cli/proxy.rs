@@ -88,6 +88,10 @@ pub struct ProxyArgs {
     /// in the hardware, and use the new one at once (see `hwkey renew`).
     #[arg(long, env = "HWKEY_RENEW")]
     renew: bool,
+    /// With --renew: make a fresh hardware key for each renewal and delete the previous one
+    /// once the new certificate is in use (the key in use is kept in STATE/current-key).
+    #[arg(long, env = "HWKEY_ROTATE_KEY")]
+    rotate_key: bool,
     /// When connections opened with a replaced certificate are closed: at its expiry (default;
     /// they survive reloads) or immediately (what kubelet does after a rotation).
     #[arg(long, value_enum, env = "HWKEY_ROTATION_CLOSE")]
@@ -172,6 +176,7 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
         allow_tls12_fallback: args.allow_tls12_fallback
             || file.allow_tls12_fallback.unwrap_or(false),
         renew: args.renew || file.renew.unwrap_or(false),
+        rotate_key: args.rotate_key || file.rotate_key.unwrap_or(false),
         rotation_close: args
             .rotation_close
             .or(file.rotation_close)

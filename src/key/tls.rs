@@ -170,12 +170,13 @@ pub fn run_blocking<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Hands rustls the hardware key and its certificate chain; the chain can be replaced while
-/// connections run (certificate renewal), the key cannot.
+/// Hands rustls the hardware key and its certificate chain. The chain can be replaced while
+/// connections run (certificate renewal), and so can the key together with a chain for it
+/// (`--rotate-key`); the pair is swapped under one lock, so a handshake never sees a key with
+/// another key's certificate.
 #[derive(Debug)]
 pub struct HardwareCertResolver {
-    signer: HardwareSigningKey,
-    current: RwLock<Arc<CertifiedKey>>,
+    current: RwLock<(HardwareSigningKey, Arc<CertifiedKey>)>,
 }
 
 impl HardwareCertResolver {
@@ -186,21 +187,35 @@ impl HardwareCertResolver {
     ) -> Result<HardwareCertResolver, KeyError> {
         let certified = certified(&signer, chain)?;
         Ok(HardwareCertResolver {
-            signer,
-            current: RwLock::new(certified),
+            current: RwLock::new((signer, certified)),
         })
     }
 
     /// Installs a renewed chain for the same key; refuses (and keeps the old one) otherwise.
     pub fn replace_chain(&self, chain: Vec<CertificateDer<'static>>) -> Result<(), KeyError> {
-        let certified = certified(&self.signer, chain)?;
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = certified;
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        current.1 = certified(&current.0, chain)?;
         Ok(())
     }
 
-    /// The signing key adapter.
-    pub fn signer(&self) -> &HardwareSigningKey {
-        &self.signer
+    /// Installs another key with its chain (key rotation); refuses a chain for another key.
+    pub fn replace_key(
+        &self,
+        signer: HardwareSigningKey,
+        chain: Vec<CertificateDer<'static>>,
+    ) -> Result<(), KeyError> {
+        let certified = certified(&signer, chain)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = (signer, certified);
+        Ok(())
+    }
+
+    /// The signing key adapter in use now.
+    pub fn signer(&self) -> HardwareSigningKey {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .clone()
     }
 
     /// The chain in use now.
@@ -208,6 +223,7 @@ impl HardwareCertResolver {
         self.current
             .read()
             .unwrap_or_else(|p| p.into_inner())
+            .1
             .cert
             .clone()
     }
@@ -244,19 +260,15 @@ impl ResolvesClientCert for HardwareCertResolver {
         _root_hint_subjects: &[&[u8]],
         sigschemes: &[SignatureScheme],
     ) -> Option<Arc<CertifiedKey>> {
-        if self.signer.pick(sigschemes).is_none() {
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        if current.0.pick(sigschemes).is_none() {
             tracing::error!(
-                key = %self.signer.key.describe(),
+                key = %current.0.key.describe(),
                 offered = ?sigschemes,
                 "the server asked for a client certificate but accepts no scheme this key can sign with"
             );
         }
-        Some(
-            self.current
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-        )
+        Some(current.1.clone())
     }
 
     fn has_certs(&self) -> bool {

@@ -119,7 +119,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>>
         ("GET", "/metrics") => {
             let body = shared
                 .metrics
-                .render(shared.key.signatures(), shared.key.signature_failures());
+                .render(shared.key().signatures(), shared.key().signature_failures());
             text(StatusCode::OK, "text/plain; version=0.0.4", body)
         }
         ("GET", "/healthz") => {
@@ -184,14 +184,14 @@ fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<B
 }
 
 async fn key_check(shared: &Shared) -> Result<(), String> {
-    let now_sigs = shared.key.signatures();
+    let now_sigs = shared.key().signatures();
     let cached = shared
         .health
         .last
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let last_error = shared.key.last_signature_error();
+    let last_error = shared.key().last_signature_error();
     if let Some(c) = &cached {
         // Signatures since the last check and the latest attempt succeeded: the key works now,
         // no test signature needed.
@@ -206,7 +206,7 @@ async fn key_check(shared: &Shared) -> Result<(), String> {
             return c.result.clone();
         }
     }
-    let key = shared.key.clone();
+    let key = shared.key();
     let result = tokio::task::spawn_blocking(move || {
         let scheme = key
             .schemes()
@@ -221,7 +221,7 @@ async fn key_check(shared: &Shared) -> Result<(), String> {
     .unwrap_or_else(|e| Err(format!("the check panicked: {e}")));
     *shared.health.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(KeyCheck {
         at: Instant::now(),
-        signatures: shared.key.signatures(),
+        signatures: shared.key().signatures(),
         result: result.clone(),
     });
     result

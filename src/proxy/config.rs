@@ -192,6 +192,7 @@ pub struct FileConfig {
     pub unsafe_listen: Option<bool>,
     pub allow_tls12_fallback: Option<bool>,
     pub renew: Option<bool>,
+    pub rotate_key: Option<bool>,
     pub rotation_close: Option<super::rotation::RotationClose>,
     pub credential_validity: Option<String>,
     pub reload_interval: Option<String>,

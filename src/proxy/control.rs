@@ -85,8 +85,8 @@ fn info(shared: &Shared) -> serde_json::Value {
         "server": shared.loopback_url,
         "unixSockets": shared.unix_sockets.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "upstream": shared.upstream.target().to_string(),
-        "key": shared.key.describe(),
-        "keyUri": shared.key.uri().without_pin().to_string(),
+        "key": shared.key().describe(),
+        "keyUri": shared.key().uri().without_pin().to_string(),
         "pid": std::process::id(),
         "certificateAuthorityPem": shared.ca.cert_pem(),
         // The hardware certificate chain (public): what `hwkey credential --cert-only` returns.

@@ -95,6 +95,9 @@ pub struct ProxyConfig {
     pub renew: bool,
     /// When connections opened with a replaced certificate are closed.
     pub rotation_close: rotation::RotationClose,
+    /// With `renew`: a fresh hardware key per renewal, the previous one deleted once the new
+    /// one is in use (`--rotate-key`).
+    pub rotate_key: bool,
 }
 
 /// Errors of the proxy layer, each saying what to fix.
@@ -123,6 +126,12 @@ pub enum ProxyError {
 
     #[error("invalid duration '{given}': use e.g. 30s, 10m, 1h30m, 500ms")]
     InvalidDuration { given: String },
+
+    #[error("--rotate-key needs --renew: keys are rotated when the certificate is renewed")]
+    RotateKeyNeedsRenew,
+
+    #[error("--rotate-key: {0}")]
+    RotateKey(String),
 
     #[error("{what} must be more than 0 (e.g. 10s)")]
     ZeroDuration { what: &'static str },
@@ -215,7 +224,8 @@ pub enum ProxyError {
 
 /// What every task of a running proxy shares.
 pub struct Shared {
-    pub(crate) key: Arc<Key>,
+    /// The hardware key in use (replaced by `--rotate-key`; see [`Shared::key`]).
+    key: std::sync::RwLock<Arc<Key>>,
     pub(crate) upstream: upstream::Upstream,
     pub(crate) local_tls: listener::LocalTls,
     pub(crate) ca: local_ca::LoopbackCa,
@@ -240,6 +250,28 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The hardware key in use now.
+    pub(crate) fn key(&self) -> Arc<Key> {
+        self.key.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Switches to another key and its chain (`--rotate-key`): new upstream connections sign
+    /// with it at once; connections opened before end per `--rotation-close`.
+    pub(crate) fn install_key(
+        &self,
+        key: Arc<Key>,
+        chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    ) -> Result<(), KeyError> {
+        self.upstream
+            .resolver()
+            .replace_key(HardwareSigningKey::new(key.clone()), chain.clone())?;
+        *self.key.write().unwrap_or_else(|p| p.into_inner()) = key;
+        self.upstream.reset_sessions();
+        rotation::advance(&self.epoch, &chain);
+        self.metrics.certificate(rotation::not_after_unix(&chain));
+        Ok(())
+    }
+
     /// Installs a chain for new upstream connections: the resolver's chain, an empty session
     /// store (no resumed session presents the old certificate), a new epoch (connections opened
     /// before end per `--rotation-close`), and the certificate metrics.
@@ -266,6 +298,14 @@ pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
         if !addr.is_local() && !config.unsafe_listen {
             return Err(ProxyError::NonLoopbackListen { addr: addr.clone() });
         }
+    }
+    if config.rotate_key && !config.renew {
+        return Err(ProxyError::RotateKeyNeedsRenew);
+    }
+    let mut config = config;
+    if config.rotate_key {
+        config.key = renewal::current_key(&config.key, &config.state_dir);
+        renewal::next_key_uri(&config.key).map_err(|e| ProxyError::RotateKey(e.to_string()))?;
     }
     let key = Arc::new(Key::open(&config.key)?);
     // Refuse now, in words, a key that cannot sign any handshake the upstream could accept.
@@ -342,7 +382,7 @@ async fn serve(
     };
     let activity = Arc::new(lifetime::Activity::new(metrics.clone()));
     let shared = Arc::new(Shared {
-        key: key.clone(),
+        key: std::sync::RwLock::new(key.clone()),
         upstream,
         local_tls,
         ca,
@@ -401,6 +441,8 @@ async fn serve(
                 upstream_ca: config.upstream_ca.clone(),
                 tls_server_name: config.tls_server_name.clone(),
                 versions,
+                rotate_key: config.rotate_key,
+                state_dir: config.state_dir.clone(),
             },
             stop_rx.clone(),
         )));

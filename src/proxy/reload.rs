@@ -68,7 +68,7 @@ pub async fn watch(
 /// Loads the chain (file, or the one stored with the key) and installs it if it is for our key
 /// and not expired. Returns whether it was installed.
 pub async fn reload(shared: &Shared, cert_path: Option<PathBuf>) -> bool {
-    let key = shared.key.clone();
+    let key = shared.key();
     let loaded = tokio::task::spawn_blocking(move || {
         cert::chain_for_key(&key, cert_path.as_deref()).map_err(|e| e.to_string())
     })

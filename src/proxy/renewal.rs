@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use super::listener::stopped;
 use super::Shared;
-use crate::key::KeyUri;
+use crate::key::{Key, KeyUri};
 use crate::lifecycle::issued::{self, Issued, Target};
 use crate::lifecycle::renew::{prepare, subject_text, submit, Ask};
 use crate::lifecycle::{client, LifecycleError, DEFAULT_WAIT};
@@ -43,6 +43,10 @@ pub struct RenewSettings {
     pub upstream_ca: Option<PathBuf>,
     pub tls_server_name: Option<String>,
     pub versions: &'static [&'static rustls::SupportedProtocolVersion],
+    /// `--rotate-key`: a fresh hardware key per renewal.
+    pub rotate_key: bool,
+    /// Where `current-key` is kept.
+    pub state_dir: PathBuf,
 }
 
 /// Renews until `stop`.
@@ -113,10 +117,24 @@ async fn renew_once(
         reason: "the proxy holds no certificate".into(),
     })?;
     let subject = subject_text(leaf)?;
-    let key = shared.key.clone();
+    let current = shared.key();
+    // With --rotate-key the request is for a fresh key made in the same device; it is still
+    // authenticated with the current key and certificate.
+    let key = if settings.rotate_key {
+        let uri = next_key_uri(current.uri())?;
+        let algorithm = current.algorithm();
+        let created = tokio::task::spawn_blocking(move || Key::create(&uri, algorithm))
+            .await
+            .map_err(|e| LifecycleError::Kubelet(format!("creating the key panicked: {e}")))??;
+        tracing::info!(key = %created.describe(), "created the next hardware key (--rotate-key)");
+        Arc::new(created)
+    } else {
+        current.clone()
+    };
+    let signing_key = key.clone();
     let submission = tokio::task::spawn_blocking(move || {
         prepare(
-            &key,
+            &signing_key,
             &Ask {
                 subject: &subject,
                 signer_name: None,
@@ -140,27 +158,155 @@ async fn renew_once(
         },
     )?;
     let mut notes = Vec::new();
-    let (name, pem) = submit(
+    let submitted = submit(
         &client,
         &settings.server,
         &submission,
         DEFAULT_WAIT,
         &mut notes,
     )
-    .await?;
-    let issued = issued::check(&name, &pem, &shared.key)?;
+    .await;
+    let (name, pem) = match submitted {
+        Ok(done) => done,
+        Err(e) => {
+            if !Arc::ptr_eq(&key, &current) {
+                discard_key(key.uri().clone()).await;
+            }
+            return Err(e);
+        }
+    };
+    let issued = issued::check(&name, &pem, &key)?;
     let target = match &settings.cert {
         Some(p) => Target::File(p.clone()),
-        None => Target::KeyStore(settings.key.clone()),
+        None => Target::KeyStore(key.uri().clone()),
     };
     let to_install = issued.clone();
     tokio::task::spawn_blocking(move || issued::install(&target, &to_install))
         .await
         .map_err(|e| LifecycleError::Kubelet(format!("the install panicked: {e}")))??;
-    // Use it now, without waiting for the file watch.
-    shared.install_chain(issued.chain.clone())?;
     shared.metrics.reload(true);
+    if Arc::ptr_eq(&key, &current) {
+        // Use it now, without waiting for the file watch.
+        shared.install_chain(issued.chain.clone())?;
+        return Ok(issued);
+    }
+    // Key rotation: switch, remember the new key for restarts, and delete the old key once a
+    // handshake with the new one went through.
+    shared.install_key(key.clone(), issued.chain.clone())?;
+    let pointer = settings.state_dir.join(CURRENT_KEY_FILE);
+    crate::atomic_file::write_atomic(
+        &pointer,
+        format!("{}\n", key.uri().without_pin()).as_bytes(),
+        0o600,
+    )
+    .map_err(|source| LifecycleError::Install {
+        path: pointer,
+        source,
+    })?;
+    match tokio::time::timeout(
+        std::time::Duration::from_secs(15),
+        shared.upstream.connect(Some(b"http/1.1")),
+    )
+    .await
+    {
+        Ok(Ok(_)) => {
+            let old = current.uri().clone();
+            drop(current);
+            match tokio::task::spawn_blocking(move || crate::key::delete(&old)).await {
+                Ok(Ok(removed)) => {
+                    tracing::info!(removed = ?removed, "deleted the previous hardware key (--rotate-key)")
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "cannot delete the previous hardware key; delete it by hand")
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "deleting the previous hardware key panicked")
+                }
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "the new key did not complete an upstream handshake yet; the previous key is kept")
+        }
+        Err(_) => tracing::error!(
+            "the new key did not complete an upstream handshake in time; the previous key is kept"
+        ),
+    }
     Ok(issued)
+}
+
+/// The file in the state directory naming the key in use after a rotation, so a restarted
+/// proxy signs with it (see [`current_key`]).
+pub const CURRENT_KEY_FILE: &str = "current-key";
+
+/// The key the proxy should use: the one a rotation left in `STATE/current-key`, with the
+/// configured PIN source, else `configured`.
+pub fn current_key(configured: &KeyUri, state_dir: &std::path::Path) -> KeyUri {
+    let Ok(text) = std::fs::read_to_string(state_dir.join(CURRENT_KEY_FILE)) else {
+        return configured.clone();
+    };
+    match text.trim().parse::<KeyUri>() {
+        Ok(KeyUri::Pkcs11(mut u)) => {
+            if let KeyUri::Pkcs11(c) = configured {
+                u.pin = c.pin.clone();
+            }
+            tracing::info!(key = %u, "using the key the last rotation left in {CURRENT_KEY_FILE}");
+            KeyUri::Pkcs11(u)
+        }
+        Ok(other) => {
+            tracing::info!(key = %other, "using the key the last rotation left in {CURRENT_KEY_FILE}");
+            other
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "ignoring an unreadable {CURRENT_KEY_FILE}");
+            configured.clone()
+        }
+    }
+}
+
+/// The URI of the next key of a rotation: the label (PKCS#11) or file name (TPM) with a
+/// `-r<unix time>` suffix in place of the previous one.
+pub fn next_key_uri(current: &KeyUri) -> Result<KeyUri, LifecycleError> {
+    let stamp = now_unix() as u64;
+    let base = |name: &str| -> String {
+        match name.rsplit_once("-r") {
+            Some((b, n)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => b.to_string(),
+            _ => name.to_string(),
+        }
+    };
+    match current {
+        KeyUri::Pkcs11(u) => {
+            let label = u.object.as_deref().ok_or_else(|| {
+                LifecycleError::Kubelet(
+                    "--rotate-key needs a key named by object= (its label)".into(),
+                )
+            })?;
+            Ok(KeyUri::Pkcs11(
+                u.with_key(Some(format!("{}-r{stamp}", base(label))), None),
+            ))
+        }
+        KeyUri::Tpm(t) => match &t.key {
+            Some(crate::key::TpmKeyLocation::Path(p)) => {
+                let file = p.file_name().and_then(|f| f.to_str()).unwrap_or("key");
+                let stem = file
+                    .strip_suffix(".tpm.pem")
+                    .or_else(|| file.strip_suffix(".pem"))
+                    .unwrap_or(file);
+                let mut t = t.clone();
+                t.key = Some(crate::key::TpmKeyLocation::Path(
+                    p.with_file_name(format!("{}-r{stamp}.tpm.pem", base(stem))),
+                ));
+                Ok(KeyUri::Tpm(t))
+            }
+            _ => Err(LifecycleError::Kubelet(
+                "--rotate-key needs a TPM key file (tpm:path=…), not a persistent handle".into(),
+            )),
+        },
+    }
+}
+
+/// Deletes a key made for a rotation whose request failed.
+async fn discard_key(uri: KeyUri) {
+    let _ = tokio::task::spawn_blocking(move || crate::key::delete(&uri)).await;
 }
 
 /// A short label for the failures metric.
