@@ -13,9 +13,6 @@
 //! from the same test CA). Clients run on one current-thread runtime: on 2 cores the client,
 //! the proxy and the upstream share the machine, as kubectl, hwkey and a local API server would.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 mod common;
 
 use std::future::Future;

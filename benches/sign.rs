@@ -13,9 +13,6 @@
 //! shows the median rate with its p25–p75 and writes `target/hwkey-bench/sign.json`.
 //! `HWKEY_BENCH_QUICK=1` shortens everything (see `hsm-fixtures/bench.sh --quick`).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 mod common;
 
 use std::path::Path;

@@ -12,4 +12,14 @@ hsm-fixtures/install-deps.sh
 # source package once per machine and cached outside the clone (a few seconds when cached).
 HWKEY_KUBE_BIN=$(hsm-fixtures/build-kube.sh)
 export HWKEY_KUBE_BIN
-exec cargo test --locked --all-targets --no-fail-fast "$@"
+# Everything, with both backends (the default build).
+status=0
+cargo test --locked --all-targets --no-fail-fast "$@" || status=1
+# Each backend alone (Cargo features `pkcs11` and `tpm`): the integration tests compiled for that
+# build, including the check that a PKCS#11-only binary links no TSS2 library.
+for backend in pkcs11 tpm; do
+    echo "== tests of the ${backend}-only build" >&2
+    cargo test --locked --no-default-features --features "$backend" --test it --no-fail-fast "$@" \
+        || status=1
+done
+exit "$status"

@@ -4,6 +4,11 @@
 //! Data flows one way: the CLI ([`cli`]) calls the PKI helpers ([`pki`]) and the probe client
 //! ([`probe`]), which use the key layer ([`key`]), which talks to the hardware.
 
+#[cfg(not(any(feature = "pkcs11", feature = "tpm")))]
+compile_error!(
+    "hwkey needs at least one key backend: enable the `pkcs11` or `tpm` feature (both are default)"
+);
+
 pub mod atomic_file;
 pub mod cli;
 pub mod exec;

@@ -99,10 +99,8 @@ pub fn run(cmd: KeyCommand) -> anyhow::Result<()> {
             let schemes: Vec<String> = opened.schemes().iter().map(|s| s.to_string()).collect();
             println!("schemes:   {}", schemes.join(", "));
             println!("signing:   {}", opened.signing_path());
-            if let KeyUri::Pkcs11(u) = &key {
-                for (name, value) in key::pkcs11::protection(u)? {
-                    println!("{name}: {value}");
-                }
+            for (name, value) in key::protection(&key)? {
+                println!("{name}: {value}");
             }
             let cert = match opened.stored_chain() {
                 Ok(Some(chain)) => format!("{} stored", chain.len()),

@@ -133,6 +133,12 @@ pub enum KeyError {
     #[error("{0}")]
     Unsupported(String),
 
+    #[error("this hwkey was built without the {backend} backend: rebuild it with `cargo build --features {feature}` (both backends are in the default build)")]
+    BackendNotBuilt {
+        backend: &'static str,
+        feature: &'static str,
+    },
+
     #[error("cannot encode an RSA-PSS signature: {reason}")]
     PssEncoding { reason: String },
 

@@ -11,15 +11,19 @@
 //! must not call `sign` on a runtime worker without `block_in_place` (the rustls adapter does so).
 
 pub mod algorithm;
+mod backends;
 pub mod der;
 mod error;
 pub mod pin;
+#[cfg(feature = "pkcs11")]
 pub mod pin_memory;
+#[cfg(feature = "pkcs11")]
 pub mod pkcs11;
 pub(crate) mod pss;
 pub mod rcgen_signer;
 pub mod signing_path;
 pub mod tls;
+#[cfg(feature = "tpm")]
 pub mod tpm;
 pub mod uri;
 pub mod verify;
@@ -100,20 +104,15 @@ pub struct KeyListing {
 impl Key {
     /// Opens the key a URI names. The PIN (if any) is read and used once, here.
     pub fn open(uri: &KeyUri) -> Result<Key, KeyError> {
-        let backend: Box<dyn KeyBackend> = match uri {
-            KeyUri::Pkcs11(u) => Box::new(pkcs11::open(u)?),
-            KeyUri::Tpm(u) => Box::new(tpm::open(u)?),
-        };
-        Ok(Key::from_backend(uri.clone(), backend))
+        Ok(Key::from_backend(uri.clone(), backends::open(uri)?))
     }
 
     /// Creates a new key on the device and opens it. Refuses if the name is taken.
     pub fn create(uri: &KeyUri, algorithm: KeyAlgorithm) -> Result<Key, KeyError> {
-        let backend: Box<dyn KeyBackend> = match uri {
-            KeyUri::Pkcs11(u) => Box::new(pkcs11::create(u, algorithm)?),
-            KeyUri::Tpm(u) => Box::new(tpm::create(u, algorithm)?),
-        };
-        Ok(Key::from_backend(uri.clone(), backend))
+        Ok(Key::from_backend(
+            uri.clone(),
+            backends::create(uri, algorithm)?,
+        ))
     }
 
     fn from_backend(uri: KeyUri, backend: Box<dyn KeyBackend>) -> Key {
@@ -223,28 +222,4 @@ impl Key {
     }
 }
 
-/// Lists the keys on the token or TPM a URI names.
-pub fn list(uri: &KeyUri) -> Result<Vec<KeyListing>, KeyError> {
-    match uri {
-        KeyUri::Pkcs11(u) => pkcs11::list(u),
-        KeyUri::Tpm(u) => tpm::list(u),
-    }
-}
-
-/// Deletes a key and the objects tied to it (public key, certificates). Returns what it removed.
-/// Callers must have an explicit confirmation from the user (`--yes`).
-pub fn delete(uri: &KeyUri) -> Result<Vec<String>, KeyError> {
-    match uri {
-        KeyUri::Pkcs11(u) => pkcs11::delete(u),
-        KeyUri::Tpm(u) => tpm::delete(u),
-    }
-}
-
-/// Stores a certificate chain (DER, leaf first) with the key; the caller has checked that the
-/// leaf matches the key. Replaces a chain stored before. Returns where it was stored.
-pub fn store_chain(uri: &KeyUri, chain: &[Vec<u8>]) -> Result<String, KeyError> {
-    match uri {
-        KeyUri::Pkcs11(u) => pkcs11::store_chain(u, chain),
-        KeyUri::Tpm(u) => tpm::store_chain(u, chain),
-    }
-}
+pub use backends::{delete, list, protection, store_chain};

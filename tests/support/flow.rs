@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use tempfile::TempDir;
 
-use super::{hwkey, output_text, run_ok, Nginx, OpensslServer, TestCa, TlsVersion};
+use crate::{hwkey, output_text, run_ok, Nginx, OpensslServer, TestCa, TlsVersion};
 
 /// A test CA with a server certificate, a scratch dir, and the environment the key needs
 /// (`SOFTHSM2_CONF` or nothing: TPM URIs carry their TCTI).
@@ -22,7 +22,7 @@ pub struct Flow {
 impl Flow {
     /// A new CA and server certificate; `envs` go to every hwkey process.
     pub fn new(envs: Vec<(String, String)>) -> Flow {
-        let dir = super::temp_dir();
+        let dir = crate::temp_dir();
         let ca = TestCa::new(dir.path());
         let (server_cert, server_key) = ca.server_cert(dir.path());
         Flow {
@@ -190,7 +190,7 @@ pub fn stderr(out: &Output) -> String {
 /// Runs a command that must fail cleanly: non-zero exit, nothing on stdout, every needle in
 /// stderr, no panic. Returns stderr.
 pub fn fails_with(cmd: &mut Command, needles: &[&str]) -> String {
-    let out = super::run_fail(cmd);
+    let out = crate::run_fail(cmd);
     let err = stderr(&out);
     assert!(
         out.stdout.is_empty(),

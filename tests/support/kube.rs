@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{free_port, output_text, run_ok, temp_dir, ChildGuard, TestCa};
+use crate::{free_port, output_text, run_ok, temp_dir, ChildGuard, TestCa};
 
 /// How long the API server may take to become ready (etcd + apiserver start on 2 loaded cores).
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -85,7 +85,7 @@ impl KubeCluster {
     /// installs the bootstrap token and the node RBAC.
     pub fn start(ca: &TestCa, signing_duration: &str) -> KubeCluster {
         let bin = kube_bin_dir();
-        let etcd_bin = super::find_tool("etcd").unwrap_or_else(|| {
+        let etcd_bin = crate::find_tool("etcd").unwrap_or_else(|| {
             panic!("etcd not found: install it with `apt-get install etcd-server` (hsm-fixtures/build-kube.sh does)")
         });
         let dir = temp_dir();

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::upstream::TestUpstream;
-use super::{free_port, hwkey, run_ok, temp_dir, ChildGuard, SoftHsm, Swtpm, TestCa};
+use crate::upstream::TestUpstream;
+use crate::{free_port, hwkey, run_ok, temp_dir, ChildGuard, SoftHsm, Swtpm, TestCa};
 
 /// How long the proxy may take to print its ready line.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -160,16 +160,20 @@ impl Identity {
     }
 }
 
-/// Defines `mod softhsm` and `mod tpm`, each with one `#[test]` per named function, which is
-/// called with the backend's [`Identity`] constructor.
+/// The backend suite: defines `mod softhsm` and `mod tpm` in the invoking module, each with one
+/// `#[test]` per named function of that module, called with the backend's [`Identity`]
+/// constructor. Each half is compiled only with the invoking crate's `pkcs11` / `tpm` feature,
+/// so a single-backend build runs its half.
 #[macro_export]
 macro_rules! proxy_tests_on_both_backends {
     ($($name:ident),* $(,)?) => {
+        #[cfg(feature = "pkcs11")]
         mod softhsm {
-            $(#[test] fn $name() { super::$name(super::support::proxy::Identity::softhsm) })*
+            $(#[test] fn $name() { super::$name($crate::proxy::Identity::softhsm) })*
         }
+        #[cfg(feature = "tpm")]
         mod tpm {
-            $(#[test] fn $name() { super::$name(super::support::proxy::Identity::tpm) })*
+            $(#[test] fn $name() { super::$name($crate::proxy::Identity::tpm) })*
         }
     };
 }
@@ -364,7 +368,7 @@ impl ProxyProcess {
         let key = dir.join("loop-key.pem");
         std::fs::write(&ca, c["certificateAuthorityPem"].as_str().expect("CA")).expect("write");
         std::fs::write(&cert, c["clientCertificatePem"].as_str().expect("cert")).expect("write");
-        super::write_private(&key, c["clientKeyPem"].as_str().expect("key").as_bytes());
+        crate::write_private(&key, c["clientKeyPem"].as_str().expect("key").as_bytes());
         (ca, cert, key)
     }
 

@@ -34,7 +34,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use tempfile::TempDir;
 
-use super::{temp_dir, TestCa};
+use crate::{temp_dir, TestCa};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type ResBody = BoxBody<Bytes, BoxError>;

@@ -3,7 +3,9 @@
 //! the proxy signs the upstream handshake inside SoftHSM or the TPM. Real kubectl, real
 //! SoftHSM/swtpm, the kube-apiserver stand-in from tests/support/upstream.rs.
 
-mod support;
+// Tests here run on both backends; in a single-backend build the other half is compiled out
+// and its helpers are unused.
+#![cfg_attr(not(all(feature = "pkcs11", feature = "tpm")), allow(unused))]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -192,6 +194,7 @@ fn version_and_whoami(c: &Cluster) {
     assert!(whoami.contains("devs"), "{whoami}");
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn kubectl_works_with_only_the_generated_kubeconfig_softhsm() {
     let c = Cluster::new(Identity::softhsm, "10m");
@@ -208,6 +211,7 @@ fn kubectl_works_with_only_the_generated_kubeconfig_softhsm() {
     assert!(stats.connections.iter().all(|r| r.cn == "alice"));
 }
 
+#[cfg(feature = "tpm")]
 #[test]
 fn kubectl_works_with_only_the_generated_kubeconfig_tpm() {
     let c = Cluster::new(Identity::tpm, "10m");
@@ -215,6 +219,7 @@ fn kubectl_works_with_only_the_generated_kubeconfig_tpm() {
     assert_eq!(c.proxy_starts(), 1);
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn watch_streams_survives_a_killed_kubectl_and_idle_exit_ends_the_proxy() {
     let c = Cluster::new(Identity::softhsm, "5s");
@@ -283,6 +288,7 @@ fn watch_streams_survives_a_killed_kubectl_and_idle_exit_ends_the_proxy() {
     );
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn two_kubectl_at_the_same_moment_start_one_proxy() {
     let c = Cluster::new(Identity::softhsm, "10m");
@@ -311,6 +317,7 @@ fn parse_pem_cert(pem_text: &str) -> Vec<u8> {
     pem::parse(pem_text).expect("PEM").into_contents()
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn exec_contract_v1_and_v1beta1_and_the_key_is_never_the_hardware_key() {
     let c = Cluster::new(Identity::softhsm, "10m");
@@ -373,6 +380,7 @@ fn exec_contract_v1_and_v1beta1_and_the_key_is_never_the_hardware_key() {
         .is_some_and(|s| !s.is_empty()));
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
     let c = Cluster::new(Identity::softhsm, "10m");
@@ -434,6 +442,7 @@ fn without_pin_source(key: &serde_json::Value) -> String {
     key.split("&pin-source").next().unwrap_or(key).to_string()
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn kubectl_shows_the_plugins_message() {
     let c = Cluster::new(Identity::softhsm, "10m");
@@ -457,6 +466,7 @@ fn kubectl_shows_the_plugins_message() {
     );
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn kubeconfig_merges_without_disturbing_other_entries() {
     let dir = temp_dir();
@@ -541,6 +551,7 @@ fn kubeconfig_merges_without_disturbing_other_entries() {
 /// terminal (no echo), the proxy gets the PIN on a pipe (its stdin) — never argv, never its
 /// environment (/proc/PID/environ, readable for the proxy's whole life) — and stdout still
 /// carries the credential.
+#[cfg(feature = "pkcs11")]
 #[test]
 fn interactive_sessions_are_prompted_for_a_missing_pin() {
     support::require_tool("script", "bsdutils");
@@ -589,6 +600,7 @@ fn interactive_sessions_are_prompted_for_a_missing_pin() {
     assert!(!log.contains(support::USER_PIN), "the PIN is not logged");
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn doctor_checks_the_key_certificate_and_kubeconfig() {
     let c = Cluster::new(Identity::softhsm, "10m");

@@ -4,7 +4,9 @@
 //!
 //! The other-user cases run curl as `nobody` with setpriv (the tests run as root).
 
-mod support;
+// Tests here run on both backends; in a single-backend build the other half is compiled out
+// and its helpers are unused.
+#![cfg_attr(not(all(feature = "pkcs11", feature = "tpm")), allow(unused))]
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
@@ -198,6 +200,7 @@ fn another_uid_on_the_unix_socket_is_refused_unless_allowed(identity: fn() -> Id
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"user\":\"alice\""));
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn non_loopback_listen_needs_unsafe_listen() {
     let id = Identity::softhsm();

@@ -6,8 +6,6 @@
 //! hyper upstream (the backend does not matter here: after the first handshake the data path
 //! never touches the key).
 
-mod support;
-
 use std::io::{BufRead, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;

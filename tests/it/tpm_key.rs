@@ -3,8 +3,6 @@
 //! swtpm serves one TCP connection at a time, and hwkey keeps its connection open while a key is
 //! open: every test drops its keys before running tpm2-tools or openssl on the same swtpm.
 
-mod support;
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -5,8 +5,6 @@
 //! The second user is `nobody` (setpriv), so these tests run as root in CI; elsewhere they
 //! fail saying so, they never skip. Loads are bounded in count and time and stay on loopback.
 
-mod support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};

@@ -4,7 +4,9 @@
 //! with a bootstrap token, and a denied request. Every CSR is checked to carry the hardware
 //! key's public key and a valid self-signature (openssl), so no software key stands in.
 
-mod support;
+// Tests here run on both backends; in a single-backend build the other half is compiled out
+// and its helpers are unused.
+#![cfg_attr(not(all(feature = "pkcs11", feature = "tpm")), allow(unused))]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -141,6 +143,7 @@ fn assert_signed_by_hardware(
 /// A person's PKCS#11 identity renews: `hwkey renew` + `kubectl certificate approve` by an
 /// admin; the new certificate is installed (the old one kept as .prev) and the running proxy
 /// picks it up without a restart.
+#[cfg(feature = "pkcs11")]
 #[test]
 fn a_persons_pkcs11_identity_renews_with_admin_approval() {
     let id = Identity::softhsm();
@@ -228,6 +231,7 @@ fn a_persons_pkcs11_identity_renews_with_admin_approval() {
 
 /// A node's TPM identity renews with no human step: kube-controller-manager's csrapproving
 /// controller auto-approves a node renewing its own `system:node:NAME` identity.
+#[cfg(feature = "tpm")]
 #[test]
 fn a_nodes_tpm_identity_renews_with_no_human_step() {
     let id = Identity::tpm();
@@ -267,6 +271,7 @@ fn a_nodes_tpm_identity_renews_with_no_human_step() {
 
 /// `hwkey bootstrap` with a bootstrap token yields a working node identity with no human step;
 /// run again, it has nothing to do.
+#[cfg(feature = "pkcs11")]
 #[test]
 fn bootstrap_with_a_token_yields_a_working_node_identity() {
     require_tool("kubectl", "kubectl (from the machine image)");
@@ -365,6 +370,7 @@ fn bootstrap_with_a_token_yields_a_working_node_identity() {
 
 /// Denied: `hwkey renew` exits non-zero naming the reason, prints nothing on stdout, and the
 /// current certificate is left byte for byte (no .prev either).
+#[cfg(feature = "pkcs11")]
 #[test]
 fn a_denied_request_fails_naming_the_reason_and_keeps_the_certificate() {
     let id = Identity::softhsm();
@@ -406,6 +412,7 @@ fn unix_now() -> i64 {
 /// `--cluster-signing-duration 6m`, backdated 5m): across at least two rotations, a client
 /// making an authenticated request every second sees no failure; a watch opened before a
 /// rotation ends no later than its certificate's expiry, and a new watch works afterwards.
+#[cfg(feature = "pkcs11")]
 #[test]
 fn the_proxy_renews_by_itself_across_rotations_with_no_failed_request() {
     let id = Identity::softhsm();
@@ -509,6 +516,7 @@ fn the_proxy_renews_by_itself_across_rotations_with_no_failed_request() {
 /// certificate is for it, the proxy signs with it at once, and the previous key is deleted
 /// once a handshake with the new one went through; a restarted proxy (same flags, same state
 /// directory) finds the new key through STATE/current-key.
+#[cfg(feature = "pkcs11")]
 #[test]
 fn the_proxy_rotates_its_hardware_key_with_each_renewal() {
     let id = Identity::softhsm();

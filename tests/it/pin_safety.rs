@@ -4,8 +4,6 @@
 //! changes; a killed proxy's stale control socket does not disable the PIN prompt; a proxy
 //! running for other settings is not reused.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

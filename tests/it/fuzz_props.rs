@@ -5,8 +5,6 @@
 //! may refuse, never crash, and the proxy must serve an authenticated client afterwards.
 //! Inputs that once crashed hwkey are kept as fixed cases beside the properties.
 
-mod support;
-
 use std::io::Write;
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;

@@ -2,8 +2,6 @@
 //! SoftHSMv2, swtpm, openssl, nginx and curl. If these fail, every other integration test's
 //! result is meaningless.
 
-mod support;
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

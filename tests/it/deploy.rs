@@ -2,8 +2,6 @@
 //! `Type=notify` systemd service tells systemd when it is ready, and `hwkey kubeconfig
 //! --for kubelet` writes a never-interactive exec block.
 
-mod support;
-
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 

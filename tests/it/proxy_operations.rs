@@ -2,7 +2,9 @@
 //! another key refused), SIGTERM drain, upstream outage and recovery, `/healthz`, the config
 //! file and environment twins, and the KEP-2718 lifetimes (`--lock-file`, `--idle-exit`).
 
-mod support;
+// Tests here run on both backends; in a single-backend build the other half is compiled out
+// and its helpers are unused.
+#![cfg_attr(not(all(feature = "pkcs11", feature = "tpm")), allow(unused))]
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -116,6 +118,7 @@ fn reload_installs_a_renewed_cert_and_refuses_another_key(identity: fn() -> Iden
     assert!(body.contains(&first), "{body}");
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn sigterm_drains_open_connections_removes_sockets_and_exits_zero() {
     let id = Identity::softhsm();
@@ -203,6 +206,7 @@ fn upstream_outage_fails_cleanly_and_recovers(identity: fn() -> Identity) {
     assert_eq!(upstream.stats().connections.len(), 2);
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn settings_come_from_a_toml_or_yaml_config_file_and_the_environment() {
     require_tool("curl", "curl");
@@ -281,6 +285,7 @@ fn settings_come_from_a_toml_or_yaml_config_file_and_the_environment() {
     assert!(!d.join("not-this.sock").exists());
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn exits_when_the_lock_owner_goes_away() {
     let id = Identity::softhsm();
@@ -311,6 +316,7 @@ fn exits_when_the_lock_owner_goes_away() {
     assert!(!proxy.socket.exists());
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn exits_after_idle_exit_without_connections() {
     let id = Identity::softhsm();
@@ -340,6 +346,7 @@ fn exits_after_idle_exit_without_connections() {
     assert!(proxy.log().contains("no connection for"), "{}", proxy.log());
 }
 
+#[cfg(feature = "pkcs11")]
 #[test]
 fn handshake_timeout_idle_timeout_and_connection_limit() {
     use std::io::{Read, Write};

@@ -2,8 +2,6 @@
 //! foreign peers: `openssl req -verify`, `openssl s_server -Verify 1`, nginx with
 //! `ssl_verify_client on`, and `pkcs11-tool`.
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::{Command, Output};
 

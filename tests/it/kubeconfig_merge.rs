@@ -3,8 +3,6 @@
 //! whose `clusters` is not a list is refused and left byte for byte; a key URI with a
 //! `pin-value` is refused instead of silently losing the PIN (or writing it into the file).
 
-mod support;
-
 use std::path::Path;
 
 use support::proxy::Identity;

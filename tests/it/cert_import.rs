@@ -3,8 +3,6 @@
 //! against `--ca`; an expired certificate and a non-client certificate are refused; every
 //! refusal leaves the stored certificate as it was.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 

@@ -3,7 +3,9 @@
 //! resume TLS 1.3 sessions; the upstream itself reports the resumed handshakes and still sees
 //! the hardware identity on them. Counts, not timings.
 
-mod support;
+// Tests here run on both backends; in a single-backend build the other half is compiled out
+// and its helpers are unused.
+#![cfg_attr(not(all(feature = "pkcs11", feature = "tpm")), allow(unused))]
 
 use support::proxy::{metric_in, Identity, ProxyProcess};
 use support::upstream::TestUpstream;

@@ -2,8 +2,6 @@
 //! (`openssl req -verify`, `openssl s_server -Verify 1`, nginx `ssl_verify_client on`).
 //! Each test starts its own swtpm on a free loopback port.
 
-mod support;
-
 use std::fs;
 
 use support::flow::{fails_with, stdout, Flow};

@@ -6,8 +6,6 @@
 //! file shares one SoftHSM directory (made before the first key is opened) and uses its own
 //! token or key label.
 
-mod support;
-
 use std::sync::{Arc, OnceLock};
 
 use cryptoki::context::{CInitializeArgs, CInitializeFlags, Pkcs11};

@@ -6,8 +6,6 @@
 //! that openssl accepts the signatures is shown by `openssl s_server -Verify 1`, which checks
 //! the client's CertificateVerify itself.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

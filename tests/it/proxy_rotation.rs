@@ -3,8 +3,6 @@
 //! once and the client reconnects under the new one; in every mode a connection never outlives
 //! the certificate it was opened with. Real SoftHSM key, real rustls/hyper upstream.
 
-mod support;
-
 use std::io::BufRead;
 use std::time::{Duration, Instant};
 

@@ -3,8 +3,6 @@
 //! it; the plugin refuses a control socket that is not its user's. Runs as root in CI (to
 //! chown to `nobody`); elsewhere it fails saying so, it never skips.
 
-mod support;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;

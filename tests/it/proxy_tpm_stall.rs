@@ -3,8 +3,6 @@
 //! watch opened before keeps delivering every event, and the stalled handshake completes once
 //! the TPM answers again. No timing is measured: events delivered during the stall are counted.
 
-mod support;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 

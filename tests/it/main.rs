@@ -1,0 +1,48 @@
+//! hwkey's integration tests: one test binary (linking the library, the fixtures and the test
+//! code once instead of once per file), one module per area.
+//!
+//! Each test drives real parts: SoftHSMv2 tokens, swtpm simulators, openssl, curl, nginx,
+//! kubectl and a real kube-apiserver; fixtures come from the `hwkey-test-support` crate
+//! (imported as `support`). Modules that need a backend are compiled only with its Cargo
+//! feature, so `--no-default-features --features pkcs11` (or `tpm`) runs that build's tests.
+
+mod build_features;
+#[cfg(feature = "pkcs11")]
+mod cert_import;
+#[cfg(feature = "pkcs11")]
+mod deploy;
+mod faults;
+mod fixtures;
+#[cfg(feature = "pkcs11")]
+mod fuzz_props;
+#[cfg(feature = "pkcs11")]
+mod hardening;
+#[cfg(feature = "pkcs11")]
+mod kubeconfig_merge;
+mod kubectl_e2e;
+mod lifecycle;
+#[cfg(feature = "pkcs11")]
+mod pin_safety;
+#[cfg(feature = "pkcs11")]
+mod pkcs11_cli;
+#[cfg(feature = "pkcs11")]
+mod pkcs11_key;
+mod proxy_foreign;
+mod proxy_local_auth;
+mod proxy_operations;
+mod proxy_resumption;
+#[cfg(feature = "pkcs11")]
+mod proxy_rotation;
+#[cfg(feature = "pkcs11")]
+mod proxy_stress;
+#[cfg(feature = "tpm")]
+mod proxy_tpm_stall;
+mod proxy_transport;
+#[cfg(feature = "pkcs11")]
+mod rsa_mechanisms;
+#[cfg(feature = "pkcs11")]
+mod state_dir;
+#[cfg(feature = "tpm")]
+mod tpm_cli;
+#[cfg(feature = "tpm")]
+mod tpm_key;

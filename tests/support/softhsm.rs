@@ -1,0 +1,148 @@
+//! A private SoftHSMv2 installation per test: its own config, token directory and PIN file.
+
+use std::fs::{self};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use tempfile::TempDir;
+
+use crate::*;
+
+/// The SoftHSMv2 PKCS#11 module installed by Debian's `softhsm2` package.
+pub const SOFTHSM_MODULE: &str = "/usr/lib/softhsm/libsofthsm2.so";
+/// Security-officer PIN of every token made by [`SoftHsm::init_token`].
+pub const SO_PIN: &str = "12345678";
+/// User PIN of every token made by [`SoftHsm::init_token`] (also in [`SoftHsm::pin_path`]).
+pub const USER_PIN: &str = "1234";
+
+/// A private SoftHSMv2 installation: its own softhsm2.conf, token directory and PIN file.
+pub struct SoftHsm {
+    conf: PathBuf,
+    pin: PathBuf,
+    dir: TempDir,
+}
+
+impl Default for SoftHsm {
+    fn default() -> SoftHsm {
+        SoftHsm::new()
+    }
+}
+
+impl SoftHsm {
+    /// A new empty SoftHSM setup in a temp dir (config from softhsm-config/, PIN file written).
+    pub fn new() -> SoftHsm {
+        Self::with_config("")
+    }
+
+    /// Like [`SoftHsm::new`] with `extra` lines appended to softhsm2.conf (e.g. a
+    /// `slots.mechanisms = -…` filter that makes SoftHSM play a limited smart card).
+    pub fn with_config(extra: &str) -> SoftHsm {
+        require_tool("softhsm2-util", "softhsm2");
+        softhsm_module();
+        let dir = temp_dir();
+        let tokens = dir.path().join("tokens");
+        fs::create_dir(&tokens).expect("create token dir");
+        let template = fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../softhsm-config/softhsm2.conf.template"
+        ))
+        .expect("read softhsm-config/softhsm2.conf.template");
+        assert!(template.contains("@TOKENDIR@"), "template lacks @TOKENDIR@");
+        let conf = dir.path().join("softhsm2.conf");
+        fs::write(
+            &conf,
+            template.replace("@TOKENDIR@", tokens.to_str().expect("UTF-8 temp path"))
+                + "\n"
+                + extra
+                + "\n",
+        )
+        .expect("write softhsm2.conf");
+        let pin = dir.path().join("pin");
+        write_private(&pin, USER_PIN.as_bytes());
+        SoftHsm { conf, pin, dir }
+    }
+
+    /// Initializes a token named `label` in the next free slot (SO PIN [`SO_PIN`], user PIN [`USER_PIN`]).
+    pub fn init_token(&self, label: &str) {
+        run_ok(
+            Command::new("softhsm2-util")
+                .envs(self.envs())
+                .args(["--init-token", "--free", "--label", label])
+                .args(["--so-pin", SO_PIN, "--pin", USER_PIN]),
+        );
+    }
+
+    /// The temp dir holding softhsm2.conf, tokens/ and pin.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Path of this setup's softhsm2.conf (the value for `SOFTHSM2_CONF`).
+    pub fn conf_path(&self) -> PathBuf {
+        self.conf.clone()
+    }
+
+    /// Path of the file holding the user PIN (mode 0600, no trailing newline).
+    pub fn pin_path(&self) -> PathBuf {
+        self.pin.clone()
+    }
+
+    /// Environment for processes using this SoftHSM: `SOFTHSM2_CONF`.
+    pub fn envs(&self) -> Vec<(String, String)> {
+        vec![(
+            "SOFTHSM2_CONF".to_string(),
+            self.conf.to_str().expect("UTF-8 path").to_string(),
+        )]
+    }
+
+    /// `pkcs11:token=LABEL?module-path=...&pin-source=file:PIN` (RFC 7512 token URI).
+    pub fn token_uri(&self, label: &str) -> String {
+        format!(
+            "pkcs11:token={label}?module-path={SOFTHSM_MODULE}&pin-source=file:{}",
+            self.pin.display()
+        )
+    }
+
+    /// `pkcs11:token=LABEL;object=OBJ?module-path=...&pin-source=file:PIN` (RFC 7512 key URI).
+    pub fn key_uri(&self, label: &str, object: &str) -> String {
+        format!(
+            "pkcs11:token={label};object={object}?module-path={SOFTHSM_MODULE}&pin-source=file:{}",
+            self.pin.display()
+        )
+    }
+
+    /// Runs `pkcs11-tool --module libsofthsm2.so ARGS` with this setup's environment.
+    pub fn pkcs11_tool(&self, args: &[&str]) -> Output {
+        require_tool("pkcs11-tool", "opensc");
+        Command::new("pkcs11-tool")
+            .envs(self.envs())
+            .arg("--module")
+            .arg(SOFTHSM_MODULE)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run pkcs11-tool")
+    }
+
+    /// Makes a key pair labelled `object` on token `label` with pkcs11-tool (`key_type` e.g. `EC:prime256v1`, `rsa:2048`).
+    pub fn pkcs11_keygen(&self, label: &str, object: &str, key_type: &str) -> Output {
+        let out = self.pkcs11_tool(&[
+            "--token-label",
+            label,
+            "--login",
+            "--pin",
+            USER_PIN,
+            "--keypairgen",
+            "--key-type",
+            key_type,
+            "--label",
+            object,
+        ]);
+        assert!(
+            out.status.success(),
+            "pkcs11-tool --keypairgen failed:\n{}",
+            output_text(&out)
+        );
+        out
+    }
+}
