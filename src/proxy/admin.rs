@@ -120,7 +120,11 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>>
             let body = shared
                 .metrics
                 .render(shared.key().signatures(), shared.key().signature_failures());
-            text(StatusCode::OK, "text/plain; version=0.0.4", body)
+            text(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                body,
+            )
         }
         ("GET", "/healthz") => {
             let mut problems = Vec::new();

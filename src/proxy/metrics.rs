@@ -1,12 +1,24 @@
-//! Counters and histograms the admin listener exposes in the Prometheus text format.
+//! The proxy's metrics, registered once with a `prometheus-client` registry and served by the
+//! admin listener in the OpenMetrics text format.
 //!
-//! Everything is a plain atomic updated by connection tasks and read by the admin task; no
-//! locks on the data path. The text format is small enough to write by hand, which keeps the
-//! metric names (the operator's contract) visible in one place.
+//! Connection tasks update counters and histograms through handles taken when they were
+//! registered (atomics inside `prometheus-client`; no family lookup and no lock on the data
+//! path). The few values that belong to something swapped at run time (the key's
+//! signature counters, the certificate's expiry) are read at scrape time by [`ScrapeTime`], a
+//! collector. The metric names are the operator's contract: they are all named here, and the
+//! integration tests parse `/metrics` with a real OpenMetrics parser.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 /// Which listener a client connection came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +28,8 @@ pub enum ListenerKind {
 }
 
 impl ListenerKind {
+    const ALL: [ListenerKind; 2] = [ListenerKind::Unix, ListenerKind::Tcp];
+
     fn label(self) -> &'static str {
         match self {
             ListenerKind::Unix => "unix",
@@ -40,15 +54,15 @@ pub enum Refusal {
     Expired,
 }
 
-const REFUSALS: [Refusal; 5] = [
-    Refusal::PeerUid,
-    Refusal::ClientAuth,
-    Refusal::HandshakeTimeout,
-    Refusal::Busy,
-    Refusal::Expired,
-];
-
 impl Refusal {
+    const ALL: [Refusal; 5] = [
+        Refusal::PeerUid,
+        Refusal::ClientAuth,
+        Refusal::HandshakeTimeout,
+        Refusal::Busy,
+        Refusal::Expired,
+    ];
+
     fn label(self) -> &'static str {
         match self {
             Refusal::PeerUid => "peer_uid",
@@ -56,15 +70,6 @@ impl Refusal {
             Refusal::HandshakeTimeout => "handshake_timeout",
             Refusal::Busy => "busy",
             Refusal::Expired => "expired_credential",
-        }
-    }
-    fn index(self) -> usize {
-        match self {
-            Refusal::PeerUid => 0,
-            Refusal::ClientAuth => 1,
-            Refusal::HandshakeTimeout => 2,
-            Refusal::Busy => 3,
-            Refusal::Expired => 4,
         }
     }
 }
@@ -78,28 +83,20 @@ pub enum UpstreamStage {
     Timeout,
 }
 
-const STAGES: [UpstreamStage; 4] = [
-    UpstreamStage::Connect,
-    UpstreamStage::Handshake,
-    UpstreamStage::Alpn,
-    UpstreamStage::Timeout,
-];
-
 impl UpstreamStage {
+    const ALL: [UpstreamStage; 4] = [
+        UpstreamStage::Connect,
+        UpstreamStage::Handshake,
+        UpstreamStage::Alpn,
+        UpstreamStage::Timeout,
+    ];
+
     fn label(self) -> &'static str {
         match self {
             UpstreamStage::Connect => "connect",
             UpstreamStage::Handshake => "handshake",
             UpstreamStage::Alpn => "alpn",
             UpstreamStage::Timeout => "timeout",
-        }
-    }
-    fn index(self) -> usize {
-        match self {
-            UpstreamStage::Connect => 0,
-            UpstreamStage::Handshake => 1,
-            UpstreamStage::Alpn => 2,
-            UpstreamStage::Timeout => 3,
         }
     }
 }
@@ -110,404 +107,351 @@ const BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
-/// A Prometheus histogram with fixed buckets.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
+/// The reasons `hwkey_renewal_failures_total` is labelled with (`renewal::reason_label`).
+pub const RENEWAL_FAILURE_REASONS: [&str; 8] = [
+    "denied",
+    "failed",
+    "timeout",
+    "api",
+    "bad_certificate",
+    "install",
+    "key",
+    "other",
+];
+
+/// One label, e.g. `resumed="true"`. Every label value is a constant of this module.
+type Label = [(&'static str, &'static str); 1];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
 }
 
-impl Histogram {
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if secs <= *bound {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros.fetch_add(
-            u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {}",
-                self.buckets[i].load(Ordering::Relaxed)
-            );
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        if labels.is_empty() {
-            let _ = writeln!(out, "{name}_sum {sum}");
-            let _ = writeln!(out, "{name}_count {count}");
-        } else {
-            let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
-            let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
-        }
-    }
-}
-
-/// All of the proxy's metrics. `hwkey_signatures_total` is read from the key itself at render
-/// time, so it also counts signatures made outside handshakes (health checks).
-#[derive(Debug, Default)]
+/// All of the proxy's metrics. Arrays of handles are indexed like the `ALL` list of their
+/// label's enum (or as commented).
+#[derive(Debug)]
 pub struct Metrics {
-    connections_total: [AtomicU64; 2],
-    connections_active: AtomicU64,
-    refused: [AtomicU64; 5],
-    upstream_full: AtomicU64,
-    upstream_resumed: AtomicU64,
-    upstream_errors: [AtomicU64; 4],
-    upstream_latency_full: Histogram,
-    upstream_latency_resumed: Histogram,
+    registry: Registry,
+    connections: [Counter; 2],
+    connections_active: Gauge,
+    refused: [Counter; 5],
+    /// Index 0: resumed, 1: full.
+    upstream_handshakes: [Counter; 2],
+    upstream_errors: [Counter; 4],
+    /// Index 0: resumed, 1: full.
+    upstream_latency: [Histogram; 2],
     local_latency: Histogram,
-    bytes_up: AtomicU64,
-    bytes_down: AtomicU64,
-    reloads_ok: AtomicU64,
-    reloads_refused: AtomicU64,
-    credentials_issued: AtomicU64,
-    renewal: RenewalMetrics,
+    /// Index 0: up, 1: down.
+    bytes: [Counter; 2],
+    /// Index 0: ok, 1: refused.
+    reloads: [Counter; 2],
+    credentials_issued: Counter,
+    /// Index 0: ok, 1: failed.
+    renewals: [Counter; 2],
+    /// Looked up by reason per failure, which is rare.
+    renewal_failures: Family<Label, Counter>,
+    renewal_last_success: Gauge,
+    scrape_time: Arc<ScrapeTime>,
 }
 
-/// The certificate in use and the renewals (`--renew`).
-#[derive(Debug, Default)]
-struct RenewalMetrics {
-    /// NotAfter of the certificate in use, Unix seconds (i64::MIN: unknown).
-    not_after: std::sync::atomic::AtomicI64,
-    attempts: AtomicU64,
-    succeeded: AtomicU64,
-    last_success_unix: AtomicU64,
-    failures: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
 }
 
 impl Metrics {
+    /// Registers every metric once, with every label value it can take already present (at
+    /// zero), so dashboards and alerts see a series before its first event.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let scrape_time = Arc::new(ScrapeTime::default());
+        registry.register_collector(Box::new(ScrapeTimeCollector(scrape_time.clone())));
+
+        let upstream_handshakes = labelled(
+            &mut registry,
+            "hwkey_upstream_handshakes",
+            "Completed TLS handshakes with the upstream; resumed ones needed no signature",
+            "resumed",
+            ["true", "false"],
+        );
+        let upstream_errors = labelled(
+            &mut registry,
+            "hwkey_upstream_errors",
+            "Upstream connections that failed, by step",
+            "stage",
+            UpstreamStage::ALL.map(UpstreamStage::label),
+        );
+        let latency_family =
+            Family::<Label, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        let upstream_latency = ["true", "false"].map(|resumed| {
+            latency_family
+                .get_or_create(&[("resumed", resumed)])
+                .clone()
+        });
+        registry.register(
+            "hwkey_upstream_handshake_seconds",
+            "Upstream TLS handshake latency (TCP connect excluded)",
+            latency_family,
+        );
+        let local_latency = latency_histogram();
+        registry.register(
+            "hwkey_local_handshake_seconds",
+            "Loopback TLS handshake latency with local clients",
+            local_latency.clone(),
+        );
+        let connections = labelled(
+            &mut registry,
+            "hwkey_connections",
+            "Client connections accepted, by listener (refused ones included)",
+            "listener",
+            ListenerKind::ALL.map(ListenerKind::label),
+        );
+        let connections_active = Gauge::default();
+        registry.register(
+            "hwkey_connections_active",
+            "Client connections open now (handshaking or bridging)",
+            connections_active.clone(),
+        );
+        let refused = labelled(
+            &mut registry,
+            "hwkey_connections_refused",
+            "Local clients turned away before any upstream connection, by reason",
+            "reason",
+            Refusal::ALL.map(Refusal::label),
+        );
+        let bytes = labelled(
+            &mut registry,
+            "hwkey_bytes",
+            "Bytes bridged, by direction (up: client to API server)",
+            "direction",
+            ["up", "down"],
+        );
+        let reloads = labelled(
+            &mut registry,
+            "hwkey_cert_reloads",
+            "Certificate reloads, by result (refused: unreadable, expired or another key)",
+            "result",
+            ["ok", "refused"],
+        );
+        let credentials_issued = Counter::default();
+        registry.register(
+            "hwkey_loopback_credentials_issued",
+            "Loopback client credentials handed out on the control socket",
+            credentials_issued.clone(),
+        );
+        let renewals = labelled(
+            &mut registry,
+            "hwkey_renewals",
+            "Certificate renewals through the CSR API (--renew), by result",
+            "result",
+            ["ok", "failed"],
+        );
+        let renewal_failures = Family::<Label, Counter>::default();
+        for reason in RENEWAL_FAILURE_REASONS {
+            let _ = renewal_failures.get_or_create(&[("reason", reason)]);
+        }
+        registry.register(
+            "hwkey_renewal_failures",
+            "Failed renewals, by reason (denied, failed, timeout, api, bad_certificate, install, key, other)",
+            renewal_failures.clone(),
+        );
+        let renewal_last_success = Gauge::default();
+        registry.register(
+            "hwkey_renewal_last_success_timestamp_seconds",
+            "When the last renewal succeeded (Unix time; 0: never)",
+            renewal_last_success.clone(),
+        );
+        Metrics {
+            registry,
+            connections,
+            connections_active,
+            refused,
+            upstream_handshakes,
+            upstream_errors,
+            upstream_latency,
+            local_latency,
+            bytes,
+            reloads,
+            credentials_issued,
+            renewals,
+            renewal_failures,
+            renewal_last_success,
+            scrape_time,
+        }
+    }
+
     pub fn connection_accepted(&self, kind: ListenerKind) {
-        let i = match kind {
-            ListenerKind::Unix => 0,
-            ListenerKind::Tcp => 1,
-        };
-        self.connections_total[i].fetch_add(1, Ordering::Relaxed);
+        self.connections[kind as usize].inc();
     }
 
     pub fn active_inc(&self) {
-        self.connections_active.fetch_add(1, Ordering::Relaxed);
+        self.connections_active.inc();
     }
 
     pub fn active_dec(&self) {
-        self.connections_active.fetch_sub(1, Ordering::Relaxed);
+        self.connections_active.dec();
     }
 
     pub fn refused(&self, why: Refusal) {
-        self.refused[why.index()].fetch_add(1, Ordering::Relaxed);
+        self.refused[why as usize].inc();
     }
 
     pub fn upstream_handshake(&self, resumed: bool, took: Duration) {
-        if resumed {
-            self.upstream_resumed.fetch_add(1, Ordering::Relaxed);
-            self.upstream_latency_resumed.observe(took);
-        } else {
-            self.upstream_full.fetch_add(1, Ordering::Relaxed);
-            self.upstream_latency_full.observe(took);
-        }
+        let i = usize::from(!resumed);
+        self.upstream_handshakes[i].inc();
+        self.upstream_latency[i].observe(took.as_secs_f64());
     }
 
     pub fn upstream_error(&self, stage: UpstreamStage) {
-        self.upstream_errors[stage.index()].fetch_add(1, Ordering::Relaxed);
+        self.upstream_errors[stage as usize].inc();
     }
 
     pub fn local_handshake(&self, took: Duration) {
-        self.local_latency.observe(took);
+        self.local_latency.observe(took.as_secs_f64());
     }
 
     pub fn bytes(&self, up: u64, down: u64) {
-        self.bytes_up.fetch_add(up, Ordering::Relaxed);
-        self.bytes_down.fetch_add(down, Ordering::Relaxed);
+        self.bytes[0].inc_by(up);
+        self.bytes[1].inc_by(down);
     }
 
     pub fn reload(&self, ok: bool) {
-        if ok {
-            self.reloads_ok.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.reloads_refused.fetch_add(1, Ordering::Relaxed);
-        }
+        self.reloads[usize::from(!ok)].inc();
     }
 
     /// Records the NotAfter (Unix seconds) of the certificate now in use.
     pub fn certificate(&self, not_after_unix: Option<i64>) {
-        self.renewal
+        self.scrape_time
             .not_after
             .store(not_after_unix.unwrap_or(i64::MIN), Ordering::Relaxed);
     }
 
-    pub fn renewal_attempt(&self) {
-        self.renewal.attempts.fetch_add(1, Ordering::Relaxed);
-    }
-
     pub fn renewal_succeeded(&self, at_unix: f64) {
-        self.renewal.succeeded.fetch_add(1, Ordering::Relaxed);
-        self.renewal
-            .last_success_unix
-            .store(at_unix as u64, Ordering::Relaxed);
+        self.renewals[0].inc();
+        self.renewal_last_success.set(at_unix as i64);
     }
 
     pub fn renewal_failed(&self, reason: &'static str) {
-        *self
-            .renewal
-            .failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(reason)
-            .or_default() += 1;
+        self.renewals[1].inc();
+        self.renewal_failures
+            .get_or_create(&[("reason", reason)])
+            .inc();
     }
 
     pub fn credential_issued(&self) {
-        self.credentials_issued.fetch_add(1, Ordering::Relaxed);
+        self.credentials_issued.inc();
     }
 
     /// Connections open right now.
     pub fn active(&self) -> u64 {
-        self.connections_active.load(Ordering::Relaxed)
+        u64::try_from(self.connections_active.get()).unwrap_or(0)
     }
 
-    /// The Prometheus text exposition (format 0.0.4).
+    /// The OpenMetrics text exposition, with the key's counters as of now (the key in use can
+    /// change at run time, so they are passed in rather than registered).
     pub fn render(&self, signatures: u64, signature_failures: u64) -> String {
-        let mut o = String::with_capacity(4096);
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        header(
-            &mut o,
-            "hwkey_signatures_total",
-            "counter",
-            "Signatures made inside the hardware key (handshakes and health checks).",
-        );
-        let _ = writeln!(o, "hwkey_signatures_total {signatures}");
-        header(
-            &mut o,
-            "hwkey_signature_failures_total",
-            "counter",
-            "Signature attempts the hardware key failed (device gone, session lost, PIN refused).",
-        );
-        let _ = writeln!(o, "hwkey_signature_failures_total {signature_failures}");
-
-        header(
-            &mut o,
-            "hwkey_upstream_handshakes_total",
-            "counter",
-            "Completed TLS handshakes with the upstream; resumed ones needed no signature.",
-        );
-        let _ = writeln!(
-            o,
-            "hwkey_upstream_handshakes_total{{resumed=\"true\"}} {}",
-            load(&self.upstream_resumed)
-        );
-        let _ = writeln!(
-            o,
-            "hwkey_upstream_handshakes_total{{resumed=\"false\"}} {}",
-            load(&self.upstream_full)
-        );
-
-        header(
-            &mut o,
-            "hwkey_upstream_errors_total",
-            "counter",
-            "Upstream connections that failed, by step.",
-        );
-        for s in STAGES {
-            let _ = writeln!(
-                o,
-                "hwkey_upstream_errors_total{{stage=\"{}\"}} {}",
-                s.label(),
-                load(&self.upstream_errors[s.index()])
-            );
-        }
-
-        header(
-            &mut o,
-            "hwkey_upstream_handshake_seconds",
-            "histogram",
-            "Upstream TLS handshake latency (TCP connect excluded).",
-        );
-        self.upstream_latency_resumed.render(
-            &mut o,
-            "hwkey_upstream_handshake_seconds",
-            "resumed=\"true\"",
-        );
-        self.upstream_latency_full.render(
-            &mut o,
-            "hwkey_upstream_handshake_seconds",
-            "resumed=\"false\"",
-        );
-
-        header(
-            &mut o,
-            "hwkey_local_handshake_seconds",
-            "histogram",
-            "Loopback TLS handshake latency with local clients.",
-        );
-        self.local_latency
-            .render(&mut o, "hwkey_local_handshake_seconds", "");
-
-        header(
-            &mut o,
-            "hwkey_connections_total",
-            "counter",
-            "Client connections accepted, by listener (refused ones included).",
-        );
-        for k in [ListenerKind::Unix, ListenerKind::Tcp] {
-            let i = match k {
-                ListenerKind::Unix => 0,
-                ListenerKind::Tcp => 1,
-            };
-            let _ = writeln!(
-                o,
-                "hwkey_connections_total{{listener=\"{}\"}} {}",
-                k.label(),
-                load(&self.connections_total[i])
-            );
-        }
-
-        header(
-            &mut o,
-            "hwkey_connections_active",
-            "gauge",
-            "Client connections open now (handshaking or bridging).",
-        );
-        let _ = writeln!(o, "hwkey_connections_active {}", self.active());
-
-        header(
-            &mut o,
-            "hwkey_connections_refused_total",
-            "counter",
-            "Local clients turned away before any upstream connection, by reason.",
-        );
-        for r in REFUSALS {
-            let _ = writeln!(
-                o,
-                "hwkey_connections_refused_total{{reason=\"{}\"}} {}",
-                r.label(),
-                load(&self.refused[r.index()])
-            );
-        }
-
-        header(
-            &mut o,
-            "hwkey_bytes_total",
-            "counter",
-            "Bytes bridged, by direction (up: client to API server).",
-        );
-        let _ = writeln!(
-            o,
-            "hwkey_bytes_total{{direction=\"up\"}} {}",
-            load(&self.bytes_up)
-        );
-        let _ = writeln!(
-            o,
-            "hwkey_bytes_total{{direction=\"down\"}} {}",
-            load(&self.bytes_down)
-        );
-
-        header(
-            &mut o,
-            "hwkey_cert_reloads_total",
-            "counter",
-            "Certificate reloads, by result (refused: unreadable, expired or another key).",
-        );
-        let _ = writeln!(
-            o,
-            "hwkey_cert_reloads_total{{result=\"ok\"}} {}",
-            load(&self.reloads_ok)
-        );
-        let _ = writeln!(
-            o,
-            "hwkey_cert_reloads_total{{result=\"refused\"}} {}",
-            load(&self.reloads_refused)
-        );
-
-        header(
-            &mut o,
-            "hwkey_loopback_credentials_issued_total",
-            "counter",
-            "Loopback client credentials handed out on the control socket.",
-        );
-        let _ = writeln!(
-            o,
-            "hwkey_loopback_credentials_issued_total {}",
-            load(&self.credentials_issued)
-        );
-        self.render_certificate(&mut o);
-        o
-    }
-
-    fn render_certificate(&self, o: &mut String) {
-        let r = &self.renewal;
-        let not_after = r.not_after.load(Ordering::Relaxed);
-        if not_after != i64::MIN {
-            header(
-                o,
-                "hwkey_certificate_not_after_timestamp_seconds",
-                "gauge",
-                "NotAfter of the client certificate in use (Unix time).",
-            );
-            let _ = writeln!(
-                o,
-                "hwkey_certificate_not_after_timestamp_seconds {not_after}"
-            );
-            let now = time::OffsetDateTime::now_utc().unix_timestamp();
-            header(
-                o,
-                "hwkey_certificate_remaining_seconds",
-                "gauge",
-                "Seconds until the client certificate in use expires (negative: expired).",
-            );
-            let _ = writeln!(o, "hwkey_certificate_remaining_seconds {}", not_after - now);
-        }
-        header(
-            o,
-            "hwkey_renewals_total",
-            "counter",
-            "Certificate renewals through the CSR API (--renew), by result.",
-        );
-        let ok = r.succeeded.load(Ordering::Relaxed);
-        let failed: u64 = r
-            .failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .sum();
-        let _ = writeln!(o, "hwkey_renewals_total{{result=\"ok\"}} {ok}");
-        let _ = writeln!(o, "hwkey_renewals_total{{result=\"failed\"}} {failed}");
-        header(
-            o,
-            "hwkey_renewal_failures_total",
-            "counter",
-            "Failed renewals, by reason (denied, failed, timeout, api, bad_certificate, install, key).",
-        );
-        for (reason, n) in r.failures.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let _ = writeln!(o, "hwkey_renewal_failures_total{{reason=\"{reason}\"}} {n}");
-        }
-        header(
-            o,
-            "hwkey_renewal_last_success_timestamp_seconds",
-            "gauge",
-            "When the last renewal succeeded (Unix time; 0: never).",
-        );
-        let _ = writeln!(
-            o,
-            "hwkey_renewal_last_success_timestamp_seconds {}",
-            r.last_success_unix.load(Ordering::Relaxed)
-        );
+        self.scrape_time
+            .signatures
+            .store(signatures, Ordering::Relaxed);
+        self.scrape_time
+            .signature_failures
+            .store(signature_failures, Ordering::Relaxed);
+        let mut out = String::with_capacity(8192);
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
     }
 }
 
-fn header(o: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(o, "# HELP {name} {help}");
-    let _ = writeln!(o, "# TYPE {name} {kind}");
+/// Registers a counter family with one label whose values are all known, each present from the
+/// start (at 0); returns the counters in the order of `values`.
+fn labelled<const N: usize>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    values: [&'static str; N],
+) -> [Counter; N] {
+    let family = Family::<Label, Counter>::default();
+    let counters = values.map(|v| family.get_or_create(&[(label, v)]).clone());
+    registry.register(name, help, family);
+    counters
+}
+
+/// Values read at scrape time: the key's counters (passed to [`Metrics::render`]) and the
+/// certificate's NotAfter, from which the remaining lifetime is computed at that moment.
+#[derive(Debug)]
+struct ScrapeTime {
+    signatures: AtomicU64,
+    signature_failures: AtomicU64,
+    /// NotAfter of the certificate in use, Unix seconds (i64::MIN: unknown).
+    not_after: AtomicI64,
+}
+
+impl Default for ScrapeTime {
+    fn default() -> Self {
+        ScrapeTime {
+            signatures: AtomicU64::new(0),
+            signature_failures: AtomicU64::new(0),
+            not_after: AtomicI64::new(i64::MIN),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ScrapeTimeCollector(Arc<ScrapeTime>);
+
+impl Collector for ScrapeTimeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.0;
+        let counters = [
+            (
+                "hwkey_signatures",
+                "Signatures made inside the hardware key (handshakes and health checks)",
+                s.signatures.load(Ordering::Relaxed),
+            ),
+            (
+                "hwkey_signature_failures",
+                "Signature attempts the hardware key failed (device gone, session lost, PIN refused)",
+                s.signature_failures.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let counter = ConstCounter::new(value);
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
+        }
+        let not_after = s.not_after.load(Ordering::Relaxed);
+        if not_after != i64::MIN {
+            let now = time::OffsetDateTime::now_utc().unix_timestamp();
+            let gauges = [
+                (
+                    "hwkey_certificate_not_after_timestamp_seconds",
+                    "NotAfter of the client certificate in use (Unix time)",
+                    not_after,
+                ),
+                (
+                    "hwkey_certificate_remaining_seconds",
+                    "Seconds until the client certificate in use expires (negative: expired)",
+                    not_after - now,
+                ),
+            ];
+            for (name, help, value) in gauges {
+                let gauge = ConstGauge::new(value);
+                gauge.encode(encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    gauge.metric_type(),
+                )?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -520,13 +464,26 @@ mod tests {
         m.upstream_handshake(false, Duration::from_millis(20));
         m.upstream_handshake(true, Duration::from_millis(2));
         m.upstream_handshake(true, Duration::from_millis(3));
+        m.certificate(Some(4_000_000_000));
         let text = m.render(1, 0);
-        assert!(text.contains("hwkey_signatures_total 1\n"));
+        assert!(text.contains("hwkey_signatures_total 1\n"), "{text}");
+        assert!(
+            text.contains("hwkey_signature_failures_total 0\n"),
+            "{text}"
+        );
         assert!(text.contains("hwkey_upstream_handshakes_total{resumed=\"true\"} 2\n"));
         assert!(text.contains("hwkey_upstream_handshakes_total{resumed=\"false\"} 1\n"));
         assert!(text.contains("hwkey_connections_active 0\n"));
-        assert!(text
-            .contains("hwkey_upstream_handshake_seconds_bucket{resumed=\"true\",le=\"+Inf\"} 2\n"));
+        assert!(text.contains("hwkey_connections_refused_total{reason=\"busy\"} 0\n"));
+        assert!(
+            text.contains(
+                "hwkey_upstream_handshake_seconds_bucket{le=\"+Inf\",resumed=\"true\"} 2\n"
+            ) || text.contains(
+                "hwkey_upstream_handshake_seconds_bucket{resumed=\"true\",le=\"+Inf\"} 2\n"
+            )
+        );
         assert!(text.contains("hwkey_upstream_handshake_seconds_count{resumed=\"false\"} 1\n"));
+        assert!(text.contains("hwkey_certificate_not_after_timestamp_seconds 4000000000\n"));
+        assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -72,7 +72,6 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
         }
         let mut backoff = FIRST_BACKOFF;
         loop {
-            shared.metrics.renewal_attempt();
             match renew_once(&shared, &settings).await {
                 Ok(issued) => {
                     shared.metrics.renewal_succeeded(now_unix());

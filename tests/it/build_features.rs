@@ -4,8 +4,7 @@
 
 use std::process::Command;
 
-use support::flow::fails_with;
-use support::{hwkey, hwkey_bin, output_text, run_ok};
+use support::{hwkey_bin, output_text, run_ok};
 
 /// The shared libraries the hwkey binary under test is linked against (`ldd`).
 fn linked_libraries() -> String {
@@ -34,8 +33,8 @@ fn a_pkcs11_only_build_links_no_tss2_library() {
 #[cfg(not(feature = "tpm"))]
 #[test]
 fn a_pkcs11_only_build_names_the_feature_for_a_tpm_key() {
-    fails_with(
-        hwkey().args(["key", "public", "--key", "tpm:path=/nonexistent/key.pem"]),
+    support::flow::fails_with(
+        support::hwkey().args(["key", "public", "--key", "tpm:path=/nonexistent/key.pem"]),
         &["built without the TPM 2.0 backend", "--features tpm"],
     );
 }
@@ -43,8 +42,8 @@ fn a_pkcs11_only_build_names_the_feature_for_a_tpm_key() {
 #[cfg(not(feature = "pkcs11"))]
 #[test]
 fn a_tpm_only_build_names_the_feature_for_a_pkcs11_key() {
-    fails_with(
-        hwkey().args([
+    support::flow::fails_with(
+        support::hwkey().args([
             "key",
             "public",
             "--key",

@@ -22,6 +22,8 @@ mod kubeconfig_merge;
 mod kubectl_e2e;
 mod lifecycle;
 #[cfg(feature = "pkcs11")]
+mod metrics;
+#[cfg(feature = "pkcs11")]
 mod pin_safety;
 #[cfg(feature = "pkcs11")]
 mod pkcs11_cli;

@@ -1,0 +1,142 @@
+//! `/metrics` as a Prometheus server sees it: parsed by the reference Python client's strict
+//! OpenMetrics parser (Debian's `python3-prometheus-client`), every contract name present with
+//! its type, and the values following what the proxy did.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use support::proxy::{Identity, ProxyProcess};
+use support::upstream::TestUpstream;
+use support::{output_text, require_tool};
+
+/// Every series an operator may alert on, with its OpenMetrics type.
+const CONTRACT: [(&str, &str); 17] = [
+    ("hwkey_signatures", "counter"),
+    ("hwkey_signature_failures", "counter"),
+    ("hwkey_upstream_handshakes", "counter"),
+    ("hwkey_upstream_errors", "counter"),
+    ("hwkey_upstream_handshake_seconds", "histogram"),
+    ("hwkey_local_handshake_seconds", "histogram"),
+    ("hwkey_connections", "counter"),
+    ("hwkey_connections_active", "gauge"),
+    ("hwkey_connections_refused", "counter"),
+    ("hwkey_bytes", "counter"),
+    ("hwkey_cert_reloads", "counter"),
+    ("hwkey_loopback_credentials_issued", "counter"),
+    ("hwkey_certificate_not_after_timestamp_seconds", "gauge"),
+    ("hwkey_certificate_remaining_seconds", "gauge"),
+    ("hwkey_renewals", "counter"),
+    ("hwkey_renewal_failures", "counter"),
+    ("hwkey_renewal_last_success_timestamp_seconds", "gauge"),
+];
+
+/// Parses an exposition with `prometheus_client.openmetrics.parser` (which rejects anything
+/// that is not valid OpenMetrics) and returns `{family: {"type": …, "samples": {series: value}}}`.
+fn parse_openmetrics(text: &str) -> serde_json::Value {
+    const SCRIPT: &str = r#"
+import json, sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+out = {}
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    samples = {}
+    for s in fam.samples:
+        labels = ",".join('%s="%s"' % kv for kv in sorted(s.labels.items()))
+        samples[s.name + ("{" + labels + "}" if labels else "")] = s.value
+    out[fam.name] = {"type": fam.type, "samples": samples}
+print(json.dumps(out))
+"#;
+    require_tool("/usr/bin/python3", "python3-prometheus-client");
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", SCRIPT])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run /usr/bin/python3");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write the exposition");
+    let out = child.wait_with_output().expect("python3");
+    assert!(
+        out.status.success(),
+        "the OpenMetrics parser rejected /metrics (is python3-prometheus-client installed?): {}\n--- exposition ---\n{text}",
+        output_text(&out)
+    );
+    serde_json::from_slice(&out.stdout).expect("parser output is JSON")
+}
+
+#[test]
+fn metrics_parse_as_openmetrics_with_the_contract_names_and_live_values() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    for _ in 0..3 {
+        let out = proxy.curl_unix(&[], "/version");
+        assert!(out.status.success(), "{}", output_text(&out));
+    }
+
+    let families = parse_openmetrics(&proxy.metrics());
+    for (name, kind) in CONTRACT {
+        assert_eq!(
+            families[name]["type"], kind,
+            "{name} missing or of the wrong type in {families:#}"
+        );
+    }
+    let sample = |family: &str, series: &str| -> f64 {
+        families[family]["samples"][series]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no sample {series} in {family}: {families:#}"))
+    };
+    // Three requests over the UNIX socket; with resumption at most one full handshake signs.
+    assert_eq!(
+        sample(
+            "hwkey_connections",
+            "hwkey_connections_total{listener=\"unix\"}"
+        ),
+        3.0
+    );
+    let signatures = sample("hwkey_signatures", "hwkey_signatures_total");
+    assert!((1.0..=3.0).contains(&signatures), "{signatures}");
+    assert_eq!(
+        sample("hwkey_signature_failures", "hwkey_signature_failures_total"),
+        0.0
+    );
+    let handshakes = sample(
+        "hwkey_upstream_handshakes",
+        "hwkey_upstream_handshakes_total{resumed=\"false\"}",
+    ) + sample(
+        "hwkey_upstream_handshakes",
+        "hwkey_upstream_handshakes_total{resumed=\"true\"}",
+    );
+    assert!(handshakes >= 1.0, "{handshakes}");
+    assert_eq!(
+        sample(
+            "hwkey_upstream_handshake_seconds",
+            "hwkey_upstream_handshake_seconds_count{resumed=\"false\"}"
+        ) + sample(
+            "hwkey_upstream_handshake_seconds",
+            "hwkey_upstream_handshake_seconds_count{resumed=\"true\"}"
+        ),
+        handshakes,
+        "one latency observation per handshake"
+    );
+    // Every refusal reason is present before the first refusal, so alerts have a series.
+    assert_eq!(
+        sample(
+            "hwkey_connections_refused",
+            "hwkey_connections_refused_total{reason=\"busy\"}"
+        ),
+        0.0
+    );
+    let remaining = sample(
+        "hwkey_certificate_remaining_seconds",
+        "hwkey_certificate_remaining_seconds",
+    );
+    assert!(
+        remaining > 3600.0,
+        "test certificate expires soon? {remaining}"
+    );
+}
