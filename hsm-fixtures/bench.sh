@@ -3,7 +3,7 @@
 #
 # The benchmark suite of issue 5: installs what it needs (hsm-fixtures/install-deps.sh, nothing
 # more), builds in release, runs the micro benchmarks (benches/sign.rs, criterion) and the end-to-end
-# harness (benches/e2e.rs) on private SoftHSM tokens, swtpm, the kube-apiserver stand-in and
+# harness (benches/e2e.rs), the crypto-provider comparison (benches/providers.rs) on private SoftHSM tokens, swtpm, the kube-apiserver stand-in and
 # /usr/bin/kubectl, then writes docs/BENCHMARKS.md (benches/report.rs).
 #
 # --quick: few, short repetitions (under a minute once built), for development. The full run
@@ -34,12 +34,14 @@ fi
 
 export HWKEY_BENCH_QUICK=$quick
 # Results of an earlier run must not leak into this report.
-rm -f target/hwkey-bench/sign.json target/hwkey-bench/e2e.json
+rm -f target/hwkey-bench/sign.json target/hwkey-bench/e2e.json target/hwkey-bench/providers.json
 
 echo "bench.sh: building (release)" >&2
 cargo bench --locked --no-run --bench sign --bench e2e --bench report
+cargo bench --locked --no-run --features bench-aws-lc --bench providers
 echo "bench.sh: load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 cargo bench --locked --bench sign
 cargo bench --locked --bench e2e
+cargo bench --locked --features bench-aws-lc --bench providers
 cargo bench --locked --bench report
 echo "bench.sh: wrote docs/BENCHMARKS.md" >&2

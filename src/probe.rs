@@ -19,9 +19,6 @@ pub enum ProbeError {
     #[error("invalid URL '{url}': {reason} (example: https://127.0.0.1:6443/version)")]
     InvalidUrl { url: String, reason: String },
 
-    #[error("cannot read CA bundle {path}: {reason}")]
-    Ca { path: PathBuf, reason: String },
-
     #[error("cannot connect to {addr}: {source}")]
     Connect {
         addr: String,
@@ -77,32 +74,6 @@ pub struct ProbeReport {
     pub body: Bytes,
 }
 
-/// Builds the trust store: the given CA bundle, else the system roots.
-pub fn root_store(ca: Option<&std::path::Path>) -> Result<rustls::RootCertStore, ProbeError> {
-    let mut roots = rustls::RootCertStore::empty();
-    match ca {
-        Some(path) => {
-            let chain = crate::pki::cert::load_chain(path).map_err(|e| ProbeError::Ca {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?;
-            for cert in chain {
-                roots.add(cert).map_err(|e| ProbeError::Ca {
-                    path: path.to_path_buf(),
-                    reason: e.to_string(),
-                })?;
-            }
-        }
-        None => {
-            let native = rustls_native_certs::load_native_certs();
-            for cert in native.certs {
-                let _ = roots.add(cert);
-            }
-        }
-    }
-    Ok(roots)
-}
-
 /// Runs the probe.
 pub async fn probe(
     key: Arc<Key>,
@@ -129,15 +100,8 @@ pub async fn probe(
     let versions = crate::key::tls::protocol_versions(&key, options.allow_tls12_fallback)?;
     let signer = HardwareSigningKey::new(key);
     let resolver = Arc::new(HardwareCertResolver::new(signer.clone(), chain)?);
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(versions)
-        .map_err(|e| ProbeError::Handshake {
-            addr: addr.clone(),
-            reason: e.to_string(),
-        })?
-        .with_root_certificates(root_store(options.ca.as_deref())?)
-        .with_client_cert_resolver(resolver);
+    let roots = crate::pki::tls::root_store(options.ca.as_deref())?;
+    let mut config = crate::pki::tls::client_config(versions, roots, resolver)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let server_name = options.server_name.clone().unwrap_or(host_bare.clone());
     let server_name = ServerName::try_from(server_name.clone())

@@ -35,12 +35,11 @@ pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, 
         reason,
     };
     let roots = roots(config).map_err(&fail)?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let versions: &[&rustls::SupportedProtocolVersion] = match &identity {
         Identity::Hardware { versions, .. } => versions,
         Identity::Config => &[&rustls::version::TLS13, &rustls::version::TLS12],
     };
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(crate::pki::tls::provider())
         .with_protocol_versions(versions)
         .map_err(|e| fail(e.to_string()))?
         .with_root_certificates(roots);

@@ -4,6 +4,7 @@
 pub mod cert;
 pub mod csr;
 pub mod name;
+pub mod tls;
 
 use std::path::PathBuf;
 
@@ -38,6 +39,15 @@ pub enum PkiError {
 
     #[error("no certificate for {key}: pass --cert FILE, or store one with `hwkey cert import --key URI --cert FILE`")]
     NoCertificate { key: String },
+
+    #[error("cannot use the CA bundle {path}: {reason}; pass a PEM file of CA certificates")]
+    BadCaBundle { path: PathBuf, reason: String },
+
+    #[error("no system root certificates could be loaded ({reasons}): install ca-certificates, or pass the API server's CA with --upstream-ca / --ca")]
+    NoSystemRoots { reasons: String },
+
+    #[error("cannot build the TLS configuration: {reason}")]
+    Tls { reason: String },
 
     #[error(transparent)]
     Key(#[from] KeyError),

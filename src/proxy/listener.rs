@@ -178,7 +178,7 @@ impl LocalTls {
     /// A server config presenting a fresh loopback certificate for `ips` and requiring a client
     /// certificate from the loopback CA.
     pub fn new(ca: &LoopbackCa, ips: &[IpAddr]) -> Result<LocalTls, ProxyError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = crate::pki::tls::provider();
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(ca.cert_der().clone())

@@ -316,7 +316,7 @@ pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
         HardwareSigningKey::new(key.clone()),
         chain,
     )?);
-    let roots = crate::probe::root_store(config.upstream_ca.as_deref()).map_err(|e| {
+    let roots = crate::pki::tls::root_store(config.upstream_ca.as_deref()).map_err(|e| {
         ProxyError::UpstreamCa {
             reason: e.to_string(),
         }

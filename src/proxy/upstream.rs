@@ -25,7 +25,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use rustls::client::Resumption;
-use rustls::crypto::CryptoProvider;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, HandshakeKind, RootCertStore};
 use tokio::net::TcpStream;
@@ -64,7 +63,6 @@ pub struct Upstream {
     server_name: ServerName<'static>,
     resolver: Arc<HardwareCertResolver>,
     roots: Arc<RootCertStore>,
-    provider: Arc<CryptoProvider>,
     versions: &'static [&'static rustls::SupportedProtocolVersion],
     generation: RwLock<Arc<Generation>>,
     refused_alpn: Mutex<HashSet<Vec<u8>>>,
@@ -101,7 +99,6 @@ impl Upstream {
             server_name,
             resolver,
             roots: Arc::new(roots),
-            provider: Arc::new(rustls::crypto::ring::default_provider()),
             versions,
             generation: RwLock::new(Arc::new(new_generation())),
             refused_alpn: Mutex::new(HashSet::new()),
@@ -242,14 +239,15 @@ impl Upstream {
         if let Some(c) = configs.get(&key) {
             return Ok(c.clone());
         }
-        let mut config = ClientConfig::builder_with_provider(self.provider.clone())
-            .with_protocol_versions(self.versions)
-            .map_err(|e| ProxyError::UpstreamHandshake {
-                addr: self.target.authority(),
-                reason: e.to_string(),
-            })?
-            .with_root_certificates(self.roots.clone())
-            .with_client_cert_resolver(self.resolver.clone());
+        let mut config = crate::pki::tls::client_config(
+            self.versions,
+            self.roots.clone(),
+            self.resolver.clone(),
+        )
+        .map_err(|e| ProxyError::UpstreamHandshake {
+            addr: self.target.authority(),
+            reason: e.to_string(),
+        })?;
         config.alpn_protocols = key.iter().cloned().collect();
         config.resumption = Resumption::store(generation.store.clone());
         let config = Arc::new(config);
