@@ -723,15 +723,18 @@ impl Drop for Kube {
     /// Stops the proxy the exec plugin started (SIGTERM, then SIGKILL), by its PID.
     fn drop(&mut self) {
         if let Some(pid) = self.proxy_pid() {
-            // SAFETY: kill has no memory-safety preconditions; the pid is the proxy our plugin run started.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let signal = |s| {
+                if let Some(p) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(p, s);
+                }
+            };
+            signal(rustix::process::Signal::TERM);
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline && Path::new(&format!("/proc/{pid}")).exists() {
                 std::thread::sleep(Duration::from_millis(20));
             }
             if Path::new(&format!("/proc/{pid}")).exists() {
-                // SAFETY: as above.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                signal(rustix::process::Signal::KILL);
             }
         }
     }
@@ -996,17 +999,15 @@ async fn futures_join_all<F: Future<Output = ()>>(futs: impl Iterator<Item = F>)
 /// Lets the process hold the 2,000+ sockets of the memory benchmark (and its children
 /// inherit the limit).
 fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read/write the struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        },
+    );
 }
 
 fn main() {

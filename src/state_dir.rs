@@ -11,8 +11,7 @@ use std::path::Path;
 
 /// The effective uid of this process.
 pub fn own_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 /// Creates `dir` (mode 0700) if it does not exist; otherwise checks that it is a real directory

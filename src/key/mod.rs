@@ -3,7 +3,7 @@
 //! A [`Key`] knows its algorithm and public key and can sign; the private key never leaves the
 //! device in any code path (keys are created sensitive and non-extractable, and no function here
 //! reads private key material). Backends implement [`KeyBackend`]; the rustls and rcgen adapters
-//! ([`tls`], [`csr_signer`]) sit on top and never the other way round.
+//! ([`tls`], [`rcgen_signer`]) sit on top and never the other way round.
 //!
 //! Concurrency: [`Key::sign`] is blocking and may be called from many threads at once. The
 //! PKCS#11 backend runs concurrent signatures on a pool of sessions (one per signer at a time);

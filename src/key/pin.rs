@@ -121,14 +121,10 @@ pub fn read_pin_line(mut reader: impl std::io::Read) -> Result<Zeroizing<String>
 /// dumps, and no ptrace or /proc/PID/{mem,environ} access (non-dumpable processes' /proc files
 /// belong to root). Best effort: logged if the kernel refuses.
 pub fn protect_process() {
-    // SAFETY: prctl(PR_SET_DUMPABLE, 0) only changes a flag of this process; the extra
-    // arguments are ignored for this option and passed as zero as the man page asks.
-    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    if rc != 0 {
-        tracing::warn!(
-            error = %std::io::Error::last_os_error(),
-            "cannot make the process non-dumpable"
-        );
+    if let Err(e) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        tracing::warn!(error = %e, "cannot make the process non-dumpable");
     }
 }
 
@@ -137,9 +133,11 @@ fn lock_in_ram(ptr: *const u8, len: usize) {
     if len == 0 {
         return;
     }
-    // SAFETY: mlock reads no memory; it asks the kernel to keep the pages of a live allocation
-    // of `len` bytes resident. A failure changes nothing and is ignored on purpose.
-    let _ = unsafe { libc::mlock(ptr.cast(), len) };
+    // The crate's one `unsafe` (Cargo.toml `[lints]` denies it elsewhere), reviewed:
+    // SAFETY: mlock reads and writes no memory; it asks the kernel to keep the pages of a live
+    // allocation of `len` bytes resident. A failure changes nothing and is ignored on purpose.
+    #[allow(unsafe_code)]
+    let _ = unsafe { rustix::mm::mlock(ptr.cast_mut().cast(), len) };
 }
 
 #[cfg(test)]

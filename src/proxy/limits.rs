@@ -37,24 +37,20 @@ pub fn fit_connections(wanted: usize) -> usize {
 
 /// Sets the soft RLIMIT_NOFILE to the hard limit; returns the soft limit now in force.
 fn raise_nofile() -> Option<u64> {
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let Some(current) = limit.current else {
+        return None; // unlimited: nothing to raise, and no number to size the pool with
     };
-    // SAFETY: getrlimit writes one rlimit struct, which `rl` is.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
-        return None;
-    }
-    if rl.rlim_cur < rl.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: rl.rlim_max,
-            rlim_max: rl.rlim_max,
+    if limit.maximum.is_some_and(|max| current < max) {
+        // Raising the soft limit up to the hard limit is always permitted.
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
         };
-        // SAFETY: setrlimit reads one rlimit struct; raising the soft limit up to the hard limit
-        // is always permitted.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            rl.rlim_cur = rl.rlim_max;
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            return limit.maximum;
         }
     }
-    Some(rl.rlim_cur)
+    Some(current)
 }

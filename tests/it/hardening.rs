@@ -18,8 +18,7 @@ use support::upstream::TestUpstream;
 use support::*;
 
 fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = rustix::process::geteuid().as_raw();
     assert_eq!(
         uid, 0,
         "this test runs a load as another user (nobody, via setpriv): run it as root (CI does)"
@@ -411,7 +410,6 @@ fn impossible_settings_are_refused_before_ready() {
 /// keeps serving.
 #[test]
 fn abortive_closes_leave_no_descriptors_behind() {
-    use std::os::fd::AsRawFd;
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
@@ -433,20 +431,7 @@ fn abortive_closes_leave_no_descriptors_behind() {
             let mut first = [0u8; 1024];
             let _ = tls.read(&mut first);
         }
-        let linger = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
-        // SAFETY: setsockopt reads one linger struct from a live local; the fd is open.
-        unsafe {
-            libc::setsockopt(
-                tcp.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&linger as *const libc::linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            );
-        }
+        rustix::net::sockopt::set_socket_linger(&tcp, Some(Duration::ZERO)).expect("SO_LINGER");
         drop(tcp);
     }
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -15,7 +15,7 @@ use cryptoki::types::AuthPin;
 use hwkey::key::{Key, KeyAlgorithm, KeyError, KeyUri, SignScheme};
 use support::SoftHsm;
 
-const TOKENS: [&str; 5] = ["parallel", "schemes", "recovery", "pin", "secret"];
+const TOKENS: [&str; 6] = ["parallel", "schemes", "recovery", "pin", "secret", "rcgen"];
 
 fn hsm() -> &'static SoftHsm {
     static HSM: OnceLock<SoftHsm> = OnceLock::new();
@@ -227,4 +227,58 @@ fn a_wrong_pin_fails_once_and_the_right_pin_still_works() {
     let _ = hsm;
     let key = Key::open(&key_uri).expect("the right PIN still works");
     key.sign(SignScheme::EcdsaP256Sha256, b"y").expect("sign");
+}
+
+/// The rcgen adapter (`RcgenSigner`) for library users who build certificates and requests with
+/// rcgen: a self-signed certificate and a CSR signed inside the token, checked by openssl.
+#[test]
+fn rcgen_builds_a_certificate_and_a_csr_signed_inside_the_token() {
+    use hwkey::key::rcgen_signer::RcgenSigner;
+    use std::sync::Arc;
+
+    let dir = support::temp_dir();
+    for (object, algorithm) in [
+        ("rcgen-ec", KeyAlgorithm::EcP256),
+        ("rcgen-rsa", KeyAlgorithm::Rsa { bits: 2048 }),
+    ] {
+        let key = Arc::new(Key::create(&uri("rcgen", object), algorithm).expect("create"));
+        let signer = RcgenSigner::new(key.clone()).expect("adapter");
+        let params = rcgen::CertificateParams::new(vec!["alice.example".into()]).expect("params");
+        let cert = params
+            .self_signed(&signer)
+            .expect("self-signed certificate");
+        let csr = params.serialize_request(&signer).expect("CSR");
+
+        let cert_path = dir.path().join(format!("{object}.crt"));
+        let csr_path = dir.path().join(format!("{object}.csr"));
+        std::fs::write(&cert_path, cert.pem()).expect("write cert");
+        std::fs::write(&csr_path, csr.pem().expect("CSR PEM")).expect("write CSR");
+        // A self-signed certificate verifies against itself only if the token's signature is
+        // right for the public key inside it.
+        let cert_arg = cert_path.to_str().expect("utf-8");
+        support::run_ok(
+            std::process::Command::new("openssl").args(["verify", "-CAfile", cert_arg, cert_arg]),
+        );
+        let out = support::run_ok(std::process::Command::new("openssl").args([
+            "req",
+            "-verify",
+            "-noout",
+            "-in",
+            csr_path.to_str().expect("utf-8"),
+        ]));
+        assert!(
+            support::output_text(&out).contains("verif"),
+            "{}",
+            support::output_text(&out)
+        );
+        let pubkey = support::run_ok(
+            std::process::Command::new("openssl")
+                .args(["x509", "-noout", "-pubkey", "-in", cert_arg]),
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&pubkey.stdout),
+            key.public_key_pem(),
+            "the certificate holds the token key's public key"
+        );
+    }
 }

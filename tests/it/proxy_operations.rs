@@ -7,7 +7,6 @@
 #![cfg_attr(not(all(feature = "pkcs11", feature = "tpm")), allow(unused))]
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use support::proxy::{Identity, ProxyOptions, ProxyProcess, RawHttp};
@@ -293,8 +292,7 @@ fn exits_when_the_lock_owner_goes_away() {
     let dir = temp_dir();
     let lock_path = dir.path().join("owner.lock");
     let lock = File::create(&lock_path).expect("create lock");
-    // SAFETY: flock only reads the descriptor number, which `lock` keeps open.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).expect("flock");
     let mut proxy = ProxyProcess::start_with(
         &id,
         &upstream,

@@ -11,21 +11,19 @@ use support::upstream::TestUpstream;
 use support::{output_text, require_tool};
 
 /// Resumes a paused swtpm even when the test fails half-way.
-struct Paused(i32);
+struct Paused(rustix::process::Pid);
 
 impl Paused {
     fn new(pid: u32) -> Paused {
-        let pid = i32::try_from(pid).expect("pid");
-        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        let pid = rustix::process::Pid::from_raw(i32::try_from(pid).expect("pid")).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP");
         Paused(pid)
     }
 }
 
 impl Drop for Paused {
     fn drop(&mut self) {
-        // SAFETY: as above.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
+        let _ = rustix::process::kill_process(self.0, rustix::process::Signal::CONT);
     }
 }
 

@@ -13,8 +13,7 @@ use support::upstream::TestUpstream;
 use support::*;
 
 fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = rustix::process::geteuid().as_raw();
     assert_eq!(
         uid, 0,
         "this test changes file owners to another user (nobody): run it as root (CI does)"
