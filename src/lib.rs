@@ -11,6 +11,7 @@ compile_error!(
 
 pub mod atomic_file;
 pub mod cli;
+pub mod control_api;
 pub mod exec;
 pub mod key;
 pub mod kubeconfig;

@@ -269,14 +269,14 @@ fn check_kubeconfig(
     match ext["stateDir"].as_str() {
         Some(dir) => {
             let sock = PathBuf::from(dir).join(crate::exec::settings::CONTROL_SOCKET);
-            match control_client::get_json(&sock, "/v1/info") {
+            match control_client::info(&sock) {
                 Ok(info) => r.ok(
                     "proxy",
                     format!(
                         "running (pid {}) at {} for {}",
-                        info["pid"],
-                        info["server"].as_str().unwrap_or("?"),
-                        info["upstream"].as_str().unwrap_or("?")
+                        info.pid,
+                        info.server.as_deref().unwrap_or("UNIX sockets only"),
+                        info.upstream
                     ),
                 ),
                 Err(_) => r.ok("proxy", "not running (kubectl's first call starts it)"),

@@ -8,12 +8,25 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
 use zeroize::Zeroizing;
+
+use crate::control_api::{ControlError, LoopbackCredential, ProxyInfo};
 
 use super::ExecError;
 
-/// GETs `path` on the control socket and parses the JSON body of a 200 answer.
-pub fn get_json(sock: &Path, path: &str) -> Result<serde_json::Value, ExecError> {
+/// `GET /v1/info`: what the proxy answering on `sock` serves.
+pub fn info(sock: &Path) -> Result<ProxyInfo, ExecError> {
+    get(sock, "/v1/info")
+}
+
+/// `GET /v1/credential`: a fresh loopback credential.
+pub fn credential(sock: &Path) -> Result<LoopbackCredential, ExecError> {
+    get(sock, "/v1/credential")
+}
+
+/// GETs `path` on the control socket and decodes the JSON body of a 200 answer as `T`.
+fn get<T: DeserializeOwned>(sock: &Path, path: &str) -> Result<T, ExecError> {
     let err = |reason: String| ExecError::Control {
         path: sock.to_path_buf(),
         reason,
@@ -43,13 +56,15 @@ pub fn get_json(sock: &Path, path: &str) -> Result<serde_json::Value, ExecError>
         .nth(1)
         .and_then(|s| s.parse::<u16>().ok())
         .ok_or_else(|| err("the answer has no status".into()))?;
-    let value: serde_json::Value = serde_json::from_str(body.trim())
-        .map_err(|e| err(format!("the answer is not JSON: {e}")))?;
     if status != 200 {
-        return Err(err(format!(
-            "HTTP {status}: {}",
-            value["error"].as_str().unwrap_or("no reason given")
-        )));
+        let reason = serde_json::from_str::<ControlError>(body.trim())
+            .map(|e| e.error)
+            .unwrap_or_else(|_| "no reason given".into());
+        return Err(err(format!("HTTP {status}: {reason}")));
     }
-    Ok(value)
+    serde_json::from_str(body.trim()).map_err(|e| {
+        err(format!(
+            "the answer to {path} is not what this hwkey expects ({e}): is the running proxy from another hwkey version? Stop it and let kubectl start it again"
+        ))
+    })
 }

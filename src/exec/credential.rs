@@ -141,7 +141,7 @@ pub struct ExecCredentialStatus {
     pub client_certificate_data: Option<String>,
     /// PEM private key: only ever the throw-away loopback key, never the hardware key.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub client_key_data: Option<String>,
+    pub client_key_data: Option<zeroize::Zeroizing<String>>,
     /// KEP-2718 shape (`--cert-only`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy_config: Option<ProxyConfig>,

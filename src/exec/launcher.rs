@@ -18,6 +18,7 @@ use zeroize::Zeroizing;
 
 use super::settings::Settings;
 use super::{control_client, ExecError};
+use crate::control_api::ProxyInfo;
 use crate::key::pin::PinSource;
 use crate::key::KeyUri;
 
@@ -28,7 +29,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Makes sure a proxy for these settings answers on the settings' control socket.
 pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Result<(), ExecError> {
     let sock = settings.control_socket();
-    if let Ok(info) = control_client::get_json(&sock, "/v1/info") {
+    if let Ok(info) = control_client::info(&sock) {
         return same_proxy(settings, &info);
     }
     let start_err = |reason: String| ExecError::ProxyStart {
@@ -61,7 +62,7 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
     lock.lock()
         .map_err(|e| start_err(format!("cannot lock {}: {e}", lock_path.display())))?;
     // Someone else may have started it while we waited for the lock.
-    if let Ok(info) = control_client::get_json(&sock, "/v1/info") {
+    if let Ok(info) = control_client::info(&sock) {
         return same_proxy(settings, &info);
     }
     // A socket file nobody answers on is left by a proxy that was killed: remove it (under the
@@ -79,16 +80,16 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
 
 /// Checks that the proxy answering in the state directory serves this kubeconfig's upstream
 /// and key: a proxy left running for other settings must not carry this cluster's traffic.
-fn same_proxy(settings: &Settings, info: &serde_json::Value) -> Result<(), ExecError> {
+fn same_proxy(settings: &Settings, info: &ProxyInfo) -> Result<(), ExecError> {
     let wanted_upstream = settings
         .upstream
         .parse::<crate::proxy::UpstreamTarget>()
         .map(|t| t.to_string())
         .unwrap_or_else(|_| settings.upstream.clone());
     let wanted_key = settings.key.without_pin().to_string();
-    let running_upstream = info["upstream"].as_str().unwrap_or_default();
+    let running_upstream = info.upstream.as_str();
     // A proxy of an older hwkey does not report its key URI: compare what it reports.
-    let running_key = info["keyUri"].as_str().unwrap_or(&wanted_key);
+    let running_key = info.key_uri.as_deref().unwrap_or(&wanted_key);
     if running_upstream == wanted_upstream && running_key == wanted_key {
         return Ok(());
     }
@@ -199,7 +200,7 @@ fn start(
     let sock = settings.control_socket();
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
-        if control_client::get_json(&sock, "/v1/info").is_ok() {
+        if control_client::info(&sock).is_ok() {
             return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {

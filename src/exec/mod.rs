@@ -80,55 +80,27 @@ pub fn run(info: &ExecInfo, settings: &Settings) -> Result<ExecCredential, ExecE
     launcher::ensure_proxy(settings, pin)?;
     let sock = settings.control_socket();
     if settings.cert_only {
-        let answer = control_client::get_json(&sock, "/v1/info")?;
-        let chain = answer["certificateChainPem"]
-            .as_str()
-            .ok_or_else(|| ExecError::Control {
-                path: sock.clone(),
-                reason: "the proxy did not report its certificate chain".into(),
-            })?
-            .to_string();
-        let ca = answer["certificateAuthorityPem"]
-            .as_str()
-            .unwrap_or_default();
-        let url = answer["server"].as_str().unwrap_or_default().to_string();
+        let answer = control_client::info(&sock)?;
         return Ok(ExecCredential::new(
             info.api_version,
             ExecCredentialStatus {
-                client_certificate_data: Some(chain),
+                client_certificate_data: Some(answer.certificate_chain_pem),
                 proxy_config: Some(ProxyConfig {
-                    url,
+                    url: answer.server.unwrap_or_default(),
                     certificate_authority_data: base64::engine::general_purpose::STANDARD
-                        .encode(ca),
+                        .encode(answer.certificate_authority_pem),
                 }),
                 ..Default::default()
             },
         ));
     }
-    let answer = control_client::get_json(&sock, "/v1/credential")?;
-    let field = |name: &str| {
-        answer[name]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| ExecError::Control {
-                path: sock.clone(),
-                reason: format!("the answer has no {name}"),
-            })
-    };
-    let cert = field("clientCertificatePem")?;
-    let key = zeroize::Zeroizing::new(field("clientKeyPem")?);
-    let not_after = answer["expirationUnix"]
-        .as_i64()
-        .ok_or_else(|| ExecError::Control {
-            path: sock.clone(),
-            reason: "the answer has no expirationUnix".into(),
-        })?;
+    let answer = control_client::credential(&sock)?;
     Ok(ExecCredential::new(
         info.api_version,
         ExecCredentialStatus {
-            expiration_timestamp: Some(expiry_before(not_after)),
-            client_certificate_data: Some(cert),
-            client_key_data: Some(key.to_string()),
+            expiration_timestamp: Some(expiry_before(answer.expiration_unix)),
+            client_certificate_data: Some(answer.client_certificate_pem),
+            client_key_data: Some(answer.client_key_pem),
             ..Default::default()
         },
     ))

@@ -191,7 +191,7 @@ pub fn pin_for(
     if uri.pin.is_some() {
         return Ok(None);
     }
-    if super::control_client::get_json(&settings.control_socket(), "/v1/info").is_ok() {
+    if super::control_client::info(&settings.control_socket()).is_ok() {
         // A running proxy already holds its login; only a start needs the PIN. (A socket file
         // alone proves nothing: a killed proxy leaves one behind.)
         return Ok(None);

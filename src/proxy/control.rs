@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use super::listener::{check_peer, own_uid, stopped};
 use super::local_ca::rfc3339;
 use super::Shared;
+use crate::control_api::{ControlError, LoopbackCredential, ProxyInfo, API_VERSION};
 
 /// The name of the control socket inside the state directory.
 pub const CONTROL_SOCKET: &str = "control.sock";
@@ -70,28 +71,31 @@ pub async fn serve(shared: Arc<Shared>, listener: UnixListener, mut stop: watch:
 fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     match (req.method().as_str(), req.uri().path()) {
         ("GET", "/v1/credential") => credential(shared, req.uri().query()),
-        ("GET", "/v1/info") => json(StatusCode::OK, info(shared).to_string()),
-        _ => json(
+        ("GET", "/v1/info") => json(StatusCode::OK, &info(shared, "ProxyInfo")),
+        _ => error(
             StatusCode::NOT_FOUND,
-            serde_json::json!({"error": "not found: GET /v1/credential or /v1/info"}).to_string(),
+            "not found: GET /v1/credential or /v1/info".into(),
         ),
     }
 }
 
-fn info(shared: &Shared) -> serde_json::Value {
-    serde_json::json!({
-        "kind": "ProxyInfo",
-        "apiVersion": "hwkey/v1",
-        "server": shared.loopback_url,
-        "unixSockets": shared.unix_sockets.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-        "upstream": shared.upstream.target().to_string(),
-        "key": shared.key().describe(),
-        "keyUri": shared.key().uri().without_pin().to_string(),
-        "pid": std::process::id(),
-        "certificateAuthorityPem": shared.ca.cert_pem(),
-        // The hardware certificate chain (public): what `hwkey credential --cert-only` returns.
-        "certificateChainPem": crate::pki::cert::chain_to_pem(&shared.upstream.resolver().chain()),
-    })
+fn info(shared: &Shared, kind: &str) -> ProxyInfo {
+    ProxyInfo {
+        kind: kind.into(),
+        api_version: API_VERSION.into(),
+        server: shared.loopback_url.clone(),
+        unix_sockets: shared
+            .unix_sockets
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+        upstream: shared.upstream.target().to_string(),
+        key: shared.key().describe(),
+        key_uri: Some(shared.key().uri().without_pin().to_string()),
+        pid: std::process::id(),
+        certificate_authority_pem: shared.ca.cert_pem().to_string(),
+        certificate_chain_pem: crate::pki::cert::chain_to_pem(&shared.upstream.resolver().chain()),
+    }
 }
 
 fn credential(shared: &Shared, query: Option<&str>) -> Response<Full<Bytes>> {
@@ -100,12 +104,7 @@ fn credential(shared: &Shared, query: Option<&str>) -> Response<Full<Bytes>> {
         if let Some(v) = pair.strip_prefix("validity=") {
             match super::config::parse_duration(v) {
                 Ok(d) => validity = d,
-                Err(e) => {
-                    return json(
-                        StatusCode::BAD_REQUEST,
-                        serde_json::json!({"error": e.to_string()}).to_string(),
-                    )
-                }
+                Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
             }
         }
     }
@@ -115,22 +114,21 @@ fn credential(shared: &Shared, query: Option<&str>) -> Response<Full<Bytes>> {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "cannot mint a loopback credential");
-            return json(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                serde_json::json!({"error": e.to_string()}).to_string(),
-            );
+            return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
         }
     };
     shared.metrics.credential_issued();
-    let mut body = info(shared);
-    body["kind"] = "LoopbackCredential".into();
-    body["clientCertificatePem"] = cred.cert_pem.clone().into();
-    body["clientKeyPem"] = cred.key_pem.as_str().into();
-    body["expirationTimestamp"] = rfc3339(cred.not_after).into();
-    body["expirationUnix"] = cred.not_after.unix_timestamp().into();
-    // The throw-away key lives in this response only: `cred.key_pem` is wiped on drop; the
-    // JSON copies go to the socket and are freed (not wiped) with the response. Never logged.
-    json(StatusCode::OK, body.to_string())
+    let body = LoopbackCredential {
+        info: info(shared, "LoopbackCredential"),
+        client_certificate_pem: cred.cert_pem.clone(),
+        client_key_pem: cred.key_pem.clone(),
+        expiration_timestamp: rfc3339(cred.not_after),
+        expiration_unix: cred.not_after.unix_timestamp(),
+    };
+    // The throw-away key lives in this response only: `cred.key_pem` and `body` are wiped on
+    // drop; the encoded copy goes to the socket and is freed (not wiped) with the response.
+    // Never logged.
+    json(StatusCode::OK, &body)
 }
 
 fn hardware_not_after(shared: &Shared) -> Option<time::OffsetDateTime> {
@@ -140,7 +138,16 @@ fn hardware_not_after(shared: &Shared) -> Option<time::OffsetDateTime> {
     time::OffsetDateTime::from_unix_timestamp(cert.validity().not_after.timestamp()).ok()
 }
 
-fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+fn error(status: StatusCode, error: String) -> Response<Full<Bytes>> {
+    json(status, &ControlError { error })
+}
+
+fn json(status: StatusCode, body: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    let body = match serde_json::to_vec(body) {
+        Ok(b) => b,
+        // Our own types with string fields: encoding cannot fail; answer something parseable.
+        Err(e) => format!("{{\"error\":\"cannot encode the answer: {e}\"}}").into_bytes(),
+    };
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
     r.headers_mut().insert(
