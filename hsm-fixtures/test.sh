@@ -12,8 +12,18 @@ hsm-fixtures/install-deps.sh
 # source package once per machine and cached outside the clone (a few seconds when cached).
 HWKEY_KUBE_BIN=$(hsm-fixtures/build-kube.sh)
 export HWKEY_KUBE_BIN
-# Everything, with both backends (the default build).
 status=0
+# Dependency policy (deny.toml): licenses, duplicate crates, sources.
+DENY=$(hsm-fixtures/install-cargo-deny.sh)
+"$DENY" check licenses bans sources || status=1
+# Security advisories need the RustSec database from github.com; say so loudly when it is out
+# of reach rather than pretending the check ran.
+if getent hosts github.com >/dev/null; then
+    "$DENY" check advisories || status=1
+else
+    echo "test.sh: security advisories NOT checked: github.com (RustSec advisory-db) is unreachable from this machine" >&2
+fi
+# Everything, with both backends (the default build).
 cargo test --locked --all-targets --no-fail-fast "$@" || status=1
 # Each backend alone (Cargo features `pkcs11` and `tpm`): the integration tests compiled for that
 # build, including the check that a PKCS#11-only binary links no TSS2 library.
