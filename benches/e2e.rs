@@ -696,7 +696,7 @@ impl Kube {
     /// What client-go would put in KUBERNETES_EXEC_INFO for the hwkey kubeconfig.
     fn exec_info(&self) -> String {
         let text = std::fs::read_to_string(&self.hwkey_config).expect("kubeconfig");
-        let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
         let cluster = &doc["clusters"][0]["cluster"];
         let ext = serde_json::to_value(&cluster["extensions"][0]["extension"]).expect("JSON");
         serde_json::json!({

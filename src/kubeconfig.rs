@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_yaml::{Mapping, Value};
+use serde_yaml_ng::{Mapping, Value};
 
 use crate::key::KeyUri;
 use crate::proxy::local_ca::LoopbackCa;
@@ -150,7 +150,7 @@ pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
         .map_err(|e| KubeconfigError::LoopbackCa(e.to_string()))?;
     let server = format!("https://127.0.0.1:{port}");
     merge(&mut doc, request, &server, ca.cert_pem());
-    let text = serde_yaml::to_string(&doc).map_err(|e| KubeconfigError::Read {
+    let text = serde_yaml_ng::to_string(&doc).map_err(|e| KubeconfigError::Read {
         path: out.to_path_buf(),
         reason: e.to_string(),
     })?;
@@ -191,7 +191,7 @@ fn read_existing(path: &Path) -> Result<Value, KubeconfigError> {
     match std::fs::read_to_string(path) {
         Ok(text) if text.trim().is_empty() => Ok(empty_config()),
         Ok(text) => {
-            let v: Value = serde_yaml::from_str(&text).map_err(|e| KubeconfigError::Read {
+            let v: Value = serde_yaml_ng::from_str(&text).map_err(|e| KubeconfigError::Read {
                 path: path.to_path_buf(),
                 reason: e.to_string(),
             })?;

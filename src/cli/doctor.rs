@@ -187,9 +187,9 @@ fn check_kubeconfig(
     path: &std::path::Path,
     context: Option<&str>,
 ) -> Option<(String, Option<PathBuf>)> {
-    let doc: serde_yaml::Value = match std::fs::read_to_string(path)
+    let doc: serde_yaml_ng::Value = match std::fs::read_to_string(path)
         .map_err(|e| e.to_string())
-        .and_then(|t| serde_yaml::from_str(&t).map_err(|e| e.to_string()))
+        .and_then(|t| serde_yaml_ng::from_str(&t).map_err(|e| e.to_string()))
     {
         Ok(d) => d,
         Err(e) => {

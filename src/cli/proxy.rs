@@ -6,12 +6,15 @@
 //! environment replace the file's list.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 
 use crate::key::KeyUri;
-use crate::proxy::{self, config::parse_duration, FileConfig, ListenAddr, ProxyConfig};
+use crate::proxy::{
+    self, config::parse_duration, FileConfig, ListenAddr, ProxyConfig, UpstreamTarget,
+};
 
 #[derive(Debug, Args)]
 #[command(
@@ -19,15 +22,15 @@ use crate::proxy::{self, config::parse_duration, FileConfig, ListenAddr, ProxyCo
 )]
 pub struct ProxyArgs {
     /// The hardware key that signs upstream handshakes (pkcs11:… or tpm:…).
-    #[arg(long, env = "HWKEY_KEY")]
-    key: Option<String>,
+    #[arg(long, env = "HWKEY_KEY", value_parser = super::KeyUriParser)]
+    key: Option<KeyUri>,
     /// Certificate chain (PEM) of the key; default: the one stored with the key. Reloaded when
     /// the file changes.
     #[arg(long, env = "HWKEY_CERT")]
     cert: Option<PathBuf>,
     /// The API server, e.g. https://10.0.0.1:6443.
     #[arg(long, env = "HWKEY_UPSTREAM")]
-    upstream: Option<String>,
+    upstream: Option<UpstreamTarget>,
     /// CA bundle that signs the API server's certificate; default: the system roots.
     #[arg(long, env = "HWKEY_UPSTREAM_CA")]
     upstream_ca: Option<PathBuf>,
@@ -38,10 +41,10 @@ pub struct ProxyArgs {
     /// tcp:127.0.0.1:PORT (TLS, loopback client certificate required). Repeatable; the
     /// environment variable takes a comma-separated list.
     #[arg(long, env = "HWKEY_LISTEN", value_delimiter = ',')]
-    listen: Vec<String>,
+    listen: Vec<ListenAddr>,
     /// Admin listener for /healthz and /metrics: tcp:127.0.0.1:PORT or unix:PATH.
     #[arg(long, env = "HWKEY_ADMIN")]
-    admin: Option<String>,
+    admin: Option<ListenAddr>,
     /// Directory for the loopback CA and the control socket (default:
     /// $XDG_STATE_HOME/hwkey or ~/.local/state/hwkey).
     #[arg(long, env = "HWKEY_STATE_DIR")]
@@ -53,18 +56,18 @@ pub struct ProxyArgs {
     #[arg(long, env = "HWKEY_LOCK_FILE")]
     lock_file: Option<PathBuf>,
     /// Exit after this long without client connections, e.g. 15m (default: never).
-    #[arg(long, env = "HWKEY_IDLE_EXIT")]
-    idle_exit: Option<String>,
+    #[arg(long, env = "HWKEY_IDLE_EXIT", value_parser = parse_duration)]
+    idle_exit: Option<Duration>,
     /// Limit for the local and for the upstream handshake, each (default 10s).
-    #[arg(long, env = "HWKEY_HANDSHAKE_TIMEOUT")]
-    handshake_timeout: Option<String>,
+    #[arg(long, env = "HWKEY_HANDSHAKE_TIMEOUT", value_parser = parse_duration)]
+    handshake_timeout: Option<Duration>,
     /// Close a connection after this long without a byte either way (default: never; watches
     /// may be quiet for long).
-    #[arg(long, env = "HWKEY_IDLE_TIMEOUT")]
-    idle_timeout: Option<String>,
+    #[arg(long, env = "HWKEY_IDLE_TIMEOUT", value_parser = parse_duration)]
+    idle_timeout: Option<Duration>,
     /// On SIGTERM, how long open connections may take to finish (default 30s).
-    #[arg(long, env = "HWKEY_DRAIN_TIMEOUT")]
-    drain_timeout: Option<String>,
+    #[arg(long, env = "HWKEY_DRAIN_TIMEOUT", value_parser = parse_duration)]
+    drain_timeout: Option<Duration>,
     /// Most client connections open at once; more wait to be accepted (default 4096).
     #[arg(long, env = "HWKEY_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
@@ -97,11 +100,11 @@ pub struct ProxyArgs {
     #[arg(long, value_enum, env = "HWKEY_ROTATION_CLOSE")]
     rotation_close: Option<proxy::rotation::RotationClose>,
     /// Default lifetime of loopback credentials from the control socket (default 10m).
-    #[arg(long, env = "HWKEY_CREDENTIAL_VALIDITY")]
-    credential_validity: Option<String>,
+    #[arg(long, env = "HWKEY_CREDENTIAL_VALIDITY", value_parser = parse_duration)]
+    credential_validity: Option<Duration>,
     /// How often the --cert file is checked for changes (default 2s).
-    #[arg(long, env = "HWKEY_RELOAD_INTERVAL")]
-    reload_interval: Option<String>,
+    #[arg(long, env = "HWKEY_RELOAD_INTERVAL", value_parser = parse_duration)]
+    reload_interval: Option<Duration>,
 }
 
 /// Merges flags, environment and the config file into a typed config.
@@ -110,30 +113,17 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
         Some(p) => FileConfig::load(p)?,
         None => FileConfig::default(),
     };
-    let key_text = args.key.or(file.key).ok_or(proxy::ProxyError::NoKey)?;
-    let key: KeyUri = key_text.parse()?;
+    let key = args.key.or(file.key).ok_or(proxy::ProxyError::NoKey)?;
     let upstream = args
         .upstream
         .or(file.upstream)
-        .ok_or(proxy::ProxyError::NoUpstream)?
-        .parse()?;
-    let listen_text = if args.listen.is_empty() {
+        .ok_or(proxy::ProxyError::NoUpstream)?;
+    let listen = if args.listen.is_empty() {
         file.listen
     } else {
         args.listen
     };
-    let listen = listen_text
-        .iter()
-        .map(|s| s.parse::<ListenAddr>())
-        .collect::<Result<Vec<_>, _>>()?;
-    let admin = args
-        .admin
-        .or(file.admin)
-        .map(|s| s.parse::<ListenAddr>())
-        .transpose()?;
-    let duration = |flag: Option<String>, from_file: Option<String>| {
-        flag.or(from_file).map(|s| parse_duration(&s)).transpose()
-    };
+    let admin = args.admin.or(file.admin);
     // Durations that must not be zero: a zero handshake timeout refuses every client, a zero
     // credential validity mints certificates that are expired on arrival.
     let positive = |what: &'static str, d: Option<std::time::Duration>| match d {
@@ -158,14 +148,16 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
             .or(file.state_dir)
             .unwrap_or_else(proxy::default_state_dir),
         lock_file: args.lock_file.or(file.lock_file),
-        idle_exit: duration(args.idle_exit, file.idle_exit)?,
+        idle_exit: args.idle_exit.or(file.idle_exit),
         handshake_timeout: positive(
             "handshake-timeout",
-            duration(args.handshake_timeout, file.handshake_timeout)?,
+            args.handshake_timeout.or(file.handshake_timeout),
         )?
         .unwrap_or(proxy::DEFAULT_HANDSHAKE_TIMEOUT),
-        idle_timeout: duration(args.idle_timeout, file.idle_timeout)?,
-        drain_timeout: duration(args.drain_timeout, file.drain_timeout)?
+        idle_timeout: args.idle_timeout.or(file.idle_timeout),
+        drain_timeout: args
+            .drain_timeout
+            .or(file.drain_timeout)
             .unwrap_or(proxy::DEFAULT_DRAIN_TIMEOUT),
         max_connections: args
             .max_connections
@@ -183,10 +175,12 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
             .unwrap_or_default(),
         credential_validity: positive(
             "credential-validity",
-            duration(args.credential_validity, file.credential_validity)?,
+            args.credential_validity.or(file.credential_validity),
         )?
         .unwrap_or(proxy::control::DEFAULT_VALIDITY),
-        reload_interval: duration(args.reload_interval, file.reload_interval)?
+        reload_interval: args
+            .reload_interval
+            .or(file.reload_interval)
             .unwrap_or(proxy::DEFAULT_RELOAD_INTERVAL),
     })
 }

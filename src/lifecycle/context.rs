@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 use super::LifecycleError;
 use crate::kubeconfig::EXEC_EXTENSION;
@@ -26,7 +26,7 @@ pub fn read(path: &Path, context: Option<&str>) -> Result<HwkeyContext, Lifecycl
         reason,
     };
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    let doc: Value = serde_yaml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let doc: Value = serde_yaml_ng::from_str(&text).map_err(|e| bad(e.to_string()))?;
     let context = match context {
         Some(c) => c.to_string(),
         None => doc

@@ -171,5 +171,5 @@ pub fn kubernetes_object(
         "metadata": {"name": name},
         "spec": spec,
     });
-    serde_yaml::to_string(&object).unwrap_or_default()
+    serde_yaml_ng::to_string(&object).unwrap_or_default()
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::ProxyError;
+use crate::key::KeyUri;
 
 /// Where a listener (client, admin) accepts connections.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,45 +126,62 @@ impl fmt::Display for UpstreamTarget {
     }
 }
 
-/// Parses `90s`, `10m`, `1h30m`, `500ms`, `2d` or a bare number of seconds. `0` means zero.
+/// Parses a duration the way every hwkey flag and config key takes it: humantime's syntax
+/// (`90s`, `10m`, `1h30m`, `1h 30m`, `500ms`, `2d`, `1week`), or a bare number of seconds.
+/// `0` means zero.
 pub fn parse_duration(s: &str) -> Result<Duration, ProxyError> {
-    let invalid = || ProxyError::InvalidDuration {
-        given: s.to_string(),
-    };
     let t = s.trim();
-    if t.is_empty() {
-        return Err(invalid());
-    }
     if let Ok(secs) = t.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .ok_or_else(invalid)?;
-        if digits == 0 {
-            return Err(invalid());
-        }
-        let n: u64 = rest[..digits].parse().map_err(|_| invalid())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let part = match unit {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.saturating_mul(60)),
-            "h" => Duration::from_secs(n.saturating_mul(3600)),
-            "d" => Duration::from_secs(n.saturating_mul(86400)),
-            _ => return Err(invalid()),
-        };
-        total = total.saturating_add(part);
+    humantime::parse_duration(t).map_err(|_| ProxyError::InvalidDuration {
+        given: s.to_string(),
+    })
+}
+
+/// serde: an optional value read from its text form with `FromStr` (a key URI, an upstream URL,
+/// a listen address), so the file's values arrive as the same types as the flags'.
+fn parsed<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    Option::<String>::deserialize(d)?
+        .map(|s| s.parse().map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+/// serde: a list of values read from their text forms.
+fn parsed_list<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|s| s.parse().map_err(serde::de::Error::custom))
+        .collect()
+}
+
+/// serde: an optional duration in [`parse_duration`]'s syntax (a number is seconds).
+fn duration<'de, D>(d: D) -> Result<Option<Duration>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Text {
+        Seconds(u64),
+        Text(String),
     }
-    Ok(total)
+    Option::<Text>::deserialize(d)?
+        .map(|t| match t {
+            Text::Seconds(n) => Ok(Duration::from_secs(n)),
+            Text::Text(s) => parse_duration(&s).map_err(serde::de::Error::custom),
+        })
+        .transpose()
 }
 
 /// The settings a `--config` file may hold: the flags' long names, without the dashes' prefix
@@ -172,20 +190,27 @@ pub fn parse_duration(s: &str) -> Result<Duration, ProxyError> {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct FileConfig {
-    pub key: Option<String>,
+    #[serde(default, deserialize_with = "parsed")]
+    pub key: Option<KeyUri>,
     pub cert: Option<PathBuf>,
-    pub upstream: Option<String>,
+    #[serde(default, deserialize_with = "parsed")]
+    pub upstream: Option<UpstreamTarget>,
     pub upstream_ca: Option<PathBuf>,
     pub tls_server_name: Option<String>,
-    #[serde(default)]
-    pub listen: Vec<String>,
-    pub admin: Option<String>,
+    #[serde(default, deserialize_with = "parsed_list")]
+    pub listen: Vec<ListenAddr>,
+    #[serde(default, deserialize_with = "parsed")]
+    pub admin: Option<ListenAddr>,
     pub state_dir: Option<PathBuf>,
     pub lock_file: Option<PathBuf>,
-    pub idle_exit: Option<String>,
-    pub handshake_timeout: Option<String>,
-    pub idle_timeout: Option<String>,
-    pub drain_timeout: Option<String>,
+    #[serde(default, deserialize_with = "duration")]
+    pub idle_exit: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub handshake_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub idle_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub drain_timeout: Option<Duration>,
     pub max_connections: Option<usize>,
     #[serde(default)]
     pub allow_uid: Vec<u32>,
@@ -194,8 +219,10 @@ pub struct FileConfig {
     pub renew: Option<bool>,
     pub rotate_key: Option<bool>,
     pub rotation_close: Option<super::rotation::RotationClose>,
-    pub credential_validity: Option<String>,
-    pub reload_interval: Option<String>,
+    #[serde(default, deserialize_with = "duration")]
+    pub credential_validity: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    pub reload_interval: Option<Duration>,
 }
 
 impl FileConfig {
@@ -217,9 +244,9 @@ impl FileConfig {
             .to_ascii_lowercase();
         match ext.as_str() {
             "toml" => toml::from_str(&text).map_err(|e| bad(e.to_string())),
-            "yaml" | "yml" => serde_yaml::from_str(&text).map_err(|e| bad(e.to_string())),
+            "yaml" | "yml" => serde_yaml_ng::from_str(&text).map_err(|e| bad(e.to_string())),
             _ => toml::from_str(&text).or_else(|toml_err| {
-                serde_yaml::from_str(&text).map_err(|yaml_err| {
+                serde_yaml_ng::from_str(&text).map_err(|yaml_err| {
                     bad(format!(
                         "neither TOML ({toml_err}) nor YAML ({yaml_err}); name the file .toml or .yaml for a precise message"
                     ))
@@ -294,13 +321,48 @@ mod tests {
         )
         .unwrap();
         let c = FileConfig::load(&t).unwrap();
-        assert_eq!(c.listen, vec!["unix:/tmp/a".to_string()]);
+        assert_eq!(c.listen, vec![ListenAddr::Unix("/tmp/a".into())]);
         assert_eq!(c.allow_uid, vec![1000]);
+        assert_eq!(c.upstream.map(|u| u.port), Some(6443));
         let y = dir.path().join("p.yaml");
         std::fs::write(&y, "upstream-ca: /ca.pem\nmax-connections: 7\n").unwrap();
         let c = FileConfig::load(&y).unwrap();
         assert_eq!(c.max_connections, Some(7));
         std::fs::write(&y, "upstream_typo: x\n").unwrap();
         assert!(FileConfig::load(&y).is_err());
+    }
+
+    #[test]
+    fn file_values_are_typed_with_the_flags_syntax() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("p.toml");
+        std::fs::write(
+            &t,
+            "idle-exit = \"1h30m\"\nhandshake-timeout = 5\ndrain-timeout = \"1h 2m\"\nadmin = \"tcp:127.0.0.1:0\"\n",
+        )
+        .unwrap();
+        let c = FileConfig::load(&t).unwrap();
+        assert_eq!(c.idle_exit, Some(Duration::from_secs(5400)));
+        assert_eq!(c.handshake_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(c.drain_timeout, Some(Duration::from_secs(3720)));
+        assert!(matches!(c.admin, Some(ListenAddr::Tcp(_))));
+        // A bad value names the key it is in.
+        std::fs::write(&t, "upstream = \"http://x:1\"\n").unwrap();
+        let e = FileConfig::load(&t).unwrap_err().to_string();
+        assert!(e.contains("https://") && e.contains("upstream"), "{e}");
+        std::fs::write(&t, "idle-exit = \"ten minutes\"\n").unwrap();
+        let e = FileConfig::load(&t).unwrap_err().to_string();
+        assert!(e.contains("ten minutes") && e.contains("idle-exit"), "{e}");
+    }
+
+    #[test]
+    fn durations_take_humantime_and_bare_seconds() {
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(172_800));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("10 parsecs").is_err());
     }
 }

@@ -478,10 +478,10 @@ async fn serve(
         key.describe(),
     );
     tracing::info!(listen = %listen_text.join(","), upstream = %config.upstream, "proxy ready");
-    notify::notify("READY=1");
+    notify::ready();
 
     let reason = lifetime::wait_for_stop(activity.clone(), lock, config.idle_exit).await;
-    notify::notify("STOPPING=1");
+    notify::stopping();
     let _ = stop_tx.send(true);
     remove_sockets(&sockets);
     for t in tasks {

@@ -1,47 +1,54 @@
-//! systemd readiness: `READY=1` / `STOPPING=1` on `$NOTIFY_SOCKET` (sd_notify protocol), so a
-//! `Type=notify` unit starts kubelet only once the proxy listens.
-//!
-//! No libsystemd: the protocol is one datagram to a UNIX socket, possibly in the abstract
-//! namespace (`@name`). Without `NOTIFY_SOCKET` (not under systemd) this does nothing.
+//! systemd notifications over `$NOTIFY_SOCKET` (the `sd-notify` crate, no libsystemd): `READY=1`
+//! once the proxy listens (a `Type=notify` unit starts kubelet only then), `RELOADING=1` with
+//! `MONOTONIC_USEC` while a SIGHUP reload runs and `READY=1` after it (what `Type=notify-reload`
+//! units and `systemctl reload` wait for), `STOPPING=1` when draining. Without `NOTIFY_SOCKET`
+//! (not under systemd) these do nothing; a failure is logged, never fatal.
 
-use std::os::unix::net::UnixDatagram;
+use sd_notify::NotifyState;
 
-/// Sends one sd_notify state line; failures are logged, never fatal.
-pub fn notify(state: &str) {
-    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
-        return;
-    };
-    let result = (|| -> std::io::Result<()> {
-        let socket = UnixDatagram::unbound()?;
-        let bytes = target.as_encoded_bytes();
-        if let Some(name) = bytes.strip_prefix(b"@") {
-            use std::os::linux::net::SocketAddrExt;
-            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
-            socket.send_to_addr(state.as_bytes(), &addr)?;
-        } else {
-            socket.send_to(state.as_bytes(), &target)?;
-        }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "cannot notify systemd ({state})");
+/// The proxy listens and serves.
+pub fn ready() {
+    send("READY=1", &[NotifyState::Ready]);
+}
+
+/// A reload (SIGHUP) started; call [`ready`] when it is over, whatever its result.
+pub fn reloading() {
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => send("RELOADING=1", &[NotifyState::Reloading, now]),
+        Err(e) => tracing::warn!(error = %e, "cannot read the monotonic clock for RELOADING=1"),
+    }
+}
+
+/// The proxy is draining and will exit.
+pub fn stopping() {
+    send("STOPPING=1", &[NotifyState::Stopping]);
+}
+
+fn send(what: &str, states: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(false, states) {
+        tracing::warn!(error = %e, "cannot notify systemd ({what})");
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::net::UnixDatagram;
 
     #[test]
-    fn sends_ready_to_the_notify_socket() {
+    fn sends_ready_and_reloading_to_the_notify_socket() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("notify");
         let receiver = UnixDatagram::bind(&path).expect("bind");
         std::env::set_var("NOTIFY_SOCKET", &path);
-        notify("READY=1");
+        ready();
+        reloading();
         std::env::remove_var("NOTIFY_SOCKET");
-        let mut buf = [0u8; 64];
+        let mut buf = [0u8; 256];
         let n = receiver.recv(&mut buf).expect("a datagram");
-        assert_eq!(&buf[..n], b"READY=1");
+        assert_eq!(&buf[..n], b"READY=1\n");
+        let n = receiver.recv(&mut buf).expect("a datagram");
+        let text = std::str::from_utf8(&buf[..n]).expect("utf-8");
+        assert!(text.starts_with("RELOADING=1\nMONOTONIC_USEC="), "{text}");
     }
 }

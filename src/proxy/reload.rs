@@ -47,10 +47,12 @@ pub async fn watch(
             _ = stopped(&mut stop) => return Ok(()),
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: reloading the certificate");
+                super::notify::reloading();
                 if let Some(p) = &cert_path {
                     last_seen = std::fs::read(p).ok();
                 }
                 reload(&shared, cert_path.clone()).await;
+                super::notify::ready();
             }
             _ = tick.tick() => {
                 let Some(p) = &cert_path else { continue };

@@ -14,9 +14,35 @@ fn the_example_kubelet_config_is_a_valid_proxy_config() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubelet.toml.example");
     let config = hwkey::proxy::FileConfig::load(std::path::Path::new(path))
         .unwrap_or_else(|e| panic!("{path}: {e}"));
-    assert!(config.key.as_deref().is_some_and(|k| k.starts_with("tpm:")));
+    assert!(matches!(config.key, Some(hwkey::key::KeyUri::Tpm(_))));
     assert_eq!(config.listen.len(), 2);
     assert!(config.upstream.is_some() && config.upstream_ca.is_some());
+}
+
+/// `deploy/proxy.example.toml` parses, and documents every flag of `hwkey proxy` that a file
+/// can set (so a new flag without an example entry fails here).
+#[test]
+fn the_annotated_example_config_parses_and_covers_every_flag() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/proxy.example.toml");
+    let config = hwkey::proxy::FileConfig::load(std::path::Path::new(path))
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert!(matches!(config.key, Some(hwkey::key::KeyUri::Pkcs11(_))));
+    assert_eq!(config.listen.len(), 2);
+    let text = std::fs::read_to_string(path).expect("read the example");
+    let help = support::flow::stdout(&run_ok(hwkey().args(["proxy", "--help"])));
+    let flags: Vec<&str> = help
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("--"))
+        .map(|w| w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric() && c != '-'))
+        .filter(|f| !f.is_empty() && !["help", "config", "pin-stdin", "log-format"].contains(f))
+        .collect();
+    assert!(flags.len() > 15, "too few flags found in --help: {flags:?}");
+    for flag in flags {
+        assert!(
+            text.contains(&format!("\n{flag} = ")) || text.contains(&format!("# {flag} = ")),
+            "deploy/proxy.example.toml does not document `{flag}`"
+        );
+    }
 }
 
 #[test]
@@ -39,10 +65,19 @@ fn the_proxy_notifies_systemd_when_ready() {
     );
     let mut buf = [0u8; 256];
     let n = receiver.recv(&mut buf).expect("READY=1 from the proxy");
-    assert_eq!(&buf[..n], b"READY=1");
+    assert_eq!(&buf[..n], b"READY=1\n");
     // And it really is ready: the admin endpoint answers.
     let (status, _) = proxy.admin_get("/healthz");
     assert_eq!(status, 200);
+
+    // `systemctl reload` (Type=notify-reload) sends SIGHUP and waits for RELOADING=1 with the
+    // monotonic time, then READY=1 when the reload is over.
+    proxy.signal(libc::SIGHUP);
+    let n = receiver.recv(&mut buf).expect("RELOADING=1 from the proxy");
+    let text = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(text.starts_with("RELOADING=1\nMONOTONIC_USEC="), "{text}");
+    let n = receiver.recv(&mut buf).expect("READY=1 after the reload");
+    assert_eq!(&buf[..n], b"READY=1\n");
 }
 
 #[test]
@@ -67,8 +102,8 @@ fn kubelet_kubeconfig_is_never_interactive() {
             .arg("--out")
             .arg(&out),
     );
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&out).expect("read")).expect("YAML");
+    let doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&out).expect("read")).expect("YAML");
     assert_eq!(doc["users"][0]["user"]["exec"]["interactiveMode"], "Never");
     assert_eq!(
         doc["clusters"][0]["cluster"]["server"],

@@ -96,7 +96,7 @@ impl Cluster {
     /// The cluster extension the kubeconfig carries (what client-go passes as spec.cluster.config).
     fn extension(&self) -> serde_json::Value {
         let text = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
-        let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
         let ext = &doc["clusters"][0]["cluster"]["extensions"][0];
         assert_eq!(ext["name"], "client.authentication.k8s.io/exec");
         serde_json::to_value(&ext["extension"]).expect("JSON")
@@ -104,7 +104,7 @@ impl Cluster {
 
     fn server(&self) -> String {
         let text = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
-        let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
         doc["clusters"][0]["cluster"]["server"]
             .as_str()
             .expect("server")
@@ -505,7 +505,7 @@ fn kubeconfig_merges_without_disturbing_other_entries() {
         first, second,
         "regenerating keeps the port and changes nothing"
     );
-    let doc: serde_yaml::Value = serde_yaml::from_str(&second).expect("YAML");
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&second).expect("YAML");
     assert_eq!(
         doc["current-context"], "other",
         "the user's current context is kept"

@@ -141,7 +141,7 @@ fn stop_proxy(state: &Path) {
 /// The cluster extension of a generated kubeconfig, as client-go passes it to the plugin.
 fn extension(kubeconfig: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
-    let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
     serde_json::to_value(&doc["clusters"][0]["cluster"]["extensions"][0]["extension"])
         .expect("JSON")
 }
@@ -149,7 +149,7 @@ fn extension(kubeconfig: &Path) -> serde_json::Value {
 /// The loopback server URL of a generated kubeconfig.
 fn server_of(kubeconfig: &Path) -> String {
     let text = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
-    let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
     doc["clusters"][0]["cluster"]["server"]
         .as_str()
         .expect("server")

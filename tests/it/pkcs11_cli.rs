@@ -370,7 +370,7 @@ fn csr_as_a_kubernetes_certificate_signing_request() {
         "--expiration-seconds",
         "86400",
     ]));
-    let doc: serde_yaml::Value = serde_yaml::from_str(&stdout(&out)).expect("YAML");
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&stdout(&out)).expect("YAML");
     assert_eq!(doc["apiVersion"], "certificates.k8s.io/v1");
     assert_eq!(doc["kind"], "CertificateSigningRequest");
     assert_eq!(doc["metadata"]["name"], "node-n1");
