@@ -3,6 +3,10 @@
 
 use std::path::PathBuf;
 
+/// The device library's own error under a [`KeyError`] (cryptoki's or tss-esapi's, depending on
+/// the backend; boxed so the error type does not depend on which backends are built).
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Everything that can go wrong while finding, creating or using a hardware key.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -82,20 +86,35 @@ pub enum KeyError {
     #[error("token '{token}' has locked its user PIN (CKR_PIN_LOCKED): unlock it with the SO PIN (e.g. `softhsm2-util` / `pkcs11-tool --unlock-pin`)")]
     PinLocked { token: String },
 
+    /// `reason` names the return value the way PKCS#11 documents it (`CKR_PIN_INCORRECT from
+    /// C_Login`); `source` is cryptoki's error itself, for `{:#}` chains and for callers that
+    /// match on it (`source.downcast_ref::<cryptoki::error::Error>()`).
     #[error("PKCS#11 {operation} failed on token '{token}': {reason}")]
     Pkcs11 {
         operation: &'static str,
         token: String,
         reason: String,
+        #[source]
+        source: Option<Cause>,
     },
 
     #[error("cannot open the TPM through TCTI '{tcti}': {reason}; check that the TPM (or swtpm) is running and the tcti= value (or TPM2TOOLS_TCTI) is right")]
-    TpmConnect { tcti: String, reason: String },
+    TpmConnect {
+        tcti: String,
+        reason: String,
+        /// tss-esapi's error, when the TSS reported one.
+        #[source]
+        source: Option<Cause>,
+    },
 
+    /// `reason` explains the TPM response code in words (`rc::describe`); `source` is
+    /// tss-esapi's error itself, when there is one.
     #[error("TPM {operation} failed: {reason}")]
     Tpm {
         operation: &'static str,
         reason: String,
+        #[source]
+        source: Option<Cause>,
     },
 
     #[error("TPM key file {path} is not a usable TSS2 PRIVATE KEY: {reason}")]

@@ -32,7 +32,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use algorithm::{HashAlg, KeyAlgorithm, SignScheme};
-pub use error::KeyError;
+pub use error::{Cause, KeyError};
 pub use signing_path::SigningPath;
 pub use uri::{KeyUri, Pkcs11Uri, TpmKeyLocation, TpmUri};
 

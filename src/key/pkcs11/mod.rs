@@ -73,28 +73,29 @@ pub(crate) fn ckr(e: &CkError) -> String {
     }
 }
 
-/// PKCS#11 return values that mean the token (or the module's view of it) is gone: look the
-/// token up again, re-initialising the module if needed.
-const DEVICE_GONE: [&str; 6] = [
-    "CKR_GENERAL_ERROR",
-    "CKR_DEVICE_ERROR",
-    "CKR_DEVICE_REMOVED",
-    "CKR_TOKEN_NOT_PRESENT",
-    "CKR_TOKEN_NOT_RECOGNIZED",
-    "CKR_SLOT_ID_INVALID",
-];
-
 /// True when a failure (from the token, or from logging in / opening a session on it) means the
-/// token went away.
+/// token (or the module's view of it) went away: look the token up again, re-initialising the
+/// module if needed. Decided on cryptoki's typed return value, carried as the error's source.
 fn device_gone(ck: Option<&CkError>, err: &KeyError) -> bool {
-    let text = match ck {
-        Some(e) => ckr(e),
-        None => match err {
-            KeyError::Pkcs11 { reason, .. } => reason.clone(),
-            _ => return false,
-        },
-    };
-    DEVICE_GONE.iter().any(|code| text.starts_with(code))
+    let ck = ck.or(match err {
+        KeyError::Pkcs11 {
+            source: Some(cause),
+            ..
+        } => cause.downcast_ref::<CkError>(),
+        _ => None,
+    });
+    matches!(
+        ck,
+        Some(CkError::Pkcs11(
+            RvError::GeneralError
+                | RvError::DeviceError
+                | RvError::DeviceRemoved
+                | RvError::TokenNotPresent
+                | RvError::TokenNotRecognized
+                | RvError::SlotIdInvalid,
+            _
+        ))
+    )
 }
 
 /// Errors after which the session (not the request) is what failed.
@@ -381,6 +382,7 @@ impl Pkcs11Key {
             // ring checks moduli of 2048 bits and more only; smaller keys go unchecked.
             _ if matches!(self.algorithm, KeyAlgorithm::Rsa { bits } if bits < 2048) => Ok(()),
             Ok(false) => Err(KeyError::Pkcs11 {
+                source: None,
                 operation: "C_Sign (CKM_RSA_X_509 for RSA-PSS)",
                 token: self.token.label.clone(),
                 reason: "the token's raw RSA result does not verify against the key's public \

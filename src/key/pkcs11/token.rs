@@ -189,6 +189,16 @@ fn pkcs11_err(operation: &'static str, token: &str, e: &CkError) -> KeyError {
         operation,
         token: token.to_string(),
         reason: ckr(e),
+        source: Some(cause(e)),
+    }
+}
+
+/// cryptoki's error as the cause of a [`KeyError`]: a return value stays a typed
+/// `cryptoki::error::Error` (callers match on it); other errors keep their text.
+fn cause(e: &CkError) -> crate::key::error::Cause {
+    match e {
+        CkError::Pkcs11(rv, function) => Box::new(CkError::Pkcs11(*rv, *function)),
+        other => other.to_string().into(),
     }
 }
 

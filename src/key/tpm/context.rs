@@ -108,6 +108,7 @@ impl Conn {
         let since = b.at.elapsed();
         if since < b.wait {
             return Err(KeyError::TpmConnect {
+                source: None,
                 tcti: self.tcti.clone(),
                 reason: format!(
                     "the connection to the TPM was lost and reconnecting failed; the next attempt is in {} ms",
@@ -123,6 +124,7 @@ fn open_context(tcti: &str, conf: TctiNameConf) -> Result<Context, KeyError> {
     Context::new(conf).map_err(|e| KeyError::TpmConnect {
         tcti: tcti.to_string(),
         reason: rc::describe(&e),
+        source: Some(Box::new(e)),
     })
 }
 
@@ -143,6 +145,7 @@ impl Tpm {
     /// on an unresponsive network host.
     pub(crate) fn connect(tcti: &str) -> Result<Arc<Tpm>, KeyError> {
         let conf = TctiNameConf::from_str(tcti).map_err(|_| KeyError::TpmConnect {
+            source: None,
             tcti: tcti.to_string(),
             reason: format!(
                 "this is not a TCTI configuration hwkey understands (use {KNOWN_TCTIS})"

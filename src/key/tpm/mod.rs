@@ -137,6 +137,7 @@ pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
             };
             let info = created_info(&file.public);
             let pem = file.to_pem().map_err(|reason| KeyError::Tpm {
+                source: None,
                 operation: "encoding the TSS2 key file",
                 reason,
             });
@@ -177,6 +178,7 @@ pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
 
 fn created_info(public: &Public) -> Result<KeyInfo, KeyError> {
     KeyInfo::from_public(public).map_err(|reason| KeyError::Tpm {
+        source: None,
         operation: "Create (signing key)",
         reason: format!("the TPM made a key hwkey cannot use: {reason}"),
     })

@@ -138,10 +138,12 @@ fn load_parent(ctx: &mut Context, parent: u32) -> Result<Parent, KeyError> {
             .map_err(|e| KeyError::Tpm {
                 operation: "opening the persistent parent key",
                 reason: format!("parent {parent:#010x}: {}", rc::describe(&e)),
+                source: Some(Box::new(e)),
             })?;
         return Ok(Parent::Persistent(object));
     }
     Err(KeyError::Tpm {
+        source: None,
         operation: "loading the parent key",
         reason: format!(
             "parent {parent:#010x} is neither the owner hierarchy (0x40000001) nor a persistent \

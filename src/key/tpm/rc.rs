@@ -171,6 +171,7 @@ pub(crate) fn tpm_error(operation: &'static str) -> impl Fn(Error) -> KeyError {
     move |err| KeyError::Tpm {
         operation,
         reason: describe(&err),
+        source: Some(Box::new(err)),
     }
 }
 

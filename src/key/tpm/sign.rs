@@ -83,6 +83,7 @@ pub(crate) fn sign(
         }
     };
     let signature = left_pad(&raw, info.modulus_len).map_err(|reason| KeyError::Tpm {
+        source: None,
         operation: "Sign",
         reason: format!("the TPM returned an RSA result of the wrong size: {reason}"),
     })?;
@@ -117,6 +118,7 @@ fn tpm_sign(
 
 fn unexpected(signature: &Signature) -> KeyError {
     KeyError::Tpm {
+        source: None,
         operation: "Sign",
         reason: format!(
             "the TPM answered with a {:?} signature",
