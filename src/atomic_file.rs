@@ -9,23 +9,24 @@ use std::path::Path;
 
 /// Writes `contents` to `path` atomically with the given Unix mode.
 pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".hwkey-")
-        .tempfile_in(dir)?;
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(mode))?;
-    tmp.write_all(contents)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    write(path, contents, mode, Replace::Yes)
 }
 
-/// Like [`write_atomic`] but refuses to replace an existing file.
+/// Like [`write_atomic`] but refuses to replace an existing file (of two racing writers, the
+/// first one's file stays).
 pub fn create_atomic(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
+    write(path, contents, mode, Replace::No)
+}
+
+#[derive(PartialEq, Eq)]
+enum Replace {
+    Yes,
+    No,
+}
+
+/// The one implementation: a temporary file beside the target, the mode set before any byte is
+/// written, fsync, then rename (or link, when an existing file must stay).
+fn write(path: &Path, contents: &[u8], mode: u32, replace: Replace) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -37,6 +38,9 @@ pub fn create_atomic(path: &Path, contents: &[u8], mode: u32) -> std::io::Result
         .set_permissions(std::fs::Permissions::from_mode(mode))?;
     tmp.write_all(contents)?;
     tmp.as_file().sync_all()?;
-    tmp.persist_noclobber(path).map_err(|e| e.error)?;
+    match replace {
+        Replace::Yes => tmp.persist(path).map_err(|e| e.error)?,
+        Replace::No => tmp.persist_noclobber(path).map_err(|e| e.error)?,
+    };
     Ok(())
 }

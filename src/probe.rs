@@ -80,108 +80,22 @@ pub async fn probe(
     chain: Vec<CertificateDer<'static>>,
     options: &ProbeOptions,
 ) -> Result<ProbeReport, ProbeError> {
-    let url = &options.url;
-    let invalid = |reason: &str| ProbeError::InvalidUrl {
-        url: url.clone(),
-        reason: reason.into(),
-    };
-    let uri: hyper::Uri = url.parse().map_err(|_| invalid("not a URL"))?;
-    if uri.scheme_str() != Some("https") {
-        return Err(invalid("only https:// URLs can be probed"));
-    }
-    let host = uri.host().ok_or_else(|| invalid("no host"))?.to_string();
-    let port = uri.port_u16().unwrap_or(443);
-    let host_bare = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string();
-    let addr = format!("{host}:{port}");
-
+    let target = Target::parse(&options.url)?;
     let versions = crate::key::tls::protocol_versions(&key, options.allow_tls12_fallback)?;
     let signer = HardwareSigningKey::new(key);
     let resolver = Arc::new(HardwareCertResolver::new(signer.clone(), chain)?);
     let roots = crate::pki::tls::root_store(options.ca.as_deref())?;
     let mut config = crate::pki::tls::client_config(versions, roots, resolver)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let server_name = options.server_name.clone().unwrap_or(host_bare.clone());
-    let server_name = ServerName::try_from(server_name.clone())
-        .map_err(|_| invalid("the TLS server name is not a valid DNS name or IP address"))?;
 
-    let tcp = TcpStream::connect((host_bare.as_str(), port))
-        .await
-        .map_err(|source| ProbeError::Connect {
-            addr: addr.clone(),
-            source,
-        })?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(server_name, tcp)
-        .await
-        .map_err(|e| ProbeError::Handshake {
-            addr: addr.clone(),
-            reason: e.to_string(),
-        })?;
-    let (_, conn) = tls.get_ref();
-    let tls_version = conn
-        .protocol_version()
-        .map(|v| match v {
-            rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3".to_string(),
-            rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2".to_string(),
-            other => format!("{other:?}"),
-        })
-        .unwrap_or_default();
-    let cipher_suite = conn
-        .negotiated_cipher_suite()
-        .map(|s| format!("{:?}", s.suite()))
-        .unwrap_or_default();
-    let alpn = conn
-        .alpn_protocol()
-        .map(|p| String::from_utf8_lossy(p).into_owned());
-    let peer_subject = conn
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .map(|c| crate::key::tls::subject_of(c))
-        .unwrap_or_default();
-
-    let http_err = |e: hyper::Error| ProbeError::Http {
-        url: url.clone(),
-        reason: error_chain(&e),
-        hint: if error_chain(&e).contains("CertificateRequired")
-            || error_chain(&e).contains("certificate")
-        {
-            " (the server rejected the client certificate: check it is issued by a CA the server trusts)"
-        } else {
-            ""
-        },
-    };
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .map_err(http_err)?;
-    let driver = tokio::spawn(connection);
-    let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let request = hyper::Request::get(path)
-        .header(
-            hyper::header::HOST,
-            uri.authority().map(|a| a.as_str()).unwrap_or(&host),
-        )
-        .header(
-            hyper::header::USER_AGENT,
-            concat!("hwkey/", env!("CARGO_PKG_VERSION")),
-        )
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| invalid(&e.to_string()))?;
-    let response = sender.send_request(request).await.map_err(http_err)?;
-    let status = response.status().as_u16();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(http_err)?
-        .to_bytes();
-    driver.abort();
+    let tls = target
+        .handshake(config, options.server_name.as_deref())
+        .await?;
+    let facts = SessionFacts::of(tls.get_ref().1);
+    let (status, body) = target.get(tls).await?;
     if !(200..300).contains(&status) {
         return Err(ProbeError::Status {
-            url: url.clone(),
+            url: target.url.clone(),
             status,
             body: String::from_utf8_lossy(&body)
                 .trim()
@@ -191,14 +105,166 @@ pub async fn probe(
         });
     }
     Ok(ProbeReport {
-        tls_version,
-        cipher_suite,
-        alpn,
+        tls_version: facts.tls_version,
+        cipher_suite: facts.cipher_suite,
+        alpn: facts.alpn,
         client_scheme: signer.last_scheme(),
-        peer_subject,
+        peer_subject: facts.peer_subject,
         status,
         body,
     })
+}
+
+/// The probed URL, split into what the connection needs.
+struct Target {
+    url: String,
+    uri: hyper::Uri,
+    /// Host as written (IPv6 in brackets), for `Host:` and messages.
+    host: String,
+    /// Host without brackets, for connecting and as the default TLS server name.
+    host_bare: String,
+    port: u16,
+}
+
+impl Target {
+    fn parse(url: &str) -> Result<Target, ProbeError> {
+        let invalid = |reason: &str| ProbeError::InvalidUrl {
+            url: url.to_string(),
+            reason: reason.into(),
+        };
+        let uri: hyper::Uri = url.parse().map_err(|_| invalid("not a URL"))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(invalid("only https:// URLs can be probed"));
+        }
+        let host = uri.host().ok_or_else(|| invalid("no host"))?.to_string();
+        let port = uri.port_u16().unwrap_or(443);
+        let host_bare = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        Ok(Target {
+            url: url.to_string(),
+            uri,
+            host,
+            host_bare,
+            port,
+        })
+    }
+
+    fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// TCP connect and the TLS handshake (signed in the hardware when the server asks for a
+    /// client certificate).
+    async fn handshake(
+        &self,
+        config: rustls::ClientConfig,
+        server_name: Option<&str>,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ProbeError> {
+        let name = server_name.unwrap_or(&self.host_bare).to_string();
+        let name = ServerName::try_from(name).map_err(|_| ProbeError::InvalidUrl {
+            url: self.url.clone(),
+            reason: "the TLS server name is not a valid DNS name or IP address".into(),
+        })?;
+        let tcp = TcpStream::connect((self.host_bare.as_str(), self.port))
+            .await
+            .map_err(|source| ProbeError::Connect {
+                addr: self.addr(),
+                source,
+            })?;
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .map_err(|e| ProbeError::Handshake {
+                addr: self.addr(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// One HTTP/1.1 GET of the URL's path over the connection: (status, body).
+    async fn get(
+        &self,
+        tls: tokio_rustls::client::TlsStream<TcpStream>,
+    ) -> Result<(u16, Bytes), ProbeError> {
+        let http_err = |e: hyper::Error| ProbeError::Http {
+            url: self.url.clone(),
+            reason: error_chain(&e),
+            hint: if error_chain(&e).contains("certificate") {
+                " (the server rejected the client certificate: check it is issued by a CA the server trusts)"
+            } else {
+                ""
+            },
+        };
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .map_err(http_err)?;
+        let driver = tokio::spawn(connection);
+        let path = self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let request = hyper::Request::get(path)
+            .header(
+                hyper::header::HOST,
+                self.uri
+                    .authority()
+                    .map(|a| a.as_str())
+                    .unwrap_or(&self.host),
+            )
+            .header(
+                hyper::header::USER_AGENT,
+                concat!("hwkey/", env!("CARGO_PKG_VERSION")),
+            )
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| ProbeError::InvalidUrl {
+                url: self.url.clone(),
+                reason: e.to_string(),
+            })?;
+        let response = sender.send_request(request).await.map_err(http_err)?;
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(http_err)?
+            .to_bytes();
+        driver.abort();
+        Ok((status, body))
+    }
+}
+
+/// What the handshake settled, for the report.
+struct SessionFacts {
+    tls_version: String,
+    cipher_suite: String,
+    alpn: Option<String>,
+    peer_subject: String,
+}
+
+impl SessionFacts {
+    fn of(conn: &rustls::ClientConnection) -> SessionFacts {
+        SessionFacts {
+            tls_version: conn
+                .protocol_version()
+                .map(|v| match v {
+                    rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3".to_string(),
+                    rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2".to_string(),
+                    other => format!("{other:?}"),
+                })
+                .unwrap_or_default(),
+            cipher_suite: conn
+                .negotiated_cipher_suite()
+                .map(|s| format!("{:?}", s.suite()))
+                .unwrap_or_default(),
+            alpn: conn
+                .alpn_protocol()
+                .map(|p| String::from_utf8_lossy(p).into_owned()),
+            peer_subject: conn
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(|c| crate::key::tls::subject_of(c))
+                .unwrap_or_default(),
+        }
+    }
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

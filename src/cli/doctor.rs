@@ -187,16 +187,38 @@ fn check_kubeconfig(
     path: &std::path::Path,
     context: Option<&str>,
 ) -> Option<(String, Option<PathBuf>)> {
-    let doc: serde_yaml_ng::Value = match std::fs::read_to_string(path)
+    let doc = read_kubeconfig(r, path)?;
+    let (cluster, user, user_name) = resolve_context(r, &doc, path, context)?;
+    check_exec_block(r, &user["user"]["exec"], &user_name)?;
+    let ext = hwkey_extension(r, &cluster)?;
+    check_running_proxy(r, &ext);
+    let key = ext["key"].as_str().unwrap_or_default().to_string();
+    let cert = ext["cert"].as_str().map(PathBuf::from);
+    Some((key, cert))
+}
+
+type Yaml = serde_yaml_ng::Value;
+
+fn read_kubeconfig(r: &mut Report, path: &std::path::Path) -> Option<Yaml> {
+    let parsed = std::fs::read_to_string(path)
         .map_err(|e| e.to_string())
-        .and_then(|t| serde_yaml_ng::from_str(&t).map_err(|e| e.to_string()))
-    {
-        Ok(d) => d,
+        .and_then(|t| serde_yaml_ng::from_str(&t).map_err(|e| e.to_string()));
+    match parsed {
+        Ok(d) => Some(d),
         Err(e) => {
             r.fail("kubeconfig", format!("{}: {e}", path.display()));
-            return None;
+            None
         }
-    };
+    }
+}
+
+/// The context's cluster and user entries (and the user's name).
+fn resolve_context(
+    r: &mut Report,
+    doc: &Yaml,
+    path: &std::path::Path,
+    context: Option<&str>,
+) -> Option<(Yaml, Yaml, String)> {
     let name = context
         .map(str::to_string)
         .or_else(|| doc["current-context"].as_str().map(str::to_string))
@@ -213,14 +235,8 @@ fn check_kubeconfig(
         );
         return None;
     };
-    let cluster_name = ctx["context"]["cluster"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let user_name = ctx["context"]["user"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let field = |f: &str| ctx["context"][f].as_str().unwrap_or_default().to_string();
+    let (cluster_name, user_name) = (field("cluster"), field("user"));
     let (Some(cluster), Some(user)) = (find("clusters", &cluster_name), find("users", &user_name))
     else {
         r.fail(
@@ -229,7 +245,11 @@ fn check_kubeconfig(
         );
         return None;
     };
-    let exec = &user["user"]["exec"];
+    Some((cluster, user, user_name))
+}
+
+/// The user's exec block runs an existing hwkey with the cluster info it needs.
+fn check_exec_block(r: &mut Report, exec: &Yaml, user_name: &str) -> Option<()> {
     match exec["command"].as_str() {
         Some(cmd) if std::path::Path::new(cmd).is_file() => r.ok("exec plugin", cmd),
         Some(cmd) => r.fail(
@@ -250,6 +270,11 @@ fn check_kubeconfig(
             "provideClusterInfo is not true: the plugin cannot see the cluster extension",
         );
     }
+    Some(())
+}
+
+/// hwkey's extension of the cluster entry (key URI, certificate, state directory).
+fn hwkey_extension(r: &mut Report, cluster: &Yaml) -> Option<Yaml> {
     let ext = cluster["cluster"]["extensions"]
         .as_sequence()
         .and_then(|s| {
@@ -257,32 +282,33 @@ fn check_kubeconfig(
                 .find(|e| e["name"].as_str() == Some(crate::kubeconfig::EXEC_EXTENSION))
         })
         .map(|e| e["extension"].clone());
-    let Some(ext) = ext else {
+    if ext.is_none() {
         r.fail(
             "cluster extension",
             "missing: regenerate with `hwkey kubeconfig`",
         );
-        return None;
-    };
-    let key = ext["key"].as_str().unwrap_or_default().to_string();
-    let cert = ext["cert"].as_str().map(PathBuf::from);
-    match ext["stateDir"].as_str() {
-        Some(dir) => {
-            let sock = PathBuf::from(dir).join(crate::exec::settings::CONTROL_SOCKET);
-            match control_client::info(&sock) {
-                Ok(info) => r.ok(
-                    "proxy",
-                    format!(
-                        "running (pid {}) at {} for {}",
-                        info.pid,
-                        info.server.as_deref().unwrap_or("UNIX sockets only"),
-                        info.upstream
-                    ),
-                ),
-                Err(_) => r.ok("proxy", "not running (kubectl's first call starts it)"),
-            }
-        }
-        None => r.warn("proxy", "the extension names no stateDir"),
     }
-    Some((key, cert))
+    ext
+}
+
+/// Whether a proxy answers in the extension's state directory (not running is fine: kubectl's
+/// first call starts it).
+fn check_running_proxy(r: &mut Report, ext: &Yaml) {
+    let Some(dir) = ext["stateDir"].as_str() else {
+        r.warn("proxy", "the extension names no stateDir");
+        return;
+    };
+    let sock = PathBuf::from(dir).join(crate::exec::settings::CONTROL_SOCKET);
+    match control_client::info(&sock) {
+        Ok(info) => r.ok(
+            "proxy",
+            format!(
+                "running (pid {}) at {} for {}",
+                info.pid,
+                info.server.as_deref().unwrap_or("UNIX sockets only"),
+                info.upstream
+            ),
+        ),
+        Err(_) => r.ok("proxy", "not running (kubectl's first call starts it)"),
+    }
 }

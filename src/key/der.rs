@@ -182,7 +182,8 @@ pub fn unwrap_ec_point(alg: KeyAlgorithm, value: &[u8]) -> Result<Vec<u8>, KeyEr
     })
 }
 
-/// Wraps a PEM label around DER, with Unix line endings.
+/// Wraps a PEM label around DER, with Unix line endings (like OpenSSL): hwkey's one PEM
+/// encoder, for keys, certificates, requests and TSS2 key files alike.
 pub fn to_pem(label: &str, der: &[u8]) -> String {
     pem::encode_config(
         &pem::Pem::new(label, der.to_vec()),

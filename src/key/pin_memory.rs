@@ -14,7 +14,7 @@
 //! hold no PIN and no PIN hash an attacker could test offline without the secret. If the
 //! directory cannot be written, the rejection is still remembered for this process.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use ring::{digest, hmac, rand::SecureRandom};
@@ -140,14 +140,9 @@ fn fingerprint(dir: &Path, pin: &str) -> Option<String> {
         _ => {
             let mut s = vec![0u8; 32];
             ring::rand::SystemRandom::new().fill(&mut s).ok()?;
-            // create_new: two processes racing keep the first secret.
-            let written = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&secret_path)
-                .and_then(|mut f| std::io::Write::write_all(&mut f, &s));
-            match written {
+            // Never replaced: two processes racing keep the first secret, and a crash leaves no
+            // half-written one.
+            match crate::atomic_file::create_atomic(&secret_path, &s, 0o600) {
                 Ok(()) => s,
                 Err(_) => std::fs::read(&secret_path).ok().filter(|s| s.len() == 32)?,
             }

@@ -358,28 +358,16 @@ async fn serve(
         metrics.clone(),
     )?;
 
-    // Bind everything before announcing readiness; on any failure, remove what was created.
-    let mut sockets: Vec<PathBuf> = Vec::new();
-    let bound = bind_all(&config, &mut sockets);
-    let (listeners, control, admin) = match bound {
-        Ok(b) => b,
-        Err(e) => {
-            remove_sockets(&sockets);
-            return Err(e);
-        }
-    };
+    // Bind everything before announcing readiness. The socket files are removed when `sockets`
+    // is dropped: on any early return below, and at the stop, before draining.
+    let mut sockets = SocketFiles::default();
+    let (listeners, control, admin) = bind_all(&config, &mut sockets)?;
     let bound_addrs: Vec<ListenAddr> = listeners.iter().map(listener::Bound::addr).collect();
     let loopback_url = bound_addrs.iter().find_map(|a| match a {
         ListenAddr::Tcp(s) => Some(format!("https://{s}")),
         ListenAddr::Unix(_) => None,
     });
-    let local_tls = match listener::LocalTls::new(&ca, &config::loopback_names(&bound_addrs)) {
-        Ok(t) => t,
-        Err(e) => {
-            remove_sockets(&sockets);
-            return Err(e);
-        }
-    };
+    let local_tls = listener::LocalTls::new(&ca, &config::loopback_names(&bound_addrs))?;
     let activity = Arc::new(lifetime::Activity::new(metrics.clone()));
     let shared = Arc::new(Shared {
         key: std::sync::RwLock::new(key.clone()),
@@ -459,7 +447,6 @@ async fn serve(
             Ok(f) => Some((p.clone(), f)),
             Err(e) => {
                 let _ = stop_tx.send(true);
-                remove_sockets(&sockets);
                 return Err(e);
             }
         },
@@ -483,7 +470,7 @@ async fn serve(
     let reason = lifetime::wait_for_stop(activity.clone(), lock, config.idle_exit).await;
     notify::stopping();
     let _ = stop_tx.send(true);
-    remove_sockets(&sockets);
+    drop(sockets);
     for t in tasks {
         let _ = t.await;
     }
@@ -509,23 +496,23 @@ type BoundSet = (
     Option<listener::Bound>,
 );
 
-fn bind_all(config: &ProxyConfig, sockets: &mut Vec<PathBuf>) -> Result<BoundSet, ProxyError> {
+fn bind_all(config: &ProxyConfig, sockets: &mut SocketFiles) -> Result<BoundSet, ProxyError> {
     let mut listeners = Vec::new();
     for addr in &config.listen {
         let b = listener::bind(addr, config.unsafe_listen)?;
         if let Some(p) = b.socket_path() {
-            sockets.push(p.to_path_buf());
+            sockets.0.push(p.to_path_buf());
         }
         listeners.push(b);
     }
     let control_path = config.state_dir.join(control::CONTROL_SOCKET);
     let control = listener::bind_unix(&control_path)?;
-    sockets.push(control_path);
+    sockets.0.push(control_path);
     let admin = match &config.admin {
         Some(a) => {
             let b = listener::bind(a, config.unsafe_listen)?;
             if let Some(p) = b.socket_path() {
-                sockets.push(p.to_path_buf());
+                sockets.0.push(p.to_path_buf());
             }
             Some(b)
         }
@@ -534,11 +521,18 @@ fn bind_all(config: &ProxyConfig, sockets: &mut Vec<PathBuf>) -> Result<BoundSet
     Ok((listeners, control, admin))
 }
 
-fn remove_sockets(paths: &[PathBuf]) {
-    for p in paths {
-        if let Err(e) = std::fs::remove_file(p) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(path = %p.display(), error = %e, "cannot remove socket");
+/// The UNIX socket files the proxy created, removed when this is dropped (so no exit path
+/// leaves a socket file that nobody answers on).
+#[derive(Default)]
+struct SocketFiles(Vec<PathBuf>);
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            if let Err(e) = std::fs::remove_file(p) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %p.display(), error = %e, "cannot remove socket");
+                }
             }
         }
     }

@@ -35,12 +35,7 @@ pub(crate) fn may_be_key_file(path: &Path) -> bool {
 pub(crate) fn chain_pem(chain: &[Vec<u8>]) -> String {
     chain
         .iter()
-        .map(|der| {
-            pem::encode_config(
-                &pem::Pem::new("CERTIFICATE", der.clone()),
-                pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
-            )
-        })
+        .map(|der| crate::key::der::to_pem("CERTIFICATE", der))
         .collect()
 }
 

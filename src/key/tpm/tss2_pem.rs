@@ -67,11 +67,7 @@ impl Tss2Key {
 
     /// The PEM text of the file (LF line ends, like OpenSSL).
     pub(crate) fn to_pem(&self) -> Result<String, String> {
-        let der = self.to_der()?;
-        Ok(pem::encode_config(
-            &pem::Pem::new(PEM_LABEL, der),
-            pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
-        ))
+        Ok(crate::key::der::to_pem(PEM_LABEL, &self.to_der()?))
     }
 
     /// Reads a key file's contents: PEM (the usual form) or bare DER (tpm2-openssl can write
