@@ -15,7 +15,7 @@
 //!
 //! Run: `cargo bench --features bench-aws-lc --bench providers` (hsm-fixtures/bench.sh does).
 
-mod common;
+use support::bench as common;
 
 use std::io::{Read, Write};
 use std::sync::Arc;

@@ -7,7 +7,7 @@
 //! A bench target (`harness = false`) rather than a script so that it needs nothing beyond
 //! the crate's own dependencies; `hsm-fixtures/bench.sh` runs it last.
 
-mod common;
+use support::bench as common;
 
 use std::fmt::Write as _;
 use std::path::Path;

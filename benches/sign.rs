@@ -13,7 +13,7 @@
 //! shows the median rate with its p25–p75 and writes `target/hwkey-bench/sign.json`.
 //! `HWKEY_BENCH_QUICK=1` shortens everything (see `hsm-fixtures/bench.sh --quick`).
 
-mod common;
+use support::bench as common;
 
 use std::path::Path;
 use std::str::FromStr;

@@ -6,6 +6,7 @@
 //! test machine, never a reason to skip. Every process is killed and reaped on Drop and every
 //! temporary directory is removed.
 
+pub mod bench;
 pub mod ca;
 pub mod flow;
 pub mod kube;

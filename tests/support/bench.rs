@@ -1,10 +1,9 @@
-//! What the benchmark binaries share: the quick/full switch, order statistics, and the result
+//! What hwkey's benchmark binaries share (`benches/`): the quick/full switch, order statistics, and the result
 //! rows that `benches/report.rs` turns into `docs/BENCHMARKS.md`.
 //!
 //! Every figure is a distribution (median and p25–p75 over repetitions) measured next to its
 //! baseline in the same process and the same minute, because on a shared 2-core machine an
 //! absolute number means little: only the ratio to a baseline run under the same load does.
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 
@@ -41,7 +40,7 @@ pub fn pick<T>(full: T, quick_value: T) -> T {
 pub fn results_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target")));
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target")));
     let dir = target.join("hwkey-bench");
     std::fs::create_dir_all(&dir).expect("create the benchmark results directory");
     dir

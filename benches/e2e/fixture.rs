@@ -1,0 +1,91 @@
+//! The fixture every figure shares: one SoftHSM identity, its upstream, a proxy in front of
+//! it, and direct clients; plus the round schedule and the row helpers.
+
+use super::*;
+
+pub(crate) struct Fixture {
+    pub(crate) id: Identity,
+    pub(crate) upstream: TestUpstream,
+    pub(crate) proxy: ProxyProcess,
+    /// Direct to the upstream with a software key; sessions cached.
+    pub(crate) direct: Arc<ClientConfig>,
+    pub(crate) direct_full: Arc<ClientConfig>,
+    pub(crate) direct_h2: Arc<ClientConfig>,
+    /// To the proxy's loopback TLS listener with a loopback credential.
+    pub(crate) loopback: Arc<ClientConfig>,
+    pub(crate) loopback_h2: Arc<ClientConfig>,
+    /// The software client certificate and key files (for kubectl's plain kubeconfig).
+    pub(crate) soft_cert: PathBuf,
+    pub(crate) soft_key: PathBuf,
+    /// Holds the software certificate files.
+    pub(crate) _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    pub(crate) fn new() -> Fixture {
+        let id = Identity::softhsm();
+        let upstream = TestUpstream::start(&id.ca);
+        let proxy = ProxyProcess::start(&id, &upstream);
+        let dir = temp_dir();
+        let (soft_cert, soft_key) = id.ca.client_cert(dir.path(), "soft", "alice", Some("devs"));
+        let ca = id.ca.ca_pem().into_bytes();
+        let cert = std::fs::read(&soft_cert).expect("cert");
+        let key = std::fs::read(&soft_key).expect("key");
+        let cred = proxy.credential();
+        let field = |name: &str| cred[name].as_str().expect(name).as_bytes().to_vec();
+        let (lca, lcert, lkey) = (
+            field("certificateAuthorityPem"),
+            field("clientCertificatePem"),
+            field("clientKeyPem"),
+        );
+        Fixture {
+            direct: client_config(&ca, &cert, &key, &[b"http/1.1"], true),
+            direct_full: client_config(&ca, &cert, &key, &[b"http/1.1"], false),
+            direct_h2: client_config(&ca, &cert, &key, &[b"h2"], true),
+            loopback: client_config(&lca, &lcert, &lkey, &[b"http/1.1"], true),
+            loopback_h2: client_config(&lca, &lcert, &lkey, &[b"h2"], true),
+            id,
+            upstream,
+            proxy,
+            soft_cert,
+            soft_key,
+            _dir: dir,
+        }
+    }
+}
+
+/// The order of trials: `rounds` rounds of every series, the order reversed every other round
+/// so that neither side always runs first (or right after a warm cache).
+pub(crate) fn schedule(rounds: usize, series: usize) -> Vec<usize> {
+    (0..rounds)
+        .flat_map(|round| {
+            let order: Vec<usize> = if round % 2 == 0 {
+                (0..series).collect()
+            } else {
+                (0..series).rev().collect()
+            };
+            order
+        })
+        .collect()
+}
+
+pub(crate) fn ratio_row(
+    area: &str,
+    measure: &str,
+    unit: &str,
+    subject: &[f64],
+    label: &str,
+    baseline: &[f64],
+) -> Row {
+    let ratios = paired_ratios(subject, baseline);
+    Row::new(area, measure, unit, Some(Stat::of(subject))).versus(
+        label,
+        Some(Stat::of(baseline)),
+        Some(Stat::of(&ratios)),
+    )
+}
+
+pub(crate) fn at_least(row: Row, target: f64) -> Row {
+    let met = row.ratio.map(|r| r.median >= target);
+    row.target(&format!("≥ {target}×"), met)
+}

@@ -1,0 +1,184 @@
+//! Figures: handshakes and resumption (the connector in process, and whole connections
+//! through the proxy).
+
+use super::*;
+
+/// New upstream connections per second (TLS 1.3 handshake + one GET /version, one at a time):
+/// the proxy's own connector (`proxy::upstream::Upstream`, the code every proxied connection
+/// runs) signing in SoftHSM, against rustls with a software key. The GET makes both clients
+/// read the server's session tickets, as a proxied connection does.
+pub(crate) async fn handshakes(f: &Fixture) -> Vec<Row> {
+    const AREA: &str = "handshakes";
+    let key = Arc::new(Key::open(&f.id.key_uri.parse::<KeyUri>().expect("URI")).expect("open key"));
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&f.id.cert)
+        .expect("cert file")
+        .collect::<Result<_, _>>()
+        .expect("cert PEM");
+    let resolver = Arc::new(
+        HardwareCertResolver::new(HardwareSigningKey::new(key.clone()), chain).expect("resolver"),
+    );
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from(f.id.ca.ca_der()))
+        .expect("root");
+    let target: UpstreamTarget = f.upstream.url().parse().expect("target");
+    let connector = Upstream::new(
+        target,
+        None,
+        resolver,
+        roots,
+        hwkey::key::tls::protocol_versions(&key, false).expect("TLS versions"),
+        Arc::new(Metrics::default()),
+    )
+    .expect("connector");
+    let port = f.upstream.port();
+    let n = pick(200, 40);
+    let rounds = pick(5, 3);
+    let mut buf = vec![0u8; 16 * 1024];
+    let signatures_before = key.signatures();
+    let mut resumed_counts = [0usize; 4];
+    let mut results = vec![Vec::new(); 4];
+    for series in schedule(rounds, 4) {
+        let (connector, buf, counts) = (&connector, &mut buf, &mut resumed_counts);
+        let rate = {
+            let start = Instant::now();
+            for _ in 0..n {
+                let r = match series {
+                    0 | 1 => {
+                        if series == 0 {
+                            connector.reset_sessions();
+                        }
+                        let mut c = connector
+                            .connect(Some(b"http/1.1"))
+                            .await
+                            .expect("connector");
+                        http1_get(&mut c.stream, "/version", buf).await;
+                        c.resumed
+                    }
+                    _ => {
+                        let config = if series == 2 {
+                            &f.direct_full
+                        } else {
+                            &f.direct
+                        };
+                        let mut s = tls_connect(config, port).await;
+                        http1_get(&mut s, "/version", buf).await;
+                        resumed(&s)
+                    }
+                };
+                counts[series] += usize::from(r);
+            }
+            n as f64 / start.elapsed().as_secs_f64()
+        };
+        results[series].push(rate);
+    }
+    let signatures = key.signatures() - signatures_before;
+    let total = n * rounds;
+    let note = |s: usize| format!("{} of {total} handshakes resumed", resumed_counts[s]);
+    vec![
+        at_least(
+            ratio_row(
+                AREA,
+                "full handshake + GET, proxy connector signing in SoftHSM P-256",
+                "conn/s",
+                &results[0],
+                "direct rustls, software P-256 key, no resumption",
+                &results[2],
+            ),
+            0.8,
+        )
+        .note(format!("{}; hardware signatures: {signatures}", note(0))),
+        at_least(
+            ratio_row(
+                AREA,
+                "resumed handshake + GET, proxy connector",
+                "conn/s",
+                &results[1],
+                "direct rustls, software key, resumption",
+                &results[3],
+            ),
+            0.9,
+        )
+        .note(format!("{} (direct: {})", note(1), note(3))),
+    ]
+}
+
+/// New client connections through the running proxy (each: connect, GET /version, close)
+/// against new direct connections that resume; and the hardware signatures they cost.
+pub(crate) async fn through_proxy(f: &Fixture) -> Vec<Row> {
+    let n = pick(200, 50);
+    let rounds = pick(5, 3);
+    let mut buf = vec![0u8; 16 * 1024];
+    // One connection first so the proxy holds a session and the clients hold tickets.
+    warm(f, &mut buf).await;
+    let sigs_before = f.proxy.signatures();
+    let metrics_before = f.proxy.metrics();
+    let mut loopback_resumed = 0usize;
+    let mut results = vec![Vec::new(); 3];
+    for series in schedule(rounds, 3) {
+        let buf = &mut buf;
+        let rate = {
+            let start = Instant::now();
+            for _ in 0..n {
+                match series {
+                    0 => {
+                        let mut s = UnixStream::connect(&f.proxy.socket)
+                            .await
+                            .expect("UNIX connect");
+                        http1_get(&mut s, "/version", buf).await;
+                    }
+                    1 => {
+                        let mut s = tls_connect(&f.loopback, f.proxy.tcp_port).await;
+                        http1_get(&mut s, "/version", buf).await;
+                        loopback_resumed += usize::from(resumed(&s));
+                    }
+                    _ => {
+                        let mut s = tls_connect(&f.direct, f.upstream.port()).await;
+                        http1_get(&mut s, "/version", buf).await;
+                    }
+                }
+            }
+            n as f64 / start.elapsed().as_secs_f64()
+        };
+        results[series].push(rate);
+    }
+    let sigs = f.proxy.signatures() - sigs_before;
+    let metrics_after = f.proxy.metrics();
+    let delta =
+        |series: &str| metric_in(&metrics_after, series) - metric_in(&metrics_before, series);
+    let full = delta("hwkey_upstream_handshakes_total{resumed=\"false\"}");
+    let res = delta("hwkey_upstream_handshakes_total{resumed=\"true\"}");
+    let clients = (2 * n * rounds) as f64;
+    let per_1000 = sigs as f64 * 1000.0 / clients;
+    vec![
+        at_least(
+            ratio_row("handshakes", "new client connection + GET through the proxy, UNIX socket", "conn/s", &results[0], "direct TLS 1.3, resumed, software key", &results[2]),
+            0.9,
+        )
+        .note("client → UNIX socket → proxy → resumed TLS 1.3 upstream; each connection is new"),
+        at_least(
+            ratio_row("handshakes", "new client connection + GET through the proxy, loopback TLS", "conn/s", &results[1], "direct TLS 1.3, resumed, software key", &results[2]),
+            0.9,
+        )
+        .note(format!(
+            "two TLS handshakes per connection: loopback (client ↔ proxy, {loopback_resumed} of {} resumed) and upstream (resumed)",
+            n * rounds
+        )),
+        Row::new("resumption", "hardware signatures per 1,000 client connections", "signatures", Some(Stat::of(&[per_1000])))
+            .target("≤ 10", Some(per_1000 <= 10.0))
+            .note(format!(
+                "{sigs} signatures for {clients} client connections (UNIX and loopback TLS); proxy /metrics: {full} full, {res} resumed upstream handshakes"
+            )),
+    ]
+}
+
+pub(crate) async fn warm(f: &Fixture, buf: &mut [u8]) {
+    let mut s = UnixStream::connect(&f.proxy.socket)
+        .await
+        .expect("UNIX connect");
+    http1_get(&mut s, "/version", buf).await;
+    let mut s = tls_connect(&f.loopback, f.proxy.tcp_port).await;
+    http1_get(&mut s, "/version", buf).await;
+    let mut s = tls_connect(&f.direct, f.upstream.port()).await;
+    http1_get(&mut s, "/version", buf).await;
+}

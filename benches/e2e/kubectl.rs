@@ -1,0 +1,190 @@
+//! Figures: kubectl and the exec plugin against the stand-in API server.
+
+use super::*;
+
+/// A kubeconfig written by `hwkey kubeconfig` (exec plugin, proxy started on first use) and a
+/// plain one with the software certificate, both for the same upstream.
+pub(crate) struct Kube {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) hwkey_config: PathBuf,
+    pub(crate) plain_config: PathBuf,
+    pub(crate) state: PathBuf,
+    pub(crate) envs: Vec<(String, String)>,
+}
+
+impl Kube {
+    pub(crate) fn new(f: &Fixture) -> Kube {
+        let dir = temp_dir();
+        let hwkey_config = dir.path().join("hwkey.kubeconfig");
+        let plain_config = dir.path().join("plain.kubeconfig");
+        let state = dir.path().join("state");
+        run_ok(
+            hwkey()
+                .envs(f.id.envs())
+                .args(["kubeconfig", "--name", "bench", "--key", &f.id.key_uri])
+                .arg("--cert")
+                .arg(&f.id.cert)
+                .args(["--server", &f.upstream.url()])
+                .arg("--ca")
+                .arg(f.id.ca.ca_path())
+                .arg("--out")
+                .arg(&hwkey_config)
+                .arg("--state-dir")
+                .arg(&state)
+                .args(["--idle-exit", "15m"]),
+        );
+        let plain = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: plain\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: plain\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: plain\n  context:\n    cluster: plain\n    user: plain\ncurrent-context: plain\n",
+            f.upstream.url(),
+            f.id.ca.ca_path().display(),
+            f.soft_cert.display(),
+            f.soft_key.display()
+        );
+        std::fs::write(&plain_config, plain).expect("write the plain kubeconfig");
+        Kube {
+            envs: f.id.envs(),
+            dir,
+            hwkey_config,
+            plain_config,
+            state,
+        }
+    }
+
+    pub(crate) fn kubectl(&self, config: &Path) -> Command {
+        let mut cmd = Command::new("/usr/bin/kubectl");
+        cmd.envs(self.envs.clone())
+            .env("HOME", self.dir.path())
+            .env_remove("KUBERNETES_EXEC_INFO")
+            .env_remove("KUBECONFIG")
+            .arg("--kubeconfig")
+            .arg(config)
+            .args(["get", "--raw", "/version"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// Wall time of one command in ms; panics (with its output) if it fails.
+    pub(crate) fn time(cmd: &mut Command) -> f64 {
+        let start = Instant::now();
+        let out = cmd.output().expect("run");
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        assert!(
+            out.status.success(),
+            "{cmd:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ms
+    }
+
+    /// What client-go would put in KUBERNETES_EXEC_INFO for the hwkey kubeconfig.
+    pub(crate) fn exec_info(&self) -> String {
+        let text = std::fs::read_to_string(&self.hwkey_config).expect("kubeconfig");
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
+        let cluster = &doc["clusters"][0]["cluster"];
+        let ext = serde_json::to_value(&cluster["extensions"][0]["extension"]).expect("JSON");
+        serde_json::json!({
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "kind": "ExecCredential",
+            "spec": {"interactive": false, "cluster": {
+                "server": cluster["server"].as_str().expect("server"),
+                "config": ext,
+            }},
+        })
+        .to_string()
+    }
+
+    pub(crate) fn proxy_pid(&self) -> Option<i32> {
+        std::fs::read_to_string(self.state.join("proxy.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for Kube {
+    /// Stops the proxy the exec plugin started (SIGTERM, then SIGKILL), by its PID.
+    fn drop(&mut self) {
+        if let Some(pid) = self.proxy_pid() {
+            let signal = |s| {
+                if let Some(p) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(p, s);
+                }
+            };
+            signal(rustix::process::Signal::TERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && Path::new(&format!("/proc/{pid}")).exists() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                signal(rustix::process::Signal::KILL);
+            }
+        }
+    }
+}
+
+pub(crate) fn kubectl_and_exec(f: &Fixture) -> Vec<Row> {
+    if !Path::new("/usr/bin/kubectl").exists() {
+        return vec![
+            Row::new("kubectl", "kubectl get --raw /version", "ms", None)
+                .note("not measured: /usr/bin/kubectl is missing"),
+        ];
+    }
+    let kube = Kube::new(f);
+    // Warm: the first hwkey run starts the proxy; both warm the page cache.
+    Kube::time(&mut kube.kubectl(&kube.hwkey_config));
+    Kube::time(&mut kube.kubectl(&kube.plain_config));
+    let rounds = pick(12, 4);
+    let mut hw = Vec::new();
+    let mut plain = Vec::new();
+    for round in 0..rounds {
+        if round % 2 == 0 {
+            hw.push(Kube::time(&mut kube.kubectl(&kube.hwkey_config)));
+            plain.push(Kube::time(&mut kube.kubectl(&kube.plain_config)));
+        } else {
+            plain.push(Kube::time(&mut kube.kubectl(&kube.plain_config)));
+            hw.push(Kube::time(&mut kube.kubectl(&kube.hwkey_config)));
+        }
+    }
+    let kubectl = ratio_row(
+        "kubectl",
+        "`kubectl get --raw /version`, hwkey kubeconfig, proxy warm",
+        "ms",
+        &hw,
+        "plain cert/key kubeconfig, same upstream",
+        &plain,
+    );
+    let met = kubectl.ratio.map(|r| r.median <= 1.25);
+    let kubectl = kubectl.target("≤ 1.25×", met).note("includes one `hwkey credential` run per kubectl invocation (client-go caches only in-process)");
+
+    let info = kube.exec_info();
+    let runs = pick(30, 8);
+    let mut cred = Vec::new();
+    let mut spawn = Vec::new();
+    for _ in 0..runs {
+        let mut cmd = hwkey();
+        cmd.envs(kube.envs.clone())
+            .env("KUBERNETES_EXEC_INFO", &info)
+            .arg("credential")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cred.push(Kube::time(&mut cmd));
+        spawn.push(Kube::time(Command::new("/bin/true").stdout(Stdio::null())));
+    }
+    let c = Stat::of(&cred);
+    let exec = ratio_row(
+        "exec",
+        "`hwkey credential` wall time, proxy warm",
+        "ms",
+        &cred,
+        "spawning /bin/true (process start cost)",
+        &spawn,
+    )
+    .target("≤ 10 ms median", Some(c.median <= 10.0))
+    .note("the ratio is to process start-up only, not a target");
+    vec![kubectl, exec]
+}

@@ -1,0 +1,120 @@
+//! End-to-end benchmarks on the real fixtures: a SoftHSM token and a swtpm, the kube-apiserver
+//! stand-in (`tests/support/upstream.rs`), the release `hwkey proxy` binary, and kubectl.
+//!
+//! Method: every figure has a baseline measured in the same process, interleaved with it
+//! round by round (subject and baseline alternate which goes first), so a compile job that
+//! starts on the shared machine slows both sides of a round alike; ratios are taken per round
+//! and summarised as median and p25–p75. Loops are bounded by counts, never by "until fast".
+//! Everything started here (token dirs, swtpm, upstreams, proxies, the proxy the exec plugin
+//! starts) is stopped by PID before the process exits.
+//!
+//! The baseline for the network figures is a client talking straight to the same upstream with
+//! rustls and an in-memory software key (the upstream requires TLS 1.3 client certificates
+//! from the same test CA). Clients run on one current-thread runtime: on 2 cores the client,
+//! the proxy and the upstream share the machine, as kubectl, hwkey and a local API server would.
+
+use support::bench as common;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hwkey::key::tls::{HardwareCertResolver, HardwareSigningKey};
+use hwkey::key::{Key, KeyUri};
+use hwkey::proxy::metrics::Metrics;
+use hwkey::proxy::upstream::Upstream;
+use hwkey::proxy::UpstreamTarget;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::client::Resumption;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, HandshakeKind, RootCertStore};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+use tokio_rustls::client::TlsStream;
+
+use common::{paired_ratios, pick, Results, Row, Stat};
+use support::proxy::{metric_in, Identity, ProxyOptions, ProxyProcess, RawHttp};
+use support::upstream::TestUpstream;
+use support::{hwkey, run_ok, temp_dir};
+
+mod clients;
+mod fixture;
+mod handshakes;
+mod kubectl;
+mod memory;
+mod tpm_stall;
+mod traffic;
+
+use clients::*;
+use fixture::*;
+use handshakes::*;
+use kubectl::*;
+use memory::*;
+use tpm_stall::*;
+use traffic::*;
+
+/// Lets the process hold the 2,000+ sockets of the memory benchmark (and its children
+/// inherit the limit).
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        },
+    );
+}
+
+fn main() {
+    if common::skip_unless_cargo_bench("e2e") {
+        return;
+    }
+    let started = Instant::now();
+    let load_before = common::loadavg();
+    raise_fd_limit();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    let f = Fixture::new();
+    // The in-process connector opens the same SoftHSM token as the proxy.
+    for (k, v) in f.id.envs() {
+        std::env::set_var(k, v);
+    }
+    let mut rows = Vec::new();
+    let step = |name: &str| eprintln!("e2e: {name} ({:.0}s)", started.elapsed().as_secs_f64());
+    step("handshakes");
+    rows.extend(rt.block_on(handshakes(&f)));
+    step("through the proxy");
+    rows.extend(rt.block_on(through_proxy(&f)));
+    step("throughput");
+    rows.extend(rt.block_on(throughput(&f)));
+    step("latency");
+    rows.extend(rt.block_on(latency(&f)));
+    step("kubectl and exec");
+    rows.extend(kubectl_and_exec(&f));
+    step("memory");
+    rows.extend(rt.block_on(memory(&f)));
+    step("TPM stall");
+    rows.extend(tpm_stall(&rt));
+    step("done");
+    drop(f);
+    common::save(
+        "e2e",
+        &Results {
+            quick: common::quick(),
+            load_before,
+            load_after: common::loadavg(),
+            seconds: started.elapsed().as_secs_f64(),
+            rows,
+        },
+    );
+}

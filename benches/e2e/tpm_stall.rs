@@ -1,0 +1,120 @@
+//! Figure: established streams while a TPM handshake runs.
+
+use super::*;
+
+/// Bytes/s on established connections through a TPM-backed proxy, with and without full
+/// handshakes (and so TPM signatures) running at the same time. A full handshake is forced by
+/// SIGHUP, which reloads the certificate and empties the proxy's session store.
+pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
+    const STREAMS: usize = 2;
+    let id = Identity::tpm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let window = pick(Duration::from_millis(2000), Duration::from_millis(800));
+    let rounds = pick(5, 2);
+    let chunk = format!("/bytes?n={}", 4u64 << 20);
+    let mut streams: Vec<UnixStream> = rt.block_on(async {
+        let mut v = Vec::new();
+        for _ in 0..STREAMS {
+            v.push(
+                UnixStream::connect(&proxy.socket)
+                    .await
+                    .expect("UNIX connect"),
+            );
+        }
+        v
+    });
+    let mut bufs: Vec<Vec<u8>> = (0..STREAMS).map(|_| vec![0u8; 256 * 1024]).collect();
+    let full_series = "hwkey_upstream_handshakes_total{resumed=\"false\"}";
+    let mut handshake_rates = Vec::new();
+    let mut results = vec![Vec::new(); 2];
+    for series in schedule(rounds, 2) {
+        let bytes = AtomicU64::new(0);
+        let stop = AtomicBool::new(false);
+        let stop_driver = AtomicBool::new(false);
+        let full_before = metric_in(&proxy.metrics(), full_series);
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            // The driver has its own thread and blocking I/O: it neither waits for nor slows
+            // the readers' runtime; only the proxy, the upstream and the TPM are shared.
+            let driver =
+                (series == 1).then(|| scope.spawn(|| force_full_handshakes(&proxy, &stop_driver)));
+            rt.block_on(async {
+                let readers = streams.iter_mut().zip(bufs.iter_mut()).map(|(s, buf)| {
+                    let (bytes, stop, chunk) = (&bytes, &stop, chunk.as_str());
+                    async move {
+                        while !stop.load(Ordering::Relaxed) {
+                            let n = http1_get(s, chunk, buf).await;
+                            bytes.fetch_add(n, Ordering::Relaxed);
+                        }
+                    }
+                });
+                let timer = async {
+                    tokio::time::sleep(window).await;
+                    stop.store(true, Ordering::Relaxed);
+                };
+                let ((), ()) = tokio::join!(futures_join_all(readers), timer);
+            });
+            stop_driver.store(true, Ordering::Relaxed);
+            if let Some(d) = driver {
+                d.join().expect("handshake driver");
+            }
+        });
+        let elapsed = start.elapsed().as_secs_f64();
+        if series == 1 {
+            let full_after = metric_in(&proxy.metrics(), full_series);
+            handshake_rates.push((full_after - full_before) / elapsed);
+        }
+        results[series].push(bytes.load(Ordering::Relaxed) as f64 / elapsed / 1e6);
+    }
+    let h = Stat::of(&handshake_rates);
+    vec![at_least(
+        ratio_row(
+            "TPM stall",
+            &format!("MB/s on {STREAMS} established connections while full TPM handshakes run"),
+            "MB/s",
+            &results[1],
+            "same connections, no handshakes",
+            &results[0],
+        ),
+        0.9,
+    )
+    .note(format!(
+        "swtpm P-256 key; {:.0} full handshakes/s [{:.0}–{:.0}] during the window, one at a time (each forced by SIGHUP, which empties the session store); each window ends after the 4 MiB responses in flight",
+        h.median, h.p25, h.p75
+    ))]
+}
+
+/// Until `stop`: SIGHUP the proxy, wait until it reloaded (so its session store is empty),
+/// then open a connection and GET /version through it, which makes a full handshake.
+pub(crate) fn force_full_handshakes(proxy: &ProxyProcess, stop: &AtomicBool) {
+    let reloads = || metric_in(&proxy.metrics(), "hwkey_cert_reloads_total{result=\"ok\"}");
+    while !stop.load(Ordering::Relaxed) {
+        let before = reloads();
+        proxy.signal(libc::SIGHUP);
+        for _ in 0..200 {
+            if reloads() > before {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut http = RawHttp::connect(&proxy.socket);
+        http.send("GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+        let (status, _) = http.read_response();
+        assert_eq!(status, 200, "GET /version through the TPM proxy");
+    }
+}
+
+/// Awaits every future of `futs` concurrently on the current task.
+pub(crate) async fn futures_join_all<F: Future<Output = ()>>(futs: impl Iterator<Item = F>) {
+    let mut set: Vec<std::pin::Pin<Box<F>>> = futs.map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        set.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if set.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
