@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde_yaml_ng::{Mapping, Value};
 
 use crate::key::KeyUri;
-use crate::proxy::local_ca::LoopbackCa;
+use crate::pki::loopback_ca::LoopbackCa;
 
 /// The extension name client-go passes to exec plugins as `spec.cluster.config`.
 pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";

@@ -3,6 +3,7 @@
 
 pub mod cert;
 pub mod csr;
+pub mod loopback_ca;
 pub mod name;
 pub mod tls;
 
@@ -48,6 +49,19 @@ pub enum PkiError {
 
     #[error("cannot build the TLS configuration: {reason}")]
     Tls { reason: String },
+
+    #[error("cannot use state directory {path}: {source}")]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("loopback CA {path}: {reason}")]
+    LoopbackCa { path: PathBuf, reason: String },
+
+    #[error("the system random generator failed")]
+    Random,
 
     #[error(transparent)]
     Key(#[from] KeyError),

@@ -26,9 +26,9 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 
 use super::listener::{check_peer, own_uid, stopped};
-use super::local_ca::rfc3339;
 use super::Shared;
 use crate::control_api::{ControlError, LoopbackCredential, ProxyInfo, API_VERSION};
+use crate::pki::loopback_ca::rfc3339;
 
 /// The name of the control socket inside the state directory.
 pub const CONTROL_SOCKET: &str = "control.sock";

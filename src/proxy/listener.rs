@@ -32,10 +32,10 @@ use tokio::sync::watch;
 use tokio_rustls::LazyConfigAcceptor;
 
 use super::config::ListenAddr;
-use super::local_ca::LoopbackCa;
 use super::metrics::{ListenerKind, Refusal};
 use super::ratelimit::RateLimited;
 use super::{bridge, ProxyError, Shared};
+use crate::pki::loopback_ca::LoopbackCa;
 
 /// The HTTP/2 client connection preface (RFC 9113, section 3.4).
 pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

@@ -25,7 +25,6 @@ pub mod control;
 pub mod lifetime;
 pub mod limits;
 pub mod listener;
-pub mod local_ca;
 pub mod metrics;
 pub mod notify;
 pub mod ratelimit;
@@ -146,19 +145,6 @@ pub enum ProxyError {
     #[error("invalid config file {path}: {reason}")]
     BadConfig { path: PathBuf, reason: String },
 
-    #[error("cannot use state directory {path}: {source}")]
-    StateDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-
-    #[error("loopback CA {path}: {reason}")]
-    LoopbackCa { path: PathBuf, reason: String },
-
-    #[error("the system random generator failed")]
-    Random,
-
     #[error("cannot set up the loopback TLS listener: {0}")]
     LocalTls(String),
 
@@ -228,7 +214,7 @@ pub struct Shared {
     key: std::sync::RwLock<Arc<Key>>,
     pub(crate) upstream: upstream::Upstream,
     pub(crate) local_tls: listener::LocalTls,
-    pub(crate) ca: local_ca::LoopbackCa,
+    pub(crate) ca: crate::pki::loopback_ca::LoopbackCa,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) activity: Arc<lifetime::Activity>,
     pub(crate) health: admin::HealthState,
@@ -321,7 +307,7 @@ pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
             reason: e.to_string(),
         }
     })?;
-    let ca = local_ca::LoopbackCa::load_or_create(&config.state_dir)?;
+    let ca = crate::pki::loopback_ca::LoopbackCa::load_or_create(&config.state_dir)?;
     let workers = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
@@ -342,7 +328,7 @@ async fn serve(
     key: Arc<Key>,
     resolver: Arc<HardwareCertResolver>,
     roots: rustls::RootCertStore,
-    ca: local_ca::LoopbackCa,
+    ca: crate::pki::loopback_ca::LoopbackCa,
     versions: &'static [&'static rustls::SupportedProtocolVersion],
 ) -> Result<StopReason, ProxyError> {
     let metrics = Arc::new(metrics::Metrics::default());

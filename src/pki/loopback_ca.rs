@@ -26,7 +26,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use time::OffsetDateTime;
 use zeroize::Zeroizing;
 
-use super::ProxyError;
+use super::PkiError;
 
 const CA_CERT_FILE: &str = "loopback-ca.pem";
 const CA_KEY_FILE: &str = "loopback-ca.key";
@@ -61,8 +61,8 @@ impl LoopbackCa {
     ///
     /// Refuses a CA key file that other users can read: anyone holding it could mint loopback
     /// credentials and use the hardware identity.
-    pub fn load_or_create(dir: &Path) -> Result<LoopbackCa, ProxyError> {
-        let state = |source: std::io::Error| ProxyError::StateDir {
+    pub fn load_or_create(dir: &Path) -> Result<LoopbackCa, PkiError> {
+        let state = |source: std::io::Error| PkiError::StateDir {
             path: dir.to_path_buf(),
             source,
         };
@@ -74,7 +74,7 @@ impl LoopbackCa {
                 let key_bytes = Zeroizing::new(key_bytes);
                 let key_pem = Zeroizing::new(
                     std::str::from_utf8(&key_bytes)
-                        .map_err(|_| ProxyError::LoopbackCa {
+                        .map_err(|_| PkiError::LoopbackCa {
                             path: key_path.clone(),
                             reason: "it is not PEM text".into(),
                         })?
@@ -82,7 +82,7 @@ impl LoopbackCa {
                 );
                 let mode = fs::metadata(&key_path).map_err(state)?.permissions().mode();
                 if mode & 0o077 != 0 {
-                    return Err(ProxyError::LoopbackCa {
+                    return Err(PkiError::LoopbackCa {
                         path: key_path,
                         reason: format!(
                             "mode {:o} lets other users read it; chmod 600 it (or delete the state directory to start a new CA)",
@@ -92,22 +92,22 @@ impl LoopbackCa {
                 }
                 let cert_pem = crate::state_dir::read_private(&cert_path)
                     .map(|b| String::from_utf8_lossy(&b).into_owned())
-                    .map_err(|e| ProxyError::LoopbackCa {
+                    .map_err(|e| PkiError::LoopbackCa {
                         path: cert_path.clone(),
                         reason: e.to_string(),
                     })?;
                 Self::from_pem(dir, &cert_pem, &key_pem)
             }
             Err(e) if e.kind() == ErrorKind::NotFound => Self::create(dir),
-            Err(e) => Err(ProxyError::LoopbackCa {
+            Err(e) => Err(PkiError::LoopbackCa {
                 path: key_path,
                 reason: e.to_string(),
             }),
         }
     }
 
-    fn from_pem(dir: &Path, cert_pem: &str, key_pem: &str) -> Result<LoopbackCa, ProxyError> {
-        let bad = |reason: String| ProxyError::LoopbackCa {
+    fn from_pem(dir: &Path, cert_pem: &str, key_pem: &str) -> Result<LoopbackCa, PkiError> {
+        let bad = |reason: String| PkiError::LoopbackCa {
             path: dir.join(CA_CERT_FILE),
             reason,
         };
@@ -123,8 +123,8 @@ impl LoopbackCa {
         })
     }
 
-    fn create(dir: &Path) -> Result<LoopbackCa, ProxyError> {
-        let fail = |reason: String| ProxyError::LoopbackCa {
+    fn create(dir: &Path) -> Result<LoopbackCa, PkiError> {
+        let fail = |reason: String| PkiError::LoopbackCa {
             path: dir.join(CA_KEY_FILE),
             reason,
         };
@@ -179,8 +179,8 @@ impl LoopbackCa {
     pub fn server_cert(
         &self,
         ips: &[IpAddr],
-    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), ProxyError> {
-        let fail = |reason: String| ProxyError::LoopbackCa {
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), PkiError> {
+        let fail = |reason: String| PkiError::LoopbackCa {
             path: self.cert_path(),
             reason,
         };
@@ -215,8 +215,8 @@ impl LoopbackCa {
         &self,
         validity: Duration,
         cap: Option<OffsetDateTime>,
-    ) -> Result<LoopbackCredential, ProxyError> {
-        let fail = |reason: String| ProxyError::LoopbackCa {
+    ) -> Result<LoopbackCredential, PkiError> {
+        let fail = |reason: String| PkiError::LoopbackCa {
             path: self.cert_path(),
             reason,
         };
@@ -245,12 +245,12 @@ impl LoopbackCa {
     }
 }
 
-fn random_serial() -> Result<SerialNumber, ProxyError> {
+fn random_serial() -> Result<SerialNumber, PkiError> {
     use ring::rand::SecureRandom;
     let mut bytes = [0u8; 16];
     ring::rand::SystemRandom::new()
         .fill(&mut bytes)
-        .map_err(|_| ProxyError::Random)?;
+        .map_err(|_| PkiError::Random)?;
     bytes[0] = (bytes[0] & 0x7f) | 0x01;
     Ok(SerialNumber::from_slice(&bytes))
 }
