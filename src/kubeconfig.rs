@@ -19,6 +19,10 @@ pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
 
 /// Errors of kubeconfig generation.
 #[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
 pub enum KubeconfigError {
     #[error("cannot read kubeconfig {path}: {reason}; fix or move it, hwkey does not overwrite a file it cannot parse")]
     Read { path: PathBuf, reason: String },
@@ -63,7 +67,9 @@ pub enum Consumer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum ExecApiVersion {
     #[default]
+    /// `client.authentication.k8s.io/v1` (kubectl ≥ 1.22).
     V1,
+    /// `client.authentication.k8s.io/v1beta1`, for older kubectl.
     V1beta1,
 }
 
@@ -97,12 +103,15 @@ impl ExecApiVersion {
 pub struct Request {
     /// Name of the cluster, user and context entries.
     pub name: String,
+    /// The hardware key the proxy signs with.
     pub key: KeyUri,
+    /// Its certificate chain file, when not stored with the key.
     pub cert: Option<PathBuf>,
     /// The API server, e.g. `https://10.0.0.1:6443`.
     pub upstream: String,
     /// CA bundle of the API server.
     pub upstream_ca: PathBuf,
+    /// The name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
     /// Loopback port of the proxy; default: the one this name had before, else a free one.
     pub port: Option<u16>,
@@ -112,6 +121,7 @@ pub struct Request {
     pub idle_exit: Option<String>,
     /// Absolute path of the hwkey binary the exec block runs.
     pub command: PathBuf,
+    /// Who runs the plugin: a person (may be prompted) or kubelet (never interactive).
     pub consumer: Consumer,
     /// The exec block's apiVersion.
     pub exec_api_version: ExecApiVersion,

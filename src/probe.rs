@@ -15,6 +15,10 @@ use crate::pki::PkiError;
 
 /// Errors of a probe, each naming the step that failed.
 #[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
 pub enum ProbeError {
     #[error("invalid URL '{url}': {reason} (example: https://127.0.0.1:6443/version)")]
     InvalidUrl { url: String, reason: String },
@@ -53,8 +57,11 @@ pub enum ProbeError {
 /// What to probe and how.
 #[derive(Debug, Clone)]
 pub struct ProbeOptions {
+    /// The `https://` URL to GET.
     pub url: String,
+    /// The CA bundle that signs the server's certificate (default: the system roots).
     pub ca: Option<PathBuf>,
+    /// The name the server's certificate is checked against (default: the URL's host).
     pub server_name: Option<String>,
     /// Allow TLS 1.2 for a PKCS#1-only RSA key ([`crate::key::tls::protocol_versions`]).
     pub allow_tls12_fallback: bool,
@@ -63,14 +70,20 @@ pub struct ProbeOptions {
 /// What the probe saw.
 #[derive(Debug, Clone)]
 pub struct ProbeReport {
+    /// `TLSv1.3` or `TLSv1.2`.
     pub tls_version: String,
+    /// The negotiated cipher suite.
     pub cipher_suite: String,
+    /// The negotiated ALPN protocol, if any.
     pub alpn: Option<String>,
     /// The scheme the hardware signed the CertificateVerify with (None: the server asked for no
     /// client certificate, or the handshake was resumed).
     pub client_scheme: Option<SignScheme>,
+    /// The server certificate's subject.
     pub peer_subject: String,
+    /// The HTTP status.
     pub status: u16,
+    /// The response body.
     pub body: Bytes,
 }
 

@@ -11,7 +11,9 @@ use super::ExecError;
 /// The exec credential API versions hwkey speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiVersion {
+    /// `client.authentication.k8s.io/v1` (client-go ≥ 1.22).
     V1,
+    /// `client.authentication.k8s.io/v1beta1`, for older clients.
     V1Beta1,
 }
 
@@ -39,6 +41,7 @@ impl ApiVersion {
 /// What client-go passes in `KUBERNETES_EXEC_INFO`.
 #[derive(Debug, Clone)]
 pub struct ExecInfo {
+    /// The apiVersion the caller speaks; the answer must use the same one.
     pub api_version: ApiVersion,
     /// `spec.interactive`: whether the plugin may prompt on the terminal.
     pub interactive: bool,
@@ -54,6 +57,7 @@ pub struct Cluster {
     #[serde(default)]
     pub server: String,
     #[serde(default)]
+    /// The name the API server's certificate is checked against, when not the URL's host.
     pub tls_server_name: Option<String>,
     /// The CA of `server`, base64 in JSON (client-go sends bytes).
     #[serde(default)]
@@ -124,8 +128,11 @@ impl ExecInfo {
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecCredential {
+    /// The caller's apiVersion, echoed.
     pub api_version: &'static str,
+    /// Always `ExecCredential`.
     pub kind: &'static str,
+    /// The credential itself.
     pub status: ExecCredentialStatus,
 }
 
@@ -150,6 +157,7 @@ pub struct ExecCredentialStatus {
 /// KEP-2718 `proxyConfig`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProxyConfig {
+    /// The loopback URL of the proxy that holds the hardware key.
     pub url: String,
     /// Base64 of the PEM CA bundle, as client-go encodes `[]byte`.
     #[serde(rename = "certificate-authority-data")]

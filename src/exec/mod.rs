@@ -26,6 +26,10 @@ use crate::key::KeyError;
 
 /// Errors of the exec front end. Each is printed as one line on stderr (kubectl shows it).
 #[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
 pub enum ExecError {
     #[error("KUBERNETES_EXEC_INFO is not a valid ExecCredential: {reason} (hwkey credential is meant to be run by kubectl; see `hwkey kubeconfig`)")]
     MalformedExecInfo { reason: String },

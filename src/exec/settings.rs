@@ -19,31 +19,48 @@ pub const CONTROL_SOCKET: &str = "control.sock";
 /// Settings given on the plugin's command line (each optional).
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
+    /// The key URI (`pkcs11:` or `tpm:`).
     pub key: Option<String>,
+    /// The certificate chain file, when not stored with the key.
     pub cert: Option<PathBuf>,
+    /// The real API server (`https://HOST:PORT`).
     pub upstream: Option<String>,
+    /// The CA bundle of the API server.
     pub upstream_ca: Option<PathBuf>,
+    /// The name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
+    /// The proxy's state directory.
     pub state_dir: Option<PathBuf>,
+    /// The loopback listener the started proxy uses (`tcp:127.0.0.1:PORT`).
     pub listen: Option<String>,
+    /// How long the started proxy lives without clients.
     pub idle_exit: Option<String>,
+    /// Print only the hardware chain and `proxyConfig` (KEP-2718), no key.
     pub cert_only: bool,
 }
 
 /// Everything needed to find or start the proxy for one cluster.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// The hardware key the proxy signs with.
     pub key: KeyUri,
+    /// Its certificate chain file, when not stored with the key.
     pub cert: Option<PathBuf>,
+    /// The real API server (`https://HOST:PORT`).
     pub upstream: String,
+    /// The CA bundle of the API server (default: the system roots).
     pub upstream_ca: Option<PathBuf>,
+    /// The name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
+    /// The proxy's state directory (control socket, loopback CA, logs).
     pub state_dir: PathBuf,
     /// `tcp:127.0.0.1:PORT`: where the proxy must listen (the kubeconfig's `server`).
     pub listen: String,
     /// The kubeconfig's server URL (for messages).
     pub server: String,
+    /// How long the started proxy lives without clients (`--idle-exit`).
     pub idle_exit: String,
+    /// Print only the hardware chain and `proxyConfig` (KEP-2718), no key.
     pub cert_only: bool,
 }
 

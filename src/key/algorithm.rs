@@ -17,7 +17,10 @@ pub enum KeyAlgorithm {
     EcP384,
     /// RSA with the given modulus size in bits. Keys found on a token may have any size; keys we
     /// create are 2048, 3072 or 4096 bits.
-    Rsa { bits: u32 },
+    Rsa {
+        /// The modulus size in bits.
+        bits: u32,
+    },
 }
 
 impl KeyAlgorithm {
@@ -108,8 +111,11 @@ impl FromStr for KeyAlgorithm {
 /// A hash function used by a signature scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HashAlg {
+    /// SHA-256.
     Sha256,
+    /// SHA-384.
     Sha384,
+    /// SHA-512.
     Sha512,
 }
 
@@ -160,15 +166,21 @@ impl HashAlg {
 /// big-endian integer of the modulus length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SignScheme {
+    /// ECDSA on P-256 with SHA-256.
     EcdsaP256Sha256,
+    /// ECDSA on P-384 with SHA-384.
     EcdsaP384Sha384,
     /// RSASSA-PSS, MGF1 with the same hash, salt length = hash length (what TLS 1.3 requires).
     RsaPssSha256,
+    /// RSA-PSS with SHA-384 (salt = hash length).
     RsaPssSha384,
+    /// RSA-PSS with SHA-512 (salt = hash length).
     RsaPssSha512,
     /// RSASSA-PKCS1-v1_5.
     RsaPkcs1Sha256,
+    /// RSA PKCS#1 v1.5 with SHA-384 (TLS 1.2 only).
     RsaPkcs1Sha384,
+    /// RSA PKCS#1 v1.5 with SHA-512 (TLS 1.2 only).
     RsaPkcs1Sha512,
 }
 

@@ -88,7 +88,9 @@ fn strip_zeros(b: &[u8]) -> &[u8] {
 /// the PKCS#1 `RSAPublicKey`, which is what rcgen calls `der_bytes`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpkiInfo {
+    /// The key's algorithm, from the SPKI's algorithm identifier and parameters.
     pub algorithm: KeyAlgorithm,
+    /// The SPKI's BIT STRING contents (EC point or PKCS#1 RSA public key).
     pub key_bits: Vec<u8>,
 }
 

@@ -9,6 +9,10 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong while finding, creating or using a hardware key.
 #[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
 pub enum KeyError {
     #[error("invalid key URI '{uri}': {reason}")]
     InvalidUri { uri: String, reason: String },

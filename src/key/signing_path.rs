@@ -18,12 +18,21 @@ pub enum SigningPath {
     /// RSA-PSS padding computed by hwkey ([`super::pss`]), the raw RSA private-key operation in
     /// the device (`mechanism`: `CKM_RSA_X_509`, or the TPM's RSA_Decrypt). The private key
     /// still never leaves the device.
-    SoftwarePss { mechanism: &'static str },
+    SoftwarePss {
+        /// The raw-RSA mechanism the padded block is signed with.
+        mechanism: &'static str,
+    },
     /// PKCS#1 v1.5 only: no PSS and no raw RSA, so no TLS 1.3; TLS 1.2 only when the user
-    /// allows the fallback. `missing` names the mechanisms the device lacks.
-    Pkcs1Only { missing: &'static str },
+    /// allows the fallback.
+    Pkcs1Only {
+        /// The mechanisms the device lacks.
+        missing: &'static str,
+    },
     /// No RSA signature mechanism at all.
-    Unusable { missing: &'static str },
+    Unusable {
+        /// The mechanisms the device lacks.
+        missing: &'static str,
+    },
 }
 
 impl SigningPath {

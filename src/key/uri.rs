@@ -22,7 +22,9 @@ use super::KeyError;
 /// A parsed key URI.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyUri {
+    /// A key in a PKCS#11 token (RFC 7512).
     Pkcs11(Pkcs11Uri),
+    /// A key in a TPM 2.0 (TSS2 key file or persistent handle).
     Tpm(TpmUri),
 }
 

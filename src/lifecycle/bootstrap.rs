@@ -22,7 +22,9 @@ use crate::pki::cert;
 pub struct BootstrapOptions {
     /// A kubeconfig with the API server, its CA and a bootstrap token.
     pub bootstrap_kubeconfig: PathBuf,
+    /// The node's name: the identity asked for is `system:node:NAME`.
     pub node_name: String,
+    /// The hardware key the node identity is for.
     pub key: KeyUri,
     /// Create the key with this algorithm when it does not exist yet.
     pub create_key: Option<KeyAlgorithm>,
@@ -34,6 +36,7 @@ pub struct BootstrapOptions {
     pub state_dir: PathBuf,
     /// The proxy's loopback port the kubeconfig points at (None: the file's, else a free one).
     pub port: Option<u16>,
+    /// How long to wait for the CSR to be approved and issued.
     pub wait: Duration,
     /// The hwkey binary the kubelet kubeconfig's exec block runs.
     pub command: PathBuf,
@@ -46,7 +49,12 @@ pub struct BootstrapOptions {
 #[derive(Debug, Clone)]
 pub enum Bootstrapped {
     /// A valid node certificate was already there; only missing files were written.
-    AlreadyDone { subject: String, not_after: String },
+    AlreadyDone {
+        /// The existing certificate's subject.
+        subject: String,
+        /// Its NotAfter, RFC 3339.
+        not_after: String,
+    },
     /// A certificate was requested and installed.
     Issued(Renewed),
 }

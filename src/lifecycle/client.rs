@@ -18,7 +18,9 @@ use crate::key::tls::HardwareCertResolver;
 pub enum Identity {
     /// mTLS with the hardware key and its current certificate chain.
     Hardware {
+        /// Presents the hardware certificate; signs the handshake in the device.
         resolver: Arc<HardwareCertResolver>,
+        /// The TLS versions the key can sign for.
         versions: &'static [&'static rustls::SupportedProtocolVersion],
     },
     /// Whatever the kube `Config` carries (a bootstrap token); no client certificate.

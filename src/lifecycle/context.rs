@@ -12,10 +12,15 @@ use crate::kubeconfig::EXEC_EXTENSION;
 /// The hwkey settings of one kubeconfig context.
 #[derive(Debug, Clone)]
 pub struct HwkeyContext {
+    /// The key URI.
     pub key: String,
+    /// The certificate file, when not stored with the key.
     pub cert: Option<PathBuf>,
+    /// The real API server.
     pub upstream: String,
+    /// The API server's CA bundle.
     pub upstream_ca: Option<PathBuf>,
+    /// The name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
 }
 

@@ -19,7 +19,9 @@ use super::LifecycleError;
 pub struct Submission {
     /// The PEM `CERTIFICATE REQUEST`, signed in the hardware.
     pub csr_pem: String,
+    /// The `spec.signerName` (e.g. `kubernetes.io/kube-apiserver-client`).
     pub signer_name: String,
+    /// The `spec.usages` (`digital signature`, `client auth`).
     pub usages: Vec<String>,
     /// `spec.expirationSeconds` (honoured by API servers from 1.22 on).
     pub expiration_seconds: Option<i32>,
@@ -32,12 +34,18 @@ pub struct Submission {
 pub enum Outcome {
     /// The issued certificate chain (PEM).
     Issued(Vec<u8>),
+    /// An approver denied it.
     Denied {
+        /// The condition's reason.
         reason: String,
+        /// The condition's message.
         message: String,
     },
+    /// The signer failed it.
     Failed {
+        /// The condition's reason.
         reason: String,
+        /// The condition's message.
         message: String,
     },
 }

@@ -17,11 +17,17 @@ use crate::pki::cert;
 /// A certificate that passed the checks.
 #[derive(Debug, Clone)]
 pub struct Issued {
+    /// The issued chain, leaf first.
     pub chain: Vec<CertificateDer<'static>>,
+    /// The leaf's subject (`CN=…, O=…`).
     pub subject: String,
+    /// The leaf's serial number (hex).
     pub serial: String,
+    /// NotBefore, Unix seconds.
     pub not_before_unix: i64,
+    /// NotAfter, Unix seconds.
     pub not_after_unix: i64,
+    /// NotAfter, RFC 3339, for messages.
     pub not_after: String,
 }
 

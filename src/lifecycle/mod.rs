@@ -46,6 +46,10 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(15 * 60);
 
 /// Errors of the lifecycle, each saying what happened to the installed certificate.
 #[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
 pub enum LifecycleError {
     #[error("invalid API server URL '{url}': {reason} (example: https://10.0.0.1:6443)")]
     InvalidServer { url: String, reason: String },

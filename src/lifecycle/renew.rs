@@ -19,6 +19,7 @@ use crate::pki::name::Name;
 /// What `hwkey renew` needs.
 #[derive(Debug, Clone)]
 pub struct RenewOptions {
+    /// The hardware key (the CSR is for it, and the API client signs with it).
     pub key: KeyUri,
     /// The current certificate's file, where the new one goes; None: the key's own store.
     pub cert: Option<PathBuf>,
@@ -26,12 +27,17 @@ pub struct RenewOptions {
     pub server: String,
     /// Its CA bundle (None: the system roots).
     pub ca: Option<PathBuf>,
+    /// The name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
     /// The subject to ask for (default: the current certificate's).
     pub subject: Option<String>,
+    /// The signer to ask (default `kubernetes.io/kube-apiserver-client`, or the kubelet signer for nodes).
     pub signer_name: Option<String>,
+    /// The lifetime asked for (`spec.expirationSeconds`); the signer may shorten it.
     pub expiration_seconds: Option<u32>,
+    /// How long to wait for approval and issuance.
     pub wait: Duration,
+    /// Allow TLS 1.2 with PKCS#1 v1.5 for RSA keys that cannot sign RSA-PSS.
     pub allow_tls12_fallback: bool,
 }
 
@@ -40,6 +46,7 @@ pub struct RenewOptions {
 pub struct Renewed {
     /// The CertificateSigningRequest's name.
     pub csr_name: String,
+    /// The certificate that was issued and installed.
     pub issued: Issued,
     /// Where it was installed.
     pub installed: String,

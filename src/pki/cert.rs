@@ -80,14 +80,21 @@ pub fn ensure_matches(cert: &[u8], key: &Key) -> Result<(), PkiError> {
 /// What `hwkey cert show` prints about a certificate.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CertSummary {
+    /// Subject DN, RFC 4514 style.
     pub subject: String,
+    /// Issuer DN, RFC 4514 style.
     pub issuer: String,
+    /// Serial number, hex.
     pub serial: String,
+    /// NotBefore, RFC 3339.
     pub not_before: String,
+    /// NotAfter, RFC 3339.
     pub not_after: String,
     /// Seconds since the Unix epoch, for callers that compare.
     pub not_after_unix: i64,
+    /// DNS names and IP addresses of the subjectAltName extension.
     pub subject_alt_names: Vec<String>,
+    /// The public key's algorithm (`ec-p256`, `rsa-2048`, …).
     pub key_algorithm: String,
 }
 

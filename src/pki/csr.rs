@@ -18,8 +18,11 @@ const OID_RSA_SHA256: &[u64] = &[1, 2, 840, 113549, 1, 1, 11];
 /// What a request asks for.
 #[derive(Debug, Clone, Default)]
 pub struct CsrRequest {
+    /// The subject (O may repeat: Kubernetes groups).
     pub subject: Name,
+    /// dNSName subjectAltNames (ASCII; punycode for IDNs).
     pub dns_names: Vec<String>,
+    /// iPAddress subjectAltNames.
     pub ip_addresses: Vec<IpAddr>,
 }
 

@@ -49,10 +49,13 @@ impl std::fmt::Debug for LoopbackCa {
 
 /// A loopback client credential: what the control socket hands out.
 pub struct LoopbackCredential {
+    /// The client certificate (PEM) for the local hop.
     pub cert_pem: String,
     /// The throw-away private key (PKCS#8 PEM); wiped from memory on drop.
     pub key_pem: Zeroizing<String>,
+    /// The loopback CA certificate (PEM) that the proxy's server certificate chains to.
     pub ca_pem: String,
+    /// The client certificate's NotAfter.
     pub not_after: OffsetDateTime,
 }
 

@@ -13,6 +13,10 @@ use crate::key::KeyError;
 
 /// Errors of the PKI layer.
 #[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
 pub enum PkiError {
     #[error("invalid subject '{given}': {reason} (example: --subject \"CN=alice,O=devs\")")]
     InvalidSubject { given: String, reason: String },

@@ -9,8 +9,11 @@ use super::PkiError;
 /// One attribute of a name: its OID and value, and whether it must be a PrintableString.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NameAttr {
+    /// The attribute type's OID.
     pub oid: &'static [u64],
+    /// Its short name (`CN`, `O`, …).
     pub short: &'static str,
+    /// The value as written.
     pub value: String,
 }
 

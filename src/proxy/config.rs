@@ -76,6 +76,7 @@ impl fmt::Display for ListenAddr {
 pub struct UpstreamTarget {
     /// Host as written in the URL (brackets removed from IPv6 literals).
     pub host: String,
+    /// Port (443 when the URL names none).
     pub port: u16,
 }
 
@@ -191,37 +192,59 @@ where
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct FileConfig {
     #[serde(default, deserialize_with = "parsed")]
+    /// `key`: the hardware key.
     pub key: Option<KeyUri>,
+    /// `cert`: its certificate chain file.
     pub cert: Option<PathBuf>,
     #[serde(default, deserialize_with = "parsed")]
+    /// `upstream`: the API server URL.
     pub upstream: Option<UpstreamTarget>,
+    /// `upstream-ca`: the API server's CA bundle.
     pub upstream_ca: Option<PathBuf>,
+    /// `tls-server-name`: the name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
     #[serde(default, deserialize_with = "parsed_list")]
+    /// `listen`: the client listeners.
     pub listen: Vec<ListenAddr>,
     #[serde(default, deserialize_with = "parsed")]
+    /// `admin`: the /healthz and /metrics listener.
     pub admin: Option<ListenAddr>,
+    /// `state-dir`.
     pub state_dir: Option<PathBuf>,
+    /// `lock-file`: exit when its flock holder goes away.
     pub lock_file: Option<PathBuf>,
     #[serde(default, deserialize_with = "duration")]
+    /// `idle-exit`.
     pub idle_exit: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
+    /// `handshake-timeout`.
     pub handshake_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
+    /// `idle-timeout`.
     pub idle_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
+    /// `drain-timeout`.
     pub drain_timeout: Option<Duration>,
+    /// `max-connections`.
     pub max_connections: Option<usize>,
     #[serde(default)]
+    /// `allow-uid`: more UNIX-socket peers.
     pub allow_uid: Vec<u32>,
+    /// `unsafe-listen`.
     pub unsafe_listen: Option<bool>,
+    /// `allow-tls12-fallback`.
     pub allow_tls12_fallback: Option<bool>,
+    /// `renew`.
     pub renew: Option<bool>,
+    /// `rotate-key`.
     pub rotate_key: Option<bool>,
+    /// `rotation-close`.
     pub rotation_close: Option<super::rotation::RotationClose>,
     #[serde(default, deserialize_with = "duration")]
+    /// `credential-validity`.
     pub credential_validity: Option<Duration>,
     #[serde(default, deserialize_with = "duration")]
+    /// `reload-interval`.
     pub reload_interval: Option<Duration>,
 }
 

@@ -53,6 +53,7 @@ pub struct Activity {
 }
 
 impl Activity {
+    /// Starts counting; every connection reports to `metrics` too.
     pub fn new(metrics: Arc<Metrics>) -> Activity {
         Activity {
             open: AtomicUsize::new(0),
@@ -78,6 +79,7 @@ impl Activity {
         self.changed.notify_waiters();
     }
 
+    /// Connections open now.
     pub fn open(&self) -> usize {
         self.open.load(Ordering::SeqCst)
     }

@@ -43,12 +43,18 @@ pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// A bound listener, not yet accepting.
 #[derive(Debug)]
 pub enum Bound {
+    /// A UNIX socket (removed on exit).
     Unix {
+        /// The bound socket.
         listener: UnixListener,
+        /// Its path.
         path: PathBuf,
     },
+    /// A TCP socket (loopback TLS).
     Tcp {
+        /// The bound socket.
         listener: TcpListener,
+        /// The address it got (port 0 resolved).
         addr: SocketAddr,
     },
 }

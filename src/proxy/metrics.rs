@@ -23,7 +23,9 @@ use prometheus_client::registry::Registry;
 /// Which listener a client connection came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ListenerKind {
+    /// A UNIX socket (peer uid checked).
     Unix,
+    /// Loopback TLS (loopback client certificate required).
     Tcp,
 }
 
@@ -77,9 +79,13 @@ impl Refusal {
 /// At which step an upstream connection failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamStage {
+    /// The TCP connect failed.
     Connect,
+    /// The TLS handshake failed.
     Handshake,
+    /// The upstream chose no protocol the client offered.
     Alpn,
+    /// The handshake-timeout passed.
     Timeout,
 }
 
@@ -280,41 +286,50 @@ impl Metrics {
         }
     }
 
+    /// Counts a client connection accepted on a listener (refused ones included).
     pub fn connection_accepted(&self, kind: ListenerKind) {
         self.connections[kind as usize].inc();
     }
 
+    /// A client connection opened.
     pub fn active_inc(&self) {
         self.connections_active.inc();
     }
 
+    /// A client connection closed.
     pub fn active_dec(&self) {
         self.connections_active.dec();
     }
 
+    /// Counts a client turned away before any upstream connection.
     pub fn refused(&self, why: Refusal) {
         self.refused[why as usize].inc();
     }
 
+    /// Counts an upstream handshake and observes its latency.
     pub fn upstream_handshake(&self, resumed: bool, took: Duration) {
         let i = usize::from(!resumed);
         self.upstream_handshakes[i].inc();
         self.upstream_latency[i].observe(took.as_secs_f64());
     }
 
+    /// Counts a failed upstream connection by step.
     pub fn upstream_error(&self, stage: UpstreamStage) {
         self.upstream_errors[stage as usize].inc();
     }
 
+    /// Observes a loopback TLS handshake's latency.
     pub fn local_handshake(&self, took: Duration) {
         self.local_latency.observe(took.as_secs_f64());
     }
 
+    /// Adds the bytes a finished connection bridged each way.
     pub fn bytes(&self, up: u64, down: u64) {
         self.bytes[0].inc_by(up);
         self.bytes[1].inc_by(down);
     }
 
+    /// Counts a certificate reload by result.
     pub fn reload(&self, ok: bool) {
         self.reloads[usize::from(!ok)].inc();
     }
@@ -326,11 +341,13 @@ impl Metrics {
             .store(not_after_unix.unwrap_or(i64::MIN), Ordering::Relaxed);
     }
 
+    /// Counts a successful renewal and records when.
     pub fn renewal_succeeded(&self, at_unix: f64) {
         self.renewals[0].inc();
         self.renewal_last_success.set(at_unix as i64);
     }
 
+    /// Counts a failed renewal by reason (one of [`RENEWAL_FAILURE_REASONS`]).
     pub fn renewal_failed(&self, reason: &'static str) {
         self.renewals[1].inc();
         self.renewal_failures
@@ -338,6 +355,7 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a loopback credential handed out.
     pub fn credential_issued(&self) {
         self.credentials_issued.inc();
     }

@@ -63,6 +63,7 @@ pub struct ProxyConfig {
     pub key: KeyUri,
     /// Certificate chain file; None: the chain stored with the key.
     pub cert: Option<PathBuf>,
+    /// The API server.
     pub upstream: UpstreamTarget,
     /// CA bundle for the upstream's certificate; None: the system roots.
     pub upstream_ca: Option<PathBuf>,
@@ -70,15 +71,21 @@ pub struct ProxyConfig {
     pub tls_server_name: Option<String>,
     /// Client listeners (at least one).
     pub listen: Vec<ListenAddr>,
+    /// The /healthz and /metrics listener.
     pub admin: Option<ListenAddr>,
     /// Holds the loopback CA and the control socket.
     pub state_dir: PathBuf,
+    /// Exit when the holder of an flock on this file goes away.
     pub lock_file: Option<PathBuf>,
+    /// Exit after this long without clients.
     pub idle_exit: Option<Duration>,
+    /// Limit for the local and for the upstream handshake, each.
     pub handshake_timeout: Duration,
     /// Close a bridged connection after this long without a byte either way (None: never).
     pub idle_timeout: Option<Duration>,
+    /// On SIGTERM, how long open connections may take to finish.
     pub drain_timeout: Duration,
+    /// Most client connections open at once (lowered to fit the descriptor limit).
     pub max_connections: usize,
     /// UNIX-socket peers allowed besides the proxy's own uid.
     pub allow_uids: Vec<u32>,
@@ -89,6 +96,7 @@ pub struct ProxyConfig {
     pub allow_tls12_fallback: bool,
     /// Default lifetime of loopback credentials.
     pub credential_validity: Duration,
+    /// How often the certificate file is checked for changes.
     pub reload_interval: Duration,
     /// Renew the certificate through the CSR API before it expires (`--renew`).
     pub renew: bool,
@@ -101,6 +109,10 @@ pub struct ProxyConfig {
 
 /// Errors of the proxy layer, each saying what to fix.
 #[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
 pub enum ProxyError {
     #[error("invalid listen address '{given}': {reason} (examples: unix:/run/hwkey/proxy.sock, tcp:127.0.0.1:6443)")]
     InvalidListen { given: String, reason: String },

@@ -16,6 +16,7 @@ pub struct RateLimited {
 }
 
 impl RateLimited {
+    /// At most one message per `every`.
     pub const fn new(every: Duration) -> RateLimited {
         RateLimited {
             every,

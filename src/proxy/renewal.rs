@@ -35,13 +35,17 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5 * 60);
 /// What the renewal task needs besides [`Shared`].
 #[derive(Debug, Clone)]
 pub struct RenewSettings {
+    /// The key in use (the CSR is for it, or for its successor with key rotation).
     pub key: KeyUri,
     /// The `--cert` file (None: the key's store).
     pub cert: Option<PathBuf>,
     /// `https://HOST:PORT` of the API server.
     pub server: String,
+    /// The API server's CA bundle.
     pub upstream_ca: Option<PathBuf>,
+    /// The name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
+    /// The TLS versions the key can sign for.
     pub versions: &'static [&'static rustls::SupportedProtocolVersion],
     /// `--rotate-key`: a fresh hardware key per renewal.
     pub rotate_key: bool,

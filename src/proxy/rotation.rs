@@ -26,6 +26,7 @@ pub enum RotationClose {
 /// The certificate generation in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CertEpoch {
+    /// Counts installed certificates; higher is newer.
     pub generation: u64,
     /// The leaf's NotAfter, seconds since the Unix epoch (None: unreadable, never expires here).
     pub not_after_unix: Option<i64>,

@@ -45,9 +45,11 @@ const SESSION_STORE_SERVERS: usize = 32;
 
 /// An established upstream connection.
 pub struct UpstreamConn {
+    /// The TLS stream to the API server.
     pub stream: TlsStream<TcpStream>,
     /// The protocol the upstream agreed to (None: no ALPN).
     pub alpn: Option<Vec<u8>>,
+    /// Whether the handshake resumed a session (no signature made).
     pub resumed: bool,
 }
 
