@@ -44,6 +44,8 @@ pub struct BootstrapArgs {
     /// How long to wait for the request to be issued.
     #[arg(long, default_value = "15m")]
     wait: String,
+    #[command(flatten)]
+    policy: super::KeyPolicy,
 }
 
 pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
@@ -66,6 +68,7 @@ pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
         exec_api_version: args.exec_api_version,
         wait: crate::proxy::config::parse_duration(&args.wait)?,
         command: std::env::current_exe().context("cannot find the hwkey binary's path")?,
+        require_non_extractable: args.policy.required(),
     };
     match bootstrap::bootstrap(&options)? {
         Bootstrapped::AlreadyDone { subject, not_after } => eprintln!(

@@ -36,11 +36,14 @@ pub struct CsrArgs {
     /// spec.expirationSeconds of the Kubernetes object.
     #[arg(long, requires = "k8s_name")]
     expiration_seconds: Option<u32>,
+    #[command(flatten)]
+    policy: super::KeyPolicy,
 }
 
 pub fn run(args: CsrArgs) -> anyhow::Result<()> {
     let request = CsrRequest::parse(&args.subject, &args.dns, &args.ip)?;
     let key = Key::open(&args.key)?;
+    key.require_non_extractable(args.policy.required())?;
     let der = csr::build(&key, &request)?;
     let pem = csr::to_pem(&der);
     let text = match &args.k8s_name {

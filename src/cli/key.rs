@@ -99,8 +99,14 @@ pub fn run(cmd: KeyCommand) -> anyhow::Result<()> {
             let schemes: Vec<String> = opened.schemes().iter().map(|s| s.to_string()).collect();
             println!("schemes:   {}", schemes.join(", "));
             println!("signing:   {}", opened.signing_path());
-            for (name, value) in key::protection(&key)? {
+            let protection = opened.protection()?;
+            for (name, value) in &protection.attributes {
                 println!("{name}: {value}");
+            }
+            if protection.exportable.is_empty() {
+                println!("extractable: no (the device says the private key cannot leave it)");
+            } else {
+                println!("extractable: YES: {}", protection.exportable.join("; "));
             }
             let cert = match opened.stored_chain() {
                 Ok(Some(chain)) => format!("{} stored", chain.len()),

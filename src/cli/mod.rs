@@ -177,6 +177,28 @@ fn init_logging(format: LogFormat) {
     };
 }
 
+/// `--require-non-extractable`, shared by every command that makes or uses a hardware identity.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub(crate) struct KeyPolicy {
+    /// Refuse a key that could leave its device: a PKCS#11 key with CKA_EXTRACTABLE true,
+    /// CKA_NEVER_EXTRACTABLE false or CKA_SENSITIVE false; a TPM key without fixedTPM (default
+    /// true).
+    #[arg(
+        long,
+        env = "HWKEY_REQUIRE_NON_EXTRACTABLE",
+        action = clap::ArgAction::Set,
+        value_name = "true|false"
+    )]
+    pub(crate) require_non_extractable: Option<bool>,
+}
+
+impl KeyPolicy {
+    /// The policy in force: on unless turned off.
+    pub(crate) fn required(self) -> bool {
+        self.require_non_extractable.unwrap_or(true)
+    }
+}
+
 /// Parses `--key` values into typed URIs at the edge. A plain value parser would let clap echo
 /// the raw value in its error, `pin-value` included; this one reports only the parser's
 /// message, in which every `pin-value` is redacted.

@@ -105,6 +105,8 @@ pub struct ProxyArgs {
     /// How often the --cert file is checked for changes (default 2s).
     #[arg(long, env = "HWKEY_RELOAD_INTERVAL", value_parser = parse_duration)]
     reload_interval: Option<Duration>,
+    #[command(flatten)]
+    policy: super::KeyPolicy,
 }
 
 /// Merges flags, environment and the config file into a typed config.
@@ -178,6 +180,11 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
             args.credential_validity.or(file.credential_validity),
         )?
         .unwrap_or(proxy::control::DEFAULT_VALIDITY),
+        require_non_extractable: args
+            .policy
+            .require_non_extractable
+            .or(file.require_non_extractable)
+            .unwrap_or(true),
         reload_interval: args
             .reload_interval
             .or(file.reload_interval)

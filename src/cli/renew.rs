@@ -50,6 +50,8 @@ pub struct RenewArgs {
     /// For an RSA key on a token without RSA-PSS or raw RSA: use TLS 1.2.
     #[arg(long, env = "HWKEY_ALLOW_TLS12_FALLBACK")]
     allow_tls12_fallback: bool,
+    #[command(flatten)]
+    policy: super::KeyPolicy,
 }
 
 pub fn run(args: RenewArgs) -> anyhow::Result<()> {
@@ -86,6 +88,7 @@ pub fn run(args: RenewArgs) -> anyhow::Result<()> {
         expiration_seconds: args.expiration_seconds,
         wait: if wait.is_zero() { DEFAULT_WAIT } else { wait },
         allow_tls12_fallback: args.allow_tls12_fallback,
+        require_non_extractable: args.policy.required(),
     };
     let renewed = renew::renew(&options)?;
     for note in &renewed.notes {

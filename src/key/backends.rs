@@ -82,16 +82,3 @@ pub fn store_chain(uri: &KeyUri, chain: &[Vec<u8>]) -> Result<String, KeyError> 
         _ => Err(not_built(uri)),
     }
 }
-
-/// The key's protection attributes as the device reports them (`hwkey key info`), such as
-/// PKCS#11's `CKA_SENSITIVE` and `CKA_NEVER_EXTRACTABLE`. Empty for TPM keys: their protection
-/// is fixed by the template they were created under (`fixedTPM`, `fixedParent`).
-pub fn protection(uri: &KeyUri) -> Result<Vec<(&'static str, bool)>, KeyError> {
-    match uri {
-        #[cfg(feature = "pkcs11")]
-        KeyUri::Pkcs11(u) => pkcs11::protection(u),
-        KeyUri::Tpm(_) => Ok(Vec::new()),
-        #[cfg(not(feature = "pkcs11"))]
-        KeyUri::Pkcs11(_) => Err(not_built(uri)),
-    }
-}

@@ -156,6 +156,9 @@ pub enum KeyError {
     #[error("{0}")]
     Unsupported(String),
 
+    #[error("{key} could leave its device: {reasons}. A hardware identity needs a key that cannot (create one with `hwkey key create`); to use this key anyway, pass --require-non-extractable=false")]
+    Extractable { key: String, reasons: String },
+
     #[error("this hwkey was built without the {backend} backend: rebuild it with `cargo build --features {feature}` (both backends are in the default build)")]
     BackendNotBuilt {
         backend: &'static str,

@@ -19,6 +19,7 @@ pub mod pin;
 pub mod pin_memory;
 #[cfg(feature = "pkcs11")]
 pub mod pkcs11;
+pub mod protection;
 pub(crate) mod pss;
 pub mod rcgen_signer;
 pub mod signing_path;
@@ -33,6 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use algorithm::{HashAlg, KeyAlgorithm, SignScheme};
 pub use error::{Cause, KeyError};
+pub use protection::Protection;
 pub use signing_path::SigningPath;
 pub use uri::{KeyUri, Pkcs11Uri, TpmKeyLocation, TpmUri};
 
@@ -58,6 +60,9 @@ pub trait KeyBackend: Send + Sync + fmt::Debug {
     fn session_stats(&self) -> Option<SessionStats> {
         None
     }
+
+    /// What the device says about whether the private key can leave it.
+    fn protection(&self) -> Result<Protection, KeyError>;
 
     /// How signatures are made (decided when the key was opened). Backends whose RSA keys can
     /// lack PSS say so here; the default is the device's own mechanisms.
@@ -220,6 +225,21 @@ impl Key {
     pub fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError> {
         self.backend.stored_chain()
     }
+
+    /// What the device says about whether the private key can leave it.
+    pub fn protection(&self) -> Result<Protection, KeyError> {
+        self.backend.protection()
+    }
+
+    /// The `--require-non-extractable` policy: fails, naming the reasons, when the device says
+    /// the private key could leave it (or may exist outside it). Does nothing when `required`
+    /// is false.
+    pub fn require_non_extractable(&self, required: bool) -> Result<(), KeyError> {
+        if !required {
+            return Ok(());
+        }
+        self.protection()?.require_non_extractable(&self.describe())
+    }
 }
 
-pub use backends::{delete, list, protection, store_chain};
+pub use backends::{delete, list, store_chain};

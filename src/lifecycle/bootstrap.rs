@@ -43,6 +43,8 @@ pub struct BootstrapOptions {
     /// The exec block's version (None: from the API server's version, see
     /// [`ExecApiVersion::for_cluster`]).
     pub exec_api_version: Option<ExecApiVersion>,
+    /// Refuse a key the device says could leave it (`--require-non-extractable`).
+    pub require_non_extractable: bool,
 }
 
 /// What bootstrapping did.
@@ -64,6 +66,7 @@ pub fn bootstrap(options: &BootstrapOptions) -> Result<Bootstrapped, LifecycleEr
     check_node_name(&options.node_name)?;
     let subject = format!("CN=system:node:{},O=system:nodes", options.node_name);
     let key = open_or_create(&options.key, options.create_key)?;
+    key.require_non_extractable(options.require_non_extractable)?;
     let (config, ca_file) = read_bootstrap_kubeconfig(options)?;
 
     if let Some((subject, not_after)) = current_node_cert(&key, options)? {

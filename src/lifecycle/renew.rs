@@ -39,6 +39,8 @@ pub struct RenewOptions {
     pub wait: Duration,
     /// Allow TLS 1.2 with PKCS#1 v1.5 for RSA keys that cannot sign RSA-PSS.
     pub allow_tls12_fallback: bool,
+    /// Refuse a key the device says could leave it (`--require-non-extractable`).
+    pub require_non_extractable: bool,
 }
 
 /// What a renewal produced.
@@ -57,6 +59,7 @@ pub struct Renewed {
 /// Renews the certificate of `options.key`.
 pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
     let key = Arc::new(Key::open(&options.key)?);
+    key.require_non_extractable(options.require_non_extractable)?;
     let chain = cert::chain_for_key(&key, options.cert.as_deref())?;
     cert::ensure_matches(&chain[0], &key)?;
     let subject = match &options.subject {

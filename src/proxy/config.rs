@@ -246,6 +246,8 @@ pub struct FileConfig {
     #[serde(default, deserialize_with = "duration")]
     /// `reload-interval`.
     pub reload_interval: Option<Duration>,
+    /// `require-non-extractable`.
+    pub require_non_extractable: Option<bool>,
 }
 
 impl FileConfig {

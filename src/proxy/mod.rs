@@ -98,6 +98,8 @@ pub struct ProxyConfig {
     pub credential_validity: Duration,
     /// How often the certificate file is checked for changes.
     pub reload_interval: Duration,
+    /// Refuse a key the device says could leave it (`--require-non-extractable`).
+    pub require_non_extractable: bool,
     /// Renew the certificate through the CSR API before it expires (`--renew`).
     pub renew: bool,
     /// When connections opened with a replaced certificate are closed.
@@ -306,6 +308,7 @@ pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
         renewal::next_key_uri(&config.key).map_err(|e| ProxyError::RotateKey(e.to_string()))?;
     }
     let key = Arc::new(Key::open(&config.key)?);
+    key.require_non_extractable(config.require_non_extractable)?;
     // Refuse now, in words, a key that cannot sign any handshake the upstream could accept.
     let versions = crate::key::tls::protocol_versions(&key, config.allow_tls12_fallback)?;
     let chain = cert::chain_for_key(&key, config.cert.as_deref())?;

@@ -17,6 +17,7 @@ mod fixtures;
 mod fuzz_props;
 #[cfg(feature = "pkcs11")]
 mod hardening;
+mod key_policy;
 #[cfg(feature = "pkcs11")]
 mod kubeconfig_merge;
 mod kubectl_e2e;

@@ -438,6 +438,10 @@ impl KeyBackend for Pkcs11Key {
         self.algorithm
     }
 
+    fn protection(&self) -> Result<crate::key::Protection, KeyError> {
+        Ok(crate::key::Protection::from_pkcs11(protection(&self.uri)?))
+    }
+
     fn spki_der(&self) -> &[u8] {
         &self.spki
     }

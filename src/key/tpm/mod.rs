@@ -304,6 +304,15 @@ impl KeyBackend for TpmKey {
         self.info.algorithm
     }
 
+    fn protection(&self) -> Result<crate::key::Protection, KeyError> {
+        let f = self.info.fixed;
+        Ok(crate::key::Protection::from_tpm(
+            f.fixed_tpm,
+            f.fixed_parent,
+            f.sensitive_data_origin,
+        ))
+    }
+
     fn spki_der(&self) -> &[u8] {
         &self.info.spki
     }

@@ -34,12 +34,30 @@ pub(crate) struct KeyInfo {
     /// RSA modulus length in bytes; 0 for EC keys.
     pub modulus_len: usize,
     pub pss: PssMethod,
+    /// The object attributes that say whether the key can leave this TPM.
+    pub fixed: Fixedness,
+}
+
+/// The object attributes that keep a key in its TPM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fixedness {
+    /// The key cannot be duplicated (to any TPM).
+    pub fixed_tpm: bool,
+    /// The key cannot be duplicated to another parent.
+    pub fixed_parent: bool,
+    /// The TPM generated the private key (it was not imported).
+    pub sensitive_data_origin: bool,
 }
 
 impl KeyInfo {
     /// Reads a public area; the error is the reason the key cannot be used.
     pub(crate) fn from_public(public: &Public) -> Result<KeyInfo, String> {
         let attributes = public.object_attributes();
+        let fixed = Fixedness {
+            fixed_tpm: attributes.fixed_tpm(),
+            fixed_parent: attributes.fixed_parent(),
+            sensitive_data_origin: attributes.sensitive_data_origin(),
+        };
         if !attributes.sign_encrypt() {
             return Err(if attributes.restricted() && attributes.decrypt() {
                 "it is a storage (parent) key, not a signing key".into()
@@ -95,6 +113,7 @@ impl KeyInfo {
                     rsa_public_key: Vec::new(),
                     modulus_len: 0,
                     pss: PssMethod::NotRsa,
+                    fixed,
                 })
             }
             Public::Rsa {
@@ -128,6 +147,7 @@ impl KeyInfo {
                     rsa_public_key: der::rsa_public_key(modulus, &exponent),
                     modulus_len: modulus.len(),
                     pss,
+                    fixed,
                 })
             }
             _ => Err("it is not an RSA or EC key".into()),
