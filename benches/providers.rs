@@ -21,7 +21,7 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::{Results, Row, Stat};
+use common::{Row, Stat};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -294,14 +294,5 @@ fn main() {
             ratio
         );
     }
-    common::save(
-        "providers",
-        &Results {
-            quick: common::quick(),
-            load_before,
-            load_after: common::loadavg(),
-            seconds: started.elapsed().as_secs_f64(),
-            rows,
-        },
-    );
+    common::finish("providers", load_before, started, rows);
 }

@@ -37,7 +37,7 @@ use tss_esapi::structures::{Digest, HashScheme, HashcheckTicket, SignatureScheme
 use tss_esapi::tss2_esys::TPMT_TK_HASHCHECK;
 use tss_esapi::{Context, TctiNameConf};
 
-use common::{Results, Row, Stat};
+use common::{Row, Stat};
 use support::{SoftHsm, Swtpm, SOFTHSM_MODULE, USER_PIN};
 
 const TOKEN: &str = "bench";
@@ -411,14 +411,10 @@ fn main() {
     c.final_summary();
     let tpm_rates = bench_tpm(&tpm.tcti(), &tpm_uri);
 
-    common::save(
+    common::finish(
         "sign",
-        &Results {
-            quick: common::quick(),
-            load_before,
-            load_after: common::loadavg(),
-            seconds: started.elapsed().as_secs_f64(),
-            rows: rows(&criterion_dir, tpm_rates),
-        },
+        load_before,
+        started,
+        rows(&criterion_dir, tpm_rates),
     );
 }

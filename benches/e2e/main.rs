@@ -38,7 +38,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 
-use common::{paired_ratios, pick, Results, Row, Stat};
+use common::{paired_ratios, pick, Row, Stat};
 use support::proxy::{metric_in, Identity, ProxyOptions, ProxyProcess, RawHttp};
 use support::upstream::TestUpstream;
 use support::{hwkey, run_ok, temp_dir};
@@ -107,14 +107,5 @@ fn main() {
     rows.extend(tpm_stall(&rt));
     step("done");
     drop(f);
-    common::save(
-        "e2e",
-        &Results {
-            quick: common::quick(),
-            load_before,
-            load_after: common::loadavg(),
-            seconds: started.elapsed().as_secs_f64(),
-            rows,
-        },
-    );
+    common::finish("e2e", load_before, started, rows);
 }

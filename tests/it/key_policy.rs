@@ -104,19 +104,7 @@ fn a_duplicable_tpm_key_is_refused_unless_allowed() {
     let tpm = Swtpm::start();
     let dir = temp_dir();
     let d = dir.path();
-    let tool = |args: &[&str]| {
-        run_ok(
-            std::process::Command::new(args[0])
-                .envs(tpm.envs())
-                .args(&args[1..])
-                .current_dir(d),
-        );
-        run_ok(
-            std::process::Command::new("tpm2_flushcontext")
-                .envs(tpm.envs())
-                .arg("-t"),
-        );
-    };
+    let tool = |args: &[&str]| tpm.tool(d, args);
     tool(&[
         "tpm2_createprimary",
         "-C",

@@ -214,17 +214,7 @@ fn swtpm_pss_signatures_verify_with_ring_and_storage_keys_are_not_deleted() {
     let tpm = Swtpm::start();
     let dir = temp_dir();
     let d = dir.path();
-    // Without a resource manager every tpm2-tools run leaves its objects loaded (swtpm has
-    // three slots): flush transient objects after each one.
-    let tool = |args: &[&str]| {
-        run_ok(
-            Command::new(args[0])
-                .envs(tpm.envs())
-                .args(&args[1..])
-                .current_dir(d),
-        );
-        run_ok(Command::new("tpm2_flushcontext").envs(tpm.envs()).arg("-t"));
-    };
+    let tool = |args: &[&str]| tpm.tool(d, args);
     tool(&[
         "tpm2_createprimary",
         "-C",

@@ -171,6 +171,21 @@ pub fn loadavg() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// Saves a benchmark binary's rows with the run's facts: quick mode, the load average before
+/// (taken at `started`) and now, and the seconds the run took.
+pub fn finish(name: &str, load_before: String, started: std::time::Instant, rows: Vec<Row>) {
+    save(
+        name,
+        &Results {
+            quick: quick(),
+            load_before,
+            load_after: loadavg(),
+            seconds: started.elapsed().as_secs_f64(),
+            rows,
+        },
+    );
+}
+
 /// Writes `target/hwkey-bench/NAME.json`.
 pub fn save(name: &str, results: &Results) {
     let path = results_dir().join(format!("{name}.json"));

@@ -88,6 +88,23 @@ impl Swtpm {
         vec![("TPM2TOOLS_TCTI".to_string(), self.tcti())]
     }
 
+    /// Runs a tpm2-tools command (`args[0]` is the tool) in `dir` against this TPM, then flushes
+    /// the transient objects it left loaded: without a resource manager every tpm2-tools run
+    /// leaves its objects in the TPM, and swtpm has three slots.
+    pub fn tool(&self, dir: &Path, args: &[&str]) {
+        crate::run_ok(
+            Command::new(args[0])
+                .envs(self.envs())
+                .args(&args[1..])
+                .current_dir(dir),
+        );
+        crate::run_ok(
+            Command::new("tpm2_flushcontext")
+                .envs(self.envs())
+                .arg("-t"),
+        );
+    }
+
     /// What swtpm wrote to stdout/stderr so far.
     pub fn log(&self) -> String {
         self.guard.log()
