@@ -1,6 +1,7 @@
 //! The command line: one module per subcommand. This is the only place that uses `anyhow`; the
 //! library's typed errors are turned into a one-line message and a non-zero exit code here.
 
+mod attest;
 mod bootstrap;
 mod cert;
 mod credential;
@@ -64,6 +65,9 @@ enum Command {
     Renew(renew::RenewArgs),
     /// kubelet TLS bootstrapping with the node key in hardware.
     Bootstrap(bootstrap::BootstrapArgs),
+    /// TPM attestation: enroll a node's attestation key, verify the evidence in a request.
+    #[command(subcommand)]
+    Attest(attest::AttestCommand),
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -81,6 +85,7 @@ pub fn main() -> ExitCode {
         Command::Doctor(a) => doctor::run(a),
         Command::Renew(a) => renew::run(a),
         Command::Bootstrap(a) => bootstrap::run(a),
+        Command::Attest(c) => attest::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

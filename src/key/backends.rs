@@ -70,6 +70,23 @@ pub fn delete(uri: &KeyUri) -> Result<Vec<String>, KeyError> {
     }
 }
 
+/// Makes sure the TPM a URI names has an attestation key at `ak_handle` and returns what an
+/// operator registers for it. PKCS#11 tokens offer no attestation hwkey can check.
+pub fn enroll(uri: &KeyUri, ak_handle: u32) -> Result<super::attestation::Enrollment, KeyError> {
+    match uri {
+        #[cfg(feature = "tpm")]
+        KeyUri::Tpm(u) => tpm::enroll(u, ak_handle),
+        KeyUri::Pkcs11(_) => {
+            let _ = ak_handle;
+            Err(KeyError::NotAttestable {
+                key: format!("the PKCS#11 key {uri}"),
+            })
+        }
+        #[cfg(not(feature = "tpm"))]
+        KeyUri::Tpm(_) => Err(not_built(uri)),
+    }
+}
+
 /// Stores a certificate chain (DER, leaf first) with the key; the caller has checked that the
 /// leaf matches the key. Replaces a chain stored before. Returns where it was stored.
 pub fn store_chain(uri: &KeyUri, chain: &[Vec<u8>]) -> Result<String, KeyError> {

@@ -159,6 +159,9 @@ pub enum KeyError {
     #[error("{key} could leave its device: {reasons}. A hardware identity needs a key that cannot (create one with `hwkey key create`); to use this key anyway, pass --require-non-extractable=false")]
     Extractable { key: String, reasons: String },
 
+    #[error("{key} cannot be attested: only TPM keys can prove where they live (TPM2_Certify); use a TPM key (tpm:…) or leave out --attest")]
+    NotAttestable { key: String },
+
     #[error("this hwkey was built without the {backend} backend: rebuild it with `cargo build --features {feature}` (both backends are in the default build)")]
     BackendNotBuilt {
         backend: &'static str,

@@ -11,6 +11,7 @@
 //! must not call `sign` on a runtime worker without `block_in_place` (the rustls adapter does so).
 
 pub mod algorithm;
+pub mod attestation;
 mod backends;
 pub mod der;
 mod error;
@@ -63,6 +64,19 @@ pub trait KeyBackend: Send + Sync + fmt::Debug {
 
     /// What the device says about whether the private key can leave it.
     fn protection(&self) -> Result<Protection, KeyError>;
+
+    /// TPM2_Certify evidence for this key by the attestation key at persistent handle
+    /// `ak_handle`, bound to `qualifying_data`. Only TPM keys can be certified.
+    fn certify(
+        &self,
+        ak_handle: u32,
+        qualifying_data: &[u8],
+    ) -> Result<attestation::TpmEvidence, KeyError> {
+        let _ = (ak_handle, qualifying_data);
+        Err(KeyError::NotAttestable {
+            key: self.describe(),
+        })
+    }
 
     /// How signatures are made (decided when the key was opened). Backends whose RSA keys can
     /// lack PSS say so here; the default is the device's own mechanisms.
@@ -226,6 +240,15 @@ impl Key {
         self.backend.stored_chain()
     }
 
+    /// TPM2_Certify evidence for this key (TPM keys only), bound to `qualifying_data`.
+    pub fn certify(
+        &self,
+        ak_handle: u32,
+        qualifying_data: &[u8],
+    ) -> Result<attestation::TpmEvidence, KeyError> {
+        self.backend.certify(ak_handle, qualifying_data)
+    }
+
     /// What the device says about whether the private key can leave it.
     pub fn protection(&self) -> Result<Protection, KeyError> {
         self.backend.protection()
@@ -242,4 +265,4 @@ impl Key {
     }
 }
 
-pub use backends::{delete, list, store_chain};
+pub use backends::{delete, enroll, list, store_chain};

@@ -75,6 +75,31 @@ fn scheme_and_oid(alg: KeyAlgorithm) -> (SignScheme, &'static [u64]) {
 
 /// Builds and signs a CSR; returns its DER.
 pub fn build(key: &Key, request: &CsrRequest) -> Result<Vec<u8>, PkiError> {
+    build_with(key, request, None)
+}
+
+/// Like [`build`], with TPM2_Certify evidence of the key by the attestation key at persistent
+/// handle `ak_handle`, bound to this request's subject and key (see [`super::attestation`]).
+pub fn build_attested(
+    key: &Key,
+    request: &CsrRequest,
+    ak_handle: u32,
+) -> Result<Vec<u8>, PkiError> {
+    let subject = yasna::construct_der(|w| request.subject.write_der(w));
+    let qualifying = super::attestation::qualifying_data(&subject, key.spki_der());
+    let evidence = key.certify(ak_handle, &qualifying)?;
+    build_with(
+        key,
+        request,
+        Some(super::attestation::evidence_attribute(&evidence)),
+    )
+}
+
+fn build_with(
+    key: &Key,
+    request: &CsrRequest,
+    evidence: Option<Vec<u8>>,
+) -> Result<Vec<u8>, PkiError> {
     let (scheme, sig_oid) = scheme_and_oid(key.algorithm());
     let info = yasna::construct_der(|w| {
         w.write_sequence(|w| {
@@ -84,6 +109,9 @@ pub fn build(key: &Key, request: &CsrRequest) -> Result<Vec<u8>, PkiError> {
             w.next().write_der(key.spki_der());
             w.next().write_tagged_implicit(yasna::Tag::context(0), |w| {
                 w.write_set(|w| {
+                    if let Some(attribute) = &evidence {
+                        w.next().write_der(attribute);
+                    }
                     if request.dns_names.is_empty() && request.ip_addresses.is_empty() {
                         return;
                     }

@@ -1,6 +1,7 @@
 //! Certificates and certificate requests around a hardware key: building PKCS#10 requests,
 //! reading certificate chains, and checking that a certificate belongs to a key.
 
+pub mod attestation;
 pub mod cert;
 pub mod csr;
 pub mod loopback_ca;
@@ -66,6 +67,9 @@ pub enum PkiError {
 
     #[error("the system random generator failed")]
     Random,
+
+    #[error("cannot use the attestation trust directory {path}: {reason}")]
+    BadTrust { path: PathBuf, reason: String },
 
     #[error(transparent)]
     Key(#[from] KeyError),

@@ -6,6 +6,8 @@
 //! (imported as `support`). Modules that need a backend are compiled only with its Cargo
 //! feature, so `--no-default-features --features pkcs11` (or `tpm`) runs that build's tests.
 
+#[cfg(feature = "tpm")]
+mod attestation;
 mod build_features;
 #[cfg(feature = "pkcs11")]
 mod cert_import;

@@ -110,6 +110,20 @@ impl LoadedKey {
         })
     }
 
+    /// Runs `f` with the key loaded (reconnecting or reloading first if needed), without a
+    /// retry: for rare multi-command operations (certification) whose errors are already
+    /// `KeyError`s.
+    pub(crate) fn with_loaded<T>(
+        &self,
+        f: impl FnOnce(&mut Context, KeyHandle) -> Result<T, KeyError>,
+    ) -> Result<T, KeyError> {
+        self.tpm.with_conn(|conn| {
+            conn.ensure_connected()?;
+            let handle = self.ensure_loaded(conn)?;
+            f(&mut conn.ctx, handle)
+        })
+    }
+
     /// The key's handle in the current connection, loading the key if it has none.
     fn ensure_loaded(&self, conn: &mut Conn) -> Result<KeyHandle, KeyError> {
         if self.generation.load(Ordering::Relaxed) == conn.generation() {

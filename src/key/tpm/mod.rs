@@ -19,7 +19,9 @@
 //! key is open, and other processes (tpm2-tools, openssl) wait until it closes; through the
 //! kernel's resource manager (`device:/dev/tpmrm0`) they do not.
 
+pub(crate) mod attest;
 mod context;
+pub(crate) mod evidence;
 mod files;
 mod keygen;
 mod loaded;
@@ -108,6 +110,19 @@ pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
             })
         }
     }
+}
+
+/// Makes sure the TPM the URI names has an attestation key at `ak_handle` (creating it once) and
+/// returns what an operator registers for it.
+pub fn enroll(
+    uri: &TpmUri,
+    ak_handle: u32,
+) -> Result<crate::key::attestation::Enrollment, KeyError> {
+    let tpm = Tpm::connect(&uri.tcti())?;
+    tpm.with_conn(|conn| {
+        conn.ensure_connected()?;
+        attest::enroll(&mut conn.ctx, ak_handle)
+    })
 }
 
 /// Creates a key in the TPM and stores it where the URI says; refuses (and changes nothing)
@@ -302,6 +317,15 @@ pub fn store_chain(uri: &TpmUri, chain: &[Vec<u8>]) -> Result<String, KeyError> 
 impl KeyBackend for TpmKey {
     fn algorithm(&self) -> KeyAlgorithm {
         self.info.algorithm
+    }
+
+    fn certify(
+        &self,
+        ak_handle: u32,
+        qualifying_data: &[u8],
+    ) -> Result<crate::key::attestation::TpmEvidence, KeyError> {
+        self.loaded
+            .with_loaded(|ctx, key| attest::certify(ctx, key, ak_handle, qualifying_data))
     }
 
     fn protection(&self) -> Result<crate::key::Protection, KeyError> {

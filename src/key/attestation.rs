@@ -1,0 +1,82 @@
+//! Evidence that a key lives in a TPM (TPM2_Certify by an attestation key), and its check.
+//!
+//! The types hold the TPM's own marshalled structures, exactly as the TPM produced them, so the
+//! evidence can be checked by anyone with tpm2-tools too (`tpm2_print -t TPMS_ATTEST`,
+//! `tpm2_verifysignature`). Making evidence needs the `tpm` backend; so does checking it (the
+//! structures are parsed with tss-esapi).
+
+use super::KeyError;
+
+/// TPM2_Certify output for one key, plus what a verifier needs to check it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpmEvidence {
+    /// `TPMS_ATTEST` (type `TPM_ST_ATTEST_CERTIFY`) as the TPM marshalled it.
+    pub attest: Vec<u8>,
+    /// `TPMT_SIGNATURE` by the AK over `attest`.
+    pub signature: Vec<u8>,
+    /// `TPMT_PUBLIC` of the certified key: its name is in `attest`, its key is the CSR's.
+    pub key_public: Vec<u8>,
+    /// `TPMT_PUBLIC` of the AK.
+    pub ak_public: Vec<u8>,
+}
+
+/// What `hwkey attest enroll` prints for an operator to register a node's TPM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enrollment {
+    /// The AK's TPM name (nameAlg || hash of its public area): what the verifier looks up.
+    pub ak_name: Vec<u8>,
+    /// The AK's `TPMT_PUBLIC`.
+    pub ak_public: Vec<u8>,
+    /// The AK's SubjectPublicKeyInfo (DER).
+    pub ak_spki: Vec<u8>,
+    /// The endorsement key's SubjectPublicKeyInfo (DER).
+    pub ek_spki: Vec<u8>,
+    /// The EK certificate from the TPM's NV index (DER), when the manufacturer stored one.
+    pub ek_certificate: Option<Vec<u8>>,
+}
+
+/// The TPM name of an object from its marshalled `TPMT_PUBLIC`: nameAlg (2 bytes, big-endian)
+/// followed by the nameAlg digest of the whole structure.
+pub fn name_of(tpmt_public: &[u8]) -> Result<Vec<u8>, KeyError> {
+    let malformed = |reason: &str| KeyError::Malformed {
+        what: "a TPMT_PUBLIC".into(),
+        reason: reason.into(),
+    };
+    let alg = tpmt_public
+        .get(2..4)
+        .ok_or_else(|| malformed("too short"))?;
+    let digest = match u16::from_be_bytes([alg[0], alg[1]]) {
+        0x000B => ring::digest::digest(&ring::digest::SHA256, tpmt_public),
+        0x000C => ring::digest::digest(&ring::digest::SHA384, tpmt_public),
+        0x000D => ring::digest::digest(&ring::digest::SHA512, tpmt_public),
+        other => return Err(malformed(&format!("unsupported nameAlg {other:#06x}"))),
+    };
+    let mut name = alg.to_vec();
+    name.extend_from_slice(digest.as_ref());
+    Ok(name)
+}
+
+/// Lowercase hex, for names in messages and enrollment files.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Why evidence does not hold. Each names the check that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EvidenceInvalid(pub String);
+
+/// Checks evidence against the key it should prove and the data it must be bound to:
+/// the AK's signature over `TPMS_ATTEST`; that it is a certify statement for the name of
+/// `key_public`; that `key_public` holds `expected_spki`; that the key can never leave the
+/// TPM (`fixedTPM`, `fixedParent`, `sensitiveDataOrigin`) and signs; and that the TPM put
+/// `qualifying_data` into it. Whether the AK is trusted is the caller's question (its name is
+/// returned).
+#[cfg(feature = "tpm")]
+pub fn verify(
+    evidence: &TpmEvidence,
+    expected_spki: &[u8],
+    qualifying_data: &[u8],
+) -> Result<Vec<u8>, EvidenceInvalid> {
+    super::tpm::evidence::verify(evidence, expected_spki, qualifying_data)
+}
