@@ -95,6 +95,12 @@ fn verify(csr: &std::path::Path, trust: &std::path::Path) -> anyhow::Result<()> 
         ),
         Err(_) => data,
     };
+    if der.is_empty() {
+        bail!(
+            "{} is empty: pass the request file `hwkey csr --attest` wrote",
+            csr.display()
+        );
+    }
     let trusted = attestation::read_trust_dir(trust)?;
     match attestation::verify_request(&der, &trusted) {
         Ok(a) => {
