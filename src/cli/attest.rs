@@ -33,6 +33,25 @@ pub enum AttestCommand {
     },
 }
 
+/// `--attest` / `--ak-handle`, shared by the commands that make requests.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub(crate) struct AttestArgs {
+    /// Carry TPM2_Certify evidence in the request (TPM keys): an approver with the node's
+    /// enrollment (`hwkey attest enroll`) can then tell the key lives in this TPM.
+    #[arg(long)]
+    attest: bool,
+    /// With --attest: the persistent handle of the attestation key (made there once if missing).
+    #[arg(long, value_parser = parse_handle, default_value = "0x81010002")]
+    ak_handle: u32,
+}
+
+impl AttestArgs {
+    /// The attestation key's handle when evidence was asked for.
+    pub(crate) fn ak_handle(self) -> Option<u32> {
+        self.attest.then_some(self.ak_handle)
+    }
+}
+
 /// Parses a TPM handle written in hex (`0x81010002`) or decimal.
 pub(crate) fn parse_handle(s: &str) -> Result<u32, String> {
     let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {

@@ -46,6 +46,8 @@ pub struct BootstrapArgs {
     wait: String,
     #[command(flatten)]
     policy: super::KeyPolicy,
+    #[command(flatten)]
+    attest: super::attest::AttestArgs,
 }
 
 pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
@@ -69,6 +71,7 @@ pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
         wait: crate::proxy::config::parse_duration(&args.wait)?,
         command: std::env::current_exe().context("cannot find the hwkey binary's path")?,
         require_non_extractable: args.policy.required(),
+        attest: args.attest.ak_handle(),
     };
     match bootstrap::bootstrap(&options)? {
         Bootstrapped::AlreadyDone { subject, not_after } => eprintln!(

@@ -38,23 +38,17 @@ pub struct CsrArgs {
     expiration_seconds: Option<u32>,
     #[command(flatten)]
     policy: super::KeyPolicy,
-    /// Carry TPM2_Certify evidence in the request (TPM keys): an approver with the node's
-    /// enrollment (`hwkey attest enroll`) can then tell the key lives in this TPM.
-    #[arg(long)]
-    attest: bool,
-    /// With --attest: the persistent handle of the attestation key (made there once if missing).
-    #[arg(long, value_parser = super::attest::parse_handle, default_value = "0x81010002", requires = "attest")]
-    ak_handle: u32,
+    #[command(flatten)]
+    attest: super::attest::AttestArgs,
 }
 
 pub fn run(args: CsrArgs) -> anyhow::Result<()> {
     let request = CsrRequest::parse(&args.subject, &args.dns, &args.ip)?;
     let key = Key::open(&args.key)?;
     key.require_non_extractable(args.policy.required())?;
-    let der = if args.attest {
-        csr::build_attested(&key, &request, args.ak_handle)?
-    } else {
-        csr::build(&key, &request)?
+    let der = match args.attest.ak_handle() {
+        Some(ak_handle) => csr::build_attested(&key, &request, ak_handle)?,
+        None => csr::build(&key, &request)?,
     };
     let pem = csr::to_pem(&der);
     let text = match &args.k8s_name {

@@ -52,6 +52,8 @@ pub struct RenewArgs {
     allow_tls12_fallback: bool,
     #[command(flatten)]
     policy: super::KeyPolicy,
+    #[command(flatten)]
+    attest: super::attest::AttestArgs,
 }
 
 pub fn run(args: RenewArgs) -> anyhow::Result<()> {
@@ -89,6 +91,7 @@ pub fn run(args: RenewArgs) -> anyhow::Result<()> {
         wait: if wait.is_zero() { DEFAULT_WAIT } else { wait },
         allow_tls12_fallback: args.allow_tls12_fallback,
         require_non_extractable: args.policy.required(),
+        attest: args.attest.ak_handle(),
     };
     let renewed = renew::renew(&options)?;
     for note in &renewed.notes {

@@ -45,6 +45,8 @@ pub struct BootstrapOptions {
     pub exec_api_version: Option<ExecApiVersion>,
     /// Refuse a key the device says could leave it (`--require-non-extractable`).
     pub require_non_extractable: bool,
+    /// Carry TPM2_Certify evidence by the attestation key at this persistent handle (`--attest`).
+    pub attest: Option<u32>,
 }
 
 /// What bootstrapping did.
@@ -84,6 +86,7 @@ pub fn bootstrap(options: &BootstrapOptions) -> Result<Bootstrapped, LifecycleEr
             signer_name: Some(KUBELET_SIGNER),
             expiration_seconds: None,
             wait: options.wait,
+            attest: options.attest,
         },
         &config,
         client::Identity::Config,

@@ -41,6 +41,8 @@ pub struct RenewOptions {
     pub allow_tls12_fallback: bool,
     /// Refuse a key the device says could leave it (`--require-non-extractable`).
     pub require_non_extractable: bool,
+    /// Carry TPM2_Certify evidence by the attestation key at this persistent handle (`--attest`).
+    pub attest: Option<u32>,
 }
 
 /// What a renewal produced.
@@ -87,6 +89,7 @@ pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
             signer_name: options.signer_name.as_deref(),
             expiration_seconds: options.expiration_seconds,
             wait: options.wait,
+            attest: options.attest,
         },
         &config,
         client::Identity::Hardware { resolver, versions },
@@ -100,6 +103,8 @@ pub(crate) struct Ask<'a> {
     pub signer_name: Option<&'a str>,
     pub expiration_seconds: Option<u32>,
     pub wait: Duration,
+    /// Carry TPM2_Certify evidence by the attestation key at this persistent handle.
+    pub attest: Option<u32>,
 }
 
 /// Signs a CSR for `ask.subject` with `key` (blocking: the signature is made in the device) and
@@ -118,13 +123,14 @@ pub(crate) fn prepare(key: &Key, ask: &Ask<'_>) -> Result<Submission, LifecycleE
         .filter(|a| a.short == "O")
         .map(|a| a.value.clone())
         .collect();
-    let csr_der = csr::build(
-        key,
-        &CsrRequest {
-            subject: name,
-            ..Default::default()
-        },
-    )?;
+    let request = CsrRequest {
+        subject: name,
+        ..Default::default()
+    };
+    let csr_der = match ask.attest {
+        Some(ak_handle) => csr::build_attested(key, &request, ak_handle)?,
+        None => csr::build(key, &request)?,
+    };
     Ok(Submission {
         csr_pem: csr::to_pem(&csr_der),
         signer_name: ask

@@ -143,6 +143,7 @@ async fn renew_once(
                 signer_name: None,
                 expiration_seconds: None,
                 wait: DEFAULT_WAIT,
+                attest: None,
             },
         )
     })

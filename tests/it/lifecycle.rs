@@ -611,3 +611,83 @@ fn the_proxy_rotates_its_hardware_key_with_each_renewal() {
     );
     assert!(proxy.log().contains("current-key"), "{}", proxy.log());
 }
+
+/// A TPM node bootstraps with `--attest`: the CSR stored by the real API server still carries
+/// the TPM2_Certify evidence, and the approver's check (`hwkey attest verify`) admits it for the
+/// enrolled node, while kube-controller-manager issues the certificate as usual (the API server
+/// ignores the extra attribute).
+#[cfg(feature = "tpm")]
+#[test]
+fn a_tpm_node_bootstraps_with_evidence_that_survives_the_api_server() {
+    use base64::Engine as _;
+    let id = Identity::tpm();
+    let support::proxy::Backend::Tpm(tpm) = &id.backend else {
+        unreachable!("Identity::tpm has a TPM backend")
+    };
+    let cluster = KubeCluster::start(&id.ca, "10m");
+    let work = temp_dir();
+    let trust = work.path().join("trust");
+    std::fs::create_dir(&trust).expect("trust dir");
+    let enrollment = run_ok(hwkey().args([
+        "attest",
+        "enroll",
+        "--key",
+        &format!("tpm:?tcti={}", tpm.tcti()),
+    ]));
+    std::fs::write(trust.join("node3"), &enrollment.stdout).expect("register node3");
+
+    let key = format!(
+        "tpm:path={}?tcti={}",
+        work.path().join("node3.tpm.pem").display(),
+        tpm.tcti()
+    );
+    let cert = work.path().join("node3.pem");
+    let out = run_ok(
+        hwkey()
+            .arg("bootstrap")
+            .arg("--bootstrap-kubeconfig")
+            .arg(&cluster.bootstrap_kubeconfig)
+            .args([
+                "--node-name",
+                "node3",
+                "--key",
+                &key,
+                "--create-key",
+                "ec-p256",
+            ])
+            .arg("--attest")
+            .arg("--cert")
+            .arg(&cert)
+            .arg("--out")
+            .arg(work.path().join("kubelet.conf"))
+            .arg("--state-dir")
+            .arg(work.path().join("state"))
+            .args(["--wait", "120s"]),
+    );
+    assert!(
+        output_text(&out).contains("bootstrapped: "),
+        "{}",
+        output_text(&out)
+    );
+    let (subject, _) = subject_and_lifetime(&cert);
+    assert!(subject.contains("CN=system:node:node3"), "{subject}");
+
+    let name = wait_for_csr(&cluster, "hwkey-system-node-node3-");
+    let request = base64::engine::general_purpose::STANDARD
+        .decode(csr_field(&cluster, &name, "{.spec.request}"))
+        .expect("spec.request is base64");
+    let stored = work.path().join("stored.csr");
+    std::fs::write(&stored, &request).expect("write");
+    let verdict = run_ok(
+        hwkey()
+            .args(["attest", "verify"])
+            .arg(&stored)
+            .arg("--trust")
+            .arg(&trust),
+    );
+    assert!(
+        output_text(&verdict).contains("node 'node3'"),
+        "{}",
+        output_text(&verdict)
+    );
+}
