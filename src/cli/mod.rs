@@ -1,6 +1,7 @@
 //! The command line: one module per subcommand. This is the only place that uses `anyhow`; the
 //! library's typed errors are turned into a one-line message and a non-zero exit code here.
 
+mod approver;
 mod attest;
 mod bootstrap;
 mod cert;
@@ -68,6 +69,8 @@ enum Command {
     /// TPM attestation: enroll a node's attestation key, verify the evidence in a request.
     #[command(subcommand)]
     Attest(attest::AttestCommand),
+    /// Approve CertificateSigningRequests whose key is proven to be in a registered node's TPM.
+    Approver(approver::ApproverArgs),
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -86,6 +89,7 @@ pub fn main() -> ExitCode {
         Command::Renew(a) => renew::run(a),
         Command::Bootstrap(a) => bootstrap::run(a),
         Command::Attest(c) => attest::run(c),
+        Command::Approver(a) => approver::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -47,7 +47,12 @@ pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, 
         .with_root_certificates(roots);
     let tls = match identity {
         Identity::Hardware { resolver, .. } => builder.with_client_cert_resolver(resolver),
-        Identity::Config => builder.with_no_client_auth(),
+        Identity::Config => match software_identity(config).map_err(&fail)? {
+            Some((chain, key)) => builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| fail(e.to_string()))?,
+            None => builder.with_no_client_auth(),
+        },
     };
     let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
     let https = match &config.tls_server_name {
@@ -116,4 +121,60 @@ pub fn config_for(
     }
     config.tls_server_name = tls_server_name;
     Ok(config)
+}
+
+/// A kubeconfig's own client certificate and key (`client-certificate[-data]`,
+/// `client-key[-data]`), for clients that are not a hardware identity (the approver, run with
+/// an operator's kubeconfig). None when the kubeconfig has none (a token, in-cluster).
+fn software_identity(
+    config: &kube::Config,
+) -> Result<
+    Option<(
+        Vec<rustls::pki_types::CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    )>,
+    String,
+> {
+    use base64::Engine as _;
+    use rustls::pki_types::pem::PemObject;
+    use secrecy::ExposeSecret;
+    let auth = &config.auth_info;
+    let read = |data: Option<String>,
+                path: Option<&String>,
+                what: &str|
+     -> Result<Option<Vec<u8>>, String> {
+        if let Some(d) = data {
+            return base64::engine::general_purpose::STANDARD
+                .decode(d.trim())
+                .map(Some)
+                .map_err(|e| format!("{what}-data is not base64: {e}"));
+        }
+        match path {
+            Some(p) => std::fs::read(p)
+                .map(Some)
+                .map_err(|e| format!("cannot read {what} {p}: {e}")),
+            None => Ok(None),
+        }
+    };
+    let cert = read(
+        auth.client_certificate_data.clone(),
+        auth.client_certificate.as_ref(),
+        "client-certificate",
+    )?;
+    let key = read(
+        auth.client_key_data
+            .as_ref()
+            .map(|k| k.expose_secret().to_string()),
+        auth.client_key.as_ref(),
+        "client-key",
+    )?;
+    let (Some(cert), Some(key)) = (cert, key) else {
+        return Ok(None);
+    };
+    let chain = rustls::pki_types::CertificateDer::pem_slice_iter(&cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("client-certificate is not PEM: {e}"))?;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&key)
+        .map_err(|e| format!("client-key is not a PEM private key: {e}"))?;
+    Ok(Some((chain, key)))
 }

@@ -18,6 +18,8 @@
 //! exists; the API calls run on a small multi-thread runtime (handshake signatures run under
 //! `block_in_place`, see [`crate::key::tls`]).
 
+#[cfg(feature = "tpm")]
+pub mod approver;
 pub mod bootstrap;
 pub mod client;
 pub mod context;
