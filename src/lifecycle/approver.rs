@@ -5,8 +5,10 @@
 //! ([`crate::pki::attestation::verify_request`]) and that the requester may ask for that
 //! subject: a node renews only its own `system:node:NAME`, and a bootstrap identity
 //! (`system:bootstrap:…`) may ask only for a registered node's name. Decisions go through the
-//! `approval` subresource; a request that already has an Approved or Denied condition is never
-//! touched again, so a restarted approver (or a second one) makes no second decision.
+//! `approval` subresource, with the request's resourceVersion as a precondition: a request that
+//! already has an Approved or Denied condition is never touched again (a restarted approver makes
+//! no second decision), and of two replicas deciding the same request at once only the first
+//! write lands (the other gets 409 Conflict and backs off).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -83,17 +85,32 @@ pub async fn decide_pending(
             message: Some(decision.message.clone()),
             ..Default::default()
         };
-        let patch = serde_json::json!({ "status": { "conditions": [condition] } });
-        api.patch_approval(
-            &decision.name,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(|e| LifecycleError::Watch {
-            name: decision.name.clone(),
-            reason: format!("cannot record the decision: {e}"),
-        })?;
+        // The resourceVersion read with the request is a precondition: if another approver (a
+        // second replica) decided it meanwhile, the API server answers 409 and this one backs off.
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": csr.metadata.resource_version },
+            "status": { "conditions": [condition] },
+        });
+        match api
+            .patch_approval(
+                &decision.name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tracing::info!(csr = %decision.name, "decided by another approver meanwhile");
+                continue;
+            }
+            Err(e) => {
+                return Err(LifecycleError::Watch {
+                    name: decision.name.clone(),
+                    reason: format!("cannot record the decision: {e}"),
+                })
+            }
+        }
         tracing::info!(
             csr = %decision.name,
             approved = decision.approved,

@@ -621,25 +621,14 @@ fn the_proxy_rotates_its_hardware_key_with_each_renewal() {
 fn a_tpm_node_bootstraps_with_evidence_that_survives_the_api_server() {
     use base64::Engine as _;
     let id = Identity::tpm();
-    let support::proxy::Backend::Tpm(tpm) = &id.backend else {
-        unreachable!("Identity::tpm has a TPM backend")
-    };
     let cluster = KubeCluster::start(&id.ca, "10m");
     let work = temp_dir();
-    let trust = work.path().join("trust");
-    std::fs::create_dir(&trust).expect("trust dir");
-    let enrollment = run_ok(hwkey().args([
-        "attest",
-        "enroll",
-        "--key",
-        &format!("tpm:?tcti={}", tpm.tcti()),
-    ]));
-    std::fs::write(trust.join("node3"), &enrollment.stdout).expect("register node3");
+    let (trust, tcti) = enroll_node(&id, work.path(), "node3");
 
     let key = format!(
         "tpm:path={}?tcti={}",
         work.path().join("node3.tpm.pem").display(),
-        tpm.tcti()
+        tcti
     );
     let cert = work.path().join("node3.pem");
     let out = run_ok(
@@ -700,24 +689,13 @@ fn a_tpm_node_bootstraps_with_evidence_that_survives_the_api_server() {
 fn the_approver_admits_only_attested_keys_and_decides_once() {
     require_tool("kubectl", "kubectl (from the machine image)");
     let id = Identity::tpm();
-    let support::proxy::Backend::Tpm(tpm) = &id.backend else {
-        unreachable!("Identity::tpm has a TPM backend")
-    };
     let cluster = KubeCluster::start(&id.ca, "10m");
     let work = temp_dir();
-    let trust = work.path().join("trust");
-    std::fs::create_dir(&trust).expect("trust dir");
-    let enrollment = run_ok(hwkey().args([
-        "attest",
-        "enroll",
-        "--key",
-        &format!("tpm:?tcti={}", tpm.tcti()),
-    ]));
-    std::fs::write(trust.join("node4"), &enrollment.stdout).expect("register node4");
+    let (trust, tcti) = enroll_node(&id, work.path(), "node4");
     let key = format!(
         "tpm:path={}?tcti={}",
         work.path().join("node4.tpm.pem").display(),
-        tpm.tcti()
+        tcti
     );
     run_ok(hwkey().args(["key", "create", "--key", &key, "--algorithm", "ec-p256"]));
     // Both requests come from the bootstrap identity, as a joining node's would.
@@ -798,4 +776,23 @@ fn the_approver_admits_only_attested_keys_and_decides_once() {
             "{name}: {conditions}"
         );
     }
+}
+
+/// Registers the TPM of a TPM identity as node `node`: `hwkey attest enroll`'s output stored as
+/// DIR/trust/NODE. Returns the trust directory and the TPM's TCTI.
+#[cfg(feature = "tpm")]
+fn enroll_node(id: &Identity, dir: &Path, node: &str) -> (PathBuf, String) {
+    let support::proxy::Backend::Tpm(tpm) = &id.backend else {
+        unreachable!("a TPM identity has a TPM backend")
+    };
+    let trust = dir.join("trust");
+    std::fs::create_dir(&trust).expect("trust dir");
+    let enrollment = run_ok(hwkey().args([
+        "attest",
+        "enroll",
+        "--key",
+        &format!("tpm:?tcti={}", tpm.tcti()),
+    ]));
+    std::fs::write(trust.join(node), &enrollment.stdout).expect("register the node");
+    (trust, tpm.tcti())
 }
