@@ -202,57 +202,44 @@ fn find_evidence(cri_raw: &[u8]) -> Option<Result<TpmEvidence, String>> {
     })
 }
 
+/// Reads the evidence from the attribute's `values` (DER `SET`, one `EvidenceBundles`).
 #[cfg(feature = "tpm")]
-fn decode_evidence(value: &[u8]) -> Result<TpmEvidence, String> {
-    let bad = |e: yasna::ASN1Error| format!("the evidence attribute does not parse: {e}");
-    let set = strip_set(value).ok_or("the evidence attribute's value is not a SET")?;
-    yasna::parse_der(set, |r| {
-        // EvidenceBundles (one bundle) → evidences (one statement) → the statement.
-        r.read_sequence(|r| {
+fn decode_evidence(values: &[u8]) -> Result<TpmEvidence, String> {
+    let mut found = None;
+    yasna::parse_der(values, |r| {
+        r.read_set_of(|r| {
+            found = Some(read_bundles(r)?);
+            Ok(())
+        })
+    })
+    .map_err(|e| format!("the evidence attribute does not parse: {e}"))?;
+    found.ok_or_else(|| "the evidence attribute holds no statement".to_string())
+}
+
+/// EvidenceBundles (one bundle) → evidences (one statement) → hwkey's TPM2_Certify statement.
+#[cfg(feature = "tpm")]
+fn read_bundles(r: yasna::BERReader<'_, '_>) -> yasna::ASN1Result<TpmEvidence> {
+    r.read_sequence(|r| {
+        r.next().read_sequence(|r| {
             r.next().read_sequence(|r| {
                 r.next().read_sequence(|r| {
-                    r.next().read_sequence(|r| {
-                        let kind = r.next().read_der()?;
-                        if kind != OID_TPM2_CERTIFY_DER {
-                            return Err(yasna::ASN1Error::new(yasna::ASN1ErrorKind::Invalid));
-                        }
-                        let evidence = r.next().read_sequence(|r| {
-                            Ok(TpmEvidence {
-                                attest: r.next().read_bytes()?,
-                                signature: r.next().read_bytes()?,
-                                key_public: r.next().read_bytes()?,
-                                ak_public: r.next().read_bytes()?,
-                            })
-                        })?;
-                        r.read_optional(|r| r.read_utf8string())?;
-                        Ok(evidence)
-                    })
+                    if r.next().read_der()? != OID_TPM2_CERTIFY_DER {
+                        return Err(yasna::ASN1Error::new(yasna::ASN1ErrorKind::Invalid));
+                    }
+                    let evidence = r.next().read_sequence(|r| {
+                        Ok(TpmEvidence {
+                            attest: r.next().read_bytes()?,
+                            signature: r.next().read_bytes()?,
+                            key_public: r.next().read_bytes()?,
+                            ak_public: r.next().read_bytes()?,
+                        })
+                    })?;
+                    r.read_optional(|r| r.read_utf8string())?;
+                    Ok(evidence)
                 })
             })
         })
     })
-    .map_err(bad)
-}
-
-#[cfg(feature = "tpm")]
-/// The contents of a DER SET (tag 0x31, short or long length).
-fn strip_set(der: &[u8]) -> Option<&[u8]> {
-    let (&tag, rest) = der.split_first()?;
-    if tag != 0x31 {
-        return None;
-    }
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let n = usize::from(first & 0x7f);
-        let bytes = rest.get(..n)?;
-        let len = bytes
-            .iter()
-            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
-        (len, &rest[n..])
-    };
-    rest.get(..len)
 }
 
 /// A request that passed: the registered node whose TPM holds its key.

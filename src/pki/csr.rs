@@ -88,10 +88,20 @@ pub fn build_attested(
     let subject = yasna::construct_der(|w| request.subject.write_der(w));
     let qualifying = super::attestation::qualifying_data(&subject, key.spki_der());
     let evidence = key.certify(ak_handle, &qualifying)?;
+    build_with_evidence(key, request, &evidence)
+}
+
+/// Like [`build`], carrying `evidence` as it is. [`build_attested`] makes evidence for this
+/// very request; evidence made for another one is refused by the verifier (`EvidenceInvalid`).
+pub fn build_with_evidence(
+    key: &Key,
+    request: &CsrRequest,
+    evidence: &crate::key::attestation::TpmEvidence,
+) -> Result<Vec<u8>, PkiError> {
     build_with(
         key,
         request,
-        Some(super::attestation::evidence_attribute(&evidence)),
+        Some(super::attestation::evidence_attribute(evidence)),
     )
 }
 

@@ -106,46 +106,27 @@ fn attested_requests_are_admitted_and_everything_else_is_refused_with_its_reason
         &["UnknownAttestationKey", "hwkey attest enroll"],
     );
 
-    // Evidence from one request moved into another (same key, another subject).
-    let other = node.csr("other.csr", "CN=system:node:node-2,O=system:nodes", true);
-    let spliced = node.dir.path().join("spliced.csr");
-    std::fs::write(&spliced, splice_evidence(&attested, &other)).expect("write");
+    // Evidence made for one request, attached to another request that the same key signed
+    // properly: only the binding can catch it.
+    let key: hwkey::key::KeyUri = node.key_uri().parse().expect("uri");
+    let key = hwkey::key::Key::open(&key).expect("open");
+    let subject_der = |request: &hwkey::pki::csr::CsrRequest| {
+        yasna::construct_der(|w| request.subject.write_der(w))
+    };
+    let first = hwkey::pki::csr::CsrRequest::parse(subject, &[], &[]).expect("subject");
+    let second =
+        hwkey::pki::csr::CsrRequest::parse("CN=system:node:node-2,O=system:nodes", &[], &[])
+            .expect("subject");
+    let q = hwkey::pki::attestation::qualifying_data(&subject_der(&first), key.spki_der());
+    let evidence = key.certify(0x8101_0002, &q).expect("certify");
+    let replayed = hwkey::pki::csr::build_with_evidence(&key, &second, &evidence).expect("CSR");
+    drop(key); // swtpm serves one connection at a time: let the CLI have it
+    let replayed_path = node.dir.path().join("replayed.csr");
+    std::fs::write(&replayed_path, hwkey::pki::csr::to_pem(&replayed)).expect("write");
     fails_with(
-        &mut node.verify(&spliced, &node.trust()),
-        &["EvidenceInvalid"],
+        &mut node.verify(&replayed_path, &node.trust()),
+        &["EvidenceInvalid", "another request"],
     );
-}
-
-/// Builds the request `other` with the evidence attribute of `from`, re-signed with nothing:
-/// the request's own signature is then wrong, so the verifier must refuse it either way; to
-/// test the binding itself, the library check is run on the parts directly.
-fn splice_evidence(from: &Path, other: &Path) -> Vec<u8> {
-    let from = std::fs::read(from).expect("read");
-    let other = std::fs::read(other).expect("read");
-    let from_der = pem::parse(&from).expect("pem").into_contents();
-    let other_der = pem::parse(&other).expect("pem").into_contents();
-    let from_ev = evidence_of(&from_der);
-    let other_ev = evidence_of(&other_der);
-    assert_ne!(from_ev, other_ev);
-    // Replace other's evidence bytes with from's (same length: same structures, other data).
-    let at = find(&other_der, &other_ev).expect("evidence inside the request");
-    let mut spliced = other_der.clone();
-    if from_ev.len() == other_ev.len() {
-        spliced[at..at + other_ev.len()].copy_from_slice(&from_ev);
-    }
-    pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", spliced)).into_bytes()
-}
-
-fn evidence_of(der: &[u8]) -> Vec<u8> {
-    // The TPMS_ATTEST starts with TPM_GENERATED_VALUE (ff 54 43 47) and is the first OCTET
-    // STRING of the statement: return it with its two-byte TPM2B-free length prefix region.
-    let magic = [0xff, 0x54, 0x43, 0x47];
-    let at = find(der, &magic).expect("TPMS_ATTEST in the request");
-    der[at..at + 120.min(der.len() - at)].to_vec()
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// The evidence made for one request does not hold for another: the binding check itself,

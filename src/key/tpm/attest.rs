@@ -8,7 +8,7 @@
 //! holds an object of the certified name.
 
 use tss_esapi::abstraction::{ak, ek, AsymmetricAlgorithmSelection};
-use tss_esapi::handles::{KeyHandle, ObjectHandle, PersistentTpmHandle, TpmHandle};
+use tss_esapi::handles::{KeyHandle, ObjectHandle, PersistentTpmHandle};
 use tss_esapi::interface_types::algorithm::{
     AsymmetricAlgorithm, HashingAlgorithm, SignatureSchemeAlgorithm,
 };
@@ -23,42 +23,56 @@ use tss_esapi::Context;
 
 use super::rc;
 use crate::key::attestation::{Enrollment, TpmEvidence};
-use crate::key::{der, KeyAlgorithm, KeyError};
+use crate::key::{KeyAlgorithm, KeyError};
 
 fn tpm_err(operation: &'static str) -> impl Fn(tss_esapi::Error) -> KeyError {
     rc::tpm_error(operation)
 }
 
-/// The AK at persistent handle `h`: opened if it is there, else created under a fresh EK and
-/// made persistent (the transient EK and AK are flushed). Returns its handle and public area.
-pub(crate) fn ensure_ak(ctx: &mut Context, h: u32) -> Result<(KeyHandle, Public), KeyError> {
-    let persistent = PersistentTpmHandle::new(h).map_err(tpm_err("the AK handle"))?;
-    if let Ok(object) =
-        ctx.execute_without_session(|ctx| ctx.tr_from_tpm_public(TpmHandle::Persistent(persistent)))
-    {
-        let key = KeyHandle::from(object);
-        let (public, _, _) = ctx
-            .execute_without_session(|ctx| ctx.read_public(key))
-            .map_err(tpm_err("ReadPublic (AK)"))?;
-        if !public.object_attributes().restricted() || !public.object_attributes().sign_encrypt() {
-            return Err(KeyError::TpmKeyUnusable {
-                key: format!("TPM persistent object {h:#010x}"),
-                reason: "it is not an attestation key (a restricted signing key); choose another --ak-handle".into(),
-            });
+/// The AK at persistent handle `h`: opened if it is there (it must be a restricted signing key),
+/// else created under a fresh EK and made persistent (the transient EK and AK are flushed).
+/// Returns its ESYS handle, which the caller closes ([`close`]), and its public area.
+pub(crate) fn ensure_ak(
+    ctx: &mut Context,
+    h: u32,
+    tcti: &str,
+) -> Result<(ObjectHandle, Public), KeyError> {
+    match super::persistent::open_persistent(ctx, h, tcti) {
+        Ok((object, public)) => {
+            let a = public.object_attributes();
+            if !(a.restricted() && a.sign_encrypt()) {
+                close(ctx, object);
+                return Err(KeyError::TpmKeyUnusable {
+                    key: format!("TPM persistent object {h:#010x}"),
+                    reason: "it is not an attestation key (a restricted signing key); choose another --ak-handle".into(),
+                });
+            }
+            Ok((object, public))
         }
-        return Ok((key, public));
+        Err(KeyError::KeyNotFound { .. }) => create_ak(ctx, h),
+        Err(e) => Err(e),
     }
+}
+
+/// Releases an ESYS handle of a persistent object (the object stays in the TPM).
+pub(crate) fn close(ctx: &mut Context, mut object: ObjectHandle) {
+    let _ = ctx.tr_close(&mut object);
+}
+
+fn create_ak(ctx: &mut Context, h: u32) -> Result<(ObjectHandle, Public), KeyError> {
+    let persistent = PersistentTpmHandle::new(h).map_err(tpm_err("the AK handle"))?;
     let ek_handle = ek::create_ek_object(ctx, AsymmetricAlgorithm::Ecc, None)
         .map_err(tpm_err("CreatePrimary (EK)"))?;
-    let made = ak::create_ak(
+    let result = ak::create_ak(
         ctx,
         ek_handle,
         HashingAlgorithm::Sha256,
         SignatureSchemeAlgorithm::EcDsa,
         None,
         None,
-    );
-    let result = made.map_err(tpm_err("Create (AK)")).and_then(|created| {
+    )
+    .map_err(tpm_err("Create (AK)"))
+    .and_then(|created| {
         let public = created.out_public.clone();
         let loaded = ak::load_ak(
             ctx,
@@ -76,8 +90,7 @@ pub(crate) fn ensure_ak(ctx: &mut Context, h: u32) -> Result<(KeyHandle, Public)
             )
         });
         let _ = ctx.flush_context(ObjectHandle::from(loaded));
-        let stored = stored.map_err(tpm_err("EvictControl (AK)"))?;
-        Ok((KeyHandle::from(stored), public))
+        Ok((stored.map_err(tpm_err("EvictControl (AK)"))?, public))
     });
     let _ = ctx.flush_context(ObjectHandle::from(ek_handle));
     result
@@ -89,9 +102,22 @@ pub(crate) fn certify(
     ctx: &mut Context,
     key: KeyHandle,
     ak_handle: u32,
+    tcti: &str,
     qualifying_data: &[u8],
 ) -> Result<TpmEvidence, KeyError> {
-    let (ak, ak_public) = ensure_ak(ctx, ak_handle)?;
+    let (ak, ak_public) = ensure_ak(ctx, ak_handle, tcti)?;
+    let result = certify_with(ctx, key, KeyHandle::from(ak), ak_public, qualifying_data);
+    close(ctx, ak);
+    result
+}
+
+fn certify_with(
+    ctx: &mut Context,
+    key: KeyHandle,
+    ak: KeyHandle,
+    ak_public: Public,
+    qualifying_data: &[u8],
+) -> Result<TpmEvidence, KeyError> {
     let (key_public, _, _) = ctx
         .execute_without_session(|ctx| ctx.read_public(key))
         .map_err(tpm_err("ReadPublic (key)"))?;
@@ -123,8 +149,13 @@ pub(crate) fn certify(
 }
 
 /// What an operator registers for this TPM: the AK (made if missing) and the EK.
-pub(crate) fn enroll(ctx: &mut Context, ak_handle: u32) -> Result<Enrollment, KeyError> {
-    let (_, ak_public) = ensure_ak(ctx, ak_handle)?;
+pub(crate) fn enroll(
+    ctx: &mut Context,
+    ak_handle: u32,
+    tcti: &str,
+) -> Result<Enrollment, KeyError> {
+    let (ak, ak_public) = ensure_ak(ctx, ak_handle, tcti)?;
+    close(ctx, ak);
     let ak_public_bytes = ak_public
         .marshall()
         .map_err(tpm_err("marshalling TPMT_PUBLIC (AK)"))?;
@@ -150,24 +181,16 @@ pub(crate) fn enroll(ctx: &mut Context, ak_handle: u32) -> Result<Enrollment, Ke
     })
 }
 
-/// The SubjectPublicKeyInfo of a P-256 public area.
+/// The SubjectPublicKeyInfo of a P-256 public area (the AK's or the EK's).
 pub(crate) fn ecc_spki(public: &Public) -> Result<Vec<u8>, KeyError> {
+    let malformed = |reason: String| KeyError::Malformed {
+        what: "an attestation or endorsement key's public area".into(),
+        reason,
+    };
     match public {
         Public::Ecc { unique, .. } => {
-            let mut point = vec![0x04];
-            point.extend_from_slice(&pad32(unique.x().value()));
-            point.extend_from_slice(&pad32(unique.y().value()));
-            der::ec_spki(KeyAlgorithm::EcP256, &point)
+            super::public::ec_spki(KeyAlgorithm::EcP256, unique).map_err(malformed)
         }
-        _ => Err(KeyError::Malformed {
-            what: "the attestation key's public area".into(),
-            reason: "not an ECC key".into(),
-        }),
+        _ => Err(malformed("not an ECC key".into())),
     }
-}
-
-fn pad32(v: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; 32usize.saturating_sub(v.len())];
-    out.extend_from_slice(v);
-    out
 }

@@ -121,7 +121,7 @@ pub fn enroll(
     let tpm = Tpm::connect(&uri.tcti())?;
     tpm.with_conn(|conn| {
         conn.ensure_connected()?;
-        attest::enroll(&mut conn.ctx, ak_handle)
+        attest::enroll(&mut conn.ctx, ak_handle, tpm.tcti())
     })
 }
 
@@ -324,8 +324,9 @@ impl KeyBackend for TpmKey {
         ak_handle: u32,
         qualifying_data: &[u8],
     ) -> Result<crate::key::attestation::TpmEvidence, KeyError> {
+        let tcti = self.loaded.tcti().to_string();
         self.loaded
-            .with_loaded(|ctx, key| attest::certify(ctx, key, ak_handle, qualifying_data))
+            .with_loaded(|ctx, key| attest::certify(ctx, key, ak_handle, &tcti, qualifying_data))
     }
 
     fn protection(&self) -> Result<crate::key::Protection, KeyError> {

@@ -6,7 +6,7 @@
 //! unsupported curve) is refused with its reason when it is opened, not at the first handshake.
 
 use tss_esapi::interface_types::ecc::EccCurve;
-use tss_esapi::structures::{EccScheme, Public, RsaScheme};
+use tss_esapi::structures::{EccPoint, EccScheme, Public, RsaScheme};
 
 use crate::key::{der, KeyAlgorithm};
 
@@ -101,12 +101,7 @@ impl KeyInfo {
                         parameters.ecc_scheme()
                     ));
                 }
-                let len = algorithm.ec_scalar_len().unwrap_or(0);
-                let mut point = Vec::with_capacity(1 + 2 * len);
-                point.push(0x04);
-                point.extend(left_pad(unique.x().value(), len)?);
-                point.extend(left_pad(unique.y().value(), len)?);
-                let spki = der::ec_spki(algorithm, &point).map_err(|e| e.to_string())?;
+                let spki = ec_spki(algorithm, unique)?;
                 Ok(KeyInfo {
                     algorithm,
                     spki,
@@ -156,6 +151,16 @@ impl KeyInfo {
 }
 
 /// Left-pads a big-endian scalar to `len` bytes.
+/// The SubjectPublicKeyInfo of an EC public area's point (x and y left-padded to the curve).
+pub(crate) fn ec_spki(algorithm: KeyAlgorithm, unique: &EccPoint) -> Result<Vec<u8>, String> {
+    let len = algorithm.ec_scalar_len().unwrap_or(0);
+    let mut point = Vec::with_capacity(1 + 2 * len);
+    point.push(0x04);
+    point.extend(left_pad(unique.x().value(), len)?);
+    point.extend(left_pad(unique.y().value(), len)?);
+    der::ec_spki(algorithm, &point).map_err(|e| e.to_string())
+}
+
 pub(crate) fn left_pad(value: &[u8], len: usize) -> Result<Vec<u8>, String> {
     let first = value.iter().position(|&b| b != 0).unwrap_or(value.len());
     let value = &value[first..];
