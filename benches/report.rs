@@ -19,7 +19,7 @@ use common::{Results, Row, Stat};
 const MARKER: &str = "<!-- hand-written below this line: hsm-fixtures/bench.sh keeps it -->";
 
 /// The areas, in its order (one table each).
-const AREAS: [&str; 10] = [
+const AREAS: [&str; 11] = [
     "signing, raw",
     "handshakes",
     "resumption",
@@ -29,6 +29,7 @@ const AREAS: [&str; 10] = [
     "exec",
     "memory",
     "TPM stall",
+    "approver",
     "Crypto provider: aws-lc-rs against ring",
 ];
 
@@ -237,6 +238,7 @@ fn main() {
     let sign = common::load("sign");
     let e2e = common::load("e2e");
     let providers = common::load("providers");
+    let approver = common::load("approver");
     let mut out = String::from(HEAD);
     out.push_str("\n## Machine\n\n");
     machine(&mut out, sign.as_ref(), e2e.as_ref());
@@ -249,6 +251,7 @@ fn main() {
         .iter()
         .chain(e2e.iter())
         .chain(providers.iter())
+        .chain(approver.iter())
         .flat_map(|r| r.rows.iter())
         .collect();
     for area in AREAS {

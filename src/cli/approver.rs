@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Args;
+use clap::{ArgAction, Args};
 
 #[derive(Debug, Args)]
 pub struct ApproverArgs {
-    /// A kubeconfig allowed to list CSRs and update their approval (default: in-cluster
+    /// A kubeconfig allowed to list and watch CSRs and update their approval (default: in-cluster
     /// service account, or $KUBECONFIG).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -15,18 +15,47 @@ pub struct ApproverArgs {
     /// kubernetes.io/kube-apiserver-client-kubelet.
     #[arg(long = "signer-name", required = true)]
     signer_names: Vec<String>,
-    /// The registered nodes: one file per node, named after it, holding `hwkey attest enroll`'s output.
-    #[arg(long)]
-    trust: PathBuf,
+    /// The registered nodes: a directory with one file per node, named after it, holding
+    /// `hwkey attest enroll`'s output (a mounted ConfigMap works too).
+    #[arg(
+        long,
+        required_unless_present = "trust_configmap",
+        conflicts_with = "trust_configmap"
+    )]
+    trust: Option<PathBuf>,
+    /// The registered nodes as a ConfigMap, NAMESPACE/NAME, one entry per node (read through the
+    /// API: a node added to it is admitted without a restart).
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    trust_configmap: Option<String>,
     /// Requests without TPM evidence: deny them (NoEvidence) or leave them to other approvers.
     #[arg(long, value_enum, default_value = "deny")]
     on_missing_evidence: OnMissing,
-    /// Decide the pending requests once and exit (otherwise: keep deciding every --interval).
+    /// Decide the pending requests once and exit (no watch, no leader election).
     #[arg(long)]
     once: bool,
-    /// How often pending requests are looked for.
+    /// Elect a leader among replicas on a coordination.k8s.io Lease, so only one decides.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "BOOL")]
+    leader_elect: bool,
+    /// The Lease's namespace (default: the service account's namespace in a pod, else
+    /// kube-system).
+    #[arg(long)]
+    leader_elect_namespace: Option<String>,
+    /// The Lease's name.
+    #[arg(long, default_value = "hwkey-approver")]
+    leader_elect_lease_name: String,
+    /// How long a leader's Lease stands without renewal before a standby takes over.
+    #[arg(long, default_value = "15s", value_parser = crate::proxy::config::parse_duration)]
+    leader_elect_lease_duration: Duration,
+    /// How long a leader keeps trying to renew before it steps down (< lease duration).
+    #[arg(long, default_value = "10s", value_parser = crate::proxy::config::parse_duration)]
+    leader_elect_renew_deadline: Duration,
+    /// How often standbys try to take the Lease and the leader renews it (< renew deadline).
     #[arg(long, default_value = "2s", value_parser = crate::proxy::config::parse_duration)]
-    interval: Duration,
+    leader_elect_retry_period: Duration,
+    /// Serve /metrics (OpenMetrics) and /healthz on this address, e.g. 127.0.0.1:9101 (a pod's
+    /// 0.0.0.0:9101 for Prometheus). Metrics hold no secrets.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -36,17 +65,57 @@ enum OnMissing {
 }
 
 #[cfg(feature = "tpm")]
+/// Where a service account's namespace is, in a pod.
+const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+#[cfg(feature = "tpm")]
 pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
-    use crate::lifecycle::approver::{self, ApproverOptions, OnMissingEvidence};
+    use std::sync::Arc;
+
+    use crate::lifecycle::approver::trust::TrustSource;
+    use crate::lifecycle::approver::{self, metrics::ApproverMetrics, ApproverOptions};
+    use crate::lifecycle::lease::{self, LeaseConfig};
     use anyhow::Context;
+
+    let trust = match (&args.trust, &args.trust_configmap) {
+        (Some(dir), _) => TrustSource::Dir(dir.clone()),
+        (None, Some(spec)) => {
+            TrustSource::config_map(spec).map_err(|e| anyhow::anyhow!("--trust-configmap: {e}"))?
+        }
+        (None, None) => anyhow::bail!("pass --trust DIR or --trust-configmap NAMESPACE/NAME"),
+    };
     let options = ApproverOptions {
-        signer_names: args.signer_names,
-        trust: args.trust,
+        signer_names: args.signer_names.clone(),
+        trust,
         on_missing_evidence: match args.on_missing_evidence {
-            OnMissing::Deny => OnMissingEvidence::Deny,
-            OnMissing::Ignore => OnMissingEvidence::Ignore,
+            OnMissing::Deny => approver::OnMissingEvidence::Deny,
+            OnMissing::Ignore => approver::OnMissingEvidence::Ignore,
         },
     };
+    let election = (args.leader_elect && !args.once)
+        .then(|| {
+            let namespace = args.leader_elect_namespace.clone().unwrap_or_else(|| {
+                std::fs::read_to_string(POD_NAMESPACE_FILE)
+                    .map(|n| n.trim().to_string())
+                    .ok()
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| "kube-system".into())
+            });
+            let config = LeaseConfig {
+                namespace,
+                name: args.leader_elect_lease_name.clone(),
+                identity: lease::default_identity(),
+                duration: args.leader_elect_lease_duration,
+                renew_deadline: args.leader_elect_renew_deadline,
+                retry: args.leader_elect_retry_period,
+            };
+            config
+                .check()
+                .map_err(|e| anyhow::anyhow!("leader election: {e}"))?;
+            anyhow::Ok(config)
+        })
+        .transpose()?;
+
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -66,8 +135,11 @@ pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
         };
         let client =
             crate::lifecycle::client::build(&config, crate::lifecycle::client::Identity::Config)?;
+        let metrics = Arc::new(ApproverMetrics::default());
         if args.once {
-            for d in approver::decide_pending(&client, &options).await? {
+            let mut approver = approver::Approver::new(&client, options, metrics).await?;
+            let round = approver.decide_pending().await?;
+            for d in &round.decisions {
                 println!(
                     "{} {}: {} ({})",
                     if d.approved { "approved" } else { "denied" },
@@ -76,9 +148,42 @@ pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
                     d.message
                 );
             }
+            if let Some(first) = round.failures.first() {
+                anyhow::bail!(
+                    "{} request(s) could not be decided and stay open; the first: {first}",
+                    round.failures.len()
+                );
+            }
             return Ok(());
         }
-        approver::run(&client, &options, args.interval).await?;
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let (leading_tx, leading) = tokio::sync::watch::channel(false);
+        if let Some(addr) = args.metrics_listen {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
+            eprintln!(
+                "hwkey approver: metrics on http://{}/metrics",
+                listener.local_addr()?
+            );
+            tokio::spawn(approver::metrics::serve(
+                listener,
+                metrics.clone(),
+                leading,
+                stop.clone(),
+            ));
+        }
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot watch SIGTERM")?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            tracing::info!("stopping");
+            stop_tx.send_replace(true);
+        });
+        approver::run(&client, options, election, metrics, leading_tx, stop).await?;
         Ok(())
     })
 }

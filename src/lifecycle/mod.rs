@@ -25,6 +25,7 @@ pub mod client;
 pub mod context;
 pub mod csr_api;
 pub mod issued;
+pub mod lease;
 pub mod renew;
 
 use std::path::PathBuf;
@@ -106,6 +107,22 @@ pub enum LifecycleError {
 
     #[error("{0}")]
     Kubelet(String),
+
+    #[error("cannot record the decision on CertificateSigningRequest {name}: {reason} (the approver's account needs `update` on certificatesigningrequests/approval and `approve` on the signer: see deploy/approver.yaml)")]
+    Approve { name: String, reason: String },
+
+    #[error("cannot list or watch CertificateSigningRequests: {reason} (the approver's account needs get, list and watch on certificatesigningrequests)")]
+    List { reason: String },
+
+    #[error("cannot read the registered nodes from {origin}: {reason}")]
+    Trust { origin: String, reason: String },
+
+    #[error("leader election on Lease {namespace}/{name} failed: {reason} (the approver's account needs get, create and update on leases in {namespace})")]
+    Lease {
+        namespace: String,
+        name: String,
+        reason: String,
+    },
 
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),

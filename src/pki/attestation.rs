@@ -121,8 +121,26 @@ pub struct RegisteredAk {
     pub ak_name: Vec<u8>,
 }
 
+/// Reads a registration: what `hwkey attest enroll` printed for `node` (`akName: HEX` is the
+/// line that counts). The same text is a file in a `--trust` directory or a ConfigMap entry.
+pub fn parse_registration(node: &str, text: &str) -> Result<RegisteredAk, String> {
+    let name = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("akName:"))
+        .map(str::trim)
+        .ok_or_else(|| {
+            format!("{node} has no akName line: store what `hwkey attest enroll` printed")
+        })?;
+    let ak_name = unhex(name).ok_or_else(|| format!("{node}: akName is not hex"))?;
+    Ok(RegisteredAk {
+        node: node.to_string(),
+        ak_name,
+    })
+}
+
 /// Reads a `--trust` directory: one file per node, named after it, holding what
-/// `hwkey attest enroll` printed (`akName: HEX` is the line that counts).
+/// `hwkey attest enroll` printed. Hidden entries are skipped, so a directory a Kubernetes
+/// ConfigMap is mounted on (its `..data` links) reads as the ConfigMap's entries.
 pub fn read_trust_dir(dir: &Path) -> Result<Vec<RegisteredAk>, PkiError> {
     let bad = |reason: String| PkiError::BadTrust {
         path: dir.to_path_buf(),
@@ -143,20 +161,7 @@ pub fn read_trust_dir(dir: &Path) -> Result<Vec<RegisteredAk>, PkiError> {
             continue;
         }
         let text = std::fs::read_to_string(&path).map_err(|e| bad(format!("{node}: {e}")))?;
-        let name = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("akName:"))
-            .map(str::trim)
-            .ok_or_else(|| {
-                bad(format!(
-                    "{node} has no akName line: store what `hwkey attest enroll` printed"
-                ))
-            })?;
-        let ak_name = unhex(name).ok_or_else(|| bad(format!("{node}: akName is not hex")))?;
-        out.push(RegisteredAk {
-            node: node.to_string(),
-            ak_name,
-        });
+        out.push(parse_registration(node, &text).map_err(bad)?);
     }
     Ok(out)
 }
@@ -242,6 +247,16 @@ fn read_bundles(r: yasna::BERReader<'_, '_>) -> yasna::ASN1Result<TpmEvidence> {
     })
 }
 
+/// A request whose evidence holds: its key is certified by the AK named here. Whether that AK
+/// belongs to a registered node is [`admit`]'s question.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attested {
+    /// The TPM name of the AK that certified the key.
+    pub ak_name: Vec<u8>,
+    /// The request's subject.
+    pub subject: String,
+}
+
 /// A request that passed: the registered node whose TPM holds its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admitted {
@@ -257,7 +272,14 @@ pub struct Admitted {
 /// evidence's AK is registered in `trusted`.
 #[cfg(feature = "tpm")]
 pub fn verify_request(csr_der: &[u8], trusted: &[RegisteredAk]) -> Result<Admitted, Refused> {
-    use crate::key::attestation::hex;
+    admit(verify_evidence(csr_der)?, trusted)
+}
+
+/// Checks a PKCS#10 request (DER) and the TPM evidence it carries, without the trust lookup:
+/// the request's own signature, the AK's signature over TPMS_ATTEST, the certified key's name,
+/// attributes and binding to this request.
+#[cfg(feature = "tpm")]
+pub fn verify_evidence(csr_der: &[u8]) -> Result<Attested, Refused> {
     use x509_parser::prelude::FromDer;
     let (_, csr) = x509_parser::certification_request::X509CertificationRequest::from_der(csr_der)
         .map_err(|e| {
@@ -284,21 +306,31 @@ pub fn verify_request(csr_der: &[u8], trusted: &[RegisteredAk]) -> Result<Admitt
     let qualifying = qualifying_data(cri.subject.as_raw(), cri.subject_pki.raw);
     let ak_name = crate::key::attestation::verify(&evidence, cri.subject_pki.raw, &qualifying)
         .map_err(|e| refused(Refusal::EvidenceInvalid, e.0))?;
+    Ok(Attested {
+        ak_name,
+        subject: cri.subject.to_string(),
+    })
+}
+
+/// Admits attested evidence when its AK is registered in `trusted`.
+#[cfg(feature = "tpm")]
+pub fn admit(attested: Attested, trusted: &[RegisteredAk]) -> Result<Admitted, Refused> {
+    use crate::key::attestation::hex;
     let node = trusted
         .iter()
-        .find(|t| t.ak_name == ak_name)
+        .find(|t| t.ak_name == attested.ak_name)
         .ok_or_else(|| {
             refused(
                 Refusal::UnknownAttestationKey,
                 format!(
                     "attestation key {} is not registered (register the node with what `hwkey attest enroll` prints)",
-                    hex(&ak_name)
+                    hex(&attested.ak_name)
                 ),
             )
         })?;
     Ok(Admitted {
         node: node.node.clone(),
-        ak_name: hex(&ak_name),
-        subject: cri.subject.to_string(),
+        ak_name: hex(&attested.ak_name),
+        subject: attested.subject,
     })
 }

@@ -88,7 +88,7 @@ fn wait_child(child: &mut Child, dir: &Path, cluster: &KubeCluster) -> (bool, St
 }
 
 /// The name of the first CertificateSigningRequest whose name starts with `prefix`.
-fn wait_for_csr(cluster: &KubeCluster, prefix: &str) -> String {
+pub(crate) fn wait_for_csr(cluster: &KubeCluster, prefix: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let out = cluster.kubectl_ok(&["get", "csr", "-o", "jsonpath={.items[*].metadata.name}"]);
@@ -101,7 +101,7 @@ fn wait_for_csr(cluster: &KubeCluster, prefix: &str) -> String {
     }
 }
 
-fn csr_field(cluster: &KubeCluster, name: &str, jsonpath: &str) -> String {
+pub(crate) fn csr_field(cluster: &KubeCluster, name: &str, jsonpath: &str) -> String {
     let out = cluster.kubectl_ok(&["get", "csr", name, "-o", &format!("jsonpath={jsonpath}")]);
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -681,107 +681,10 @@ fn a_tpm_node_bootstraps_with_evidence_that_survives_the_api_server() {
     );
 }
 
-/// The attesting approver on a real API server: a request whose key is proven to be in the
-/// enrolled node's TPM is approved (`AttestedTPMKey`) and then issued; one without evidence is
-/// denied (`NoEvidence`); running the approver again decides nothing twice.
-#[cfg(feature = "tpm")]
-#[test]
-fn the_approver_admits_only_attested_keys_and_decides_once() {
-    require_tool("kubectl", "kubectl (from the machine image)");
-    let id = Identity::tpm();
-    let cluster = KubeCluster::start(&id.ca, "10m");
-    let work = temp_dir();
-    let (trust, tcti) = enroll_node(&id, work.path(), "node4");
-    let key = format!(
-        "tpm:path={}?tcti={}",
-        work.path().join("node4.tpm.pem").display(),
-        tcti
-    );
-    run_ok(hwkey().args(["key", "create", "--key", &key, "--algorithm", "ec-p256"]));
-    // Both requests come from the bootstrap identity, as a joining node's would.
-    for (name, attest) in [("attested-node4", true), ("plain-node4", false)] {
-        let mut csr = hwkey();
-        csr.args([
-            "csr",
-            "--key",
-            &key,
-            "--subject",
-            "CN=system:node:node4,O=system:nodes",
-            "--k8s-name",
-            name,
-            "--signer-name",
-            "kubernetes.io/kube-apiserver-client",
-        ]);
-        if attest {
-            csr.arg("--attest");
-        }
-        let object = work.path().join(format!("{name}.yaml"));
-        std::fs::write(&object, &run_ok(&mut csr).stdout).expect("write CSR object");
-        run_ok(
-            Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(&cluster.bootstrap_kubeconfig)
-                .args(["create", "-f"])
-                .arg(&object),
-        );
-    }
-    let approver = || {
-        let mut cmd = hwkey();
-        cmd.arg("approver")
-            .arg("--kubeconfig")
-            .arg(&cluster.admin_kubeconfig)
-            .args([
-                "--signer-name",
-                "kubernetes.io/kube-apiserver-client",
-                "--trust",
-            ])
-            .arg(&trust)
-            .arg("--once");
-        cmd
-    };
-    let first = output_text(&run_ok(&mut approver()));
-    assert!(
-        first.contains("approved attested-node4: AttestedTPMKey"),
-        "{first}"
-    );
-    assert!(first.contains("denied plain-node4: NoEvidence"), "{first}");
-    assert_eq!(
-        csr_field(&cluster, "attested-node4", "{.status.conditions[0].reason}"),
-        "AttestedTPMKey"
-    );
-    assert_eq!(
-        csr_field(&cluster, "plain-node4", "{.status.conditions[0].type}"),
-        "Denied"
-    );
-    // kube-controller-manager issues the approved one.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while csr_field(&cluster, "attested-node4", "{.status.certificate}").is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the approved request was never issued"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // A restarted approver decides nothing twice.
-    let second = output_text(&run_ok(&mut approver()));
-    assert!(
-        !second.contains("approved") && !second.contains("denied"),
-        "{second}"
-    );
-    for name in ["attested-node4", "plain-node4"] {
-        let conditions = csr_field(&cluster, name, "{.status.conditions[*].type}");
-        assert_eq!(
-            conditions.split_whitespace().count(),
-            1,
-            "{name}: {conditions}"
-        );
-    }
-}
-
 /// Registers the TPM of a TPM identity as node `node`: `hwkey attest enroll`'s output stored as
 /// DIR/trust/NODE. Returns the trust directory and the TPM's TCTI.
 #[cfg(feature = "tpm")]
-fn enroll_node(id: &Identity, dir: &Path, node: &str) -> (PathBuf, String) {
+pub(crate) fn enroll_node(id: &Identity, dir: &Path, node: &str) -> (PathBuf, String) {
     let support::proxy::Backend::Tpm(tpm) = &id.backend else {
         unreachable!("a TPM identity has a TPM backend")
     };

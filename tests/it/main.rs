@@ -7,6 +7,8 @@
 //! feature, so `--no-default-features --features pkcs11` (or `tpm`) runs that build's tests.
 
 #[cfg(feature = "tpm")]
+mod approver;
+#[cfg(feature = "tpm")]
 mod attestation;
 mod build_features;
 #[cfg(feature = "pkcs11")]

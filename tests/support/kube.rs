@@ -84,6 +84,11 @@ impl KubeCluster {
     /// issuing certificates valid for `signing_duration` (`--cluster-signing-duration`), and
     /// installs the bootstrap token and the node RBAC.
     pub fn start(ca: &TestCa, signing_duration: &str) -> KubeCluster {
+        KubeCluster::start_with(ca, signing_duration, Approval::BuiltIn)
+    }
+
+    /// As [`KubeCluster::start`], with the given approval set-up.
+    pub fn start_with(ca: &TestCa, signing_duration: &str, approval: Approval) -> KubeCluster {
         let bin = kube_bin_dir();
         let etcd_bin = crate::find_tool("etcd").unwrap_or_else(|| {
             panic!("etcd not found: install it with `apt-get install etcd-server` (hsm-fixtures/build-kube.sh does)")
@@ -206,7 +211,10 @@ impl KubeCluster {
         let mut cmd = Command::new(bin.join("kube-controller-manager"));
         cmd.arg(format!("--kubeconfig={}", admin_kubeconfig.display()))
             .args(["--leader-elect=false", "--port=0", "--secure-port=0"])
-            .arg("--controllers=csrsigning,csrapproving,csrcleaner,clusterrole-aggregation,namespace")
+            .arg(match approval {
+                Approval::BuiltIn => "--controllers=csrsigning,csrapproving,csrcleaner,clusterrole-aggregation,namespace",
+                Approval::SignerOnly => "--controllers=csrsigning,csrcleaner,clusterrole-aggregation,namespace",
+            })
             .arg(format!("--cluster-signing-cert-file={}", ca.ca_path().display()))
             .arg(format!("--cluster-signing-key-file={}", ca.key_path().display()))
             .arg(format!("--cluster-signing-duration={signing_duration}"));
@@ -222,7 +230,10 @@ impl KubeCluster {
             etcd,
             dir,
         };
-        cluster.apply(BOOTSTRAP_OBJECTS);
+        cluster.apply(BOOTSTRAP_TOKEN_OBJECTS);
+        if approval == Approval::BuiltIn {
+            cluster.apply(AUTO_APPROVAL_OBJECTS);
+        }
         cluster
     }
 
@@ -243,6 +254,23 @@ impl KubeCluster {
         let path = self.dir.path().join("apply.yaml");
         std::fs::write(&path, yaml).expect("write manifest");
         run_ok(self.kubectl().arg("apply").arg("-f").arg(&path));
+    }
+
+    /// A kubeconfig for service account `namespace/name`, with a token from the TokenRequest API
+    /// (`kubectl create token`), as a pod of that account would authenticate.
+    pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> PathBuf {
+        let out = self.kubectl_ok(&["-n", namespace, "create", "token", name, "--duration=1h"]);
+        let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let path = self
+            .dir
+            .path()
+            .join(format!("{namespace}-{name}.kubeconfig"));
+        std::fs::write(
+            &path,
+            kubeconfig(self.port, &self.ca_path, &format!("    token: {token}\n")),
+        )
+        .expect("write service account kubeconfig");
+        path
     }
 
     /// Runs kubectl as the admin; panics with its output on failure.
@@ -287,8 +315,19 @@ fn kubeconfig(port: u16, ca: &Path, user: &str) -> String {
     )
 }
 
-/// The bootstrap token and the RBAC kubeadm sets up for kubelet TLS bootstrapping and renewal.
-const BOOTSTRAP_OBJECTS: &str = r#"apiVersion: v1
+/// Who approves kubelet client certificate requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approval {
+    /// kube-controller-manager's csrapproving controller, with the RBAC kubeadm binds
+    /// (bootstrappers → nodeclient, nodes → selfnodeclient).
+    BuiltIn,
+    /// Neither: kube-controller-manager only signs, so only an external approver (hwkey's)
+    /// decides, as docs/ATTESTATION.md tells operators to set it up.
+    SignerOnly,
+}
+
+/// The bootstrap token and the RBAC that lets bootstrappers create requests.
+const BOOTSTRAP_TOKEN_OBJECTS: &str = r#"apiVersion: v1
 kind: Secret
 metadata:
   name: bootstrap-token-abcdef
@@ -312,8 +351,10 @@ subjects:
 - apiGroup: rbac.authorization.k8s.io
   kind: Group
   name: system:bootstrappers
----
-apiVersion: rbac.authorization.k8s.io/v1
+"#;
+
+/// The RBAC kubeadm sets up for the built-in auto-approval of bootstrap and renewal requests.
+const AUTO_APPROVAL_OBJECTS: &str = r#"apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
 metadata:
   name: hwkey-test:nodeclient

@@ -1,0 +1,249 @@
+//! The approver's metrics (OpenMetrics, `prometheus-client`) and its `/metrics` + `/healthz`
+//! listener. Names are the operator's contract:
+//!
+//! - `hwkey_approver_decisions_total{decision, reason}`: decisions written, by reason
+//!   (`approved`/`AttestedTPMKey`, `denied`/`NoEvidence|EvidenceInvalid|UnknownAttestationKey|SubjectMismatch`).
+//! - `hwkey_approver_conflicts_total`: decisions not written because the request changed
+//!   meanwhile (another replica or approver decided it).
+//! - `hwkey_approver_verify_seconds`: time to check one request (signature, evidence, trust).
+//! - `hwkey_approver_leader`: 1 while this replica holds the Lease (or runs without election).
+//! - `hwkey_approver_registered_nodes`: nodes in the trust source as last read.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use super::decide::{APPROVED_REASON, SUBJECT_MISMATCH};
+use crate::pki::attestation::Refusal;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    decision: &'static str,
+    reason: String,
+}
+
+/// The approver's metrics, registered once.
+pub struct ApproverMetrics {
+    registry: Registry,
+    decisions: Family<DecisionLabels, Counter>,
+    /// Decisions not written: the request changed meanwhile.
+    pub conflicts: Counter,
+    /// Seconds per request check.
+    pub verify_seconds: Histogram,
+    /// 1 while leading.
+    pub leader: Gauge,
+    /// Nodes in the trust source.
+    pub registered_nodes: Gauge,
+}
+
+impl Default for ApproverMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        decisions
+            .get_or_create(&DecisionLabels {
+                decision: "approved",
+                reason: APPROVED_REASON.into(),
+            })
+            .inc_by(0);
+        for reason in [
+            Refusal::NoEvidence.reason(),
+            Refusal::EvidenceInvalid.reason(),
+            Refusal::UnknownAttestationKey.reason(),
+            SUBJECT_MISMATCH,
+        ] {
+            decisions
+                .get_or_create(&DecisionLabels {
+                    decision: "denied",
+                    reason: reason.into(),
+                })
+                .inc_by(0);
+        }
+        registry.register(
+            "hwkey_approver_decisions",
+            "CertificateSigningRequests decided, by decision and reason",
+            decisions.clone(),
+        );
+        let conflicts = Counter::default();
+        registry.register(
+            "hwkey_approver_conflicts",
+            "Decisions not written because the request changed meanwhile",
+            conflicts.clone(),
+        );
+        // 50 µs .. ~100 ms: one ECDSA verification plus parsing is well under a millisecond.
+        let verify_seconds = Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(0.00005, 2.0, 12),
+        );
+        registry.register(
+            "hwkey_approver_verify_seconds",
+            "Time to check one request: its signature, TPM evidence and trust",
+            verify_seconds.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "hwkey_approver_leader",
+            "1 while this replica decides (holds the Lease, or runs without leader election)",
+            leader.clone(),
+        );
+        let registered_nodes = Gauge::default();
+        registry.register(
+            "hwkey_approver_registered_nodes",
+            "Registered nodes in the trust source as last read",
+            registered_nodes.clone(),
+        );
+        ApproverMetrics {
+            registry,
+            decisions,
+            conflicts,
+            verify_seconds,
+            leader,
+            registered_nodes,
+        }
+    }
+}
+
+impl ApproverMetrics {
+    /// Counts a written decision.
+    pub fn decided(&self, approved: bool, reason: &str) {
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                decision: if approved { "approved" } else { "denied" },
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// The OpenMetrics text.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serves `/metrics` and `/healthz` (200 `ok: leading` / `ok: standing by`) on `listener` until
+/// `stop`. Metrics hold no secrets; the listener may be a pod's address for Prometheus.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<ApproverMetrics>,
+    leading: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(32));
+    loop {
+        let conn = tokio::select! {
+            _ = crate::lifecycle::lease::stopped(&mut stop) => break,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        let leading = leading.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let response = route(&metrics, *leading.borrow(), req.method(), req.uri().path());
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(5))
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(conn), service);
+            let _ = tokio::time::timeout(Duration::from_secs(10), connection).await;
+            drop(permit);
+        });
+    }
+}
+
+fn route(
+    metrics: &ApproverMetrics,
+    leading: bool,
+    method: &hyper::Method,
+    path: &str,
+) -> Response<Full<Bytes>> {
+    let (status, kind, body) = match (method.as_str(), path) {
+        ("GET", "/metrics") => (
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.render(),
+        ),
+        ("GET", "/healthz") => (
+            StatusCode::OK,
+            "text/plain",
+            if leading {
+                "ok: leading\n".into()
+            } else {
+                "ok: standing by\n".into()
+            },
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /healthz or /metrics\n".into(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(kind) {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, v);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_is_present_from_the_start() {
+        let m = ApproverMetrics::default();
+        m.decided(true, APPROVED_REASON);
+        let text = m.render();
+        assert!(
+            text.contains(
+                "hwkey_approver_decisions_total{decision=\"approved\",reason=\"AttestedTPMKey\"} 1"
+            ),
+            "{text}"
+        );
+        for reason in [
+            "NoEvidence",
+            "EvidenceInvalid",
+            "UnknownAttestationKey",
+            "SubjectMismatch",
+        ] {
+            assert!(
+                text.contains(&format!(
+                    "hwkey_approver_decisions_total{{decision=\"denied\",reason=\"{reason}\"}} 0"
+                )),
+                "{reason}: {text}"
+            );
+        }
+        assert!(
+            text.contains("hwkey_approver_verify_seconds_bucket"),
+            "{text}"
+        );
+    }
+}

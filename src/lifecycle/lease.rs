@@ -1,0 +1,283 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, with client-go's rules, so that of
+//! several replicas of a controller exactly one acts at a time.
+//!
+//! - A candidate takes the Lease when nobody holds it, or when its record has not changed for
+//!   `leaseDurationSeconds` *as observed on this candidate's clock* (no comparison of clocks
+//!   between machines, as in client-go).
+//! - Every write carries the resourceVersion that was read, so of two candidates writing at once
+//!   only one succeeds (409 Conflict for the other).
+//! - The leader renews every `retry`; when it cannot renew for `renew_deadline` (shorter than the
+//!   lease duration) it steps down before anyone else may take over.
+//! - On shutdown the leader releases the Lease (empty holder), so a standby takes over at its next
+//!   try instead of waiting out the lease.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
+use tokio::sync::watch;
+
+use super::LifecycleError;
+
+/// Where the Lease lives and how it is held.
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    /// The Lease's namespace.
+    pub namespace: String,
+    /// The Lease's name.
+    pub name: String,
+    /// This candidate's identity (`holderIdentity`): unique per process.
+    pub identity: String,
+    /// How long a Lease stands without renewal before another candidate may take it.
+    pub duration: Duration,
+    /// How long the leader keeps trying to renew before it steps down.
+    pub renew_deadline: Duration,
+    /// How often candidates try to take the Lease and the leader renews it.
+    pub retry: Duration,
+}
+
+impl LeaseConfig {
+    /// Checks client-go's ordering: retry < renew deadline < duration.
+    pub fn check(&self) -> Result<(), String> {
+        if self.retry.is_zero() || self.retry >= self.renew_deadline {
+            return Err(format!(
+                "the retry period ({:?}) must be shorter than the renew deadline ({:?})",
+                self.retry, self.renew_deadline
+            ));
+        }
+        if self.renew_deadline >= self.duration {
+            return Err(format!(
+                "the renew deadline ({:?}) must be shorter than the lease duration ({:?}), or two replicas could lead at once",
+                self.renew_deadline, self.duration
+            ));
+        }
+        if self.duration.as_secs() == 0 {
+            return Err("the lease duration must be at least 1s".into());
+        }
+        Ok(())
+    }
+}
+
+/// A unique identity for this process: the host (a pod's name in a Deployment) and a random
+/// suffix, as client-go makes it.
+pub fn default_identity() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_else(|| "hwkey".into());
+    let mut suffix = [0u8; 6];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut suffix);
+    format!("{host}_{}", crate::key::attestation::hex(&suffix))
+}
+
+/// One candidate's view of the Lease.
+pub struct Elector {
+    api: Api<Lease>,
+    config: LeaseConfig,
+    /// The record last seen (resourceVersion) and when this process first saw it.
+    observed: Option<(String, Instant)>,
+}
+
+impl Elector {
+    /// A candidate for `config`'s Lease.
+    pub fn new(client: &kube::Client, config: LeaseConfig) -> Elector {
+        Elector {
+            api: Api::namespaced(client.clone(), &config.namespace),
+            config,
+            observed: None,
+        }
+    }
+
+    fn error(&self, reason: String) -> LifecycleError {
+        LifecycleError::Lease {
+            namespace: self.config.namespace.clone(),
+            name: self.config.name.clone(),
+            reason,
+        }
+    }
+
+    /// One attempt to take or renew the Lease: true when this candidate holds it afterwards.
+    pub async fn try_acquire_or_renew(&mut self) -> Result<bool, LifecycleError> {
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let duration = i32::try_from(self.config.duration.as_secs()).unwrap_or(i32::MAX);
+        let current = self
+            .api
+            .get_opt(&self.config.name)
+            .await
+            .map_err(|e| self.error(e.to_string()))?;
+        let Some(mut lease) = current else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.config.name.clone()),
+                    namespace: Some(self.config.namespace.clone()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(self.config.identity.clone()),
+                    lease_duration_seconds: Some(duration),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Err(e) => Err(self.error(e.to_string())),
+            };
+        };
+        let version = lease.metadata.resource_version.clone().unwrap_or_default();
+        let first_seen = match &self.observed {
+            Some((seen, at)) if *seen == version => *at,
+            _ => {
+                let at = Instant::now();
+                self.observed = Some((version, at));
+                at
+            }
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        let mine = holder.as_deref() == Some(self.config.identity.as_str());
+        let held_for = Duration::from_secs(
+            u64::try_from(spec.lease_duration_seconds.unwrap_or(duration)).unwrap_or(0),
+        );
+        if holder.is_some() && !mine && first_seen.elapsed() < held_for {
+            return Ok(false);
+        }
+        if !mine {
+            spec.acquire_time = Some(now.clone());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+        }
+        spec.holder_identity = Some(self.config.identity.clone());
+        spec.lease_duration_seconds = Some(duration);
+        spec.renew_time = Some(now);
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(self.error(e.to_string())),
+        }
+    }
+
+    /// Gives the Lease up if this candidate holds it: an empty holder and a 1 s duration, so a
+    /// standby takes over at once.
+    pub async fn release(&mut self) -> Result<(), LifecycleError> {
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.config.name)
+            .await
+            .map_err(|e| self.error(e.to_string()))?
+        else {
+            return Ok(());
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        self.api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+            .map_err(|e| self.error(e.to_string()))?;
+        Ok(())
+    }
+}
+
+/// Resolves once `stop` is true (or its sender is gone).
+pub async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Campaigns for the Lease and holds it until `stop`, publishing whether this process leads on
+/// `leading`. Steps down (false) as soon as a renewal has failed for the renew deadline, then
+/// campaigns again. Releases the Lease when stopped while leading.
+pub async fn hold(
+    mut elector: Elector,
+    leading: watch::Sender<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let retry = elector.config.retry;
+    let renew_deadline = elector.config.renew_deadline;
+    let mut last_renewal: Option<Instant> = None;
+    loop {
+        let attempt = elector.try_acquire_or_renew().await;
+        let now_leading = match attempt {
+            Ok(true) => {
+                last_renewal = Some(Instant::now());
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot take or renew the lease");
+                // Still the leader until the renew deadline has passed without a renewal.
+                last_renewal.is_some_and(|at| at.elapsed() < renew_deadline)
+            }
+        };
+        if !now_leading {
+            last_renewal = None;
+        }
+        if *leading.borrow() != now_leading {
+            tracing::info!(
+                identity = %elector.config.identity,
+                lease = %format!("{}/{}", elector.config.namespace, elector.config.name),
+                "{}",
+                if now_leading { "leading" } else { "not leading: standing by" }
+            );
+            leading.send_replace(now_leading);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(retry) => {}
+            _ = stopped(&mut stop) => break,
+        }
+    }
+    if *leading.borrow() {
+        leading.send_replace(false);
+        match elector.release().await {
+            Ok(()) => tracing::info!("released the lease"),
+            Err(e) => tracing::warn!(error = %e, "cannot release the lease; it expires by itself"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(retry: u64, renew: u64, duration: u64) -> LeaseConfig {
+        LeaseConfig {
+            namespace: "ns".into(),
+            name: "n".into(),
+            identity: "me".into(),
+            duration: Duration::from_secs(duration),
+            renew_deadline: Duration::from_secs(renew),
+            retry: Duration::from_secs(retry),
+        }
+    }
+
+    #[test]
+    fn timings_must_leave_room_for_stepping_down() {
+        assert!(config(2, 10, 15).check().is_ok());
+        assert!(config(10, 10, 15).check().unwrap_err().contains("retry"));
+        assert!(config(2, 15, 15)
+            .check()
+            .unwrap_err()
+            .contains("two replicas could lead"));
+    }
+
+    #[test]
+    fn identities_are_unique_per_process() {
+        assert_ne!(default_identity(), default_identity());
+    }
+}

@@ -1,0 +1,503 @@
+//! The attesting approver (`hwkey approver`) on a real kube-apiserver + kube-controller-manager
+//! 1.20. The acceptance test runs a cluster whose controller manager only signs (no built-in
+//! auto-approval, no auto-approval RBAC), installs `deploy/approver.yaml` as shipped and runs two
+//! replicas with the Deployment's own arguments under its service account: a swtpm node
+//! bootstraps with `--attest` and its identity works; a software key with the stolen bootstrap
+//! token is denied; the leader's shutdown hands over to the other replica, a restarted replica
+//! decides nothing twice, and two deciders racing without election write one condition per
+//! request.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::kube::{Approval, KubeCluster};
+use support::proxy::Identity;
+use support::*;
+
+use crate::lifecycle::{csr_field, enroll_node};
+
+/// The manifest operators apply.
+const MANIFEST: &str = include_str!("../../deploy/approver.yaml");
+const KUBELET_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+
+/// The Deployment's container arguments, as shipped.
+fn deployment_args() -> Vec<String> {
+    use serde::Deserialize as _;
+    for doc in serde_yaml_ng::Deserializer::from_str(MANIFEST) {
+        let value = serde_yaml_ng::Value::deserialize(doc).expect("deploy/approver.yaml parses");
+        if value["kind"] == "Deployment" {
+            let args = &value["spec"]["template"]["spec"]["containers"][0]["args"];
+            return args
+                .as_sequence()
+                .expect("the container has args")
+                .iter()
+                .map(|a| a.as_str().expect("string arg").to_string())
+                .collect();
+        }
+    }
+    panic!("deploy/approver.yaml has no Deployment");
+}
+
+/// One approver replica: the Deployment's arguments, the service account's kubeconfig, a
+/// loopback metrics port and short lease timings (so a handover takes seconds, not 15 s).
+struct Replica {
+    child: ChildGuard,
+    port: u16,
+}
+
+impl Replica {
+    fn start(kubeconfig: &Path, dir: &Path, name: &str) -> Replica {
+        let port = free_port();
+        let mut cmd = hwkey();
+        for arg in deployment_args() {
+            if arg.starts_with("--metrics-listen=") {
+                cmd.arg(format!("--metrics-listen=127.0.0.1:{port}"));
+            } else {
+                cmd.arg(arg);
+            }
+        }
+        cmd.arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "--leader-elect-lease-duration=4s",
+                "--leader-elect-renew-deadline=3s",
+                "--leader-elect-retry-period=500ms",
+            ])
+            .env("RUST_LOG", "info");
+        let mut child = ChildGuard::spawn(&mut cmd, name, &dir.join(format!("{name}.log")));
+        child
+            .wait_for_port(port, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{name} did not start: {e}"));
+        Replica { child, port }
+    }
+
+    /// One value from `/metrics` (the first sample line starting with `series`).
+    fn metric(&self, series: &str) -> f64 {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "5"])
+            .arg(format!("http://127.0.0.1:{}/metrics", self.port))
+            .output()
+            .expect("run curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|rest| rest.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in:\n{text}\n{}", self.child.log()))
+    }
+
+    fn leading(&self) -> bool {
+        self.metric("hwkey_approver_leader ") == 1.0
+    }
+
+    fn decided(&self, decision: &str, reason: &str) -> f64 {
+        self.metric(&format!(
+            "hwkey_approver_decisions_total{{decision=\"{decision}\",reason=\"{reason}\"}}"
+        ))
+    }
+
+    /// SIGTERM, as the kubelet stops a pod; the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the approver did not stop on SIGTERM:\n{}",
+                self.child.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A node-client request for `CN=system:node:NODE` whose key is a software key made by openssl
+/// (what a thief with the bootstrap token would send), created as the bootstrap identity.
+fn submit_software_request(
+    cluster: &KubeCluster,
+    dir: &Path,
+    name: &str,
+    node: &str,
+    signer: &str,
+) {
+    use base64::Engine as _;
+    let key = dir.join(format!("{name}.key"));
+    let csr = dir.join(format!("{name}.csr"));
+    run_ok(
+        Command::new("openssl")
+            .args([
+                "req",
+                "-new",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args([
+                "-nodes",
+                "-subj",
+                &format!("/O=system:nodes/CN=system:node:{node}"),
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&csr),
+    );
+    let request =
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(&csr).expect("read CSR"));
+    let object = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &object,
+        format!(
+            "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {name}\nspec:\n  signerName: {signer}\n  usages: [digital signature, key encipherment, client auth]\n  request: {request}\n"
+        ),
+    )
+    .expect("write CSR object");
+    run_ok(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&cluster.bootstrap_kubeconfig)
+            .args(["create", "-f"])
+            .arg(&object),
+    );
+}
+
+/// The Approved/Denied conditions of request `name`, e.g. ["Denied"].
+fn decisions_on(cluster: &KubeCluster, name: &str) -> Vec<String> {
+    csr_field(cluster, name, "{.status.conditions[*].type}")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Acceptance (issue 11): only the hwkey approver decides, with the shipped manifest's RBAC.
+#[test]
+fn on_a_signer_only_cluster_the_approver_alone_admits_attested_tpm_nodes() {
+    require_tool("kubectl", "kubectl (from the machine image)");
+    let id = Identity::tpm();
+    let cluster = KubeCluster::start_with(&id.ca, "10m", Approval::SignerOnly);
+    let work = temp_dir();
+    let dir = work.path();
+    let (trust, tcti) = enroll_node(&id, dir, "node5");
+
+    // Install the approver as shipped; register the node in its ConfigMap.
+    cluster.apply(MANIFEST);
+    cluster.kubectl_ok(&[
+        "-n",
+        "hwkey-system",
+        "create",
+        "configmap",
+        "hwkey-approver-trust",
+        &format!("--from-file={}", trust.display()),
+    ]);
+    let account = cluster.service_account_kubeconfig("hwkey-system", "hwkey-approver");
+    let a = Replica::start(&account, dir, "approver-a");
+    let b = Replica::start(&account, dir, "approver-b");
+    wait_until("one replica leads", Duration::from_secs(30), || {
+        a.leading() || b.leading()
+    });
+    assert!(
+        !(a.leading() && b.leading()),
+        "both replicas lead:\n{}\n{}",
+        a.child.log(),
+        b.child.log()
+    );
+    let (leader, standby) = if a.leading() { (a, b) } else { (b, a) };
+    let holder = cluster.kubectl_ok(&[
+        "-n",
+        "hwkey-system",
+        "get",
+        "lease",
+        "hwkey-approver",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert!(
+        !output_text(&holder).trim().is_empty(),
+        "{}",
+        output_text(&holder)
+    );
+
+    // The TPM node bootstraps with evidence: approved by hwkey alone, issued, and working.
+    let key = format!(
+        "tpm:path={}?tcti={tcti}",
+        dir.join("node5.tpm.pem").display()
+    );
+    let cert = dir.join("node5.pem");
+    let kubelet_conf = dir.join("kubelet.conf");
+    let state = dir.join("state");
+    let out = run_ok(
+        hwkey()
+            .arg("bootstrap")
+            .arg("--bootstrap-kubeconfig")
+            .arg(&cluster.bootstrap_kubeconfig)
+            .args([
+                "--node-name",
+                "node5",
+                "--key",
+                &key,
+                "--create-key",
+                "ec-p256",
+            ])
+            .arg("--attest")
+            .arg("--cert")
+            .arg(&cert)
+            .arg("--out")
+            .arg(&kubelet_conf)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--wait", "120s"]),
+    );
+    assert!(
+        output_text(&out).contains("bootstrapped: "),
+        "{}",
+        output_text(&out)
+    );
+    let node_csr = crate::lifecycle::wait_for_csr(&cluster, "hwkey-system-node-node5-");
+    assert_eq!(
+        csr_field(&cluster, &node_csr, "{.status.conditions[0].reason}"),
+        "AttestedTPMKey"
+    );
+    let can_i = |verb: &str, resource: &str| {
+        let out = Command::new("kubectl")
+            .env("KUBECONFIG", &kubelet_conf)
+            .args(["auth", "can-i", verb, resource])
+            .output()
+            .expect("run kubectl");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let (nodes, secrets) = (can_i("get", "nodes"), can_i("list", "secrets"));
+    if let Some(pid) = std::fs::read_to_string(state.join("proxy.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    {
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+    }
+    // The Node authorizer answers "no - No Object name found" for a list.
+    assert!(
+        nodes == "yes" && secrets.starts_with("no"),
+        "{nodes} / {secrets}: the node identity does not work as a node:\n{}",
+        std::fs::read_to_string(state.join("proxy.log")).unwrap_or_default()
+    );
+
+    // A software key with the stolen bootstrap token: denied.
+    submit_software_request(&cluster, dir, "stolen-token", "node5", KUBELET_SIGNER);
+    wait_until(
+        "the stolen-token request is decided",
+        Duration::from_secs(30),
+        || !decisions_on(&cluster, "stolen-token").is_empty(),
+    );
+    assert_eq!(
+        csr_field(&cluster, "stolen-token", "{.status.conditions[0].reason}"),
+        "NoEvidence"
+    );
+    assert!(csr_field(&cluster, "stolen-token", "{.status.certificate}").is_empty());
+
+    // The leader made both decisions; the standby none.
+    assert_eq!(leader.decided("approved", "AttestedTPMKey"), 1.0);
+    assert_eq!(leader.decided("denied", "NoEvidence"), 1.0);
+    assert_eq!(standby.decided("approved", "AttestedTPMKey"), 0.0);
+    assert_eq!(standby.decided("denied", "NoEvidence"), 0.0);
+    assert!(leader.metric("hwkey_approver_verify_seconds_count ") >= 2.0);
+
+    // The leader stops (SIGTERM, released lease): the standby takes over and decides.
+    let status = leader.terminate();
+    assert!(status.success(), "the approver exited with {status}");
+    wait_until("the standby leads", Duration::from_secs(15), || {
+        standby.leading()
+    });
+    submit_software_request(&cluster, dir, "after-handover", "node5", KUBELET_SIGNER);
+    wait_until("the new leader decides", Duration::from_secs(30), || {
+        !decisions_on(&cluster, "after-handover").is_empty()
+    });
+    assert_eq!(standby.decided("denied", "NoEvidence"), 1.0);
+
+    // A restarted replica stands by and decides nothing twice.
+    let restarted = Replica::start(&account, dir, "approver-a2");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!restarted.leading());
+    assert_eq!(restarted.metric("hwkey_approver_conflicts_total "), 0.0);
+    for name in [node_csr.as_str(), "stolen-token", "after-handover"] {
+        assert_eq!(decisions_on(&cluster, name).len(), 1, "{name}");
+    }
+    assert_eq!(restarted.terminate().code(), Some(0));
+    assert_eq!(standby.terminate().code(), Some(0));
+
+    // Two deciders racing without election (no lease): one condition per request, and the
+    // decisions they report add up to the number of requests (the loser of each race backs off).
+    let names: Vec<String> = (0..12).map(|i| format!("race-{i}")).collect();
+    for name in &names {
+        submit_software_request(&cluster, dir, name, "node5", KUBELET_SIGNER);
+    }
+    let racer = || {
+        let mut cmd = hwkey();
+        cmd.arg("approver")
+            .arg("--kubeconfig")
+            .arg(&account)
+            .args(["--signer-name", KUBELET_SIGNER])
+            .args(["--trust-configmap", "hwkey-system/hwkey-approver-trust"])
+            .args(["--once", "--leader-elect=false"]);
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn approver")
+    };
+    let (first, second) = (racer(), racer());
+    let (first, second) = (
+        first.wait_with_output().expect("wait"),
+        second.wait_with_output().expect("wait"),
+    );
+    assert!(first.status.success(), "{}", output_text(&first));
+    assert!(second.status.success(), "{}", output_text(&second));
+    let reported = [&first, &second]
+        .iter()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .matches("denied race-")
+                .count()
+        })
+        .sum::<usize>();
+    assert_eq!(
+        reported,
+        names.len(),
+        "{}\n{}",
+        output_text(&first),
+        output_text(&second)
+    );
+    for name in &names {
+        assert_eq!(decisions_on(&cluster, name), ["Denied"], "{name}");
+    }
+
+    // Least privilege: the account may not decide for another signer, and says so.
+    submit_software_request(
+        &cluster,
+        dir,
+        "other-signer",
+        "node5",
+        "kubernetes.io/kube-apiserver-client",
+    );
+    let out = run_fail(
+        hwkey()
+            .arg("approver")
+            .arg("--kubeconfig")
+            .arg(&account)
+            .args(["--signer-name", "kubernetes.io/kube-apiserver-client"])
+            .args(["--trust-configmap", "hwkey-system/hwkey-approver-trust"])
+            .arg("--once"),
+    );
+    let text = output_text(&out);
+    assert!(
+        text.contains("cannot record the decision on CertificateSigningRequest other-signer")
+            && text.contains("`approve` on the signer"),
+        "{text}"
+    );
+    assert!(decisions_on(&cluster, "other-signer").is_empty());
+}
+/// The attesting approver on a real API server: a request whose key is proven to be in the
+/// enrolled node's TPM is approved (`AttestedTPMKey`) and then issued; one without evidence is
+/// denied (`NoEvidence`); running the approver again decides nothing twice.
+#[test]
+fn the_approver_admits_only_attested_keys_and_decides_once() {
+    require_tool("kubectl", "kubectl (from the machine image)");
+    let id = Identity::tpm();
+    let cluster = KubeCluster::start(&id.ca, "10m");
+    let work = temp_dir();
+    let (trust, tcti) = enroll_node(&id, work.path(), "node4");
+    let key = format!(
+        "tpm:path={}?tcti={}",
+        work.path().join("node4.tpm.pem").display(),
+        tcti
+    );
+    run_ok(hwkey().args(["key", "create", "--key", &key, "--algorithm", "ec-p256"]));
+    // Both requests come from the bootstrap identity, as a joining node's would.
+    for (name, attest) in [("attested-node4", true), ("plain-node4", false)] {
+        let mut csr = hwkey();
+        csr.args([
+            "csr",
+            "--key",
+            &key,
+            "--subject",
+            "CN=system:node:node4,O=system:nodes",
+            "--k8s-name",
+            name,
+            "--signer-name",
+            "kubernetes.io/kube-apiserver-client",
+        ]);
+        if attest {
+            csr.arg("--attest");
+        }
+        let object = work.path().join(format!("{name}.yaml"));
+        std::fs::write(&object, &run_ok(&mut csr).stdout).expect("write CSR object");
+        run_ok(
+            Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&cluster.bootstrap_kubeconfig)
+                .args(["create", "-f"])
+                .arg(&object),
+        );
+    }
+    let approver = || {
+        let mut cmd = hwkey();
+        cmd.arg("approver")
+            .arg("--kubeconfig")
+            .arg(&cluster.admin_kubeconfig)
+            .args([
+                "--signer-name",
+                "kubernetes.io/kube-apiserver-client",
+                "--trust",
+            ])
+            .arg(&trust)
+            .arg("--once");
+        cmd
+    };
+    let first = output_text(&run_ok(&mut approver()));
+    assert!(
+        first.contains("approved attested-node4: AttestedTPMKey"),
+        "{first}"
+    );
+    assert!(first.contains("denied plain-node4: NoEvidence"), "{first}");
+    assert_eq!(
+        csr_field(&cluster, "attested-node4", "{.status.conditions[0].reason}"),
+        "AttestedTPMKey"
+    );
+    assert_eq!(
+        csr_field(&cluster, "plain-node4", "{.status.conditions[0].type}"),
+        "Denied"
+    );
+    // kube-controller-manager issues the approved one.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while csr_field(&cluster, "attested-node4", "{.status.certificate}").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the approved request was never issued"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A restarted approver decides nothing twice.
+    let second = output_text(&run_ok(&mut approver()));
+    assert!(
+        !second.contains("approved") && !second.contains("denied"),
+        "{second}"
+    );
+    for name in ["attested-node4", "plain-node4"] {
+        let conditions = csr_field(&cluster, name, "{.status.conditions[*].type}");
+        assert_eq!(
+            conditions.split_whitespace().count(),
+            1,
+            "{name}: {conditions}"
+        );
+    }
+}
