@@ -17,7 +17,7 @@ pub enum AttestCommand {
         #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
         key: KeyUri,
         /// Persistent handle of the attestation key.
-        #[arg(long, value_parser = parse_handle, default_value = "0x81010002")]
+        #[arg(long, value_parser = parse_handle, default_value = crate::key::attestation::DEFAULT_AK_HANDLE_TEXT)]
         ak_handle: u32,
     },
     /// Check a request (PEM or DER) the way the approver does: its signature, its TPM evidence,
@@ -41,7 +41,7 @@ pub(crate) struct AttestArgs {
     #[arg(long)]
     attest: bool,
     /// With --attest: the persistent handle of the attestation key (made there once if missing).
-    #[arg(long, value_parser = parse_handle, default_value = "0x81010002")]
+    #[arg(long, value_parser = parse_handle, default_value = crate::key::attestation::DEFAULT_AK_HANDLE_TEXT)]
     ak_handle: u32,
 }
 
@@ -54,17 +54,7 @@ impl AttestArgs {
 
 /// Parses a TPM handle written in hex (`0x81010002`) or decimal.
 pub(crate) fn parse_handle(s: &str) -> Result<u32, String> {
-    let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(hex) => u32::from_str_radix(hex, 16),
-        None => s.parse(),
-    };
-    match parsed {
-        Ok(h) if (0x8100_0000..=0x81FF_FFFF).contains(&h) => Ok(h),
-        Ok(h) => Err(format!(
-            "{h:#010x} is not a persistent handle: use 0x81000000-0x81ffffff (e.g. 0x81010002)"
-        )),
-        Err(_) => Err(format!("'{s}' is not a TPM handle (e.g. 0x81010002)")),
-    }
+    crate::key::attestation::parse_persistent_handle(s)
 }
 
 pub fn run(command: AttestCommand) -> anyhow::Result<()> {

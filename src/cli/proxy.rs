@@ -95,6 +95,14 @@ pub struct ProxyArgs {
     /// once the new certificate is in use (the key in use is kept in STATE/current-key).
     #[arg(long, env = "HWKEY_ROTATE_KEY")]
     rotate_key: bool,
+    /// With --renew and a TPM key: each renewal request carries TPM2_Certify evidence, so an
+    /// attesting approver (`hwkey approver`) can tell the key lives in this TPM.
+    #[arg(long, env = "HWKEY_ATTEST")]
+    attest: bool,
+    /// With --attest: the attestation key's persistent handle (made there once if missing;
+    /// default 0x81010002).
+    #[arg(long, env = "HWKEY_AK_HANDLE", value_parser = super::attest::parse_handle)]
+    ak_handle: Option<u32>,
     /// When connections opened with a replaced certificate are closed: at its expiry (default;
     /// they survive reloads) or immediately (what kubelet does after a rotation).
     #[arg(long, value_enum, env = "HWKEY_ROTATION_CLOSE")]
@@ -171,6 +179,11 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
             || file.allow_tls12_fallback.unwrap_or(false),
         renew: args.renew || file.renew.unwrap_or(false),
         rotate_key: args.rotate_key || file.rotate_key.unwrap_or(false),
+        attest: (args.attest || file.attest.unwrap_or(false)).then(|| {
+            args.ak_handle
+                .or(file.ak_handle)
+                .unwrap_or(crate::key::attestation::DEFAULT_AK_HANDLE)
+        }),
         rotation_close: args
             .rotation_close
             .or(file.rotation_close)

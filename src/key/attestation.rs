@@ -57,6 +57,29 @@ pub fn name_of(tpmt_public: &[u8]) -> Result<Vec<u8>, KeyError> {
 }
 
 /// Lowercase hex, for names in messages and enrollment files.
+/// Where `hwkey attest enroll` makes the attestation key when no handle is given: the first
+/// persistent handle after the ones tpm2-tools' examples use for the EK and SRK.
+pub const DEFAULT_AK_HANDLE: u32 = 0x8101_0002;
+
+/// [`DEFAULT_AK_HANDLE`] as the flags write it.
+pub const DEFAULT_AK_HANDLE_TEXT: &str = "0x81010002";
+
+/// Parses a persistent TPM handle written in hex (`0x81010002`) or decimal.
+pub fn parse_persistent_handle(s: &str) -> Result<u32, String> {
+    let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    match parsed {
+        Ok(h) if (0x8100_0000..=0x81FF_FFFF).contains(&h) => Ok(h),
+        Ok(h) => Err(format!(
+            "{h:#010x} is not a persistent handle: use 0x81000000-0x81ffffff (e.g. 0x81010002)"
+        )),
+        Err(_) => Err(format!("'{s}' is not a TPM handle (e.g. 0x81010002)")),
+    }
+}
+
+/// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

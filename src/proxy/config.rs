@@ -185,6 +185,29 @@ where
         .transpose()
 }
 
+/// serde: an optional persistent TPM handle, written as text (`"0x81010002"`) or a number.
+fn handle<'de, D>(d: D) -> Result<Option<u32>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Handle {
+        Number(u32),
+        Text(String),
+    }
+    Option::<Handle>::deserialize(d)?
+        .map(|h| {
+            let text = match h {
+                Handle::Number(n) => n.to_string(),
+                Handle::Text(s) => s,
+            };
+            crate::key::attestation::parse_persistent_handle(&text)
+                .map_err(serde::de::Error::custom)
+        })
+        .transpose()
+}
+
 /// The settings a `--config` file may hold: the flags' long names, without the dashes' prefix
 /// (`upstream-ca: /etc/kubernetes/ca.crt`). Flags given on the command line or in the
 /// environment win over the file. Unknown keys are an error, so a typo is not silently ignored.
@@ -238,6 +261,11 @@ pub struct FileConfig {
     pub renew: Option<bool>,
     /// `rotate-key`.
     pub rotate_key: Option<bool>,
+    /// `attest`: renewal requests carry TPM2_Certify evidence.
+    pub attest: Option<bool>,
+    #[serde(default, deserialize_with = "handle")]
+    /// `ak-handle`: the attestation key's persistent handle.
+    pub ak_handle: Option<u32>,
     /// `rotation-close`.
     pub rotation_close: Option<super::rotation::RotationClose>,
     #[serde(default, deserialize_with = "duration")]
@@ -378,6 +406,24 @@ mod tests {
         std::fs::write(&t, "idle-exit = \"ten minutes\"\n").unwrap();
         let e = FileConfig::load(&t).unwrap_err().to_string();
         assert!(e.contains("ten minutes") && e.contains("idle-exit"), "{e}");
+    }
+
+    #[test]
+    fn attestation_keys_are_persistent_handles() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("p.toml");
+        std::fs::write(&t, "attest = true\nak-handle = \"0x81010003\"\n").unwrap();
+        let c = FileConfig::load(&t).unwrap();
+        assert_eq!((c.attest, c.ak_handle), (Some(true), Some(0x8101_0003)));
+        std::fs::write(&t, "ak-handle = 2164326403\n").unwrap();
+        assert_eq!(FileConfig::load(&t).unwrap().ak_handle, Some(0x8101_0003));
+        // A transient or NV handle is refused with the range to use.
+        std::fs::write(&t, "ak-handle = \"0x80000001\"\n").unwrap();
+        let e = FileConfig::load(&t).unwrap_err().to_string();
+        assert!(
+            e.contains("0x81000000-0x81ffffff") && e.contains("ak-handle"),
+            "{e}"
+        );
     }
 
     #[test]

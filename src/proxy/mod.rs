@@ -107,6 +107,9 @@ pub struct ProxyConfig {
     /// With `renew`: a fresh hardware key per renewal, the previous one deleted once the new
     /// one is in use (`--rotate-key`).
     pub rotate_key: bool,
+    /// With `renew`: the persistent handle of the TPM attestation key whose TPM2_Certify
+    /// evidence each renewal request carries (`--attest`), None for no evidence.
+    pub attest: Option<u32>,
 }
 
 /// Errors of the proxy layer, each saying what to fix.
@@ -139,6 +142,12 @@ pub enum ProxyError {
 
     #[error("invalid duration '{given}': use e.g. 30s, 10m, 1h30m, 500ms")]
     InvalidDuration { given: String },
+
+    #[error("--attest needs --renew: the evidence goes into the renewal requests")]
+    AttestNeedsRenew,
+
+    #[error("--attest needs a TPM key (tpm:…): only a TPM can certify that the key lives in it; drop --attest for PKCS#11 keys")]
+    AttestNeedsTpm,
 
     #[error("--rotate-key needs --renew: keys are rotated when the certificate is renewed")]
     RotateKeyNeedsRenew,
@@ -302,6 +311,12 @@ pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
     if config.rotate_key && !config.renew {
         return Err(ProxyError::RotateKeyNeedsRenew);
     }
+    if config.attest.is_some() && !config.renew {
+        return Err(ProxyError::AttestNeedsRenew);
+    }
+    if config.attest.is_some() && !matches!(config.key, crate::key::KeyUri::Tpm(_)) {
+        return Err(ProxyError::AttestNeedsTpm);
+    }
     let mut config = config;
     if config.rotate_key {
         config.key = renewal::current_key(&config.key, &config.state_dir);
@@ -431,6 +446,7 @@ async fn serve(
                 tls_server_name: config.tls_server_name.clone(),
                 versions,
                 rotate_key: config.rotate_key,
+                attest: config.attest,
                 state_dir: config.state_dir.clone(),
             },
             stop_rx.clone(),

@@ -49,6 +49,8 @@ pub struct RenewSettings {
     pub versions: &'static [&'static rustls::SupportedProtocolVersion],
     /// `--rotate-key`: a fresh hardware key per renewal.
     pub rotate_key: bool,
+    /// `--attest`: the attestation key's handle; the request carries TPM2_Certify evidence.
+    pub attest: Option<u32>,
     /// Where `current-key` is kept.
     pub state_dir: PathBuf,
 }
@@ -135,6 +137,7 @@ async fn renew_once(
         current.clone()
     };
     let signing_key = key.clone();
+    let attest = settings.attest;
     let submission = tokio::task::spawn_blocking(move || {
         prepare(
             &signing_key,
@@ -143,7 +146,7 @@ async fn renew_once(
                 signer_name: None,
                 expiration_seconds: None,
                 wait: DEFAULT_WAIT,
-                attest: None,
+                attest,
             },
         )
     })

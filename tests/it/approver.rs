@@ -501,3 +501,67 @@ fn the_approver_admits_only_attested_keys_and_decides_once() {
         );
     }
 }
+
+/// `hwkey proxy --renew --attest`: each renewal request carries TPM2_Certify evidence, so on a
+/// cluster where only the hwkey approver decides, the proxy keeps its node identity by itself.
+/// (Without `--attest` the approver would deny the renewals: `NoEvidence`.)
+#[test]
+fn the_proxy_renews_with_evidence_that_the_approver_admits() {
+    use support::proxy::{ProxyOptions, ProxyProcess};
+    let id = Identity::tpm();
+    // Certificates that live about a minute (6m, backdated 5m), so renewal is due at once.
+    let cluster = KubeCluster::start_with(&id.ca, "6m", Approval::SignerOnly);
+    let work = temp_dir();
+    let (trust, _) = enroll_node(&id, work.path(), "node6");
+    id.issue(&id.key_uri, "CN=system:node:node6,O=system:nodes", &id.cert);
+    let mut approver = hwkey();
+    approver
+        .arg("approver")
+        .arg("--kubeconfig")
+        .arg(&cluster.admin_kubeconfig)
+        .args([
+            "--signer-name",
+            KUBELET_SIGNER,
+            "--leader-elect=false",
+            "--trust",
+        ])
+        .arg(&trust);
+    let approver = ChildGuard::spawn(&mut approver, "approver", &work.path().join("approver.log"));
+    // The node's first certificate from the cluster, renewed by hand with evidence.
+    run_ok(
+        hwkey()
+            .envs(id.envs())
+            .args(["renew", "--key", &id.key_uri, "--cert"])
+            .arg(&id.cert)
+            .args(["--server", &cluster.url(), "--ca"])
+            .arg(cluster.ca_path())
+            .args(["--wait", "120s", "--attest"]),
+    );
+    let proxy = ProxyProcess::start_to(
+        &id,
+        &cluster.url(),
+        ProxyOptions {
+            args: vec!["--renew".into(), "--attest".into()],
+            ..Default::default()
+        },
+    );
+    wait_until("the proxy renews", Duration::from_secs(180), || {
+        proxy.metric("hwkey_renewals_total{result=\"ok\"}") >= 1.0
+    });
+    let reasons = csr_field_all(&cluster, "{.items[*].status.conditions[0].reason}");
+    assert!(
+        reasons.len() >= 2 && reasons.iter().all(|r| r == "AttestedTPMKey"),
+        "{reasons:?}\n{}\n{}",
+        approver.log(),
+        proxy.log()
+    );
+}
+
+/// A field of every CertificateSigningRequest.
+fn csr_field_all(cluster: &KubeCluster, jsonpath: &str) -> Vec<String> {
+    let out = cluster.kubectl_ok(&["get", "csr", "-o", &format!("jsonpath={jsonpath}")]);
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
