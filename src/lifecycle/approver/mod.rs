@@ -22,7 +22,7 @@ pub mod trust;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use tokio::sync::watch;
@@ -66,6 +66,10 @@ pub struct Round {
     pub version: String,
 }
 
+/// Decisions being written at once: the API server's round trip, not the check, bounds the
+/// rate (benches/approver.rs), so writes overlap.
+const IN_FLIGHT: usize = 16;
+
 /// How long to wait before listing again after the API server failed.
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(2);
 
@@ -99,8 +103,8 @@ impl Approver {
         })
     }
 
-    /// Decides `csr` if it is ours and open; the decision when it was written.
-    async fn consider(
+    /// The decision for `csr` if it is ours and open (not yet written).
+    async fn prepare(
         &mut self,
         csr: &CertificateSigningRequest,
     ) -> Result<Option<Decision>, LifecycleError> {
@@ -124,30 +128,42 @@ impl Approver {
                 .set(i64::try_from(self.trust.nodes().len()).unwrap_or(i64::MAX));
             decision = decide::decide(csr, self.options.on_missing_evidence, self.trust.nodes());
         }
-        let Some(decision) = decision else {
-            return Ok(None);
-        };
-        match decide::record(&self.api, csr, &decision).await? {
-            Recorded::Yes => {
-                self.metrics.decided(decision.approved, &decision.reason);
-                tracing::info!(
-                    csr = %decision.name,
-                    approved = decision.approved,
-                    reason = %decision.reason,
-                    "{}",
-                    decision.message
-                );
-                Ok(Some(decision))
-            }
-            Recorded::Conflict => {
-                self.metrics.conflicts.inc();
-                tracing::info!(csr = %decision.name, "changed since it was read (decided by another approver?): left as it is");
-                Ok(None)
+        Ok(decision)
+    }
+
+    /// A future that writes `decision` on `csr` and counts it; it borrows nothing from `self`,
+    /// so up to [`IN_FLIGHT`] of them run at once.
+    fn write(
+        &self,
+        csr: CertificateSigningRequest,
+        decision: Decision,
+    ) -> impl std::future::Future<Output = Result<Option<Decision>, LifecycleError>> + 'static {
+        let api = self.api.clone();
+        let metrics = self.metrics.clone();
+        async move {
+            match decide::record(&api, &csr, &decision).await? {
+                Recorded::Yes => {
+                    metrics.decided(decision.approved, &decision.reason);
+                    tracing::info!(
+                        csr = %decision.name,
+                        approved = decision.approved,
+                        reason = %decision.reason,
+                        "{}",
+                        decision.message
+                    );
+                    Ok(Some(decision))
+                }
+                Recorded::Conflict => {
+                    metrics.conflicts.inc();
+                    tracing::info!(csr = %decision.name, "changed since it was read (decided by another approver?): left as it is");
+                    Ok(None)
+                }
             }
         }
     }
 
-    /// Lists the requests and decides every open one of ours.
+    /// Lists the requests and decides every open one of ours (checks one after the other, up
+    /// to [`IN_FLIGHT`] writes at once).
     pub async fn decide_pending(&mut self) -> Result<Round, LifecycleError> {
         let list =
             self.api
@@ -161,20 +177,30 @@ impl Approver {
             failures: Vec::new(),
             version: list.metadata.resource_version.unwrap_or_default(),
         };
-        for csr in &list.items {
-            match self.consider(csr).await {
+        let mut writes = Vec::new();
+        for csr in list.items {
+            match self.prepare(&csr).await {
+                Ok(Some(d)) => writes.push(self.write(csr, d)),
+                Ok(None) => {}
+                Err(e) => round.failures.push(e),
+            }
+        }
+        let mut written = futures::stream::iter(writes).buffer_unordered(IN_FLIGHT);
+        while let Some(result) = written.next().await {
+            match result {
                 Ok(Some(d)) => round.decisions.push(d),
                 Ok(None) => {}
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot decide a request; it stays open");
-                    round.failures.push(e);
-                }
+                Err(e) => round.failures.push(e),
             }
+        }
+        for e in &round.failures {
+            tracing::error!(error = %e, "cannot decide a request; it stays open");
         }
         Ok(round)
     }
 
-    /// Lists, then watches and decides requests as they come, until the watch ends.
+    /// Lists, then watches and decides requests as they come (up to [`IN_FLIGHT`] writes at
+    /// once), until the watch ends.
     async fn list_and_watch(&mut self) -> Result<(), LifecycleError> {
         let version = self.decide_pending().await?.version;
         let watch_err = |e: kube::Error| LifecycleError::List {
@@ -186,20 +212,51 @@ impl Approver {
             .await
             .map_err(watch_err)?;
         futures::pin_mut!(stream);
-        while let Some(event) = stream.try_next().await.map_err(watch_err)? {
-            match event {
-                WatchEvent::Added(csr) | WatchEvent::Modified(csr) => {
-                    if let Err(e) = self.consider(&csr).await {
-                        tracing::error!(error = %e, "cannot decide a request; it stays open");
+        let mut in_flight = futures::stream::FuturesUnordered::new();
+        // Requests whose decision is being written: their own updates (and the write's echo)
+        // come back as events and must not be decided again.
+        let mut writing = std::collections::HashSet::new();
+        let finished = |(name, result): (String, Result<Option<Decision>, LifecycleError>),
+                        writing: &mut std::collections::HashSet<String>| {
+            writing.remove(&name);
+            if let Err(e) = result {
+                tracing::error!(error = %e, "cannot decide a request; it stays open");
+            }
+        };
+        loop {
+            tokio::select! {
+                Some(done) = in_flight.next(), if !in_flight.is_empty() => finished(done, &mut writing),
+                event = stream.try_next(), if in_flight.len() < IN_FLIGHT => {
+                    match event.map_err(watch_err)? {
+                        Some(WatchEvent::Added(csr) | WatchEvent::Modified(csr)) => {
+                            let name = csr.metadata.name.clone().unwrap_or_default();
+                            if writing.contains(&name) {
+                                continue;
+                            }
+                            match self.prepare(&csr).await {
+                                Ok(Some(d)) => {
+                                    writing.insert(name.clone());
+                                    let write = self.write(csr, d);
+                                    in_flight.push(async move { (name, write.await) });
+                                }
+                                Ok(None) => {}
+                                Err(e) => tracing::error!(error = %e, "cannot decide a request; it stays open"),
+                            }
+                        }
+                        // 410 Gone and the like: list again.
+                        Some(WatchEvent::Error(e)) => {
+                            tracing::debug!(error = %e.message, "watch ended; listing again");
+                            break;
+                        }
+                        Some(WatchEvent::Deleted(_) | WatchEvent::Bookmark(_)) => {}
+                        None => break,
                     }
                 }
-                // 410 Gone and the like: list again.
-                WatchEvent::Error(e) => {
-                    tracing::debug!(error = %e.message, "watch ended; listing again");
-                    return Ok(());
-                }
-                WatchEvent::Deleted(_) | WatchEvent::Bookmark(_) => {}
             }
+        }
+        // Finish the writes already sent before listing again.
+        while let Some(done) = in_flight.next().await {
+            finished(done, &mut writing);
         }
         Ok(())
     }
