@@ -31,6 +31,56 @@ pub enum AttestCommand {
         #[arg(long)]
         trust: PathBuf,
     },
+    /// Verifier, step 1 of registering a node by its EK certificate: check the enrollment's EK
+    /// certificate against the manufacturer CAs and its AK, then write a challenge for the node
+    /// (--out) and the answer to expect (--expect, mode 0600: keep it here).
+    Challenge {
+        /// The node's `hwkey attest enroll` output.
+        enrollment: PathBuf,
+        /// The TPM manufacturers' CA certificates (PEM bundle; each one is trusted).
+        #[arg(long)]
+        ek_ca: PathBuf,
+        /// Where to write the challenge for the node.
+        #[arg(long)]
+        out: PathBuf,
+        /// Where to keep the expected answer (secret).
+        #[arg(long)]
+        expect: PathBuf,
+    },
+    /// Node, step 2: TPM2_ActivateCredential with the attestation key and the RSA EK; prints
+    /// the answer (only the TPM holding both can recover it).
+    Activate {
+        /// The challenge file.
+        challenge: PathBuf,
+        /// The TPM: any tpm: URI naming it.
+        #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
+        key: KeyUri,
+        /// Persistent handle of the attestation key.
+        #[arg(long, value_parser = parse_handle, default_value = crate::key::attestation::DEFAULT_AK_HANDLE_TEXT)]
+        ak_handle: u32,
+    },
+    /// Verifier, step 3: check the node's answer and register it: writes TRUST_DIR/NODE, which
+    /// the approver and `attest verify` read. Refuses to replace a registration without
+    /// --replace.
+    Register {
+        /// The node's enrollment (the same file that was challenged).
+        enrollment: PathBuf,
+        /// The expected answer written by `challenge`.
+        #[arg(long)]
+        expect: PathBuf,
+        /// The node's answer (`activate`'s output; - for standard input).
+        #[arg(long)]
+        answer: PathBuf,
+        /// The node's name (its registration file's name).
+        #[arg(long)]
+        node: String,
+        /// The trust directory.
+        #[arg(long)]
+        trust: PathBuf,
+        /// Replace an existing registration of this node.
+        #[arg(long)]
+        replace: bool,
+    },
 }
 
 /// `--attest` / `--ak-handle`, shared by the commands that make requests.
@@ -70,10 +120,12 @@ pub fn run(command: AttestCommand) -> anyhow::Result<()> {
                  akName: {}\n\
                  akPublic: {}\n\
                  akPublicKeyPem: |\n{}\
+                 ekPublic: {}\n\
                  ekPublicKeyPem: |\n{}",
                 key::attestation::hex(&e.ak_name),
                 b64.encode(&e.ak_public),
                 indent(key::der::to_pem("PUBLIC KEY", &e.ak_spki)),
+                b64.encode(&e.ek_public),
                 indent(key::der::to_pem("PUBLIC KEY", &e.ek_spki)),
             );
             if let Some(cert) = &e.ek_certificate {
@@ -85,6 +137,169 @@ pub fn run(command: AttestCommand) -> anyhow::Result<()> {
             Ok(())
         }
         AttestCommand::Verify { csr, trust } => verify(&csr, &trust),
+        AttestCommand::Challenge {
+            enrollment,
+            ek_ca,
+            out,
+            expect,
+        } => ek::challenge(&enrollment, &ek_ca, &out, &expect),
+        AttestCommand::Activate {
+            challenge,
+            key,
+            ak_handle,
+        } => ek::activate(&challenge, &key, ak_handle),
+        AttestCommand::Register {
+            enrollment,
+            expect,
+            answer,
+            node,
+            trust,
+            replace,
+        } => ek::register(&enrollment, &expect, &answer, &node, &trust, replace),
+    }
+}
+
+/// Registering a node by its EK certificate (`pki::ek_trust`).
+#[cfg(feature = "tpm")]
+mod ek {
+    use std::path::Path;
+
+    use anyhow::{bail, Context};
+    use base64::Engine as _;
+
+    use crate::atomic_file;
+    use crate::key::{self, KeyUri};
+    use crate::pki::ek_trust::{self, ChallengeFile, ExpectedAnswer};
+
+    pub(super) fn challenge(
+        enrollment: &Path,
+        ek_ca: &Path,
+        out: &Path,
+        expect: &Path,
+    ) -> anyhow::Result<()> {
+        let text = ek_trust::read_text(enrollment, "the enrollment").map_err(anyhow::Error::msg)?;
+        let ca = std::fs::read(ek_ca)
+            .with_context(|| format!("cannot read --ek-ca {}", ek_ca.display()))?;
+        let (challenge, expected) = ek_trust::challenge(&text, &ca)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", enrollment.display()))?;
+        let expected = zeroize::Zeroizing::new(serde_yaml_ng::to_string(&expected)?);
+        atomic_file::write_atomic(expect, expected.as_bytes(), 0o600)
+            .with_context(|| format!("cannot write --expect {}", expect.display()))?;
+        atomic_file::write_atomic(out, serde_yaml_ng::to_string(&challenge)?.as_bytes(), 0o644)
+            .with_context(|| format!("cannot write --out {}", out.display()))?;
+        eprintln!(
+            "challenge for AK {} written to {}: run `hwkey attest activate {}` on the node",
+            challenge.ak_name,
+            out.display(),
+            out.display()
+        );
+        Ok(())
+    }
+
+    pub(super) fn activate(challenge: &Path, uri: &KeyUri, ak_handle: u32) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(challenge)
+            .with_context(|| format!("cannot read the challenge {}", challenge.display()))?;
+        let c: ChallengeFile = serde_yaml_ng::from_str(&text).with_context(|| {
+            format!(
+                "{} is not a challenge from `hwkey attest challenge`",
+                challenge.display()
+            )
+        })?;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let blob = b64
+            .decode(c.credential_blob.trim())
+            .context("credentialBlob is not base64")?;
+        let secret = b64
+            .decode(c.encrypted_secret.trim())
+            .context("encryptedSecret is not base64")?;
+        let answer = key::activate(uri, ak_handle, &blob, &secret).with_context(|| {
+            format!(
+                "the TPM did not release the secret: its RSA EK or the AK at {ak_handle:#010x} is not the one enrolled (AK {})",
+                c.ak_name
+            )
+        })?;
+        println!("{}", key::attestation::hex(&answer));
+        Ok(())
+    }
+
+    pub(super) fn register(
+        enrollment: &Path,
+        expect: &Path,
+        answer: &Path,
+        node: &str,
+        trust: &Path,
+        replace: bool,
+    ) -> anyhow::Result<()> {
+        if node.is_empty() || node.starts_with('.') || node.contains('/') {
+            bail!("--node '{node}' is not a node name (it becomes a file name in --trust)");
+        }
+        let text = ek_trust::read_text(enrollment, "the enrollment").map_err(anyhow::Error::msg)?;
+        let expected: ExpectedAnswer = serde_yaml_ng::from_str(
+            &std::fs::read_to_string(expect)
+                .with_context(|| format!("cannot read --expect {}", expect.display()))?,
+        )
+        .with_context(|| {
+            format!(
+                "{} is not what `hwkey attest challenge` kept",
+                expect.display()
+            )
+        })?;
+        let answer = if answer == Path::new("-") {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                .context("cannot read the answer from standard input")?;
+            s
+        } else {
+            std::fs::read_to_string(answer)
+                .with_context(|| format!("cannot read --answer {}", answer.display()))?
+        };
+        let registration = ek_trust::register(&text, &expected, &answer)
+            .map_err(|e| anyhow::anyhow!("{node} is not registered: {e}"))?;
+        let path = trust.join(node);
+        let written = if replace {
+            atomic_file::write_atomic(&path, registration.as_bytes(), 0o644)
+        } else {
+            atomic_file::create_atomic(&path, registration.as_bytes(), 0o644)
+        };
+        match written {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => bail!(
+                "{} exists: {node} is registered already (pass --replace to register its TPM anew)",
+                path.display()
+            ),
+            Err(e) => return Err(e).with_context(|| format!("cannot write {}", path.display())),
+        }
+        println!(
+            "registered {node}: EK certificate issued by {}; AK {}",
+            expected.ek_issuer, expected.ak_name
+        );
+        Ok(())
+    }
+}
+
+#[cfg(not(feature = "tpm"))]
+mod ek {
+    use std::path::Path;
+
+    use crate::key::KeyUri;
+
+    const NO_TPM: &str = "this hwkey was built without the TPM 2.0 backend: rebuild it with `cargo build --features tpm`";
+
+    pub(super) fn challenge(_: &Path, _: &Path, _: &Path, _: &Path) -> anyhow::Result<()> {
+        anyhow::bail!(NO_TPM)
+    }
+    pub(super) fn activate(_: &Path, _: &KeyUri, _: u32) -> anyhow::Result<()> {
+        anyhow::bail!(NO_TPM)
+    }
+    pub(super) fn register(
+        _: &Path,
+        _: &Path,
+        _: &Path,
+        _: &str,
+        _: &Path,
+        _: bool,
+    ) -> anyhow::Result<()> {
+        anyhow::bail!(NO_TPM)
     }
 }
 

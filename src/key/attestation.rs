@@ -29,8 +29,11 @@ pub struct Enrollment {
     pub ak_public: Vec<u8>,
     /// The AK's SubjectPublicKeyInfo (DER).
     pub ak_spki: Vec<u8>,
-    /// The endorsement key's SubjectPublicKeyInfo (DER).
+    /// The endorsement key's SubjectPublicKeyInfo (DER): the RSA-2048 EK when the TPM holds its
+    /// certificate, else the ECC P-256 EK.
     pub ek_spki: Vec<u8>,
+    /// That EK's `TPMT_PUBLIC`: what credential activation encrypts to.
+    pub ek_public: Vec<u8>,
     /// The EK certificate from the TPM's NV index (DER), when the manufacturer stored one.
     pub ek_certificate: Option<Vec<u8>>,
 }
@@ -88,6 +91,19 @@ pub fn hex(bytes: &[u8]) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct EvidenceInvalid(pub String);
+
+/// Checks that a `TPMT_PUBLIC` is an attestation key (restricted, signing, fixedTPM,
+/// fixedParent) and returns its TPM name.
+#[cfg(feature = "tpm")]
+pub fn check_attestation_key(ak_public: &[u8]) -> Result<Vec<u8>, EvidenceInvalid> {
+    super::tpm::evidence::check_attestation_key(ak_public)
+}
+
+/// The SubjectPublicKeyInfo (DER) of a key's `TPMT_PUBLIC` (RSA, or ECC P-256).
+#[cfg(feature = "tpm")]
+pub fn public_key_spki(tpmt_public: &[u8]) -> Result<Vec<u8>, EvidenceInvalid> {
+    super::tpm::evidence::public_key_spki(tpmt_public)
+}
 
 /// Checks evidence against the key it should prove and the data it must be bound to:
 /// the AK's signature over `TPMS_ATTEST`; that it is a certify statement for the name of

@@ -87,6 +87,28 @@ pub fn enroll(uri: &KeyUri, ak_handle: u32) -> Result<super::attestation::Enroll
     }
 }
 
+/// Credential activation on the TPM `uri` names (see `pki::credential`): the secret a verifier
+/// encrypted to its EK for the AK at `ak_handle`.
+pub fn activate(
+    uri: &KeyUri,
+    ak_handle: u32,
+    credential_blob: &[u8],
+    encrypted_secret: &[u8],
+) -> Result<zeroize::Zeroizing<Vec<u8>>, KeyError> {
+    match uri {
+        #[cfg(feature = "tpm")]
+        KeyUri::Tpm(u) => tpm::activate(u, ak_handle, credential_blob, encrypted_secret),
+        KeyUri::Pkcs11(_) => {
+            let _ = (ak_handle, credential_blob, encrypted_secret);
+            Err(KeyError::NotAttestable {
+                key: format!("the PKCS#11 key {uri}"),
+            })
+        }
+        #[cfg(not(feature = "tpm"))]
+        KeyUri::Tpm(_) => Err(not_built(uri)),
+    }
+}
+
 /// Stores a certificate chain (DER, leaf first) with the key; the caller has checked that the
 /// leaf matches the key. Replaces a chain stored before. Returns where it was stored.
 pub fn store_chain(uri: &KeyUri, chain: &[Vec<u8>]) -> Result<String, KeyError> {

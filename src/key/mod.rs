@@ -265,4 +265,4 @@ impl Key {
     }
 }
 
-pub use backends::{delete, enroll, list, store_chain};
+pub use backends::{activate, delete, enroll, list, store_chain};

@@ -3,7 +3,11 @@
 
 pub mod attestation;
 pub mod cert;
+#[cfg(feature = "tpm")]
+pub mod credential;
 pub mod csr;
+#[cfg(feature = "tpm")]
+pub mod ek_trust;
 pub mod loopback_ca;
 pub mod name;
 pub mod tls;

@@ -208,3 +208,145 @@ fn the_evidence_checks_out_with_tpm2_tools() {
         ],
     );
 }
+
+/// Registering a node by its EK certificate instead of an operator's word: the EK certificate
+/// (made by swtpm_setup with a local CA, as a vendor's) must chain to `--ek-ca`, and credential
+/// activation proves the enrolled AK is in that TPM. The registration then admits the node's
+/// attested requests like any other. A wrong CA, a wrong answer, an AK from another TPM spliced
+/// onto this TPM's EK certificate, and a second registration without --replace are refused.
+#[test]
+fn a_node_registers_by_its_ek_certificate_through_credential_activation() {
+    let (tpm, ek_ca) = Swtpm::start_with_ek_certificate();
+    let work = temp_dir();
+    let d = work.path();
+    let tpm_key = |tcti: &str| format!("tpm:?tcti={tcti}");
+    let enroll = |tcti: &str| {
+        stdout(&run_ok(hwkey().args([
+            "attest",
+            "enroll",
+            "--key",
+            &tpm_key(tcti),
+        ])))
+    };
+    let enrollment_text = enroll(&tpm.tcti());
+    assert!(
+        enrollment_text.contains("ekCertificatePem:") && enrollment_text.contains("ekPublic:"),
+        "{enrollment_text}"
+    );
+    let enrollment = d.join("node7.enroll");
+    std::fs::write(&enrollment, &enrollment_text).expect("write");
+    let (challenge, expect, answer) = (d.join("challenge"), d.join("expect"), d.join("answer"));
+    let challenge_cmd = |enrollment: &Path, ca: &Path| {
+        let mut cmd = hwkey();
+        cmd.args(["attest", "challenge"])
+            .arg(enrollment)
+            .arg("--ek-ca")
+            .arg(ca)
+            .arg("--out")
+            .arg(&challenge)
+            .arg("--expect")
+            .arg(&expect);
+        cmd
+    };
+    run_ok(&mut challenge_cmd(&enrollment, &ek_ca));
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&expect)
+        .expect("expect file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the expected answer is a secret");
+
+    let activate = |tcti: &str| {
+        let mut cmd = hwkey();
+        cmd.args(["attest", "activate"])
+            .arg(&challenge)
+            .args(["--key", &tpm_key(tcti)]);
+        cmd
+    };
+    std::fs::write(&answer, stdout(&run_ok(&mut activate(&tpm.tcti())))).expect("write");
+    let trust = d.join("trust");
+    std::fs::create_dir(&trust).expect("trust dir");
+    let register = |replace: bool| {
+        let mut cmd = hwkey();
+        cmd.args(["attest", "register"])
+            .arg(&enrollment)
+            .arg("--expect")
+            .arg(&expect)
+            .arg("--answer")
+            .arg(&answer)
+            .args(["--node", "node7", "--trust"])
+            .arg(&trust);
+        if replace {
+            cmd.arg("--replace");
+        }
+        cmd
+    };
+    assert!(stdout(&run_ok(&mut register(false))).contains("registered node7"));
+
+    // The registration admits the node's attested requests.
+    let key = format!(
+        "tpm:path={}?tcti={}",
+        d.join("k.tpm.pem").display(),
+        tpm.tcti()
+    );
+    run_ok(hwkey().args(["key", "create", "--key", &key, "--algorithm", "ec-p256"]));
+    let csr = d.join("node7.csr");
+    run_ok(
+        hwkey()
+            .args([
+                "csr",
+                "--key",
+                &key,
+                "--subject",
+                "CN=system:node:node7,O=system:nodes",
+                "--attest",
+                "--out",
+            ])
+            .arg(&csr),
+    );
+    let verdict = stdout(&run_ok(
+        hwkey()
+            .args(["attest", "verify"])
+            .arg(&csr)
+            .arg("--trust")
+            .arg(&trust),
+    ));
+    assert!(verdict.contains("node 'node7'"), "{verdict}");
+
+    // Registered already; a wrong answer.
+    fails_with(&mut register(false), &["registered already", "--replace"]);
+    std::fs::write(&answer, "00".repeat(32)).expect("write");
+    fails_with(&mut register(true), &["not the challenge's secret"]);
+
+    // A CA that did not issue the EK certificate.
+    let other_ca = d.join("other-ca");
+    std::fs::create_dir(&other_ca).expect("dir");
+    let other_ca = support::TestCa::new(&other_ca).ca_path();
+    fails_with(
+        &mut challenge_cmd(&enrollment, &other_ca),
+        &["not signed by any certificate in --ek-ca"],
+    );
+
+    // Another TPM's AK presented with this TPM's EK certificate: the challenge is made, but
+    // neither TPM can answer it.
+    let other = Swtpm::start();
+    let other_text = enroll(&other.tcti());
+    let mut spliced: serde_yaml_ng::Mapping =
+        serde_yaml_ng::from_str(&enrollment_text).expect("enrollment is YAML");
+    let theirs: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(&other_text).expect("YAML");
+    for field in ["akName", "akPublic", "akPublicKeyPem"] {
+        spliced.insert(field.into(), theirs[field].clone());
+    }
+    let spliced_path = d.join("spliced.enroll");
+    std::fs::write(
+        &spliced_path,
+        serde_yaml_ng::to_string(&spliced).expect("YAML"),
+    )
+    .expect("write");
+    run_ok(&mut challenge_cmd(&spliced_path, &ek_ca));
+    fails_with(
+        &mut activate(&other.tcti()),
+        &["did not release the secret"],
+    );
+    fails_with(&mut activate(&tpm.tcti()), &["did not release the secret"]);
+}

@@ -24,6 +24,57 @@ impl Swtpm {
         Swtpm { guard, port, dir }
     }
 
+    /// Starts swtpm on a TPM manufactured by `swtpm_setup --create-ek-cert`: RSA-2048 and ECC
+    /// EKs whose certificates (NV 0x01c00002 and 0x01c00016) a fresh local CA (`swtpm_localca`)
+    /// issued, as a TPM vendor's would be. Returns the simulator and the CA bundle (root and
+    /// issuing certificate) a verifier trusts.
+    pub fn start_with_ek_certificate() -> (Swtpm, std::path::PathBuf) {
+        require_tool("swtpm", "swtpm");
+        require_tool("swtpm_setup", "swtpm-tools");
+        let dir = temp_dir();
+        let d = dir.path();
+        let ca = d.join("localca");
+        fs::create_dir_all(&ca).expect("create the local CA dir");
+        fs::create_dir_all(d.join("state")).expect("create swtpm state dir");
+        let write = |name: &str, text: String| {
+            fs::write(d.join(name), text).expect("write swtpm_setup config")
+        };
+        write(
+            "localca.conf",
+            format!(
+                "statedir = {c}\nsigningkey = {c}/signkey.pem\nissuercert = {c}/issuercert.pem\ncertserial = {c}/certserial\n",
+                c = ca.display()
+            ),
+        );
+        write(
+            "localca.options",
+            "--platform-manufacturer hwkey-test\n--platform-version 2.1\n--platform-model swtpm\n"
+                .into(),
+        );
+        write(
+            "setup.conf",
+            format!(
+                "create_certs_tool = /usr/bin/swtpm_localca\ncreate_certs_tool_config = {}\ncreate_certs_tool_options = {}\nactive_pcr_banks = sha256\n",
+                d.join("localca.conf").display(),
+                d.join("localca.options").display()
+            ),
+        );
+        run_ok(
+            Command::new("swtpm_setup")
+                .args(["--tpm2", "--create-ek-cert", "--overwrite", "--tpmstate"])
+                .arg(d.join("state"))
+                .arg("--config")
+                .arg(d.join("setup.conf")),
+        );
+        let bundle = d.join("ek-ca.pem");
+        let mut pem =
+            fs::read(ca.join("swtpm-localca-rootca-cert.pem")).expect("the local root CA");
+        pem.extend(fs::read(ca.join("issuercert.pem")).expect("the local issuing CA"));
+        fs::write(&bundle, pem).expect("write the EK CA bundle");
+        let (guard, port) = Self::spawn(d, free_port_pair);
+        (Swtpm { guard, port, dir }, bundle)
+    }
+
     /// Spawns swtpm with its state in DIR/state on the port `pick_port` gives (retrying on early exit).
     fn spawn(dir: &Path, pick_port: impl FnMut() -> u16) -> (ChildGuard, u16) {
         let state = dir.join("state");

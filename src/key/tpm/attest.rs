@@ -8,6 +8,8 @@
 //! holds an object of the certified name.
 
 use tss_esapi::abstraction::{ak, ek, AsymmetricAlgorithmSelection};
+use tss_esapi::constants::SessionType;
+use tss_esapi::handles::{AuthHandle, SessionHandle};
 use tss_esapi::handles::{KeyHandle, ObjectHandle, PersistentTpmHandle};
 use tss_esapi::interface_types::algorithm::{
     AsymmetricAlgorithm, HashingAlgorithm, SignatureSchemeAlgorithm,
@@ -17,7 +19,10 @@ use tss_esapi::interface_types::ecc::EccCurve;
 use tss_esapi::interface_types::key_bits::RsaKeyBits;
 use tss_esapi::interface_types::resource_handles::Provision;
 use tss_esapi::interface_types::session_handles::AuthSession;
-use tss_esapi::structures::{Data, Public, SignatureScheme};
+use tss_esapi::interface_types::session_handles::PolicySession;
+use tss_esapi::structures::{
+    Data, EncryptedSecret, IdObject, Public, SignatureScheme, SymmetricDefinition,
+};
 use tss_esapi::traits::Marshall;
 use tss_esapi::Context;
 
@@ -148,6 +153,23 @@ fn certify_with(
     })
 }
 
+/// The endorsement key an enrollment describes: the RSA-2048 EK when the manufacturer stored
+/// its certificate (the one credential activation uses), else the ECC P-256 EK (with its
+/// certificate if there is one).
+fn enrollment_ek(ctx: &mut Context) -> (AsymmetricAlgorithmSelection, Option<Vec<u8>>) {
+    [
+        AsymmetricAlgorithmSelection::Rsa(RsaKeyBits::Rsa2048),
+        AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256),
+    ]
+    .into_iter()
+    .find_map(|alg| {
+        ek::retrieve_ek_pubcert(ctx, alg)
+            .ok()
+            .map(|c| (alg, Some(c)))
+    })
+    .unwrap_or((AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256), None))
+}
+
 /// What an operator registers for this TPM: the AK (made if missing) and the EK.
 pub(crate) fn enroll(
     ctx: &mut Context,
@@ -159,26 +181,130 @@ pub(crate) fn enroll(
     let ak_public_bytes = ak_public
         .marshall()
         .map_err(tpm_err("marshalling TPMT_PUBLIC (AK)"))?;
-    let ek_handle = ek::create_ek_object(ctx, AsymmetricAlgorithm::Ecc, None)
-        .map_err(tpm_err("CreatePrimary (EK)"))?;
+    let (ek_alg, ek_certificate) = enrollment_ek(ctx);
+    let ek_handle =
+        ek::create_ek_object_2(ctx, ek_alg, None).map_err(tpm_err("CreatePrimary (EK)"))?;
     let ek_public = ctx
         .execute_without_session(|ctx| ctx.read_public(ek_handle))
         .map_err(tpm_err("ReadPublic (EK)"));
     let _ = ctx.flush_context(ObjectHandle::from(ek_handle));
     let (ek_public, _, _) = ek_public?;
-    let ek_certificate = [
-        AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256),
-        AsymmetricAlgorithmSelection::Rsa(RsaKeyBits::Rsa2048),
-    ]
-    .into_iter()
-    .find_map(|alg| ek::retrieve_ek_pubcert(ctx, alg).ok());
     Ok(Enrollment {
         ak_name: crate::key::attestation::name_of(&ak_public_bytes)?,
         ak_spki: ecc_spki(&ak_public)?,
         ak_public: ak_public_bytes,
-        ek_spki: ecc_spki(&ek_public)?,
+        ek_spki: public_spki(&ek_public)?,
+        ek_public: ek_public
+            .marshall()
+            .map_err(tpm_err("marshalling TPMT_PUBLIC (EK)"))?,
         ek_certificate,
     })
+}
+
+/// TPM2_ActivateCredential: recovers the secret a verifier encrypted to this TPM's RSA EK for
+/// the AK at `ak_handle` (see `pki::credential`). The TPM releases it only if the AK it names
+/// is loaded here, which is what the verifier wants to know.
+pub(crate) fn activate(
+    ctx: &mut Context,
+    ak_handle: u32,
+    tcti: &str,
+    credential_blob: &[u8],
+    encrypted_secret: &[u8],
+) -> Result<zeroize::Zeroizing<Vec<u8>>, KeyError> {
+    let malformed = |what: &str, e: tss_esapi::Error| KeyError::Malformed {
+        what: what.into(),
+        reason: e.to_string(),
+    };
+    let id_object = IdObject::try_from(credential_blob.to_vec())
+        .map_err(|e| malformed("the challenge's credential blob", e))?;
+    let secret = EncryptedSecret::try_from(encrypted_secret.to_vec())
+        .map_err(|e| malformed("the challenge's encrypted secret", e))?;
+    let (ak, _) = super::persistent::open_persistent(ctx, ak_handle, tcti)?;
+    let ek = ek::create_ek_object_2(
+        ctx,
+        AsymmetricAlgorithmSelection::Rsa(RsaKeyBits::Rsa2048),
+        None,
+    )
+    .map_err(tpm_err("CreatePrimary (RSA EK)"));
+    let result = ek.and_then(|ek| {
+        let r = activate_with(ctx, KeyHandle::from(ak), ek, id_object, secret);
+        let _ = ctx.flush_context(ObjectHandle::from(ek));
+        r
+    });
+    close(ctx, ak);
+    result
+}
+
+fn activate_with(
+    ctx: &mut Context,
+    ak: KeyHandle,
+    ek: KeyHandle,
+    id_object: IdObject,
+    secret: EncryptedSecret,
+) -> Result<zeroize::Zeroizing<Vec<u8>>, KeyError> {
+    // The EK's authPolicy is PolicySecret(TPM_RH_ENDORSEMENT): a policy session satisfies it.
+    let session = ctx
+        .start_auth_session(
+            None,
+            None,
+            None,
+            SessionType::Policy,
+            SymmetricDefinition::AES_128_CFB,
+            HashingAlgorithm::Sha256,
+        )
+        .map_err(tpm_err("StartAuthSession (policy)"))?
+        .ok_or_else(|| KeyError::Malformed {
+            what: "StartAuthSession".into(),
+            reason: "the TPM returned no session".into(),
+        })?;
+    let result = PolicySession::try_from(session)
+        .map_err(tpm_err("the policy session"))
+        .and_then(|policy| {
+            ctx.execute_with_nullauth_session(|ctx| {
+                ctx.policy_secret(
+                    policy,
+                    AuthHandle::Endorsement,
+                    Default::default(),
+                    Default::default(),
+                    Default::default(),
+                    None,
+                )
+            })
+            .map_err(tpm_err("PolicySecret (endorsement)"))
+        })
+        .and_then(|_| {
+            ctx.execute_with_sessions((Some(AuthSession::Password), Some(session), None), |ctx| {
+                ctx.activate_credential(ak, ek, id_object, secret)
+            })
+            .map_err(tpm_err("ActivateCredential"))
+        })
+        .map(|digest| zeroize::Zeroizing::new(digest.value().to_vec()));
+    let _ = ctx.flush_context(SessionHandle::from(session).into());
+    result
+}
+
+/// The SubjectPublicKeyInfo of an EK's public area (RSA or ECC P-256).
+pub(crate) fn public_spki(public: &Public) -> Result<Vec<u8>, KeyError> {
+    match public {
+        Public::Rsa {
+            parameters, unique, ..
+        } => {
+            let modulus = unique.value();
+            let first = modulus
+                .iter()
+                .position(|&b| b != 0)
+                .unwrap_or(modulus.len());
+            let exponent = match parameters.exponent().value() {
+                0 => 65537u32,
+                e => e,
+            };
+            Ok(crate::key::der::rsa_spki(
+                &modulus[first..],
+                &exponent.to_be_bytes(),
+            ))
+        }
+        _ => ecc_spki(public),
+    }
 }
 
 /// The SubjectPublicKeyInfo of a P-256 public area (the AK's or the EK's).

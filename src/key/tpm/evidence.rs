@@ -12,6 +12,27 @@ fn invalid(reason: impl Into<String>) -> EvidenceInvalid {
     EvidenceInvalid(reason.into())
 }
 
+/// Checks that `ak_public` (`TPMT_PUBLIC`) is an attestation key (restricted, signing,
+/// fixedTPM, fixedParent) and returns its name.
+pub(crate) fn check_attestation_key(ak_public: &[u8]) -> Result<Vec<u8>, EvidenceInvalid> {
+    let public = Public::unmarshall(ak_public)
+        .map_err(|e| invalid(format!("the AK's TPMT_PUBLIC does not parse: {e}")))?;
+    let a = public.object_attributes();
+    if !(a.restricted() && a.sign_encrypt() && a.fixed_tpm() && a.fixed_parent()) {
+        return Err(invalid(
+            "the AK is not a restricted, fixedTPM, fixedParent signing key (not an attestation key)",
+        ));
+    }
+    name_of(ak_public).map_err(|e| invalid(e.to_string()))
+}
+
+/// The SubjectPublicKeyInfo of a key's `TPMT_PUBLIC` (RSA, or ECC P-256).
+pub(crate) fn public_key_spki(tpmt_public: &[u8]) -> Result<Vec<u8>, EvidenceInvalid> {
+    let public = Public::unmarshall(tpmt_public)
+        .map_err(|e| invalid(format!("the TPMT_PUBLIC does not parse: {e}")))?;
+    super::attest::public_spki(&public).map_err(|e| invalid(e.to_string()))
+}
+
 pub(crate) fn verify(
     evidence: &TpmEvidence,
     expected_spki: &[u8],

@@ -125,6 +125,27 @@ pub fn enroll(
     })
 }
 
+/// TPM2_ActivateCredential with the AK at `ak_handle` and the RSA EK of the TPM the URI names
+/// (see `pki::credential`): the secret a verifier encrypted for that AK.
+pub fn activate(
+    uri: &TpmUri,
+    ak_handle: u32,
+    credential_blob: &[u8],
+    encrypted_secret: &[u8],
+) -> Result<zeroize::Zeroizing<Vec<u8>>, KeyError> {
+    let tpm = Tpm::connect(&uri.tcti())?;
+    tpm.with_conn(|conn| {
+        conn.ensure_connected()?;
+        attest::activate(
+            &mut conn.ctx,
+            ak_handle,
+            tpm.tcti(),
+            credential_blob,
+            encrypted_secret,
+        )
+    })
+}
+
 /// Creates a key in the TPM and stores it where the URI says; refuses (and changes nothing)
 /// if that file or persistent handle is taken.
 pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {

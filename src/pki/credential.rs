@@ -1,0 +1,262 @@
+//! TPM2_MakeCredential in software, for an RSA endorsement key: the verifier's half of
+//! credential activation (TPM 2.0 Part 1, "Credential Protection"; what `tpm2_makecredential
+//! --tcti none` computes).
+//!
+//! The verifier encrypts a random secret so that only the TPM holding the EK can recover it, and
+//! only for an object of the given name loaded in that same TPM (ActivateCredential checks the
+//! HMAC over the name). A node that answers with the secret has thereby shown that the AK it
+//! enrolled lives in the TPM whose EK certificate the verifier checked.
+//!
+//! For an RSA-2048 EK (nameAlg SHA-256, symmetric AES-128-CFB, the standard template):
+//! - seed: 32 random bytes, RSA-OAEP(SHA-256, label "IDENTITY\0") to the EK → `encryptedSecret`;
+//! - symmetric key = KDFa(SHA-256, seed, "STORAGE", name, ∅, 128);
+//! - encIdentity = AES-128-CFB(key, IV = 0, TPM2B_DIGEST(secret));
+//! - HMAC key = KDFa(SHA-256, seed, "INTEGRITY", ∅, ∅, 256);
+//! - credentialBlob = TPM2B_DIGEST(HMAC(HMAC key, encIdentity ‖ name)) ‖ encIdentity.
+
+use aes::cipher::{BlockCipherEncrypt, KeyInit};
+use num_bigint::BigUint;
+use ring::rand::SecureRandom;
+use tss_esapi::interface_types::algorithm::{HashingAlgorithm, SymmetricMode};
+use tss_esapi::interface_types::key_bits::AesKeyBits;
+use tss_esapi::structures::{Public, SymmetricDefinitionObject};
+use tss_esapi::traits::UnMarshall;
+
+/// What the node's TPM needs to run ActivateCredential, and what it must answer.
+pub struct Challenge {
+    /// `TPM2B_ID_OBJECT` contents: the HMAC and the encrypted secret.
+    pub credential_blob: Vec<u8>,
+    /// `TPM2B_ENCRYPTED_SECRET` contents: the seed, OAEP-encrypted to the EK.
+    pub encrypted_secret: Vec<u8>,
+    /// The secret the node must give back.
+    pub secret: zeroize::Zeroizing<Vec<u8>>,
+}
+
+/// Makes a challenge for the object `name` (the AK's TPM name), to the EK whose marshalled
+/// `TPMT_PUBLIC` is `ek_public`. Only RSA-2048 EKs with the standard parameters are supported.
+pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, String> {
+    let public = Public::unmarshall(ek_public).map_err(|e| format!("the EK public area: {e}"))?;
+    let Public::Rsa {
+        name_hashing_algorithm,
+        parameters,
+        unique,
+        object_attributes,
+        ..
+    } = public
+    else {
+        return Err("the EK is not an RSA key: credential activation supports RSA-2048 EKs (the TPM's RSA EK certificate, NV index 0x01c00002)".into());
+    };
+    if name_hashing_algorithm != HashingAlgorithm::Sha256 {
+        return Err(format!(
+            "the EK's nameAlg is {name_hashing_algorithm:?}, not SHA-256 (the standard RSA-2048 EK template)"
+        ));
+    }
+    if !(object_attributes.restricted() && object_attributes.decrypt()) {
+        return Err("the EK is not a restricted decryption key".into());
+    }
+    if parameters.symmetric_definition_object()
+        != (SymmetricDefinitionObject::Aes {
+            key_bits: AesKeyBits::Aes128,
+            mode: SymmetricMode::Cfb,
+        })
+    {
+        return Err(
+            "the EK's symmetric algorithm is not AES-128-CFB (the standard RSA-2048 EK template)"
+                .into(),
+        );
+    }
+    let exponent = match parameters.exponent().value() {
+        0 => 65537,
+        e => e,
+    };
+    let modulus = unique.value();
+    if modulus.len() != 256 {
+        return Err(format!(
+            "the EK's modulus is {} bits, not 2048",
+            modulus.len() * 8
+        ));
+    }
+    let random = ring::rand::SystemRandom::new();
+    let mut seed = zeroize::Zeroizing::new(vec![0u8; 32]);
+    let mut secret = zeroize::Zeroizing::new(vec![0u8; 32]);
+    random
+        .fill(&mut seed)
+        .and_then(|()| random.fill(&mut secret))
+        .map_err(|_| "the system random generator failed".to_string())?;
+    let encrypted_secret = rsa_oaep_sha256(modulus, exponent, b"IDENTITY\0", &seed, &random)?;
+
+    let mut sym_key = zeroize::Zeroizing::new([0u8; 16]);
+    sym_key.copy_from_slice(&kdfa(&seed, b"STORAGE", name, &[], 128));
+    let mut plain = Vec::with_capacity(2 + secret.len());
+    plain.extend_from_slice(&u16_len(&secret)?);
+    plain.extend_from_slice(&secret);
+    let enc_identity = aes128_cfb_encrypt(&sym_key, [0; 16], &plain);
+    let hmac_key = kdfa(&seed, b"INTEGRITY", &[], &[], 256);
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &hmac_key);
+    let mut ctx = ring::hmac::Context::with_key(&key);
+    ctx.update(&enc_identity);
+    ctx.update(name);
+    let outer = ctx.sign();
+    let mut credential_blob = Vec::new();
+    credential_blob.extend_from_slice(&u16_len(outer.as_ref())?);
+    credential_blob.extend_from_slice(outer.as_ref());
+    credential_blob.extend_from_slice(&enc_identity);
+    Ok(Challenge {
+        credential_blob,
+        encrypted_secret,
+        secret,
+    })
+}
+
+fn u16_len(bytes: &[u8]) -> Result<[u8; 2], String> {
+    u16::try_from(bytes.len())
+        .map(u16::to_be_bytes)
+        .map_err(|_| "a TPM2B is longer than 65535 bytes".to_string())
+}
+
+/// KDFa (TPM 2.0 Part 1, 11.4.10.2) with SHA-256: HMAC(key, i ‖ label ‖ 0 ‖ contextU ‖ contextV
+/// ‖ bits) for i = 1, 2, …, truncated to `bits`.
+fn kdfa(
+    key: &[u8],
+    label: &[u8],
+    context_u: &[u8],
+    context_v: &[u8],
+    bits: u32,
+) -> zeroize::Zeroizing<Vec<u8>> {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    let bytes = (bits as usize).div_ceil(8);
+    let mut out = zeroize::Zeroizing::new(Vec::with_capacity(bytes + 32));
+    let mut counter: u32 = 1;
+    while out.len() < bytes {
+        let mut ctx = ring::hmac::Context::with_key(&key);
+        ctx.update(&counter.to_be_bytes());
+        ctx.update(label);
+        ctx.update(&[0]);
+        ctx.update(context_u);
+        ctx.update(context_v);
+        ctx.update(&bits.to_be_bytes());
+        out.extend_from_slice(ctx.sign().as_ref());
+        counter += 1;
+    }
+    out.truncate(bytes);
+    out
+}
+
+/// AES-128 in CFB mode (full-block feedback); the TPM's credential protection uses a zero IV.
+/// The last block may be partial.
+fn aes128_cfb_encrypt(key: &[u8; 16], iv: [u8; 16], plain: &[u8]) -> Vec<u8> {
+    let cipher = aes::Aes128::new(&aes::cipher::Key::<aes::Aes128>::from(*key));
+    let mut feedback = aes::Block::from(iv);
+    let mut out = Vec::with_capacity(plain.len());
+    for chunk in plain.chunks(16) {
+        let mut stream = feedback;
+        cipher.encrypt_block(&mut stream);
+        let start = out.len();
+        out.extend(chunk.iter().zip(stream.iter()).map(|(p, k)| p ^ k));
+        if chunk.len() == 16 {
+            feedback.copy_from_slice(&out[start..]);
+        }
+    }
+    out
+}
+
+/// RSAES-OAEP-ENCRYPT (RFC 8017, 7.1.1) with SHA-256 and MGF1-SHA-256. Only the public key is
+/// used; the message is the random seed.
+fn rsa_oaep_sha256(
+    modulus: &[u8],
+    exponent: u32,
+    label: &[u8],
+    message: &[u8],
+    random: &ring::rand::SystemRandom,
+) -> Result<Vec<u8>, String> {
+    const H: usize = 32;
+    let k = modulus.len();
+    if message.len() + 2 * H + 2 > k {
+        return Err("the message is too long for the EK's modulus".into());
+    }
+    let l_hash = ring::digest::digest(&ring::digest::SHA256, label);
+    // DB = lHash ‖ PS (zeros) ‖ 0x01 ‖ M
+    let mut db = zeroize::Zeroizing::new(vec![0u8; k - H - 1]);
+    db[..H].copy_from_slice(l_hash.as_ref());
+    let one = k - H - 1 - message.len() - 1;
+    db[one] = 1;
+    db[one + 1..].copy_from_slice(message);
+    let mut seed = zeroize::Zeroizing::new(vec![0u8; H]);
+    random
+        .fill(&mut seed)
+        .map_err(|_| "the system random generator failed".to_string())?;
+    for (d, m) in db.iter_mut().zip(mgf1_sha256(&seed, k - H - 1)) {
+        *d ^= m;
+    }
+    for (s, m) in seed.iter_mut().zip(mgf1_sha256(&db, H)) {
+        *s ^= m;
+    }
+    let mut em = zeroize::Zeroizing::new(Vec::with_capacity(k));
+    em.push(0);
+    em.extend_from_slice(&seed);
+    em.extend_from_slice(&db);
+    let n = BigUint::from_bytes_be(modulus);
+    let c = BigUint::from_bytes_be(&em).modpow(&BigUint::from(exponent), &n);
+    let c = c.to_bytes_be();
+    let mut out = vec![0u8; k - c.len()];
+    out.extend_from_slice(&c);
+    Ok(out)
+}
+
+fn mgf1_sha256(seed: &[u8], len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 32);
+    let mut counter: u32 = 0;
+    while out.len() < len {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(seed);
+        ctx.update(&counter.to_be_bytes());
+        out.extend_from_slice(ctx.finish().as_ref());
+        counter += 1;
+    }
+    out.truncate(len);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NIST SP 800-38A F.3.13, CFB128-AES128.Encrypt (three blocks, and a partial fourth).
+    #[test]
+    fn cfb_matches_the_nist_vector() {
+        let key: [u8; 16] = hex("2b7e151628aed2a6abf7158809cf4f3c").try_into().unwrap();
+        let iv: [u8; 16] = hex("000102030405060708090a0b0c0d0e0f").try_into().unwrap();
+        let plain = hex(concat!(
+            "6bc1bee22e409f96e93d7e117393172a",
+            "ae2d8a571e03ac9c9eb76fac45af8e51",
+            "30c81c46a35ce411e5fbc1191a0a52ef",
+            "f69f2445df4f9b17ad2b417be66c3710"
+        ));
+        let cipher = hex(concat!(
+            "3b3fd92eb72dad20333449f8e83cfb4a",
+            "c8a64537a0b3a93fcde3cdad9f1ce58b",
+            "26751f67a3cbb140b1808cf187a4f4df",
+            "c04b05357c5d1c0eeac4c66f9ff7f2e6"
+        ));
+        assert_eq!(aes128_cfb_encrypt(&key, iv, &plain), cipher);
+        assert_eq!(aes128_cfb_encrypt(&key, iv, &plain[..50]), cipher[..50]);
+    }
+
+    #[test]
+    fn kdfa_truncates_and_counts() {
+        let a = kdfa(b"key", b"STORAGE", b"name", &[], 128);
+        let b = kdfa(b"key", b"STORAGE", b"name", &[], 256);
+        assert_eq!(a.len(), 16);
+        assert_eq!(b.len(), 32);
+        // The bit count is hashed in, so a shorter output is not a prefix of a longer one.
+        assert_ne!(&b[..16], &a[..]);
+        assert_eq!(kdfa(b"key", b"INTEGRITY", &[], &[], 512).len(), 64);
+    }
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+}

@@ -1,0 +1,214 @@
+//! Registering a node by its TPM's endorsement-key certificate instead of by an operator's word:
+//! the EK certificate must chain to a manufacturer CA the verifier trusts, and credential
+//! activation proves that the enrolled AK lives in that same TPM.
+//!
+//! Three steps, as `tpm2_makecredential` / `tpm2_activatecredential` users know them:
+//! 1. [`challenge`] (verifier, `hwkey attest challenge`): reads the node's enrollment, checks the
+//!    EK certificate against `--ek-ca`, that it certifies the enrolled EK, that the AK is an
+//!    attestation key of the enrolled name, and encrypts a fresh secret to the EK for that AK
+//!    name ([`super::credential`]). The challenge goes to the node; the expected answer stays.
+//! 2. `hwkey attest activate` (node): TPM2_ActivateCredential gives the secret back only in the
+//!    TPM that holds both the EK and an AK of that name.
+//! 3. [`register`] (verifier, `hwkey attest register`): the answer must equal the secret (compared
+//!    in constant time) and the enrollment must be the one challenged; then the node's
+//!    registration is written to the trust directory, where the approver reads it like any other.
+
+use std::path::Path;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use crate::key::attestation::hex;
+
+/// The fields of `hwkey attest enroll`'s output a verifier reads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnrollmentFile {
+    /// The AK's TPM name, hex.
+    pub ak_name: String,
+    /// The AK's `TPMT_PUBLIC`, base64.
+    pub ak_public: String,
+    /// The EK's `TPMT_PUBLIC`, base64 (enrollments made before credential activation lack it).
+    #[serde(default)]
+    pub ek_public: Option<String>,
+    /// The EK certificate, PEM.
+    #[serde(default)]
+    pub ek_certificate_pem: Option<String>,
+}
+
+impl EnrollmentFile {
+    /// Parses an enrollment (YAML, as `hwkey attest enroll` prints it).
+    pub fn parse(text: &str) -> Result<EnrollmentFile, String> {
+        serde_yaml_ng::from_str(text)
+            .map_err(|e| format!("it is not what `hwkey attest enroll` prints: {e}"))
+    }
+}
+
+/// What the node's TPM must answer (`hwkey attest activate` reads it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChallengeFile {
+    /// The AK's TPM name, hex (the credential opens only for an object of this name).
+    pub ak_name: String,
+    /// `TPM2B_ID_OBJECT` contents, base64.
+    pub credential_blob: String,
+    /// `TPM2B_ENCRYPTED_SECRET` contents, base64.
+    pub encrypted_secret: String,
+}
+
+/// What the verifier keeps to check the answer: secret, so written with mode 0600.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExpectedAnswer {
+    /// SHA-256 of the enrollment text that was challenged.
+    pub enrollment_sha256: String,
+    /// The AK's name.
+    pub ak_name: String,
+    /// Who issued the EK certificate (for the registration's record).
+    pub ek_issuer: String,
+    /// The secret, hex.
+    pub secret: String,
+}
+
+/// Checks an enrollment against the manufacturer CAs (`ca_pem`, a PEM bundle: every certificate
+/// in it is trusted) and makes the challenge for it.
+pub fn challenge(
+    enrollment_text: &str,
+    ca_pem: &[u8],
+) -> Result<(ChallengeFile, ExpectedAnswer), String> {
+    let enrollment = EnrollmentFile::parse(enrollment_text)?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let ak_public = b64
+        .decode(enrollment.ak_public.trim())
+        .map_err(|e| format!("akPublic is not base64: {e}"))?;
+    let ak_name = crate::key::attestation::check_attestation_key(&ak_public).map_err(|e| e.0)?;
+    if hex(&ak_name) != enrollment.ak_name.trim() {
+        return Err(format!(
+            "akName {} is not the name of akPublic ({})",
+            enrollment.ak_name.trim(),
+            hex(&ak_name)
+        ));
+    }
+    let ek_public = b64
+        .decode(
+            enrollment
+                .ek_public
+                .as_deref()
+                .ok_or("the enrollment has no ekPublic: enroll the node again with this hwkey")?
+                .trim(),
+        )
+        .map_err(|e| format!("ekPublic is not base64: {e}"))?;
+    let cert_pem = enrollment.ek_certificate_pem.as_deref().ok_or(
+        "the enrollment has no EK certificate (its TPM has none in NV): register the node with `--trust` as an operator instead",
+    )?;
+    let cert_der = pem::parse(cert_pem)
+        .map_err(|e| format!("ekCertificatePem is not PEM: {e}"))?
+        .into_contents();
+    let issuer = check_ek_certificate(&cert_der, ca_pem, &ek_public)?;
+    let made = super::credential::make_credential(&ek_public, &ak_name)?;
+    let challenge = ChallengeFile {
+        ak_name: hex(&ak_name),
+        credential_blob: b64.encode(&made.credential_blob),
+        encrypted_secret: b64.encode(&made.encrypted_secret),
+    };
+    let expected = ExpectedAnswer {
+        enrollment_sha256: sha256_hex(enrollment_text.as_bytes()),
+        ak_name: hex(&ak_name),
+        ek_issuer: issuer,
+        secret: hex(&made.secret),
+    };
+    Ok((challenge, expected))
+}
+
+/// Checks the node's answer and the enrollment against what was challenged; returns the
+/// registration text to store as TRUST_DIR/NODE.
+pub fn register(
+    enrollment_text: &str,
+    expected: &ExpectedAnswer,
+    answer: &str,
+) -> Result<String, String> {
+    if sha256_hex(enrollment_text.as_bytes()) != expected.enrollment_sha256 {
+        return Err("this enrollment is not the one the challenge was made for".into());
+    }
+    // Compared as digests, so the comparison's timing says nothing about the secret.
+    let answer = answer.trim().to_ascii_lowercase();
+    if sha256_hex(answer.as_bytes()) != sha256_hex(expected.secret.as_bytes()) {
+        return Err("the answer is not the challenge's secret: the attestation key is not in the TPM whose EK certificate was checked".into());
+    }
+    Ok(format!(
+        "{}# registered by `hwkey attest register`: EK certificate issued by {}; AK {} activated in that TPM\n",
+        enrollment_text, expected.ek_issuer, expected.ak_name
+    ))
+}
+
+/// Checks that `cert_der` is signed by a certificate in `ca_pem`, is valid now, and certifies
+/// the key of `ek_public` (a `TPMT_PUBLIC`). Returns the issuer's name.
+fn check_ek_certificate(
+    cert_der: &[u8],
+    ca_pem: &[u8],
+    ek_public: &[u8],
+) -> Result<String, String> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(cert_der)
+        .map_err(|e| format!("the EK certificate does not parse: {e}"))?;
+    if !cert.validity().is_valid() {
+        return Err(format!(
+            "the EK certificate is not valid now ({} to {})",
+            cert.validity().not_before,
+            cert.validity().not_after
+        ));
+    }
+    let cas: Vec<Vec<u8>> = ::pem::parse_many(ca_pem)
+        .map_err(|e| format!("--ek-ca is not PEM: {e}"))?
+        .into_iter()
+        .filter(|p| p.tag() == "CERTIFICATE")
+        .map(|p| p.into_contents())
+        .collect();
+    if cas.is_empty() {
+        return Err("--ek-ca holds no certificate".into());
+    }
+    let signed_by = cas.iter().find_map(|ca_der| {
+        let (_, ca) = X509Certificate::from_der(ca_der).ok()?;
+        (ca.subject() == cert.issuer() && cert.verify_signature(Some(ca.public_key())).is_ok())
+            .then(|| ca.subject().to_string())
+    });
+    let issuer = signed_by.ok_or_else(|| {
+        format!(
+            "the EK certificate (issuer {}) is not signed by any certificate in --ek-ca",
+            cert.issuer()
+        )
+    })?;
+    let enrolled = crate::key::attestation::public_key_spki(ek_public).map_err(|e| e.0)?;
+    let (_, enrolled) = SubjectPublicKeyInfo::from_der(&enrolled)
+        .map_err(|e| format!("the enrolled EK's key does not encode: {e}"))?;
+    if !same_key(cert.public_key(), &enrolled) {
+        return Err("the EK certificate is for another key than the enrolled EK".into());
+    }
+    Ok(issuer)
+}
+
+/// Whether two public keys are the same key (RSA: modulus and exponent; EC: the point), however
+/// their encodings differ in leading zeros or parameters.
+fn same_key(
+    a: &x509_parser::x509::SubjectPublicKeyInfo<'_>,
+    b: &x509_parser::x509::SubjectPublicKeyInfo<'_>,
+) -> bool {
+    use x509_parser::public_key::PublicKey;
+    let strip = |v: &[u8]| -> Vec<u8> { v.iter().skip_while(|&&x| x == 0).copied().collect() };
+    match (a.parsed(), b.parsed()) {
+        (Ok(PublicKey::RSA(a)), Ok(PublicKey::RSA(b))) => {
+            strip(a.modulus) == strip(b.modulus) && strip(a.exponent) == strip(b.exponent)
+        }
+        (Ok(PublicKey::EC(a)), Ok(PublicKey::EC(b))) => a.data() == b.data(),
+        _ => false,
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
+}
+
+/// Reads an enrollment file, naming it in the error.
+pub fn read_text(path: &Path, what: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))
+}
