@@ -329,8 +329,15 @@ fn verify(csr: &std::path::Path, trust: &std::path::Path) -> anyhow::Result<()> 
     match attestation::verify_request(&der, &trusted) {
         Ok(a) => {
             println!(
-                "admitted: {} is in the TPM of node '{}' (attestation key {})",
-                a.subject, a.node, a.ak_name
+                "admitted: {} is in the TPM of node '{}' (attestation key {}{})",
+                a.subject,
+                a.node,
+                a.ak_name,
+                a.ek_certificate_issuer
+                    .map(|i| format!(
+                        "; the evidence carries the TPM's EK certificate, issued by {i}"
+                    ))
+                    .unwrap_or_default()
             );
             Ok(())
         }

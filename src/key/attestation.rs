@@ -18,6 +18,9 @@ pub struct TpmEvidence {
     pub key_public: Vec<u8>,
     /// `TPMT_PUBLIC` of the AK.
     pub ak_public: Vec<u8>,
+    /// The TPM's EK certificate (DER) when it has one in NV: for auditors and for verifiers
+    /// that know the TPM by it. Nothing in the evidence's check depends on it.
+    pub ek_certificate: Option<Vec<u8>>,
 }
 
 /// What `hwkey attest enroll` prints for an operator to register a node's TPM.

@@ -7,7 +7,8 @@
 //! ```text
 //! Attribute ::= SEQUENCE { id-aa-evidence (1.2.840.113549.1.9.16.2.59), SET { EvidenceBundles } }
 //! EvidenceBundles ::= SEQUENCE OF EvidenceBundle            -- one
-//! EvidenceBundle ::= SEQUENCE { evidences SEQUENCE OF EvidenceStatement }   -- one
+//! EvidenceBundle ::= SEQUENCE { evidences SEQUENCE OF EvidenceStatement,   -- one
+//!                              certs SEQUENCE OF Certificate OPTIONAL }  -- the EK certificate
 //! EvidenceStatement ::= SEQUENCE {
 //!     type  OBJECT IDENTIFIER,  -- hwkey-tpm2-certify: 2.25.142373734267622900942609493865913809953
 //!     stmt  SEQUENCE { attest OCTET STRING,      -- TPMS_ATTEST
@@ -65,6 +66,10 @@ pub fn evidence_attribute(evidence: &TpmEvidence) -> Vec<u8> {
                                 w.next().write_utf8_string(HINT);
                             });
                         });
+                        // certs: the EK certificate, when the TPM has one.
+                        if let Some(cert) = &evidence.ek_certificate {
+                            w.next().write_sequence(|w| w.next().write_der(cert));
+                        }
                     });
                 });
             });
@@ -226,7 +231,7 @@ fn decode_evidence(values: &[u8]) -> Result<TpmEvidence, String> {
 fn read_bundles(r: yasna::BERReader<'_, '_>) -> yasna::ASN1Result<TpmEvidence> {
     r.read_sequence(|r| {
         r.next().read_sequence(|r| {
-            r.next().read_sequence(|r| {
+            let mut evidence = r.next().read_sequence(|r| {
                 r.next().read_sequence(|r| {
                     if r.next().read_der()? != OID_TPM2_CERTIFY_DER {
                         return Err(yasna::ASN1Error::new(yasna::ASN1ErrorKind::Invalid));
@@ -237,12 +242,17 @@ fn read_bundles(r: yasna::BERReader<'_, '_>) -> yasna::ASN1Result<TpmEvidence> {
                             signature: r.next().read_bytes()?,
                             key_public: r.next().read_bytes()?,
                             ak_public: r.next().read_bytes()?,
+                            ek_certificate: None,
                         })
                     })?;
                     r.read_optional(|r| r.read_utf8string())?;
                     Ok(evidence)
                 })
-            })
+            })?;
+            // certs (optional): the first is the EK certificate.
+            let certs = r.read_optional(|r| r.collect_sequence_of(|r| r.read_der()))?;
+            evidence.ek_certificate = certs.and_then(|c| c.into_iter().next());
+            Ok(evidence)
         })
     })
 }
@@ -255,6 +265,9 @@ pub struct Attested {
     pub ak_name: Vec<u8>,
     /// The request's subject.
     pub subject: String,
+    /// The issuer of the EK certificate the evidence carries, if any (informational: not
+    /// checked against any CA here).
+    pub ek_certificate_issuer: Option<String>,
 }
 
 /// A request that passed: the registered node whose TPM holds its key.
@@ -266,6 +279,8 @@ pub struct Admitted {
     pub ak_name: String,
     /// The request's subject.
     pub subject: String,
+    /// The issuer of the EK certificate the evidence carries, if any (not checked).
+    pub ek_certificate_issuer: Option<String>,
 }
 
 /// Checks a PKCS#10 request (DER): its own signature, the TPM evidence it carries, and that the
@@ -306,9 +321,15 @@ pub fn verify_evidence(csr_der: &[u8]) -> Result<Attested, Refused> {
     let qualifying = qualifying_data(cri.subject.as_raw(), cri.subject_pki.raw);
     let ak_name = crate::key::attestation::verify(&evidence, cri.subject_pki.raw, &qualifying)
         .map_err(|e| refused(Refusal::EvidenceInvalid, e.0))?;
+    let ek_certificate_issuer = evidence.ek_certificate.as_deref().map(|der| {
+        x509_parser::parse_x509_certificate(der)
+            .map(|(_, c)| c.issuer().to_string())
+            .unwrap_or_else(|_| "an unreadable certificate".into())
+    });
     Ok(Attested {
         ak_name,
         subject: cri.subject.to_string(),
+        ek_certificate_issuer,
     })
 }
 
@@ -332,5 +353,6 @@ pub fn admit(attested: Attested, trusted: &[RegisteredAk]) -> Result<Admitted, R
         node: node.node.clone(),
         ak_name: hex(&attested.ak_name),
         subject: attested.subject,
+        ek_certificate_issuer: attested.ek_certificate_issuer,
     })
 }

@@ -312,6 +312,11 @@ fn a_node_registers_by_its_ek_certificate_through_credential_activation() {
             .arg(&trust),
     ));
     assert!(verdict.contains("node 'node7'"), "{verdict}");
+    // The evidence carries the EK certificate (the LAMPS bundle's certs).
+    assert!(
+        verdict.contains("EK certificate, issued by") && verdict.contains("swtpm-localca"),
+        "{verdict}"
+    );
 
     // Registered already; a wrong answer.
     fails_with(&mut register(false), &["registered already", "--replace"]);

@@ -113,7 +113,9 @@ pub(crate) fn certify(
     let (ak, ak_public) = ensure_ak(ctx, ak_handle, tcti)?;
     let result = certify_with(ctx, key, KeyHandle::from(ak), ak_public, qualifying_data);
     close(ctx, ak);
-    result
+    let mut evidence = result?;
+    evidence.ek_certificate = enrollment_ek(ctx).1;
+    Ok(evidence)
 }
 
 fn certify_with(
@@ -150,6 +152,7 @@ fn certify_with(
         ak_public: ak_public
             .marshall()
             .map_err(tpm_err("marshalling TPMT_PUBLIC (AK)"))?,
+        ek_certificate: None,
     })
 }
 
