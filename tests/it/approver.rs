@@ -3,7 +3,8 @@
 //! auto-approval, no auto-approval RBAC), installs `deploy/approver.yaml` as shipped and runs two
 //! replicas with the Deployment's own arguments under its service account: a swtpm node
 //! bootstraps with `--attest` and its identity works; a software key with the stolen bootstrap
-//! token is denied; the leader's shutdown hands over to the other replica, a restarted replica
+//! token (`NoEvidence`), the node's evidence on another request (`EvidenceInvalid`) and an
+//! unregistered TPM (`UnknownAttestationKey`) are denied; the leader's shutdown hands over to the other replica, a restarted replica
 //! decides nothing twice, and two deciders racing without election write one condition per
 //! request.
 
@@ -133,7 +134,6 @@ fn submit_software_request(
     node: &str,
     signer: &str,
 ) {
-    use base64::Engine as _;
     let key = dir.join(format!("{name}.key"));
     let csr = dir.join(format!("{name}.csr"));
     run_ok(
@@ -156,8 +156,19 @@ fn submit_software_request(
             .arg("-out")
             .arg(&csr),
     );
-    let request =
-        base64::engine::general_purpose::STANDARD.encode(std::fs::read(&csr).expect("read CSR"));
+    submit_request(
+        cluster,
+        dir,
+        name,
+        &std::fs::read(&csr).expect("read CSR"),
+        signer,
+    );
+}
+
+/// Creates CertificateSigningRequest `name` for the PEM request `pem`, as the bootstrap identity.
+fn submit_request(cluster: &KubeCluster, dir: &Path, name: &str, pem: &[u8], signer: &str) {
+    use base64::Engine as _;
+    let request = base64::engine::general_purpose::STANDARD.encode(pem);
     let object = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &object,
@@ -306,12 +317,87 @@ fn on_a_signer_only_cluster_the_approver_alone_admits_attested_tpm_nodes() {
     );
     assert!(csr_field(&cluster, "stolen-token", "{.status.certificate}").is_empty());
 
-    // The leader made both decisions; the standby none.
+    // The node's real evidence attached to another request its key signed (asking for
+    // system:masters): the binding catches it.
+    let subject = |o: &str| {
+        hwkey::pki::csr::CsrRequest::parse(&format!("CN=system:node:node5,O={o}"), &[], &[])
+            .expect("subject")
+    };
+    let node_key = hwkey::key::Key::open(&key.parse().expect("URI")).expect("open the node key");
+    let subject_der = yasna::construct_der(|w| subject("system:nodes").subject.write_der(w));
+    let binding = hwkey::pki::attestation::qualifying_data(&subject_der, node_key.spki_der());
+    let evidence = node_key.certify(0x8101_0002, &binding).expect("certify");
+    let replayed =
+        hwkey::pki::csr::build_with_evidence(&node_key, &subject("system:masters"), &evidence)
+            .expect("CSR");
+    drop(node_key); // swtpm serves one connection at a time
+    submit_request(
+        &cluster,
+        dir,
+        "replayed",
+        hwkey::pki::csr::to_pem(&replayed).as_bytes(),
+        KUBELET_SIGNER,
+    );
+    // A real TPM nobody registered, asking for node5.
+    let stranger = Swtpm::start();
+    let stranger_key = format!(
+        "tpm:path={}?tcti={}",
+        dir.join("stranger.tpm.pem").display(),
+        stranger.tcti()
+    );
+    run_ok(hwkey().args([
+        "key",
+        "create",
+        "--key",
+        &stranger_key,
+        "--algorithm",
+        "ec-p256",
+    ]));
+    let stranger_csr = run_ok(hwkey().args([
+        "csr",
+        "--key",
+        &stranger_key,
+        "--subject",
+        "CN=system:node:node5,O=system:nodes",
+        "--attest",
+    ]));
+    submit_request(
+        &cluster,
+        dir,
+        "stranger",
+        &stranger_csr.stdout,
+        KUBELET_SIGNER,
+    );
+    for (name, reason) in [
+        ("replayed", "EvidenceInvalid"),
+        ("stranger", "UnknownAttestationKey"),
+    ] {
+        wait_until(
+            &format!("{name} is decided"),
+            Duration::from_secs(30),
+            || !decisions_on(&cluster, name).is_empty(),
+        );
+        assert_eq!(
+            csr_field(&cluster, name, "{.status.conditions[0].type}"),
+            "Denied",
+            "{name}"
+        );
+        assert_eq!(
+            csr_field(&cluster, name, "{.status.conditions[0].reason}"),
+            reason,
+            "{name}"
+        );
+    }
+
+    // The leader made every decision; the standby none.
     assert_eq!(leader.decided("approved", "AttestedTPMKey"), 1.0);
     assert_eq!(leader.decided("denied", "NoEvidence"), 1.0);
+    assert_eq!(leader.decided("denied", "EvidenceInvalid"), 1.0);
+    assert_eq!(leader.decided("denied", "UnknownAttestationKey"), 1.0);
     assert_eq!(standby.decided("approved", "AttestedTPMKey"), 0.0);
     assert_eq!(standby.decided("denied", "NoEvidence"), 0.0);
-    assert!(leader.metric("hwkey_approver_verify_seconds_count ") >= 2.0);
+    assert_eq!(standby.decided("denied", "UnknownAttestationKey"), 0.0);
+    assert!(leader.metric("hwkey_approver_verify_seconds_count ") >= 4.0);
 
     // The leader stops (SIGTERM, released lease): the standby takes over and decides.
     let status = leader.terminate();
@@ -330,7 +416,13 @@ fn on_a_signer_only_cluster_the_approver_alone_admits_attested_tpm_nodes() {
     std::thread::sleep(Duration::from_secs(3));
     assert!(!restarted.leading());
     assert_eq!(restarted.metric("hwkey_approver_conflicts_total "), 0.0);
-    for name in [node_csr.as_str(), "stolen-token", "after-handover"] {
+    for name in [
+        node_csr.as_str(),
+        "stolen-token",
+        "replayed",
+        "stranger",
+        "after-handover",
+    ] {
         assert_eq!(decisions_on(&cluster, name).len(), 1, "{name}");
     }
     assert_eq!(restarted.terminate().code(), Some(0));
