@@ -1,5 +1,6 @@
 //! The data path: connect upstream for an authenticated local client, then copy bytes both
-//! ways until either side closes (`copy_bidirectional`). No HTTP parsing, so HTTP/1.1, HTTP/2,
+//! ways until either side closes ([`super::relay`], which holds a copy buffer only while bytes
+//! are in flight). No HTTP parsing, so HTTP/1.1, HTTP/2,
 //! watches and protocol upgrades (exec, attach, port-forward) pass untouched.
 //!
 //! The one place the proxy writes HTTP itself is a failure before any byte was forwarded: an
@@ -24,11 +25,6 @@ use super::{ProxyError, Shared};
 /// A local client's stream: loopback TLS or a UNIX socket.
 pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientIo for T {}
-
-/// Size of each direction's copy buffer: one maximum TLS record (16 KiB). Larger buffers bought
-/// little throughput (the benchmarks measured the same MB/s) but cost 96 KiB more per busy
-/// connection, which at a thousand kubelet watches is the proxy's whole memory budget.
-const COPY_BUFFER: usize = 16 * 1024;
 
 /// Connects upstream offering `alpn`, replays `prefix` (bytes already read from the client),
 /// then bridges until both directions are done.
@@ -74,7 +70,7 @@ pub async fn serve(
     let last = Arc::new(LastActivity::new());
     let mut a = Tracked::new(client, last.clone());
     let mut b = Tracked::new(up, last.clone());
-    let copy = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, COPY_BUFFER, COPY_BUFFER);
+    let copy = super::relay::copy_bidirectional(&mut a, &mut b);
     let idle = async {
         match shared.idle_timeout {
             Some(limit) => last.idle(limit).await,

@@ -443,6 +443,13 @@ impl Collector for ScrapeTimeCollector {
                 counter.metric_type(),
             )?)?;
         }
+        let buffers = ConstGauge::new(super::relay::buffers_in_use());
+        buffers.encode(encoder.encode_descriptor(
+            "hwkey_copy_buffers",
+            "Copy buffers held by connections now (16 KiB each; an idle connection holds none)",
+            None,
+            buffers.metric_type(),
+        )?)?;
         let not_after = s.not_after.load(Ordering::Relaxed);
         if not_after != i64::MIN {
             let now = time::OffsetDateTime::now_utc().unix_timestamp();

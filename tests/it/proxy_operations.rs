@@ -16,6 +16,7 @@ use support::*;
 proxy_tests_on_both_backends!(
     reload_installs_a_renewed_cert_and_refuses_another_key,
     upstream_outage_fails_cleanly_and_recovers,
+    idle_connections_hold_no_copy_buffers,
 );
 
 fn version(proxy: &ProxyProcess) -> serde_json::Value {
@@ -404,4 +405,40 @@ fn handshake_timeout_idle_timeout_and_connection_limit() {
     waiting.read_to_string(&mut response).expect("response");
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.contains("\"user\":\"alice\""), "{response}");
+}
+
+/// Idle streams hold no copy buffers (issue 12): with 20 watches open through the proxy and
+/// waiting for events, `hwkey_copy_buffers` is 0. A download whose client stops reading keeps
+/// its bytes in flight, so the gauge does rise: it counts what it says.
+fn idle_connections_hold_no_copy_buffers(identity: fn() -> Identity) {
+    let id = identity();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let watches: Vec<RawHttp> = (0..20)
+        .map(|_| {
+            let mut w = RawHttp::connect(&proxy.socket);
+            w.send("GET /api/v1/namespaces/default/configmaps?watch=1 HTTP/1.1\r\nHost: localhost\r\n\r\n");
+            let (status, _) = w.read_head();
+            assert_eq!(status, 200, "{}", proxy.log());
+            w
+        })
+        .collect();
+    assert_eq!(proxy.metric("hwkey_connections_active"), 20.0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.metric("hwkey_copy_buffers") != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "idle watches still hold {} copy buffers",
+            proxy.metric("hwkey_copy_buffers")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A client that asks for 64 MiB and reads nothing: the proxy holds the bytes it could not
+    // write yet.
+    let mut stalled = RawHttp::connect(&proxy.socket);
+    stalled.send("GET /bytes?n=67108864 HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    wait_for_metric(&proxy, "hwkey_copy_buffers", 1.0);
+    drop(stalled);
+    drop(watches);
 }
