@@ -90,21 +90,36 @@ fn main() {
         std::env::set_var(k, v);
     }
     let mut rows = Vec::new();
+    // HWKEY_BENCH_ONLY=memory,latency runs only those figures (while working on one of them).
+    let only = std::env::var("HWKEY_BENCH_ONLY").unwrap_or_default();
+    let wanted = |name: &str| only.is_empty() || only.split(',').any(|o| o.trim() == name);
     let step = |name: &str| eprintln!("e2e: {name} ({:.0}s)", started.elapsed().as_secs_f64());
-    step("handshakes");
-    rows.extend(rt.block_on(handshakes(&f)));
-    step("through the proxy");
-    rows.extend(rt.block_on(through_proxy(&f)));
-    step("throughput");
-    rows.extend(rt.block_on(throughput(&f)));
-    step("latency");
-    rows.extend(rt.block_on(latency(&f)));
-    step("kubectl and exec");
-    rows.extend(kubectl_and_exec(&f));
-    step("memory");
-    rows.extend(rt.block_on(memory(&f)));
-    step("TPM stall");
-    rows.extend(tpm_stall(&rt));
+    if wanted("handshakes") {
+        step("handshakes");
+        rows.extend(rt.block_on(handshakes(&f)));
+        step("through the proxy");
+        rows.extend(rt.block_on(through_proxy(&f)));
+    }
+    if wanted("throughput") {
+        step("throughput");
+        rows.extend(rt.block_on(throughput(&f)));
+    }
+    if wanted("latency") {
+        step("latency");
+        rows.extend(rt.block_on(latency(&f)));
+    }
+    if wanted("kubectl") {
+        step("kubectl and exec");
+        rows.extend(kubectl_and_exec(&f));
+    }
+    if wanted("memory") {
+        step("memory");
+        rows.extend(rt.block_on(memory(&f)));
+    }
+    if wanted("tpm-stall") {
+        step("TPM stall");
+        rows.extend(tpm_stall(&rt));
+    }
     step("done");
     drop(f);
     common::finish("e2e", load_before, started, rows);
