@@ -6,7 +6,9 @@
 //! 32 KiB per connection at 16 KiB per direction. Here a direction takes its buffer when it reads
 //! and gives it back as soon as everything read has been written and the reader has nothing
 //! more (it returned `Pending`): an idle connection holds no copy buffer. The cost is one
-//! allocation per burst of data, against the TLS work on the same bytes.
+//! allocation per burst of data, against the TLS work on the same bytes. Because idle
+//! connections hold nothing, a bulk transfer can afford a larger buffer: a direction whose reads
+//! fill its buffer doubles it up to [`MAX_COPY_BUFFER`] (more TLS records per read).
 //!
 //! Semantics are `copy_bidirectional`'s: a direction whose reader ends shuts its writer down
 //! (half-close passes through), the copy ends when both directions are done, and the first
@@ -21,9 +23,13 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Size of a copy buffer: one maximum TLS record (16 KiB). Larger buffers bought little
-/// throughput (the benchmarks measured the same MB/s).
+/// Size of a direction's first copy buffer: one maximum TLS record (16 KiB), enough for
+/// requests, responses and watch events.
 pub const COPY_BUFFER: usize = 16 * 1024;
+/// The largest copy buffer: a direction whose reads fill its buffer (a bulk transfer) doubles
+/// it up to this, so one read takes several TLS records (fewer wake-ups and syscalls per MB).
+/// Only busy directions hold one, so the size costs no idle memory.
+pub const MAX_COPY_BUFFER: usize = 64 * 1024;
 
 static IN_USE: AtomicI64 = AtomicI64::new(0);
 
@@ -36,9 +42,9 @@ pub fn buffers_in_use() -> i64 {
 struct Buffer(Box<[u8]>);
 
 impl Buffer {
-    fn new() -> Buffer {
+    fn new(size: usize) -> Buffer {
         IN_USE.fetch_add(1, Ordering::Relaxed);
-        Buffer(vec![0u8; COPY_BUFFER].into_boxed_slice())
+        Buffer(vec![0u8; size].into_boxed_slice())
     }
 }
 
@@ -49,9 +55,10 @@ impl Drop for Buffer {
 }
 
 /// One direction's state.
-#[derive(Default)]
 struct Direction {
     buf: Option<Buffer>,
+    /// The size of the next buffer taken: grows while reads fill the buffer.
+    size: usize,
     /// `buf[pos..cap]` is read but not yet written.
     pos: usize,
     cap: usize,
@@ -59,6 +66,21 @@ struct Direction {
     need_flush: bool,
     done: bool,
     copied: u64,
+}
+
+impl Default for Direction {
+    fn default() -> Direction {
+        Direction {
+            buf: None,
+            size: COPY_BUFFER,
+            pos: 0,
+            cap: 0,
+            read_done: false,
+            need_flush: false,
+            done: false,
+            copied: 0,
+        }
+    }
 }
 
 impl Direction {
@@ -97,7 +119,11 @@ impl Direction {
                 self.done = true;
                 return Poll::Ready(Ok(self.copied));
             }
-            let buf = self.buf.get_or_insert_with(Buffer::new);
+            if self.buf.as_ref().is_some_and(|b| b.0.len() < self.size) {
+                self.buf = None; // drained, and a bigger one is due
+            }
+            let size = self.size;
+            let buf = self.buf.get_or_insert_with(|| Buffer::new(size));
             let mut read = ReadBuf::new(&mut buf.0);
             match reader.as_mut().poll_read(cx, &mut read) {
                 Poll::Ready(Ok(())) => {
@@ -106,6 +132,9 @@ impl Direction {
                         self.read_done = true;
                         self.buf = None;
                     } else {
+                        if n == buf.0.len() && self.size < MAX_COPY_BUFFER {
+                            self.size *= 2;
+                        }
                         self.pos = 0;
                         self.cap = n;
                         self.copied += n as u64;
@@ -161,9 +190,39 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// The buffer count is global: tests that hold buffers run one at a time.
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    /// A bulk transfer (reads that fill the buffer) grows the buffer to MAX_COPY_BUFFER; a
+    /// direction that only ever sees small reads stays at COPY_BUFFER.
+    #[tokio::test]
+    async fn bulk_reads_grow_the_buffer_and_small_ones_do_not() {
+        let _serial = SERIAL.lock().await;
+        let mut bulk = Direction::default();
+        let data = vec![7u8; 1024 * 1024];
+        let mut reader: &[u8] = &data;
+        let mut sink = tokio::io::sink();
+        let copied = poll_fn(|cx| bulk.poll_copy(cx, Pin::new(&mut reader), Pin::new(&mut sink)))
+            .await
+            .unwrap();
+        assert_eq!(copied, data.len() as u64);
+        assert_eq!(bulk.size, MAX_COPY_BUFFER);
+
+        let mut small = Direction::default();
+        let (mut tx, mut rx) = tokio::io::duplex(1024);
+        tx.write_all(b"event\n").await.unwrap();
+        drop(tx);
+        let mut sink = tokio::io::sink();
+        poll_fn(|cx| small.poll_copy(cx, Pin::new(&mut rx), Pin::new(&mut sink)))
+            .await
+            .unwrap();
+        assert_eq!(small.size, COPY_BUFFER);
+    }
+
     /// Both directions, half-close passed on, counts, and no buffer held once idle or done.
     #[tokio::test]
     async fn copies_both_ways_and_holds_no_buffer_while_idle() {
+        let _serial = SERIAL.lock().await;
         let (mut client, mut a) = tokio::io::duplex(64 * 1024);
         let (mut b, mut upstream) = tokio::io::duplex(64 * 1024);
         let relay = tokio::spawn(async move { copy_bidirectional(&mut a, &mut b).await });
