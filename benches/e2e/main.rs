@@ -115,6 +115,8 @@ fn main() {
     if wanted("memory") {
         step("memory");
         rows.extend(rt.block_on(memory(&f)));
+        step("growth curve");
+        rows.extend(rt.block_on(growth(&f)));
     }
     if wanted("tpm-stall") {
         step("TPM stall");

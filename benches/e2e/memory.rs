@@ -67,3 +67,96 @@ pub(crate) async fn memory(f: &Fixture) -> Vec<Row> {
             )),
     ]
 }
+
+/// Growth curve (issue 12): one proxy, idle keep-alive connections opened in steps of
+/// 1 → 10 → 100 → 1,000 (→ 10,000 in full mode), each having made one request (so its upstream
+/// TLS connection exists). At each step: RSS per connection above the proxy's idle RSS,
+/// p50/p99 of 200 requests on one more keep-alive connection (against the same figure at the
+/// first step, measured in this run), and the hardware signatures made so far.
+pub(crate) async fn growth(f: &Fixture) -> Vec<Row> {
+    // Each open connection costs this process 2 descriptors (client, and the upstream
+    // stand-in's side), and so the proxy: the last step is 10,000 or what the limit allows.
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    let top = usize::try_from((limit.saturating_sub(1000) / 2 / 1000) * 1000)
+        .unwrap_or(10_000)
+        .clamp(1000, 10_000);
+    let full = [1, 10, 100, 1000, top];
+    let steps: &[usize] = if common::quick() { &full[..4] } else { &full };
+    let proxy = ProxyProcess::start_with(
+        &f.id,
+        &f.upstream,
+        ProxyOptions {
+            args: vec!["--max-connections".into(), "30000".into()],
+            ..Default::default()
+        },
+    );
+    let pid = proxy.guard.id();
+    let mut buf = vec![0u8; 64 * 1024];
+    {
+        let mut s = UnixStream::connect(&proxy.socket)
+            .await
+            .expect("UNIX connect");
+        http1_get(&mut s, "/version", &mut buf).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let idle = rss_mib(pid);
+    let mut open: Vec<UnixStream> = Vec::new();
+    let mut rows = Vec::new();
+    let mut first_p50 = None;
+    for &n in steps {
+        while open.len() < n {
+            let mut s = UnixStream::connect(&proxy.socket)
+                .await
+                .expect("UNIX connect");
+            http1_get(&mut s, "/version", &mut buf).await;
+            open.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let rss = rss_mib(pid);
+        let per_kib = (rss - idle) * 1024.0 / n as f64;
+        // Latency with n idle connections open: one more keep-alive connection.
+        let mut s = UnixStream::connect(&proxy.socket)
+            .await
+            .expect("UNIX connect");
+        http1_get(&mut s, "/version", &mut buf).await;
+        let mut micros = Vec::with_capacity(200);
+        for _ in 0..200 {
+            let t = Instant::now();
+            http1_get(&mut s, "/version", &mut buf).await;
+            micros.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        drop(s);
+        let lat = Stat::of(&micros);
+        let mut sorted = micros.clone();
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        let p99 = common::percentile_sorted(&sorted, 99.0);
+        let base = *first_p50.get_or_insert(lat.median);
+        let metrics = proxy.metrics();
+        let signatures = metric_in(&metrics, "hwkey_signatures_total");
+        let buffers = metric_in(&metrics, "hwkey_copy_buffers");
+        let row = Row::new(
+            "memory",
+            &format!("growth: {n} idle connections, KiB each above idle"),
+            "KiB",
+            Some(Stat::of(&[per_kib])),
+        );
+        // Below 1,000 connections RSS moves in allocator and page steps larger than the
+        // connections themselves: the per-connection figure is only meaningful from there.
+        let row = if n >= 1000 {
+            row.target("≤ 16 KiB", Some(per_kib <= 16.0))
+        } else {
+            row
+        };
+        rows.push(
+            row.note(format!(
+                "RSS {rss:.1} MiB (idle {idle:.1}); hwkey_copy_buffers = {buffers}; request on one more connection: p50 {:.0} µs ({:.2}× the first step's), p99 {p99:.0} µs; hardware signatures so far: {signatures}",
+                lat.median,
+                lat.median / base
+            )),
+        );
+    }
+    drop(open);
+    rows
+}
