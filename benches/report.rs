@@ -19,13 +19,14 @@ use common::{Results, Row, Stat};
 const MARKER: &str = "<!-- hand-written below this line: hsm-fixtures/bench.sh keeps it -->";
 
 /// The areas, in its order (one table each).
-const AREAS: [&str; 11] = [
+const AREAS: [&str; 12] = [
     "signing, raw",
     "handshakes",
     "resumption",
     "throughput",
     "latency",
     "kubectl",
+    "kubectl, real kube-apiserver",
     "exec",
     "memory",
     "TPM stall",
@@ -239,6 +240,7 @@ fn main() {
     let e2e = common::load("e2e");
     let providers = common::load("providers");
     let approver = common::load("approver");
+    let apiserver = common::load("apiserver");
     let mut out = String::from(HEAD);
     out.push_str("\n## Machine\n\n");
     machine(&mut out, sign.as_ref(), e2e.as_ref());
@@ -252,6 +254,7 @@ fn main() {
         .chain(e2e.iter())
         .chain(providers.iter())
         .chain(approver.iter())
+        .chain(apiserver.iter())
         .flat_map(|r| r.rows.iter())
         .collect();
     for area in AREAS {

@@ -34,15 +34,16 @@ fi
 
 export HWKEY_BENCH_QUICK=$quick
 # Results of an earlier run must not leak into this report.
-rm -f target/hwkey-bench/sign.json target/hwkey-bench/e2e.json target/hwkey-bench/providers.json target/hwkey-bench/approver.json
+rm -f target/hwkey-bench/sign.json target/hwkey-bench/e2e.json target/hwkey-bench/providers.json target/hwkey-bench/approver.json target/hwkey-bench/apiserver.json
 
 echo "bench.sh: building (release)" >&2
-cargo bench --locked --no-run --bench sign --bench e2e --bench approver --bench report
+cargo bench --locked --no-run --bench sign --bench e2e --bench approver --bench kubectl_apiserver --bench report
 cargo bench --locked --no-run --features bench-aws-lc --bench providers
 echo "bench.sh: load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 cargo bench --locked --bench sign
 cargo bench --locked --bench e2e
 cargo bench --locked --features bench-aws-lc --bench providers
 HWKEY_KUBE_BIN=$(hsm-fixtures/build-kube.sh) cargo bench --locked --bench approver
+HWKEY_KUBE_BIN=$(hsm-fixtures/build-kube.sh) cargo bench --locked --bench kubectl_apiserver
 cargo bench --locked --bench report
 echo "bench.sh: wrote docs/BENCHMARKS.md" >&2
