@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Usage: hsm-fixtures/bench.sh [--quick]
 #
-# The benchmark suite of issue 5: installs what it needs (hsm-fixtures/install-deps.sh, nothing
-# more), builds in release, runs the micro benchmarks (benches/sign.rs, criterion) and the end-to-end
-# harness (benches/e2e.rs), the crypto-provider comparison (benches/providers.rs) on private SoftHSM tokens, swtpm, the kube-apiserver stand-in and
-# /usr/bin/kubectl, then writes docs/BENCHMARKS.md (benches/report.rs).
+# The benchmark suite: installs what it needs (hsm-fixtures/install-deps.sh, nothing more),
+# builds in release, runs the micro benchmarks (benches/sign.rs, criterion), the end-to-end
+# harness (benches/e2e/; HWKEY_BENCH_ONLY=memory,... picks figures), the crypto-provider
+# comparison (benches/providers.rs), the approver's capacity (benches/approver.rs) and kubectl
+# against the real kube-apiserver (benches/kubectl_apiserver.rs; both use the API server
+# hsm-fixtures/build-kube.sh builds once per machine) on private SoftHSM tokens, swtpm, the
+# kube-apiserver stand-in and /usr/bin/kubectl, then writes docs/BENCHMARKS.md (benches/report.rs).
 #
 # --quick: few, short repetitions (under a minute once built), for development. The full run
 # takes a few minutes on 2 cores; run it when the machine is otherwise idle (`uptime`), since
