@@ -16,6 +16,8 @@
 
 use aes::cipher::{BlockCipherEncrypt, KeyInit};
 use num_bigint::BigUint;
+
+use crate::key::HashAlg;
 use ring::rand::SecureRandom;
 use tss_esapi::interface_types::algorithm::{HashingAlgorithm, SymmetricMode};
 use tss_esapi::interface_types::key_bits::AesKeyBits;
@@ -65,11 +67,8 @@ pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, Strin
                 .into(),
         );
     }
-    let exponent = match parameters.exponent().value() {
-        0 => 65537,
-        e => e,
-    };
-    let modulus = unique.value();
+    let (modulus, exponent) =
+        crate::key::tpm::rsa_parts(&parameters, &unique).map_err(|e| format!("the EK: {e}"))?;
     if modulus.len() != 256 {
         return Err(format!(
             "the EK's modulus is {} bits, not 2048",
@@ -160,6 +159,11 @@ fn aes128_cfb_encrypt(key: &[u8; 16], iv: [u8; 16], plain: &[u8]) -> Vec<u8> {
     out
 }
 
+/// MGF1 with SHA-256.
+fn mgf1(seed: &[u8], len: usize) -> Vec<u8> {
+    crate::key::pss::mgf1(HashAlg::Sha256, seed, len)
+}
+
 /// RSAES-OAEP-ENCRYPT (RFC 8017, 7.1.1) with SHA-256 and MGF1-SHA-256. Only the public key is
 /// used; the message is the random seed.
 fn rsa_oaep_sha256(
@@ -185,10 +189,10 @@ fn rsa_oaep_sha256(
     random
         .fill(&mut seed)
         .map_err(|_| "the system random generator failed".to_string())?;
-    for (d, m) in db.iter_mut().zip(mgf1_sha256(&seed, k - H - 1)) {
+    for (d, m) in db.iter_mut().zip(mgf1(&seed, k - H - 1)) {
         *d ^= m;
     }
-    for (s, m) in seed.iter_mut().zip(mgf1_sha256(&db, H)) {
+    for (s, m) in seed.iter_mut().zip(mgf1(&db, H)) {
         *s ^= m;
     }
     let mut em = zeroize::Zeroizing::new(Vec::with_capacity(k));
@@ -201,20 +205,6 @@ fn rsa_oaep_sha256(
     let mut out = vec![0u8; k - c.len()];
     out.extend_from_slice(&c);
     Ok(out)
-}
-
-fn mgf1_sha256(seed: &[u8], len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 32);
-    let mut counter: u32 = 0;
-    while out.len() < len {
-        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-        ctx.update(seed);
-        ctx.update(&counter.to_be_bytes());
-        out.extend_from_slice(ctx.finish().as_ref());
-        counter += 1;
-    }
-    out.truncate(len);
-    out
 }
 
 #[cfg(test)]

@@ -292,19 +292,14 @@ pub(crate) fn public_spki(public: &Public) -> Result<Vec<u8>, KeyError> {
         Public::Rsa {
             parameters, unique, ..
         } => {
-            let modulus = unique.value();
-            let first = modulus
-                .iter()
-                .position(|&b| b != 0)
-                .unwrap_or(modulus.len());
-            let exponent = match parameters.exponent().value() {
-                0 => 65537u32,
-                e => e,
-            };
-            Ok(crate::key::der::rsa_spki(
-                &modulus[first..],
-                &exponent.to_be_bytes(),
-            ))
+            let (modulus, exponent) =
+                super::public::rsa_parts(parameters, unique).map_err(|reason| {
+                    KeyError::Malformed {
+                        what: "an endorsement key's public area".into(),
+                        reason,
+                    }
+                })?;
+            Ok(crate::key::der::rsa_spki(modulus, &exponent.to_be_bytes()))
         }
         _ => ecc_spki(public),
     }

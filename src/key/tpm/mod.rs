@@ -28,6 +28,7 @@ mod loaded;
 mod persistent;
 mod primary;
 mod public;
+pub(crate) use public::rsa_parts;
 mod rc;
 mod sign;
 mod tss2_pem;

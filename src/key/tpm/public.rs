@@ -6,7 +6,9 @@
 //! unsupported curve) is refused with its reason when it is opened, not at the first handshake.
 
 use tss_esapi::interface_types::ecc::EccCurve;
-use tss_esapi::structures::{EccPoint, EccScheme, Public, RsaScheme};
+use tss_esapi::structures::{
+    EccPoint, EccScheme, Public, PublicKeyRsa, PublicRsaParameters, RsaScheme,
+};
 
 use crate::key::{der, KeyAlgorithm};
 
@@ -114,19 +116,7 @@ impl KeyInfo {
             Public::Rsa {
                 parameters, unique, ..
             } => {
-                let modulus = unique.value();
-                let first = modulus
-                    .iter()
-                    .position(|&b| b != 0)
-                    .unwrap_or(modulus.len());
-                let modulus = &modulus[first..];
-                if modulus.is_empty() {
-                    return Err("its public area holds no modulus".into());
-                }
-                let exponent = match parameters.exponent().value() {
-                    0 => 65537,
-                    e => e,
-                };
+                let (modulus, exponent) = rsa_parts(parameters, unique)?;
                 let exponent = exponent.to_be_bytes();
                 let spki = der::rsa_spki(modulus, &exponent);
                 let pss = match parameters.rsa_scheme() {
@@ -150,7 +140,28 @@ impl KeyInfo {
     }
 }
 
-/// Left-pads a big-endian scalar to `len` bytes.
+/// An RSA public area's modulus (leading zeros stripped) and public exponent (the TPM's 0 means
+/// 65537): what a SubjectPublicKeyInfo or an encryption to the key needs.
+pub(crate) fn rsa_parts<'a>(
+    parameters: &PublicRsaParameters,
+    unique: &'a PublicKeyRsa,
+) -> Result<(&'a [u8], u32), String> {
+    let modulus = unique.value();
+    let first = modulus
+        .iter()
+        .position(|&b| b != 0)
+        .unwrap_or(modulus.len());
+    let modulus = &modulus[first..];
+    if modulus.is_empty() {
+        return Err("its public area holds no modulus".into());
+    }
+    let exponent = match parameters.exponent().value() {
+        0 => 65537,
+        e => e,
+    };
+    Ok((modulus, exponent))
+}
+
 /// The SubjectPublicKeyInfo of an EC public area's point (x and y left-padded to the curve).
 pub(crate) fn ec_spki(algorithm: KeyAlgorithm, unique: &EccPoint) -> Result<Vec<u8>, String> {
     let len = algorithm.ec_scalar_len().unwrap_or(0);
@@ -161,6 +172,7 @@ pub(crate) fn ec_spki(algorithm: KeyAlgorithm, unique: &EccPoint) -> Result<Vec<
     der::ec_spki(algorithm, &point).map_err(|e| e.to_string())
 }
 
+/// Left-pads a big-endian scalar to `len` bytes.
 pub(crate) fn left_pad(value: &[u8], len: usize) -> Result<Vec<u8>, String> {
     let first = value.iter().position(|&b| b != 0).unwrap_or(value.len());
     let value = &value[first..];
