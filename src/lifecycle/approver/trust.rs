@@ -85,7 +85,16 @@ impl Trust {
     /// Reads the source again.
     pub async fn load(&mut self, client: &kube::Client) -> Result<(), LifecycleError> {
         self.nodes = match &self.source {
-            TrustSource::Dir(dir) => attestation::read_trust_dir(dir)?,
+            // One file per node, thousands of them: read off the runtime's thread.
+            TrustSource::Dir(dir) => {
+                let dir = dir.clone();
+                tokio::task::spawn_blocking(move || attestation::read_trust_dir(&dir))
+                    .await
+                    .map_err(|e| LifecycleError::Trust {
+                        origin: self.source.to_string(),
+                        reason: format!("the reading task failed: {e}"),
+                    })??
+            }
             TrustSource::ConfigMap { namespace, name } => {
                 read_config_map(client, namespace, name).await?
             }
