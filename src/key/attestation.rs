@@ -62,7 +62,6 @@ pub fn name_of(tpmt_public: &[u8]) -> Result<Vec<u8>, KeyError> {
     Ok(name)
 }
 
-/// Lowercase hex, for names in messages and enrollment files.
 /// Where `hwkey attest enroll` makes the attestation key when no handle is given: the first
 /// persistent handle after the ones tpm2-tools' examples use for the EK and SRK.
 pub const DEFAULT_AK_HANDLE: u32 = 0x8101_0002;
@@ -85,7 +84,7 @@ pub fn parse_persistent_handle(s: &str) -> Result<u32, String> {
     }
 }
 
-/// Lower-case hex of `bytes`.
+/// Lowercase hex, for names in messages and enrollment files.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

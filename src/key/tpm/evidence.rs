@@ -33,6 +33,7 @@ pub(crate) fn public_key_spki(tpmt_public: &[u8]) -> Result<Vec<u8>, EvidenceInv
     super::attest::public_spki(&public).map_err(|e| invalid(e.to_string()))
 }
 
+/// See [`crate::key::attestation::verify`].
 pub(crate) fn verify(
     evidence: &TpmEvidence,
     expected_spki: &[u8],
