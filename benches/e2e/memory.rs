@@ -13,30 +13,44 @@ pub(crate) fn rss_mib(pid: u32) -> f64 {
     kb / 1024.0
 }
 
+/// A connection through the proxy's UNIX socket that has made one request for `path` (so its
+/// upstream TLS connection exists too).
+async fn connected(proxy: &ProxyProcess, path: &str, buf: &mut [u8]) -> UnixStream {
+    let mut s = UnixStream::connect(&proxy.socket)
+        .await
+        .expect("UNIX connect");
+    http1_get(&mut s, path, buf).await;
+    s
+}
+
+/// A fresh proxy with `args`, and its RSS once one connection came and went (its idle RSS).
+async fn fresh_proxy(f: &Fixture, args: Vec<String>, buf: &mut [u8]) -> (ProxyProcess, f64) {
+    let proxy = ProxyProcess::start_with(
+        &f.id,
+        &f.upstream,
+        ProxyOptions {
+            args,
+            ..Default::default()
+        },
+    );
+    drop(connected(&proxy, "/version", buf).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let idle = rss_mib(proxy.guard.id());
+    (proxy, idle)
+}
+
 /// RSS of a fresh proxy after one connection (idle), then with 1,000 client connections open,
 /// each having finished one request (so its upstream connection exists too); and again, in
 /// another fresh proxy, with every open connection having moved `moved` bytes first: what a
 /// connection costs once data went through it (its buffers touched), as a watch's would.
 pub(crate) async fn open_connections(f: &Fixture, path: &str) -> (f64, f64, f64, f64) {
     const OPEN: usize = 1000;
-    let proxy = ProxyProcess::start_with(&f.id, &f.upstream, ProxyOptions::default());
-    let pid = proxy.guard.id();
     let mut buf = vec![0u8; 256 * 1024];
-    {
-        let mut s = UnixStream::connect(&proxy.socket)
-            .await
-            .expect("UNIX connect");
-        http1_get(&mut s, "/version", &mut buf).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let idle = rss_mib(pid);
+    let (proxy, idle) = fresh_proxy(f, Vec::new(), &mut buf).await;
+    let pid = proxy.guard.id();
     let mut open = Vec::with_capacity(OPEN);
     for _ in 0..OPEN {
-        let mut s = UnixStream::connect(&proxy.socket)
-            .await
-            .expect("UNIX connect");
-        http1_get(&mut s, path, &mut buf).await;
-        open.push(s);
+        open.push(connected(&proxy, path, &mut buf).await);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let active = metric_in(&proxy.metrics(), "hwkey_connections_active");
@@ -84,43 +98,22 @@ pub(crate) async fn growth(f: &Fixture) -> Vec<Row> {
         .clamp(1000, 10_000);
     let full = [1, 10, 100, 1000, top];
     let steps: &[usize] = if common::quick() { &full[..4] } else { &full };
-    let proxy = ProxyProcess::start_with(
-        &f.id,
-        &f.upstream,
-        ProxyOptions {
-            args: vec!["--max-connections".into(), "30000".into()],
-            ..Default::default()
-        },
-    );
-    let pid = proxy.guard.id();
     let mut buf = vec![0u8; 64 * 1024];
-    {
-        let mut s = UnixStream::connect(&proxy.socket)
-            .await
-            .expect("UNIX connect");
-        http1_get(&mut s, "/version", &mut buf).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let idle = rss_mib(pid);
+    let args = vec!["--max-connections".into(), "30000".into()];
+    let (proxy, idle) = fresh_proxy(f, args, &mut buf).await;
+    let pid = proxy.guard.id();
     let mut open: Vec<UnixStream> = Vec::new();
     let mut rows = Vec::new();
     let mut first_p50 = None;
     for &n in steps {
         while open.len() < n {
-            let mut s = UnixStream::connect(&proxy.socket)
-                .await
-                .expect("UNIX connect");
-            http1_get(&mut s, "/version", &mut buf).await;
-            open.push(s);
+            open.push(connected(&proxy, "/version", &mut buf).await);
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let rss = rss_mib(pid);
         let per_kib = (rss - idle) * 1024.0 / n as f64;
         // Latency with n idle connections open: one more keep-alive connection.
-        let mut s = UnixStream::connect(&proxy.socket)
-            .await
-            .expect("UNIX connect");
-        http1_get(&mut s, "/version", &mut buf).await;
+        let mut s = connected(&proxy, "/version", &mut buf).await;
         let mut micros = Vec::with_capacity(200);
         for _ in 0..200 {
             let t = Instant::now();

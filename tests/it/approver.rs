@@ -177,12 +177,17 @@ fn submit_request(cluster: &KubeCluster, dir: &Path, name: &str, pem: &[u8], sig
         ),
     )
     .expect("write CSR object");
+    create_as_bootstrap(cluster, &object);
+}
+
+/// `kubectl create -f OBJECT` as the bootstrap identity (a joining node's).
+fn create_as_bootstrap(cluster: &KubeCluster, object: &Path) {
     run_ok(
         Command::new("kubectl")
             .arg("--kubeconfig")
             .arg(&cluster.bootstrap_kubeconfig)
             .args(["create", "-f"])
-            .arg(&object),
+            .arg(object),
     );
 }
 
@@ -247,31 +252,9 @@ fn on_a_signer_only_cluster_the_approver_alone_admits_attested_tpm_nodes() {
         "tpm:path={}?tcti={tcti}",
         dir.join("node5.tpm.pem").display()
     );
-    let cert = dir.join("node5.pem");
     let kubelet_conf = dir.join("kubelet.conf");
     let state = dir.join("state");
-    let out = run_ok(
-        hwkey()
-            .arg("bootstrap")
-            .arg("--bootstrap-kubeconfig")
-            .arg(&cluster.bootstrap_kubeconfig)
-            .args([
-                "--node-name",
-                "node5",
-                "--key",
-                &key,
-                "--create-key",
-                "ec-p256",
-            ])
-            .arg("--attest")
-            .arg("--cert")
-            .arg(&cert)
-            .arg("--out")
-            .arg(&kubelet_conf)
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--wait", "120s"]),
-    );
+    let out = crate::lifecycle::bootstrap_attested(&cluster, "node5", &key, dir);
     assert!(
         output_text(&out).contains("bootstrapped: "),
         "{}",
@@ -533,13 +516,7 @@ fn the_approver_admits_only_attested_keys_and_decides_once() {
         }
         let object = work.path().join(format!("{name}.yaml"));
         std::fs::write(&object, &run_ok(&mut csr).stdout).expect("write CSR object");
-        run_ok(
-            Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(&cluster.bootstrap_kubeconfig)
-                .args(["create", "-f"])
-                .arg(&object),
-        );
+        create_as_bootstrap(&cluster, &object);
     }
     let approver = || {
         let mut cmd = hwkey();

@@ -105,15 +105,7 @@ fn a_duplicable_tpm_key_is_refused_unless_allowed() {
     let dir = temp_dir();
     let d = dir.path();
     let tool = |args: &[&str]| tpm.tool(d, args);
-    tool(&[
-        "tpm2_createprimary",
-        "-C",
-        "o",
-        "-G",
-        "ecc256",
-        "-c",
-        "p.ctx",
-    ]);
+    tpm.create_primary(d, "p.ctx");
     // No fixedtpm / fixedparent: a key that may be duplicated to another TPM.
     for (name, attributes, handle) in [
         ("dup", "sensitivedataorigin|userwithauth|sign", "0x81000300"),

@@ -631,28 +631,7 @@ fn a_tpm_node_bootstraps_with_evidence_that_survives_the_api_server() {
         tcti
     );
     let cert = work.path().join("node3.pem");
-    let out = run_ok(
-        hwkey()
-            .arg("bootstrap")
-            .arg("--bootstrap-kubeconfig")
-            .arg(&cluster.bootstrap_kubeconfig)
-            .args([
-                "--node-name",
-                "node3",
-                "--key",
-                &key,
-                "--create-key",
-                "ec-p256",
-            ])
-            .arg("--attest")
-            .arg("--cert")
-            .arg(&cert)
-            .arg("--out")
-            .arg(work.path().join("kubelet.conf"))
-            .arg("--state-dir")
-            .arg(work.path().join("state"))
-            .args(["--wait", "120s"]),
-    );
+    let out = bootstrap_attested(&cluster, "node3", &key, work.path());
     assert!(
         output_text(&out).contains("bootstrapped: "),
         "{}",
@@ -679,6 +658,33 @@ fn a_tpm_node_bootstraps_with_evidence_that_survives_the_api_server() {
         "{}",
         output_text(&verdict)
     );
+}
+
+/// `hwkey bootstrap --attest` of node `node` with a new TPM key `key`, as the bootstrap
+/// identity: the certificate goes to DIR/NODE.pem, the kubelet kubeconfig to DIR/kubelet.conf,
+/// the proxy's state to DIR/state. Fails the test if the command fails.
+#[cfg(feature = "tpm")]
+pub(crate) fn bootstrap_attested(
+    cluster: &KubeCluster,
+    node: &str,
+    key: &str,
+    dir: &Path,
+) -> std::process::Output {
+    run_ok(
+        hwkey()
+            .arg("bootstrap")
+            .arg("--bootstrap-kubeconfig")
+            .arg(&cluster.bootstrap_kubeconfig)
+            .args(["--node-name", node, "--key", key, "--create-key", "ec-p256"])
+            .arg("--attest")
+            .arg("--cert")
+            .arg(dir.join(format!("{node}.pem")))
+            .arg("--out")
+            .arg(dir.join("kubelet.conf"))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .args(["--wait", "120s"]),
+    )
 }
 
 /// Registers the TPM of a TPM identity as node `node`: `hwkey attest enroll`'s output stored as

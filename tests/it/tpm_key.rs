@@ -215,15 +215,7 @@ fn swtpm_pss_signatures_verify_with_ring_and_storage_keys_are_not_deleted() {
     let dir = temp_dir();
     let d = dir.path();
     let tool = |args: &[&str]| tpm.tool(d, args);
-    tool(&[
-        "tpm2_createprimary",
-        "-C",
-        "o",
-        "-G",
-        "ecc256",
-        "-c",
-        "primary.ctx",
-    ]);
+    tpm.create_primary(d, "primary.ctx");
     tool(&[
         "tpm2_create",
         "-C",

@@ -139,6 +139,15 @@ impl Swtpm {
         vec![("TPM2TOOLS_TCTI".to_string(), self.tcti())]
     }
 
+    /// `tpm2_createprimary`: an ECC P-256 primary key in the owner hierarchy, its context saved
+    /// as DIR/CTX, the parent tpm2-tools keys are then made under.
+    pub fn create_primary(&self, dir: &Path, ctx: &str) {
+        self.tool(
+            dir,
+            &["tpm2_createprimary", "-C", "o", "-G", "ecc256", "-c", ctx],
+        );
+    }
+
     /// Runs a tpm2-tools command (`args[0]` is the tool) in `dir` against this TPM, then flushes
     /// the transient objects it left loaded: without a resource manager every tpm2-tools run
     /// leaves its objects in the TPM, and swtpm has three slots.
