@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// A rustls client configuration: `roots` PEM, client certificate and key PEM, ALPN list, and
+/// A rustls client configuration offering Go's cipher suite order (as kubectl does): `roots` PEM, client certificate and key PEM, ALPN list, and
 /// whether TLS 1.3 sessions are cached for resumption.
 pub(crate) fn client_config(
     roots: &[u8],
@@ -20,13 +20,12 @@ pub(crate) fn client_config(
         .collect::<Result<_, _>>()
         .expect("client certificate PEM");
     let key = PrivateKeyDer::from_pem_slice(key).expect("client key PEM");
-    let mut config =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .expect("TLS 1.3")
-            .with_root_certificates(store)
-            .with_client_auth_cert(chain, key)
-            .expect("client certificate");
+    let mut config = ClientConfig::builder_with_provider(support::upstream::go_provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_root_certificates(store)
+        .with_client_auth_cert(chain, key)
+        .expect("client certificate");
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     if !resume {
         config.resumption = Resumption::disabled();

@@ -14,11 +14,37 @@ use super::PkiError;
 
 /// The rustls crypto provider of every hwkey connection: ring. aws-lc-rs was measured against it
 /// (docs/BENCHMARKS.md, "Crypto provider"); the reasons for the choice are recorded there.
+///
+/// Cipher suites are offered in Go's order (crypto/tls on a CPU with AES instructions, which is
+/// what kubectl and kube-apiserver use): AES-128-GCM first. ring's own order puts AES-256-GCM
+/// with SHA-384 first, whose key schedule runs SHA-512 in software; the profile of new
+/// connections through the proxy showed it as 9 % of the proxy's CPU (docs/BENCHMARKS.md).
+/// Peers still choose: a server that prefers AES-256 gets it.
 pub fn provider() -> Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
     PROVIDER
-        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
+        .get_or_init(|| {
+            let mut provider = rustls::crypto::ring::default_provider();
+            provider.cipher_suites.sort_by_key(suite_rank);
+            Arc::new(provider)
+        })
         .clone()
+}
+
+/// Go's preference: TLS 1.3 before 1.2; within a version AES-128-GCM, AES-256-GCM, then
+/// ChaCha20-Poly1305. The sort is stable, so ECDSA stays before RSA for each cipher.
+fn suite_rank(suite: &rustls::SupportedCipherSuite) -> (bool, u8) {
+    use rustls::CipherSuite as S;
+    let bulk = match suite.suite() {
+        S::TLS13_AES_128_GCM_SHA256
+        | S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+        | S::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => 0,
+        S::TLS13_AES_256_GCM_SHA384
+        | S::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
+        | S::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => 1,
+        _ => 2,
+    };
+    (suite.tls13().is_none(), bulk)
 }
 
 /// The roots that authenticate a server: the PEM/DER bundle at `ca`, else the system's roots.
@@ -79,4 +105,29 @@ pub fn client_config(
         })?
         .with_root_certificates(roots)
         .with_client_cert_resolver(resolver))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::CipherSuite as S;
+
+    #[test]
+    fn suites_are_offered_in_gos_order() {
+        let order: Vec<S> = provider().cipher_suites.iter().map(|s| s.suite()).collect();
+        assert_eq!(
+            order,
+            [
+                S::TLS13_AES_128_GCM_SHA256,
+                S::TLS13_AES_256_GCM_SHA384,
+                S::TLS13_CHACHA20_POLY1305_SHA256,
+                S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+                S::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+                S::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+                S::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+                S::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+                S::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+            ]
+        );
+    }
 }

@@ -172,6 +172,9 @@ pub fn check_peer(stream: &UnixStream, allowed: &[u32]) -> Result<u32, Option<u3
 pub struct LocalTls {
     base: ServerConfig,
     by_alpn: Mutex<HashMap<Option<Vec<u8>>, Arc<ServerConfig>>>,
+    /// The last client certificate checked and its validity window (Unix seconds): clients
+    /// reuse one loopback credential, so most connections skip parsing it again.
+    last_client: Mutex<Option<(Vec<u8>, i64, i64)>>,
 }
 
 impl std::fmt::Debug for LocalTls {
@@ -194,16 +197,59 @@ impl LocalTls {
                 .build()
                 .map_err(|e| ProxyError::LocalTls(e.to_string()))?;
         let (chain, key) = ca.server_cert(ips)?;
-        let base = ServerConfig::builder_with_provider(provider)
+        let mut base = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| ProxyError::LocalTls(e.to_string()))?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain, key)
             .map_err(|e| ProxyError::LocalTls(e.to_string()))?;
+        // One ticket per handshake, not rustls's two: Go's client (kubectl) keeps one session
+        // per server, so a second ticket is work for both ends that is never used.
+        base.send_tls13_tickets = 1;
         Ok(LocalTls {
             base,
             by_alpn: Mutex::new(HashMap::new()),
+            last_client: Mutex::new(None),
         })
+    }
+
+    /// The loopback client's certificate must be valid now (the verifier checked it when it was
+    /// presented; resumption skips that).
+    fn client_cert_valid(
+        &self,
+        certs: Option<&[rustls::pki_types::CertificateDer<'_>]>,
+    ) -> Result<(), String> {
+        let leaf = certs
+            .and_then(|c| c.first())
+            .ok_or("no client certificate")?;
+        let now = rustls::pki_types::UnixTime::now().as_secs() as i64;
+        let mut last = self.last_client.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((der, not_before, not_after)) = last.as_ref() {
+            if der.as_slice() == leaf.as_ref() && (*not_before..=*not_after).contains(&now) {
+                return Ok(());
+            }
+        }
+        let (_, parsed) = x509_parser::parse_x509_certificate(leaf)
+            .map_err(|e| format!("unreadable client certificate: {e}"))?;
+        let validity = parsed.validity();
+        if (validity.not_before.timestamp()..=validity.not_after.timestamp()).contains(&now) {
+            *last = Some((
+                leaf.to_vec(),
+                validity.not_before.timestamp(),
+                validity.not_after.timestamp(),
+            ));
+            Ok(())
+        } else if now < validity.not_before.timestamp() {
+            Err(format!(
+                "its loopback credential is not valid before {} (check the clocks)",
+                validity.not_before
+            ))
+        } else {
+            Err(format!(
+                "its loopback credential expired at {} (a resumed TLS session does not extend it)",
+                validity.not_after
+            ))
+        }
     }
 
     fn config_for(&self, alpn: Option<&[u8]>) -> Arc<ServerConfig> {
@@ -424,7 +470,10 @@ async fn handle_tcp(
     };
     // A resumed session carries the certificate of the handshake it resumes: check it is still
     // valid, so a session outliving its short-lived loopback credential gets nothing.
-    if let Err(why) = client_cert_valid(tls.get_ref().1.peer_certificates()) {
+    if let Err(why) = shared
+        .local_tls
+        .client_cert_valid(tls.get_ref().1.peer_certificates())
+    {
         shared.metrics.refused(Refusal::Expired);
         refused("refused a loopback client", &format!("{peer}: {why}"));
         return;
@@ -436,24 +485,4 @@ async fn handle_tcp(
     let _active = shared.activity.enter();
     shared.metrics.local_handshake(started.elapsed());
     bridge::serve(shared, Box::new(tls), Vec::new(), alpn).await;
-}
-
-/// The loopback client's certificate must be valid now (the verifier checked it when it was
-/// presented; resumption skips that).
-fn client_cert_valid(
-    certs: Option<&[rustls::pki_types::CertificateDer<'_>]>,
-) -> Result<(), String> {
-    let leaf = certs
-        .and_then(|c| c.first())
-        .ok_or("no client certificate")?;
-    let (_, parsed) = x509_parser::parse_x509_certificate(leaf)
-        .map_err(|e| format!("unreadable client certificate: {e}"))?;
-    if parsed.validity().is_valid() {
-        Ok(())
-    } else {
-        Err(format!(
-            "its loopback credential expired at {} (a resumed TLS session does not extend it)",
-            parsed.validity().not_after
-        ))
-    }
 }

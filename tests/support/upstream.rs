@@ -211,8 +211,30 @@ fn bind_retrying(port: u16) -> std::net::TcpListener {
     panic!("bind 127.0.0.1:{port}: {last:?}");
 }
 
+/// ring's provider with its cipher suites in Go's order (crypto/tls on a CPU with AES
+/// instructions): AES-128-GCM, AES-256-GCM, ChaCha20-Poly1305 for each TLS version. The
+/// stand-in serves with it and chooses by its own order, as kube-apiserver (Go) does; the
+/// benchmarks' direct and loopback clients offer it, as kubectl (Go) does.
+pub fn go_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    use rustls::CipherSuite as S;
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites.sort_by_key(|s| {
+        let bulk = match s.suite() {
+            S::TLS13_AES_128_GCM_SHA256
+            | S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+            | S::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => 0,
+            S::TLS13_AES_256_GCM_SHA384
+            | S::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
+            | S::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => 1,
+            _ => 2,
+        };
+        (s.tls13().is_none(), bulk)
+    });
+    Arc::new(provider)
+}
+
 fn server_config(ca: &Path, cert: &Path, key: &Path) -> rustls::ServerConfig {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = go_provider();
     let mut roots = rustls::RootCertStore::empty();
     for c in pem_certs(ca) {
         roots.add(c).expect("add CA");
@@ -236,6 +258,8 @@ fn server_config(ca: &Path, cert: &Path, key: &Path) -> rustls::ServerConfig {
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     config.ticketer = rustls::crypto::ring::Ticketer::new().expect("ticketer");
     config.send_tls13_tickets = 4;
+    // Go's server picks the suite by its own preference, not the client's.
+    config.ignore_client_order = true;
     config
 }
 
