@@ -34,6 +34,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use super::config::ListenAddr;
 use super::metrics::{ListenerKind, Refusal};
 use super::ratelimit::RateLimited;
+use super::readahead::ReadAhead;
 use super::{bridge, ProxyError, Shared};
 use crate::pki::loopback_ca::LoopbackCa;
 
@@ -440,7 +441,7 @@ async fn handle_tcp(
     let _ = stream.set_nodelay(true);
     let started = Instant::now();
     let handshake = async {
-        let start = LazyConfigAcceptor::new(Acceptor::default(), stream).await?;
+        let start = LazyConfigAcceptor::new(Acceptor::default(), ReadAhead::new(stream)).await?;
         let offered: Vec<Vec<u8>> = start
             .client_hello()
             .alpn()

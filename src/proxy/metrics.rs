@@ -446,7 +446,7 @@ impl Collector for ScrapeTimeCollector {
         let buffers = ConstGauge::new(super::relay::buffers_in_use());
         buffers.encode(encoder.encode_descriptor(
             "hwkey_copy_buffers",
-            "Copy buffers held by connections now (16 KiB each; an idle connection holds none)",
+            "Copy and read-ahead buffers held by connections now (16-64 KiB each; an idle connection holds none)",
             None,
             buffers.metric_type(),
         )?)?;

@@ -28,6 +28,7 @@ pub mod listener;
 pub mod metrics;
 pub mod notify;
 pub mod ratelimit;
+pub mod readahead;
 pub mod relay;
 pub mod reload;
 pub mod renewal;

@@ -33,18 +33,26 @@ pub const MAX_COPY_BUFFER: usize = 64 * 1024;
 
 static IN_USE: AtomicI64 = AtomicI64::new(0);
 
-/// Copy buffers held by all connections right now.
+/// Copy and read-ahead buffers held by all connections right now.
 pub fn buffers_in_use() -> i64 {
     IN_USE.load(Ordering::Relaxed)
 }
 
-/// A copy buffer, counted while it exists.
-struct Buffer(Box<[u8]>);
+/// A copy buffer (or a read-ahead buffer, [`super::readahead`]), counted while it exists.
+pub(super) struct Buffer(Box<[u8]>);
 
 impl Buffer {
-    fn new(size: usize) -> Buffer {
+    pub(super) fn new(size: usize) -> Buffer {
         IN_USE.fetch_add(1, Ordering::Relaxed);
         Buffer(vec![0u8; size].into_boxed_slice())
+    }
+
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
     }
 }
 

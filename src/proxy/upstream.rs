@@ -32,6 +32,7 @@ use tokio_rustls::client::TlsStream;
 
 use super::config::UpstreamTarget;
 use super::metrics::{Metrics, UpstreamStage};
+use super::readahead::ReadAhead;
 use super::sessions::{SessionStore, Warmup};
 use super::ProxyError;
 use crate::key::tls::HardwareCertResolver;
@@ -45,8 +46,8 @@ const SESSION_STORE_SERVERS: usize = 32;
 
 /// An established upstream connection.
 pub struct UpstreamConn {
-    /// The TLS stream to the API server.
-    pub stream: TlsStream<TcpStream>,
+    /// The TLS stream to the API server (its socket read in large reads).
+    pub stream: TlsStream<ReadAhead<TcpStream>>,
     /// The protocol the upstream agreed to (None: no ALPN).
     pub alpn: Option<Vec<u8>>,
     /// Whether the handshake resumed a session (no signature made).
@@ -155,7 +156,7 @@ impl Upstream {
         let warmup = generation.store.warm_up().await;
         let started = Instant::now();
         let stream = match tokio_rustls::TlsConnector::from(config)
-            .connect(self.server_name.clone(), tcp)
+            .connect(self.server_name.clone(), ReadAhead::new(tcp))
             .await
         {
             Ok(s) => {
