@@ -31,7 +31,7 @@ pub mod uri;
 pub mod verify;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use algorithm::{HashAlg, KeyAlgorithm, SignScheme};
 pub use error::{Cause, KeyError};
@@ -107,6 +107,8 @@ pub struct Key {
     /// The error of the latest signature attempt, if it failed (None after a success): health
     /// checks must see a key that stopped working, not only one that once worked.
     last_error: std::sync::Mutex<Option<String>>,
+    /// Whether `last_error` holds an error (read without the lock).
+    failing: AtomicBool,
 }
 
 /// One entry of `hwkey key list`.
@@ -141,6 +143,7 @@ impl Key {
             signatures: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             last_error: std::sync::Mutex::new(None),
+            failing: AtomicBool::new(false),
         }
     }
 
@@ -197,15 +200,22 @@ impl Key {
             });
         }
         let result = self.backend.sign(scheme, message);
-        let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+        // The error slot is locked only when it changes: signing threads share this key, and a
+        // lock taken on every signature made them queue behind each other.
         match &result {
             Ok(_) => {
                 self.signatures.fetch_add(1, Ordering::Relaxed);
-                *last = None;
+                if self.failing.load(Ordering::Relaxed) {
+                    let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+                    *last = None;
+                    self.failing.store(false, Ordering::Relaxed);
+                }
             }
             Err(e) => {
                 self.failures.fetch_add(1, Ordering::Relaxed);
+                let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
                 *last = Some(e.to_string());
+                self.failing.store(true, Ordering::Relaxed);
             }
         }
         result
