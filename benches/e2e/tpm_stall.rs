@@ -26,13 +26,22 @@ pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
     });
     let mut bufs: Vec<Vec<u8>> = (0..STREAMS).map(|_| vec![0u8; 256 * 1024]).collect();
     let full_series = "hwkey_upstream_handshakes_total{resumed=\"false\"}";
+    let swtpm_pid = match &id.backend {
+        support::proxy::Backend::Tpm(t) => t.pid(),
+        support::proxy::Backend::SoftHsm(_) => unreachable!("a TPM identity"),
+    };
     let mut handshake_rates = Vec::new();
     let mut results = vec![Vec::new(); 2];
+    // Per series: the machine's busy share, and swtpm's share of the machine.
+    let mut busy = vec![Vec::new(); 2];
+    let mut swtpm_share = Vec::new();
     for series in schedule(rounds, 2) {
         let bytes = AtomicU64::new(0);
         let stop = AtomicBool::new(false);
         let stop_driver = AtomicBool::new(false);
         let full_before = metric_in(&proxy.metrics(), full_series);
+        let cpu_before = machine_cpu_ticks();
+        let swtpm_before = process_cpu_ns(swtpm_pid);
         let start = Instant::now();
         std::thread::scope(|scope| {
             // The driver has its own thread and blocking I/O: it neither waits for nor slows
@@ -61,13 +70,24 @@ pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
             }
         });
         let elapsed = start.elapsed().as_secs_f64();
+        let cpu_after = machine_cpu_ticks();
+        let total = (cpu_after.0 - cpu_before.0) as f64;
+        busy[series].push((cpu_after.1 - cpu_before.1) as f64 / total.max(1.0));
         if series == 1 {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            let swtpm_s = (process_cpu_ns(swtpm_pid) - swtpm_before) as f64 / 1e9;
+            swtpm_share.push(swtpm_s / (elapsed * cores));
             let full_after = metric_in(&proxy.metrics(), full_series);
             handshake_rates.push((full_after - full_before) / elapsed);
         }
         results[series].push(bytes.load(Ordering::Relaxed) as f64 / elapsed / 1e6);
     }
     let h = Stat::of(&handshake_rates);
+    let (idle_busy, hs_busy, tpm) = (
+        Stat::of(&busy[0]).median * 100.0,
+        Stat::of(&busy[1]).median * 100.0,
+        Stat::of(&swtpm_share).median * 100.0,
+    );
     vec![at_least(
         ratio_row(
             "TPM stall",
@@ -80,7 +100,7 @@ pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
         0.9,
     )
     .note(format!(
-        "swtpm P-256 key; {:.0} full handshakes/s [{:.0}–{:.0}] during the window, one at a time (each forced by SIGHUP, which empties the session store); each window ends after the 4 MiB responses in flight",
+        "swtpm P-256 key; {:.0} full handshakes/s [{:.0}–{:.0}] during the window, one at a time (each forced by SIGHUP, which empties the session store); each window ends after the 4 MiB responses in flight; the machine was {idle_busy:.0} % busy without handshakes and {hs_busy:.0} % with them, swtpm alone using {tpm:.1} % of it",
         h.median, h.p25, h.p75
     ))]
 }
@@ -117,4 +137,21 @@ pub(crate) async fn futures_join_all<F: Future<Output = ()>>(futs: impl Iterator
         }
     })
     .await
+}
+
+/// (all, busy) CPU ticks of the whole machine so far, from the first line of `/proc/stat`
+/// (busy: everything but idle and iowait).
+pub(crate) fn machine_cpu_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let all: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    (all, all - idle)
 }
