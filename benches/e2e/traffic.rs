@@ -9,10 +9,25 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
+    /// One GET; a response that stops arriving for 30 s fails the run, naming the connection,
+    /// instead of hanging it.
     pub(crate) async fn get(&mut self, path: &str, buf: &mut [u8]) -> u64 {
-        match self {
-            Conn::Tls(s) => http1_get(s.as_mut(), path, buf).await,
-            Conn::Unix(s) => http1_get(s, path, buf).await,
+        let kind = match self {
+            Conn::Tls(s) => format!(
+                "TLS to port {}",
+                s.get_ref().0.peer_addr().map_or(0, |a| a.port())
+            ),
+            Conn::Unix(_) => "UNIX socket".to_string(),
+        };
+        let get = async {
+            match self {
+                Conn::Tls(s) => http1_get(s.as_mut(), path, buf).await,
+                Conn::Unix(s) => http1_get(s, path, buf).await,
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(30), get).await {
+            Ok(n) => n,
+            Err(_) => panic!("GET {path} over the {kind} connection stalled for 30 s"),
         }
     }
 }

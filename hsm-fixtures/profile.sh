@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Usage: hsm-fixtures/profile.sh [OUT_DIR]
+#
+# Profiles the proxy process under the end-to-end benchmark's load (benches/e2e) and writes,
+# into OUT_DIR (default docs/profiles):
+#   new-connections.svg   flame graph of `hwkey proxy` during HWKEY_BENCH_ONLY=handshakes
+#                         (new client connections over the UNIX socket and loopback TLS)
+#   bulk.svg              flame graph during HWKEY_BENCH_ONLY=throughput (64 MiB downloads)
+#   *.folded              the collapsed stacks behind each graph
+#   syscalls.txt          `strace -c` of the proxy over a whole throughput run (805 MB relayed:
+#                         12 downloads of 64 MiB), with calls per MB
+#
+# Samples are taken system-wide (perf record -a, DWARF call graphs, 999 Hz) and filtered to the
+# proxy's worker threads (comm `hwkey-proxy`). Needs perf and strace (installed here with apt)
+# and inferno (cargo install inferno). Takes about two minutes once the benches are built.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-docs/profiles}
+mkdir -p "$out"
+
+hsm-fixtures/install-deps.sh
+if ! command -v perf >/dev/null || ! command -v strace >/dev/null; then
+  apt-get install -y --no-install-recommends linux-perf strace >&2
+fi
+if ! command -v inferno-flamegraph >/dev/null; then
+  cargo install --locked inferno >&2
+fi
+export PATH="$HOME/.cargo/bin:$PATH"
+
+cargo bench --locked --no-run --bench e2e >&2
+bench=$(cargo bench --locked --no-run --bench e2e 2>&1 | sed -n 's/.*Executable .*(\(.*\))/\1/p' | tail -1)
+[[ -x "$bench" ]] || { echo "profile.sh: cannot find the e2e bench binary" >&2; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+profile() { # NAME FIGURE TITLE
+  echo "profile.sh: $1 (HWKEY_BENCH_ONLY=$2)" >&2
+  HWKEY_BENCH_ONLY=$2 perf record -q -a -F 999 --call-graph dwarf,16384 -o "$tmp/$1.data" \
+    -- "$bench" --bench >"$tmp/$1.log" 2>&1
+  perf script -i "$tmp/$1.data" --comms hwkey-proxy 2>/dev/null |
+    inferno-collapse-perf >"$out/$1.folded"
+  inferno-flamegraph --title "$3" --width 1600 <"$out/$1.folded" >"$out/$1.svg"
+}
+profile new-connections handshakes "hwkey proxy: new client connections (UNIX socket and loopback TLS), $(date -u +%F)"
+profile bulk throughput "hwkey proxy: 64 MiB downloads (UNIX socket and loopback TLS), $(date -u +%F)"
+
+echo "profile.sh: system calls over a throughput run" >&2
+proxy_bin=$(realpath "$(dirname "$(dirname "$bench")")/hwkey")
+HWKEY_BENCH_ONLY=throughput "$bench" --bench >"$tmp/strace-run.log" 2>&1 &
+runner=$!
+pid=
+for _ in $(seq 2000); do
+  pid=$(pgrep -f "^$proxy_bin proxy" | head -1 || true)
+  [[ -n "$pid" ]] && break
+  sleep 0.01
+done
+[[ -n "$pid" ]] || { echo "profile.sh: the proxy did not start" >&2; exit 1; }
+strace -c -f -p "$pid" -o "$tmp/strace.txt" 2>/dev/null || true
+wait "$runner"
+{
+  echo "# strace -c -f of hwkey proxy over HWKEY_BENCH_ONLY=throughput (805 MB relayed), $(date -u +%F)"
+  awk 'NR > 2 && $4 ~ /^[0-9]+$/ {
+         name = ($5 ~ /^[0-9]+$/) ? $6 : $5
+         printf "%-16s %9d calls %8.1f per MB\n", name, $4, $4 / 805
+       }' "$tmp/strace.txt" | sort -k2 -n -r
+} >"$out/syscalls.txt"
+cat "$out/syscalls.txt" >&2
+echo "profile.sh: wrote $out" >&2
