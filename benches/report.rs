@@ -209,11 +209,15 @@ How the figures are taken:
   baseline is a bare `cryptoki` / `tss-esapi` loop on the same key, signing a precomputed
   digest; hwkey signs the whole TLS 1.3 CertificateVerify message through `Key::sign`
   (software hash, DER encoding, session pool). The two run one after the other, so the ratio
-  is of the medians and its spread pairs the quartiles worst to best.
+  is of the medians and its spread pairs the quartiles worst to best. The *2 threads ÷
+  1 thread* rows are not criterion's: 1 and 2 threads, hwkey and the bare loop, run in paired
+  rounds whose order flips, and the ratio is taken per round.
 - **End to end** (`benches/e2e.rs`): real SoftHSM and swtpm, the kube-apiserver stand-in of
   `tests/support/upstream.rs` (TLS 1.3, client certificate required, session tickets), the
   release `hwkey proxy`, `/usr/bin/kubectl`. The baseline is a client going straight to the same
-  upstream with rustls and an in-memory software P-256 key. Subject and baseline alternate
+  upstream with rustls and an in-memory software P-256 key; clients offer, and the stand-in
+  picks, cipher suites in Go's order (AES-128-GCM first), as kubectl and kube-apiserver do.
+  Subject and baseline alternate
   round by round (the order flips every round); the ratio is taken per round, then summarised.
   The client, the proxy and the upstream share the machine's cores, as kubectl, hwkey and a
   local API server would.

@@ -6,7 +6,6 @@
 #   new-connections.svg   flame graph of `hwkey proxy` during HWKEY_BENCH_ONLY=handshakes
 #                         (new client connections over the UNIX socket and loopback TLS)
 #   bulk.svg              flame graph during HWKEY_BENCH_ONLY=throughput (64 MiB downloads)
-#   *.folded              the collapsed stacks behind each graph
 #   syscalls.txt          `strace -c` of the proxy over a whole throughput run (805 MB relayed:
 #                         12 downloads of 64 MiB), with calls per MB
 #
@@ -38,8 +37,8 @@ profile() { # NAME FIGURE TITLE
   HWKEY_BENCH_ONLY=$2 perf record -q -a -F 999 --call-graph dwarf,16384 -o "$tmp/$1.data" \
     -- "$bench" --bench >"$tmp/$1.log" 2>&1
   perf script -i "$tmp/$1.data" --comms hwkey-proxy 2>/dev/null |
-    inferno-collapse-perf >"$out/$1.folded"
-  inferno-flamegraph --title "$3" --width 1600 <"$out/$1.folded" >"$out/$1.svg"
+    inferno-collapse-perf >"$tmp/$1.folded"
+  inferno-flamegraph --title "$3" --width 1600 <"$tmp/$1.folded" >"$out/$1.svg"
 }
 profile new-connections handshakes "hwkey proxy: new client connections (UNIX socket and loopback TLS), $(date -u +%F)"
 profile bulk throughput "hwkey proxy: 64 MiB downloads (UNIX socket and loopback TLS), $(date -u +%F)"
