@@ -216,20 +216,20 @@ fn bind_retrying(port: u16) -> std::net::TcpListener {
 /// stand-in serves with it and chooses by its own order, as kube-apiserver (Go) does; the
 /// benchmarks' direct and loopback clients offer it, as kubectl (Go) does.
 pub fn go_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    use rustls::CipherSuite as S;
+    use rustls::crypto::ring::cipher_suite as cs;
     let mut provider = rustls::crypto::ring::default_provider();
-    provider.cipher_suites.sort_by_key(|s| {
-        let bulk = match s.suite() {
-            S::TLS13_AES_128_GCM_SHA256
-            | S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
-            | S::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => 0,
-            S::TLS13_AES_256_GCM_SHA384
-            | S::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
-            | S::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => 1,
-            _ => 2,
-        };
-        (s.tls13().is_none(), bulk)
-    });
+    // crypto/tls's cipherSuitesPreferenceOrder (and TLS 1.3's order) with AES hardware.
+    provider.cipher_suites = vec![
+        cs::TLS13_AES_128_GCM_SHA256,
+        cs::TLS13_AES_256_GCM_SHA384,
+        cs::TLS13_CHACHA20_POLY1305_SHA256,
+        cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+        cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ];
     Arc::new(provider)
 }
 
