@@ -119,7 +119,8 @@ pub struct Request {
     pub state_dir: PathBuf,
     /// `--idle-exit` of a proxy the plugin starts (None: the plugin's default).
     pub idle_exit: Option<String>,
-    /// Absolute path of the hwkey binary the exec block runs.
+    /// Absolute path of the binary the exec block runs: `hwkey-credential`, or `hwkey` (then
+    /// with the argument `credential`).
     pub command: PathBuf,
     /// Who runs the plugin: a person (may be prompted) or kubelet (never interactive).
     pub consumer: Consumer,
@@ -316,7 +317,10 @@ fn merge(doc: &mut Value, r: &Request, server: &str, loopback_ca_pem: &str) {
     let mut exec = Mapping::new();
     exec.insert("apiVersion".into(), r.exec_api_version.api_version().into());
     exec.insert("command".into(), r.command.display().to_string().into());
-    exec.insert("args".into(), Value::Sequence(vec!["credential".into()]));
+    // `hwkey-credential` is the plugin itself; the full binary needs its subcommand.
+    if !crate::exec::is_plugin_binary(&r.command) {
+        exec.insert("args".into(), Value::Sequence(vec!["credential".into()]));
+    }
     if r.exec_api_version == ExecApiVersion::V1 {
         exec.insert(
             "interactiveMode".into(),

@@ -101,7 +101,7 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
             .join(&args.name),
         Consumer::Kubelet => PathBuf::from("/var/lib/hwkey").join(&args.name),
     });
-    let command = std::env::current_exe().context("cannot find the hwkey binary's path")?;
+    let command = crate::exec::plugin_command().context("cannot find the hwkey binary's path")?;
     let request = Request {
         name: args.name.clone(),
         key: args.key,

@@ -91,6 +91,37 @@ pub fn main() -> ExitCode {
         Command::Attest(c) => attest::run(c),
         Command::Approver(a) => approver::run(a),
     };
+    exit_code(result)
+}
+
+pub use crate::key::pin::EXIT_PIN_REFUSED;
+
+/// The `hwkey-credential` binary: exactly `hwkey credential`, in a binary that links neither
+/// the TSS nor OpenSSL. client-go starts the exec plugin for every kubectl invocation, and
+/// starting the full `hwkey` binary costs about 5 ms of CPU (page faults and eager symbol
+/// binding of its shared libraries; docs/BENCHMARKS.md).
+pub fn credential_main() -> ExitCode {
+    #[derive(Parser)]
+    #[command(
+        name = "hwkey-credential",
+        version,
+        about = "The client-go exec plugin of hwkey (same as `hwkey credential`)"
+    )]
+    struct CredentialCli {
+        /// Log format on stderr (stdout holds only the ExecCredential).
+        #[arg(long, value_enum, default_value = "text", env = "HWKEY_LOG_FORMAT")]
+        log_format: LogFormat,
+        #[command(flatten)]
+        args: credential::CredentialArgs,
+    }
+    let cli = CredentialCli::parse();
+    init_logging(cli.log_format);
+    exit_code(credential::run(cli.args))
+}
+
+/// Prints the error on one line and picks the exit code: the PIN-refused code when a PIN was
+/// rejected anywhere in the chain, else 1.
+fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -103,8 +134,6 @@ pub fn main() -> ExitCode {
         }
     }
 }
-
-pub use crate::key::pin::EXIT_PIN_REFUSED;
 
 /// True when the error chain holds a PIN rejection, wherever a layer wrapped it.
 fn pin_refused(e: &anyhow::Error) -> bool {

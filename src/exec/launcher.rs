@@ -113,8 +113,7 @@ fn start(
         reason,
         log: last_log_line(&log_path),
     };
-    let exe =
-        std::env::current_exe().map_err(|e| fail(format!("cannot find the hwkey binary: {e}")))?;
+    let exe = super::proxy_binary().map_err(fail)?;
     let mut log = OpenOptions::new()
         .create(true)
         .append(true)

@@ -16,7 +16,7 @@ pub mod credential;
 pub mod launcher;
 pub mod settings;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use base64::Engine;
 
@@ -76,6 +76,41 @@ pub enum ExecError {
 
     #[error("{0}")]
     Internal(String),
+}
+
+/// The file name of the plugin-only binary (`src/bin/hwkey-credential.rs`).
+pub const PLUGIN_BINARY: &str = "hwkey-credential";
+
+/// Whether `path` names the plugin-only binary, which takes no subcommand.
+pub fn is_plugin_binary(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n == PLUGIN_BINARY)
+}
+
+/// What a generated kubeconfig's exec block runs: `hwkey-credential` when it is installed next
+/// to this binary (it starts about 5 ms faster on every kubectl invocation, since it links
+/// neither the TSS nor OpenSSL), else this binary itself.
+pub fn plugin_command() -> std::io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let plugin = exe.with_file_name(PLUGIN_BINARY);
+    Ok(if plugin.is_file() { plugin } else { exe })
+}
+
+/// The binary that runs `hwkey proxy`: this one, or the `hwkey` installed next to
+/// `hwkey-credential`.
+pub fn proxy_binary() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the hwkey binary: {e}"))?;
+    if !is_plugin_binary(&exe) {
+        return Ok(exe);
+    }
+    let hwkey = exe.with_file_name("hwkey");
+    if hwkey.is_file() {
+        Ok(hwkey)
+    } else {
+        Err(format!(
+            "{PLUGIN_BINARY} starts the proxy with the hwkey binary next to it, and {} does not exist (install both: `cargo install --path .` does)",
+            hwkey.display()
+        ))
+    }
 }
 
 /// Produces the credential for one exec-plugin invocation.

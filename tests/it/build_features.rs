@@ -11,6 +11,19 @@ fn linked_libraries() -> String {
     output_text(&run_ok(Command::new("ldd").arg(hwkey_bin())))
 }
 
+/// The exec plugin binary that kubeconfigs run starts fast because it links neither the TSS
+/// nor OpenSSL, in every feature set (docs/BENCHMARKS.md: 5.5 ms of start-up CPU for the full
+/// binary, under 1 ms for this one).
+#[test]
+fn the_exec_plugin_binary_links_neither_the_tss_nor_openssl() {
+    let plugin = hwkey_bin().with_file_name("hwkey-credential");
+    let libs = output_text(&run_ok(Command::new("ldd").arg(&plugin)));
+    assert!(!libs.contains("libtss2"), "{libs}");
+    assert!(!libs.contains("libcrypto"), "{libs}");
+    let version = output_text(&run_ok(Command::new(&plugin).arg("--version")));
+    assert!(version.starts_with("hwkey-credential "), "{version}");
+}
+
 #[cfg(feature = "tpm")]
 #[test]
 fn a_build_with_the_tpm_backend_links_the_tss2_libraries() {

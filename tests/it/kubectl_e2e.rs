@@ -436,6 +436,34 @@ fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
     );
 }
 
+/// `hwkey-credential` copied somewhere without `hwkey` beside it cannot start the proxy, and
+/// says what to install; nothing reaches stdout.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_plugin_binary_without_hwkey_beside_it_says_what_to_install() {
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let lonely = c.dir.path().join("bin");
+    std::fs::create_dir(&lonely).expect("mkdir");
+    let plugin = lonely.join("hwkey-credential");
+    std::fs::copy(
+        support::hwkey_bin().with_file_name("hwkey-credential"),
+        &plugin,
+    )
+    .expect("copy the plugin");
+    let info = c.exec_info_with(&c.server(), c.extension_in("state-lonely"));
+    let out = support::run_fail(
+        Command::new(&plugin)
+            .envs(c.id.envs())
+            .env("KUBERNETES_EXEC_INFO", info),
+    );
+    assert!(out.stdout.is_empty(), "a credential was printed");
+    let text = support::output_text(&out);
+    assert!(
+        text.contains("hwkey binary next to it") && text.contains("cargo install --path ."),
+        "{text}"
+    );
+}
+
 /// A key URI string without its `pin-source`.
 fn without_pin_source(key: &serde_json::Value) -> String {
     let key = key.as_str().expect("key URI");
@@ -519,7 +547,14 @@ fn kubeconfig_merges_without_disturbing_other_entries() {
     assert_eq!(exec["apiVersion"], "client.authentication.k8s.io/v1");
     assert_eq!(exec["provideClusterInfo"], true);
     assert_eq!(exec["interactiveMode"], "IfAvailable");
-    assert!(Path::new(exec["command"].as_str().expect("command")).is_absolute());
+    let command = Path::new(exec["command"].as_str().expect("command"));
+    assert!(command.is_absolute());
+    // The plugin-only binary, which takes no subcommand.
+    assert_eq!(
+        command.file_name().and_then(|n| n.to_str()),
+        Some("hwkey-credential")
+    );
+    assert!(exec["args"].is_null(), "{exec:?}");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
         std::fs::metadata(&out).expect("meta").permissions().mode() & 0o777,
