@@ -69,7 +69,7 @@ pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
         port: args.port,
         exec_api_version: args.exec_api_version,
         wait: crate::proxy::config::parse_duration(&args.wait)?,
-        command: std::env::current_exe().context("cannot find the hwkey binary's path")?,
+        command: crate::exec::plugin_command().context("cannot find the hwkey binary's path")?,
         require_non_extractable: args.policy.required(),
         attest: args.attest.ak_handle(),
     };

@@ -320,14 +320,15 @@ fn bootstrap_with_a_token_yields_a_working_node_identity() {
     );
     assert_signed_by_hardware(&cluster, &name, &id, &uri, work.path());
 
-    // The kubelet kubeconfig works: client-go runs `hwkey credential`, which starts the proxy,
+    // The kubelet kubeconfig works: client-go runs `hwkey-credential`, which starts the proxy,
     // which presents the node certificate signed in the token; the API server sees a node.
     // A 1.20 cluster's kubelets may predate client.authentication.k8s.io/v1: v1beta1 (which
     // has no interactiveMode); kubectl 1.32 speaks it too.
     let kubeconfig_text = read(&kubelet_conf);
     assert!(
         kubeconfig_text.contains("apiVersion: client.authentication.k8s.io/v1beta1")
-            && !kubeconfig_text.contains("interactiveMode"),
+            && !kubeconfig_text.contains("interactiveMode")
+            && kubeconfig_text.contains("/hwkey-credential"),
         "{kubeconfig_text}"
     );
     let out = Command::new("kubectl")
