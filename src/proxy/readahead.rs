@@ -42,11 +42,6 @@ impl<S> ReadAhead<S> {
             cap: 0,
         }
     }
-
-    /// The wrapped stream.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
