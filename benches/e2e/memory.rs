@@ -68,13 +68,13 @@ pub(crate) async fn memory(f: &Fixture) -> Vec<Row> {
     vec![
         Row::new("memory", "proxy RSS, idle (after one connection)", "MiB", Some(Stat::of(&[idle]))),
         Row::new("memory", "proxy RSS, 1,000 open client connections (one GET /version each)", "MiB", Some(Stat::of(&[loaded])))
-            .target("≤ 40 MiB", Some(loaded <= 40.0))
+            .target("≤ 32 MiB", Some(loaded <= 32.0))
             .note(format!(
                 "hwkey_connections_active = {active}; each is a UNIX client plus an upstream TLS connection; {:.1} KiB per connection above idle; {after:.1} MiB once they closed",
                 per(loaded, idle)
             )),
         Row::new("memory", &format!("proxy RSS, 1,000 open client connections that each moved {} KiB", moved >> 10), "MiB", Some(Stat::of(&[busy])))
-            .target("≤ 40 MiB", Some(busy <= 40.0))
+            .target("≤ 32 MiB", Some(busy <= 32.0))
             .note(format!(
                 "a fresh proxy (idle {idle2:.1} MiB); hwkey_connections_active = {active2}; {:.1} KiB per connection above idle; {after2:.1} MiB once they closed",
                 per(busy, idle2)

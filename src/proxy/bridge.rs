@@ -37,10 +37,12 @@ pub async fn serve(
     // The certificate this connection is opened with (read before the handshake: if a rotation
     // races it, the connection is attributed to the older one and ends earlier, never later).
     let epoch = *shared.epoch.borrow();
-    let connected = tokio::time::timeout(
+    // Boxed: the connect and handshake state lives on the heap only while it runs, not in this
+    // task's state for the connection's whole life (issue 12: memory per idle connection).
+    let connected = Box::pin(tokio::time::timeout(
         shared.handshake_timeout,
         shared.upstream.connect(alpn.as_deref()),
-    )
+    ))
     .await;
     let upstream = match connected {
         Ok(Ok(c)) => c,

@@ -46,8 +46,11 @@ const SESSION_STORE_SERVERS: usize = 32;
 
 /// An established upstream connection.
 pub struct UpstreamConn {
-    /// The TLS stream to the API server (its socket read in large reads).
-    pub stream: TlsStream<ReadAhead<TcpStream>>,
+    /// The TLS stream to the API server (its socket read in large reads). Boxed: the
+    /// connection's task moves it a few times on its way to the relay, and each move of a
+    /// 1 KiB value would otherwise keep its own slot in the task's state for the connection's
+    /// whole life (issue 12, memory per idle connection).
+    pub stream: Box<TlsStream<ReadAhead<TcpStream>>>,
     /// The protocol the upstream agreed to (None: no ALPN).
     pub alpn: Option<Vec<u8>>,
     /// Whether the handshake resumed a session (no signature made).
@@ -204,7 +207,7 @@ impl Upstream {
         }
         tracing::debug!(upstream = %addr, resumed, ms = took.as_millis() as u64, "upstream handshake done");
         Ok(UpstreamConn {
-            stream,
+            stream: Box::new(stream),
             alpn: got,
             resumed,
         })
