@@ -2,9 +2,12 @@
 
 use super::*;
 
-/// Bytes/s on established connections through a TPM-backed proxy, with and without full
-/// handshakes (and so TPM signatures) running at the same time. A full handshake is forced by
-/// SIGHUP, which reloads the certificate and empties the proxy's session store.
+/// Bytes/s on established connections through a TPM-backed proxy: without handshakes (series
+/// 0); with full handshakes (and so TPM signatures) running back to back (series 1); and with
+/// one full handshake waiting the whole window inside a TPM that does not answer (series 2:
+/// swtpm under SIGSTOP, a hardware TPM's slow signature taken to the limit, with no TPM work on
+/// the host's cores). A full handshake is forced by SIGHUP, which reloads the certificate and
+/// empties the proxy's session store.
 pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
     const STREAMS: usize = 2;
     let id = Identity::tpm();
@@ -31,11 +34,25 @@ pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
         support::proxy::Backend::SoftHsm(_) => unreachable!("a TPM identity"),
     };
     let mut handshake_rates = Vec::new();
-    let mut results = vec![Vec::new(); 2];
+    let mut results = vec![Vec::new(); 3];
     // Per series: the machine's busy share, and swtpm's share of the machine.
-    let mut busy = vec![Vec::new(); 2];
+    let mut busy = vec![Vec::new(); 3];
     let mut swtpm_share = Vec::new();
-    for series in schedule(rounds, 2) {
+    // Series 2: full handshakes that were still waiting for the TPM when the window ended.
+    let mut pending_at_end = Vec::new();
+    for series in schedule(rounds, 3) {
+        // A full handshake waiting in a stopped TPM for the whole window.
+        let frozen = (series == 2).then(|| {
+            empty_session_store(&proxy);
+            let paused = Paused::new(swtpm_pid);
+            let socket = proxy.socket.clone();
+            let waiting = std::thread::spawn(move || {
+                let mut http = RawHttp::connect(&socket);
+                http.send("GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+                http.read_response().0
+            });
+            (paused, waiting)
+        });
         let bytes = AtomicU64::new(0);
         let stop = AtomicBool::new(false);
         let stop_driver = AtomicBool::new(false);
@@ -81,14 +98,41 @@ pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
             handshake_rates.push((full_after - full_before) / elapsed);
         }
         results[series].push(bytes.load(Ordering::Relaxed) as f64 / elapsed / 1e6);
+        if let Some((paused, waiting)) = frozen {
+            pending_at_end.push(
+                metric_in(&proxy.metrics(), full_series) == full_before && !waiting.is_finished(),
+            );
+            drop(paused);
+            assert_eq!(
+                waiting.join().expect("the waiting handshake"),
+                200,
+                "GET /version once the TPM answered again"
+            );
+        }
     }
+    let all_pending = pending_at_end.iter().all(|p| *p);
     let h = Stat::of(&handshake_rates);
     let (idle_busy, hs_busy, tpm) = (
         Stat::of(&busy[0]).median * 100.0,
         Stat::of(&busy[1]).median * 100.0,
         Stat::of(&swtpm_share).median * 100.0,
     );
-    vec![at_least(
+    vec![
+        at_least(
+            ratio_row(
+                "TPM stall",
+                &format!("MB/s on {STREAMS} established connections while a full handshake waits in a stopped TPM"),
+                "MB/s",
+                &results[2],
+                "same connections, no handshakes",
+                &results[0],
+            ),
+            0.9,
+        )
+        .note(format!(
+            "swtpm under SIGSTOP for the whole window, after SIGHUP emptied the session store: a new connection's handshake waits for its signature, as on a hardware TPM that takes its time, with no TPM work on the host's cores; the handshake was still waiting when every window ended: {all_pending}; it completed once swtpm resumed"
+        )),
+        at_least(
         ratio_row(
             "TPM stall",
             &format!("MB/s on {STREAMS} established connections while full TPM handshakes run"),
@@ -102,22 +146,47 @@ pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
     .note(format!(
         "swtpm P-256 key; {:.0} full handshakes/s [{:.0}–{:.0}] during the window, one at a time (each forced by SIGHUP, which empties the session store); each window ends after the 4 MiB responses in flight; the machine was {idle_busy:.0} % busy without handshakes and {hs_busy:.0} % with them, swtpm alone using {tpm:.1} % of it",
         h.median, h.p25, h.p75
-    ))]
+    )),
+    ]
+}
+
+/// Resumes a stopped swtpm when dropped, also when the bench fails half-way.
+struct Paused(rustix::process::Pid);
+
+impl Paused {
+    fn new(pid: u32) -> Paused {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(pid).expect("pid")).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP swtpm");
+        Paused(pid)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = rustix::process::kill_process(self.0, rustix::process::Signal::CONT);
+    }
+}
+
+/// SIGHUP the proxy and wait until it reloaded: its session store is empty, so the next
+/// connection makes a full handshake (a TPM signature).
+fn empty_session_store(proxy: &ProxyProcess) {
+    let reloads = || metric_in(&proxy.metrics(), "hwkey_cert_reloads_total{result=\"ok\"}");
+    let before = reloads();
+    proxy.signal(libc::SIGHUP);
+    for _ in 0..2000 {
+        if reloads() > before {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("the proxy did not reload within 2 s of SIGHUP");
 }
 
 /// Until `stop`: SIGHUP the proxy, wait until it reloaded (so its session store is empty),
 /// then open a connection and GET /version through it, which makes a full handshake.
 pub(crate) fn force_full_handshakes(proxy: &ProxyProcess, stop: &AtomicBool) {
-    let reloads = || metric_in(&proxy.metrics(), "hwkey_cert_reloads_total{result=\"ok\"}");
     while !stop.load(Ordering::Relaxed) {
-        let before = reloads();
-        proxy.signal(libc::SIGHUP);
-        for _ in 0..200 {
-            if reloads() > before {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        empty_session_store(proxy);
         let mut http = RawHttp::connect(&proxy.socket);
         http.send("GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
         let (status, _) = http.read_response();
