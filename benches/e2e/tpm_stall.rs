@@ -29,10 +29,11 @@ pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
     });
     let mut bufs: Vec<Vec<u8>> = (0..STREAMS).map(|_| vec![0u8; 256 * 1024]).collect();
     let full_series = "hwkey_upstream_handshakes_total{resumed=\"false\"}";
-    let swtpm_pid = match &id.backend {
-        support::proxy::Backend::Tpm(t) => t.pid(),
+    let swtpm = match &id.backend {
+        support::proxy::Backend::Tpm(t) => t,
         support::proxy::Backend::SoftHsm(_) => unreachable!("a TPM identity"),
     };
+    let swtpm_pid = swtpm.pid();
     let mut handshake_rates = Vec::new();
     let mut results = vec![Vec::new(); 3];
     // Per series: the machine's busy share, and swtpm's share of the machine.
@@ -44,7 +45,7 @@ pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
         // A full handshake waiting in a stopped TPM for the whole window.
         let frozen = (series == 2).then(|| {
             empty_session_store(&proxy);
-            let paused = Paused::new(swtpm_pid);
+            let paused = swtpm.pause();
             let socket = proxy.socket.clone();
             let waiting = std::thread::spawn(move || {
                 let mut http = RawHttp::connect(&socket);
@@ -148,23 +149,6 @@ pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
         h.median, h.p25, h.p75
     )),
     ]
-}
-
-/// Resumes a stopped swtpm when dropped, also when the bench fails half-way.
-struct Paused(rustix::process::Pid);
-
-impl Paused {
-    fn new(pid: u32) -> Paused {
-        let pid = rustix::process::Pid::from_raw(i32::try_from(pid).expect("pid")).expect("pid");
-        rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP swtpm");
-        Paused(pid)
-    }
-}
-
-impl Drop for Paused {
-    fn drop(&mut self) {
-        let _ = rustix::process::kill_process(self.0, rustix::process::Signal::CONT);
-    }
 }
 
 /// SIGHUP the proxy and wait until it reloaded: its session store is empty, so the next

@@ -10,23 +10,6 @@ use support::proxy::{Backend, Identity, ProxyProcess, RawHttp};
 use support::upstream::TestUpstream;
 use support::{output_text, require_tool};
 
-/// Resumes a paused swtpm even when the test fails half-way.
-struct Paused(rustix::process::Pid);
-
-impl Paused {
-    fn new(pid: u32) -> Paused {
-        let pid = rustix::process::Pid::from_raw(i32::try_from(pid).expect("pid")).expect("pid");
-        rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP");
-        Paused(pid)
-    }
-}
-
-impl Drop for Paused {
-    fn drop(&mut self) {
-        let _ = rustix::process::kill_process(self.0, rustix::process::Signal::CONT);
-    }
-}
-
 #[test]
 fn a_stalled_tpm_does_not_stall_established_connections() {
     require_tool("curl", "curl");
@@ -56,7 +39,7 @@ fn a_stalled_tpm_does_not_stall_established_connections() {
     }
     let signatures_before = proxy.signatures();
     let before = upstream.stats().tcp_connections;
-    let paused = Paused::new(tpm.pid());
+    let paused = tpm.pause();
     // More stalled handshakes than the proxy has runtime workers: a signer that blocked its
     // worker (instead of handing it over) would leave none for the watch.
     let stalled: Vec<_> = (0..3)

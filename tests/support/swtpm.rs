@@ -114,9 +114,19 @@ impl Swtpm {
         self.guard = guard;
     }
 
-    /// The simulator's process id (tests pause it with SIGSTOP to play a very slow TPM).
+    /// The simulator's process id.
     pub fn pid(&self) -> u32 {
         self.guard.id()
+    }
+
+    /// Stops the simulator (SIGSTOP) until the guard is dropped: the slowest TPM there is, for
+    /// the tests and benches of what a slow signature must not stall.
+    pub fn pause(&self) -> Paused {
+        let pid = i32::try_from(self.pid()).expect("pid fits");
+        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
+        let rc = unsafe { libc::kill(pid, libc::SIGSTOP) };
+        assert_eq!(rc, 0, "SIGSTOP swtpm ({pid})");
+        Paused(pid)
     }
 
     /// The TCTI string for tpm2-tools / tss-esapi: `swtpm:host=127.0.0.1,port=P`.
@@ -168,5 +178,16 @@ impl Swtpm {
     /// What swtpm wrote to stdout/stderr so far.
     pub fn log(&self) -> String {
         self.guard.log()
+    }
+}
+
+/// A stopped swtpm ([`Swtpm::pause`]), resumed (SIGCONT) when dropped, also when a test fails
+/// half-way.
+pub struct Paused(i32);
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        // SAFETY: as in `Swtpm::pause`.
+        let _ = unsafe { libc::kill(self.0, libc::SIGCONT) };
     }
 }
