@@ -450,6 +450,7 @@ fn idle_connections_hold_no_copy_buffers(identity: fn() -> Identity) {
 /// upstream TLS stream in its own slot of its state (5.8 KiB per task; 13.8–14.3 KiB per
 /// connection in all, in this test's debug build); boxing the stream and the handshake futures
 /// took it to 10.4–10.8 KiB.
+#[cfg(feature = "pkcs11")]
 #[test]
 fn an_idle_connection_costs_the_proxy_at_most_12_kib() {
     let id = Identity::softhsm();
