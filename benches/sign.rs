@@ -186,13 +186,7 @@ fn bench_pkcs11(c: &mut Criterion, bare: &BareToken, hsm_uri: impl Fn(&str) -> S
                         sessions.iter_mut().map(std::sync::Mutex::new).collect();
                     timed_on_threads(threads, iters, |t, n| {
                         // Each thread owns one session for the whole run: no contention.
-                        let session = slots[t].lock().expect("session");
-                        let mechanism = (case.mechanism)();
-                        for _ in 0..n {
-                            session
-                                .sign(&mechanism, handle, &digest)
-                                .expect("bare C_Sign");
-                        }
+                        bare_signs(&slots[t], &case, handle, &digest, n)
                     })
                 })
             });
@@ -207,6 +201,24 @@ fn bench_pkcs11(c: &mut Criterion, bare: &BareToken, hsm_uri: impl Fn(&str) -> S
             });
         }
         group.finish();
+    }
+}
+
+/// The bare loop: `n` raw `C_Sign` calls on this thread's own session (from `slots[t]`) over a
+/// precomputed digest.
+fn bare_signs(
+    session: &std::sync::Mutex<&mut Session>,
+    case: &Pkcs11Case,
+    handle: ObjectHandle,
+    digest: &[u8],
+    n: u64,
+) {
+    let session = session.lock().expect("session");
+    let mechanism = (case.mechanism)();
+    for _ in 0..n {
+        session
+            .sign(&mechanism, handle, digest)
+            .expect("bare C_Sign");
     }
 }
 
@@ -243,13 +255,7 @@ fn paired_scaling(bare: &BareToken, uri: &KeyUri, case: &Pkcs11Case) -> ([Vec<f6
             })
         } else {
             timed_on_threads(threads, n, |t, m| {
-                let session = slots[t].lock().expect("session");
-                let mechanism = (case.mechanism)();
-                for _ in 0..m {
-                    session
-                        .sign(&mechanism, handle, &digest)
-                        .expect("bare C_Sign");
-                }
+                bare_signs(&slots[t], case, handle, &digest, m)
             })
         };
         n as f64 / took.as_secs_f64()

@@ -3,14 +3,7 @@
 use super::*;
 
 pub(crate) fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kb / 1024.0
+    support::rss_kib(pid) as f64 / 1024.0
 }
 
 /// A connection through the proxy's UNIX socket that has made one request for `path` (so its

@@ -187,21 +187,27 @@ pub(crate) fn copy_seconds_per_gb(bytes: u64, to_tcp: bool) -> f64 {
         (Box::new(out), drain(Box::new(theirs)))
     };
     let mut buf = vec![0u8; chunk];
-    let thread_cpu = || rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    let start = thread_cpu();
-    loop {
+    let seconds = thread_cpu_seconds(|| loop {
         let n = from.read(&mut buf).expect("floor read");
         if n == 0 {
             break;
         }
         to.write_all(&buf[..n]).expect("floor write");
-    }
-    let end = thread_cpu();
+    });
     drop(to);
     feeder.join().expect("floor feeder thread");
     drained.join().expect("floor drain thread");
-    let seconds = (end.tv_sec - start.tv_sec) as f64 + (end.tv_nsec - start.tv_nsec) as f64 / 1e9;
     seconds / (bytes as f64 / 1e9)
+}
+
+/// CPU seconds this thread spends in `work` (its own CPU clock: other processes and threads
+/// sharing the cores do not count).
+fn thread_cpu_seconds(work: impl FnOnce()) -> f64 {
+    let clock = || rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    let start = clock();
+    work();
+    let end = clock();
+    (end.tv_sec - start.tv_sec) as f64 + (end.tv_nsec - start.tv_nsec) as f64 / 1e9
 }
 
 /// The CPU seconds per GB of the AEAD work a proxy must do at minimum: AES-128-GCM opening of
@@ -221,30 +227,28 @@ pub(crate) fn aead_seconds_per_gb(bytes: u64, reseal: bool) -> f64 {
         .expect("seal");
     sealed.extend_from_slice(tag.as_ref());
     let mut work = sealed.clone();
-    let thread_cpu = || rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    let start = thread_cpu();
-    for _ in 0..bytes.div_ceil(record as u64) {
-        work.copy_from_slice(&sealed);
-        let plain = key
-            .open_in_place(
-                Nonce::assume_unique_for_key([0; 12]),
-                Aad::empty(),
-                &mut work,
-            )
-            .expect("open");
-        if reseal {
-            let tag = key
-                .seal_in_place_separate_tag(
+    let seconds = thread_cpu_seconds(|| {
+        for _ in 0..bytes.div_ceil(record as u64) {
+            work.copy_from_slice(&sealed);
+            let plain = key
+                .open_in_place(
                     Nonce::assume_unique_for_key([0; 12]),
                     Aad::empty(),
-                    plain,
+                    &mut work,
                 )
-                .expect("seal");
-            let _ = std::hint::black_box(tag);
+                .expect("open");
+            if reseal {
+                let tag = key
+                    .seal_in_place_separate_tag(
+                        Nonce::assume_unique_for_key([0; 12]),
+                        Aad::empty(),
+                        plain,
+                    )
+                    .expect("seal");
+                let _ = std::hint::black_box(tag);
+            }
         }
-    }
-    let end = thread_cpu();
-    let seconds = (end.tv_sec - start.tv_sec) as f64 + (end.tv_nsec - start.tv_nsec) as f64 / 1e9;
+    });
     seconds / (bytes as f64 / 1e9)
 }
 

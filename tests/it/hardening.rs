@@ -198,15 +198,6 @@ fn made_up_alpn_strings_do_not_grow_memory() {
     assert!(proxy.curl_unix(&["--fail"], "/version").status.success());
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// Sends `count` ClientHellos offering ALPN `x-N` (N from `first`), each on its own connection,
 /// waits for the server's first flight, and hangs up.
 fn hellos(port: u16, ca_pem: &str, first: usize, count: usize) {

@@ -467,15 +467,7 @@ fn an_idle_connection_costs_the_proxy_at_most_12_kib() {
             })
             .collect()
     };
-    let rss = || {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", proxy.guard.id()))
-            .expect("the proxy's /proc status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .expect("VmRSS")
-    };
+    let rss = || rss_kib(proxy.guard.id());
     let _warm = open(100);
     std::thread::sleep(Duration::from_millis(300));
     let before = rss();

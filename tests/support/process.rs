@@ -263,3 +263,15 @@ pub fn write_private(path: &Path, contents: &[u8]) {
         .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
     fs::set_permissions(path, fs::Permissions::from_mode(0o600)).expect("chmod 0600");
 }
+
+/// The resident set size of process `pid` in KiB (`VmRSS` in `/proc/PID/status`): the memory
+/// figure the tests bound and the benches report.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
