@@ -83,7 +83,8 @@ fn main() {
         .collect();
     trusted.push(attestation::parse_registration("bench-0", &registration).expect("registration"));
     for r in &attested_der {
-        attestation::verify_request(r, &trusted).expect("the bench's own evidence verifies");
+        attestation::verify_request(r, "bench-0", &trusted)
+            .expect("the bench's own evidence verifies");
     }
 
     let mut rows = Vec::new();
@@ -94,7 +95,7 @@ fn main() {
         let mut baseline = Vec::new();
         for _ in 0..rounds {
             subject.push(rate(threads, per_round, &attested_der, |r| {
-                attestation::verify_request(r, &trusted).is_ok()
+                attestation::verify_request(r, "bench-0", &trusted).is_ok()
             }));
             baseline.push(rate(threads, per_round, &plain_der, |r| {
                 use x509_parser::prelude::FromDer;

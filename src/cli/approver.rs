@@ -11,10 +11,21 @@ pub struct ApproverArgs {
     /// service account, or $KUBECONFIG).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// A signerName whose requests this approver decides (repeatable), e.g.
-    /// kubernetes.io/kube-apiserver-client-kubelet.
+    /// A signerName whose requests this approver decides (repeatable). Only signers hwkey has a
+    /// policy for are accepted: kubernetes.io/kube-apiserver-client-kubelet (node client
+    /// certificates); any other refuses to start.
     #[arg(long = "signer-name", required = true)]
     signer_names: Vec<String>,
+    /// A group whose bootstrap-token identities (system:bootstrap:*) may ask for a node's first
+    /// certificate (repeatable), e.g. the token's auth-extra-groups
+    /// system:bootstrappers:kubeadm:default-node-token. Without one, only nodes renewing their own identity are
+    /// approved.
+    #[arg(long = "bootstrap-group", value_name = "GROUP")]
+    bootstrap_groups: Vec<String>,
+    /// How old a request's TPM evidence may be when the request is created (at most 50m: the
+    /// API server keeps decided requests an hour, and a copy must meet its original).
+    #[arg(long, default_value = "15m", value_parser = crate::proxy::config::parse_duration)]
+    evidence_max_age: Duration,
     /// The registered nodes: a directory with one file per node, named after it, holding
     /// `hwkey attest enroll`'s output (a mounted ConfigMap works too).
     #[arg(
@@ -84,12 +95,23 @@ pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
         }
         (None, None) => anyhow::bail!("pass --trust DIR or --trust-configmap NAMESPACE/NAME"),
     };
+    approver::check_signers(&args.signer_names)?;
+    if args.evidence_max_age > Duration::from_secs(50 * 60) || args.evidence_max_age.is_zero() {
+        anyhow::bail!(
+            "--evidence-max-age {:?} is out of range: use 1s to 50m (decided requests are kept an hour, and a reused copy must still find its original)",
+            args.evidence_max_age
+        );
+    }
     let options = ApproverOptions {
         signer_names: args.signer_names.clone(),
         trust,
-        on_missing_evidence: match args.on_missing_evidence {
-            OnMissing::Deny => approver::OnMissingEvidence::Deny,
-            OnMissing::Ignore => approver::OnMissingEvidence::Ignore,
+        rules: approver::decide::Rules {
+            on_missing_evidence: match args.on_missing_evidence {
+                OnMissing::Deny => approver::OnMissingEvidence::Deny,
+                OnMissing::Ignore => approver::OnMissingEvidence::Ignore,
+            },
+            bootstrap_groups: args.bootstrap_groups.clone(),
+            evidence_max_age: args.evidence_max_age,
         },
     };
     let election = (args.leader_elect && !args.once)

@@ -46,6 +46,9 @@ pub enum AttestCommand {
         /// Where to keep the expected answer (secret).
         #[arg(long)]
         expect: PathBuf,
+        /// The node being registered: the answer can register this name only.
+        #[arg(long)]
+        node: String,
     },
     /// Node, step 2: TPM2_ActivateCredential with the attestation key and the RSA EK; prints
     /// the answer (only the TPM holding both can recover it).
@@ -59,9 +62,11 @@ pub enum AttestCommand {
         #[arg(long, value_parser = parse_handle, default_value = crate::key::attestation::DEFAULT_AK_HANDLE_TEXT)]
         ak_handle: u32,
     },
-    /// Verifier, step 3: check the node's answer and register it: writes TRUST_DIR/NODE, which
-    /// the approver and `attest verify` read. Refuses to replace a registration without
-    /// --replace.
+    /// Verifier, step 3: check the node's answer and register it: writes TRUST_DIR/NODE (a
+    /// canonical registration built from the checked fields), which the approver and `attest
+    /// verify` read, and deletes the --expect file (an answer registers once). Refuses another
+    /// node name than the challenge's, an AK registered under another node, and replacing a
+    /// registration without --replace.
     Register {
         /// The node's enrollment (the same file that was challenged).
         enrollment: PathBuf,
@@ -142,7 +147,8 @@ pub fn run(command: AttestCommand) -> anyhow::Result<()> {
             ek_ca,
             out,
             expect,
-        } => ek::challenge(&enrollment, &ek_ca, &out, &expect),
+            node,
+        } => ek::challenge(&enrollment, &ek_ca, &out, &expect, &node),
         AttestCommand::Activate {
             challenge,
             key,
@@ -176,11 +182,12 @@ mod ek {
         ek_ca: &Path,
         out: &Path,
         expect: &Path,
+        node: &str,
     ) -> anyhow::Result<()> {
         let text = ek_trust::read_text(enrollment, "the enrollment").map_err(anyhow::Error::msg)?;
         let ca = std::fs::read(ek_ca)
             .with_context(|| format!("cannot read --ek-ca {}", ek_ca.display()))?;
-        let (challenge, expected) = ek_trust::challenge(&text, &ca)
+        let (challenge, expected) = ek_trust::challenge(&text, &ca, node)
             .map_err(|e| anyhow::anyhow!("{}: {e}", enrollment.display()))?;
         let expected = zeroize::Zeroizing::new(serde_yaml_ng::to_string(&expected)?);
         atomic_file::write_atomic(expect, expected.as_bytes(), 0o600)
@@ -230,9 +237,8 @@ mod ek {
         trust: &Path,
         replace: bool,
     ) -> anyhow::Result<()> {
-        if node.is_empty() || node.starts_with('.') || node.contains('/') {
-            bail!("--node '{node}' is not a node name (it becomes a file name in --trust)");
-        }
+        crate::pki::registration::check_node_name(node)
+            .map_err(|e| anyhow::anyhow!("--node: {e}"))?;
         let text = ek_trust::read_text(enrollment, "the enrollment").map_err(anyhow::Error::msg)?;
         let expected: ExpectedAnswer = serde_yaml_ng::from_str(
             &std::fs::read_to_string(expect)
@@ -253,8 +259,19 @@ mod ek {
             std::fs::read_to_string(answer)
                 .with_context(|| format!("cannot read --answer {}", answer.display()))?
         };
-        let registration = ek_trust::register(&text, &expected, &answer)
+        let (ak_name, registration) = ek_trust::register(&text, &expected, &answer, node)
             .map_err(|e| anyhow::anyhow!("{node} is not registered: {e}"))?;
+        let others: Vec<String> = crate::pki::registration::nodes_with_ak(trust, &ak_name)?
+            .into_iter()
+            .filter(|n| n != node)
+            .collect();
+        if !others.is_empty() {
+            bail!(
+                "{node} is not registered: its AK {} is registered already as {} (one TPM is one node: remove that registration first)",
+                key::attestation::hex(&ak_name),
+                others.join(", ")
+            );
+        }
         let path = trust.join(node);
         let written = if replace {
             atomic_file::write_atomic(&path, registration.as_bytes(), 0o644)
@@ -268,6 +285,13 @@ mod ek {
                 path.display()
             ),
             Err(e) => return Err(e).with_context(|| format!("cannot write {}", path.display())),
+        }
+        // An answer registers once: the secret it was checked against is gone.
+        if let Err(e) = std::fs::remove_file(expect) {
+            eprintln!(
+                "warning: cannot delete --expect {} ({e}): delete it, it registers {node} again",
+                expect.display()
+            );
         }
         println!(
             "registered {node}: EK certificate issued by {}; AK {}",
@@ -285,7 +309,7 @@ mod ek {
 
     const NO_TPM: &str = "this hwkey was built without the TPM 2.0 backend: rebuild it with `cargo build --features tpm`";
 
-    pub(super) fn challenge(_: &Path, _: &Path, _: &Path, _: &Path) -> anyhow::Result<()> {
+    pub(super) fn challenge(_: &Path, _: &Path, _: &Path, _: &Path, _: &str) -> anyhow::Result<()> {
         anyhow::bail!(NO_TPM)
     }
     pub(super) fn activate(_: &Path, _: &KeyUri, _: u32) -> anyhow::Result<()> {
@@ -305,28 +329,37 @@ mod ek {
 
 #[cfg(feature = "tpm")]
 fn verify(csr: &std::path::Path, trust: &std::path::Path) -> anyhow::Result<()> {
+    use crate::lifecycle::approver::policy;
     use crate::pki::attestation;
     use anyhow::Context;
     let data = std::fs::read(csr).with_context(|| format!("cannot read {}", csr.display()))?;
-    let der = match pem::parse(&data) {
-        Ok(p) if p.tag() == "CERTIFICATE REQUEST" || p.tag() == "NEW CERTIFICATE REQUEST" => {
-            p.into_contents()
-        }
-        Ok(p) => bail!(
-            "{} holds a {} PEM block, not a CERTIFICATE REQUEST",
-            csr.display(),
-            p.tag()
-        ),
-        Err(_) => data,
-    };
-    if der.is_empty() {
+    if data.is_empty() {
         bail!(
             "{} is empty: pass the request file `hwkey csr --attest` wrote",
             csr.display()
         );
     }
-    let trusted = attestation::read_trust_dir(trust)?;
-    match attestation::verify_request(&der, &trusted) {
+    // PEM is read exactly as the approver reads spec.request; anything else is taken as DER.
+    let der = if data.windows(5).any(|w| w == b"-----") {
+        policy::request_der(&data).map_err(|v| anyhow::anyhow!("{}: {v}", csr.display()))?
+    } else {
+        data
+    };
+    let checked = policy::check_kubelet_client(&der, None)
+        .map_err(|v| anyhow::anyhow!("{}: {v}", csr.display()))?;
+    let read = attestation::read_trust_dir(trust)?;
+    for invalid in &read.invalid {
+        eprintln!(
+            "warning: {}: entry '{}' is skipped: {}",
+            trust.display(),
+            invalid.entry.escape_debug(),
+            invalid.reason
+        );
+    }
+    let read = read
+        .usable()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", trust.display()))?;
+    match attestation::verify_request(&checked.der, &checked.node, &read.nodes) {
         Ok(a) => {
             println!(
                 "admitted: {} is in the TPM of node '{}' (attestation key {}{})",

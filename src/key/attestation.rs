@@ -18,6 +18,9 @@ pub struct TpmEvidence {
     pub key_public: Vec<u8>,
     /// `TPMT_PUBLIC` of the AK.
     pub ak_public: Vec<u8>,
+    /// When the evidence was made (Unix seconds), bound into the qualifying data by the request
+    /// builder; None from the TPM layer and in evidence made before freshness was checked.
+    pub made_at: Option<u64>,
     /// The TPM's EK certificate (DER) when it has one in NV: for auditors and for verifiers
     /// that know the TPM by it. Nothing in the evidence's check depends on it.
     pub ek_certificate: Option<Vec<u8>>,

@@ -27,6 +27,19 @@ pub enum Identity {
     Config,
 }
 
+/// How long a TCP connection to the API server may take.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the API server may take to answer a call (its response headers).
+pub const RESPONSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn http_connector() -> hyper_util::client::legacy::connect::HttpConnector {
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    http.set_nodelay(true);
+    http
+}
+
 /// Builds a client for `config` (server URL, CA bundle, TLS server name, and for
 /// [`Identity::Config`] its credentials).
 pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, LifecycleError> {
@@ -66,13 +79,16 @@ pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, 
         None => https.https_only(),
     }
     .enable_http1()
-    .build();
+    .wrap_connector(http_connector());
     let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
     let auth = config.auth_layer().map_err(|e| fail(e.to_string()))?;
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(auth)
         .map_err(BoxError::from)
+        // Every call gets its response headers within RESPONSE_TIMEOUT (a watch's headers come
+        // at once; its events then stream): a hung API server fails a call, never stalls it.
+        .timeout(RESPONSE_TIMEOUT)
         .service(hyper);
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }

@@ -195,27 +195,87 @@ impl Elector {
     }
 }
 
+/// When this replica last renewed its Lease, shared between the elector and every task that
+/// acts as leader: a write checks it right before it is sent, so a leader that was frozen, or
+/// whose renewals hang, acts on elapsed time and not on a flag nobody has updated yet.
+#[derive(Debug, Clone)]
+pub struct Validity {
+    renewed: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
+    renew_deadline: Duration,
+}
+
+impl Validity {
+    /// Not renewed yet.
+    pub fn new(renew_deadline: Duration) -> Validity {
+        Validity {
+            renewed: Default::default(),
+            renew_deadline,
+        }
+    }
+
+    fn set(&self, at: Option<Instant>) {
+        if let Ok(mut r) = self.renewed.lock() {
+            *r = at;
+        }
+    }
+
+    fn last(&self) -> Option<Instant> {
+        self.renewed.lock().ok().and_then(|r| *r)
+    }
+
+    /// Ok while the last renewal is within the renew deadline.
+    pub fn check(&self) -> Result<(), LifecycleError> {
+        match self.last() {
+            Some(at) if at.elapsed() < self.renew_deadline => Ok(()),
+            last => Err(LifecycleError::LeaseExpired {
+                elapsed: last.map(|at| at.elapsed()).unwrap_or(Duration::MAX),
+                deadline: self.renew_deadline,
+            }),
+        }
+    }
+}
+
 /// Resolves once `stop` is true (or its sender is gone).
 pub async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
 /// Campaigns for the Lease and holds it until `stop`, publishing whether this process leads on
-/// `leading`. Steps down (false) as soon as a renewal has failed for the renew deadline, then
-/// campaigns again. Releases the Lease when stopped while leading.
+/// `leading` and when it last renewed on `validity`. Steps down (false) as soon as the renew
+/// deadline has passed since the last renewal, whatever the calls are doing: each attempt is
+/// bounded by the time left until that deadline, so a hanging API server cannot keep a leader
+/// leading. Releases the Lease when stopped while leading.
 pub async fn hold(
     mut elector: Elector,
     leading: watch::Sender<bool>,
+    validity: Validity,
     mut stop: watch::Receiver<bool>,
 ) {
     let retry = elector.config.retry;
     let renew_deadline = elector.config.renew_deadline;
     let mut last_renewal: Option<Instant> = None;
     loop {
-        let attempt = elector.try_acquire_or_renew().await;
+        // Elapsed time first: a leader past its deadline steps down before anything else.
+        if last_renewal.is_some_and(|at| at.elapsed() >= renew_deadline) {
+            last_renewal = None;
+            validity.set(None);
+            publish(&elector, &leading, false);
+        }
+        // A leader's attempt may take only what is left of its deadline; a standby's, one
+        // renew deadline.
+        let bound = last_renewal
+            .map(|at| renew_deadline.saturating_sub(at.elapsed()))
+            .unwrap_or(renew_deadline)
+            .max(Duration::from_millis(1));
+        let attempt = match tokio::time::timeout(bound, elector.try_acquire_or_renew()).await {
+            Ok(result) => result,
+            Err(_) => Err(elector.error(format!("no answer from the API server within {bound:?}"))),
+        };
         let now_leading = match attempt {
             Ok(true) => {
-                last_renewal = Some(Instant::now());
+                let now = Instant::now();
+                last_renewal = Some(now);
+                validity.set(Some(now));
                 true
             }
             Ok(false) => false,
@@ -227,27 +287,36 @@ pub async fn hold(
         };
         if !now_leading {
             last_renewal = None;
+            validity.set(None);
         }
-        if *leading.borrow() != now_leading {
-            tracing::info!(
-                identity = %elector.config.identity,
-                lease = %format!("{}/{}", elector.config.namespace, elector.config.name),
-                "{}",
-                if now_leading { "leading" } else { "not leading: standing by" }
-            );
-            leading.send_replace(now_leading);
-        }
+        publish(&elector, &leading, now_leading);
         tokio::select! {
             _ = tokio::time::sleep(retry) => {}
             _ = stopped(&mut stop) => break,
         }
     }
+    validity.set(None);
     if *leading.borrow() {
         leading.send_replace(false);
-        match elector.release().await {
-            Ok(()) => tracing::info!("released the lease"),
-            Err(e) => tracing::warn!(error = %e, "cannot release the lease; it expires by itself"),
+        match tokio::time::timeout(renew_deadline, elector.release()).await {
+            Ok(Ok(())) => tracing::info!("released the lease"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot release the lease; it expires by itself")
+            }
+            Err(_) => tracing::warn!("no answer releasing the lease; it expires by itself"),
         }
+    }
+}
+
+fn publish(elector: &Elector, leading: &watch::Sender<bool>, now_leading: bool) {
+    if *leading.borrow() != now_leading {
+        tracing::info!(
+            identity = %elector.config.identity,
+            lease = %format!("{}/{}", elector.config.namespace, elector.config.name),
+            "{}",
+            if now_leading { "leading" } else { "not leading: standing by" }
+        );
+        leading.send_replace(now_leading);
     }
 }
 

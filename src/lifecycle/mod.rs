@@ -117,6 +117,15 @@ pub enum LifecycleError {
     #[error("cannot read the registered nodes from {origin}: {reason}")]
     Trust { origin: String, reason: String },
 
+    #[error("{reason}")]
+    Policy { reason: String },
+
+    #[error("not writing a decision: this replica's Lease was last renewed {elapsed:?} ago, past the renew deadline ({deadline:?}); another replica may lead now")]
+    LeaseExpired {
+        elapsed: std::time::Duration,
+        deadline: std::time::Duration,
+    },
+
     #[error("leader election on Lease {namespace}/{name} failed: {reason} (the approver's account needs get, create and update on leases in {namespace})")]
     Lease {
         namespace: String,
@@ -152,4 +161,54 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, LifecycleError> {
         .enable_all()
         .build()
         .map_err(LifecycleError::Runtime)
+}
+
+/// Exponential backoff between retries of a call to the API server: doubles from `first` up to
+/// `max`, with up to a quarter of jitter so replicas do not retry in step.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// Starts at `first`.
+    pub fn new(first: Duration, max: Duration) -> Backoff {
+        Backoff {
+            first,
+            max,
+            next: first,
+        }
+    }
+
+    /// The delay before the next attempt; the one after it doubles.
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(self.max);
+        let mut byte = [0u8; 1];
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut byte);
+        delay + delay / 4 * u32::from(byte[0]) / 255
+    }
+
+    /// After a success: the next failure waits `first` again.
+    pub fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
+
+#[cfg(test)]
+mod backoff_tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_and_resets() {
+        let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
+        let delays: Vec<u64> = (0..5).map(|_| b.next_delay().as_millis() as u64).collect();
+        for (d, base) in delays.iter().zip([1000, 2000, 4000, 5000, 5000]) {
+            assert!((base..=base + base / 4).contains(d), "{delays:?}");
+        }
+        b.reset();
+        assert!(b.next_delay() < Duration::from_millis(1300));
+    }
 }

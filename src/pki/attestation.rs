@@ -14,16 +14,16 @@
 //!     stmt  SEQUENCE { attest OCTET STRING,      -- TPMS_ATTEST
 //!                      signature OCTET STRING,   -- TPMT_SIGNATURE by the AK
 //!                      keyPublic OCTET STRING,   -- TPMT_PUBLIC of the certified key
-//!                      akPublic OCTET STRING },  -- TPMT_PUBLIC of the AK
+//!                      akPublic OCTET STRING,   -- TPMT_PUBLIC of the AK
+//!                      madeAt INTEGER },        -- when it was made, Unix seconds
 //!     hint  UTF8String }        -- "hwkey TPM2_Certify"
 //! ```
 //!
-//! The TPM's qualifying data is SHA-256(subject Name DER || SubjectPublicKeyInfo DER) of the
-//! request, so evidence made for one request fails on any other (another subject or key).
+//! The TPM's qualifying data is SHA-256(subject Name DER || SubjectPublicKeyInfo DER || madeAt as
+//! 8 bytes big-endian) of the request, so evidence made for one request fails on any other
+//! (another subject or key), and its time cannot be changed without the TPM: an approver can
+//! refuse evidence older than its window (an old blob of a key rotated away).
 
-use std::path::Path;
-
-use super::PkiError;
 use crate::key::attestation::TpmEvidence;
 
 /// `id-aa-evidence` of the LAMPS draft.
@@ -35,12 +35,22 @@ const OID_TPM2_CERTIFY_DER: &[u8] = &[
 ];
 const HINT: &str = "hwkey TPM2_Certify";
 
-/// The qualifying data that binds evidence to a request's subject and key.
-pub fn qualifying_data(subject_der: &[u8], spki_der: &[u8]) -> Vec<u8> {
+/// The qualifying data that binds evidence to a request's subject and key, and to the time it
+/// was made (`made_at`, Unix seconds).
+pub fn qualifying_data(subject_der: &[u8], spki_der: &[u8], made_at: u64) -> Vec<u8> {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     ctx.update(subject_der);
     ctx.update(spki_der);
+    ctx.update(&made_at.to_be_bytes());
     ctx.finish().as_ref().to_vec()
+}
+
+/// Now, in Unix seconds: the `madeAt` of new evidence.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// The request attribute (DER `Attribute`) carrying `evidence`.
@@ -62,6 +72,9 @@ pub fn evidence_attribute(evidence: &TpmEvidence) -> Vec<u8> {
                                     w.next().write_bytes(&evidence.signature);
                                     w.next().write_bytes(&evidence.key_public);
                                     w.next().write_bytes(&evidence.ak_public);
+                                    if let Some(made_at) = evidence.made_at {
+                                        w.next().write_u64(made_at);
+                                    }
                                 });
                                 w.next().write_utf8_string(HINT);
                             });
@@ -86,6 +99,8 @@ pub enum Refusal {
     EvidenceInvalid,
     /// The evidence holds, but its attestation key is not registered.
     UnknownAttestationKey,
+    /// The evidence holds and its AK is registered, but for another node than the one asked for.
+    SubjectMismatch,
 }
 
 impl Refusal {
@@ -95,6 +110,7 @@ impl Refusal {
             Refusal::NoEvidence => "NoEvidence",
             Refusal::EvidenceInvalid => "EvidenceInvalid",
             Refusal::UnknownAttestationKey => "UnknownAttestationKey",
+            Refusal::SubjectMismatch => "SubjectMismatch",
         }
     }
 }
@@ -117,69 +133,7 @@ fn refused(refusal: Refusal, message: impl Into<String>) -> Refused {
     }
 }
 
-/// A registered node: its name (the trust file's name) and its AK's TPM name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RegisteredAk {
-    /// The node the AK belongs to.
-    pub node: String,
-    /// The AK's TPM name.
-    pub ak_name: Vec<u8>,
-}
-
-/// Reads a registration: what `hwkey attest enroll` printed for `node` (`akName: HEX` is the
-/// line that counts). The same text is a file in a `--trust` directory or a ConfigMap entry.
-pub fn parse_registration(node: &str, text: &str) -> Result<RegisteredAk, String> {
-    let name = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("akName:"))
-        .map(str::trim)
-        .ok_or_else(|| {
-            format!("{node} has no akName line: store what `hwkey attest enroll` printed")
-        })?;
-    let ak_name = unhex(name).ok_or_else(|| format!("{node}: akName is not hex"))?;
-    Ok(RegisteredAk {
-        node: node.to_string(),
-        ak_name,
-    })
-}
-
-/// Reads a `--trust` directory: one file per node, named after it, holding what
-/// `hwkey attest enroll` printed. Hidden entries are skipped, so a directory a Kubernetes
-/// ConfigMap is mounted on (its `..data` links) reads as the ConfigMap's entries.
-pub fn read_trust_dir(dir: &Path) -> Result<Vec<RegisteredAk>, PkiError> {
-    let bad = |reason: String| PkiError::BadTrust {
-        path: dir.to_path_buf(),
-        reason,
-    };
-    let mut out = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| bad(e.to_string()))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| bad(e.to_string()))?;
-        let path = entry.path();
-        if !path.is_file() {
-            continue;
-        }
-        let Some(node) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        if node.starts_with('.') {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).map_err(|e| bad(format!("{node}: {e}")))?;
-        out.push(parse_registration(node, &text).map_err(bad)?);
-    }
-    Ok(out)
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
+pub use super::registration::{parse_registration, read_trust_dir, RegisteredAk};
 
 #[cfg(feature = "tpm")]
 /// Finds hwkey's TPM evidence in a request's attributes. The attributes are read from the raw
@@ -242,6 +196,7 @@ fn read_bundles(r: yasna::BERReader<'_, '_>) -> yasna::ASN1Result<TpmEvidence> {
                             signature: r.next().read_bytes()?,
                             key_public: r.next().read_bytes()?,
                             ak_public: r.next().read_bytes()?,
+                            made_at: r.read_optional(|r| r.read_u64())?,
                             ek_certificate: None,
                         })
                     })?;
@@ -258,12 +213,17 @@ fn read_bundles(r: yasna::BERReader<'_, '_>) -> yasna::ASN1Result<TpmEvidence> {
 }
 
 /// A request whose evidence holds: its key is certified by the AK named here. Whether that AK
-/// belongs to a registered node is [`admit`]'s question.
+/// belongs to a registered node is [`admit`]'s question; whether the evidence is fresh is the
+/// approver's (it knows when the request was made).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attested {
     /// The TPM name of the AK that certified the key.
     pub ak_name: Vec<u8>,
-    /// The request's subject.
+    /// When the evidence was made (Unix seconds, bound into what the TPM signed).
+    pub made_at: u64,
+    /// SHA-256 of the TPM's `TPMS_ATTEST`: the same evidence in two requests has the same digest.
+    pub evidence_digest: [u8; 32],
+    /// The request's subject (for messages only: decisions read the DER RDNs).
     pub subject: String,
     /// The issuer of the EK certificate the evidence carries, if any (informational: not
     /// checked against any CA here).
@@ -273,36 +233,53 @@ pub struct Attested {
 /// A request that passed: the registered node whose TPM holds its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admitted {
-    /// The node (trust file) whose AK certified the key.
+    /// The node (trust entry) whose AK certified the key.
     pub node: String,
     /// The AK's TPM name, hex.
     pub ak_name: String,
     /// The request's subject.
     pub subject: String,
+    /// When the evidence was made (Unix seconds).
+    pub made_at: u64,
+    /// SHA-256 of the evidence's `TPMS_ATTEST`.
+    pub evidence_digest: [u8; 32],
     /// The issuer of the EK certificate the evidence carries, if any (not checked).
     pub ek_certificate_issuer: Option<String>,
 }
 
-/// Checks a PKCS#10 request (DER): its own signature, the TPM evidence it carries, and that the
-/// evidence's AK is registered in `trusted`.
+/// Checks a PKCS#10 request (DER) that asks for node `node`: its own signature, the TPM
+/// evidence it carries, and that the evidence's AK is registered for that very node in
+/// `trusted`.
 #[cfg(feature = "tpm")]
-pub fn verify_request(csr_der: &[u8], trusted: &[RegisteredAk]) -> Result<Admitted, Refused> {
-    admit(verify_evidence(csr_der)?, trusted)
+pub fn verify_request(
+    csr_der: &[u8],
+    node: &str,
+    trusted: &[RegisteredAk],
+) -> Result<Admitted, Refused> {
+    admit(verify_evidence(csr_der)?, node, trusted)
 }
 
 /// Checks a PKCS#10 request (DER) and the TPM evidence it carries, without the trust lookup:
 /// the request's own signature, the AK's signature over TPMS_ATTEST, the certified key's name,
-/// attributes and binding to this request.
+/// attributes and binding to this request (subject, key and the time it was made).
 #[cfg(feature = "tpm")]
 pub fn verify_evidence(csr_der: &[u8]) -> Result<Attested, Refused> {
     use x509_parser::prelude::FromDer;
-    let (_, csr) = x509_parser::certification_request::X509CertificationRequest::from_der(csr_der)
-        .map_err(|e| {
-            refused(
-                Refusal::EvidenceInvalid,
-                format!("not a PKCS#10 request: {e}"),
-            )
-        })?;
+    let (rest, csr) = x509_parser::certification_request::X509CertificationRequest::from_der(
+        csr_der,
+    )
+    .map_err(|e| {
+        refused(
+            Refusal::EvidenceInvalid,
+            format!("not a PKCS#10 request: {e}"),
+        )
+    })?;
+    if !rest.is_empty() {
+        return Err(refused(
+            Refusal::EvidenceInvalid,
+            "the request has bytes after its DER",
+        ));
+    }
     csr.verify_signature().map_err(|e| {
         refused(
             Refusal::EvidenceInvalid,
@@ -318,7 +295,13 @@ pub fn verify_evidence(csr_der: &[u8]) -> Result<Attested, Refused> {
             )
         })?
         .map_err(|e| refused(Refusal::EvidenceInvalid, e))?;
-    let qualifying = qualifying_data(cri.subject.as_raw(), cri.subject_pki.raw);
+    let made_at = evidence.made_at.ok_or_else(|| {
+        refused(
+            Refusal::EvidenceInvalid,
+            "the evidence carries no time (made by an older hwkey): make the request again",
+        )
+    })?;
+    let qualifying = qualifying_data(cri.subject.as_raw(), cri.subject_pki.raw, made_at);
     let ak_name = crate::key::attestation::verify(&evidence, cri.subject_pki.raw, &qualifying)
         .map_err(|e| refused(Refusal::EvidenceInvalid, e.0))?;
     let ek_certificate_issuer = evidence.ek_certificate.as_deref().map(|der| {
@@ -326,33 +309,74 @@ pub fn verify_evidence(csr_der: &[u8]) -> Result<Attested, Refused> {
             .map(|(_, c)| c.issuer().to_string())
             .unwrap_or_else(|_| "an unreadable certificate".into())
     });
+    let mut evidence_digest = [0u8; 32];
+    evidence_digest
+        .copy_from_slice(ring::digest::digest(&ring::digest::SHA256, &evidence.attest).as_ref());
     Ok(Attested {
         ak_name,
+        made_at,
+        evidence_digest,
         subject: cri.subject.to_string(),
         ek_certificate_issuer,
     })
 }
 
-/// Admits attested evidence when its AK is registered in `trusted`.
+/// Admits attested evidence when its AK is registered for `node` in `trusted`: the pair (AK,
+/// node) must be registered, so an AK registered under two names still admits each for its own.
 #[cfg(feature = "tpm")]
-pub fn admit(attested: Attested, trusted: &[RegisteredAk]) -> Result<Admitted, Refused> {
+pub fn admit(
+    attested: Attested,
+    node: &str,
+    trusted: &[RegisteredAk],
+) -> Result<Admitted, Refused> {
     use crate::key::attestation::hex;
-    let node = trusted
+    let ak = hex(&attested.ak_name);
+    if !trusted
         .iter()
-        .find(|t| t.ak_name == attested.ak_name)
-        .ok_or_else(|| {
+        .any(|t| t.node == node && t.ak_name == attested.ak_name)
+    {
+        let owners: Vec<&str> = trusted
+            .iter()
+            .filter(|t| t.ak_name == attested.ak_name)
+            .map(|t| t.node.as_str())
+            .collect();
+        return Err(if owners.is_empty() {
             refused(
                 Refusal::UnknownAttestationKey,
                 format!(
-                    "attestation key {} is not registered (register the node with what `hwkey attest enroll` prints)",
-                    hex(&attested.ak_name)
+                    "attestation key {ak} is not registered (register the node with what `hwkey attest enroll` prints)"
                 ),
             )
-        })?;
+        } else {
+            refused(
+                Refusal::SubjectMismatch,
+                format!(
+                    "the key is in the TPM registered as node {}, but the request asks for node '{node}'",
+                    owners.join(", ")
+                ),
+            )
+        });
+    }
     Ok(Admitted {
-        node: node.node.clone(),
-        ak_name: hex(&attested.ak_name),
+        node: node.to_string(),
+        ak_name: ak,
         subject: attested.subject,
+        made_at: attested.made_at,
+        evidence_digest: attested.evidence_digest,
         ek_certificate_issuer: attested.ek_certificate_issuer,
     })
+}
+
+/// SHA-256 of the `TPMS_ATTEST` in a request's evidence, without checking anything: what two
+/// requests carrying the same evidence have in common. None when the request (DER) carries no
+/// readable evidence.
+#[cfg(feature = "tpm")]
+pub fn evidence_digest(csr_der: &[u8]) -> Option<[u8; 32]> {
+    use x509_parser::prelude::FromDer;
+    let (_, csr) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(csr_der).ok()?;
+    let evidence = find_evidence(csr.certification_request_info.raw)?.ok()?;
+    let mut digest = [0u8; 32];
+    digest.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, &evidence.attest).as_ref());
+    Some(digest)
 }

@@ -86,8 +86,10 @@ pub fn build_attested(
     ak_handle: u32,
 ) -> Result<Vec<u8>, PkiError> {
     let subject = yasna::construct_der(|w| request.subject.write_der(w));
-    let qualifying = super::attestation::qualifying_data(&subject, key.spki_der());
-    let evidence = key.certify(ak_handle, &qualifying)?;
+    let made_at = super::attestation::unix_now();
+    let qualifying = super::attestation::qualifying_data(&subject, key.spki_der(), made_at);
+    let mut evidence = key.certify(ak_handle, &qualifying)?;
+    evidence.made_at = Some(made_at);
     build_with_evidence(key, request, &evidence)
 }
 
@@ -118,7 +120,9 @@ fn build_with(
             // The SPKI is already DER: splice it in as is.
             w.next().write_der(key.spki_der());
             w.next().write_tagged_implicit(yasna::Tag::context(0), |w| {
-                w.write_set(|w| {
+                // SET OF Attribute: DER sorts the encodings (a verifier reading DER refuses
+                // another order).
+                w.write_set_of(|w| {
                     if let Some(attribute) = &evidence {
                         w.next().write_der(attribute);
                     }
@@ -189,7 +193,8 @@ pub fn to_pem(csr_der: &[u8]) -> String {
 
 /// Wraps a CSR in a `certificates.k8s.io/v1` CertificateSigningRequest (YAML) for a client
 /// certificate: usages `digital signature` and `client auth`, as the kube-apiserver client
-/// signers require.
+/// signers require, plus `key encipherment` for the kubelet signer (kube-controller-manager
+/// before 1.22 signs node client certificates only with exactly those three).
 pub fn kubernetes_object(
     name: &str,
     csr_pem: &str,
@@ -201,7 +206,11 @@ pub fn kubernetes_object(
     let mut spec = serde_json::json!({
         "request": request,
         "signerName": signer_name,
-        "usages": ["digital signature", "client auth"],
+        "usages": if signer_name == "kubernetes.io/kube-apiserver-client-kubelet" {
+            &["digital signature", "key encipherment", "client auth"][..]
+        } else {
+            &["digital signature", "client auth"][..]
+        },
     });
     if let Some(s) = expiration_seconds {
         spec["expirationSeconds"] = s.into();

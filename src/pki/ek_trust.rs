@@ -20,29 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::key::attestation::hex;
 
-/// The fields of `hwkey attest enroll`'s output a verifier reads.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EnrollmentFile {
-    /// The AK's TPM name, hex.
-    pub ak_name: String,
-    /// The AK's `TPMT_PUBLIC`, base64.
-    pub ak_public: String,
-    /// The EK's `TPMT_PUBLIC`, base64 (enrollments made before credential activation lack it).
-    #[serde(default)]
-    pub ek_public: Option<String>,
-    /// The EK certificate, PEM.
-    #[serde(default)]
-    pub ek_certificate_pem: Option<String>,
-}
-
-impl EnrollmentFile {
-    /// Parses an enrollment (YAML, as `hwkey attest enroll` prints it).
-    pub fn parse(text: &str) -> Result<EnrollmentFile, String> {
-        serde_yaml_ng::from_str(text)
-            .map_err(|e| format!("it is not what `hwkey attest enroll` prints: {e}"))
-    }
-}
+pub use super::registration::EnrollmentFile;
 
 /// What the node's TPM must answer (`hwkey attest activate` reads it).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,6 +38,8 @@ pub struct ChallengeFile {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExpectedAnswer {
+    /// The node the challenge is for: the answer registers this name and no other.
+    pub node: String,
     /// SHA-256 of the enrollment text that was challenged.
     pub enrollment_sha256: String,
     /// The AK's name.
@@ -75,19 +55,15 @@ pub struct ExpectedAnswer {
 pub fn challenge(
     enrollment_text: &str,
     ca_pem: &[u8],
+    node: &str,
 ) -> Result<(ChallengeFile, ExpectedAnswer), String> {
+    super::registration::check_node_name(node)?;
     let enrollment = EnrollmentFile::parse(enrollment_text)?;
     let b64 = base64::engine::general_purpose::STANDARD;
-    let ak_public = b64
-        .decode(enrollment.ak_public.trim())
-        .map_err(|e| format!("akPublic is not base64: {e}"))?;
+    let ak_public = enrollment.ak_public()?;
     let ak_name = crate::key::attestation::check_attestation_key(&ak_public).map_err(|e| e.0)?;
-    if hex(&ak_name) != enrollment.ak_name.trim() {
-        return Err(format!(
-            "akName {} is not the name of akPublic ({})",
-            enrollment.ak_name.trim(),
-            hex(&ak_name)
-        ));
+    if ak_name != enrollment.ak_name()? {
+        return Err("akName is not the name of akPublic".into());
     }
     let ek_public = b64
         .decode(
@@ -112,6 +88,7 @@ pub fn challenge(
         encrypted_secret: b64.encode(&made.encrypted_secret),
     };
     let expected = ExpectedAnswer {
+        node: node.to_string(),
         enrollment_sha256: sha256_hex(enrollment_text.as_bytes()),
         ak_name: hex(&ak_name),
         ek_issuer: issuer,
@@ -120,13 +97,21 @@ pub fn challenge(
     Ok((challenge, expected))
 }
 
-/// Checks the node's answer and the enrollment against what was challenged; returns the
-/// registration text to store as TRUST_DIR/NODE.
+/// Checks the node's answer, the enrollment and the node's name against what was challenged;
+/// returns the AK's name and the canonical registration to store as TRUST_DIR/NODE (built from
+/// the fields checked, not the node's text).
 pub fn register(
     enrollment_text: &str,
     expected: &ExpectedAnswer,
     answer: &str,
-) -> Result<String, String> {
+    node: &str,
+) -> Result<(Vec<u8>, String), String> {
+    if node != expected.node {
+        return Err(format!(
+            "the challenge was made for node '{}', not '{node}'",
+            expected.node
+        ));
+    }
     if sha256_hex(enrollment_text.as_bytes()) != expected.enrollment_sha256 {
         return Err("this enrollment is not the one the challenge was made for".into());
     }
@@ -135,10 +120,21 @@ pub fn register(
     if sha256_hex(answer.as_bytes()) != sha256_hex(expected.secret.as_bytes()) {
         return Err("the answer is not the challenge's secret: the attestation key is not in the TPM whose EK certificate was checked".into());
     }
-    Ok(format!(
-        "{}# registered by `hwkey attest register`: EK certificate issued by {}; AK {} activated in that TPM\n",
-        enrollment_text, expected.ek_issuer, expected.ak_name
-    ))
+    let enrollment = EnrollmentFile::parse(enrollment_text)?;
+    let ak_public = enrollment.ak_public()?;
+    let ak_name = crate::key::attestation::check_attestation_key(&ak_public).map_err(|e| e.0)?;
+    if hex(&ak_name) != expected.ak_name {
+        return Err("the enrollment's AK is not the one challenged".into());
+    }
+    let text = EnrollmentFile::canonical(
+        node,
+        &ak_public,
+        &format!(
+            "hwkey attest register: EK certificate issued by {}; AK activated in that TPM",
+            expected.ek_issuer
+        ),
+    )?;
+    Ok((ak_name, text))
 }
 
 /// Checks that `cert_der` is signed by a certificate in `ca_pem`, is valid now, and certifies

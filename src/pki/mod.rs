@@ -10,6 +10,8 @@ pub mod csr;
 pub mod ek_trust;
 pub mod loopback_ca;
 pub mod name;
+pub mod registration;
+pub mod request_pem;
 pub mod tls;
 
 use std::path::PathBuf;

@@ -117,8 +117,10 @@ fn attested_requests_are_admitted_and_everything_else_is_refused_with_its_reason
     let second =
         hwkey::pki::csr::CsrRequest::parse("CN=system:node:node-2,O=system:nodes", &[], &[])
             .expect("subject");
-    let q = hwkey::pki::attestation::qualifying_data(&subject_der(&first), key.spki_der());
-    let evidence = key.certify(0x8101_0002, &q).expect("certify");
+    let made_at = hwkey::pki::attestation::unix_now();
+    let q = hwkey::pki::attestation::qualifying_data(&subject_der(&first), key.spki_der(), made_at);
+    let mut evidence = key.certify(0x8101_0002, &q).expect("certify");
+    evidence.made_at = Some(made_at);
     let replayed = hwkey::pki::csr::build_with_evidence(&key, &second, &evidence).expect("CSR");
     drop(key); // swtpm serves one connection at a time: let the CLI have it
     let replayed_path = node.dir.path().join("replayed.csr");
@@ -136,13 +138,17 @@ fn evidence_is_bound_to_its_request() {
     let node = Node::new();
     let key: hwkey::key::KeyUri = node.key_uri().parse().expect("uri");
     let key = hwkey::key::Key::open(&key).expect("open");
-    let q1 = hwkey::pki::attestation::qualifying_data(b"subject-1", key.spki_der());
-    let q2 = hwkey::pki::attestation::qualifying_data(b"subject-2", key.spki_der());
+    let q1 = hwkey::pki::attestation::qualifying_data(b"subject-1", key.spki_der(), 1);
+    let q2 = hwkey::pki::attestation::qualifying_data(b"subject-2", key.spki_der(), 1);
+    // The same subject and key at another time is another binding too.
+    let q3 = hwkey::pki::attestation::qualifying_data(b"subject-1", key.spki_der(), 2);
     let evidence = key.certify(0x8101_0002, &q1).expect("certify");
     let ak = hwkey::key::attestation::verify(&evidence, key.spki_der(), &q1).expect("holds");
     assert_eq!(&ak[..2], &[0x00, 0x0b]);
-    let e = hwkey::key::attestation::verify(&evidence, key.spki_der(), &q2).unwrap_err();
-    assert!(e.0.contains("another request"), "{e}");
+    for other in [&q2, &q3] {
+        let e = hwkey::key::attestation::verify(&evidence, key.spki_der(), other).unwrap_err();
+        assert!(e.0.contains("another request"), "{e}");
+    }
     // And for another key: a software key's SPKI.
     let other = rcgen::KeyPair::generate().expect("key");
     let other_spki = pem::parse(other.public_key_pem())
@@ -166,7 +172,7 @@ fn the_evidence_checks_out_with_tpm2_tools() {
     let node = Node::new();
     let key: hwkey::key::KeyUri = node.key_uri().parse().expect("uri");
     let key = hwkey::key::Key::open(&key).expect("open");
-    let q = hwkey::pki::attestation::qualifying_data(b"subject", key.spki_der());
+    let q = hwkey::pki::attestation::qualifying_data(b"subject", key.spki_der(), 1);
     let evidence = key.certify(0x8101_0002, &q).expect("certify");
     drop(key);
     let d = node.dir.path();
@@ -245,7 +251,8 @@ fn a_node_registers_by_its_ek_certificate_through_credential_activation() {
             .arg("--out")
             .arg(&challenge)
             .arg("--expect")
-            .arg(&expect);
+            .arg(&expect)
+            .args(["--node", "node7"]);
         cmd
     };
     run_ok(&mut challenge_cmd(&enrollment, &ek_ca));
@@ -266,7 +273,7 @@ fn a_node_registers_by_its_ek_certificate_through_credential_activation() {
     std::fs::write(&answer, stdout(&run_ok(&mut activate(&tpm.tcti())))).expect("write");
     let trust = d.join("trust");
     std::fs::create_dir(&trust).expect("trust dir");
-    let register = |replace: bool| {
+    let register_as = |node: &str, replace: bool| {
         let mut cmd = hwkey();
         cmd.args(["attest", "register"])
             .arg(&enrollment)
@@ -274,14 +281,34 @@ fn a_node_registers_by_its_ek_certificate_through_credential_activation() {
             .arg(&expect)
             .arg("--answer")
             .arg(&answer)
-            .args(["--node", "node7", "--trust"])
+            .args(["--node", node, "--trust"])
             .arg(&trust);
         if replace {
             cmd.arg("--replace");
         }
         cmd
     };
+    let register = |replace: bool| register_as("node7", replace);
+    // The answer registers the challenged node's name only (issue 21, finding 14).
+    fails_with(
+        &mut register_as("node7b", false),
+        &["challenge was made for node 'node7'"],
+    );
     assert!(stdout(&run_ok(&mut register(false))).contains("registered node7"));
+    // What it wrote is the canonical registration, bound to the node's name.
+    let written = std::fs::read_to_string(trust.join("node7")).expect("registration");
+    assert!(
+        written.contains("node: node7") && !written.contains("ekCertificatePem"),
+        "{written}"
+    );
+    // The answer is consumed: it cannot register again (finding 14).
+    assert!(!expect.exists(), "the --expect file is still there");
+    fails_with(&mut register(true), &["cannot read --expect"]);
+    let rechallenge = || {
+        run_ok(&mut challenge_cmd(&enrollment, &ek_ca));
+        std::fs::write(&answer, stdout(&run_ok(&mut activate(&tpm.tcti())))).expect("write");
+    };
+    rechallenge();
 
     // The registration admits the node's attested requests.
     let key = format!(
@@ -318,8 +345,28 @@ fn a_node_registers_by_its_ek_certificate_through_credential_activation() {
         "{verdict}"
     );
 
-    // Registered already; a wrong answer.
+    // Registered already; the same AK under another name (finding 7); a wrong answer.
     fails_with(&mut register(false), &["registered already", "--replace"]);
+    {
+        let mut cmd = hwkey();
+        cmd.args(["attest", "challenge"])
+            .arg(&enrollment)
+            .arg("--ek-ca")
+            .arg(&ek_ca)
+            .arg("--out")
+            .arg(&challenge)
+            .arg("--expect")
+            .arg(&expect)
+            .args(["--node", "node8"]);
+        run_ok(&mut cmd);
+    }
+    std::fs::write(&answer, stdout(&run_ok(&mut activate(&tpm.tcti())))).expect("write");
+    fails_with(
+        &mut register_as("node8", false),
+        &["registered already as node7", "one TPM is one node"],
+    );
+    assert!(!trust.join("node8").exists());
+    rechallenge();
     std::fs::write(&answer, "00".repeat(32)).expect("write");
     fails_with(&mut register(true), &["not the challenge's secret"]);
 

@@ -9,6 +9,8 @@
 #[cfg(feature = "tpm")]
 mod approver;
 #[cfg(feature = "tpm")]
+mod approver_attacks;
+#[cfg(feature = "tpm")]
 mod attestation;
 mod build_features;
 #[cfg(feature = "pkcs11")]

@@ -25,6 +25,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// The bootstrap token every cluster accepts (`<id>.<secret>`).
 pub const BOOTSTRAP_TOKEN: &str = "abcdef.0123456789abcdef";
 
+/// The extra group of [`BOOTSTRAP_TOKEN`] (kubeadm's default node token group): the one
+/// `deploy/approver.yaml` allows to join nodes.
+pub const BOOTSTRAP_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
+
 /// The directory holding kube-apiserver and kube-controller-manager: `HWKEY_KUBE_BIN`, else
 /// what `hsm-fixtures/build-kube.sh` reports (it only looks when the build is cached).
 pub fn kube_bin_dir() -> PathBuf {
@@ -273,6 +277,32 @@ impl KubeCluster {
         path
     }
 
+    /// A kubeconfig that authenticates with the client certificate `cert` and its key `key`.
+    pub fn cert_kubeconfig(&self, name: &str, cert: &Path, key: &Path) -> PathBuf {
+        let path = self.dir.path().join(format!("{name}.kubeconfig"));
+        let user = format!(
+            "    client-certificate: {}\n    client-key: {}\n",
+            cert.display(),
+            key.display()
+        );
+        std::fs::write(&path, kubeconfig(self.port, &self.ca_path, &user))
+            .expect("write kubeconfig");
+        path
+    }
+
+    /// Installs another bootstrap token `ID.SECRET` (6 and 16 lowercase characters) whose
+    /// identities get `extra_group`; returns a kubeconfig holding it.
+    pub fn bootstrap_token_kubeconfig(&self, id: &str, secret: &str, extra_group: &str) -> PathBuf {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: bootstrap-token-{id}\n  namespace: kube-system\ntype: bootstrap.kubernetes.io/token\nstringData:\n  token-id: {id}\n  token-secret: {secret}\n  usage-bootstrap-authentication: \"true\"\n  auth-extra-groups: {extra_group}\n"
+        ));
+        let path = self.dir.path().join(format!("bootstrap-{id}.kubeconfig"));
+        let user = format!("    token: {id}.{secret}\n");
+        std::fs::write(&path, kubeconfig(self.port, &self.ca_path, &user))
+            .expect("write kubeconfig");
+        path
+    }
+
     /// Runs kubectl as the admin; panics with its output on failure.
     pub fn kubectl_ok(&self, args: &[&str]) -> Output {
         run_ok(self.kubectl().args(args))
@@ -337,7 +367,7 @@ stringData:
   token-id: abcdef
   token-secret: 0123456789abcdef
   usage-bootstrap-authentication: "true"
-  auth-extra-groups: system:bootstrappers:hwkey
+  auth-extra-groups: system:bootstrappers:kubeadm:default-node-token
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding

@@ -13,6 +13,7 @@ pub mod kube;
 pub mod ports;
 pub mod process;
 pub mod proxy;
+pub mod relay;
 pub mod servers;
 pub mod softhsm;
 pub mod swtpm;

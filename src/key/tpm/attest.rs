@@ -152,6 +152,7 @@ fn certify_with(
         ak_public: ak_public
             .marshall()
             .map_err(tpm_err("marshalling TPMT_PUBLIC (AK)"))?,
+        made_at: None,
         ek_certificate: None,
     })
 }

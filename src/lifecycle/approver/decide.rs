@@ -1,24 +1,36 @@
 //! One request's decision, and recording it on the API server.
 //!
 //! A request is ours when its signerName is one of ours and it has no Approved or Denied
-//! condition yet. It is approved when its TPM evidence holds, the evidence's AK is a registered
-//! node's, the subject is that node's (`CN=system:node:NAME`) and the requester may ask for it
-//! (the node itself, or a bootstrap identity `system:bootstrap:…`); it is denied otherwise, with
-//! the reason that did not hold.
+//! condition yet. It is approved only when every check holds, in this order (the first that
+//! fails is the denial's reason, [`Reason`]):
+//!
+//! 1. `spec.request` is exactly one CERTIFICATE REQUEST block, read as Go reads it
+//!    ([`policy::request_der`]): the approver decides on the bytes the signer signs;
+//! 2. the signer's policy ([`policy::check_kubelet_client`]): the subject's DER RDNs, SANs,
+//!    requested extensions and attributes, `spec.usages`;
+//! 3. the requester may ask for that node: the node itself, or a bootstrap identity in one of
+//!    the configured bootstrap groups;
+//! 4. the TPM evidence holds ([`crate::pki::attestation::verify_evidence`]);
+//! 5. it is fresh: made within the window before the request was created;
+//! 6. it is not reused: no earlier request carries the same evidence ([`EvidenceIndex`]);
+//! 7. the (AK, node) pair is registered ([`crate::pki::attestation::admit`]).
+
+use std::collections::HashMap;
+use std::time::Duration;
 
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
 };
 use kube::api::{Api, PostParams};
 
+use super::policy::{self, Reason};
 use super::OnMissingEvidence;
 use crate::lifecycle::LifecycleError;
-use crate::pki::attestation::{self, Refusal};
+use crate::pki::attestation::{self, RegisteredAk};
 
-/// The approval condition's reason for an attested key.
-pub const APPROVED_REASON: &str = "AttestedTPMKey";
-/// The denial reason when the key is attested but the subject or requester is wrong.
-pub const SUBJECT_MISMATCH: &str = "SubjectMismatch";
+/// How far a node's clock may run ahead of the API server's: evidence made up to this long
+/// after its request was created is still fresh.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
 
 /// One decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,10 +39,21 @@ pub struct Decision {
     pub name: String,
     /// Approved (true) or denied.
     pub approved: bool,
-    /// The condition's reason (`AttestedTPMKey`, `NoEvidence`, …).
-    pub reason: String,
+    /// The condition's reason.
+    pub reason: Reason,
     /// The condition's message.
     pub message: String,
+}
+
+/// The rules a decision applies beyond the signer's policy.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    /// Requests without evidence: deny or leave alone.
+    pub on_missing_evidence: OnMissingEvidence,
+    /// Groups whose bootstrap identities (`system:bootstrap:*`) may ask for a node identity.
+    pub bootstrap_groups: Vec<String>,
+    /// How old evidence may be when its request is created.
+    pub evidence_max_age: Duration,
 }
 
 /// Whether `csr` is still to be decided by an approver of `signer_names`.
@@ -47,67 +70,180 @@ pub fn is_ours_and_open(csr: &CertificateSigningRequest, signer_names: &[String]
         })
 }
 
+/// When a request was created (Unix seconds), as the API server stamped it.
+fn created_at(csr: &CertificateSigningRequest) -> Option<i64> {
+    csr.metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+}
+
+/// Which request first carried each piece of evidence: the earliest (creation time, name) of
+/// every request of ours seen, decided or not. The API server keeps decided requests for an
+/// hour (kube-controller-manager's cleaner), longer than the freshness window, so a copy of
+/// fresh evidence always meets its original here, even across approver restarts.
+#[derive(Debug, Default)]
+pub struct EvidenceIndex {
+    first: HashMap<[u8; 32], (i64, String)>,
+}
+
+impl EvidenceIndex {
+    /// Records `csr`'s evidence (if it has any).
+    pub fn record(&mut self, csr: &CertificateSigningRequest) {
+        let (Some(name), Some(created)) = (csr.metadata.name.clone(), created_at(csr)) else {
+            return;
+        };
+        let Some(digest) = policy::request_der(&csr.spec.request.0)
+            .ok()
+            .and_then(|der| attestation::evidence_digest(&der))
+        else {
+            return;
+        };
+        let candidate = (created, name);
+        let entry = self
+            .first
+            .entry(digest)
+            .or_insert_with(|| candidate.clone());
+        if candidate < *entry {
+            *entry = candidate;
+        }
+    }
+
+    /// The earlier request holding `digest`, if it is not `name`.
+    fn earlier_than(&self, digest: &[u8; 32], name: &str) -> Option<&str> {
+        self.first
+            .get(digest)
+            .map(|(_, first)| first.as_str())
+            .filter(|first| *first != name)
+    }
+
+    /// How many distinct pieces of evidence are recorded.
+    pub fn len(&self) -> usize {
+        self.first.len()
+    }
+
+    /// Whether nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.first.is_empty()
+    }
+}
+
 /// The decision for one open request of ours, or None when it is left to other approvers
-/// (`--on-missing-evidence ignore` and no evidence). `trusted` are the registered nodes.
+/// (`--on-missing-evidence ignore` and no evidence). `trusted` are the registered nodes;
+/// `index` must already hold `csr` and every request seen before it.
 pub fn decide(
     csr: &CertificateSigningRequest,
-    on_missing_evidence: OnMissingEvidence,
-    trusted: &[attestation::RegisteredAk],
+    rules: &Rules,
+    trusted: &[RegisteredAk],
+    index: &EvidenceIndex,
 ) -> Option<Decision> {
     let name = csr.metadata.name.clone()?;
-    let deny = |reason: &str, message: String| {
+    let deny = |reason: Reason, message: String| {
         Some(Decision {
             name: name.clone(),
             approved: false,
-            reason: reason.into(),
+            reason,
             message,
         })
     };
-    let der = match pem::parse(&csr.spec.request.0) {
-        Ok(p) => p.into_contents(),
-        Err(_) => csr.spec.request.0.clone(),
+    let der = match policy::request_der(&csr.spec.request.0) {
+        Ok(der) => der,
+        Err(v) => return deny(v.reason, v.message),
     };
-    let admitted = match attestation::verify_request(&der, trusted) {
+    let digest = attestation::evidence_digest(&der);
+    if digest.is_none() && rules.on_missing_evidence == OnMissingEvidence::Ignore {
+        return None;
+    }
+    let usages = csr.spec.usages.clone().unwrap_or_default();
+    let checked = match policy::check_kubelet_client(&der, Some(&usages)) {
+        Ok(c) => c,
+        Err(v) => return deny(v.reason, v.message),
+    };
+    if let Err(message) = check_requester(csr, &checked.node, &rules.bootstrap_groups) {
+        return deny(Reason::RequesterNotAllowed, message);
+    }
+    let attested = match attestation::verify_evidence(&checked.der) {
         Ok(a) => a,
-        Err(r)
-            if r.refusal == Refusal::NoEvidence
-                && on_missing_evidence == OnMissingEvidence::Ignore =>
-        {
-            return None
-        }
-        Err(r) => return deny(r.refusal.reason(), r.message),
+        Err(r) => return deny(Reason::of(r.refusal), r.message),
     };
-    let wanted_cn = format!("system:node:{}", admitted.node);
-    let subject_ok = admitted
-        .subject
-        .split(',')
-        .map(str::trim)
-        .any(|part| part == format!("CN={wanted_cn}"));
-    if !subject_ok {
+    if let Err(message) = check_fresh(csr, attested.made_at, rules.evidence_max_age) {
+        return deny(Reason::EvidenceStale, message);
+    }
+    if let Some(first) = index.earlier_than(&attested.evidence_digest, &name) {
         return deny(
-            SUBJECT_MISMATCH,
+            Reason::EvidenceReused,
             format!(
-                "the key is in node '{}'s TPM, but the request asks for {}",
-                admitted.node, admitted.subject
+                "the same TPM evidence is in request {first}, made earlier: evidence is used once"
             ),
         );
     }
-    let user = csr.spec.username.clone().unwrap_or_default();
-    if user != wanted_cn && !user.starts_with("system:bootstrap:") {
-        return deny(
-            SUBJECT_MISMATCH,
-            format!("{user} may not ask for {wanted_cn}: only that node itself or a bootstrap identity may"),
-        );
-    }
+    let admitted = match attestation::admit(attested, &checked.node, trusted) {
+        Ok(a) => a,
+        Err(r) => return deny(Reason::of(r.refusal), r.message),
+    };
     Some(Decision {
         name,
         approved: true,
-        reason: APPROVED_REASON.into(),
+        reason: Reason::AttestedTPMKey,
         message: format!(
             "the key is in the TPM of node '{}' (attestation key {})",
             admitted.node, admitted.ak_name
         ),
     })
+}
+
+/// The node itself (renewal), or a bootstrap identity in an allowed group (first join).
+fn check_requester(
+    csr: &CertificateSigningRequest,
+    node: &str,
+    bootstrap_groups: &[String],
+) -> Result<(), String> {
+    let user = csr.spec.username.as_deref().unwrap_or_default();
+    if user == format!("system:node:{node}") {
+        return Ok(());
+    }
+    let groups = csr.spec.groups.clone().unwrap_or_default();
+    if user.starts_with("system:bootstrap:") {
+        if groups.iter().any(|g| bootstrap_groups.contains(g)) {
+            return Ok(());
+        }
+        return Err(if bootstrap_groups.is_empty() {
+            format!("{user} is a bootstrap identity, and no bootstrap group is allowed (pass --bootstrap-group with the group of the nodes' bootstrap tokens)")
+        } else {
+            format!(
+                "{user} is in groups {groups:?}, none of the bootstrap groups allowed to join nodes ({bootstrap_groups:?})"
+            )
+        });
+    }
+    Err(format!(
+        "{user} may not ask for system:node:{node}: only that node itself or a bootstrap identity of an allowed group may"
+    ))
+}
+
+/// Evidence made at most `max_age` before the request was created, and not more than
+/// [`CLOCK_SKEW`] after.
+fn check_fresh(
+    csr: &CertificateSigningRequest,
+    made_at: u64,
+    max_age: Duration,
+) -> Result<(), String> {
+    let created = created_at(csr).ok_or("the request has no creation time")?;
+    let made = i64::try_from(made_at).unwrap_or(i64::MAX);
+    let age = created.saturating_sub(made);
+    let max = i64::try_from(max_age.as_secs()).unwrap_or(i64::MAX);
+    let skew = i64::try_from(CLOCK_SKEW.as_secs()).unwrap_or(i64::MAX);
+    if age > max {
+        return Err(format!(
+            "the evidence was made {age} s before the request was created (at most {max} s): make a new request on the node"
+        ));
+    }
+    if -age > skew {
+        return Err(format!(
+            "the evidence claims to be made {} s after the request was created (at most {skew} s of clock skew): check the node's clock",
+            -age
+        ));
+    }
+    Ok(())
 }
 
 /// What became of a decision sent to the API server.
@@ -140,7 +276,7 @@ pub async fn record(
                 "Denied".into()
             },
             status: "True".into(),
-            reason: Some(decision.reason.clone()),
+            reason: Some(decision.reason.as_str().into()),
             message: Some(decision.message.clone()),
             ..Default::default()
         });

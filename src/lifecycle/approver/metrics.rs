@@ -2,12 +2,15 @@
 //! listener. Names are the operator's contract:
 //!
 //! - `hwkey_approver_decisions_total{decision, reason}`: decisions written, by reason
-//!   (`approved`/`AttestedTPMKey`, `denied`/`NoEvidence|EvidenceInvalid|UnknownAttestationKey|SubjectMismatch`).
+//!   (`approved`/`AttestedTPMKey`, `denied`/every other [`Reason`]).
 //! - `hwkey_approver_conflicts_total`: decisions not written because the request changed
 //!   meanwhile (another replica or approver decided it).
 //! - `hwkey_approver_verify_seconds`: time to check one request (signature, evidence, trust).
 //! - `hwkey_approver_leader`: 1 while this replica holds the Lease (or runs without election).
 //! - `hwkey_approver_registered_nodes`: nodes in the trust source as last read.
+//! - `hwkey_approver_trust_invalid_entries`: trust entries skipped as malformed.
+//! - `hwkey_approver_trust_duplicate_aks`: AKs registered for more than one node.
+//! - `hwkey_approver_retries_total`: decisions retried after a transient error.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -25,13 +28,24 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use super::decide::{APPROVED_REASON, SUBJECT_MISMATCH};
-use crate::pki::attestation::Refusal;
+use super::policy::Reason;
+
+#[derive(
+    Debug, Clone, Copy, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelValue,
+)]
+#[allow(
+    non_camel_case_types,
+    reason = "the label values operators match on are lowercase"
+)]
+enum Verdict {
+    approved,
+    denied,
+}
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
-    decision: &'static str,
-    reason: String,
+    decision: Verdict,
+    reason: Reason,
 }
 
 /// The approver's metrics, registered once.
@@ -46,29 +60,26 @@ pub struct ApproverMetrics {
     pub leader: Gauge,
     /// Nodes in the trust source.
     pub registered_nodes: Gauge,
+    /// Trust entries skipped as malformed.
+    pub trust_invalid_entries: Gauge,
+    /// AKs registered for more than one node.
+    pub trust_duplicate_aks: Gauge,
+    /// Decisions retried after a transient error.
+    pub retries: Counter,
 }
 
 impl Default for ApproverMetrics {
     fn default() -> Self {
         let mut registry = Registry::default();
         let decisions = Family::<DecisionLabels, Counter>::default();
-        decisions
-            .get_or_create(&DecisionLabels {
-                decision: "approved",
-                reason: APPROVED_REASON.into(),
-            })
-            .inc_by(0);
-        for reason in [
-            Refusal::NoEvidence.reason(),
-            Refusal::EvidenceInvalid.reason(),
-            Refusal::UnknownAttestationKey.reason(),
-            SUBJECT_MISMATCH,
-        ] {
+        for reason in Reason::ALL {
+            let decision = if reason == Reason::AttestedTPMKey {
+                Verdict::approved
+            } else {
+                Verdict::denied
+            };
             decisions
-                .get_or_create(&DecisionLabels {
-                    decision: "denied",
-                    reason: reason.into(),
-                })
+                .get_or_create(&DecisionLabels { decision, reason })
                 .inc_by(0);
         }
         registry.register(
@@ -103,8 +114,29 @@ impl Default for ApproverMetrics {
             "Registered nodes in the trust source as last read",
             registered_nodes.clone(),
         );
+        let trust_invalid_entries = Gauge::default();
+        registry.register(
+            "hwkey_approver_trust_invalid_entries",
+            "Trust entries skipped because they are not a usable registration",
+            trust_invalid_entries.clone(),
+        );
+        let trust_duplicate_aks = Gauge::default();
+        registry.register(
+            "hwkey_approver_trust_duplicate_aks",
+            "Attestation keys registered for more than one node",
+            trust_duplicate_aks.clone(),
+        );
+        let retries = Counter::default();
+        registry.register(
+            "hwkey_approver_retries",
+            "Decisions retried after a transient error (trust source, API server)",
+            retries.clone(),
+        );
         ApproverMetrics {
             registry,
+            trust_invalid_entries,
+            trust_duplicate_aks,
+            retries,
             decisions,
             conflicts,
             verify_seconds,
@@ -116,12 +148,14 @@ impl Default for ApproverMetrics {
 
 impl ApproverMetrics {
     /// Counts a written decision.
-    pub fn decided(&self, approved: bool, reason: &str) {
+    pub fn decided(&self, reason: Reason) {
+        let decision = if reason == Reason::AttestedTPMKey {
+            Verdict::approved
+        } else {
+            Verdict::denied
+        };
         self.decisions
-            .get_or_create(&DecisionLabels {
-                decision: if approved { "approved" } else { "denied" },
-                reason: reason.to_string(),
-            })
+            .get_or_create(&DecisionLabels { decision, reason })
             .inc();
     }
 
@@ -220,7 +254,7 @@ mod tests {
     #[test]
     fn every_reason_is_present_from_the_start() {
         let m = ApproverMetrics::default();
-        m.decided(true, APPROVED_REASON);
+        m.decided(Reason::AttestedTPMKey);
         let text = m.render();
         assert!(
             text.contains(
@@ -233,6 +267,8 @@ mod tests {
             "EvidenceInvalid",
             "UnknownAttestationKey",
             "SubjectMismatch",
+            "MalformedRequest",
+            "EvidenceReused",
         ] {
             assert!(
                 text.contains(&format!(

@@ -1,0 +1,341 @@
+//! A node's registration: the AK the approver trusts for a node, as an operator stored it (what
+//! `hwkey attest enroll` printed) or as `hwkey attest register` wrote it after credential
+//! activation.
+//!
+//! Every reader (the approver, `attest verify`, `attest challenge`, `attest register`) reads it
+//! with this one parser, as YAML into typed fields: a field given twice, an unknown field or an
+//! `akName` that is not the name of `akPublic` is refused, and the AK's name is always derived
+//! from `akPublic`, never taken from text. (A line-based reader once took an `akName:` line hidden
+//! inside a block scalar.)
+//!
+//! A trust source holds one entry per node. A malformed entry is skipped and reported, never
+//! fatal for the others: one typo must not lock every node out at the next restart.
+
+use std::path::Path;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use super::PkiError;
+use crate::key::attestation::{hex, name_of};
+
+/// A registered node: its name (the entry's name) and its AK's TPM name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisteredAk {
+    /// The node the AK belongs to.
+    pub node: String,
+    /// The AK's TPM name (nameAlg || digest of `akPublic`).
+    pub ak_name: Vec<u8>,
+}
+
+/// The fields of an enrollment or registration (camelCase YAML keys).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnrollmentFile {
+    /// The node this registration is for (written by `attest register`; must equal the entry's
+    /// name when present).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Where the AK is kept in the node's TPM (informational).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ak_handle: Option<serde_yaml_ng::Value>,
+    /// The AK's TPM name, hex: must be the name of `akPublic` when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ak_name: Option<String>,
+    /// The AK's `TPMT_PUBLIC`, base64: what the AK's name is derived from.
+    pub ak_public: String,
+    /// The AK's public key, PEM (informational).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ak_public_key_pem: Option<String>,
+    /// The EK's `TPMT_PUBLIC`, base64 (what credential activation encrypts to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ek_public: Option<String>,
+    /// The EK's public key, PEM (informational).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ek_public_key_pem: Option<String>,
+    /// The EK certificate, PEM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ek_certificate_pem: Option<String>,
+    /// How the node was registered (written by `attest register`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registered_by: Option<String>,
+}
+
+impl EnrollmentFile {
+    /// Parses an enrollment or registration (YAML).
+    pub fn parse(text: &str) -> Result<EnrollmentFile, String> {
+        serde_yaml_ng::from_str(text)
+            .map_err(|e| format!("it is not what `hwkey attest enroll` prints: {e}"))
+    }
+
+    /// The AK's `TPMT_PUBLIC`.
+    pub fn ak_public(&self) -> Result<Vec<u8>, String> {
+        base64::engine::general_purpose::STANDARD
+            .decode(self.ak_public.trim())
+            .map_err(|e| format!("akPublic is not base64: {e}"))
+    }
+
+    /// The AK's TPM name, derived from `akPublic`; an `akName` field must agree with it.
+    pub fn ak_name(&self) -> Result<Vec<u8>, String> {
+        let derived = name_of(&self.ak_public()?).map_err(|e| format!("akPublic: {e}"))?;
+        if let Some(given) = &self.ak_name {
+            if !given.trim().eq_ignore_ascii_case(&hex(&derived)) {
+                return Err(format!(
+                    "akName {} is not the name of akPublic ({})",
+                    given.trim(),
+                    hex(&derived)
+                ));
+            }
+        }
+        Ok(derived)
+    }
+
+    /// The canonical registration `hwkey attest register` writes for `node`: only the fields it
+    /// verified (the AK's public area and name), how, and the node's name.
+    pub fn canonical(node: &str, ak_public: &[u8], registered_by: &str) -> Result<String, String> {
+        let name = name_of(ak_public).map_err(|e| format!("akPublic: {e}"))?;
+        let fields = EnrollmentFile {
+            node: Some(node.to_string()),
+            ak_name: Some(hex(&name)),
+            ak_public: base64::engine::general_purpose::STANDARD.encode(ak_public),
+            registered_by: Some(registered_by.to_string()),
+            ..EnrollmentFile::default()
+        };
+        let yaml = serde_yaml_ng::to_string(&fields).map_err(|e| e.to_string())?;
+        Ok(format!(
+            "# hwkey attest register: the approver trusts this AK for node {node}\n{yaml}"
+        ))
+    }
+}
+
+/// Whether `name` can be a node's entry (a file name in a trust directory, a ConfigMap key).
+pub fn check_node_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "'{}' is not a node name (lowercase letters, digits, '-' and '.', as Kubernetes names nodes)",
+            name.escape_debug()
+        ))
+    }
+}
+
+/// Reads one entry: `text` registered for node `entry`.
+pub fn parse_registration(entry: &str, text: &str) -> Result<RegisteredAk, String> {
+    check_node_name(entry)?;
+    let fields = EnrollmentFile::parse(text)?;
+    if let Some(node) = &fields.node {
+        if node != entry {
+            return Err(format!(
+                "it registers node '{}', but it is stored as '{entry}'",
+                node.escape_debug()
+            ));
+        }
+    }
+    Ok(RegisteredAk {
+        node: entry.to_string(),
+        ak_name: fields.ak_name()?,
+    })
+}
+
+/// An entry that was skipped, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidEntry {
+    /// The entry's name (file or ConfigMap key).
+    pub entry: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// What a trust source held: the usable registrations and the skipped entries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustRead {
+    /// The registrations that parsed.
+    pub nodes: Vec<RegisteredAk>,
+    /// The entries that did not.
+    pub invalid: Vec<InvalidEntry>,
+}
+
+impl TrustRead {
+    /// Parses `(entry, text)` pairs, keeping the good ones and reporting the bad.
+    pub fn from_entries<'a>(entries: impl IntoIterator<Item = (&'a str, &'a str)>) -> TrustRead {
+        let mut read = TrustRead::default();
+        for (entry, text) in entries {
+            match parse_registration(entry, text) {
+                Ok(ak) => read.nodes.push(ak),
+                Err(reason) => read.invalid.push(InvalidEntry {
+                    entry: entry.to_string(),
+                    reason,
+                }),
+            }
+        }
+        read
+    }
+
+    /// Fails when entries exist and none of them is usable (a source that is wholly wrong, not
+    /// one typo); an empty source is usable (no node registered yet).
+    pub fn usable(self) -> Result<TrustRead, String> {
+        if self.nodes.is_empty() && !self.invalid.is_empty() {
+            let reasons: Vec<String> = self
+                .invalid
+                .iter()
+                .map(|i| format!("{}: {}", i.entry, i.reason))
+                .collect();
+            return Err(format!(
+                "no entry is a usable registration: {}",
+                reasons.join("; ")
+            ));
+        }
+        Ok(self)
+    }
+
+    /// AKs registered under more than one node: (AK name hex, the nodes). Each pair is still
+    /// admitted for its own node only, but one TPM is not two nodes: an operator should look.
+    pub fn duplicate_aks(&self) -> Vec<(String, Vec<String>)> {
+        let mut by_ak: std::collections::BTreeMap<&[u8], Vec<String>> = Default::default();
+        for n in &self.nodes {
+            by_ak.entry(&n.ak_name).or_default().push(n.node.clone());
+        }
+        by_ak
+            .into_iter()
+            .filter(|(_, nodes)| nodes.len() > 1)
+            .map(|(ak, nodes)| (hex(ak), nodes))
+            .collect()
+    }
+}
+
+/// Reads a `--trust` directory: one file per node, named after it. Hidden entries are skipped,
+/// so a directory a Kubernetes ConfigMap is mounted on (its `..data` links) reads as the
+/// ConfigMap's entries. An unreadable directory is an error; an unreadable or malformed file is
+/// a skipped entry.
+pub fn read_trust_dir(dir: &Path) -> Result<TrustRead, PkiError> {
+    let bad = |reason: String| PkiError::BadTrust {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    let mut texts = Vec::new();
+    let mut unreadable = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| bad(e.to_string()))? {
+        let entry = entry.map_err(|e| bad(e.to_string()))?;
+        let path = entry.path();
+        let Some(node) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        if node.starts_with('.') || !path.is_file() {
+            continue;
+        }
+        match std::fs::read_to_string(&path) {
+            Ok(text) => texts.push((node, text)),
+            Err(e) => unreadable.push(InvalidEntry {
+                entry: node,
+                reason: e.to_string(),
+            }),
+        }
+    }
+    let mut read = TrustRead::from_entries(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())));
+    read.invalid.extend(unreadable);
+    Ok(read)
+}
+
+/// Every node registered in `dir` whose AK has `ak_name`: `attest register` refuses an AK that
+/// is already registered under another name.
+pub fn nodes_with_ak(dir: &Path, ak_name: &[u8]) -> Result<Vec<String>, PkiError> {
+    Ok(read_trust_dir(dir)?
+        .nodes
+        .into_iter()
+        .filter(|n| n.ak_name == ak_name)
+        .map(|n| n.node)
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A TPMT_PUBLIC-shaped blob: type ECC, nameAlg SHA-256, then anything.
+    const AK_PUBLIC: &[u8] = &[0x00, 0x23, 0x00, 0x0b, 1, 2, 3, 4];
+
+    fn enrollment() -> String {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(AK_PUBLIC);
+        let name = hex(&name_of(AK_PUBLIC).expect("name"));
+        format!("# hwkey attest enroll\nakHandle: 0x81010002\nakName: {name}\nakPublic: {b64}\n")
+    }
+
+    #[test]
+    fn the_name_is_derived_from_the_public_area() {
+        let ak = parse_registration("node-a", &enrollment()).expect("parses");
+        assert_eq!(ak.ak_name, name_of(AK_PUBLIC).expect("name"));
+        let without_name: String = enrollment()
+            .lines()
+            .filter(|l| !l.starts_with("akName"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(parse_registration("node-a", &without_name), Ok(ak));
+    }
+
+    #[test]
+    fn hidden_duplicated_or_contradicting_names_are_refused() {
+        let fake = "000b".to_string() + &"ab".repeat(32);
+        let duplicated = format!("{}akName: {fake}\n", enrollment());
+        let e = parse_registration("node-a", &duplicated).expect_err("duplicate");
+        assert!(e.contains("duplicate"), "{e}");
+        let contradicting = enrollment().replace(&hex(&name_of(AK_PUBLIC).expect("name")), &fake);
+        let e = parse_registration("node-a", &contradicting).expect_err("contradicts");
+        assert!(e.contains("is not the name of akPublic"), "{e}");
+        // A fake name inside a block scalar is text, not a field: the real name counts.
+        let hidden = format!("{}akPublicKeyPem: |\n  akName: {fake}\n", enrollment());
+        assert_eq!(
+            parse_registration("node-a", &hidden).map(|a| a.ak_name),
+            name_of(AK_PUBLIC).map_err(|e| e.to_string())
+        );
+        let unknown = format!("{}akNameOverride: {fake}\n", enrollment());
+        assert!(parse_registration("node-a", &unknown).is_err());
+        let only_name = format!("akName: {fake}\n");
+        assert!(parse_registration("node-a", &only_name).is_err());
+    }
+
+    #[test]
+    fn the_canonical_form_binds_the_node() {
+        let text = EnrollmentFile::canonical("node-d", AK_PUBLIC, "EK certificate").expect("yaml");
+        assert!(parse_registration("node-d", &text).is_ok());
+        let e = parse_registration("node-d2", &text).expect_err("another node");
+        assert!(e.contains("registers node 'node-d'"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_entry_is_skipped_unless_nothing_is_usable() {
+        let good = enrollment();
+        let read = TrustRead::from_entries([("node-a", good.as_str()), ("node-b", "akName: zz")]);
+        assert_eq!(read.nodes.len(), 1);
+        assert_eq!(read.invalid[0].entry, "node-b");
+        assert!(read.usable().is_ok());
+        let read = TrustRead::from_entries([("node-b", "akName: zz")]);
+        assert!(read.usable().is_err());
+        assert!(TrustRead::default().usable().is_ok());
+        let read = TrustRead::from_entries([("Node_A", good.as_str())]);
+        assert!(read.invalid[0].reason.contains("not a node name"));
+    }
+
+    #[test]
+    fn an_ak_under_two_nodes_is_reported() {
+        let good = enrollment();
+        let read = TrustRead::from_entries([("node-a", good.as_str()), ("node-b", good.as_str())]);
+        assert_eq!(
+            read.duplicate_aks(),
+            vec![(
+                hex(&name_of(AK_PUBLIC).expect("name")),
+                vec!["node-a".to_string(), "node-b".to_string()]
+            )]
+        );
+    }
+}
