@@ -203,8 +203,17 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HWKEY_LOG")
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env("HWKEY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // tss-esapi logs every failed unmarshal at ERROR with the input's content: evidence any
+    // cluster user can put in a request. hwkey reports each refusal once, at its own level and
+    // bounded; tss-esapi's lines appear only when HWKEY_LOG names them.
+    let named = std::env::var("HWKEY_LOG").is_ok_and(|v| v.contains("tss_esapi"));
+    if !named {
+        if let Ok(off) = "tss_esapi=off".parse() {
+            filter = filter.add_directive(off);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -402,3 +402,112 @@ fn a_node_registers_by_its_ek_certificate_through_credential_activation() {
     );
     fails_with(&mut activate(&tpm.tcti()), &["did not release the secret"]);
 }
+
+/// Issue 21, findings 13 and the "Also" list: what any cluster user can put in a request — the
+/// PEM around it, the DER, the evidence blobs, registrations — is refused without a panic, and
+/// malformed evidence is reported once, by hwkey, with no tss-esapi ERROR line carrying its
+/// content.
+mod untrusted_input {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngSeed};
+
+    use super::*;
+
+    fn config(cases: u32) -> Config {
+        Config {
+            cases,
+            rng_seed: RngSeed::Fixed(0x0068_776b_6579),
+            failure_persistence: None,
+            ..Config::default()
+        }
+    }
+
+    /// A request and its evidence, made once by a real TPM.
+    fn attested() -> (Vec<u8>, hwkey::key::attestation::TpmEvidence) {
+        let node = Node::new();
+        let pem = std::fs::read(node.csr("a.csr", "CN=system:node:n1,O=system:nodes", true))
+            .expect("read");
+        let der = ::pem::parse(&pem).expect("pem").into_contents();
+        let key: hwkey::key::KeyUri = node.key_uri().parse().expect("uri");
+        let key = hwkey::key::Key::open(&key).expect("open");
+        let evidence = key.certify(0x8101_0002, &[0u8; 32]).expect("certify");
+        (der, evidence)
+    }
+
+    #[test]
+    fn malformed_evidence_is_refused_once_by_hwkey_without_tss_error_lines() {
+        let node = Node::new();
+        let key: hwkey::key::KeyUri = node.key_uri().parse().expect("uri");
+        let key = hwkey::key::Key::open(&key).expect("open");
+        let request =
+            hwkey::pki::csr::CsrRequest::parse("CN=system:node:n1,O=system:nodes", &[], &[])
+                .expect("subject");
+        let good = key.certify(0x8101_0002, &[0u8; 32]).expect("certify");
+        let attacker = b"\x1b[31mATTACKER-CHOSEN".repeat(8);
+        // Each blob in turn: garbage, and a TPMT_PUBLIC-shaped head (an ECC key, SHA-256)
+        // followed by garbage, so parsing goes past the first field.
+        let mut shaped = vec![0x00, 0x23, 0x00, 0x0b, 0x00, 0x05, 0x00, 0x72];
+        shaped.extend_from_slice(&attacker);
+        let mut requests = Vec::new();
+        for blob in 0..4 {
+            for content in [&attacker, &shaped] {
+                let mut evidence = good.clone();
+                evidence.made_at = Some(1);
+                *[
+                    &mut evidence.attest,
+                    &mut evidence.signature,
+                    &mut evidence.key_public,
+                    &mut evidence.ak_public,
+                ][blob] = content.clone();
+                requests.push(
+                    hwkey::pki::csr::build_with_evidence(&key, &request, &evidence).expect("CSR"),
+                );
+            }
+        }
+        drop(key);
+        for (i, csr) in requests.iter().enumerate() {
+            let path = node.dir.path().join(format!("mutated-{i}.csr"));
+            std::fs::write(&path, hwkey::pki::csr::to_pem(csr)).expect("write");
+            let out = support::run_fail(&mut node.verify(&path, &node.trust()));
+            let text = support::output_text(&out);
+            assert!(text.contains("EvidenceInvalid"), "{text}");
+            assert!(
+                !text.contains("ERROR") && !text.contains("ATTACKER"),
+                "request {i}: tss-esapi logged the attacker's bytes:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn request_parsers_never_panic_on_mutated_requests_and_evidence() {
+        use hwkey::lifecycle::approver::policy;
+        use hwkey::pki::attestation;
+        let (der, evidence) = attested();
+        let pem = hwkey::pki::csr::to_pem(&der);
+        proptest!(config(1500), |(at in 0usize..4096, byte in any::<u8>(), cut in 0usize..4096,
+                                  junk in proptest::collection::vec(any::<u8>(), 0..64))| {
+            // The DER, one byte changed, cut short, or with junk appended.
+            let mut m = der.clone();
+            let i = at % m.len();
+            m[i] ^= byte | 1;
+            for candidate in [m.clone(), der[..cut % der.len()].to_vec(), [der.clone(), junk.clone()].concat()] {
+                let _ = policy::check_kubelet_client(&candidate, None);
+                let _ = attestation::verify_evidence(&candidate);
+                let _ = attestation::evidence_digest(&candidate);
+            }
+            // The PEM, with junk put anywhere.
+            let mut p = pem.clone().into_bytes();
+            let i = at % p.len();
+            p.splice(i..i, junk.iter().copied());
+            let _ = policy::request_der(&p);
+            // The evidence blobs themselves.
+            let mut e = evidence.clone();
+            for blob in [&mut e.attest, &mut e.signature, &mut e.key_public, &mut e.ak_public] {
+                let i = at % blob.len();
+                blob[i] ^= byte | 1;
+            }
+            let _ = hwkey::key::attestation::verify(&e, &[], &[0u8; 32]);
+            let _ = hwkey::pki::registration::parse_registration("node-a", &String::from_utf8_lossy(&junk));
+        });
+    }
+}

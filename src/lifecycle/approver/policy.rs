@@ -115,6 +115,15 @@ pub struct Violation {
     pub message: String,
 }
 
+/// At most 64 characters of an attacker-chosen value, escaped, for a condition message or a log.
+fn bounded(value: &str) -> String {
+    let escaped = value.escape_debug().to_string();
+    match escaped.char_indices().nth(64) {
+        Some((at, _)) => format!("{}…", &escaped[..at]),
+        None => escaped,
+    }
+}
+
 fn violation(reason: Reason, message: impl Into<String>) -> Violation {
     Violation {
         reason,
@@ -219,21 +228,29 @@ fn check_subject(subject: &x509_parser::x509::X509Name<'_>) -> Result<String, Vi
         } else {
             return Err(refuse(format!(
                 "the subject has attribute {oid} ('{}'): a node's subject is CN and O only",
-                value.escape_debug()
+                bounded(value)
             )));
         }
     }
+    let list = |values: &[&str]| {
+        let shown: Vec<String> = values.iter().take(4).map(|v| bounded(v)).collect();
+        format!(
+            "[{}{}]",
+            shown.join(", "),
+            if values.len() > 4 { ", …" } else { "" }
+        )
+    };
     if orgs != ["system:nodes"] {
         return Err(refuse(format!(
-            "O must be exactly [system:nodes], not {:?}",
-            orgs
+            "O must be exactly [system:nodes], not {}",
+            list(&orgs)
         )));
     }
     let [cn] = cns.as_slice() else {
         return Err(refuse(format!(
-            "the subject must have exactly one CN, not {} ({:?}): Kubernetes would take the last",
+            "the subject must have exactly one CN, not {} ({}): Kubernetes would take the last",
             cns.len(),
-            cns
+            list(&cns)
         )));
     };
     let node = cn
@@ -242,7 +259,7 @@ fn check_subject(subject: &x509_parser::x509::X509Name<'_>) -> Result<String, Vi
         .ok_or_else(|| {
             refuse(format!(
                 "CN '{}' is not system:node:NODE with a node name",
-                cn.escape_debug()
+                bounded(cn)
             ))
         })?;
     Ok(node.to_string())
@@ -428,7 +445,8 @@ fn check_usages(usages: &[String]) -> Result<(), Violation> {
         Err(violation(
             Reason::UsagesNotAllowed,
             format!(
-                "usages {usages:?} are not a node client's: [digital signature, client auth], optionally key encipherment"
+                "usages {} are not a node client's: [digital signature, client auth], optionally key encipherment",
+                bounded(&format!("{usages:?}"))
             ),
         ))
     }
@@ -476,6 +494,76 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    fn request(subject: &[(rcgen::DnType, &str)]) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::default();
+        let mut dn = rcgen::DistinguishedName::new();
+        for (t, v) in subject {
+            dn.push(t.clone(), *v);
+        }
+        params.distinguished_name = dn;
+        params
+            .serialize_request(&key)
+            .expect("request")
+            .der()
+            .to_vec()
+    }
+
+    #[test]
+    fn a_node_subject_passes_and_others_are_refused_with_bounded_messages() {
+        use rcgen::DnType::*;
+        let ok = request(&[
+            (OrganizationName, "system:nodes"),
+            (CommonName, "system:node:node-a"),
+        ]);
+        let checked = check_kubelet_client(&ok, None).expect("a node's request");
+        assert_eq!(checked.node, "node-a");
+        let long = format!("system:node:{}\u{1b}[2J", "a".repeat(10_000));
+        for (subject, want) in [
+            (
+                vec![(CommonName, "system:node:node-a")],
+                "O must be exactly",
+            ),
+            (
+                vec![
+                    (OrganizationName, "system:masters"),
+                    (CommonName, "system:node:node-a"),
+                ],
+                "O must be exactly",
+            ),
+            (
+                vec![
+                    (OrganizationName, "system:nodes"),
+                    (CommonName, long.as_str()),
+                ],
+                "is not system:node:NODE",
+            ),
+            (
+                vec![
+                    (OrganizationName, "system:nodes"),
+                    (OrganizationalUnitName, "x, CN=system:node:node-a"),
+                    (CommonName, "system:node:node-b"),
+                ],
+                "CN and O only",
+            ),
+            (vec![(OrganizationName, "system:nodes")], "exactly one CN"),
+        ] {
+            let v = check_kubelet_client(&request(&subject), None).expect_err(want);
+            assert_eq!(v.reason, Reason::SubjectNotAllowed);
+            assert!(v.message.contains(want), "{v}");
+            assert!(
+                v.message.len() < 400 && !v.message.contains('\u{1b}'),
+                "{v}"
+            );
+        }
+        let mut trailing = ok.clone();
+        trailing.push(0);
+        assert_eq!(
+            check_kubelet_client(&trailing, None).map_err(|v| v.reason),
+            Err(Reason::MalformedRequest)
+        );
     }
 
     #[test]
