@@ -85,6 +85,11 @@ pub fn single_request_block(data: &[u8]) -> Result<Vec<u8>, NotOneBlock> {
         if line.contains(END.trim_end()) {
             return Err(refuse("-----END does not start a line"));
         }
+        if line.contains(':') {
+            return Err(refuse(
+                "the PEM block has headers (a line with ':'): a request block has none",
+            ));
+        }
         for c in line.chars() {
             match c {
                 'A'..='Z' | 'a'..='z' | '0'..='9' | '+' | '/' | '=' => base64.push(c),
@@ -153,7 +158,11 @@ mod tests {
                 "does not start a line",
             ),
             (
-                one.replace("REQUEST-----\n", "REQUEST-----\nProc-Type: 4,ENCRYPTED\n"),
+                one.replacen(
+                    "REQUEST-----\n",
+                    "REQUEST-----\nProc-Type: 4,ENCRYPTED\n",
+                    1,
+                ),
                 "headers",
             ),
             (
