@@ -264,22 +264,8 @@ pub fn verify_request(
 /// attributes and binding to this request (subject, key and the time it was made).
 #[cfg(feature = "tpm")]
 pub fn verify_evidence(csr_der: &[u8]) -> Result<Attested, Refused> {
-    use x509_parser::prelude::FromDer;
-    let (rest, csr) = x509_parser::certification_request::X509CertificationRequest::from_der(
-        csr_der,
-    )
-    .map_err(|e| {
-        refused(
-            Refusal::EvidenceInvalid,
-            format!("not a PKCS#10 request: {e}"),
-        )
-    })?;
-    if !rest.is_empty() {
-        return Err(refused(
-            Refusal::EvidenceInvalid,
-            "the request has bytes after its DER",
-        ));
-    }
+    let csr = super::request_pem::parse_request_exact(csr_der)
+        .map_err(|e| refused(Refusal::EvidenceInvalid, e))?;
     csr.verify_signature().map_err(|e| {
         refused(
             Refusal::EvidenceInvalid,

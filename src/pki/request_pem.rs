@@ -126,6 +126,21 @@ pub fn single_request_block(data: &[u8]) -> Result<Vec<u8>, NotOneBlock> {
     Ok(der)
 }
 
+/// Parses a PKCS#10 request's DER exactly: no bytes may follow it (Go's
+/// `x509.ParseCertificateRequest` refuses trailing data, so a reader that ignored it would read
+/// a request the signer does not).
+pub fn parse_request_exact(
+    der: &[u8],
+) -> Result<x509_parser::certification_request::X509CertificationRequest<'_>, String> {
+    use x509_parser::prelude::FromDer;
+    let (rest, csr) = x509_parser::certification_request::X509CertificationRequest::from_der(der)
+        .map_err(|e| format!("not a PKCS#10 request: {e}"))?;
+    if !rest.is_empty() {
+        return Err("the request has bytes after its DER (Go refuses it as trailing data)".into());
+    }
+    Ok(csr)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -134,35 +134,35 @@ pub(crate) fn submit_software_request(
     node: &str,
     signer: &str,
 ) {
-    let key = dir.join(format!("{name}.key"));
-    let csr = dir.join(format!("{name}.csr"));
+    let subject = format!("/O=system:nodes/CN=system:node:{node}");
+    let pem = openssl_request(dir, name, &subject, None);
+    submit_request(cluster, dir, name, &pem, signer);
+}
+
+/// A software-key request made by openssl for `subject` (OpenSSL style), with `-addext EXT`
+/// when given: PEM. Its key is DIR/NAME.key.
+pub(crate) fn openssl_request(dir: &Path, name: &str, subject: &str, ext: Option<&str>) -> Vec<u8> {
+    let out = dir.join(format!("{name}.csr"));
+    let mut cmd = Command::new("openssl");
+    cmd.args([
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+    ])
+    .args(["-nodes", "-subj", subject]);
+    if let Some(ext) = ext {
+        cmd.args(["-addext", ext]);
+    }
     run_ok(
-        Command::new("openssl")
-            .args([
-                "req",
-                "-new",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-            ])
-            .args([
-                "-nodes",
-                "-subj",
-                &format!("/O=system:nodes/CN=system:node:{node}"),
-            ])
-            .arg("-keyout")
-            .arg(&key)
+        cmd.arg("-keyout")
+            .arg(dir.join(format!("{name}.key")))
             .arg("-out")
-            .arg(&csr),
+            .arg(&out),
     );
-    submit_request(
-        cluster,
-        dir,
-        name,
-        &std::fs::read(&csr).expect("read CSR"),
-        signer,
-    );
+    std::fs::read(&out).expect("read CSR")
 }
 
 /// Creates CertificateSigningRequest `name` for the PEM request `pem`, as the bootstrap identity.

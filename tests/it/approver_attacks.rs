@@ -13,8 +13,8 @@ use support::proxy::Identity;
 use support::*;
 
 use crate::approver::{
-    create_as_bootstrap, csr_object, decisions_on, submit_request, wait_until, Replica,
-    KUBELET_SIGNER, MANIFEST, NODE_USAGES,
+    create_as_bootstrap, csr_object, decisions_on, openssl_request, submit_request, wait_until,
+    Replica, KUBELET_SIGNER, MANIFEST, NODE_USAGES,
 };
 use crate::lifecycle::{csr_field, enroll_node};
 
@@ -64,27 +64,6 @@ impl Tpm {
         )
         .stdout
     }
-}
-
-/// A software-key request made by openssl with `-addext EXT` (a SAN of some kind).
-fn openssl_request(dir: &Path, name: &str, subject: &str, ext: &str) -> Vec<u8> {
-    let out = dir.join(format!("{name}.csr"));
-    run_ok(
-        Command::new("openssl")
-            .args([
-                "req",
-                "-new",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-            ])
-            .args(["-nodes", "-subj", subject, "-addext", ext, "-keyout"])
-            .arg(dir.join(format!("{name}.key")))
-            .arg("-out")
-            .arg(&out),
-    );
-    std::fs::read(&out).expect("read request")
 }
 
 /// `kubectl create -f OBJECT` with `kubeconfig`.
@@ -234,12 +213,7 @@ fn the_approver_denies_every_way_to_a_wrong_identity() {
 
     // Finding 1: node-a's attested request followed by a software request for node-b. Go's
     // pem.Decode skips "x" + the first block when BEGIN is mid-line and signs the second.
-    let software_b = openssl_request(
-        dir,
-        "soft-b",
-        "/O=system:nodes/CN=system:node:node-b",
-        "keyUsage=digitalSignature",
-    );
+    let software_b = openssl_request(dir, "soft-b", "/O=system:nodes/CN=system:node:node-b", None);
     let mut two = b"x".to_vec();
     two.extend_from_slice(&good_a);
     two.extend_from_slice(&software_b);
@@ -304,7 +278,7 @@ fn the_approver_denies_every_way_to_a_wrong_identity() {
             &cluster,
             dir,
             name,
-            &openssl_request(dir, name, openssl_a, ext),
+            &openssl_request(dir, name, openssl_a, Some(ext)),
             KUBELET_SIGNER,
         );
     }

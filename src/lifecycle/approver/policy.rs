@@ -170,20 +170,8 @@ pub fn request_der(spec_request: &[u8]) -> Result<Vec<u8>, Violation> {
 /// Checks a node client request: the subject, SANs, requested extensions and attributes of
 /// `der`, and `usages` (`spec.usages`; None for a bare request file, which has none).
 pub fn check_kubelet_client(der: &[u8], usages: Option<&[String]>) -> Result<Checked, Violation> {
-    use x509_parser::prelude::FromDer;
-    let (rest, csr) = x509_parser::certification_request::X509CertificationRequest::from_der(der)
-        .map_err(|e| {
-        violation(
-            Reason::MalformedRequest,
-            format!("not a PKCS#10 request: {e}"),
-        )
-    })?;
-    if !rest.is_empty() {
-        return Err(violation(
-            Reason::MalformedRequest,
-            "the request has bytes after its DER (Go refuses it as trailing data)",
-        ));
-    }
+    let csr = request_pem::parse_request_exact(der)
+        .map_err(|e| violation(Reason::MalformedRequest, e))?;
     let cri = &csr.certification_request_info;
     let node = check_subject(&cri.subject)?;
     check_attributes(cri.raw)?;
