@@ -26,7 +26,7 @@ if [[ -f "$ADVISORY_BUNDLE" ]]; then
     ADVISORY_DB=${CARGO_HOME:-$HOME/.cargo}/advisory-dbs/advisory-db-3157b0e258782691
     rm -rf "$ADVISORY_DB"
     mkdir -p "$(dirname "$ADVISORY_DB")"
-    git clone -q "$ADVISORY_BUNDLE" "$ADVISORY_DB"
+    git -c init.defaultBranch=main -c advice.detachedHead=false clone -q "$ADVISORY_BUNDLE" "$ADVISORY_DB"
     echo "test.sh: security advisories from the RustSec snapshot of $(git -C "$ADVISORY_DB" log -1 --format=%cs) (commit $(git -C "$ADVISORY_DB" rev-parse --short HEAD))" >&2
     "$DENY" --offline check advisories || status=1
 elif getent hosts github.com >/dev/null; then

@@ -14,7 +14,6 @@
 //! - HMAC key = KDFa(SHA-256, seed, "INTEGRITY", ∅, ∅, 256);
 //! - credentialBlob = TPM2B_DIGEST(HMAC(HMAC key, encIdentity ‖ name)) ‖ encIdentity.
 
-use aes::cipher::{BlockCipherEncrypt, KeyInit};
 use num_bigint::BigUint;
 
 use crate::key::HashAlg;
@@ -141,21 +140,12 @@ fn kdfa(
     out
 }
 
-/// AES-128 in CFB mode (full-block feedback); the TPM's credential protection uses a zero IV.
-/// The last block may be partial.
+/// AES-128 in CFB mode (full-block feedback, RustCrypto's `cfb-mode`); the TPM's credential
+/// protection uses a zero IV. The last block may be partial.
 fn aes128_cfb_encrypt(key: &[u8; 16], iv: [u8; 16], plain: &[u8]) -> Vec<u8> {
-    let cipher = aes::Aes128::new(&aes::cipher::Key::<aes::Aes128>::from(*key));
-    let mut feedback = aes::Block::from(iv);
-    let mut out = Vec::with_capacity(plain.len());
-    for chunk in plain.chunks(16) {
-        let mut stream = feedback;
-        cipher.encrypt_block(&mut stream);
-        let start = out.len();
-        out.extend(chunk.iter().zip(stream.iter()).map(|(p, k)| p ^ k));
-        if chunk.len() == 16 {
-            feedback.copy_from_slice(&out[start..]);
-        }
-    }
+    use cfb_mode::cipher::KeyIvInit;
+    let mut out = plain.to_vec();
+    cfb_mode::Encryptor::<aes::Aes128>::new(&(*key).into(), &iv.into()).encrypt(&mut out);
     out
 }
 
@@ -230,6 +220,23 @@ mod tests {
         ));
         assert_eq!(aes128_cfb_encrypt(&key, iv, &plain), cipher);
         assert_eq!(aes128_cfb_encrypt(&key, iv, &plain[..50]), cipher[..50]);
+    }
+
+    /// KDFa is NIST SP 800-108 counter-mode KDF with HMAC-SHA-256, a 0x00 separator and a
+    /// 32-bit length: the vectors come from OpenSSL's KBKDF (`openssl kdf -keylen 16 -kdfopt
+    /// digest:SHA2-256 -kdfopt mac:HMAC -kdfopt hexkey:6b6579 -kdfopt hexsalt:<label> -kdfopt
+    /// hexinfo:<context> KBKDF`), an implementation independent of this one.
+    #[test]
+    fn kdfa_matches_openssl_kbkdf() {
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        assert_eq!(
+            hex(&kdfa(b"key", b"STORAGE", b"name", &[], 128)),
+            "f326323083f0cc07d4b962f7f32d91b3"
+        );
+        assert_eq!(
+            hex(&kdfa(b"key", b"INTEGRITY", &[], &[], 256)),
+            "7cd6cf5ba3f4cc43bd54ef8ae30539c32832e6f0a87452dcb7fd605128b30ec5"
+        );
     }
 
     #[test]

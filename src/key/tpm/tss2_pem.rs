@@ -242,6 +242,31 @@ mod tests {
         }
     }
 
+    /// Issue 21: a key file is outside input too; mutated, cut or random DER is refused, never
+    /// a panic (fixed seed and case count, like the other property tests).
+    #[test]
+    fn mutated_key_files_never_panic() {
+        use proptest::prelude::*;
+        let der = sample().to_der().expect("der");
+        let config = proptest::test_runner::Config {
+            cases: 2000,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x0068_776b_6579),
+            failure_persistence: None,
+            ..Default::default()
+        };
+        proptest!(config, |(at in 0usize..1024, byte in any::<u8>(), cut in 0usize..1024,
+                            random in proptest::collection::vec(any::<u8>(), 0..300))| {
+            let mut m = der.clone();
+            let i = at % m.len();
+            m[i] ^= byte | 1;
+            let _ = Tss2Key::from_der(&m);
+            let _ = Tss2Key::from_der(&der[..cut % der.len()]);
+            let _ = Tss2Key::from_der(&random);
+            let _ = crate::key::attestation::public_key_spki(&random);
+            let _ = crate::key::attestation::check_attestation_key(&m[..cut % m.len()]);
+        });
+    }
+
     #[test]
     fn round_trips_and_matches_the_tpm2_openssl_layout() {
         let key = sample();
