@@ -84,6 +84,9 @@ pub enum KeyError {
         record: PathBuf,
     },
 
+    #[error("cannot use the rejected-PIN memory in {} ({reason}): hwkey presents a PIN only where it can remember a rejection, because tokens lock after a few wrong PINs. Make that directory writable by this user, or point HWKEY_PIN_STATE_DIR at one that is", .dir.display())]
+    PinMemory { dir: PathBuf, reason: String },
+
     #[error("token '{token}' has one user-PIN attempt left (CKF_USER_PIN_FINAL_TRY): hwkey will not spend it, because a wrong PIN now locks the token. Check the PIN, then allow this one attempt with HWKEY_ALLOW_FINAL_PIN_TRY=1")]
     PinFinalTry { token: String },
 

@@ -102,6 +102,32 @@ impl Record {
     }
 }
 
+/// An exclusive lock on one token's login, across processes: held from the record check through
+/// `C_Login` and the record write, so of several processes with the same new wrong PIN exactly
+/// one presents it and the others find its record (two kubeconfig contexts on one smart card
+/// used in parallel spent four of its three attempts without it). Released on drop.
+#[derive(Debug)]
+pub(crate) struct TokenLock {
+    _file: std::fs::File,
+}
+
+/// Takes the login lock of token `token_id` (waits while another process holds it).
+pub(crate) fn lock_token(token_id: &str) -> std::io::Result<TokenLock> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = memory_dir();
+    ensure_dir(&dir)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir.join(format!("{}.lock", token_prefix(token_id))))?;
+    file.lock()?;
+    Ok(TokenLock { _file: file })
+}
+
 /// Forgets every rejection recorded for the token `token_id`: a successful login proves the
 /// PIN in use works, so older records only describe PINs that are gone.
 pub(crate) fn forget_token(token_id: &str) {

@@ -126,10 +126,90 @@ fn a_wrong_pin_reaches_the_token_once_across_kubectl_runs_and_proxy_restarts() {
         .expect("records dir")
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| p.file_name().is_some_and(|n| n != "secret"))
+        // The secret and the tokens' login locks stay; rejection records do not.
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n != "secret" && !n.to_string_lossy().ends_with(".lock"))
+        })
         .collect();
     assert!(left.is_empty(), "records left after a good login: {left:?}");
     stop_proxy(&state);
+}
+
+/// Issue 22, finding 2: hwkey processes that start at once with the same new wrong PIN (two
+/// kubeconfig contexts on one smart card, used in parallel) present it to the token once in
+/// all: the token's login lock is held from the record check through C_Login and the record
+/// write, and the others find the record. Counted by pkcs11-spy between hwkey and SoftHSM.
+#[test]
+fn a_new_wrong_pin_reaches_the_token_once_from_16_processes_at_once() {
+    let id = Identity::softhsm();
+    let work = temp_dir();
+    let log = work.path().join("spy.log");
+    let records = work.path().join("records");
+    let envs = spy_env(&id, &log, &records);
+    let pin_file = work.path().join("pin");
+    write_private(&pin_file, b"8888");
+    let uri = format!(
+        "pkcs11:token=kube;object=alice?module-path={SPY}&pin-source=file:{}",
+        pin_file.display()
+    );
+    let children: Vec<_> = (0..16)
+        .map(|_| {
+            hwkey()
+                .envs(envs.iter().cloned())
+                .args(["key", "public", "--key", &uri])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn hwkey")
+        })
+        .collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("wait"))
+        .collect();
+    assert_eq!(
+        logins(&log),
+        1,
+        "C_Login calls that reached the token from 16 processes with the same wrong PIN"
+    );
+    for out in outputs {
+        // 77: the PIN was refused (by the token once, by the record for the others).
+        assert_eq!(out.status.code(), Some(77), "{}", output_text(&out));
+    }
+}
+
+/// Issue 22, findings 2 and 3: a rejected-PIN memory that cannot be written is no reason to
+/// present a PIN: the command fails, naming the directory, and the token sees no C_Login.
+#[test]
+fn an_unwritable_pin_memory_fails_closed() {
+    let id = Identity::softhsm();
+    let work = temp_dir();
+    let log = work.path().join("spy.log");
+    // A regular file where the directory should be: nobody can create the records there.
+    let records = work.path().join("records");
+    std::fs::write(&records, b"not a directory").expect("write");
+    let envs = spy_env(&id, &log, &records);
+    let pin_file = work.path().join("pin");
+    write_private(&pin_file, b"7777");
+    let uri = format!(
+        "pkcs11:token=kube;object=alice?module-path={SPY}&pin-source=file:{}",
+        pin_file.display()
+    );
+    for _ in 0..3 {
+        let out = run_fail(
+            hwkey()
+                .envs(envs.iter().cloned())
+                .args(["key", "public", "--key", &uri]),
+        );
+        let text = output_text(&out);
+        assert!(
+            text.contains("cannot use the rejected-PIN memory")
+                && text.contains("HWKEY_PIN_STATE_DIR"),
+            "{text}"
+        );
+    }
+    assert_eq!(logins(&log), 0, "a PIN reached the token without a memory");
 }
 
 fn stop_proxy(state: &Path) {

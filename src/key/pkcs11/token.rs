@@ -36,6 +36,9 @@ pub(crate) struct Token {
     pin: Option<PinSource>,
     login_required: bool,
     pin_rejected: AtomicBool,
+    /// Held by the thread that logs in: sessions opened at once (the pool) log in one at a
+    /// time, and the others then find the token logged in.
+    login: std::sync::Mutex<()>,
 }
 
 impl Token {
@@ -54,6 +57,7 @@ impl Token {
             pin: uri.pin.clone(),
             login_required,
             pin_rejected: AtomicBool::new(false),
+            login: std::sync::Mutex::new(()),
         })
     }
 
@@ -91,14 +95,22 @@ impl Token {
         Ok(session)
     }
 
-    /// Logs in unless this process is already logged in to the token. One attempt, ever, with a
-    /// PIN the token rejected.
-    fn ensure_login(&self, session: &Session) -> Result<(), KeyError> {
+    /// Whether `session` is logged in (login is per token per process: one thread's login
+    /// shows in every session).
+    fn logged_in(&self, session: &Session) -> Result<bool, KeyError> {
         let state = session
             .get_session_info()
             .map_err(|e| self.err("C_GetSessionInfo", &e))?
             .session_state();
-        if matches!(state, SessionState::RoUser | SessionState::RwUser) {
+        Ok(matches!(state, SessionState::RoUser | SessionState::RwUser))
+    }
+
+    /// Logs in unless this process is already logged in to the token. One attempt, ever, with a
+    /// PIN the token rejected: in this process (one thread at a time, checking again under the
+    /// lock) and across processes (the token's login lock, [`pin_memory::lock_token`], held from
+    /// the record check through `C_Login` and the record write).
+    fn ensure_login(&self, session: &Session) -> Result<(), KeyError> {
+        if self.logged_in(session)? {
             return Ok(());
         }
         let Some(source) = &self.pin else {
@@ -109,12 +121,22 @@ impl Token {
             }
             return Ok(());
         };
+        let _in_process = self.login.lock().unwrap_or_else(|p| p.into_inner());
+        if self.logged_in(session)? {
+            return Ok(());
+        }
         if self.pin_rejected.load(Ordering::SeqCst) {
             return Err(KeyError::PinIncorrect {
                 token: self.label.clone(),
             });
         }
         let pin = source.read()?;
+        // Fail closed: a PIN whose rejection could not be remembered is not presented.
+        let _across_processes =
+            pin_memory::lock_token(&self.identity()).map_err(|e| KeyError::PinMemory {
+                dir: pin_memory::memory_dir(),
+                reason: e.to_string(),
+            })?;
         let record = Record::for_source(&self.identity(), source, &pin);
         if let Some(r) = record.as_ref().filter(|r| r.exists()) {
             return Err(KeyError::PinRemembered {
