@@ -22,7 +22,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
 
-use super::listener::{accept_error, check_peer, stopped, Bound};
+use super::listener::{accept_error, admit, check_peer, stopped, Bound};
 use super::ratelimit::RateLimited;
 use super::Shared;
 
@@ -44,9 +44,13 @@ struct KeyCheck {
     result: Result<(), String>,
 }
 
-/// At most this many admin connections at once; more are closed at accept, so no local user can
-/// exhaust the proxy's descriptors through the admin listener.
+/// At most this many admin connections at once, so no local user can exhaust the proxy's
+/// descriptors through the admin listener. On loopback TCP they are admitted by uid
+/// ([`super::admission`]): another uid's flood sheds its own oldest connections, never the
+/// proxy's own uid's (a supervisor's `/healthz` probe runs as the proxy's user or root).
 pub const ADMIN_MAX_CONNECTIONS: usize = 32;
+/// Admin places other uids can never take.
+pub const ADMIN_RESERVED: usize = 8;
 /// How long an admin client may take to send its request headers.
 const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest an admin connection lives (one request: `/healthz` may wait for the upstream and
@@ -62,12 +66,17 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
     let slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
     let name = bound.addr().to_string();
     loop {
-        let conn: Box<dyn super::bridge::ClientIo> = match &bound {
+        let (conn, admitted): (Box<dyn super::bridge::ClientIo>, Admitted) = match &bound {
             Bound::Tcp { listener, .. } => tokio::select! {
                 biased;
                 _ = stopped(&mut stop) => break,
                 r = listener.accept() => match r {
-                    Ok((s, _)) => Box::new(s),
+                    Ok((s, peer)) => {
+                        let Some(ticket) = admit(&shared.admin_admission, &shared, &s, peer) else {
+                            continue;
+                        };
+                        (Box::new(s), Admitted::ByUid(ticket))
+                    }
                     Err(e) => { accept_error(&name, e).await; continue }
                 },
             },
@@ -82,36 +91,63 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
                             }
                             continue;
                         }
-                        Box::new(s)
+                        // Only allowed uids reach this socket: a plain cap.
+                        let Ok(permit) = slots.clone().try_acquire_owned() else {
+                            if let Some(suppressed) = BUSY_LOG.allow() {
+                                tracing::warn!(
+                                    suppressed,
+                                    "{ADMIN_MAX_CONNECTIONS} admin connections are open; closed a new one"
+                                );
+                            }
+                            continue;
+                        };
+                        (Box::new(s), Admitted::Permit(permit))
                     }
                     Err(e) => { accept_error(&name, e).await; continue }
                 },
             },
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            if let Some(suppressed) = BUSY_LOG.allow() {
-                tracing::warn!(
-                    suppressed,
-                    "{ADMIN_MAX_CONNECTIONS} admin connections are open; closed a new one"
-                );
-            }
-            continue;
-        };
         let shared = shared.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
+            let service = hyper::service::service_fn({
                 let shared = shared.clone();
-                async move { Ok::<_, Infallible>(route(&shared, req).await) }
+                move |req| {
+                    let shared = shared.clone();
+                    async move { Ok::<_, Infallible>(route(&shared, req).await) }
+                }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(ADMIN_HEADER_TIMEOUT)
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(conn), service);
-            let _ = tokio::time::timeout(ADMIN_CONNECTION_TIMEOUT, connection).await;
-            drop(permit);
+            let served = tokio::time::timeout(ADMIN_CONNECTION_TIMEOUT, connection);
+            match &admitted {
+                Admitted::ByUid(ticket) => {
+                    tokio::select! {
+                        _ = served => {}
+                        _ = ticket.shed() => {}
+                    }
+                }
+                Admitted::Permit(_) => {
+                    let _ = served.await;
+                }
+            }
+            drop(admitted);
         });
     }
+}
+
+/// What holds an admin connection's place.
+enum Admitted {
+    /// A loopback TCP connection, admitted by its peer's uid (it may be shed for the proxy's
+    /// own uid).
+    ByUid(super::admission::Ticket),
+    /// A UNIX-socket connection of an allowed uid.
+    Permit(
+        #[allow(dead_code, reason = "held for the connection's life, released on drop")]
+        tokio::sync::OwnedSemaphorePermit,
+    ),
 }
 
 async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {

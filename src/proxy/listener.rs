@@ -293,13 +293,19 @@ fn poll_any(listeners: &[Bound], first: usize, cx: &mut Context<'_>) -> Poll<(us
     Poll::Pending
 }
 
-/// How many loopback TLS handshakes may be unauthenticated at once. Past it, new TCP
-/// connections are closed at accept: a flood from another local user can hold at most this
-/// many descriptors, and never the `--max-connections` slots of authenticated clients.
+/// How many loopback TLS handshakes may be unauthenticated at once: a flood from another local
+/// user can hold at most this many descriptors, and never the `--max-connections` slots of
+/// authenticated clients. Admission is by uid ([`super::admission`]): the proxy's own uid and
+/// `--allow-uid` are never turned away by another uid.
 pub const PREAUTH_BUDGET: usize = 128;
+/// Places of [`PREAUTH_BUDGET`] other uids can never take.
+pub const PREAUTH_RESERVED: usize = 32;
 /// How long an unauthenticated peer may take to complete the loopback TLS handshake (a real
 /// client on loopback needs milliseconds).
 pub const PREAUTH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a peer may take to send its whole ClientHello: kubectl sends it right after
+/// connecting; a peer that connects and waits is an idle slot-holder.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
 
 static REFUSED_LOG: RateLimited = RateLimited::new(Duration::from_secs(10));
 static BUSY_LOG: RateLimited = RateLimited::new(Duration::from_secs(10));
@@ -334,19 +340,13 @@ pub async fn accept_loop(
             }
             Accepted::Tcp(Ok((stream, peer))) => {
                 shared.metrics.connection_accepted(ListenerKind::Tcp);
-                let Ok(preauth) = shared.preauth.clone().try_acquire_owned() else {
-                    shared.metrics.refused(Refusal::Busy);
-                    if let Some(suppressed) = BUSY_LOG.allow() {
-                        tracing::warn!(
-                            %peer,
-                            suppressed,
-                            "too many unauthenticated loopback handshakes at once; closed a new connection"
-                        );
-                    }
-                    continue;
-                };
                 let shared = shared.clone();
-                tokio::spawn(async move { handle_tcp(&shared, stream, peer, preauth).await });
+                tokio::spawn(async move {
+                    let Some(preauth) = admit(&shared.preauth, &shared, &stream, peer) else {
+                        return;
+                    };
+                    handle_tcp(&shared, stream, peer, preauth).await
+                });
             }
             Accepted::Unix(Err(e)) | Accepted::Tcp(Err(e)) => {
                 accept_error(&listeners[i].addr().to_string(), e).await
@@ -354,6 +354,36 @@ pub async fn accept_loop(
         }
     }
     tracing::debug!("stopped accepting");
+}
+
+/// Admits a loopback TCP connection by its peer's uid ([`super::admission`]), counting the
+/// connections shed for it. None when the stream has no addresses any more.
+pub(crate) fn admit(
+    gate: &Arc<super::admission::Admission>,
+    shared: &Shared,
+    stream: &TcpStream,
+    peer: SocketAddr,
+) -> Option<super::admission::Ticket> {
+    let local = stream.local_addr().ok()?;
+    let uid = super::admission::tcp_peer_uid(peer, local);
+    let (ticket, admitted) = gate.admit(uid);
+    for _ in 0..admitted.shed {
+        shared.metrics.refused(Refusal::Busy);
+    }
+    if admitted.shed > 0 {
+        if let Some(suppressed) = BUSY_LOG.allow() {
+            let (privileged, others) = gate.held();
+            tracing::warn!(
+                %peer,
+                uid = ?uid,
+                suppressed,
+                privileged,
+                others,
+                "unauthenticated loopback connections at their limit: closed the oldest of another user"
+            );
+        }
+    }
+    Some(ticket)
 }
 
 /// Resolves once the stop flag is set.
@@ -436,12 +466,17 @@ async fn handle_tcp(
     shared: &Shared,
     stream: TcpStream,
     peer: SocketAddr,
-    preauth: tokio::sync::OwnedSemaphorePermit,
+    preauth: super::admission::Ticket,
 ) {
     let _ = stream.set_nodelay(true);
     let started = Instant::now();
     let handshake = async {
-        let start = LazyConfigAcceptor::new(Acceptor::default(), ReadAhead::new(stream)).await?;
+        let hello = LazyConfigAcceptor::new(Acceptor::default(), ReadAhead::new(stream));
+        let start = tokio::time::timeout(HELLO_TIMEOUT, hello)
+            .await
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "no ClientHello in time")
+            })??;
         let offered: Vec<Vec<u8>> = start
             .client_hello()
             .alpn()
@@ -456,8 +491,20 @@ async fn handle_tcp(
     // Boxed, and the stream it yields too: the handshake's state lives on the heap only while
     // it runs, and the stream's moves to the relay cost a pointer each, not a slot of 1 KiB in
     // this task for the connection's whole life (issue 12: memory per idle connection).
-    let (tls, alpn) = match Box::pin(tokio::time::timeout(limit, handshake)).await {
+    let outcome = tokio::select! {
+        r = Box::pin(tokio::time::timeout(limit, handshake)) => r,
+        _ = preauth.shed() => {
+            refused("closed an unauthenticated loopback connection to make room", &peer);
+            return;
+        }
+    };
+    let (tls, alpn) = match outcome {
         Ok(Ok(done)) => done,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+            shared.metrics.refused(Refusal::HandshakeTimeout);
+            refused("loopback client sent no ClientHello in time; closed", &peer);
+            return;
+        }
         Ok(Err(e)) => {
             shared.metrics.refused(Refusal::ClientAuth);
             refused(

@@ -19,6 +19,7 @@
 //! that a current-thread runtime (where `block_in_place` is impossible) cannot happen.
 
 pub mod admin;
+pub mod admission;
 pub mod bridge;
 pub mod config;
 pub mod control;
@@ -244,8 +245,11 @@ pub struct Shared {
     pub(crate) activity: Arc<lifetime::Activity>,
     pub(crate) health: admin::HealthState,
     pub(crate) slots: Arc<Semaphore>,
-    /// Unauthenticated loopback TLS handshakes in flight ([`listener::PREAUTH_BUDGET`]).
-    pub(crate) preauth: Arc<Semaphore>,
+    /// Unauthenticated loopback TLS handshakes in flight, admitted by uid
+    /// ([`listener::PREAUTH_BUDGET`], [`admission`]).
+    pub(crate) preauth: Arc<admission::Admission>,
+    /// Admin connections in flight, admitted by uid ([`admin::ADMIN_MAX_CONNECTIONS`]).
+    pub(crate) admin_admission: Arc<admission::Admission>,
     pub(crate) handshake_timeout: Duration,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) allowed_uids: Vec<u32>,
@@ -398,7 +402,16 @@ async fn serve(
         slots: Arc::new(Semaphore::new(limits::fit_connections(
             config.max_connections.max(1),
         ))),
-        preauth: Arc::new(Semaphore::new(listener::PREAUTH_BUDGET)),
+        preauth: admission::Admission::new(
+            listener::PREAUTH_BUDGET,
+            listener::PREAUTH_RESERVED,
+            privileged_uids(&config.allow_uids),
+        ),
+        admin_admission: admission::Admission::new(
+            admin::ADMIN_MAX_CONNECTIONS,
+            admin::ADMIN_RESERVED,
+            privileged_uids(&config.allow_uids),
+        ),
         handshake_timeout: config.handshake_timeout,
         idle_timeout: config.idle_timeout.filter(|d| !d.is_zero()),
         allowed_uids: config.allow_uids.clone(),
@@ -582,4 +595,11 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     s
+}
+
+/// The proxy's own uid and the `--allow-uid` ones: never turned away by other uids' floods.
+fn privileged_uids(allowed: &[u32]) -> Vec<u32> {
+    let mut uids = vec![listener::own_uid()];
+    uids.extend_from_slice(allowed);
+    uids
 }
