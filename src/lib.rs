@@ -19,4 +19,5 @@ pub mod lifecycle;
 pub mod pki;
 pub mod probe;
 pub mod proxy;
+pub mod small_file;
 pub mod state_dir;

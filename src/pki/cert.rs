@@ -10,7 +10,7 @@ use crate::key::{der, Key, KeyError};
 
 /// Reads a chain (leaf first) from a PEM file of `CERTIFICATE` blocks, or one DER certificate.
 pub fn load_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, PkiError> {
-    let bytes = std::fs::read(path).map_err(|source| PkiError::ReadCert {
+    let bytes = crate::small_file::read(path).map_err(|source| PkiError::ReadCert {
         path: path.to_path_buf(),
         source,
     })?;

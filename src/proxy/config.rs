@@ -114,10 +114,24 @@ impl FromStr for UpstreamTarget {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_string();
-        Ok(UpstreamTarget {
-            host,
-            port: uri.port_u16().unwrap_or(443),
-        })
+        // The port as written: hyper reads one that does not fit a u16 as "no port" (443).
+        let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
+        let after_host = authority
+            .rsplit_once(']')
+            .map_or(authority, |(_, rest)| rest);
+        let port = match after_host.rsplit_once(':') {
+            None => 443,
+            Some((_, written)) => match written.parse::<u16>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(invalid(&format!(
+                        "port '{}' is out of range: use 1-65535",
+                        written.escape_debug()
+                    )))
+                }
+            },
+        };
+        Ok(UpstreamTarget { host, port })
     }
 }
 
@@ -282,10 +296,11 @@ impl FileConfig {
     /// Reads a TOML (`.toml`) or YAML (`.yaml`, `.yml`) file; other names are tried as TOML,
     /// then YAML.
     pub fn load(path: &Path) -> Result<FileConfig, ProxyError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ProxyError::ReadConfig {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            crate::small_file::read_to_string(path).map_err(|source| ProxyError::ReadConfig {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let bad = |reason: String| ProxyError::BadConfig {
             path: path.to_path_buf(),
             reason,
@@ -362,6 +377,20 @@ mod tests {
         assert_eq!(d.port, 443);
         assert!("http://x:1".parse::<UpstreamTarget>().is_err());
         assert!("https://x:1/api".parse::<UpstreamTarget>().is_err());
+        // Issue 22, finding 10: out-of-range ports were read as "no port" (443).
+        for bad in [
+            "https://127.0.0.1:99999",
+            "https://127.0.0.1:0",
+            "https://[::1]:65536",
+        ] {
+            let e = bad.parse::<UpstreamTarget>().expect_err(bad).to_string();
+            assert!(
+                e.contains("out of range") || e.contains("port 0"),
+                "{bad}: {e}"
+            );
+        }
+        let top: UpstreamTarget = "https://[::1]:65535".parse().unwrap();
+        assert_eq!(top.port, 65535);
     }
 
     #[test]

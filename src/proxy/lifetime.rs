@@ -189,7 +189,11 @@ fn try_flock(file: &File) -> bool {
 
 /// Waits until no connection is open or `timeout` passes; true if all finished.
 pub async fn drain(activity: &Activity, timeout: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
+    // Saturating: a drain timeout the clock cannot add (it panicked at SIGTERM) waits "forever".
+    let now = tokio::time::Instant::now();
+    let deadline = now
+        .checked_add(timeout)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(100 * 365 * 24 * 3600));
     loop {
         let notified = activity.changed.notified();
         if activity.open() == 0 {

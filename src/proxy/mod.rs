@@ -161,6 +161,13 @@ pub enum ProxyError {
     #[error("{what} must be more than 0 (e.g. 10s)")]
     ZeroDuration { what: &'static str },
 
+    #[error("{what} = {given} cannot work: use {range}")]
+    OutOfRange {
+        what: &'static str,
+        given: String,
+        range: String,
+    },
+
     #[error("cannot read config file {path}: {source}")]
     ReadConfig {
         path: PathBuf,

@@ -518,12 +518,41 @@ fn impossible_settings_are_refused_before_ready() {
             vec!["--lock-file", "/nonexistent/hwkey.lock"],
             "cannot open the lock file /nonexistent/hwkey.lock",
         ),
+        // Issue 22, findings 9-11: settings that cannot work, refused before anything runs.
+        (
+            vec!["--drain-timeout", "18446744073709551615"],
+            "drain-timeout = ",
+        ),
+        (
+            vec!["--max-connections", "0"],
+            "max-connections = 0 cannot work",
+        ),
+        (
+            vec!["--handshake-timeout", "1ns"],
+            "handshake-timeout = 1ns cannot work",
+        ),
+        (vec!["--idle-exit", "1ns"], "idle-exit = 1ns cannot work"),
     ] {
         let out = run_fail_within(&mut base(&extra), Duration::from_secs(30));
         let text = output_text(&out);
         assert!(text.contains(needle), "{extra:?}: {text}");
         assert!(!text.contains("ready"), "{extra:?} said ready: {text}");
     }
+    // An out-of-range port was read as "no port": the proxy connected to 443.
+    let out = run_fail_within(
+        hwkey()
+            .envs(id.envs())
+            .args(["proxy", "--key", &id.key_uri, "--cert"])
+            .arg(&id.cert)
+            .args(["--upstream", "https://127.0.0.1:99999", "--state-dir"])
+            .arg(dir.path().join("state")),
+        Duration::from_secs(30),
+    );
+    assert!(
+        output_text(&out).contains("port '99999' is out of range"),
+        "{}",
+        output_text(&out)
+    );
 }
 
 /// Connection churn with abortive closes: 200 loopback TLS clients send a request and reset the
