@@ -163,9 +163,10 @@ fn pin_refused(e: &anyhow::Error) -> bool {
                 _ => false,
             };
         }
-        if let Some(crate::exec::ExecError::Key(k)) = cause.downcast_ref::<crate::exec::ExecError>()
-        {
-            return is_pin(k);
+        match cause.downcast_ref::<crate::exec::ExecError>() {
+            Some(crate::exec::ExecError::Key(k)) => return is_pin(k),
+            Some(crate::exec::ExecError::ProxyPinRefused { .. }) => return true,
+            _ => {}
         }
         if let Some(l) = cause.downcast_ref::<crate::lifecycle::LifecycleError>() {
             return match l {

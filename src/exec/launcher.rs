@@ -204,9 +204,11 @@ fn start(
         }
         if let Ok(Some(status)) = child.try_wait() {
             if status.code() == Some(i32::from(crate::key::pin::EXIT_PIN_REFUSED)) {
-                return Err(fail(format!(
-                    "it exited ({status}) because the token's PIN was refused; nothing retries it: the PIN is not presented again until its source changes"
-                )));
+                // Typed, so the plugin exits with the PIN-refused code too (issue 22, 14).
+                return Err(ExecError::ProxyPinRefused {
+                    server: settings.server.clone(),
+                    log: last_log_line(&log_path),
+                });
             }
             return Err(fail(format!("it exited ({status})")));
         }

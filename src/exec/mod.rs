@@ -60,6 +60,9 @@ pub enum ExecError {
         log: String,
     },
 
+    #[error("cannot start hwkey proxy for {server}: it exited because the token's PIN was refused; nothing retries it: the PIN is not presented again until its source changes{log}")]
+    ProxyPinRefused { server: String, log: String },
+
     #[error("the hwkey proxy's control socket {path} did not answer: {reason}")]
     Control { path: PathBuf, reason: String },
 

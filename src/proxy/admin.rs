@@ -170,6 +170,9 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>>
             if let Err(e) = upstream_check(shared).await {
                 problems.push(format!("upstream: {e}"));
             }
+            if let Err(e) = certificate_check(shared) {
+                problems.push(format!("certificate: {e}"));
+            }
             if problems.is_empty() {
                 match renewal_degraded(shared) {
                     Some(why) => text(StatusCode::OK, "text/plain", format!("degraded: {why}\n")),
@@ -189,6 +192,30 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>>
             "not found: try /healthz or /metrics\n".into(),
         ),
     }
+}
+
+/// The client certificate in use must be valid now: outside its window the API server refuses
+/// every request, so the proxy is not healthy, whatever the key and the upstream say.
+fn certificate_check(shared: &Shared) -> Result<(), String> {
+    let chain = shared.upstream.resolver().chain();
+    let leaf = chain.first().ok_or("no certificate loaded")?;
+    let (_, leaf) = x509_parser::parse_x509_certificate(leaf)
+        .map_err(|e| format!("the certificate does not parse: {e}"))?;
+    let v = leaf.validity();
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    if now > v.not_after.timestamp() {
+        return Err(format!(
+            "expired at {} (renew it: `hwkey renew`, or run the proxy with --renew)",
+            v.not_after
+        ));
+    }
+    if now < v.not_before.timestamp() {
+        return Err(format!(
+            "not valid before {} (check the clocks)",
+            v.not_before
+        ));
+    }
+    Ok(())
 }
 
 /// With `--renew`: the certificate is past 90 % of its lifetime and the last renewal attempt

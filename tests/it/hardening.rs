@@ -359,6 +359,26 @@ fn hellos(port: u16, ca_pem: &str, first: usize, count: usize) {
     }
 }
 
+/// Issue 22, finding 8: without `--renew`, `/healthz` said 200 with an expired certificate
+/// (every request then failed at the API server): it is 503 outside the validity window,
+/// naming the expiry and what to do.
+#[test]
+fn healthz_is_unhealthy_once_the_certificate_expired() {
+    let id = Identity::softhsm();
+    id.short_lived_cert(Duration::from_secs(4));
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let (status, body) = proxy.admin_get("/healthz");
+    assert_eq!(status, 200, "{body}");
+    std::thread::sleep(Duration::from_secs(5));
+    let (status, body) = proxy.admin_get("/healthz");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("certificate: expired at") && body.contains("--renew"),
+        "{body}"
+    );
+}
+
 /// A resumed loopback TLS session whose credential expired is refused before anything goes
 /// upstream (before the fix it was resumed, bridged, and signed upstream).
 #[test]

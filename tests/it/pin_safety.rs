@@ -212,6 +212,48 @@ fn an_unwritable_pin_memory_fails_closed() {
     assert_eq!(logins(&log), 0, "a PIN reached the token without a memory");
 }
 
+/// Issue 22, finding 14: when the proxy the plugin starts exits because the token refused the
+/// PIN, `hwkey-credential` exits 77 too (it exited 1), with nothing on stdout: scripts and
+/// supervisors tell "fix the PIN" from a transient failure the same way for both binaries.
+#[test]
+fn the_exec_plugin_passes_the_pin_refused_exit_code_through() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let work = temp_dir();
+    let records = work.path().join("records");
+    let pin_file = work.path().join("pin");
+    write_private(&pin_file, b"6666");
+    let uri = format!(
+        "pkcs11:token=kube;object=alice?module-path={SOFTHSM_MODULE}&pin-source=file:{}",
+        pin_file.display()
+    );
+    let kubeconfig = kubeconfig_for(&id, &upstream, &uri, work.path());
+    let info = exec_info(&server_of(&kubeconfig), &extension(&kubeconfig), false);
+    for binary in [
+        env!("CARGO_BIN_EXE_hwkey-credential"),
+        env!("CARGO_BIN_EXE_hwkey"),
+    ] {
+        let mut cmd = Command::new(binary);
+        if binary.ends_with("/hwkey") {
+            cmd.arg("credential");
+        }
+        let out = cmd
+            .envs(id.envs())
+            .env("HWKEY_PIN_STATE_DIR", &records)
+            .env("KUBERNETES_EXEC_INFO", &info)
+            .output()
+            .expect("run the plugin");
+        assert_eq!(
+            out.status.code(),
+            Some(77),
+            "{binary}: {}",
+            output_text(&out)
+        );
+        assert!(out.stdout.is_empty(), "{binary} printed on stdout");
+        stop_proxy(&work.path().join("state"));
+    }
+}
+
 fn stop_proxy(state: &Path) {
     if let Ok(pid) = std::fs::read_to_string(state.join("proxy.pid")) {
         let _ = Command::new("kill").arg(pid.trim()).status();
