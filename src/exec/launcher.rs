@@ -93,12 +93,12 @@ fn same_proxy(settings: &Settings, info: &ProxyInfo) -> Result<(), ExecError> {
     if running_upstream == wanted_upstream && running_key == wanted_key {
         return Ok(());
     }
-    let pid = fs::read_to_string(settings.state_dir.join("proxy.pid")).unwrap_or_default();
+    // The pid from the proxy's own answer: proxy.pid may be another proxy's, long gone.
     Err(ExecError::ProxyMismatch {
         state_dir: settings.state_dir.clone(),
         running: format!("upstream {running_upstream}, key {running_key}"),
         wanted: format!("upstream {wanted_upstream}, key {wanted_key}"),
-        pid: pid.trim().to_string(),
+        pid: info.pid.to_string(),
     })
 }
 

@@ -66,7 +66,7 @@ pub enum ExecError {
     #[error("the hwkey proxy's control socket {path} did not answer: {reason}")]
     Control { path: PathBuf, reason: String },
 
-    #[error("the hwkey proxy for state directory {state_dir} serves {running}, but this kubeconfig asks for {wanted}: stop that proxy (kill {pid}, from proxy.pid) or give this context its own state directory (`hwkey kubeconfig --state-dir`)")]
+    #[error("the hwkey proxy for state directory {state_dir} serves {running}, but this kubeconfig asks for {wanted}: stop that proxy (kill {pid}, the pid it reports) or give this context its own state directory (`hwkey kubeconfig --state-dir`)")]
     ProxyMismatch {
         state_dir: PathBuf,
         running: String,

@@ -52,6 +52,10 @@ pub fn check(name: &str, pem_chain: &[u8], key: &Key) -> Result<Issued, Lifecycl
             key.describe()
         )));
     }
+    // What `cert import` checks: a client certificate the API server will take (valid now,
+    // digitalSignature, clientAuth, not a CA). A signer that returns a serverAuth-only or CA
+    // certificate must not get it installed (issue 22, finding 5).
+    cert::check_for_import(&chain, &[]).map_err(|e| bad(e.to_string()))?;
     let (_, parsed) =
         x509_parser::parse_x509_certificate(leaf).map_err(|e| bad(format!("unreadable: {e}")))?;
     let validity = parsed.validity();
@@ -62,7 +66,7 @@ pub fn check(name: &str, pem_chain: &[u8], key: &Key) -> Result<Issued, Lifecycl
         )));
     }
     Ok(Issued {
-        subject: parsed.subject().to_string(),
+        subject: crate::pki::cert::printable(&parsed.subject().to_string()),
         serial: parsed.raw_serial_as_string(),
         not_before_unix: validity.not_before.timestamp(),
         not_after_unix: validity.not_after.timestamp(),

@@ -98,7 +98,21 @@ pub struct CertSummary {
     pub key_algorithm: String,
 }
 
-/// Summarises a certificate.
+/// A name from a certificate, safe for a terminal or a log line: control characters (an
+/// issuer's choice) are shown escaped, never sent to the terminal as they are.
+pub fn printable(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Summarises a certificate (names made [`printable`]).
 pub fn summarize(cert: &[u8]) -> Result<CertSummary, PkiError> {
     let (_, c) = x509_parser::parse_x509_certificate(cert).map_err(|e| PkiError::BadCert {
         what: "the certificate".into(),
@@ -109,7 +123,7 @@ pub fn summarize(cert: &[u8]) -> Result<CertSummary, PkiError> {
     if let Ok(Some(ext)) = tbs.subject_alternative_name() {
         for name in &ext.value.general_names {
             sans.push(match name {
-                GeneralName::DNSName(d) => format!("DNS:{d}"),
+                GeneralName::DNSName(d) => format!("DNS:{}", printable(d)),
                 GeneralName::IPAddress(b) => match b.len() {
                     4 => format!(
                         "IP:{}",
@@ -121,9 +135,9 @@ pub fn summarize(cert: &[u8]) -> Result<CertSummary, PkiError> {
                     ),
                     _ => "IP:(malformed)".into(),
                 },
-                GeneralName::RFC822Name(e) => format!("email:{e}"),
-                GeneralName::URI(u) => format!("URI:{u}"),
-                other => format!("{other:?}"),
+                GeneralName::RFC822Name(e) => format!("email:{}", printable(e)),
+                GeneralName::URI(u) => format!("URI:{}", printable(u)),
+                other => printable(&format!("{other:?}")),
             });
         }
     }
@@ -131,8 +145,8 @@ pub fn summarize(cert: &[u8]) -> Result<CertSummary, PkiError> {
         .map(|i| i.algorithm.to_string())
         .unwrap_or_else(|_| tbs.subject_pki.algorithm.algorithm.to_id_string());
     Ok(CertSummary {
-        subject: tbs.subject.to_string(),
-        issuer: tbs.issuer.to_string(),
+        subject: printable(&tbs.subject.to_string()),
+        issuer: printable(&tbs.issuer.to_string()),
         serial: tbs.raw_serial_as_string(),
         not_before: tbs.validity.not_before.to_string(),
         not_after: tbs.validity.not_after.to_string(),
@@ -173,7 +187,10 @@ pub fn check_for_import(
         reason: "it holds no certificate".into(),
     })?;
     let bad_leaf = |reason: String| PkiError::BadCert {
-        what: format!("the certificate for {}", leaf.subject()),
+        what: format!(
+            "the certificate for {}",
+            printable(&leaf.subject().to_string())
+        ),
         reason,
     };
     let validity = leaf.validity();
@@ -196,6 +213,24 @@ pub fn check_for_import(
                     "its extendedKeyUsage does not include clientAuth: it is not a client certificate"
                         .into(),
                 ))
+            }
+            ParsedExtension::BasicConstraints(bc) if bc.ca => {
+                return Err(bad_leaf(
+                    "it is a CA certificate (basicConstraints CA:TRUE), not a client certificate: the API server refuses it for clients"
+                        .into(),
+                ))
+            }
+            ParsedExtension::SubjectAlternativeName(san) => {
+                for name in &san.general_names {
+                    if let GeneralName::DNSName(d) = name {
+                        if d.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                            return Err(bad_leaf(format!(
+                                "its DNS name '{}' holds control characters or spaces: no DNS name does",
+                                printable(d)
+                            )));
+                        }
+                    }
+                }
             }
             _ => {}
         }

@@ -111,6 +111,68 @@ fn corrupted_expired_and_non_client_certificates_are_refused_and_nothing_changes
         output_text(&out)
     );
 
+    // Issue 22, findings 5 and 13: a CA certificate for the key (what a misbehaving signer
+    // returned), and a DNS name carrying a terminal escape. `cert show` escapes it.
+    let csr_path = dir.path().join("key.csr");
+    let csr = run_ok(hwkey().envs(id.envs()).args([
+        "csr",
+        "--key",
+        &id.key_uri,
+        "--subject",
+        "CN=alice,O=devs",
+    ]));
+    std::fs::write(&csr_path, &csr.stdout).expect("write CSR");
+    for (name, ext, needle) in [
+        (
+            "ca",
+            "basicConstraints=critical,CA:TRUE\nkeyUsage=digitalSignature,keyCertSign\n",
+            "it is a CA certificate",
+        ),
+        (
+            "escape",
+            "subjectAltName=DNS:evil\x1b[2J.example\nextendedKeyUsage=clientAuth\n",
+            "holds control characters",
+        ),
+    ] {
+        let ext_path = dir.path().join(format!("{name}.cnf"));
+        std::fs::write(&ext_path, ext).expect("write extensions");
+        let path = dir.path().join(format!("{name}.pem"));
+        run_ok(
+            std::process::Command::new("openssl")
+                .args(["x509", "-req", "-days", "1", "-in"])
+                .arg(&csr_path)
+                .arg("-CA")
+                .arg(id.ca.ca_path())
+                .arg("-CAkey")
+                .arg(id.ca.key_path())
+                .args(["-CAcreateserial", "-CAserial"])
+                .arg(dir.path().join("serial"))
+                .arg("-extfile")
+                .arg(&ext_path)
+                .arg("-out")
+                .arg(&path),
+        );
+        let out = run_fail(&mut import(&id, &path));
+        let text = output_text(&out);
+        assert!(
+            text.contains(needle) && !text.contains('\x1b'),
+            "{name}: {text:?}"
+        );
+        if name == "escape" {
+            let shown = run_ok(
+                hwkey()
+                    .envs(id.envs())
+                    .args(["cert", "show", "--key", &id.key_uri, "--cert"])
+                    .arg(&path),
+            );
+            let text = String::from_utf8_lossy(&shown.stdout);
+            assert!(
+                text.contains("DNS:evil\\u{1b}[2J.example") && !text.contains('\x1b'),
+                "{text:?}"
+            );
+        }
+    }
+
     assert_eq!(
         stored_serial(&id),
         stored,

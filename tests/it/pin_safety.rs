@@ -386,6 +386,10 @@ fn a_proxy_for_other_settings_is_not_reused() {
             .arg("credential"),
     );
     assert!(stdout(&first).contains("ExecCredential"));
+    // Issue 22, finding 12: the message names the running proxy's own pid, not a stale
+    // proxy.pid (here one of a proxy long gone).
+    let running_pid = std::fs::read_to_string(state.join("proxy.pid")).expect("proxy.pid");
+    std::fs::write(state.join("proxy.pid"), "999999\n").expect("stale pid");
 
     let mut changed = ext.clone();
     changed["upstream"] = other.url().into();
@@ -405,7 +409,12 @@ fn a_proxy_for_other_settings_is_not_reused() {
             && text.contains(&format!("asks for upstream {}", other.url())),
         "{text}"
     );
+    assert!(
+        text.contains(&format!("kill {}", running_pid.trim())) && !text.contains("999999"),
+        "{text}"
+    );
     assert_eq!(other.stats().tcp_connections, 0);
+    std::fs::write(state.join("proxy.pid"), running_pid).expect("restore proxy.pid");
     stop_proxy(&state);
 }
 
