@@ -117,6 +117,28 @@ pub fn install(target: &Target, issued: &Issued) -> Result<String, LifecycleErro
     }
 }
 
+/// Writes `chain` back at `target` without keeping what is there (a roll-back to the chain
+/// that was in use).
+pub fn install_chain(
+    target: &Target,
+    chain: &[CertificateDer<'static>],
+) -> Result<String, LifecycleError> {
+    match target {
+        Target::File(path) => {
+            crate::atomic_file::write_atomic(path, cert::chain_to_pem(chain).as_bytes(), 0o644)
+                .map_err(|source| LifecycleError::Install {
+                    path: path.clone(),
+                    source,
+                })?;
+            Ok(path.display().to_string())
+        }
+        Target::KeyStore(uri) => {
+            let chain: Vec<Vec<u8>> = chain.iter().map(|c| c.to_vec()).collect();
+            Ok(crate::key::store_chain(uri, &chain)?)
+        }
+    }
+}
+
 fn keep_previous(path: &Path) -> Result<(), LifecycleError> {
     let previous = match std::fs::read(path) {
         Ok(bytes) => bytes,

@@ -95,6 +95,12 @@ pub enum LifecycleError {
     #[error("the certificate issued for CertificateSigningRequest {name} is not usable: {reason}; the current certificate was left as it was")]
     BadIssued { name: String, reason: String },
 
+    #[error("the signer issued a certificate that expires no later than the one in use (NotAfter {issued}, in use until {current}): it caps certificate lifetimes (kube-controller-manager caps them at its CA's expiry); the current certificate stays, and renewal retries with backoff")]
+    NotLonger { issued: String, current: String },
+
+    #[error("the API server refused the renewed certificate in a handshake ({reason}); the previous certificate was put back")]
+    RefusedUpstream { reason: String },
+
     #[error("cannot copy the subject of the current certificate ({reason}): pass --subject")]
     Subject { reason: String },
 

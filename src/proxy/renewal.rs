@@ -9,7 +9,12 @@
 //!
 //! Failures are retried with capped exponential backoff while the current certificate is
 //! valid (and after, in case the signer comes back); the proxy never exits because a renewal
-//! failed. Task: one renewal task; the CSR signature and writes to a token run on blocking
+//! failed. Two requests are never closer than [`renewal_floor`] (a minute, and 10 % of the
+//! lifetime), whatever the signer returns: a signer that caps NotAfter, or returns the same
+//! certificate, made the old code submit a CSR after every answer. A certificate that expires no
+//! later than the one in use is not installed (a failure, with a warning). An installed
+//! certificate must complete one upstream handshake and request, else the previous one is put
+//! back (issue 22, finding 5). Task: one renewal task; the CSR signature and writes to a token run on blocking
 //! threads.
 //!
 //! [`HardwareCertResolver`]: crate::key::tls::HardwareCertResolver
@@ -55,8 +60,38 @@ pub struct RenewSettings {
     pub state_dir: PathBuf,
 }
 
+/// The least time between two renewal requests for a certificate of `lifetime`: a minute,
+/// and 10 % of the lifetime.
+pub fn renewal_floor(lifetime: Duration) -> Duration {
+    (lifetime / 10).max(Duration::from_secs(60))
+}
+
+/// Waits until `floor` has passed since `last` (the previous request); false when stopped.
+async fn respect_floor(
+    last: Option<std::time::Instant>,
+    floor: Duration,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let Some(last) = last else { return true };
+    let left = floor.saturating_sub(last.elapsed());
+    if left.is_zero() {
+        return true;
+    }
+    tracing::info!(
+        in_secs = left.as_secs(),
+        "waiting out the renewal floor (one request per {}s at most)",
+        floor.as_secs()
+    );
+    tokio::select! {
+        biased;
+        _ = stopped(stop) => false,
+        _ = tokio::time::sleep(left) => true,
+    }
+}
+
 /// Renews until `stop`.
 pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::Receiver<bool>) {
+    let mut last_request: Option<std::time::Instant> = None;
     loop {
         let chain = shared.upstream.resolver().chain();
         let wait = match chain.first().and_then(|leaf| validity(leaf)) {
@@ -78,6 +113,18 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
         }
         let mut backoff = FIRST_BACKOFF;
         loop {
+            let lifetime = shared
+                .upstream
+                .resolver()
+                .chain()
+                .first()
+                .and_then(|leaf| validity(leaf))
+                .map(|(from, to)| Duration::from_secs(u64::try_from(to - from).unwrap_or(0)))
+                .unwrap_or_default();
+            if !respect_floor(last_request, renewal_floor(lifetime), &mut stop).await {
+                return;
+            }
+            last_request = Some(std::time::Instant::now());
             match renew_once(&shared, &settings).await {
                 Ok(issued) => {
                     shared.metrics.renewal_succeeded(now_unix());
@@ -95,6 +142,9 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
                 }
                 Err(e) => {
                     shared.metrics.renewal_failed(reason_label(&e));
+                    if matches!(e, LifecycleError::NotLonger { .. }) {
+                        tracing::warn!("the signer caps certificate lifetimes: renewing again will not extend this identity; ask for a signer CA that lives longer");
+                    }
                     *shared
                         .renewal_error
                         .lock()
@@ -112,16 +162,13 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
     }
 }
 
-/// One renewal: sign, submit, wait, check, write, install.
+/// One renewal: sign, submit, wait, check, write, install, prove. With `--rotate-key`, the key
+/// made for it is deleted on every failure after it was made (a smart card fills up with
+/// orphans otherwise).
 async fn renew_once(
     shared: &Arc<Shared>,
     settings: &RenewSettings,
 ) -> Result<Issued, LifecycleError> {
-    let chain = shared.upstream.resolver().chain();
-    let leaf = chain.first().ok_or_else(|| LifecycleError::Subject {
-        reason: "the proxy holds no certificate".into(),
-    })?;
-    let subject = subject_text(leaf)?;
     let current = shared.key();
     // With --rotate-key the request is for a fresh key made in the same device; it is still
     // authenticated with the current key and certificate.
@@ -136,6 +183,30 @@ async fn renew_once(
     } else {
         current.clone()
     };
+    let rotated = !Arc::ptr_eq(&key, &current);
+    let result = request_and_install(shared, settings, &current, &key).await;
+    if result.is_err() && rotated {
+        tracing::info!(key = %key.describe(), "deleting the key made for the failed renewal");
+        discard_key(key.uri().clone()).await;
+    }
+    result
+}
+
+/// The part of [`renew_once`] after the key is chosen.
+async fn request_and_install(
+    shared: &Arc<Shared>,
+    settings: &RenewSettings,
+    current: &Arc<Key>,
+    key: &Arc<Key>,
+) -> Result<Issued, LifecycleError> {
+    let previous_chain = shared.upstream.resolver().chain();
+    let leaf = previous_chain
+        .first()
+        .ok_or_else(|| LifecycleError::Subject {
+            reason: "the proxy holds no certificate".into(),
+        })?;
+    let subject = subject_text(leaf)?;
+    let current_not_after = validity(leaf).map(|(_, to)| to);
     let signing_key = key.clone();
     let attest = settings.attest;
     let submission = tokio::task::spawn_blocking(move || {
@@ -165,41 +236,55 @@ async fn renew_once(
         },
     )?;
     let mut notes = Vec::new();
-    let submitted = submit(
+    let (name, pem) = submit(
         &client,
         &settings.server,
         &submission,
         DEFAULT_WAIT,
         &mut notes,
     )
-    .await;
-    let (name, pem) = match submitted {
-        Ok(done) => done,
-        Err(e) => {
-            if !Arc::ptr_eq(&key, &current) {
-                discard_key(key.uri().clone()).await;
-            }
-            return Err(e);
+    .await?;
+    let issued = issued::check(&name, &pem, key)?;
+    if let Some(current) = current_not_after {
+        if issued.not_after_unix <= current {
+            return Err(LifecycleError::NotLonger {
+                issued: issued.not_after.clone(),
+                current: time::OffsetDateTime::from_unix_timestamp(current)
+                    .map(|t| t.to_string())
+                    .unwrap_or_else(|_| current.to_string()),
+            });
         }
-    };
-    let issued = issued::check(&name, &pem, &key)?;
+    }
     let target = match &settings.cert {
         Some(p) => Target::File(p.clone()),
         None => Target::KeyStore(key.uri().clone()),
     };
     let to_install = issued.clone();
-    tokio::task::spawn_blocking(move || issued::install(&target, &to_install))
+    let install_target = target.clone();
+    tokio::task::spawn_blocking(move || issued::install(&install_target, &to_install))
         .await
         .map_err(|e| LifecycleError::Kubelet(format!("the install panicked: {e}")))??;
     shared.metrics.reload(true);
-    if Arc::ptr_eq(&key, &current) {
-        // Use it now, without waiting for the file watch.
+    if Arc::ptr_eq(key, current) {
+        // Use it now, without waiting for the file watch; then prove the API server takes it.
         shared.install_chain(issued.chain.clone())?;
+        if let Err(reason) = upstream_accepts(shared).await {
+            roll_back(shared, &target, current, &previous_chain, None).await?;
+            return Err(LifecycleError::RefusedUpstream { reason });
+        }
         return Ok(issued);
     }
-    // Key rotation: switch, remember the new key for restarts, and delete the old key once a
-    // handshake with the new one went through.
+    // Key rotation: switch, prove the new key and certificate upstream, remember the new key
+    // for restarts, and delete the previous key only if this rotation series made it.
     shared.install_key(key.clone(), issued.chain.clone())?;
+    if let Err(reason) = upstream_accepts(shared).await {
+        let old_target = match &settings.cert {
+            Some(p) => Target::File(p.clone()),
+            None => Target::KeyStore(current.uri().clone()),
+        };
+        roll_back(shared, &old_target, current, &previous_chain, Some(current)).await?;
+        return Err(LifecycleError::RefusedUpstream { reason });
+    }
     let pointer = settings.state_dir.join(CURRENT_KEY_FILE);
     crate::atomic_file::write_atomic(
         &pointer,
@@ -210,35 +295,89 @@ async fn renew_once(
         path: pointer,
         source,
     })?;
-    match tokio::time::timeout(
-        std::time::Duration::from_secs(15),
-        shared.upstream.connect(Some(b"http/1.1")),
-    )
-    .await
-    {
-        Ok(Ok(_)) => {
-            let old = current.uri().clone();
-            drop(current);
-            match tokio::task::spawn_blocking(move || crate::key::delete(&old)).await {
-                Ok(Ok(removed)) => {
-                    tracing::info!(removed = ?removed, "deleted the previous hardware key (--rotate-key)")
-                }
-                Ok(Err(e)) => {
-                    tracing::error!(error = %e, "cannot delete the previous hardware key; delete it by hand")
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "deleting the previous hardware key panicked")
-                }
-            }
+    retire_previous_key(current.uri(), &settings.key, key.uri()).await;
+    Ok(issued)
+}
+
+/// Deletes the key a rotation replaced, unless it is the configured key (`--key`, which other
+/// proxies, `renew --kubeconfig` and `doctor` may name): a rotation deletes only keys a
+/// rotation made.
+async fn retire_previous_key(previous: &KeyUri, configured: &KeyUri, new: &KeyUri) {
+    if previous.without_pin().to_string() == configured.without_pin().to_string() {
+        tracing::warn!(
+            kept = %previous.without_pin(),
+            now = %new.without_pin(),
+            "the configured key is kept (other proxies or kubeconfigs may use it); this proxy signs with the new key, recorded in {CURRENT_KEY_FILE}: update --key (and kubeconfigs naming the old key) to the new one, then delete the old key by hand"
+        );
+        return;
+    }
+    let old = previous.clone();
+    match tokio::task::spawn_blocking(move || crate::key::delete(&old)).await {
+        Ok(Ok(removed)) => {
+            tracing::info!(removed = ?removed, "deleted the previous hardware key (--rotate-key)")
         }
         Ok(Err(e)) => {
-            tracing::error!(error = %e, "the new key did not complete an upstream handshake yet; the previous key is kept")
+            tracing::error!(error = %e, "cannot delete the previous hardware key; delete it by hand")
         }
-        Err(_) => tracing::error!(
-            "the new key did not complete an upstream handshake in time; the previous key is kept"
-        ),
+        Err(e) => tracing::error!(error = %e, "deleting the previous hardware key panicked"),
     }
-    Ok(issued)
+}
+
+/// One upstream connection with the certificate in use, a full handshake (the session store
+/// was emptied at install) and one request: any HTTP answer means the API server took the
+/// client certificate (TLS 1.3 reports a refused one only after the client's Finished, so the
+/// handshake alone proves nothing).
+async fn upstream_accepts(shared: &Shared) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let attempt = async {
+        let mut conn = shared
+            .upstream
+            .connect(Some(b"http/1.1"))
+            .await
+            .map_err(|e| e.to_string())?;
+        conn.stream
+            .write_all(b"GET /version HTTP/1.1\r\nHost: kubernetes\r\nConnection: close\r\n\r\n")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut head = [0u8; 12];
+        conn.stream
+            .read_exact(&mut head)
+            .await
+            .map_err(|e| format!("no answer to a request: {e}"))?;
+        if head.starts_with(b"HTTP/1.") {
+            Ok(())
+        } else {
+            Err("the answer is not HTTP".to_string())
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), attempt)
+        .await
+        .map_err(|_| "no answer within 15s".to_string())?
+}
+
+/// Puts the previous certificate (and, after a key rotation, the previous key) back in use and
+/// where it was stored.
+async fn roll_back(
+    shared: &Shared,
+    target: &Target,
+    current: &Arc<Key>,
+    chain: &[rustls::pki_types::CertificateDer<'static>],
+    key: Option<&Arc<Key>>,
+) -> Result<(), LifecycleError> {
+    match key {
+        Some(k) => shared.install_key(k.clone(), chain.to_vec())?,
+        None => shared.install_chain(chain.to_vec())?,
+    }
+    let _ = current;
+    let target = target.clone();
+    let chain = chain.to_vec();
+    tokio::task::spawn_blocking(move || issued::install_chain(&target, &chain))
+        .await
+        .map_err(|e| LifecycleError::Kubelet(format!("the roll-back panicked: {e}")))??;
+    tracing::error!(
+        "the API server refused the renewed certificate: the previous one is back in use"
+    );
+    Ok(())
 }
 
 /// The file in the state directory naming the key in use after a rotation, so a restarted
@@ -326,6 +465,8 @@ fn reason_label(e: &LifecycleError) -> &'static str {
         | LifecycleError::Watch { .. }
         | LifecycleError::Client { .. } => "api",
         LifecycleError::BadIssued { .. } => "bad_certificate",
+        LifecycleError::NotLonger { .. } => "capped",
+        LifecycleError::RefusedUpstream { .. } => "refused_upstream",
         LifecycleError::Install { .. } => "install",
         LifecycleError::Key(_) | LifecycleError::Pki(_) => "key",
         _ => "other",

@@ -602,8 +602,9 @@ fn the_approver_admits_only_attested_keys_and_decides_once() {
 fn the_proxy_renews_with_evidence_that_the_approver_admits() {
     use support::proxy::{ProxyOptions, ProxyProcess};
     let id = Identity::tpm();
-    // Certificates that live about a minute (6m, backdated 5m), so renewal is due at once.
-    let cluster = KubeCluster::start_with(&id.ca, "6m", Approval::SignerOnly);
+    // Certificates that live about two minutes (7m, backdated 5m), so renewal is due at once;
+    // renewals are at least a minute apart.
+    let cluster = KubeCluster::start_with(&id.ca, "7m", Approval::SignerOnly);
     let work = temp_dir();
     let (trust, _) = enroll_node(&id, work.path(), "node6");
     id.issue(&id.key_uri, "CN=system:node:node6,O=system:nodes", &id.cert);

@@ -144,6 +144,39 @@ fn pkcs11_token_removed_and_restored_recovers_without_a_restart() {
     assert_eq!(proxy.admin_get("/healthz").0, 200);
 }
 
+/// Fault (issue 22, finding 4): SoftHSM's whole token directory is moved away for 6 s and back
+/// (the module then fails `C_Initialize`, and answers CKR_CRYPTOKI_NOT_INITIALIZED, which is
+/// not "device gone"). Contract: requests fail fast while it is away; the first 200 comes within
+/// 15 s of its return and `/healthz` is 200, with the same proxy process. Before the fix:
+/// 502 and `/healthz` 503 for 60 s and more, until a restart.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_whole_token_directory_away_and_back_recovers_without_a_restart() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    assert_eq!(version(&proxy).0, "200", "{}", proxy.log());
+    let Backend::SoftHsm(hsm) = &id.backend else {
+        panic!("a SoftHSM identity")
+    };
+    let tokens = hsm.dir().join("tokens");
+    let away = hsm.dir().join("tokens-away");
+    std::fs::rename(&tokens, &away).expect("move the token directory away");
+    // No resumed session: every request needs a signature while the directory is gone.
+    proxy.signal(libc::SIGHUP);
+    wait_for(&proxy, "hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
+    let gone = Instant::now();
+    while gone.elapsed() < Duration::from_secs(6) {
+        let (code, body, took) = version(&proxy);
+        assert_ne!(code, "200", "a request signed without its token: {body}");
+        assert!(took < Duration::from_secs(15), "took {took:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::fs::rename(&away, &tokens).expect("bring the token directory back");
+    recovers(&proxy, Duration::from_secs(15), 10);
+    assert_eq!(proxy.admin_get("/healthz").0, 200, "{}", proxy.log());
+}
+
 /// Fault: the upstream flaps — stopped and started again on the same port three times while
 /// the proxy runs. Contract: while it is down, requests fail fast with a 502 `Status`; each time
 /// it is back, requests succeed (resumed or full handshakes), with the same proxy process.

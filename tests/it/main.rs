@@ -48,6 +48,8 @@ mod proxy_stress;
 mod proxy_tpm_stall;
 mod proxy_transport;
 #[cfg(feature = "pkcs11")]
+mod renewal_faults;
+#[cfg(feature = "pkcs11")]
 mod rsa_mechanisms;
 #[cfg(feature = "pkcs11")]
 mod state_dir;

@@ -177,7 +177,12 @@ impl TestCa {
         }
         dn.push(DnType::CommonName, cn);
         params.distinguished_name = dn;
-        let cert = self.sign_params(params, &key, Duration::from_secs(30 * 86400));
+        let cert = self.sign_params(
+            params,
+            &key,
+            Duration::from_secs(300),
+            Duration::from_secs(30 * 86400),
+        );
         let cert_path = dir.join(format!("{name}.pem"));
         let key_path = dir.join(format!("{name}.key"));
         fs::write(&cert_path, cert).expect("write client cert");
@@ -192,6 +197,17 @@ impl TestCa {
 
     /// Like [`TestCa::sign_csr_pem`] but valid for `validity` from now (for expiry tests).
     pub fn sign_csr_pem_for(&self, csr_pem: &str, validity: Duration) -> String {
+        self.sign_csr_pem_window(csr_pem, Duration::from_secs(300), validity)
+    }
+
+    /// Like [`TestCa::sign_csr_pem_for`], with NotBefore `backdate` before now: a certificate
+    /// far into its lifetime (renewal due at once) that still has `validity` left.
+    pub fn sign_csr_pem_window(
+        &self,
+        csr_pem: &str,
+        backdate: Duration,
+        validity: Duration,
+    ) -> String {
         use x509_parser::prelude::{FromDer, ParsedExtension, X509CertificationRequest};
         let block = pem::parse(csr_pem).expect("CSR is PEM");
         assert!(
@@ -216,7 +232,7 @@ impl TestCa {
         }
         let spki = rcgen::SubjectPublicKeyInfo::from_der(info.subject_pki.raw)
             .expect("CSR public key algorithm supported by rcgen");
-        self.sign_params(params, &spki, validity)
+        self.sign_params(params, &spki, backdate, validity)
     }
 
     /// Signs a PEM CSR like [`TestCa::sign_csr_pem`] and writes the certificate to `out`.
@@ -237,10 +253,11 @@ impl TestCa {
         &self,
         mut params: CertificateParams,
         key: &impl rcgen::PublicKeyData,
+        backdate: Duration,
         validity: Duration,
     ) -> String {
         let now = time::OffsetDateTime::now_utc();
-        params.not_before = now - time::Duration::minutes(5);
+        params.not_before = now - backdate;
         params.not_after = now + validity;
         params.serial_number = Some(random_serial());
         params.is_ca = IsCa::ExplicitNoCa;

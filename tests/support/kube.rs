@@ -218,6 +218,7 @@ impl KubeCluster {
             .arg(match approval {
                 Approval::BuiltIn => "--controllers=csrsigning,csrapproving,csrcleaner,clusterrole-aggregation,namespace",
                 Approval::SignerOnly => "--controllers=csrsigning,csrcleaner,clusterrole-aggregation,namespace",
+                Approval::TestSigner => "--controllers=csrcleaner,clusterrole-aggregation,namespace",
             })
             .arg(format!("--cluster-signing-cert-file={}", ca.ca_path().display()))
             .arg(format!("--cluster-signing-key-file={}", ca.key_path().display()))
@@ -354,6 +355,9 @@ pub enum Approval {
     /// Neither: kube-controller-manager only signs, so only an external approver (hwkey's)
     /// decides, as docs/ATTESTATION.md tells operators to set it up.
     SignerOnly,
+    /// kube-controller-manager neither approves nor signs: the test approves and writes
+    /// `status.certificate` itself (a signer that misbehaves on purpose).
+    TestSigner,
 }
 
 /// The bootstrap token and the RBAC that lets bootstrappers create requests.

@@ -203,6 +203,10 @@ pub struct ProxyOptions<'a> {
     pub bare: bool,
     /// Run under `prlimit --nofile=N:N` (the descriptor limit an auto-started proxy may get).
     pub nofile: Option<u64>,
+    /// Another key of the identity's token than its own (with [`ProxyOptions::cert`]).
+    pub key: Option<&'a str>,
+    /// Another certificate file than the identity's.
+    pub cert: Option<&'a Path>,
 }
 
 impl ProxyProcess {
@@ -230,9 +234,9 @@ impl ProxyProcess {
         let mut cmd = hwkey();
         cmd.envs(id.envs()).env("HWKEY_LOG", "info").arg("proxy");
         if !opts.bare {
-            cmd.args(["--key", &id.key_uri])
+            cmd.args(["--key", opts.key.unwrap_or(&id.key_uri)])
                 .arg("--cert")
-                .arg(&id.cert)
+                .arg(opts.cert.unwrap_or(&id.cert))
                 .args(["--upstream", upstream_url])
                 .arg("--upstream-ca")
                 .arg(id.ca.ca_path())

@@ -92,7 +92,11 @@ fn device_gone(ck: Option<&CkError>, err: &KeyError) -> bool {
                 | RvError::DeviceRemoved
                 | RvError::TokenNotPresent
                 | RvError::TokenNotRecognized
-                | RvError::SlotIdInvalid,
+                | RvError::SlotIdInvalid
+                // A re-initialisation that failed while the device was away leaves the module
+                // uninitialised: that is the device being gone too, and it is retried (at the
+                // module's re-initialisation spacing) until it works.
+                | RvError::CryptokiNotInitialized,
             _
         ))
     )
@@ -109,7 +113,8 @@ fn session_lost(e: &CkError) -> bool {
                 | RvError::TokenNotPresent
                 | RvError::UserNotLoggedIn
                 | RvError::KeyHandleInvalid
-                | RvError::ObjectHandleInvalid,
+                | RvError::ObjectHandleInvalid
+                | RvError::CryptokiNotInitialized,
             _
         )
     )
