@@ -4,27 +4,38 @@
 //! (systemd `Restart=`) or operator command is a new process: a rejection kept in memory would
 //! let each of them spend one more of the token's attempts. So a `CKR_PIN_INCORRECT` is written
 //! down, keyed by the token (module, serial, label) and by the *identity of the PIN source* —
-//! a file's path, inode, size and modification time; for an environment variable or a
-//! `pin-value`, an HMAC of the value under a random secret kept beside the records — and that
-//! PIN is never presented again until the source changes. Changing the PIN file (or the
-//! variable) gives exactly one new attempt; a successful login forgets the record.
+//! the source's name (a file's path, a variable's name) and an HMAC of the PIN it holds under a
+//! random secret kept beside the records — and that PIN is never presented again until the
+//! source holds another PIN. Changing the PIN file (or the variable) gives exactly one new
+//! attempt, however it was changed (a same-length rewrite with the modification time put back
+//! counts too); a successful login forgets the record.
 //!
-//! Records live in `$HWKEY_PIN_STATE_DIR`, else `$XDG_STATE_HOME/hwkey/rejected-pins`,
-//! `~/.local/state/hwkey/rejected-pins`, or `/var/lib/hwkey/rejected-pins` (mode 0700). They
-//! hold no PIN and no PIN hash an attacker could test offline without the secret. If the
-//! directory cannot be written, the rejection is still remembered for this process.
+//! Records live in `$HWKEY_PIN_STATE_DIR`, else, for root (and so the systemd unit, which sets
+//! `ProtectHome=yes`), the one system-wide `/var/lib/hwkey/rejected-pins`, else
+//! `$XDG_STATE_HOME/hwkey/rejected-pins`, `~/.local/state/hwkey/rejected-pins`, or
+//! `/var/lib/hwkey/rejected-pins`. The directory must be this user's and writable by no one
+//! else (mode 0700; not a symbolic link), like the state directory: a record another user
+//! planted must not make hwkey refuse a good PIN. They hold no PIN and no PIN hash an attacker
+//! could test offline without the secret. Without a usable directory hwkey presents no PIN at
+//! all (fail closed): a rejection it could not remember would be tried again by the next
+//! process.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use ring::{digest, hmac, rand::SecureRandom};
 
 use super::pin::PinSource;
 
+/// The system-wide location (root, the systemd unit).
+pub const SYSTEM_DIR: &str = "/var/lib/hwkey/rejected-pins";
+
 /// Where the records are kept (see the module comment).
 pub fn memory_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("HWKEY_PIN_STATE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
+    }
+    if crate::state_dir::own_uid() == 0 {
+        return PathBuf::from(SYSTEM_DIR);
     }
     if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
         return Path::new(&d).join("hwkey").join("rejected-pins");
@@ -47,18 +58,11 @@ impl Record {
     pub(crate) fn for_source(token_id: &str, source: &PinSource, pin: &str) -> Option<Record> {
         let dir = memory_dir();
         let identity = match source {
+            // The PIN's keyed hash, not the file's metadata: a rewrite that restores size and
+            // modification time is still another PIN.
             PinSource::File(path) => {
-                let meta = std::fs::metadata(path).ok()?;
                 let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
-                format!(
-                    "file:{}:{}:{}:{}:{}.{}",
-                    canonical.display(),
-                    meta.dev(),
-                    meta.ino(),
-                    meta.len(),
-                    meta.mtime(),
-                    meta.mtime_nsec()
-                )
+                format!("file:{}:{}", canonical.display(), fingerprint(&dir, pin)?)
             }
             PinSource::Env(var) => format!("env:{var}:{}", fingerprint(&dir, pin)?),
             PinSource::Value(_) => format!("value:{}", fingerprint(&dir, pin)?),
@@ -178,11 +182,10 @@ fn fingerprint(dir: &Path, pin: &str) -> Option<String> {
     Some(hex(hmac::sign(&key, pin.as_bytes()).as_ref()))
 }
 
+/// Creates the directory (mode 0700) or checks that it is this user's, not a symbolic link
+/// and writable by no one else.
 fn ensure_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    crate::state_dir::ensure_private(dir)
 }
 
 fn hex(bytes: &[u8]) -> String {

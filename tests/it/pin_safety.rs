@@ -254,6 +254,65 @@ fn the_exec_plugin_passes_the_pin_refused_exit_code_through() {
     }
 }
 
+/// Issue 22, finding 3: the rejected-PIN memory keys a PIN file by the PIN it holds, not by its
+/// metadata (a same-length rewrite with the modification time put back was never tried), and
+/// trusts only a directory of its own (a record another user planted in a shared directory
+/// made root refuse the correct PIN).
+#[test]
+fn the_pin_memory_follows_the_pin_and_trusts_only_its_own_directory() {
+    let id = Identity::softhsm();
+    let work = temp_dir();
+    let log = work.path().join("spy.log");
+    let records = work.path().join("records");
+    let envs = spy_env(&id, &log, &records);
+    let pin_file = work.path().join("pin");
+    let wrong = "9".repeat(USER_PIN.len());
+    write_private(&pin_file, wrong.as_bytes());
+    let uri = format!(
+        "pkcs11:token=kube;object=alice?module-path={SPY}&pin-source=file:{}",
+        pin_file.display()
+    );
+    let public = || {
+        let mut cmd = hwkey();
+        cmd.envs(envs.iter().cloned())
+            .args(["key", "public", "--key", &uri]);
+        cmd
+    };
+    let out = run_fail(&mut public());
+    assert_eq!(out.status.code(), Some(77), "{}", output_text(&out));
+    assert_eq!(logins(&log), 1);
+    // The right PIN, same length, with the old modification time put back.
+    let mtime = std::fs::metadata(&pin_file)
+        .expect("stat")
+        .modified()
+        .expect("mtime");
+    write_private(&pin_file, USER_PIN.as_bytes());
+    std::fs::File::options()
+        .write(true)
+        .open(&pin_file)
+        .expect("open")
+        .set_modified(mtime)
+        .expect("restore mtime");
+    run_ok(&mut public());
+    assert_eq!(logins(&log), 2, "the changed PIN was not tried");
+
+    // A directory that is not this user's: refused before any login, naming it.
+    let shared = work.path().join("shared");
+    std::fs::create_dir(&shared).expect("dir");
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let mut cmd = public();
+    cmd.env("HWKEY_PIN_STATE_DIR", &shared);
+    let out = run_fail(&mut cmd);
+    let text = output_text(&out);
+    assert!(
+        text.contains("cannot use the rejected-PIN memory")
+            && text.contains("writable by other users"),
+        "{text}"
+    );
+    assert_eq!(logins(&log), 2, "a PIN was presented with a foreign memory");
+}
+
 fn stop_proxy(state: &Path) {
     if let Ok(pid) = std::fs::read_to_string(state.join("proxy.pid")) {
         let _ = Command::new("kill").arg(pid.trim()).status();
