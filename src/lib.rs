@@ -13,6 +13,7 @@ pub mod atomic_file;
 pub mod cli;
 pub mod control_api;
 pub mod exec;
+pub mod http_serve;
 pub mod key;
 pub mod kubeconfig;
 pub mod lifecycle;

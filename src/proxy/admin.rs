@@ -11,7 +11,6 @@
 //! user can reach a loopback TCP admin listener, so connections are capped, idle ones reaped
 //! (header and connection timeouts) and refusals logged at a bounded rate.
 
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,7 +18,6 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
 
 use super::listener::{accept_error, admit, check_peer, stopped, Bound};
@@ -64,6 +62,11 @@ static REFUSED_LOG: RateLimited = RateLimited::new(Duration::from_secs(10));
 /// [`ADMIN_MAX_CONNECTIONS`] at once, each bounded by header and connection timeouts.
 pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<bool>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
+    let endpoint = crate::http_serve::Endpoint::new(crate::http_serve::Limits {
+        max_connections: ADMIN_MAX_CONNECTIONS,
+        header_timeout: ADMIN_HEADER_TIMEOUT,
+        connection_timeout: ADMIN_CONNECTION_TIMEOUT,
+    });
     let name = bound.addr().to_string();
     loop {
         let (conn, admitted): (Box<dyn super::bridge::ClientIo>, Admitted) = match &bound {
@@ -108,30 +111,25 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
             },
         };
         let shared = shared.clone();
+        let endpoint = endpoint.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn({
+            // The cap on TCP is the uid admission; the endpoint's own slots stay free for it.
+            let Some(slot) = endpoint.admit() else { return };
+            let handler = {
                 let shared = shared.clone();
                 move |req| {
                     let shared = shared.clone();
-                    async move { Ok::<_, Infallible>(route(&shared, req).await) }
+                    async move { route(&shared, req).await }
                 }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(ADMIN_HEADER_TIMEOUT)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(conn), service);
-            let served = tokio::time::timeout(ADMIN_CONNECTION_TIMEOUT, connection);
+            };
             match &admitted {
                 Admitted::ByUid(ticket) => {
                     tokio::select! {
-                        _ = served => {}
+                        _ = endpoint.serve(conn, slot, handler) => {}
                         _ = ticket.shed() => {}
                     }
                 }
-                Admitted::Permit(_) => {
-                    let _ = served.await;
-                }
+                Admitted::Permit(_) => endpoint.serve(conn, slot, handler).await,
             }
             drop(admitted);
         });

@@ -13,7 +13,6 @@
 //!
 //! Tasks: one accept loop task, one task per control connection (hyper HTTP/1.1).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +20,6 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
@@ -39,8 +37,18 @@ pub const MAX_VALIDITY: Duration = Duration::from_secs(24 * 3600);
 /// The shortest (a credential that expires before it is used helps nobody).
 pub const MIN_VALIDITY: Duration = Duration::from_secs(60);
 
-/// Serves the control socket until `stop`.
+/// The control socket's limits: an exec plugin makes one request and closes; a client that
+/// sends nothing is closed after 5 s, and at most 64 are open at once.
+pub const CONTROL_LIMITS: crate::http_serve::Limits = crate::http_serve::Limits {
+    max_connections: 64,
+    header_timeout: Duration::from_secs(5),
+    connection_timeout: Duration::from_secs(30),
+};
+
+/// Serves the control socket until `stop` (the owner's uid and `--allow-uid` only), within
+/// [`CONTROL_LIMITS`].
 pub async fn serve(shared: Arc<Shared>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
+    let endpoint = crate::http_serve::Endpoint::new(CONTROL_LIMITS);
     loop {
         let stream = tokio::select! {
             biased;
@@ -54,15 +62,22 @@ pub async fn serve(shared: Arc<Shared>, listener: UnixListener, mut stop: watch:
             tracing::warn!(peer_uid = ?uid, proxy_uid = own_uid(), "refused a control-socket client of another user");
             continue;
         }
+        let Some(slot) = endpoint.admit() else {
+            tracing::debug!(
+                "{} control connections are open; closed a new one",
+                CONTROL_LIMITS.max_connections
+            );
+            continue;
+        };
         shared.activity.touch();
         let shared = shared.clone();
+        let endpoint = endpoint.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(route(&shared, &req)) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
+            endpoint
+                .serve(stream, slot, move |req| {
+                    let response = route(&shared, &req);
+                    async move { response }
+                })
                 .await;
         });
     }

@@ -296,6 +296,42 @@ fn idle_admin_connections_are_reaped() {
     assert_eq!(proxy.admin_get("/healthz").0, 200);
 }
 
+/// Issue 22, finding 15: the control socket had no connection cap and no idle timeout (350 idle
+/// connections held 350 descriptors for as long as they stayed). Now at most 64 are open at
+/// once, idle ones are closed after 5 s, and the exec plugin's request is answered again once
+/// they are gone.
+#[test]
+fn idle_control_connections_are_capped_and_reaped() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let pid = proxy.guard.id();
+    let baseline = fd_count(pid);
+    let held: Vec<std::os::unix::net::UnixStream> = (0..350)
+        .filter_map(|_| std::os::unix::net::UnixStream::connect(proxy.control_socket()).ok())
+        .collect();
+    assert!(held.len() >= 300, "connected {}", held.len());
+    std::thread::sleep(Duration::from_secs(1));
+    let during = fd_count(pid);
+    assert!(
+        during < baseline + 80,
+        "descriptors with 350 idle control connections: {during} (baseline {baseline})"
+    );
+    // Idle ones are closed by the proxy.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while fd_count(pid) > baseline + 4 {
+        assert!(
+            Instant::now() < deadline,
+            "idle control connections not reaped: {} (baseline {baseline})",
+            fd_count(pid)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(held);
+    let cred = proxy.credential();
+    assert!(cred["clientCertificatePem"].is_string());
+}
+
 /// 20,000 ClientHellos with distinct made-up ALPN strings: the proxy's memory grows by less
 /// than 2 MiB (only the protocols it serves are cached).
 #[test]

@@ -12,14 +12,12 @@
 //! - `hwkey_approver_trust_duplicate_aks`: AKs registered for more than one node.
 //! - `hwkey_approver_retries_total`: decisions retried after a transient error.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -176,7 +174,11 @@ pub async fn serve(
     leading: watch::Receiver<bool>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(32));
+    let endpoint = crate::http_serve::Endpoint::new(crate::http_serve::Limits {
+        max_connections: 32,
+        header_timeout: Duration::from_secs(5),
+        connection_timeout: Duration::from_secs(10),
+    });
     loop {
         let conn = tokio::select! {
             _ = crate::lifecycle::lease::stopped(&mut stop) => break,
@@ -189,23 +191,20 @@ pub async fn serve(
                 }
             },
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
+        let Some(slot) = endpoint.admit() else {
             continue;
         };
         let metrics = metrics.clone();
         let leading = leading.clone();
+        let endpoint = endpoint.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let response = route(&metrics, *leading.borrow(), req.method(), req.uri().path());
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(5))
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(conn), service);
-            let _ = tokio::time::timeout(Duration::from_secs(10), connection).await;
-            drop(permit);
+            endpoint
+                .serve(conn, slot, move |req: Request<hyper::body::Incoming>| {
+                    let response =
+                        route(&metrics, *leading.borrow(), req.method(), req.uri().path());
+                    async move { response }
+                })
+                .await;
         });
     }
 }
