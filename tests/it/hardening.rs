@@ -200,6 +200,70 @@ fn a_reconnecting_flood_of_another_uid_never_turns_the_owner_away() {
     );
 }
 
+/// Issue 22, finding 1, the kubelet's way in: a kubeconfig from `hwkey kubeconfig --for
+/// kubelet` (the exec plugin, never interactive) whose proxy listens on loopback TLS. Another
+/// uid floods that port, reconnecting; kubectl with the kubelet's kubeconfig works 10 of 10.
+#[test]
+fn a_reconnecting_flood_does_not_cut_off_the_kubelet_identity() {
+    require_root();
+    require_tool("kubectl", "kubectl (from the machine image)");
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let work = temp_dir();
+    let port = free_port();
+    let kubeconfig = work.path().join("kubelet.conf");
+    let state = work.path().join("state");
+    run_ok(
+        hwkey()
+            .envs(id.envs())
+            .args(["kubeconfig", "--for", "kubelet", "--name", "kubelet"])
+            .args(["--key", &id.key_uri, "--cert"])
+            .arg(&id.cert)
+            .args([
+                "--server",
+                &upstream.url(),
+                "--port",
+                &port.to_string(),
+                "--ca",
+            ])
+            .arg(id.ca.ca_path())
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--out")
+            .arg(&kubeconfig),
+    );
+    let kubectl = || {
+        Command::new("kubectl")
+            .envs(id.envs())
+            .env("KUBECONFIG", &kubeconfig)
+            .args(["get", "--raw", "/version", "--request-timeout=10s"])
+            .output()
+            .expect("run kubectl")
+    };
+    // The first run starts the proxy on the kubelet's port.
+    let out = kubectl();
+    assert!(out.status.success(), "{}", output_text(&out));
+    let flood = reconnecting_flood_as_nobody(port, 200, 20);
+    std::thread::sleep(Duration::from_secs(2));
+    for i in 0..10 {
+        let out = kubectl();
+        assert!(
+            out.status.success(),
+            "kubelet kubectl {i} during the flood: {}\n{}",
+            output_text(&out),
+            std::fs::read_to_string(state.join("proxy.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        reconnects(flood) > 0,
+        "the flood never had to reconnect: it tested nothing"
+    );
+    if let Ok(pid) = std::fs::read_to_string(state.join("proxy.pid")) {
+        let _ = Command::new("kill").arg(pid.trim()).status();
+    }
+}
+
 fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
