@@ -96,29 +96,14 @@ impl std::fmt::Display for Target {
 /// Installs `issued` at `target`. A file's previous content is kept as `FILE.prev` first.
 /// Returns where it went, for the user.
 pub fn install(target: &Target, issued: &Issued) -> Result<String, LifecycleError> {
-    match target {
-        Target::File(path) => {
-            keep_previous(path)?;
-            crate::atomic_file::write_atomic(
-                path,
-                cert::chain_to_pem(&issued.chain).as_bytes(),
-                0o644,
-            )
-            .map_err(|source| LifecycleError::Install {
-                path: path.clone(),
-                source,
-            })?;
-            Ok(path.display().to_string())
-        }
-        Target::KeyStore(uri) => {
-            let chain: Vec<Vec<u8>> = issued.chain.iter().map(|c| c.to_vec()).collect();
-            Ok(crate::key::store_chain(uri, &chain)?)
-        }
+    if let Target::File(path) = target {
+        keep_previous(path)?;
     }
+    install_chain(target, &issued.chain)
 }
 
-/// Writes `chain` back at `target` without keeping what is there (a roll-back to the chain
-/// that was in use).
+/// Writes `chain` at `target` without keeping what is there ([`install`] keeps it; a roll-back
+/// to the chain that was in use does not).
 pub fn install_chain(
     target: &Target,
     chain: &[CertificateDer<'static>],

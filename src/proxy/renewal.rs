@@ -269,7 +269,7 @@ async fn request_and_install(
         // Use it now, without waiting for the file watch; then prove the API server takes it.
         shared.install_chain(issued.chain.clone())?;
         if let Err(reason) = upstream_accepts(shared).await {
-            roll_back(shared, &target, current, &previous_chain, None).await?;
+            roll_back(shared, &target, &previous_chain, None).await?;
             return Err(LifecycleError::RefusedUpstream { reason });
         }
         return Ok(issued);
@@ -282,7 +282,7 @@ async fn request_and_install(
             Some(p) => Target::File(p.clone()),
             None => Target::KeyStore(current.uri().clone()),
         };
-        roll_back(shared, &old_target, current, &previous_chain, Some(current)).await?;
+        roll_back(shared, &old_target, &previous_chain, Some(current)).await?;
         return Err(LifecycleError::RefusedUpstream { reason });
     }
     let pointer = settings.state_dir.join(CURRENT_KEY_FILE);
@@ -360,7 +360,6 @@ async fn upstream_accepts(shared: &Shared) -> Result<(), String> {
 async fn roll_back(
     shared: &Shared,
     target: &Target,
-    current: &Arc<Key>,
     chain: &[rustls::pki_types::CertificateDer<'static>],
     key: Option<&Arc<Key>>,
 ) -> Result<(), LifecycleError> {
@@ -368,7 +367,6 @@ async fn roll_back(
         Some(k) => shared.install_key(k.clone(), chain.to_vec())?,
         None => shared.install_chain(chain.to_vec())?,
     }
-    let _ = current;
     let target = target.clone();
     let chain = chain.to_vec();
     tokio::task::spawn_blocking(move || issued::install_chain(&target, &chain))

@@ -25,10 +25,32 @@ fn require_root() {
     );
 }
 
+/// Runs a perl `script` with `args` as user nobody (setpriv), with 8192 descriptors; its stdout
+/// is piped.
+fn perl_as_nobody(script: &str, args: &[&str]) -> Child {
+    require_tool("setpriv", "util-linux");
+    Command::new("prlimit")
+        .args(["--nofile=8192:8192", "--"])
+        .args([
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+        ])
+        .args(["/usr/bin/perl", "-e", script])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run perl as nobody")
+}
+
 /// Holds `count` TCP connections to 127.0.0.1:`port` as user nobody until killed; returns the
 /// child once it reports how many it holds.
 fn hold_connections_as_nobody(port: u16, count: usize) -> (Child, usize) {
-    require_tool("setpriv", "util-linux");
     let script = r#"
         use IO::Socket::INET;
         my ($port, $n) = @ARGV; my @held;
@@ -40,24 +62,7 @@ fn hold_connections_as_nobody(port: u16, count: usize) -> (Child, usize) {
         $| = 1; print "held " . scalar(@held) . "\n";
         sleep 60;
     "#;
-    let mut child = Command::new("prlimit")
-        .args(["--nofile=8192:8192", "--"])
-        .args([
-            "setpriv",
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-        ])
-        .args(["/usr/bin/perl", "-e", script])
-        .arg(port.to_string())
-        .arg(count.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run perl as nobody");
+    let mut child = perl_as_nobody(script, &[&port.to_string(), &count.to_string()]);
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)
@@ -75,7 +80,6 @@ fn hold_connections_as_nobody(port: u16, count: usize) -> (Child, usize) {
 /// listener off, issue 22). Returns the child once it holds its connections; it prints
 /// "reconnects N" when it ends.
 fn reconnecting_flood_as_nobody(port: u16, count: usize, secs: u64) -> Child {
-    require_tool("setpriv", "util-linux");
     let script = r#"
         use IO::Socket::INET; use IO::Select;
         my ($port, $n, $secs) = @ARGV; my $sel = IO::Select->new; my $reconnects = 0;
@@ -83,8 +87,7 @@ fn reconnecting_flood_as_nobody(port: u16, count: usize, secs: u64) -> Child {
                                                  Proto => "tcp", Timeout => 2);
                    $sel->add($s) if $s; }
         conn() for 1..$n;
-        $| = 1; print "held " . $sel->count . "
-";
+        $| = 1; print "held " . $sel->count . "\n";
         my $end = time + $secs;
         while (time < $end) {
             for my $s ($sel->can_read(0.1)) {
@@ -93,28 +96,12 @@ fn reconnecting_flood_as_nobody(port: u16, count: usize, secs: u64) -> Child {
             }
             conn() while $sel->count < $n;
         }
-        print "reconnects $reconnects
-";
+        print "reconnects $reconnects\n";
     "#;
-    let mut child = Command::new("prlimit")
-        .args(["--nofile=8192:8192", "--"])
-        .args([
-            "setpriv",
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-        ])
-        .args(["/usr/bin/perl", "-e", script])
-        .arg(port.to_string())
-        .arg(count.to_string())
-        .arg(secs.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run perl as nobody");
+    let mut child = perl_as_nobody(
+        script,
+        &[&port.to_string(), &count.to_string(), &secs.to_string()],
+    );
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
     out.read_line(&mut line).expect("read");

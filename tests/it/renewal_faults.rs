@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -119,26 +118,10 @@ fn sign_loop(
                     } else {
                         "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature\n"
                     };
-                    let ext_path = dir.join(format!("{name}.cnf"));
                     let csr_path = dir.join(format!("{name}.csr"));
                     let out_path = dir.join(format!("{name}.pem"));
-                    std::fs::write(&ext_path, ext).expect("ext");
                     std::fs::write(&csr_path, &pem).expect("csr");
-                    run_ok(
-                        Command::new("openssl")
-                            .args(["x509", "-req", "-days", "1", "-in"])
-                            .arg(&csr_path)
-                            .arg("-CA")
-                            .arg(id.ca.ca_path())
-                            .arg("-CAkey")
-                            .arg(id.ca.key_path())
-                            .args(["-CAcreateserial", "-CAserial"])
-                            .arg(dir.join("serial"))
-                            .arg("-extfile")
-                            .arg(&ext_path)
-                            .arg("-out")
-                            .arg(&out_path),
-                    );
+                    id.ca.sign_with_extensions(&csr_path, ext, &out_path);
                     std::fs::read_to_string(&out_path).expect("signed")
                 }
                 Mode::Deny => unreachable!("answered above"),

@@ -235,6 +235,29 @@ impl TestCa {
         self.sign_params(params, &spki, backdate, validity)
     }
 
+    /// Signs the CSR file `csr` with `openssl x509 -req` and the extensions in `ext` (an
+    /// extfile's text): certificates hwkey must refuse (a CA, serverAuth only, a DNS name with
+    /// a terminal escape), made by a foreign tool. Writes `out`.
+    pub fn sign_with_extensions(&self, csr: &Path, ext: &str, out: &Path) {
+        let ext_path = out.with_extension("cnf");
+        fs::write(&ext_path, ext).expect("write extensions");
+        crate::run_ok(
+            std::process::Command::new("openssl")
+                .args(["x509", "-req", "-days", "1", "-in"])
+                .arg(csr)
+                .arg("-CA")
+                .arg(self.ca_path())
+                .arg("-CAkey")
+                .arg(self.key_path())
+                .args(["-CAcreateserial", "-CAserial"])
+                .arg(out.with_extension("srl"))
+                .arg("-extfile")
+                .arg(&ext_path)
+                .arg("-out")
+                .arg(out),
+        );
+    }
+
     /// Signs a PEM CSR like [`TestCa::sign_csr_pem`] and writes the certificate to `out`.
     pub fn sign_csr_to_file(&self, csr_pem: &str, days: u32, out: &Path) {
         fs::write(out, self.sign_csr_pem(csr_pem, days))
