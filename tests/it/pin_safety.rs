@@ -24,6 +24,18 @@ fn logins(log: &Path) -> usize {
         .count()
 }
 
+/// A PIN file in DIR holding `pin`, and the URI of the identity's key through pkcs11-spy with
+/// that PIN source.
+fn spied_key(dir: &Path, pin: &[u8]) -> (PathBuf, String) {
+    let pin_file = dir.join("pin");
+    write_private(&pin_file, pin);
+    let uri = format!(
+        "pkcs11:token=kube;object=alice?module-path={SPY}&pin-source=file:{}",
+        pin_file.display()
+    );
+    (pin_file, uri)
+}
+
 /// The environment that puts pkcs11-spy between hwkey and SoftHSM, logging to `log`, with the
 /// rejected-PIN records in `records`.
 fn spy_env(id: &Identity, log: &Path, records: &Path) -> Vec<(String, String)> {
@@ -47,12 +59,7 @@ fn a_wrong_pin_reaches_the_token_once_across_kubectl_runs_and_proxy_restarts() {
     let log = work.path().join("spy.log");
     let records = work.path().join("records");
     let envs = spy_env(&id, &log, &records);
-    let pin_file = work.path().join("pin");
-    write_private(&pin_file, b"9999");
-    let uri = format!(
-        "pkcs11:token=kube;object=alice?module-path={SPY}&pin-source=file:{}",
-        pin_file.display()
-    );
+    let (pin_file, uri) = spied_key(work.path(), b"9999");
     let kubeconfig = work.path().join("kubeconfig");
     let state = work.path().join("state");
     run_ok(
@@ -147,12 +154,7 @@ fn a_new_wrong_pin_reaches_the_token_once_from_16_processes_at_once() {
     let log = work.path().join("spy.log");
     let records = work.path().join("records");
     let envs = spy_env(&id, &log, &records);
-    let pin_file = work.path().join("pin");
-    write_private(&pin_file, b"8888");
-    let uri = format!(
-        "pkcs11:token=kube;object=alice?module-path={SPY}&pin-source=file:{}",
-        pin_file.display()
-    );
+    let (_, uri) = spied_key(work.path(), b"8888");
     let children: Vec<_> = (0..16)
         .map(|_| {
             hwkey()
@@ -190,12 +192,7 @@ fn an_unwritable_pin_memory_fails_closed() {
     let records = work.path().join("records");
     std::fs::write(&records, b"not a directory").expect("write");
     let envs = spy_env(&id, &log, &records);
-    let pin_file = work.path().join("pin");
-    write_private(&pin_file, b"7777");
-    let uri = format!(
-        "pkcs11:token=kube;object=alice?module-path={SPY}&pin-source=file:{}",
-        pin_file.display()
-    );
+    let (_, uri) = spied_key(work.path(), b"7777");
     for _ in 0..3 {
         let out = run_fail(
             hwkey()
@@ -265,13 +262,8 @@ fn the_pin_memory_follows_the_pin_and_trusts_only_its_own_directory() {
     let log = work.path().join("spy.log");
     let records = work.path().join("records");
     let envs = spy_env(&id, &log, &records);
-    let pin_file = work.path().join("pin");
     let wrong = "9".repeat(USER_PIN.len());
-    write_private(&pin_file, wrong.as_bytes());
-    let uri = format!(
-        "pkcs11:token=kube;object=alice?module-path={SPY}&pin-source=file:{}",
-        pin_file.display()
-    );
+    let (pin_file, uri) = spied_key(work.path(), wrong.as_bytes());
     let public = || {
         let mut cmd = hwkey();
         cmd.envs(envs.iter().cloned())
