@@ -79,15 +79,12 @@ enum OnMissing {
 /// Where a service account's namespace is, in a pod.
 const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
+/// The approver's settings from the flags: the trust source, the signers (each must have a
+/// policy) and the decision rules.
 #[cfg(feature = "tpm")]
-pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
-    use std::sync::Arc;
-
+fn options(args: &ApproverArgs) -> anyhow::Result<crate::lifecycle::approver::ApproverOptions> {
     use crate::lifecycle::approver::trust::TrustSource;
-    use crate::lifecycle::approver::{self, metrics::ApproverMetrics, ApproverOptions};
-    use crate::lifecycle::lease::{self, LeaseConfig};
-    use anyhow::Context;
-
+    use crate::lifecycle::approver::{self, ApproverOptions};
     let trust = match (&args.trust, &args.trust_configmap) {
         (Some(dir), _) => TrustSource::Dir(dir.clone()),
         (None, Some(spec)) => {
@@ -114,6 +111,18 @@ pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
             evidence_max_age: args.evidence_max_age,
         },
     };
+    Ok(options)
+}
+
+#[cfg(feature = "tpm")]
+pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
+    use std::sync::Arc;
+
+    use crate::lifecycle::approver::{self, metrics::ApproverMetrics};
+    use crate::lifecycle::lease::{self, LeaseConfig};
+    use anyhow::Context;
+
+    let options = options(&args)?;
     let election = (args.leader_elect && !args.once)
         .then(|| {
             let namespace = args.leader_elect_namespace.clone().unwrap_or_else(|| {

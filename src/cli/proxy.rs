@@ -123,6 +123,7 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
         Some(p) => FileConfig::load(p)?,
         None => FileConfig::default(),
     };
+    check_ranges(&args, &file)?;
     let key = args.key.or(file.key).ok_or(proxy::ProxyError::NoKey)?;
     let upstream = args
         .upstream
@@ -140,72 +141,6 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
         Some(d) if d.is_zero() => Err(proxy::ProxyError::ZeroDuration { what }),
         other => Ok(other),
     };
-    // Settings that cannot work are refused up front (issue 22, findings 9 and 11): a 1 ns
-    // handshake timeout refuses every client, a 1 ns idle-exit exits at once, no connection
-    // slot serves nobody, and a drain longer than a day overflows the clock (it panicked at
-    // SIGTERM).
-    let within = |what: &'static str,
-                  d: Option<std::time::Duration>,
-                  min: std::time::Duration,
-                  max: std::time::Duration| match d {
-        Some(d) if !d.is_zero() && (d < min || d > max) => Err(proxy::ProxyError::OutOfRange {
-            what,
-            given: humantime::format_duration(d).to_string(),
-            range: format!(
-                "{} to {}",
-                humantime::format_duration(min),
-                humantime::format_duration(max)
-            ),
-        }),
-        other => Ok(other),
-    };
-    let ms = std::time::Duration::from_millis;
-    let s = std::time::Duration::from_secs;
-    const DAY: u64 = 24 * 3600;
-    within(
-        "handshake-timeout",
-        args.handshake_timeout.or(file.handshake_timeout),
-        ms(100),
-        s(3600),
-    )?;
-    within(
-        "idle-exit",
-        args.idle_exit.or(file.idle_exit),
-        s(1),
-        s(365 * DAY),
-    )?;
-    within(
-        "idle-timeout",
-        args.idle_timeout.or(file.idle_timeout),
-        s(1),
-        s(365 * DAY),
-    )?;
-    within(
-        "drain-timeout",
-        args.drain_timeout.or(file.drain_timeout),
-        s(0),
-        s(DAY),
-    )?;
-    within(
-        "credential-validity",
-        args.credential_validity.or(file.credential_validity),
-        s(10),
-        s(DAY),
-    )?;
-    within(
-        "reload-interval",
-        args.reload_interval.or(file.reload_interval),
-        ms(100),
-        s(DAY),
-    )?;
-    if let Some(0) = args.max_connections.or(file.max_connections) {
-        return Err(proxy::ProxyError::OutOfRange {
-            what: "max-connections",
-            given: "0".into(),
-            range: "1 or more".into(),
-        }
-        .into());
-    }
     let allow_uids = if args.allow_uid.is_empty() {
         file.allow_uid
     } else {
@@ -269,6 +204,77 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
             .or(file.reload_interval)
             .unwrap_or(proxy::DEFAULT_RELOAD_INTERVAL),
     })
+}
+
+/// Settings that cannot work are refused up front (issue 22, findings 9 and 11): a 1 ns
+/// handshake timeout refuses every client, a 1 ns idle-exit exits at once, no connection slot
+/// serves nobody, and a drain longer than a day overflows the clock (it panicked at SIGTERM).
+/// Zero durations are [`proxy::ProxyError::ZeroDuration`]'s business.
+fn check_ranges(args: &ProxyArgs, file: &FileConfig) -> anyhow::Result<()> {
+    use std::time::Duration;
+    let within = |what: &'static str, d: Option<Duration>, min: Duration, max: Duration| match d {
+        Some(d) if !d.is_zero() && (d < min || d > max) => Err(proxy::ProxyError::OutOfRange {
+            what,
+            given: humantime::format_duration(d).to_string(),
+            range: format!(
+                "{} to {}",
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ),
+        }),
+        _ => Ok(()),
+    };
+    let (ms, s) = (Duration::from_millis, Duration::from_secs);
+    const DAY: u64 = 24 * 3600;
+    for (what, given, min, max) in [
+        (
+            "handshake-timeout",
+            args.handshake_timeout.or(file.handshake_timeout),
+            ms(100),
+            s(3600),
+        ),
+        (
+            "idle-exit",
+            args.idle_exit.or(file.idle_exit),
+            s(1),
+            s(365 * DAY),
+        ),
+        (
+            "idle-timeout",
+            args.idle_timeout.or(file.idle_timeout),
+            s(1),
+            s(365 * DAY),
+        ),
+        (
+            "drain-timeout",
+            args.drain_timeout.or(file.drain_timeout),
+            s(0),
+            s(DAY),
+        ),
+        (
+            "credential-validity",
+            args.credential_validity.or(file.credential_validity),
+            s(10),
+            s(DAY),
+        ),
+        (
+            "reload-interval",
+            args.reload_interval.or(file.reload_interval),
+            ms(100),
+            s(DAY),
+        ),
+    ] {
+        within(what, given, min, max)?;
+    }
+    if let Some(0) = args.max_connections.or(file.max_connections) {
+        return Err(proxy::ProxyError::OutOfRange {
+            what: "max-connections",
+            given: "0".into(),
+            range: "1 or more".into(),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {

@@ -164,6 +164,50 @@ pub fn chain_to_pem(chain: &[CertificateDer<'_>]) -> String {
         .collect()
 }
 
+/// A client certificate's extensions: keyUsage allows digitalSignature, extendedKeyUsage (when
+/// there) includes clientAuth, it is not a CA, and its DNS names hold no control characters.
+fn check_leaf_extensions(
+    leaf: &x509_parser::certificate::X509Certificate<'_>,
+) -> Result<(), String> {
+    use x509_parser::extensions::ParsedExtension;
+    for ext in leaf.extensions() {
+        match ext.parsed_extension() {
+            ParsedExtension::KeyUsage(ku) if !ku.digital_signature() => {
+                return Err(
+                    "its keyUsage does not allow digitalSignature, which a TLS client key needs"
+                    .into(),
+                )
+            }
+            ParsedExtension::ExtendedKeyUsage(eku) if !(eku.client_auth || eku.any) => {
+                return Err(
+                    "its extendedKeyUsage does not include clientAuth: it is not a client certificate"
+                    .into(),
+                )
+            }
+            ParsedExtension::BasicConstraints(bc) if bc.ca => {
+                return Err(
+                    "it is a CA certificate (basicConstraints CA:TRUE), not a client certificate: the API server refuses it for clients"
+                    .into(),
+                )
+            }
+            ParsedExtension::SubjectAlternativeName(san) => {
+                for name in &san.general_names {
+                    if let GeneralName::DNSName(d) = name {
+                        if d.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                            return Err(format!(
+                                "its DNS name '{}' holds control characters or spaces: no DNS name does",
+                                printable(d)
+                            ));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Checks a chain before it replaces the stored one (`hwkey cert import`): the leaf is valid now,
 /// may sign (keyUsage digitalSignature) and authenticate clients (extendedKeyUsage clientAuth,
 /// when the extension is there); every certificate is signed by the next one; and when
@@ -173,7 +217,6 @@ pub fn check_for_import(
     chain: &[CertificateDer<'_>],
     anchors: &[CertificateDer<'_>],
 ) -> Result<(), PkiError> {
-    use x509_parser::extensions::ParsedExtension;
     let mut certs = Vec::with_capacity(chain.len());
     for (i, der) in chain.iter().enumerate() {
         let (_, c) = x509_parser::parse_x509_certificate(der).map_err(|e| PkiError::BadCert {
@@ -200,41 +243,7 @@ pub fn check_for_import(
             validity.not_before, validity.not_after
         )));
     }
-    for ext in leaf.extensions() {
-        match ext.parsed_extension() {
-            ParsedExtension::KeyUsage(ku) if !ku.digital_signature() => {
-                return Err(bad_leaf(
-                    "its keyUsage does not allow digitalSignature, which a TLS client key needs"
-                        .into(),
-                ))
-            }
-            ParsedExtension::ExtendedKeyUsage(eku) if !(eku.client_auth || eku.any) => {
-                return Err(bad_leaf(
-                    "its extendedKeyUsage does not include clientAuth: it is not a client certificate"
-                        .into(),
-                ))
-            }
-            ParsedExtension::BasicConstraints(bc) if bc.ca => {
-                return Err(bad_leaf(
-                    "it is a CA certificate (basicConstraints CA:TRUE), not a client certificate: the API server refuses it for clients"
-                        .into(),
-                ))
-            }
-            ParsedExtension::SubjectAlternativeName(san) => {
-                for name in &san.general_names {
-                    if let GeneralName::DNSName(d) = name {
-                        if d.chars().any(|c| c.is_control() || c.is_whitespace()) {
-                            return Err(bad_leaf(format!(
-                                "its DNS name '{}' holds control characters or spaces: no DNS name does",
-                                printable(d)
-                            )));
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
+    check_leaf_extensions(leaf).map_err(bad_leaf)?;
     for (i, pair) in certs.windows(2).enumerate() {
         pair[0]
             .verify_signature(Some(pair[1].public_key()))

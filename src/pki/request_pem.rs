@@ -32,6 +32,37 @@ fn trim_line_end(line: &str) -> &str {
 pub fn single_request_block(data: &[u8]) -> Result<Vec<u8>, NotOneBlock> {
     let text = std::str::from_utf8(data)
         .map_err(|_| refuse("the request is not text (PEM): it holds bytes that are not UTF-8"))?;
+    let after_begin = after_the_one_begin(text)?;
+    let mut lines = after_begin.split('\n');
+    let type_line = lines.next().unwrap_or_default();
+    let block_type = trim_line_end(type_line)
+        .strip_suffix("-----")
+        .ok_or_else(|| refuse("the BEGIN line does not end with -----"))?;
+    if block_type != TYPE {
+        return Err(refuse(format!(
+            "the PEM block is a '{}', not a {TYPE}",
+            block_type.escape_debug()
+        )));
+    }
+    let base64 = body_up_to_end(&mut lines)?;
+    if !lines.all(|l| l.chars().all(|c| c.is_ascii_whitespace())) {
+        return Err(refuse(
+            "the request has text after its PEM block: only whitespace may follow -----END",
+        ));
+    }
+    use base64::Engine as _;
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(base64.as_bytes())
+        .map_err(|e| refuse(format!("the PEM block is not base64: {e}")))?;
+    if der.is_empty() {
+        return Err(refuse("the PEM block is empty"));
+    }
+    Ok(der)
+}
+
+/// What follows the one `-----BEGIN ` of `text`, which must start a line with only whitespace
+/// before it (and the text must have exactly one END marker too).
+fn after_the_one_begin(text: &str) -> Result<&str, NotOneBlock> {
     match text.matches(BEGIN).count() {
         0 => return Err(refuse("the request holds no PEM block (no -----BEGIN line)")),
         1 => {}
@@ -56,27 +87,22 @@ pub fn single_request_block(data: &[u8]) -> Result<Vec<u8>, NotOneBlock> {
     if !before.is_empty() && !before.ends_with('\n') {
         return Err(refuse("-----BEGIN does not start a line"));
     }
-    let after_begin = &text[start + BEGIN.len()..];
-    let mut lines = after_begin.split('\n');
-    let type_line = lines.next().unwrap_or_default();
-    let block_type = trim_line_end(type_line)
-        .strip_suffix("-----")
-        .ok_or_else(|| refuse("the BEGIN line does not end with -----"))?;
-    if block_type != TYPE {
-        return Err(refuse(format!(
-            "the PEM block is a '{}', not a {TYPE}",
-            block_type.escape_debug()
-        )));
-    }
+    Ok(&text[start + BEGIN.len()..])
+}
+
+/// The base64 of the block's lines up to its END line (which must close a CERTIFICATE
+/// REQUEST); no headers, nothing but base64.
+fn body_up_to_end<'a>(lines: &mut impl Iterator<Item = &'a str>) -> Result<String, NotOneBlock> {
     let mut base64 = String::new();
     let mut closed = false;
     for line in lines.by_ref() {
         let line = trim_line_end(line);
         if let Some(end) = line.strip_prefix(END) {
             if end != format!("{TYPE}-----") {
+                let shown: String = line.chars().take(64).collect();
                 return Err(refuse(format!(
                     "the END line '{}' does not close a {TYPE}",
-                    line.escape_debug()
+                    shown.escape_debug()
                 )));
             }
             closed = true;
@@ -94,11 +120,6 @@ pub fn single_request_block(data: &[u8]) -> Result<Vec<u8>, NotOneBlock> {
             match c {
                 'A'..='Z' | 'a'..='z' | '0'..='9' | '+' | '/' | '=' => base64.push(c),
                 ' ' | '\t' => {}
-                ':' => {
-                    return Err(refuse(
-                        "the PEM block has headers (a line with ':'): a request block has none",
-                    ))
-                }
                 other => {
                     return Err(refuse(format!(
                         "the PEM block holds '{}', which is not base64",
@@ -111,19 +132,7 @@ pub fn single_request_block(data: &[u8]) -> Result<Vec<u8>, NotOneBlock> {
     if !closed {
         return Err(refuse("the PEM block has no -----END line"));
     }
-    if !lines.all(|l| l.chars().all(|c| c.is_ascii_whitespace())) {
-        return Err(refuse(
-            "the request has text after its PEM block: only whitespace may follow -----END",
-        ));
-    }
-    use base64::Engine as _;
-    let der = base64::engine::general_purpose::STANDARD
-        .decode(base64.as_bytes())
-        .map_err(|e| refuse(format!("the PEM block is not base64: {e}")))?;
-    if der.is_empty() {
-        return Err(refuse("the PEM block is empty"));
-    }
-    Ok(der)
+    Ok(base64)
 }
 
 /// Parses a PKCS#10 request's DER exactly: no bytes may follow it (Go's

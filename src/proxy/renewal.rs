@@ -192,11 +192,12 @@ async fn renew_once(
     result
 }
 
-/// The part of [`renew_once`] after the key is chosen.
-async fn request_and_install(
+/// Signs a request for `key` (the subject of the certificate in use), submits it authenticated
+/// with the current certificate, and checks what is issued: a client certificate for `key`
+/// that expires later than the one in use.
+async fn request_certificate(
     shared: &Arc<Shared>,
     settings: &RenewSettings,
-    current: &Arc<Key>,
     key: &Arc<Key>,
 ) -> Result<Issued, LifecycleError> {
     let previous_chain = shared.upstream.resolver().chain();
@@ -255,6 +256,18 @@ async fn request_and_install(
             });
         }
     }
+    Ok(issued)
+}
+
+/// The part of [`renew_once`] after the key is chosen: request, install, prove.
+async fn request_and_install(
+    shared: &Arc<Shared>,
+    settings: &RenewSettings,
+    current: &Arc<Key>,
+    key: &Arc<Key>,
+) -> Result<Issued, LifecycleError> {
+    let previous_chain = shared.upstream.resolver().chain();
+    let issued = request_certificate(shared, settings, key).await?;
     let target = match &settings.cert {
         Some(p) => Target::File(p.clone()),
         None => Target::KeyStore(key.uri().clone()),
