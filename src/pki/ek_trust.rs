@@ -57,12 +57,12 @@ pub fn challenge(
     ca_pem: &[u8],
     node: &str,
 ) -> Result<(ChallengeFile, ExpectedAnswer), String> {
-    super::registration::check_node_name(node)?;
-    let enrollment = EnrollmentFile::parse(enrollment_text)?;
+    super::registration::check_node_name(node).map_err(|e| e.to_string())?;
+    let enrollment = EnrollmentFile::parse(enrollment_text).map_err(|e| e.to_string())?;
     let b64 = base64::engine::general_purpose::STANDARD;
-    let ak_public = enrollment.ak_public()?;
+    let ak_public = enrollment.ak_public().map_err(|e| e.to_string())?;
     let ak_name = crate::key::attestation::check_attestation_key(&ak_public).map_err(|e| e.0)?;
-    if ak_name != enrollment.ak_name()? {
+    if ak_name != enrollment.ak_name().map_err(|e| e.to_string())? {
         return Err("akName is not the name of akPublic".into());
     }
     let ek_public = b64
@@ -120,8 +120,8 @@ pub fn register(
     if sha256_hex(answer.as_bytes()) != sha256_hex(expected.secret.as_bytes()) {
         return Err("the answer is not the challenge's secret: the attestation key is not in the TPM whose EK certificate was checked".into());
     }
-    let enrollment = EnrollmentFile::parse(enrollment_text)?;
-    let ak_public = enrollment.ak_public()?;
+    let enrollment = EnrollmentFile::parse(enrollment_text).map_err(|e| e.to_string())?;
+    let ak_public = enrollment.ak_public().map_err(|e| e.to_string())?;
     let ak_name = crate::key::attestation::check_attestation_key(&ak_public).map_err(|e| e.0)?;
     if hex(&ak_name) != expected.ak_name {
         return Err("the enrollment's AK is not the one challenged".into());
@@ -133,7 +133,8 @@ pub fn register(
             "hwkey attest register: EK certificate issued by {}; AK activated in that TPM",
             expected.ek_issuer
         ),
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     Ok((ak_name, text))
 }
 

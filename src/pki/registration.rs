@@ -19,6 +19,29 @@ use serde::{Deserialize, Serialize};
 use super::PkiError;
 use crate::key::attestation::{hex, name_of};
 
+/// Why an entry is not a usable registration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what is wrong"
+)]
+pub enum RegistrationError {
+    #[error("'{given}' is not a node name (lowercase letters, digits, '-' and '.', as Kubernetes names nodes)")]
+    NodeName { given: String },
+    #[error("it is not what `hwkey attest enroll` prints: {reason}")]
+    NotAnEnrollment { reason: String },
+    #[error("akPublic is not base64: {reason}")]
+    AkPublicEncoding { reason: String },
+    #[error("akPublic: {reason}")]
+    AkPublic { reason: String },
+    #[error("akName {given} is not the name of akPublic ({derived})")]
+    NameMismatch { given: String, derived: String },
+    #[error("it registers node '{registered}', but it is stored as '{entry}'")]
+    NodeMismatch { registered: String, entry: String },
+    #[error("no entry is a usable registration: {reasons}")]
+    NothingUsable { reasons: String },
+}
+
 /// A registered node: its name (the entry's name) and its AK's TPM name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegisteredAk {
@@ -63,28 +86,30 @@ pub struct EnrollmentFile {
 
 impl EnrollmentFile {
     /// Parses an enrollment or registration (YAML).
-    pub fn parse(text: &str) -> Result<EnrollmentFile, String> {
-        serde_yaml_ng::from_str(text)
-            .map_err(|e| format!("it is not what `hwkey attest enroll` prints: {e}"))
+    pub fn parse(text: &str) -> Result<EnrollmentFile, RegistrationError> {
+        serde_yaml_ng::from_str(text).map_err(|e| RegistrationError::NotAnEnrollment {
+            reason: e.to_string(),
+        })
     }
 
     /// The AK's `TPMT_PUBLIC`.
-    pub fn ak_public(&self) -> Result<Vec<u8>, String> {
+    pub fn ak_public(&self) -> Result<Vec<u8>, RegistrationError> {
         base64::engine::general_purpose::STANDARD
             .decode(self.ak_public.trim())
-            .map_err(|e| format!("akPublic is not base64: {e}"))
+            .map_err(|e| RegistrationError::AkPublicEncoding {
+                reason: e.to_string(),
+            })
     }
 
     /// The AK's TPM name, derived from `akPublic`; an `akName` field must agree with it.
-    pub fn ak_name(&self) -> Result<Vec<u8>, String> {
-        let derived = name_of(&self.ak_public()?).map_err(|e| format!("akPublic: {e}"))?;
+    pub fn ak_name(&self) -> Result<Vec<u8>, RegistrationError> {
+        let derived = derive_name(&self.ak_public()?)?;
         if let Some(given) = &self.ak_name {
             if !given.trim().eq_ignore_ascii_case(&hex(&derived)) {
-                return Err(format!(
-                    "akName {} is not the name of akPublic ({})",
-                    given.trim(),
-                    hex(&derived)
-                ));
+                return Err(RegistrationError::NameMismatch {
+                    given: given.trim().to_string(),
+                    derived: hex(&derived),
+                });
             }
         }
         Ok(derived)
@@ -92,8 +117,12 @@ impl EnrollmentFile {
 
     /// The canonical registration `hwkey attest register` writes for `node`: only the fields it
     /// verified (the AK's public area and name), how, and the node's name.
-    pub fn canonical(node: &str, ak_public: &[u8], registered_by: &str) -> Result<String, String> {
-        let name = name_of(ak_public).map_err(|e| format!("akPublic: {e}"))?;
+    pub fn canonical(
+        node: &str,
+        ak_public: &[u8],
+        registered_by: &str,
+    ) -> Result<String, RegistrationError> {
+        let name = derive_name(ak_public)?;
         let fields = EnrollmentFile {
             node: Some(node.to_string()),
             ak_name: Some(hex(&name)),
@@ -101,15 +130,25 @@ impl EnrollmentFile {
             registered_by: Some(registered_by.to_string()),
             ..EnrollmentFile::default()
         };
-        let yaml = serde_yaml_ng::to_string(&fields).map_err(|e| e.to_string())?;
+        let yaml =
+            serde_yaml_ng::to_string(&fields).map_err(|e| RegistrationError::NotAnEnrollment {
+                reason: e.to_string(),
+            })?;
         Ok(format!(
             "# hwkey attest register: the approver trusts this AK for node {node}\n{yaml}"
         ))
     }
 }
 
+/// The TPM name of an AK's public area.
+fn derive_name(ak_public: &[u8]) -> Result<Vec<u8>, RegistrationError> {
+    name_of(ak_public).map_err(|e| RegistrationError::AkPublic {
+        reason: e.to_string(),
+    })
+}
+
 /// Whether `name` can be a node's entry (a file name in a trust directory, a ConfigMap key).
-pub fn check_node_name(name: &str) -> Result<(), String> {
+pub fn check_node_name(name: &str) -> Result<(), RegistrationError> {
     let ok = !name.is_empty()
         && name.len() <= 253
         && !name.starts_with('.')
@@ -119,23 +158,22 @@ pub fn check_node_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "'{}' is not a node name (lowercase letters, digits, '-' and '.', as Kubernetes names nodes)",
-            name.escape_debug()
-        ))
+        Err(RegistrationError::NodeName {
+            given: name.escape_debug().to_string(),
+        })
     }
 }
 
 /// Reads one entry: `text` registered for node `entry`.
-pub fn parse_registration(entry: &str, text: &str) -> Result<RegisteredAk, String> {
+pub fn parse_registration(entry: &str, text: &str) -> Result<RegisteredAk, RegistrationError> {
     check_node_name(entry)?;
     let fields = EnrollmentFile::parse(text)?;
     if let Some(node) = &fields.node {
         if node != entry {
-            return Err(format!(
-                "it registers node '{}', but it is stored as '{entry}'",
-                node.escape_debug()
-            ));
+            return Err(RegistrationError::NodeMismatch {
+                registered: node.escape_debug().to_string(),
+                entry: entry.to_string(),
+            });
         }
     }
     Ok(RegisteredAk {
@@ -171,7 +209,7 @@ impl TrustRead {
                 Ok(ak) => read.nodes.push(ak),
                 Err(reason) => read.invalid.push(InvalidEntry {
                     entry: entry.to_string(),
-                    reason,
+                    reason: reason.to_string(),
                 }),
             }
         }
@@ -180,17 +218,16 @@ impl TrustRead {
 
     /// Fails when entries exist and none of them is usable (a source that is wholly wrong, not
     /// one typo); an empty source is usable (no node registered yet).
-    pub fn usable(self) -> Result<TrustRead, String> {
+    pub fn usable(self) -> Result<TrustRead, RegistrationError> {
         if self.nodes.is_empty() && !self.invalid.is_empty() {
             let reasons: Vec<String> = self
                 .invalid
                 .iter()
                 .map(|i| format!("{}: {}", i.entry, i.reason))
                 .collect();
-            return Err(format!(
-                "no entry is a usable registration: {}",
-                reasons.join("; ")
-            ));
+            return Err(RegistrationError::NothingUsable {
+                reasons: reasons.join("; "),
+            });
         }
         Ok(self)
     }
@@ -287,16 +324,20 @@ mod tests {
     fn hidden_duplicated_or_contradicting_names_are_refused() {
         let fake = "000b".to_string() + &"ab".repeat(32);
         let duplicated = format!("{}akName: {fake}\n", enrollment());
-        let e = parse_registration("node-a", &duplicated).expect_err("duplicate");
+        let e = parse_registration("node-a", &duplicated)
+            .expect_err("duplicate")
+            .to_string();
         assert!(e.contains("duplicate"), "{e}");
         let contradicting = enrollment().replace(&hex(&name_of(AK_PUBLIC).expect("name")), &fake);
-        let e = parse_registration("node-a", &contradicting).expect_err("contradicts");
+        let e = parse_registration("node-a", &contradicting)
+            .expect_err("contradicts")
+            .to_string();
         assert!(e.contains("is not the name of akPublic"), "{e}");
         // A fake name inside a block scalar is text, not a field: the real name counts.
         let hidden = format!("{}akPublicKeyPem: |\n  akName: {fake}\n", enrollment());
         assert_eq!(
             parse_registration("node-a", &hidden).map(|a| a.ak_name),
-            name_of(AK_PUBLIC).map_err(|e| e.to_string())
+            Ok(name_of(AK_PUBLIC).expect("name"))
         );
         let unknown = format!("{}akNameOverride: {fake}\n", enrollment());
         assert!(parse_registration("node-a", &unknown).is_err());
@@ -308,7 +349,9 @@ mod tests {
     fn the_canonical_form_binds_the_node() {
         let text = EnrollmentFile::canonical("node-d", AK_PUBLIC, "EK certificate").expect("yaml");
         assert!(parse_registration("node-d", &text).is_ok());
-        let e = parse_registration("node-d2", &text).expect_err("another node");
+        let e = parse_registration("node-d2", &text)
+            .expect_err("another node")
+            .to_string();
         assert!(e.contains("registers node 'node-d'"), "{e}");
     }
 

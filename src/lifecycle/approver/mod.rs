@@ -132,7 +132,9 @@ pub struct Approver {
 /// Checks that every signer has a policy: the approver refuses to start otherwise.
 pub fn check_signers(signer_names: &[String]) -> Result<(), LifecycleError> {
     for signer in signer_names {
-        SignerPolicy::for_signer(signer).map_err(|reason| LifecycleError::Policy { reason })?;
+        SignerPolicy::for_signer(signer).map_err(|e| LifecycleError::Policy {
+            reason: e.to_string(),
+        })?;
     }
     Ok(())
 }

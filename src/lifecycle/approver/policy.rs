@@ -131,6 +131,14 @@ fn violation(reason: Reason, message: impl Into<String>) -> Violation {
     }
 }
 
+/// An approver asked to decide for a signer hwkey has no policy for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("hwkey has no approval policy for signer '{signer}': it approves only {kubelet} (node client certificates, checked like Kubernetes' ValidateKubeletClientCSR); approving another signer's requests would issue identities no policy checked", kubelet = crate::lifecycle::KUBELET_SIGNER)]
+pub struct NoPolicy {
+    /// The signer asked for (escaped).
+    pub signer: String,
+}
+
 /// The signers hwkey has an approval policy for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SignerPolicy {
@@ -140,15 +148,13 @@ pub enum SignerPolicy {
 
 impl SignerPolicy {
     /// The policy for `signer`, or why the approver must not start for it.
-    pub fn for_signer(signer: &str) -> Result<SignerPolicy, String> {
+    pub fn for_signer(signer: &str) -> Result<SignerPolicy, NoPolicy> {
         if signer == crate::lifecycle::KUBELET_SIGNER {
             return Ok(SignerPolicy::KubeletClient);
         }
-        Err(format!(
-            "hwkey has no approval policy for signer '{}': it approves only {} (node client certificates, checked like Kubernetes' ValidateKubeletClientCSR); approving another signer's requests would issue identities no policy checked",
-            signer.escape_debug(),
-            crate::lifecycle::KUBELET_SIGNER
-        ))
+        Err(NoPolicy {
+            signer: signer.escape_debug().to_string(),
+        })
     }
 }
 
@@ -455,7 +461,9 @@ mod tests {
             "kubernetes.io/kubelet-serving",
             "example.com/anything",
         ] {
-            let e = SignerPolicy::for_signer(other).expect_err(other);
+            let e = SignerPolicy::for_signer(other)
+                .expect_err(other)
+                .to_string();
             assert!(e.contains("no approval policy"), "{e}");
         }
     }

@@ -197,7 +197,7 @@ impl Trust {
         self.metrics
             .trust_duplicate_aks
             .set(i64::try_from(duplicates.len()).unwrap_or(i64::MAX));
-        let read = read.usable().map_err(|e| self.error(e))?;
+        let read = read.usable().map_err(|e| self.error(e.to_string()))?;
         let problems: Vec<String> = invalid.into_iter().chain(duplicates).collect();
         let changed = {
             let mut state = self
