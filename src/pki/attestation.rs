@@ -26,8 +26,8 @@
 
 use crate::key::attestation::TpmEvidence;
 
-/// `id-aa-evidence` of the LAMPS draft.
-const OID_EVIDENCE: &[u64] = &[1, 2, 840, 113549, 1, 9, 16, 2, 59];
+/// `id-aa-evidence` of the LAMPS draft: the attribute type of hwkey's evidence.
+pub const OID_EVIDENCE: &[u64] = &[1, 2, 840, 113549, 1, 9, 16, 2, 59];
 /// DER of hwkey's statement type, a UUID OID (2.25.…): the draft registers no TPM2_Certify type.
 const OID_TPM2_CERTIFY_DER: &[u8] = &[
     0x06, 0x14, 0x69, 0x81, 0xd6, 0x9c, 0x97, 0xc3, 0xc9, 0xe0, 0xd2, 0xb1, 0xaf, 0x9a, 0x9b, 0x8f,
@@ -139,31 +139,15 @@ pub use super::registration::{parse_registration, read_trust_dir, RegisteredAk};
 /// Finds hwkey's TPM evidence in a request's attributes. The attributes are read from the raw
 /// `CertificationRequestInfo` (x509-parser keeps no value for attribute types it does not know).
 fn find_evidence(cri_raw: &[u8]) -> Option<Result<TpmEvidence, String>> {
-    let mut attributes: Vec<Vec<u8>> = Vec::new();
-    let parsed = yasna::parse_der(cri_raw, |r| {
-        r.read_sequence(|r| {
-            r.next().read_u8()?;
-            r.next().read_der()?; // subject
-            r.next().read_der()?; // subjectPKInfo
-            r.next().read_tagged_implicit(yasna::Tag::context(0), |r| {
-                r.read_set_of(|r| {
-                    attributes.push(r.read_der()?);
-                    Ok(())
-                })
-            })
-        })
-    });
-    if let Err(e) = parsed {
-        return Some(Err(format!("the request's attributes do not parse: {e}")));
-    }
+    let attributes = match super::csr::attributes(cri_raw) {
+        Ok(a) => a,
+        Err(e) => return Some(Err(format!("the request's attributes do not parse: {e}"))),
+    };
     let wanted = yasna::models::ObjectIdentifier::from_slice(OID_EVIDENCE);
-    attributes.iter().find_map(|attribute| {
-        let (oid, values) = yasna::parse_der(attribute, |r| {
-            r.read_sequence(|r| Ok((r.next().read_oid()?, r.next().read_der()?)))
-        })
-        .ok()?;
-        (oid == wanted).then(|| decode_evidence(&values))
-    })
+    attributes
+        .iter()
+        .find(|(oid, _)| *oid == wanted)
+        .map(|(_, values)| decode_evidence(values))
 }
 
 /// Reads the evidence from the attribute's `values` (DER `SET`, one `EvidenceBundles`).

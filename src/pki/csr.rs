@@ -9,8 +9,10 @@ use super::name::Name;
 use super::PkiError;
 use crate::key::{der, Key, KeyAlgorithm, SignScheme};
 
-const OID_EXTENSION_REQUEST: &[u64] = &[1, 2, 840, 113549, 1, 9, 14];
-const OID_SUBJECT_ALT_NAME: &[u64] = &[2, 5, 29, 17];
+/// PKCS#9 `extensionRequest`.
+pub const OID_EXTENSION_REQUEST: &[u64] = &[1, 2, 840, 113549, 1, 9, 14];
+/// `subjectAltName`.
+pub const OID_SUBJECT_ALT_NAME: &[u64] = &[2, 5, 29, 17];
 const OID_ECDSA_SHA256: &[u64] = &[1, 2, 840, 10045, 4, 3, 2];
 const OID_ECDSA_SHA384: &[u64] = &[1, 2, 840, 10045, 4, 3, 3];
 const OID_RSA_SHA256: &[u64] = &[1, 2, 840, 113549, 1, 1, 11];
@@ -184,6 +186,32 @@ fn write_san_extension(w: yasna::DERWriter, request: &CsrRequest) {
             ));
         w.next().write_bytes(&names);
     });
+}
+
+/// The attributes of a request, read from its raw `CertificationRequestInfo` (x509-parser keeps
+/// no value for attribute types it does not know): each attribute's type and its `values`
+/// (DER `SET`), in order, duplicates included. The one reader both the evidence check and the
+/// approver's policy use, so they see the same attributes.
+pub fn attributes(
+    cri_raw: &[u8],
+) -> Result<Vec<(yasna::models::ObjectIdentifier, Vec<u8>)>, yasna::ASN1Error> {
+    let mut attributes = Vec::new();
+    yasna::parse_der(cri_raw, |r| {
+        r.read_sequence(|r| {
+            r.next().read_u8()?;
+            r.next().read_der()?; // subject
+            r.next().read_der()?; // subjectPKInfo
+            r.next().read_tagged_implicit(yasna::Tag::context(0), |r| {
+                r.read_set_of(|r| {
+                    attributes.push(
+                        r.read_sequence(|r| Ok((r.next().read_oid()?, r.next().read_der()?)))?,
+                    );
+                    Ok(())
+                })
+            })
+        })
+    })?;
+    Ok(attributes)
 }
 
 /// The CSR as PEM (`CERTIFICATE REQUEST`).

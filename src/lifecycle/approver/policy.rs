@@ -14,6 +14,8 @@
 
 use x509_parser::oid_registry::{OID_X509_COMMON_NAME, OID_X509_ORGANIZATION_NAME};
 
+use crate::pki::attestation::OID_EVIDENCE;
+use crate::pki::csr::{OID_EXTENSION_REQUEST, OID_SUBJECT_ALT_NAME};
 use crate::pki::request_pem;
 
 /// Why a request was approved or denied: the condition's `reason`, and a metric label.
@@ -259,9 +261,6 @@ fn check_subject(subject: &x509_parser::x509::X509Name<'_>) -> Result<String, Vi
     Ok(node.to_string())
 }
 
-const OID_EXTENSION_REQUEST: &[u64] = &[1, 2, 840, 113549, 1, 9, 14];
-const OID_EVIDENCE: &[u64] = &[1, 2, 840, 113549, 1, 9, 16, 2, 59];
-const OID_SUBJECT_ALT_NAME: &[u64] = &[2, 5, 29, 17];
 const OID_KEY_USAGE: &[u64] = &[2, 5, 29, 15];
 const OID_EXT_KEY_USAGE: &[u64] = &[2, 5, 29, 37];
 const OID_CLIENT_AUTH: &[u64] = &[1, 3, 6, 1, 5, 5, 7, 3, 2];
@@ -274,23 +273,7 @@ fn check_attributes(cri_raw: &[u8]) -> Result<(), Violation> {
             format!("the request's attributes do not parse: {e}"),
         )
     };
-    let mut attributes: Vec<(yasna::models::ObjectIdentifier, Vec<u8>)> = Vec::new();
-    yasna::parse_der(cri_raw, |r| {
-        r.read_sequence(|r| {
-            r.next().read_u8()?;
-            r.next().read_der()?; // subject
-            r.next().read_der()?; // subjectPKInfo
-            r.next().read_tagged_implicit(yasna::Tag::context(0), |r| {
-                r.read_set_of(|r| {
-                    attributes.push(
-                        r.read_sequence(|r| Ok((r.next().read_oid()?, r.next().read_der()?)))?,
-                    );
-                    Ok(())
-                })
-            })
-        })
-    })
-    .map_err(malformed)?;
+    let attributes = crate::pki::csr::attributes(cri_raw).map_err(malformed)?;
     let oid = |o: &[u64]| yasna::models::ObjectIdentifier::from_slice(o);
     let mut seen = Vec::new();
     for (id, values) in &attributes {
@@ -560,6 +543,162 @@ mod tests {
             check_kubelet_client(&trailing, None).map_err(|v| v.reason),
             Err(Reason::MalformedRequest)
         );
+    }
+
+    /// A request (unsigned: the policy reads structure, the evidence check verifies) for a
+    /// node's subject with these attributes, each (type, DER of one value).
+    fn request_with(attributes: &[(&[u64], Vec<u8>)]) -> Vec<u8> {
+        let subject = yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                for (oid, value) in [
+                    (&[2u64, 5, 4, 10][..], "system:nodes"),
+                    (&[2, 5, 4, 3], "system:node:node-a"),
+                ] {
+                    w.next().write_set(|w| {
+                        w.next().write_sequence(|w| {
+                            w.next()
+                                .write_oid(&yasna::models::ObjectIdentifier::from_slice(oid));
+                            w.next().write_utf8_string(value);
+                        })
+                    });
+                }
+            })
+        });
+        let key = rcgen::KeyPair::generate().expect("key");
+        let info = yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                w.next().write_u8(0);
+                w.next().write_der(&subject);
+                let spki = pem::parse(key.public_key_pem()).expect("SPKI PEM");
+                w.next().write_der(spki.contents());
+                w.next().write_tagged_implicit(yasna::Tag::context(0), |w| {
+                    w.write_set_of(|w| {
+                        for (oid, value) in attributes {
+                            w.next().write_sequence(|w| {
+                                w.next()
+                                    .write_oid(&yasna::models::ObjectIdentifier::from_slice(oid));
+                                w.next().write_set(|w| w.next().write_der(value));
+                            });
+                        }
+                    })
+                });
+            })
+        });
+        yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                w.next().write_der(&info);
+                w.next().write_sequence(|w| {
+                    w.next()
+                        .write_oid(&yasna::models::ObjectIdentifier::from_slice(&[
+                            1, 2, 840, 10045, 4, 3, 2,
+                        ]))
+                });
+                w.next().write_bitvec_bytes(&[0u8; 8], 64);
+            })
+        })
+    }
+
+    /// Extensions (type, value DER) as one extension request's value.
+    fn extensions(list: &[(&[u64], Vec<u8>)]) -> Vec<u8> {
+        yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                for (oid, value) in list {
+                    w.next().write_sequence(|w| {
+                        w.next()
+                            .write_oid(&yasna::models::ObjectIdentifier::from_slice(oid));
+                        w.next().write_bytes(value);
+                    });
+                }
+            })
+        })
+    }
+
+    /// Two of anything: a second extension request, the same extension twice, a SAN hidden
+    /// in a second extension request, an unknown attribute or extension.
+    #[test]
+    fn duplicated_and_unknown_attributes_and_extensions_are_refused() {
+        let client_auth = yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                w.next()
+                    .write_oid(&yasna::models::ObjectIdentifier::from_slice(&[
+                        1, 3, 6, 1, 5, 5, 7, 3, 2,
+                    ]))
+            })
+        });
+        let eku = (OID_EXT_KEY_USAGE, client_auth.clone());
+        let dns_san = yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                w.next()
+                    .write_tagged_implicit(yasna::Tag::context(2), |w| w.write_ia5_string("x"))
+            })
+        });
+        let ok = request_with(&[(
+            OID_EXTENSION_REQUEST,
+            extensions(std::slice::from_ref(&eku)),
+        )]);
+        assert!(check_kubelet_client(&ok, None).is_ok());
+        for (attributes, want) in [
+            (
+                vec![
+                    (
+                        OID_EXTENSION_REQUEST,
+                        extensions(std::slice::from_ref(&eku)),
+                    ),
+                    (
+                        OID_EXTENSION_REQUEST,
+                        extensions(&[(OID_SUBJECT_ALT_NAME, dns_san.clone())]),
+                    ),
+                ],
+                // Whichever is read first: the second request, or the SAN in it.
+                Reason::SubjectAltNameNotAllowed,
+            ),
+            (
+                vec![
+                    (
+                        OID_EXTENSION_REQUEST,
+                        extensions(std::slice::from_ref(&eku)),
+                    ),
+                    (
+                        OID_EXTENSION_REQUEST,
+                        extensions(&[(OID_KEY_USAGE, vec![0x03, 0x02, 0x07, 0x80])]),
+                    ),
+                ],
+                Reason::ExtensionNotAllowed,
+            ),
+            (
+                vec![(
+                    OID_EXTENSION_REQUEST,
+                    extensions(&[eku.clone(), eku.clone()]),
+                )],
+                Reason::ExtensionNotAllowed,
+            ),
+            (
+                vec![(
+                    OID_EXTENSION_REQUEST,
+                    extensions(&[eku.clone(), (OID_SUBJECT_ALT_NAME, dns_san.clone())]),
+                )],
+                Reason::SubjectAltNameNotAllowed,
+            ),
+            (
+                vec![(
+                    &[1, 2, 840, 113549, 1, 9, 7][..],
+                    yasna::construct_der(|w| w.write_utf8_string("challenge")),
+                )],
+                Reason::ExtensionNotAllowed,
+            ),
+            (
+                vec![(
+                    OID_EXTENSION_REQUEST,
+                    extensions(&[(&[2, 5, 29, 19][..], vec![0x30, 0x03, 0x01, 0x01, 0xff])]),
+                )],
+                Reason::ExtensionNotAllowed,
+            ),
+        ] {
+            let v = check_kubelet_client(&request_with(&attributes), None)
+                .expect_err(&format!("{want:?}"));
+            let either = [want, Reason::ExtensionNotAllowed];
+            assert!(either.contains(&v.reason), "{want:?}: {v}");
+        }
     }
 
     #[test]
