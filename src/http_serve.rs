@@ -49,9 +49,10 @@ impl Endpoint {
         self.slots.clone().try_acquire_owned().ok()
     }
 
-    /// Serves one request on `io` with `handler`, within the limits; the slot is held until
-    /// the connection ends.
-    pub async fn serve<I, F, Fut>(&self, io: I, slot: OwnedSemaphorePermit, handler: F)
+    /// Serves one request on `io` with `handler`, within the deadlines. The caller holds the
+    /// connection's place (a slot from [`Endpoint::admit`], or another admission) until this
+    /// returns.
+    pub async fn serve<I, F, Fut>(&self, io: I, handler: F)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
@@ -68,6 +69,5 @@ impl Endpoint {
             .keep_alive(false)
             .serve_connection(TokioIo::new(io), service);
         let _ = tokio::time::timeout(self.limits.connection_timeout, connection).await;
-        drop(slot);
     }
 }

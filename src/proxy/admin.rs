@@ -61,7 +61,6 @@ static REFUSED_LOG: RateLimited = RateLimited::new(Duration::from_secs(10));
 /// Serves the admin endpoints until `stop`: one request per connection, at most
 /// [`ADMIN_MAX_CONNECTIONS`] at once, each bounded by header and connection timeouts.
 pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<bool>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
     let endpoint = crate::http_serve::Endpoint::new(crate::http_serve::Limits {
         max_connections: ADMIN_MAX_CONNECTIONS,
         header_timeout: ADMIN_HEADER_TIMEOUT,
@@ -95,7 +94,7 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
                             continue;
                         }
                         // Only allowed uids reach this socket: a plain cap.
-                        let Ok(permit) = slots.clone().try_acquire_owned() else {
+                        let Some(permit) = endpoint.admit() else {
                             if let Some(suppressed) = BUSY_LOG.allow() {
                                 tracing::warn!(
                                     suppressed,
@@ -113,8 +112,6 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
         let shared = shared.clone();
         let endpoint = endpoint.clone();
         tokio::spawn(async move {
-            // The cap on TCP is the uid admission; the endpoint's own slots stay free for it.
-            let Some(slot) = endpoint.admit() else { return };
             let handler = {
                 let shared = shared.clone();
                 move |req| {
@@ -125,11 +122,11 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
             match &admitted {
                 Admitted::ByUid(ticket) => {
                     tokio::select! {
-                        _ = endpoint.serve(conn, slot, handler) => {}
+                        _ = endpoint.serve(conn, handler) => {}
                         _ = ticket.shed() => {}
                     }
                 }
-                Admitted::Permit(_) => endpoint.serve(conn, slot, handler).await,
+                Admitted::Permit(_) => endpoint.serve(conn, handler).await,
             }
             drop(admitted);
         });
@@ -139,7 +136,8 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
 /// What holds an admin connection's place.
 enum Admitted {
     /// A loopback TCP connection, admitted by its peer's uid (it may be shed for the proxy's
-    /// own uid).
+    /// own uid): that admission is its only cap, so a connection admitted in place of a shed
+    /// one never waits for the shed one's slot.
     ByUid(super::admission::Ticket),
     /// A UNIX-socket connection of an allowed uid.
     Permit(

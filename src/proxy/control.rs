@@ -74,11 +74,12 @@ pub async fn serve(shared: Arc<Shared>, listener: UnixListener, mut stop: watch:
         let endpoint = endpoint.clone();
         tokio::spawn(async move {
             endpoint
-                .serve(stream, slot, move |req| {
+                .serve(stream, move |req| {
                     let response = route(&shared, &req);
                     async move { response }
                 })
                 .await;
+            drop(slot);
         });
     }
 }

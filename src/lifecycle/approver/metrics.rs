@@ -199,12 +199,13 @@ pub async fn serve(
         let endpoint = endpoint.clone();
         tokio::spawn(async move {
             endpoint
-                .serve(conn, slot, move |req: Request<hyper::body::Incoming>| {
+                .serve(conn, move |req: Request<hyper::body::Incoming>| {
                     let response =
                         route(&metrics, *leading.borrow(), req.method(), req.uri().path());
                     async move { response }
                 })
                 .await;
+            drop(slot);
         });
     }
 }
