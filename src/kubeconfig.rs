@@ -14,6 +14,15 @@ use serde_yaml_ng::{Mapping, Value};
 use crate::key::KeyUri;
 use crate::pki::loopback_ca::LoopbackCa;
 
+/// The file name of the plugin-only binary (`src/bin/hwkey-credential.rs`).
+pub const PLUGIN_BINARY: &str = "hwkey-credential";
+
+/// Whether `path` names the plugin-only binary, which takes no subcommand (so an exec block that
+/// runs it has no `credential` argument).
+pub fn is_plugin_binary(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n == PLUGIN_BINARY)
+}
+
 /// The extension name client-go passes to exec plugins as `spec.cluster.config`.
 pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
 
@@ -318,7 +327,7 @@ fn merge(doc: &mut Value, r: &Request, server: &str, loopback_ca_pem: &str) {
     exec.insert("apiVersion".into(), r.exec_api_version.api_version().into());
     exec.insert("command".into(), r.command.display().to_string().into());
     // `hwkey-credential` is the plugin itself; the full binary needs its subcommand.
-    if !crate::exec::is_plugin_binary(&r.command) {
+    if !is_plugin_binary(&r.command) {
         exec.insert("args".into(), Value::Sequence(vec!["credential".into()]));
     }
     if r.exec_api_version == ExecApiVersion::V1 {

@@ -12,6 +12,8 @@ compile_error!(
 pub mod atomic_file;
 pub mod cli;
 pub mod control_api;
+pub mod duration;
+pub mod endpoint;
 pub mod exec;
 pub mod http_serve;
 pub mod key;

@@ -24,7 +24,7 @@ pub struct ApproverArgs {
     bootstrap_groups: Vec<String>,
     /// How old a request's TPM evidence may be when the request is created (at most 50m: the
     /// API server keeps decided requests an hour, and a copy must meet its original).
-    #[arg(long, default_value = "15m", value_parser = crate::proxy::config::parse_duration)]
+    #[arg(long, default_value = "15m", value_parser = crate::duration::parse_duration)]
     evidence_max_age: Duration,
     /// The registered nodes: a directory with one file per node, named after it, holding
     /// `hwkey attest enroll`'s output (a mounted ConfigMap works too).
@@ -55,13 +55,13 @@ pub struct ApproverArgs {
     #[arg(long, default_value = "hwkey-approver")]
     leader_elect_lease_name: String,
     /// How long a leader's Lease stands without renewal before a standby takes over.
-    #[arg(long, default_value = "15s", value_parser = crate::proxy::config::parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = crate::duration::parse_duration)]
     leader_elect_lease_duration: Duration,
     /// How long a leader keeps trying to renew before it steps down (< lease duration).
-    #[arg(long, default_value = "10s", value_parser = crate::proxy::config::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse_duration)]
     leader_elect_renew_deadline: Duration,
     /// How often standbys try to take the Lease and the leader renews it (< renew deadline).
-    #[arg(long, default_value = "2s", value_parser = crate::proxy::config::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = crate::duration::parse_duration)]
     leader_elect_retry_period: Duration,
     /// Serve /metrics (OpenMetrics) and /healthz on this address, e.g. 127.0.0.1:9101 (a pod's
     /// 0.0.0.0:9101 for Prometheus). Metrics hold no secrets.

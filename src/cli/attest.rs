@@ -127,7 +127,7 @@ pub fn run(command: AttestCommand) -> anyhow::Result<()> {
                  akPublicKeyPem: |\n{}\
                  ekPublic: {}\n\
                  ekPublicKeyPem: |\n{}",
-                key::attestation::hex(&e.ak_name),
+                hex::encode(&e.ak_name),
                 b64.encode(&e.ak_public),
                 indent(key::der::to_pem("PUBLIC KEY", &e.ak_spki)),
                 b64.encode(&e.ek_public),
@@ -225,7 +225,7 @@ mod ek {
                 c.ak_name
             )
         })?;
-        println!("{}", key::attestation::hex(&answer));
+        println!("{}", hex::encode(&answer));
         Ok(())
     }
 
@@ -268,7 +268,7 @@ mod ek {
         if !others.is_empty() {
             bail!(
                 "{node} is not registered: its AK {} is registered already as {} (one TPM is one node: remove that registration first)",
-                key::attestation::hex(&ak_name),
+                hex::encode(&ak_name),
                 others.join(", ")
             );
         }

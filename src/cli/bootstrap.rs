@@ -68,7 +68,7 @@ pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| PathBuf::from("/var/lib/hwkey/kubelet")),
         port: args.port,
         exec_api_version: args.exec_api_version,
-        wait: crate::proxy::config::parse_duration(&args.wait)?,
+        wait: crate::duration::parse_duration(&args.wait)?,
         command: crate::exec::plugin_command().context("cannot find the hwkey binary's path")?,
         require_non_extractable: args.policy.required(),
         attest: args.attest.ak_handle(),

@@ -70,7 +70,7 @@ pub fn run(args: RenewArgs) -> anyhow::Result<()> {
         .server
         .or_else(|| from_kubeconfig.as_ref().map(|c| c.upstream.clone()))
         .context("no API server: pass --server https://HOST:6443 or --kubeconfig FILE")?;
-    let wait = crate::proxy::config::parse_duration(&args.wait)?;
+    let wait = crate::duration::parse_duration(&args.wait)?;
     let options = RenewOptions {
         key,
         cert: args

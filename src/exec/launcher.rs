@@ -83,7 +83,7 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
 fn same_proxy(settings: &Settings, info: &ProxyInfo) -> Result<(), ExecError> {
     let wanted_upstream = settings
         .upstream
-        .parse::<crate::proxy::UpstreamTarget>()
+        .parse::<crate::endpoint::UpstreamTarget>()
         .map(|t| t.to_string())
         .unwrap_or_else(|_| settings.upstream.clone());
     let wanted_key = settings.key.without_pin().to_string();

@@ -16,7 +16,7 @@ pub mod credential;
 pub mod launcher;
 pub mod settings;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use base64::Engine;
 
@@ -81,13 +81,7 @@ pub enum ExecError {
     Internal(String),
 }
 
-/// The file name of the plugin-only binary (`src/bin/hwkey-credential.rs`).
-pub const PLUGIN_BINARY: &str = "hwkey-credential";
-
-/// Whether `path` names the plugin-only binary, which takes no subcommand.
-pub fn is_plugin_binary(path: &Path) -> bool {
-    path.file_name().is_some_and(|n| n == PLUGIN_BINARY)
-}
+pub use crate::kubeconfig::{is_plugin_binary, PLUGIN_BINARY};
 
 /// What a generated kubeconfig's exec block runs: `hwkey-credential` when it is installed next
 /// to this binary (it starts about 5 ms faster on every kubectl invocation, since it links

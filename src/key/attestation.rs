@@ -87,40 +87,8 @@ pub fn parse_persistent_handle(s: &str) -> Result<u32, String> {
     }
 }
 
-/// Lowercase hex, for names in messages and enrollment files.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// Why evidence does not hold. Each names the check that failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct EvidenceInvalid(pub String);
-
-/// Checks that a `TPMT_PUBLIC` is an attestation key (restricted, signing, fixedTPM,
-/// fixedParent) and returns its TPM name.
-#[cfg(feature = "tpm")]
-pub fn check_attestation_key(ak_public: &[u8]) -> Result<Vec<u8>, EvidenceInvalid> {
-    super::tpm::evidence::check_attestation_key(ak_public)
-}
-
-/// The SubjectPublicKeyInfo (DER) of a key's `TPMT_PUBLIC` (RSA, or ECC P-256).
-#[cfg(feature = "tpm")]
-pub fn public_key_spki(tpmt_public: &[u8]) -> Result<Vec<u8>, EvidenceInvalid> {
-    super::tpm::evidence::public_key_spki(tpmt_public)
-}
-
-/// Checks evidence against the key it should prove and the data it must be bound to:
-/// the AK's signature over `TPMS_ATTEST`; that it is a certify statement for the name of
-/// `key_public`; that `key_public` holds `expected_spki`; that the key can never leave the
-/// TPM (`fixedTPM`, `fixedParent`, `sensitiveDataOrigin`) and signs; and that the TPM put
-/// `qualifying_data` into it. Whether the AK is trusted is the caller's question (its name is
-/// returned).
-#[cfg(feature = "tpm")]
-pub fn verify(
-    evidence: &TpmEvidence,
-    expected_spki: &[u8],
-    qualifying_data: &[u8],
-) -> Result<Vec<u8>, EvidenceInvalid> {
-    super::tpm::evidence::verify(evidence, expected_spki, qualifying_data)
-}

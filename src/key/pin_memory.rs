@@ -70,7 +70,7 @@ impl Record {
         let token = token_prefix(token_id);
         let name = digest::digest(&digest::SHA256, identity.as_bytes());
         Some(Record {
-            path: dir.join(format!("{token}-{}", hex(name.as_ref()))),
+            path: dir.join(format!("{token}-{}", hex::encode(name.as_ref()))),
         })
     }
 
@@ -149,7 +149,7 @@ pub(crate) fn forget_token(token_id: &str) {
 /// The part of a record's name that names the token.
 fn token_prefix(token_id: &str) -> String {
     let d = digest::digest(&digest::SHA256, token_id.as_bytes());
-    hex(&d.as_ref()[..8])
+    hex::encode(&d.as_ref()[..8])
 }
 
 /// How a PIN source is named in messages (never the PIN).
@@ -179,7 +179,7 @@ fn fingerprint(dir: &Path, pin: &str) -> Option<String> {
         }
     };
     let key = hmac::Key::new(hmac::HMAC_SHA256, &secret);
-    Some(hex(hmac::sign(&key, pin.as_bytes()).as_ref()))
+    Some(hex::encode(hmac::sign(&key, pin.as_bytes()).as_ref()))
 }
 
 /// Creates the directory (mode 0700) or checks that it is this user's, not a symbolic link
@@ -188,6 +188,3 @@ fn ensure_dir(dir: &Path) -> std::io::Result<()> {
     crate::state_dir::ensure_private(dir)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}

@@ -344,9 +344,9 @@ impl Pkcs11Uri {
     /// A human description of the key this URI selects, for messages.
     pub fn key_desc(&self) -> String {
         match (&self.object, &self.id) {
-            (Some(o), Some(id)) => format!("key object='{o}' id={}", hex(id)),
+            (Some(o), Some(id)) => format!("key object='{o}' id={}", hex::encode(id)),
             (Some(o), None) => format!("key object='{o}'"),
-            (None, Some(id)) => format!("key id={}", hex(id)),
+            (None, Some(id)) => format!("key id={}", hex::encode(id)),
             (None, None) => "key".into(),
         }
     }
@@ -361,10 +361,6 @@ impl Pkcs11Uri {
     }
 }
 
-/// Lower-case hex, for ids in messages.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
 
 impl TpmUri {
     /// The TCTI to use: the URI's, else `TPM2TOOLS_TCTI`, else the kernel resource manager.

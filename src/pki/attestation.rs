@@ -139,7 +139,7 @@ pub use super::registration::{parse_registration, read_trust_dir, RegisteredAk};
 /// Finds hwkey's TPM evidence in a request's attributes. The attributes are read from the raw
 /// `CertificationRequestInfo` (x509-parser keeps no value for attribute types it does not know).
 fn find_evidence(cri_raw: &[u8]) -> Option<Result<TpmEvidence, String>> {
-    let attributes = match super::csr::attributes(cri_raw) {
+    let attributes = match super::attributes::read(cri_raw) {
         Ok(a) => a,
         Err(e) => return Some(Err(format!("the request's attributes do not parse: {e}"))),
     };
@@ -272,7 +272,7 @@ pub fn verify_evidence(csr_der: &[u8]) -> Result<Attested, Refused> {
         )
     })?;
     let qualifying = qualifying_data(cri.subject.as_raw(), cri.subject_pki.raw, made_at);
-    let ak_name = crate::key::attestation::verify(&evidence, cri.subject_pki.raw, &qualifying)
+    let ak_name = crate::key::tpm::evidence::verify(&evidence, cri.subject_pki.raw, &qualifying)
         .map_err(|e| refused(Refusal::EvidenceInvalid, e.0))?;
     let ek_certificate_issuer = evidence.ek_certificate.as_deref().map(|der| {
         x509_parser::parse_x509_certificate(der)
@@ -299,8 +299,7 @@ pub fn admit(
     node: &str,
     trusted: &[RegisteredAk],
 ) -> Result<Admitted, Refused> {
-    use crate::key::attestation::hex;
-    let ak = hex(&attested.ak_name);
+    let ak = hex::encode(&attested.ak_name);
     if !trusted
         .iter()
         .any(|t| t.node == node && t.ak_name == attested.ak_name)

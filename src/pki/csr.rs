@@ -188,32 +188,6 @@ fn write_san_extension(w: yasna::DERWriter, request: &CsrRequest) {
     });
 }
 
-/// The attributes of a request, read from its raw `CertificationRequestInfo` (x509-parser keeps
-/// no value for attribute types it does not know): each attribute's type and its `values`
-/// (DER `SET`), in order, duplicates included. The one reader both the evidence check and the
-/// approver's policy use, so they see the same attributes.
-pub fn attributes(
-    cri_raw: &[u8],
-) -> Result<Vec<(yasna::models::ObjectIdentifier, Vec<u8>)>, yasna::ASN1Error> {
-    let mut attributes = Vec::new();
-    yasna::parse_der(cri_raw, |r| {
-        r.read_sequence(|r| {
-            r.next().read_u8()?;
-            r.next().read_der()?; // subject
-            r.next().read_der()?; // subjectPKInfo
-            r.next().read_tagged_implicit(yasna::Tag::context(0), |r| {
-                r.read_set_of(|r| {
-                    attributes.push(
-                        r.read_sequence(|r| Ok((r.next().read_oid()?, r.next().read_der()?)))?,
-                    );
-                    Ok(())
-                })
-            })
-        })
-    })?;
-    Ok(attributes)
-}
-
 /// The CSR as PEM (`CERTIFICATE REQUEST`).
 pub fn to_pem(csr_der: &[u8]) -> String {
     der::to_pem("CERTIFICATE REQUEST", csr_der)

@@ -18,7 +18,6 @@ use std::path::Path;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use crate::key::attestation::hex;
 
 pub use super::registration::EnrollmentFile;
 
@@ -61,7 +60,7 @@ pub fn challenge(
     let enrollment = EnrollmentFile::parse(enrollment_text).map_err(|e| e.to_string())?;
     let b64 = base64::engine::general_purpose::STANDARD;
     let ak_public = enrollment.ak_public().map_err(|e| e.to_string())?;
-    let ak_name = crate::key::attestation::check_attestation_key(&ak_public).map_err(|e| e.0)?;
+    let ak_name = crate::key::tpm::evidence::check_attestation_key(&ak_public).map_err(|e| e.0)?;
     if ak_name != enrollment.ak_name().map_err(|e| e.to_string())? {
         return Err("akName is not the name of akPublic".into());
     }
@@ -83,16 +82,16 @@ pub fn challenge(
     let issuer = check_ek_certificate(&cert_der, ca_pem, &ek_public)?;
     let made = super::credential::make_credential(&ek_public, &ak_name)?;
     let challenge = ChallengeFile {
-        ak_name: hex(&ak_name),
+        ak_name: hex::encode(&ak_name),
         credential_blob: b64.encode(&made.credential_blob),
         encrypted_secret: b64.encode(&made.encrypted_secret),
     };
     let expected = ExpectedAnswer {
         node: node.to_string(),
         enrollment_sha256: sha256_hex(enrollment_text.as_bytes()),
-        ak_name: hex(&ak_name),
+        ak_name: hex::encode(&ak_name),
         ek_issuer: issuer,
-        secret: hex(&made.secret),
+        secret: hex::encode(&made.secret),
     };
     Ok((challenge, expected))
 }
@@ -122,8 +121,8 @@ pub fn register(
     }
     let enrollment = EnrollmentFile::parse(enrollment_text).map_err(|e| e.to_string())?;
     let ak_public = enrollment.ak_public().map_err(|e| e.to_string())?;
-    let ak_name = crate::key::attestation::check_attestation_key(&ak_public).map_err(|e| e.0)?;
-    if hex(&ak_name) != expected.ak_name {
+    let ak_name = crate::key::tpm::evidence::check_attestation_key(&ak_public).map_err(|e| e.0)?;
+    if hex::encode(&ak_name) != expected.ak_name {
         return Err("the enrollment's AK is not the one challenged".into());
     }
     let text = EnrollmentFile::canonical(
@@ -175,7 +174,7 @@ fn check_ek_certificate(
             cert.issuer()
         )
     })?;
-    let enrolled = crate::key::attestation::public_key_spki(ek_public).map_err(|e| e.0)?;
+    let enrolled = crate::key::tpm::evidence::public_key_spki(ek_public).map_err(|e| e.0)?;
     let (_, enrolled) = SubjectPublicKeyInfo::from_der(&enrolled)
         .map_err(|e| format!("the enrolled EK's key does not encode: {e}"))?;
     if !same_key(cert.public_key(), &enrolled) {
@@ -202,7 +201,7 @@ fn same_key(
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
+    hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
 }
 
 /// Reads an enrollment file, naming it in the error.

@@ -2,6 +2,7 @@
 //! reading certificate chains, and checking that a certificate belongs to a key.
 
 pub mod attestation;
+pub mod attributes;
 pub mod cert;
 #[cfg(feature = "tpm")]
 pub mod credential;

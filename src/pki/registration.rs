@@ -17,7 +17,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::PkiError;
-use crate::key::attestation::{hex, name_of};
+use crate::key::attestation::name_of;
 
 /// Why an entry is not a usable registration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,10 +105,10 @@ impl EnrollmentFile {
     pub fn ak_name(&self) -> Result<Vec<u8>, RegistrationError> {
         let derived = derive_name(&self.ak_public()?)?;
         if let Some(given) = &self.ak_name {
-            if !given.trim().eq_ignore_ascii_case(&hex(&derived)) {
+            if !given.trim().eq_ignore_ascii_case(&hex::encode(&derived)) {
                 return Err(RegistrationError::NameMismatch {
                     given: given.trim().to_string(),
-                    derived: hex(&derived),
+                    derived: hex::encode(&derived),
                 });
             }
         }
@@ -125,7 +125,7 @@ impl EnrollmentFile {
         let name = derive_name(ak_public)?;
         let fields = EnrollmentFile {
             node: Some(node.to_string()),
-            ak_name: Some(hex(&name)),
+            ak_name: Some(hex::encode(&name)),
             ak_public: base64::engine::general_purpose::STANDARD.encode(ak_public),
             registered_by: Some(registered_by.to_string()),
             ..EnrollmentFile::default()
@@ -242,7 +242,7 @@ impl TrustRead {
         by_ak
             .into_iter()
             .filter(|(_, nodes)| nodes.len() > 1)
-            .map(|(ak, nodes)| (hex(ak), nodes))
+            .map(|(ak, nodes)| (hex::encode(ak), nodes))
             .collect()
     }
 }
@@ -304,7 +304,7 @@ mod tests {
 
     fn enrollment() -> String {
         let b64 = base64::engine::general_purpose::STANDARD.encode(AK_PUBLIC);
-        let name = hex(&name_of(AK_PUBLIC).expect("name"));
+        let name = hex::encode(&name_of(AK_PUBLIC).expect("name"));
         format!("# hwkey attest enroll\nakHandle: 0x81010002\nakName: {name}\nakPublic: {b64}\n")
     }
 
@@ -328,7 +328,7 @@ mod tests {
             .expect_err("duplicate")
             .to_string();
         assert!(e.contains("duplicate"), "{e}");
-        let contradicting = enrollment().replace(&hex(&name_of(AK_PUBLIC).expect("name")), &fake);
+        let contradicting = enrollment().replace(&hex::encode(&name_of(AK_PUBLIC).expect("name")), &fake);
         let e = parse_registration("node-a", &contradicting)
             .expect_err("contradicts")
             .to_string();
@@ -376,7 +376,7 @@ mod tests {
         assert_eq!(
             read.duplicate_aks(),
             vec![(
-                hex(&name_of(AK_PUBLIC).expect("name")),
+                hex::encode(&name_of(AK_PUBLIC).expect("name")),
                 vec!["node-a".to_string(), "node-b".to_string()]
             )]
         );

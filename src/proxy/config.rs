@@ -2,11 +2,12 @@
 //! values (`unix:PATH`, `tcp:HOST:PORT`, `https://HOST:PORT`, `30s`) and a `--config` file
 //! (TOML or YAML) holding the same settings under the flags' names.
 //!
-//! Everything is parsed here, at the edge; the rest of the proxy only sees [`ListenAddr`],
-//! [`UpstreamTarget`] and [`Duration`]s.
+//! Everything is parsed at the edge; the rest of the proxy only sees [`ListenAddr`],
+//! [`UpstreamTarget`] and [`Duration`]s (defined below the proxy, in [`crate::endpoint`] and
+//! [`crate::duration`], because the exec plugin, the lifecycle and the CLI read them too).
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -14,145 +15,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::ProxyError;
+pub use crate::duration::parse_duration;
+pub use crate::endpoint::{ListenAddr, UpstreamTarget};
 use crate::key::KeyUri;
-
-/// Where a listener (client, admin) accepts connections.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ListenAddr {
-    /// A UNIX socket at this path (created mode 0600, removed on exit).
-    Unix(PathBuf),
-    /// A TCP address; port 0 picks a free port (printed in the ready line).
-    Tcp(SocketAddr),
-}
-
-impl ListenAddr {
-    /// True for UNIX sockets and loopback TCP addresses.
-    pub fn is_local(&self) -> bool {
-        match self {
-            ListenAddr::Unix(_) => true,
-            ListenAddr::Tcp(a) => a.ip().is_loopback(),
-        }
-    }
-}
-
-impl FromStr for ListenAddr {
-    type Err = ProxyError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let invalid = |reason: &str| ProxyError::InvalidListen {
-            given: s.to_string(),
-            reason: reason.to_string(),
-        };
-        if let Some(path) = s.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err(invalid("the socket path is empty"));
-            }
-            return Ok(ListenAddr::Unix(PathBuf::from(path)));
-        }
-        if let Some(addr) = s.strip_prefix("tcp:") {
-            // A name like localhost:8443 resolves once, here; the first address wins.
-            let resolved = addr
-                .to_socket_addrs()
-                .map_err(|e| invalid(&format!("not a HOST:PORT address ({e})")))?
-                .next()
-                .ok_or_else(|| invalid("the host name resolves to no address"))?;
-            return Ok(ListenAddr::Tcp(resolved));
-        }
-        Err(invalid("expected unix:PATH or tcp:HOST:PORT"))
-    }
-}
-
-impl fmt::Display for ListenAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
-            ListenAddr::Tcp(a) => write!(f, "tcp:{a}"),
-        }
-    }
-}
-
-/// The API server the proxy re-originates connections to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamTarget {
-    /// Host as written in the URL (brackets removed from IPv6 literals).
-    pub host: String,
-    /// Port (443 when the URL names none).
-    pub port: u16,
-}
-
-impl UpstreamTarget {
-    /// `host:port` for messages and TCP connects (IPv6 in brackets).
-    pub fn authority(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
-    }
-}
-
-impl FromStr for UpstreamTarget {
-    type Err = ProxyError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let invalid = |reason: &str| ProxyError::InvalidUpstream {
-            given: s.to_string(),
-            reason: reason.to_string(),
-        };
-        let uri: hyper::Uri = s.parse().map_err(|_| invalid("not a URL"))?;
-        if uri.scheme_str() != Some("https") {
-            return Err(invalid("the upstream must be an https:// URL"));
-        }
-        if uri.path() != "/" && !uri.path().is_empty() {
-            return Err(invalid(
-                "a path is not supported: the proxy forwards whole connections",
-            ));
-        }
-        let host = uri
-            .host()
-            .ok_or_else(|| invalid("no host"))?
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        // The port as written: hyper reads one that does not fit a u16 as "no port" (443).
-        let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
-        let after_host = authority
-            .rsplit_once(']')
-            .map_or(authority, |(_, rest)| rest);
-        let port = match after_host.rsplit_once(':') {
-            None => 443,
-            Some((_, written)) => match written.parse::<u16>() {
-                Ok(n) if n > 0 => n,
-                _ => {
-                    return Err(invalid(&format!(
-                        "port '{}' is out of range: use 1-65535",
-                        written.escape_debug()
-                    )))
-                }
-            },
-        };
-        Ok(UpstreamTarget { host, port })
-    }
-}
-
-impl fmt::Display for UpstreamTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "https://{}", self.authority())
-    }
-}
-
-/// Parses a duration the way every hwkey flag and config key takes it: humantime's syntax
-/// (`90s`, `10m`, `1h30m`, `1h 30m`, `500ms`, `2d`, `1week`), or a bare number of seconds.
-/// `0` means zero.
-pub fn parse_duration(s: &str) -> Result<Duration, ProxyError> {
-    let t = s.trim();
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    humantime::parse_duration(t).map_err(|_| ProxyError::InvalidDuration {
-        given: s.to_string(),
-    })
-}
 
 /// serde: an optional value read from its text form with `FromStr` (a key URI, an upstream URL,
 /// a listen address), so the file's values arrive as the same types as the flags'.

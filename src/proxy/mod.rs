@@ -122,17 +122,14 @@ pub struct ProxyConfig {
     reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
 )]
 pub enum ProxyError {
-    #[error("invalid listen address '{given}': {reason} (examples: unix:/run/hwkey/proxy.sock, tcp:127.0.0.1:6443)")]
-    InvalidListen { given: String, reason: String },
+    #[error(transparent)]
+    Endpoint(#[from] crate::endpoint::EndpointError),
 
     #[error("refusing to listen on {addr}: it is not a loopback address and the local hop would be exposed; pass --unsafe-listen if you really mean it")]
     NonLoopbackListen { addr: ListenAddr },
 
     #[error("no --listen address given: add e.g. --listen unix:/run/hwkey/proxy.sock or --listen tcp:127.0.0.1:6443")]
     NoListener,
-
-    #[error("invalid upstream '{given}': {reason} (example: https://10.0.0.1:6443)")]
-    InvalidUpstream { given: String, reason: String },
 
     #[error("no --upstream given: the API server URL, e.g. https://10.0.0.1:6443")]
     NoUpstream,
@@ -143,8 +140,8 @@ pub enum ProxyError {
     #[error("invalid --tls-server-name '{given}': not a DNS name or IP address")]
     InvalidServerName { given: String },
 
-    #[error("invalid duration '{given}': use e.g. 30s, 10m, 1h30m, 500ms")]
-    InvalidDuration { given: String },
+    #[error(transparent)]
+    Duration(#[from] crate::duration::InvalidDuration),
 
     #[error("--attest needs --renew: the evidence goes into the renewal requests")]
     AttestNeedsRenew,

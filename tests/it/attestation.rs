@@ -143,10 +143,10 @@ fn evidence_is_bound_to_its_request() {
     // The same subject and key at another time is another binding too.
     let q3 = hwkey::pki::attestation::qualifying_data(b"subject-1", key.spki_der(), 2);
     let evidence = key.certify(0x8101_0002, &q1).expect("certify");
-    let ak = hwkey::key::attestation::verify(&evidence, key.spki_der(), &q1).expect("holds");
+    let ak = hwkey::key::tpm::evidence::verify(&evidence, key.spki_der(), &q1).expect("holds");
     assert_eq!(&ak[..2], &[0x00, 0x0b]);
     for other in [&q2, &q3] {
-        let e = hwkey::key::attestation::verify(&evidence, key.spki_der(), other).unwrap_err();
+        let e = hwkey::key::tpm::evidence::verify(&evidence, key.spki_der(), other).unwrap_err();
         assert!(e.0.contains("another request"), "{e}");
     }
     // And for another key: a software key's SPKI.
@@ -154,13 +154,13 @@ fn evidence_is_bound_to_its_request() {
     let other_spki = pem::parse(other.public_key_pem())
         .expect("pem")
         .into_contents();
-    let e = hwkey::key::attestation::verify(&evidence, &other_spki, &q1).unwrap_err();
+    let e = hwkey::key::tpm::evidence::verify(&evidence, &other_spki, &q1).unwrap_err();
     assert!(e.0.contains("not the key of the request"), "{e}");
     // A flipped bit in TPMS_ATTEST breaks the AK's signature.
     let mut broken = evidence.clone();
     let last = broken.attest.len() - 1;
     broken.attest[last] ^= 1;
-    let e = hwkey::key::attestation::verify(&broken, key.spki_der(), &q1).unwrap_err();
+    let e = hwkey::key::tpm::evidence::verify(&broken, key.spki_der(), &q1).unwrap_err();
     assert!(e.0.contains("does not verify"), "{e}");
 }
 
@@ -506,7 +506,7 @@ mod untrusted_input {
                 let i = at % blob.len();
                 blob[i] ^= byte | 1;
             }
-            let _ = hwkey::key::attestation::verify(&e, &[], &[0u8; 32]);
+            let _ = hwkey::key::tpm::evidence::verify(&e, &[], &[0u8; 32]);
             let _ = hwkey::pki::registration::parse_registration("node-a", &String::from_utf8_lossy(&junk));
         });
     }

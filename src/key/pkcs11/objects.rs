@@ -8,7 +8,6 @@ use cryptoki::object::{Attribute, AttributeType, KeyType, ObjectClass, ObjectHan
 use cryptoki::session::Session;
 
 use super::token::Token;
-use crate::key::uri::hex;
 use crate::key::{der, KeyAlgorithm, KeyError, Pkcs11Uri};
 
 /// What identifies a key object on a token.
@@ -34,8 +33,8 @@ impl KeyIdent {
     pub(crate) fn describe(&self) -> String {
         match &self.label {
             Some(l) if self.id.is_empty() => format!("'{l}'"),
-            Some(l) => format!("'{l}' (id {})", hex(&self.id)),
-            None => format!("id {}", hex(&self.id)),
+            Some(l) => format!("'{l}' (id {})", hex::encode(&self.id)),
+            None => format!("id {}", hex::encode(&self.id)),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Checking TPM2_Certify evidence (see [`crate::key::attestation::verify`]).
+//! Checking TPM2_Certify evidence ([`crate::key::attestation::TpmEvidence`]): the verifier's side.
 
 use tss_esapi::structures::{Attest, AttestInfo, Public, Signature};
 use tss_esapi::traits::UnMarshall;
@@ -13,8 +13,8 @@ fn invalid(reason: impl Into<String>) -> EvidenceInvalid {
 }
 
 /// Checks that `ak_public` (`TPMT_PUBLIC`) is an attestation key (restricted, signing,
-/// fixedTPM, fixedParent) and returns its name.
-pub(crate) fn check_attestation_key(ak_public: &[u8]) -> Result<Vec<u8>, EvidenceInvalid> {
+/// fixedTPM, fixedParent) and returns its TPM name.
+pub fn check_attestation_key(ak_public: &[u8]) -> Result<Vec<u8>, EvidenceInvalid> {
     let public = Public::unmarshall(ak_public)
         .map_err(|e| invalid(format!("the AK's TPMT_PUBLIC does not parse: {e}")))?;
     let a = public.object_attributes();
@@ -26,15 +26,20 @@ pub(crate) fn check_attestation_key(ak_public: &[u8]) -> Result<Vec<u8>, Evidenc
     name_of(ak_public).map_err(|e| invalid(e.to_string()))
 }
 
-/// The SubjectPublicKeyInfo of a key's `TPMT_PUBLIC` (RSA, or ECC P-256).
-pub(crate) fn public_key_spki(tpmt_public: &[u8]) -> Result<Vec<u8>, EvidenceInvalid> {
+/// The SubjectPublicKeyInfo (DER) of a key's `TPMT_PUBLIC` (RSA, or ECC P-256).
+pub fn public_key_spki(tpmt_public: &[u8]) -> Result<Vec<u8>, EvidenceInvalid> {
     let public = Public::unmarshall(tpmt_public)
         .map_err(|e| invalid(format!("the TPMT_PUBLIC does not parse: {e}")))?;
     super::attest::public_spki(&public).map_err(|e| invalid(e.to_string()))
 }
 
-/// See [`crate::key::attestation::verify`].
-pub(crate) fn verify(
+/// Checks evidence against the key it should prove and the data it must be bound to:
+/// the AK's signature over `TPMS_ATTEST`; that it is a certify statement for the name of
+/// `key_public`; that `key_public` holds `expected_spki`; that the key can never leave the
+/// TPM (`fixedTPM`, `fixedParent`, `sensitiveDataOrigin`) and signs; and that the TPM put
+/// `qualifying_data` into it. Whether the AK is trusted is the caller's question (its name is
+/// returned).
+pub fn verify(
     evidence: &TpmEvidence,
     expected_spki: &[u8],
     qualifying_data: &[u8],

@@ -21,7 +21,7 @@
 
 pub(crate) mod attest;
 mod context;
-pub(crate) mod evidence;
+pub mod evidence;
 mod files;
 mod keygen;
 mod loaded;

@@ -262,8 +262,8 @@ mod tests {
             let _ = Tss2Key::from_der(&m);
             let _ = Tss2Key::from_der(&der[..cut % der.len()]);
             let _ = Tss2Key::from_der(&random);
-            let _ = crate::key::attestation::public_key_spki(&random);
-            let _ = crate::key::attestation::check_attestation_key(&m[..cut % m.len()]);
+            let _ = crate::key::tpm::evidence::public_key_spki(&random);
+            let _ = crate::key::tpm::evidence::check_attestation_key(&m[..cut % m.len()]);
         });
     }
 

@@ -273,7 +273,7 @@ fn check_attributes(cri_raw: &[u8]) -> Result<(), Violation> {
             format!("the request's attributes do not parse: {e}"),
         )
     };
-    let attributes = crate::pki::csr::attributes(cri_raw).map_err(malformed)?;
+    let attributes = crate::pki::attributes::read(cri_raw).map_err(malformed)?;
     let oid = |o: &[u64]| yasna::models::ObjectIdentifier::from_slice(o);
     let mut seen = Vec::new();
     for (id, values) in &attributes {

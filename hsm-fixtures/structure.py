@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""Structure check for src/ (issue 23), run by hsm-fixtures/test.sh.
+
+Prints the measures the structure rounds track and fails (exit 1) when:
+  - a function in src/ is longer than 80 lines (from its `fn` line to its closing brace,
+    test modules left out);
+  - an import runs against the layering in docs/ARCHITECTURE.md
+    (base → key → pki → exec → lifecycle → proxy → cli; nothing imports `cli`);
+  - two modules import each other, directly or around a longer loop (modules are compared
+    at the level below their nearest common parent, so `key::attestation` → `key::tpm::evidence`
+    counts as `key::attestation` → `key::tpm`);
+  - a function returns `Result<_, String>`, or 20 or more `reason: String` fields remain.
+
+It reads the code after stripping comments, strings and character literals, so braces and
+paths inside them do not count. Usage: python3 hsm-fixtures/structure.py [--verbose]
+"""
+import os
+import re
+import sys
+
+MAX_FN_LINES = 80
+MAX_REASON_STRING = 19
+
+# Each top-level module of the library and the layer it belongs to: a module may import from
+# its own layer's modules only where listed below as allowed, and from any lower layer.
+LAYERS = {
+    # The base: small helpers every layer may use.
+    "atomic_file": 0, "small_file": 0, "state_dir": 0, "duration": 0, "hex": 0,
+    "backoff": 0, "http_serve": 0, "endpoint": 0,
+    "key": 1,
+    "pki": 2,
+    # What the exec plugin and the proxy share: the kubeconfig (its hwkey extension, written by
+    # the generator) and the control socket's protocol.
+    "kubeconfig": 3, "control_api": 3,
+    "exec": 4,
+    "lifecycle": 5,
+    "proxy": 6, "probe": 6,
+    "cli": 7,
+}
+# Imports allowed between modules of one layer (importer, imported).
+SAME_LAYER = {("probe", "proxy"), ("http_serve", "small_file"), ("state_dir", "atomic_file"),
+              ("http_serve", "duration")}
+
+
+def strip(text):
+    """Replaces comments, string and char literals with spaces, keeping newlines."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif text.startswith("/*", i):
+            depth, j = 1, i + 2
+            while j < n and depth:
+                if text.startswith("/*", j):
+                    depth, j = depth + 1, j + 2
+                elif text.startswith("*/", j):
+                    depth, j = depth - 1, j + 2
+                else:
+                    j += 1
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif (m := re.match(r'b?r(#*)"', text[i:i + 300])) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            close = '"' + m.group(1)
+            j = text.find(close, i + m.end())
+            j = n if j < 0 else j + len(close)
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(re.sub(r"[^\n]", " ", text[i:j + 1]))
+            i = j + 1
+        elif c == "'":
+            m = re.match(r"'(\\(x[0-9a-fA-F]{2}|u\{[0-9a-fA-F]+\}|.)|[^\\'])'", text[i:i + 12])
+            if m:
+                out.append(" " * m.end())
+                i += m.end()
+            else:  # a lifetime or a label
+                out.append(c)
+                i += 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def matching_brace(code, open_at):
+    depth = 0
+    for j in range(open_at, len(code)):
+        if code[j] == "{":
+            depth += 1
+        elif code[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return len(code) - 1
+
+
+def without_tests(code):
+    """Blanks `#[cfg(test)]` items (test modules and test-only functions), keeping lines."""
+    for m in reversed(list(re.finditer(r"#\[cfg\(test\)\]", code))):
+        brace = code.find("{", m.end())
+        semi = code.find(";", m.end())
+        if brace < 0 or (0 <= semi < brace):
+            end = semi
+        else:
+            end = matching_brace(code, brace)
+        code = code[:m.start()] + re.sub(r"[^\n]", " ", code[m.start():end + 1]) + code[end + 1:]
+    return code
+
+
+def functions(code):
+    """Yields (name, first line, line count) for every function with a body."""
+    for m in re.finditer(r"\bfn\s+([A-Za-z_][A-Za-z0-9_]*)", code):
+        # The body is the first `{` after the signature outside parentheses and generics.
+        depth, j = 0, m.end()
+        while j < len(code):
+            c = code[j]
+            if c in "(<[":
+                depth += 1
+            elif c in ")>]":
+                if not (c == ">" and code[j - 1] == "-"):
+                    depth -= 1
+            elif c == ";" and depth <= 0:
+                j = -1
+                break
+            elif c == "{" and depth <= 0:
+                break
+            j += 1
+        if j < 0 or j >= len(code):
+            continue
+        end = matching_brace(code, j)
+        first = code.count("\n", 0, m.start()) + 1
+        last = code.count("\n", 0, end) + 1
+        yield m.group(1), first, last - first + 1
+
+
+def module_of(path):
+    rel = os.path.relpath(path, "src")[:-3].split(os.sep)
+    if rel[-1] in ("mod", "lib", "main"):
+        rel = rel[:-1]
+    return rel
+
+
+def result_string(code):
+    """Counts `Result<…, String>` types."""
+    count = 0
+    for m in re.finditer(r"\bResult<", code):
+        depth, j, last_arg = 1, m.end(), m.end()
+        while j < len(code) and depth:
+            c = code[j]
+            if c == "<":
+                depth += 1
+            elif c == ">" and code[j - 1] != "-":
+                depth -= 1
+            elif c == "," and depth == 1:
+                last_arg = j + 1
+            j += 1
+        if code[last_arg:j - 1].strip() == "String" and last_arg != m.end():
+            count += 1
+    return count
+
+
+def paths(code, module):
+    """Yields every module path this file refers to (`crate::…`, `super::…`, `use` groups)."""
+    for m in re.finditer(r"\buse\s+([^;]+);", code):
+        yield from expand_use(m.group(1).replace("\n", " "), module)
+    for m in re.finditer(r"(?<![A-Za-z0-9_:])((?:crate|super|self)(?:::(?:super|[A-Za-z_][A-Za-z0-9_]*))+)", code):
+        yield resolve(m.group(1).split("::"), module)
+
+
+def expand_use(tree, module, prefix=()):
+    tree = tree.strip()
+    if tree.startswith("pub"):
+        tree = re.sub(r"^pub(\([^)]*\))?\s+", "", tree)
+    brace = tree.find("{")
+    if brace < 0:
+        parts = [p.strip() for p in tree.split(" as ")[0].split("::") if p.strip()]
+        full = list(prefix) + parts
+        if full and full[0] in ("crate", "super", "self"):
+            yield resolve(full, module)
+        return
+    head = [p for p in tree[:brace].split("::") if p.strip()]
+    inner = tree[brace + 1:tree.rfind("}")]
+    depth, start = 0, 0
+    for k, c in enumerate(inner + ","):
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            part = inner[start:k]
+            start = k + 1
+            if part.strip():
+                yield from expand_use(part, module, tuple(prefix) + tuple(h.strip() for h in head))
+
+
+def resolve(parts, module):
+    here = list(module)
+    out = []
+    for k, p in enumerate(parts):
+        if k == 0 and p == "crate":
+            here = []
+        elif p == "super" and not out:
+            here = here[:-1]
+        elif p == "self" and not out:
+            pass
+        else:
+            out.append(p)
+    return here + out
+
+
+def main():
+    verbose = "--verbose" in sys.argv
+    failures = []
+    long_fns, reason_strings, result_strings, cfg_features = [], 0, 0, 0
+    files = {}
+    for root, _, names in os.walk("src"):
+        for name in names:
+            if name.endswith(".rs"):
+                path = os.path.join(root, name)
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                code = without_tests(strip(text))
+                files[path] = code
+    modules = {tuple(module_of(p)) for p in files}
+    edges = {}
+    for path, code in sorted(files.items()):
+        for name, line, length in functions(code):
+            if length > MAX_FN_LINES:
+                long_fns.append((length, f"{path}:{line}", name))
+        # Fields, not closure parameters (`|reason: String|`).
+        reason_strings += len(re.findall(r"\breason:\s*String\s*[,}\n]", code))
+        result_strings += result_string(code)
+        cfg_features += sum(1 for l in code.splitlines() if "cfg(" in l and "feature" in l)
+        here = tuple(module_of(path))
+        for target in paths(code, here):
+            # The longest known module the path names.
+            while target and tuple(target) not in modules:
+                target = target[:-1]
+            target = tuple(target)
+            if target and target != here:
+                edges.setdefault(here, set()).add(target)
+    # Layering between top-level modules.
+    layering = []
+    for src, dsts in edges.items():
+        if not src or src[0] == "bin":
+            continue
+        for dst in dsts:
+            a, b = src[0], dst[0]
+            if a == b:
+                continue
+            if b == "cli":
+                layering.append(f"{'::'.join(src)} imports cli (`{'::'.join(dst)}`): nothing imports cli")
+                continue
+            if a not in LAYERS or b not in LAYERS:
+                layering.append(f"{a} or {b} has no layer in hsm-fixtures/structure.py (add it and to docs/ARCHITECTURE.md)")
+                continue
+            if LAYERS[b] > LAYERS[a] or (LAYERS[b] == LAYERS[a] and (a, b) not in SAME_LAYER):
+                layering.append(f"{'::'.join(src)} → {'::'.join(dst)}: {a} (layer {LAYERS[a]}) may not import {b} (layer {LAYERS[b]})")
+    # Cycles between sibling modules.
+    sibling = {}
+    for src, dsts in edges.items():
+        for dst in dsts:
+            k = 0
+            while k < min(len(src), len(dst)) and src[k] == dst[k]:
+                k += 1
+            if k == len(src) or k == len(dst):
+                continue  # a module and its own parent or child
+            parent = src[:k]
+            sibling.setdefault(parent, {}).setdefault(src[k], set()).add(dst[k])
+    cycles = []
+    for parent, graph in sorted(sibling.items()):
+        for cycle in find_cycles(graph):
+            prefix = "::".join(parent) + "::" if parent else ""
+            cycles.append(" → ".join(prefix + c for c in cycle))
+    long_fns.sort(reverse=True)
+    print(f"functions over {MAX_FN_LINES} lines in src/: {len(long_fns)}")
+    for length, where, name in long_fns:
+        print(f"  {name} {length} ({where})")
+    print(f"`reason: String` fields: {reason_strings} (at most {MAX_REASON_STRING})")
+    print(f"functions returning Result<_, String>: {result_strings}")
+    print(f"lines with cfg(feature …): {cfg_features}")
+    print(f"imports against the layering: {len(layering)}")
+    for l in sorted(set(layering)):
+        print(f"  {l}")
+    print(f"import cycles between modules: {len(cycles)}")
+    for c in cycles:
+        print(f"  {c}")
+    if verbose:
+        for src in sorted(edges):
+            print("::".join(src) or "(crate)", "→", ", ".join(sorted("::".join(d) for d in edges[src])))
+    if long_fns:
+        failures.append(f"{len(long_fns)} functions over {MAX_FN_LINES} lines")
+    if reason_strings > MAX_REASON_STRING:
+        failures.append(f"{reason_strings} `reason: String` fields")
+    if result_strings:
+        failures.append(f"{result_strings} Result<_, String>")
+    if layering:
+        failures.append(f"{len(set(layering))} imports against the layering")
+    if cycles:
+        failures.append(f"{len(cycles)} import cycles")
+    if failures:
+        print("structure.py: FAILED: " + "; ".join(failures), file=sys.stderr)
+        return 1
+    print("structure.py: ok")
+    return 0
+
+
+def find_cycles(graph):
+    """Strongly connected components with more than one module, as readable loops."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp) + [sorted(comp)[0]])
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+if __name__ == "__main__":
+    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    sys.exit(main())
