@@ -164,7 +164,9 @@ impl FromStr for UpstreamTarget {
             Some((_, written)) => match written.parse::<u16>() {
                 Ok(n) if n > 0 => n,
                 _ => {
-                    return Err(invalid(AddressProblem::PortOutOfRange(written.escape_debug().to_string())))
+                    return Err(invalid(AddressProblem::PortOutOfRange(
+                        written.escape_debug().to_string(),
+                    )))
                 }
             },
         };

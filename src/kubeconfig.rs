@@ -8,9 +8,12 @@
 //! and stays mode 0600.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_yaml_ng::{Mapping, Value};
 
+use crate::endpoint::UpstreamTarget;
 use crate::key::KeyUri;
 use crate::pki::loopback_ca::LoopbackCa;
 
@@ -26,6 +29,112 @@ pub fn is_plugin_binary(path: &Path) -> bool {
 /// The extension name client-go passes to exec plugins as `spec.cluster.config`.
 pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
 
+/// hwkey's settings in a cluster's [`EXEC_EXTENSION`] extension: written by [`write`], read by
+/// the exec plugin ([`crate::exec::settings`]), `hwkey renew --kubeconfig`
+/// ([`crate::lifecycle::context`]) and `hwkey doctor`. One type, so a renamed field is a compile
+/// error rather than a setting silently lost; values arrive parsed (a bad key URI in the file is
+/// an error naming it, not a string carried along).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HwkeyExtension {
+    /// The hardware key the proxy signs with.
+    #[serde(default, with = "text", skip_serializing_if = "Option::is_none")]
+    pub key: Option<KeyUri>,
+    /// Its certificate chain file, when not stored with the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<PathBuf>,
+    /// The real API server.
+    #[serde(default, with = "text", skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamTarget>,
+    /// The API server's CA bundle.
+    #[serde(
+        rename = "upstreamCA",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub upstream_ca: Option<PathBuf>,
+    /// The name the API server's certificate is checked against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_server_name: Option<String>,
+    /// The proxy's state directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    /// How long a proxy started by the plugin lives without clients.
+    #[serde(
+        default,
+        with = "duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub idle_exit: Option<Duration>,
+}
+
+impl HwkeyExtension {
+    /// Reads the extension from the value client-go passes (`spec.cluster.config`) or a
+    /// kubeconfig holds (`extension:`).
+    pub fn from_json(value: &serde_json::Value) -> Result<HwkeyExtension, serde_json::Error> {
+        HwkeyExtension::deserialize(value)
+    }
+
+    /// The extension of cluster `cluster` in a kubeconfig read by kube's [`kube::config::Kubeconfig`]:
+    /// None when the cluster has none.
+    pub fn of_cluster(
+        cluster: &kube::config::Cluster,
+    ) -> Option<Result<HwkeyExtension, serde_json::Error>> {
+        cluster
+            .extensions
+            .as_ref()?
+            .iter()
+            .find(|e| e.name == EXEC_EXTENSION)
+            .map(|e| HwkeyExtension::from_json(&e.extension))
+    }
+}
+
+/// serde: an optional value in its text form (`Display` / `FromStr`).
+mod text {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer, T: Display>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.collect_str(v),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: FromStr,
+        T::Err: Display,
+    {
+        Option::<String>::deserialize(d)?
+            .map(|t| t.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+/// serde: an optional duration as text (`30m`), in [`crate::duration::parse_duration`]'s syntax.
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(d) => s.collect_str(&humantime::format_duration(*d)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| crate::duration::parse_duration(&t).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
 /// Errors of kubeconfig generation.
 #[derive(Debug, thiserror::Error)]
 #[allow(
@@ -35,6 +144,9 @@ pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
 pub enum KubeconfigError {
     #[error("cannot read kubeconfig {path}: {reason}; fix or move it, hwkey does not overwrite a file it cannot parse")]
     Read { path: PathBuf, reason: String },
+
+    #[error("cannot encode the kubeconfig: {0}")]
+    Encode(#[source] serde_yaml_ng::Error),
 
     #[error("cannot write kubeconfig {path}: {source}")]
     Write {
@@ -117,7 +229,7 @@ pub struct Request {
     /// Its certificate chain file, when not stored with the key.
     pub cert: Option<PathBuf>,
     /// The API server, e.g. `https://10.0.0.1:6443`.
-    pub upstream: String,
+    pub upstream: UpstreamTarget,
     /// CA bundle of the API server.
     pub upstream_ca: PathBuf,
     /// The name the API server's certificate is checked against.
@@ -127,7 +239,7 @@ pub struct Request {
     /// The proxy's state directory (loopback CA, control socket).
     pub state_dir: PathBuf,
     /// `--idle-exit` of a proxy the plugin starts (None: the plugin's default).
-    pub idle_exit: Option<String>,
+    pub idle_exit: Option<Duration>,
     /// Absolute path of the binary the exec block runs: `hwkey-credential`, or `hwkey` (then
     /// with the argument `credential`).
     pub command: PathBuf,
@@ -135,6 +247,21 @@ pub struct Request {
     pub consumer: Consumer,
     /// The exec block's apiVersion.
     pub exec_api_version: ExecApiVersion,
+}
+
+impl Request {
+    /// The cluster extension that carries this request's settings to the plugin.
+    pub fn extension(&self) -> HwkeyExtension {
+        HwkeyExtension {
+            key: Some(self.key.clone()),
+            cert: self.cert.clone(),
+            upstream: Some(self.upstream.clone()),
+            upstream_ca: Some(self.upstream_ca.clone()),
+            tls_server_name: self.tls_server_name.clone(),
+            state_dir: Some(self.state_dir.clone()),
+            idle_exit: self.idle_exit,
+        }
+    }
 }
 
 /// Merges the entries for `request` into the kubeconfig at `out` (created if absent).
@@ -169,11 +296,9 @@ pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
     let ca = LoopbackCa::load_or_create(&request.state_dir)
         .map_err(|e| KubeconfigError::LoopbackCa(e.to_string()))?;
     let server = format!("https://127.0.0.1:{port}");
-    merge(&mut doc, request, &server, ca.cert_pem());
-    let text = serde_yaml_ng::to_string(&doc).map_err(|e| KubeconfigError::Read {
-        path: out.to_path_buf(),
-        reason: e.to_string(),
-    })?;
+    let ext = serde_yaml_ng::to_value(request.extension()).map_err(KubeconfigError::Encode)?;
+    merge(&mut doc, request, ext, &server, ca.cert_pem());
+    let text = serde_yaml_ng::to_string(&doc).map_err(KubeconfigError::Encode)?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| KubeconfigError::Write {
             path: out.to_path_buf(),
@@ -286,27 +411,9 @@ fn upsert(doc: &mut Value, list: &str, entry: Value) {
     }
 }
 
-fn merge(doc: &mut Value, r: &Request, server: &str, loopback_ca_pem: &str) {
+fn merge(doc: &mut Value, r: &Request, ext: Value, server: &str, loopback_ca_pem: &str) {
     use base64::Engine;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-
-    let mut ext = Mapping::new();
-    ext.insert("key".into(), r.key.to_string().into());
-    if let Some(c) = &r.cert {
-        ext.insert("cert".into(), c.display().to_string().into());
-    }
-    ext.insert("upstream".into(), r.upstream.clone().into());
-    ext.insert(
-        "upstreamCA".into(),
-        r.upstream_ca.display().to_string().into(),
-    );
-    if let Some(n) = &r.tls_server_name {
-        ext.insert("tlsServerName".into(), n.clone().into());
-    }
-    ext.insert("stateDir".into(), r.state_dir.display().to_string().into());
-    if let Some(i) = &r.idle_exit {
-        ext.insert("idleExit".into(), i.clone().into());
-    }
 
     let mut cluster = Mapping::new();
     cluster.insert("server".into(), server.into());
@@ -316,11 +423,7 @@ fn merge(doc: &mut Value, r: &Request, server: &str, loopback_ca_pem: &str) {
     );
     cluster.insert(
         "extensions".into(),
-        Value::Sequence(vec![named(
-            EXEC_EXTENSION,
-            "extension",
-            Value::Mapping(ext),
-        )]),
+        Value::Sequence(vec![named(EXEC_EXTENSION, "extension", ext)]),
     );
 
     let mut exec = Mapping::new();

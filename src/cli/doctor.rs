@@ -9,6 +9,7 @@ use clap::Args;
 
 use crate::exec::control_client;
 use crate::key::{verify, Key, KeyUri};
+use crate::kubeconfig::HwkeyExtension;
 use crate::pki::cert;
 
 #[derive(Debug, Args)]
@@ -192,9 +193,14 @@ fn check_kubeconfig(
     check_exec_block(r, &user["user"]["exec"], &user_name)?;
     let ext = hwkey_extension(r, &cluster)?;
     check_running_proxy(r, &ext);
-    let key = ext["key"].as_str().unwrap_or_default().to_string();
-    let cert = ext["cert"].as_str().map(PathBuf::from);
-    Some((key, cert))
+    let Some(key) = ext.key else {
+        r.fail(
+            "cluster extension",
+            "it names no key: regenerate with `hwkey kubeconfig`",
+        );
+        return None;
+    };
+    Some((key.to_string(), ext.cert))
 }
 
 type Yaml = serde_yaml_ng::Value;
@@ -274,31 +280,40 @@ fn check_exec_block(r: &mut Report, exec: &Yaml, user_name: &str) -> Option<()> 
 }
 
 /// hwkey's extension of the cluster entry (key URI, certificate, state directory).
-fn hwkey_extension(r: &mut Report, cluster: &Yaml) -> Option<Yaml> {
+fn hwkey_extension(r: &mut Report, cluster: &Yaml) -> Option<HwkeyExtension> {
     let ext = cluster["cluster"]["extensions"]
         .as_sequence()
         .and_then(|s| {
             s.iter()
                 .find(|e| e["name"].as_str() == Some(crate::kubeconfig::EXEC_EXTENSION))
-        })
-        .map(|e| e["extension"].clone());
-    if ext.is_none() {
+        });
+    let Some(ext) = ext else {
         r.fail(
             "cluster extension",
             "missing: regenerate with `hwkey kubeconfig`",
         );
+        return None;
+    };
+    match serde_yaml_ng::from_value(ext["extension"].clone()) {
+        Ok(ext) => Some(ext),
+        Err(e) => {
+            r.fail(
+                "cluster extension",
+                format!("does not parse ({e}): regenerate with `hwkey kubeconfig`"),
+            );
+            None
+        }
     }
-    ext
 }
 
 /// Whether a proxy answers in the extension's state directory (not running is fine: kubectl's
 /// first call starts it).
-fn check_running_proxy(r: &mut Report, ext: &Yaml) {
-    let Some(dir) = ext["stateDir"].as_str() else {
+fn check_running_proxy(r: &mut Report, ext: &HwkeyExtension) {
+    let Some(dir) = &ext.state_dir else {
         r.warn("proxy", "the extension names no stateDir");
         return;
     };
-    let sock = PathBuf::from(dir).join(crate::exec::settings::CONTROL_SOCKET);
+    let sock = dir.join(crate::exec::settings::CONTROL_SOCKET);
     match control_client::info(&sock) {
         Ok(info) => r.ok(
             "proxy",

@@ -45,8 +45,8 @@ pub struct KubeconfigArgs {
     #[arg(long)]
     state_dir: Option<PathBuf>,
     /// How long a proxy started by `hwkey credential` stays up without clients (default 30m).
-    #[arg(long)]
-    idle_exit: Option<String>,
+    #[arg(long, value_parser = crate::duration::parse_duration)]
+    idle_exit: Option<std::time::Duration>,
 }
 
 fn absolute(
@@ -62,19 +62,7 @@ fn absolute(
 }
 
 pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
-    let uri: hyper::Uri = args.server.parse().map_err(|_| KubeconfigError::Invalid {
-        what: "--server",
-        given: args.server.clone(),
-        reason: "not a URL (example: https://10.0.0.1:6443)".into(),
-    })?;
-    if uri.scheme_str() != Some("https") || uri.host().is_none() {
-        return Err(KubeconfigError::Invalid {
-            what: "--server",
-            given: args.server.clone(),
-            reason: "must be https://HOST[:PORT]".into(),
-        }
-        .into());
-    }
+    let upstream: crate::endpoint::UpstreamTarget = args.server.parse()?;
     let upstream_ca = absolute(
         "--ca",
         &args.ca,
@@ -106,7 +94,7 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
         name: args.name.clone(),
         key: args.key,
         cert,
-        upstream: args.server,
+        upstream,
         upstream_ca,
         tls_server_name: args.tls_server_name,
         port: args.port,

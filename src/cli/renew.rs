@@ -61,14 +61,20 @@ pub fn run(args: RenewArgs) -> anyhow::Result<()> {
         Some(path) => Some(context::read(path, args.context.as_deref())?),
         None => None,
     };
-    let key_text = args
-        .key
-        .or_else(|| from_kubeconfig.as_ref().map(|c| c.key.clone()))
-        .context("no key: pass --key URI or --kubeconfig FILE (a kubeconfig written by `hwkey kubeconfig`)")?;
-    let key: KeyUri = key_text.parse()?;
+    let key: KeyUri = match args.key {
+        Some(text) => text.parse()?,
+        None => from_kubeconfig
+            .as_ref()
+            .and_then(|c| c.key.clone())
+            .context("no key: pass --key URI or --kubeconfig FILE (a kubeconfig written by `hwkey kubeconfig`)")?,
+    };
     let server = args
         .server
-        .or_else(|| from_kubeconfig.as_ref().map(|c| c.upstream.clone()))
+        .or_else(|| {
+            from_kubeconfig
+                .as_ref()
+                .and_then(|c| c.upstream.as_ref().map(|u| u.to_string()))
+        })
         .context("no API server: pass --server https://HOST:6443 or --kubeconfig FILE")?;
     let wait = crate::duration::parse_duration(&args.wait)?;
     let options = RenewOptions {

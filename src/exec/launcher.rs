@@ -81,11 +81,7 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
 /// Checks that the proxy answering in the state directory serves this kubeconfig's upstream
 /// and key: a proxy left running for other settings must not carry this cluster's traffic.
 fn same_proxy(settings: &Settings, info: &ProxyInfo) -> Result<(), ExecError> {
-    let wanted_upstream = settings
-        .upstream
-        .parse::<crate::endpoint::UpstreamTarget>()
-        .map(|t| t.to_string())
-        .unwrap_or_else(|_| settings.upstream.clone());
+    let wanted_upstream = settings.upstream.to_string();
     let wanted_key = settings.key.without_pin().to_string();
     let running_upstream = info.upstream.as_str();
     // A proxy of an older hwkey does not report its key URI: compare what it reports.
@@ -144,13 +140,13 @@ fn start(
         .arg("--key")
         .arg(key.to_string())
         .arg("--upstream")
-        .arg(&settings.upstream)
+        .arg(settings.upstream.to_string())
         .arg("--listen")
         .arg(&settings.listen)
         .arg("--state-dir")
         .arg(&settings.state_dir)
         .arg("--idle-exit")
-        .arg(&settings.idle_exit);
+        .arg(humantime::format_duration(settings.idle_exit).to_string());
     if let Some(c) = &settings.cert {
         cmd.arg("--cert").arg(c);
     }

@@ -34,6 +34,15 @@ pub enum ExecError {
     #[error("KUBERNETES_EXEC_INFO is not a valid ExecCredential: {reason} (hwkey credential is meant to be run by kubectl; see `hwkey kubeconfig`)")]
     MalformedExecInfo { reason: String },
 
+    #[error("the cluster's client.authentication.k8s.io/exec extension is not hwkey's: {0} (regenerate the kubeconfig with `hwkey kubeconfig`)")]
+    BadExtension(#[source] serde_json::Error),
+
+    #[error(transparent)]
+    Endpoint(#[from] crate::endpoint::EndpointError),
+
+    #[error(transparent)]
+    Duration(#[from] crate::duration::InvalidDuration),
+
     #[error("unsupported exec credential apiVersion '{given}': use client.authentication.k8s.io/v1 or client.authentication.k8s.io/v1beta1 in the kubeconfig's exec block")]
     UnknownApiVersion { given: String },
 

@@ -2,16 +2,21 @@
 //! `client.authentication.k8s.io/exec` extension that client-go passes as `spec.cluster.config`
 //! (with `provideClusterInfo: true`), so one kubeconfig holds everything.
 //!
-//! Extension fields (camelCase): `key`, `cert`, `upstream`, `upstreamCA`, `tlsServerName`,
-//! `stateDir`, `idleExit`.
+//! The extension's fields are [`HwkeyExtension`]'s, the type `hwkey kubeconfig` writes.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use zeroize::Zeroizing;
 
 use super::credential::ExecInfo;
 use super::ExecError;
+use crate::endpoint::UpstreamTarget;
 use crate::key::KeyUri;
+use crate::kubeconfig::HwkeyExtension;
+
+/// How long a proxy the plugin started lives without clients when nothing says otherwise.
+pub const DEFAULT_IDLE_EXIT: Duration = Duration::from_secs(30 * 60);
 
 /// The name of the control socket the proxy creates in its state directory.
 pub const CONTROL_SOCKET: &str = "control.sock";
@@ -46,8 +51,8 @@ pub struct Settings {
     pub key: KeyUri,
     /// Its certificate chain file, when not stored with the key.
     pub cert: Option<PathBuf>,
-    /// The real API server (`https://HOST:PORT`).
-    pub upstream: String,
+    /// The real API server.
+    pub upstream: UpstreamTarget,
     /// The CA bundle of the API server (default: the system roots).
     pub upstream_ca: Option<PathBuf>,
     /// The name the API server's certificate is checked against.
@@ -59,7 +64,7 @@ pub struct Settings {
     /// The kubeconfig's server URL (for messages).
     pub server: String,
     /// How long the started proxy lives without clients (`--idle-exit`).
-    pub idle_exit: String,
+    pub idle_exit: Duration,
     /// Print only the hardware chain and `proxyConfig` (KEP-2718), no key.
     pub cert_only: bool,
 }
@@ -67,28 +72,24 @@ pub struct Settings {
 impl Settings {
     /// Merges arguments over the cluster extension.
     pub fn resolve(info: &ExecInfo, args: &Overrides) -> Result<Settings, ExecError> {
-        let empty = serde_json::Value::Null;
-        let ext = info
-            .cluster
-            .as_ref()
-            .and_then(|c| c.config.as_ref())
-            .unwrap_or(&empty);
-        let ext_str = |name: &str| ext.get(name).and_then(|v| v.as_str()).map(str::to_string);
-
-        let key_text = args.key.clone().or_else(|| ext_str("key")).ok_or(ExecError::MissingSetting {
-            what: "key URI",
-            hint: "pass --key URI, or generate the kubeconfig with `hwkey kubeconfig` (it puts the key in the cluster's client.authentication.k8s.io/exec extension and sets provideClusterInfo: true)",
-        })?;
-        let key: KeyUri = key_text.parse()?;
-        let upstream = args
-            .upstream
-            .clone()
-            .or_else(|| ext_str("upstream"))
-            .ok_or(ExecError::MissingSetting {
+        let ext = match info.cluster.as_ref().and_then(|c| c.config.as_ref()) {
+            Some(config) => HwkeyExtension::from_json(config).map_err(ExecError::BadExtension)?,
+            None => HwkeyExtension::default(),
+        };
+        let key = match &args.key {
+            Some(text) => text.parse()?,
+            None => ext.key.ok_or(ExecError::MissingSetting {
+                what: "key URI",
+                hint: "pass --key URI, or generate the kubeconfig with `hwkey kubeconfig` (it puts the key in the cluster's client.authentication.k8s.io/exec extension and sets provideClusterInfo: true)",
+            })?,
+        };
+        let upstream = match &args.upstream {
+            Some(text) => text.parse()?,
+            None => ext.upstream.ok_or(ExecError::MissingSetting {
                 what: "upstream API server",
                 hint: "pass --upstream https://APISERVER:6443 or set 'upstream' in the cluster's client.authentication.k8s.io/exec extension",
-            })?;
-
+            })?,
+        };
         let server = info
             .cluster
             .as_ref()
@@ -106,34 +107,24 @@ impl Settings {
         };
         let server =
             server.unwrap_or_else(|| format!("https://{}", listen.trim_start_matches("tcp:")));
-        let state_dir = args
-            .state_dir
-            .clone()
-            .or_else(|| ext_str("stateDir").map(PathBuf::from))
-            .unwrap_or_else(|| default_state_dir(&listen));
+        let idle_exit = match &args.idle_exit {
+            Some(text) => crate::duration::parse_duration(text)?,
+            None => ext.idle_exit.unwrap_or(DEFAULT_IDLE_EXIT),
+        };
         Ok(Settings {
             key,
-            cert: args
-                .cert
-                .clone()
-                .or_else(|| ext_str("cert").map(PathBuf::from)),
+            cert: args.cert.clone().or(ext.cert),
             upstream,
-            upstream_ca: args
-                .upstream_ca
+            upstream_ca: args.upstream_ca.clone().or(ext.upstream_ca),
+            tls_server_name: args.tls_server_name.clone().or(ext.tls_server_name),
+            state_dir: args
+                .state_dir
                 .clone()
-                .or_else(|| ext_str("upstreamCA").map(PathBuf::from)),
-            tls_server_name: args
-                .tls_server_name
-                .clone()
-                .or_else(|| ext_str("tlsServerName")),
-            state_dir,
+                .or(ext.state_dir)
+                .unwrap_or_else(|| default_state_dir(&listen)),
             listen,
             server,
-            idle_exit: args
-                .idle_exit
-                .clone()
-                .or_else(|| ext_str("idleExit"))
-                .unwrap_or_else(|| "30m".into()),
+            idle_exit,
             cert_only: args.cert_only,
         })
     }

@@ -87,7 +87,6 @@ pub fn parse_persistent_handle(s: &str) -> Result<u32, String> {
     }
 }
 
-
 /// Why evidence does not hold. Each names the check that failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

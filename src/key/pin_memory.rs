@@ -187,4 +187,3 @@ fn fingerprint(dir: &Path, pin: &str) -> Option<String> {
 fn ensure_dir(dir: &Path) -> std::io::Result<()> {
     crate::state_dir::ensure_private(dir)
 }
-

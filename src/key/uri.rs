@@ -361,7 +361,6 @@ impl Pkcs11Uri {
     }
 }
 
-
 impl TpmUri {
     /// The TCTI to use: the URI's, else `TPM2TOOLS_TCTI`, else the kernel resource manager.
     pub fn tcti(&self) -> String {

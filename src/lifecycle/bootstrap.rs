@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::context::KubeconfigProblem;
 use super::issued::Target;
 use super::renew::{request_and_install, Ask, Renewed};
 use super::{client, LifecycleError, KUBELET_SIGNER};
@@ -190,27 +191,13 @@ fn read_bootstrap_kubeconfig(
     options: &BootstrapOptions,
 ) -> Result<(kube::Config, PathBuf), LifecycleError> {
     let path = &options.bootstrap_kubeconfig;
-    let bad = |reason: String| LifecycleError::Kubeconfig {
-        path: path.clone(),
-        reason,
-    };
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
-    let context_name = kubeconfig.current_context.clone();
-    let cluster_name = kubeconfig
-        .contexts
-        .iter()
-        .find(|c| Some(&c.name) == context_name.as_ref())
-        .and_then(|c| c.context.as_ref())
-        .map(|c| c.cluster.clone())
-        .or_else(|| kubeconfig.clusters.first().map(|c| c.name.clone()))
-        .ok_or_else(|| bad("it names no cluster".into()))?;
-    let cluster = kubeconfig
-        .clusters
-        .iter()
-        .find(|c| c.name == cluster_name)
-        .and_then(|c| c.cluster.clone())
-        .ok_or_else(|| bad(format!("cluster '{cluster_name}' is not defined")))?;
-    let ca_file = match (&cluster.certificate_authority, &cluster.certificate_authority_data) {
+    let bad = |p| super::context::problem(path, p);
+    let kubeconfig = super::context::read_file(path)?;
+    let (_, cluster) = super::context::cluster(path, &kubeconfig, None, true)?;
+    let ca_file = match (
+        &cluster.certificate_authority,
+        &cluster.certificate_authority_data,
+    ) {
         (Some(file), _) => {
             let p = PathBuf::from(file);
             let p = if p.is_relative() {
@@ -218,13 +205,14 @@ fn read_bootstrap_kubeconfig(
             } else {
                 p
             };
-            std::fs::canonicalize(&p).map_err(|e| bad(format!("CA file {}: {e}", p.display())))?
+            std::fs::canonicalize(&p)
+                .map_err(|source| bad(KubeconfigProblem::CaFile { path: p, source }))?
         }
         (None, Some(data)) => {
             use base64::Engine;
             let pem = base64::engine::general_purpose::STANDARD
                 .decode(data.trim())
-                .map_err(|e| bad(format!("certificate-authority-data is not base64: {e}")))?;
+                .map_err(|e| bad(KubeconfigProblem::CaData(e)))?;
             std::fs::create_dir_all(&options.state_dir).map_err(|source| {
                 LifecycleError::Install {
                     path: options.state_dir.clone(),
@@ -232,18 +220,15 @@ fn read_bootstrap_kubeconfig(
                 }
             })?;
             let p = options.state_dir.join("apiserver-ca.pem");
-            crate::atomic_file::write_atomic(&p, &pem, 0o644)
-                .map_err(|source| LifecycleError::Install {
+            crate::atomic_file::write_atomic(&p, &pem, 0o644).map_err(|source| {
+                LifecycleError::Install {
                     path: p.clone(),
                     source,
-                })?;
+                }
+            })?;
             p
         }
-        (None, None) => {
-            return Err(bad(
-                "it names no certificate-authority for the API server; add certificate-authority or certificate-authority-data".into(),
-            ))
-        }
+        (None, None) => return Err(bad(KubeconfigProblem::NoCa)),
     };
     let runtime = super::runtime()?;
     let config = runtime
@@ -251,7 +236,7 @@ fn read_bootstrap_kubeconfig(
             kubeconfig,
             &kube::config::KubeConfigOptions::default(),
         ))
-        .map_err(|e| bad(e.to_string()))?;
+        .map_err(|e| bad(KubeconfigProblem::Unreadable(e)))?;
     Ok((config, ca_file))
 }
 
@@ -269,7 +254,9 @@ fn write_kubelet_kubeconfig(
         name: "kubelet".into(),
         key: options.key.clone(),
         cert: options.cert.clone(),
-        upstream: server.trim_end_matches('/').to_string(),
+        upstream: server.trim_end_matches('/').parse().map_err(|e| {
+            LifecycleError::Kubelet(format!("the bootstrap kubeconfig's server: {e}"))
+        })?,
         upstream_ca: ca_file.to_path_buf(),
         tls_server_name: config.tls_server_name.clone(),
         port: options.port,

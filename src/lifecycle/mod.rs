@@ -60,8 +60,12 @@ pub enum LifecycleError {
     #[error("cannot set up the connection to {server}: {reason}")]
     Client { server: String, reason: String },
 
-    #[error("cannot read kubeconfig {path}: {reason}")]
-    Kubeconfig { path: PathBuf, reason: String },
+    #[error("cannot read kubeconfig {path}: {problem}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        problem: context::KubeconfigProblem,
+    },
 
     #[error(
         "the API server {server} refused to create the CertificateSigningRequest: {reason}{hint}"

@@ -18,7 +18,6 @@ use std::path::Path;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-
 pub use super::registration::EnrollmentFile;
 
 /// What the node's TPM must answer (`hwkey attest activate` reads it).

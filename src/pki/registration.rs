@@ -328,7 +328,8 @@ mod tests {
             .expect_err("duplicate")
             .to_string();
         assert!(e.contains("duplicate"), "{e}");
-        let contradicting = enrollment().replace(&hex::encode(&name_of(AK_PUBLIC).expect("name")), &fake);
+        let contradicting =
+            enrollment().replace(&hex::encode(&name_of(AK_PUBLIC).expect("name")), &fake);
         let e = parse_registration("node-a", &contradicting)
             .expect_err("contradicts")
             .to_string();
