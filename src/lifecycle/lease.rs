@@ -73,7 +73,7 @@ pub fn default_identity() -> String {
         .unwrap_or_else(|| "hwkey".into());
     let mut suffix = [0u8; 6];
     let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut suffix);
-    format!("{host}_{}", hex::encode(&suffix))
+    format!("{host}_{}", hex::encode(suffix))
 }
 
 /// One candidate's view of the Lease.

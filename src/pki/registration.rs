@@ -304,7 +304,7 @@ mod tests {
 
     fn enrollment() -> String {
         let b64 = base64::engine::general_purpose::STANDARD.encode(AK_PUBLIC);
-        let name = hex::encode(&name_of(AK_PUBLIC).expect("name"));
+        let name = hex::encode(name_of(AK_PUBLIC).expect("name"));
         format!("# hwkey attest enroll\nakHandle: 0x81010002\nakName: {name}\nakPublic: {b64}\n")
     }
 
@@ -329,7 +329,7 @@ mod tests {
             .to_string();
         assert!(e.contains("duplicate"), "{e}");
         let contradicting =
-            enrollment().replace(&hex::encode(&name_of(AK_PUBLIC).expect("name")), &fake);
+            enrollment().replace(&hex::encode(name_of(AK_PUBLIC).expect("name")), &fake);
         let e = parse_registration("node-a", &contradicting)
             .expect_err("contradicts")
             .to_string();
@@ -377,7 +377,7 @@ mod tests {
         assert_eq!(
             read.duplicate_aks(),
             vec![(
-                hex::encode(&name_of(AK_PUBLIC).expect("name")),
+                hex::encode(name_of(AK_PUBLIC).expect("name")),
                 vec!["node-a".to_string(), "node-b".to_string()]
             )]
         );
