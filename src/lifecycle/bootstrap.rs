@@ -268,5 +268,5 @@ fn write_kubelet_kubeconfig(
     };
     kubeconfig::write(&request, &options.out)
         .map(|_| ())
-        .map_err(|e| LifecycleError::Kubelet(format!("cannot write the kubelet kubeconfig: {e}")))
+        .map_err(LifecycleError::KubeletKubeconfig)
 }

@@ -40,14 +40,52 @@ fn http_connector() -> hyper_util::client::legacy::connect::HttpConnector {
     http
 }
 
+/// Why a client for the API server could not be set up, for [`LifecycleError::Client`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum ClientProblem {
+    #[error("{0}")]
+    Tls(#[source] rustls::Error),
+    #[error("the CA bundle holds an unusable certificate: {0}")]
+    UnusableCa(#[source] rustls::Error),
+    #[error("no CA certificate to verify the API server with: pass --ca FILE")]
+    NoCa,
+    #[error("tls-server-name '{0}' is not a DNS name or IP")]
+    ServerName(String),
+    #[error("{0}")]
+    Auth(#[source] kube::Error),
+    #[error("{what}-data is not base64: {source}")]
+    NotBase64 {
+        what: &'static str,
+        #[source]
+        source: base64::DecodeError,
+    },
+    #[error("cannot read {what} {}: {source}", .path.display())]
+    Unreadable {
+        what: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    NotPem {
+        what: &'static str,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+}
+
 /// Builds a client for `config` (server URL, CA bundle, TLS server name, and for
 /// [`Identity::Config`] its credentials).
 pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, LifecycleError> {
     use kube::client::ConfigExt;
     let server = config.cluster_url.to_string();
-    let fail = |reason: String| LifecycleError::Client {
+    let fail = |problem: ClientProblem| LifecycleError::Client {
         server: server.clone(),
-        reason,
+        problem,
     };
     let roots = roots(config).map_err(&fail)?;
     let versions: &[&rustls::SupportedProtocolVersion] = match &identity {
@@ -56,14 +94,14 @@ pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, 
     };
     let builder = rustls::ClientConfig::builder_with_provider(crate::pki::tls::provider())
         .with_protocol_versions(versions)
-        .map_err(|e| fail(e.to_string()))?
+        .map_err(|e| fail(ClientProblem::Tls(e)))?
         .with_root_certificates(roots);
     let tls = match identity {
         Identity::Hardware { resolver, .. } => builder.with_client_cert_resolver(resolver),
         Identity::Config => match software_identity(config).map_err(&fail)? {
             Some((chain, key)) => builder
                 .with_client_auth_cert(chain, key)
-                .map_err(|e| fail(e.to_string()))?,
+                .map_err(|e| fail(ClientProblem::Tls(e)))?,
             None => builder.with_no_client_auth(),
         },
     };
@@ -71,7 +109,7 @@ pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, 
     let https = match &config.tls_server_name {
         Some(name) => {
             let name = ServerName::try_from(name.clone())
-                .map_err(|_| fail(format!("tls-server-name '{name}' is not a DNS name or IP")))?;
+                .map_err(|_| fail(ClientProblem::ServerName(name.clone())))?;
             https
                 .https_only()
                 .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
@@ -81,7 +119,9 @@ pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, 
     .enable_http1()
     .wrap_connector(http_connector());
     let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
-    let auth = config.auth_layer().map_err(|e| fail(e.to_string()))?;
+    let auth = config
+        .auth_layer()
+        .map_err(|e| fail(ClientProblem::Auth(e)))?;
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(auth)
@@ -94,14 +134,14 @@ pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, 
 }
 
 /// The config's CA bundle, else the system roots.
-fn roots(config: &kube::Config) -> Result<RootCertStore, String> {
+fn roots(config: &kube::Config) -> Result<RootCertStore, ClientProblem> {
     let mut roots = RootCertStore::empty();
     match &config.root_cert {
         Some(certs) => {
             for der in certs {
                 roots
                     .add(CertificateDer::from(der.clone()))
-                    .map_err(|e| format!("the CA bundle holds an unusable certificate: {e}"))?;
+                    .map_err(ClientProblem::UnusableCa)?;
             }
         }
         None => {
@@ -111,7 +151,7 @@ fn roots(config: &kube::Config) -> Result<RootCertStore, String> {
         }
     }
     if roots.is_empty() {
-        return Err("no CA certificate to verify the API server with: pass --ca FILE".into());
+        return Err(ClientProblem::NoCa);
     }
     Ok(roots)
 }
@@ -122,9 +162,9 @@ pub fn config_for(
     ca: Option<&std::path::Path>,
     tls_server_name: Option<String>,
 ) -> Result<kube::Config, LifecycleError> {
-    let invalid = |reason: &str| LifecycleError::InvalidServer {
+    let invalid = |problem| LifecycleError::InvalidServer {
         url: server.to_string(),
-        reason: reason.into(),
+        problem,
     };
     let uri: hyper::Uri = server.parse().map_err(|_| invalid("not a URL"))?;
     if uri.scheme_str() != Some("https") {
@@ -149,7 +189,7 @@ fn software_identity(
         Vec<rustls::pki_types::CertificateDer<'static>>,
         rustls::pki_types::PrivateKeyDer<'static>,
     )>,
-    String,
+    ClientProblem,
 > {
     use base64::Engine as _;
     use rustls::pki_types::pem::PemObject;
@@ -157,18 +197,22 @@ fn software_identity(
     let auth = &config.auth_info;
     let read = |data: Option<String>,
                 path: Option<&String>,
-                what: &str|
-     -> Result<Option<Vec<u8>>, String> {
+                what: &'static str|
+     -> Result<Option<Vec<u8>>, ClientProblem> {
         if let Some(d) = data {
             return base64::engine::general_purpose::STANDARD
                 .decode(d.trim())
                 .map(Some)
-                .map_err(|e| format!("{what}-data is not base64: {e}"));
+                .map_err(|source| ClientProblem::NotBase64 { what, source });
         }
         match path {
             Some(p) => std::fs::read(p)
                 .map(Some)
-                .map_err(|e| format!("cannot read {what} {p}: {e}")),
+                .map_err(|source| ClientProblem::Unreadable {
+                    what,
+                    path: p.into(),
+                    source,
+                }),
             None => Ok(None),
         }
     };
@@ -189,8 +233,15 @@ fn software_identity(
     };
     let chain = rustls::pki_types::CertificateDer::pem_slice_iter(&cert)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("client-certificate is not PEM: {e}"))?;
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&key)
-        .map_err(|e| format!("client-key is not a PEM private key: {e}"))?;
+        .map_err(|source| ClientProblem::NotPem {
+            what: "client-certificate is not PEM",
+            source,
+        })?;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&key).map_err(|source| {
+        ClientProblem::NotPem {
+            what: "client-key is not a PEM private key",
+            source,
+        }
+    })?;
     Ok(Some((chain, key)))
 }

@@ -72,10 +72,8 @@ pub async fn create(
         status: None,
     };
     match api.create(&PostParams::default(), &object).await {
-        Ok(created) => created.metadata.name.ok_or_else(|| LifecycleError::Create {
+        Ok(created) => created.metadata.name.ok_or_else(|| LifecycleError::Unnamed {
             server: server.to_string(),
-            reason: "the created object has no name".into(),
-            hint: "",
         }),
         Err(e) => {
             let hint = match &e {
@@ -89,7 +87,7 @@ pub async fn create(
             };
             Err(LifecycleError::Create {
                 server: server.to_string(),
-                reason: e.to_string(),
+                source: e,
                 hint,
             })
         }
@@ -104,9 +102,9 @@ pub async fn wait(
 ) -> Result<Outcome, LifecycleError> {
     let api: Api<CertificateSigningRequest> = Api::all(client.clone());
     let deadline = Instant::now() + wait;
-    let watch_err = |e: kube::Error| LifecycleError::Watch {
+    let watch_err = |source: kube::Error| LifecycleError::Watch {
         name: name.to_string(),
-        reason: e.to_string(),
+        source,
     };
     loop {
         // Read the current state, then watch for changes from its resourceVersion.
@@ -140,9 +138,8 @@ pub async fn wait(
                         }
                     }
                     WatchEvent::Deleted(_) => {
-                        return Err(LifecycleError::Watch {
+                        return Err(LifecycleError::Deleted {
                             name: name.to_string(),
-                            reason: "it was deleted before it was issued".into(),
                         })
                     }
                     // 410 Gone and friends: read the state again and watch anew.

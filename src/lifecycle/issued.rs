@@ -31,39 +31,57 @@ pub struct Issued {
     pub not_after: String,
 }
 
+/// Why an issued certificate is not installed, for [`LifecycleError::BadIssued`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum IssuedProblem {
+    #[error("not PEM: {0}")]
+    NotPem(#[source] pem::PemError),
+    #[error("it holds no certificate")]
+    Empty,
+    #[error("it does not hold the public key of {0}")]
+    OtherKey(String),
+    #[error("{0}")]
+    NotForImport(#[source] crate::pki::PkiError),
+    #[error("unreadable: {0}")]
+    Unreadable(#[source] x509_parser::error::X509Error),
+    #[error("it is valid only from {from} to {to}")]
+    NotValidNow { from: String, to: String },
+}
+
 /// Parses the PEM chain of CertificateSigningRequest `name` and checks it against `key`.
 pub fn check(name: &str, pem_chain: &[u8], key: &Key) -> Result<Issued, LifecycleError> {
-    let bad = |reason: String| LifecycleError::BadIssued {
+    let bad = |problem| LifecycleError::BadIssued {
         name: name.to_string(),
-        reason,
+        problem,
     };
     let chain: Vec<CertificateDer<'static>> = pem::parse_many(pem_chain)
-        .map_err(|e| bad(format!("not PEM: {e}")))?
+        .map_err(|e| bad(IssuedProblem::NotPem(e)))?
         .into_iter()
         .filter(|b| b.tag() == "CERTIFICATE")
         .map(|b| CertificateDer::from(b.into_contents()))
         .collect();
     let leaf = chain
         .first()
-        .ok_or_else(|| bad("it holds no certificate".into()))?;
+        .ok_or_else(|| bad(IssuedProblem::Empty))?;
     if !cert::matches_key(leaf, key)? {
-        return Err(bad(format!(
-            "it does not hold the public key of {}",
-            key.describe()
-        )));
+        return Err(bad(IssuedProblem::OtherKey(key.describe())));
     }
     // What `cert import` checks: a client certificate the API server will take (valid now,
     // digitalSignature, clientAuth, not a CA). A signer that returns a serverAuth-only or CA
     // certificate must not get it installed (issue 22, finding 5).
-    cert::check_for_import(&chain, &[]).map_err(|e| bad(e.to_string()))?;
-    let (_, parsed) =
-        x509_parser::parse_x509_certificate(leaf).map_err(|e| bad(format!("unreadable: {e}")))?;
+    cert::check_for_import(&chain, &[]).map_err(|e| bad(IssuedProblem::NotForImport(e)))?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(leaf)
+        .map_err(|e| bad(IssuedProblem::Unreadable(e.into())))?;
     let validity = parsed.validity();
     if !validity.is_valid() {
-        return Err(bad(format!(
-            "it is valid only from {} to {}",
-            validity.not_before, validity.not_after
-        )));
+        return Err(bad(IssuedProblem::NotValidNow {
+            from: validity.not_before.to_string(),
+            to: validity.not_after.to_string(),
+        }));
     }
     Ok(Issued {
         subject: crate::pki::cert::printable(&parsed.subject().to_string()),

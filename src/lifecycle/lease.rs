@@ -94,11 +94,11 @@ impl Elector {
         }
     }
 
-    fn error(&self, reason: String) -> LifecycleError {
+    fn error(&self, source: kube::Error) -> LifecycleError {
         LifecycleError::Lease {
             namespace: self.config.namespace.clone(),
             name: self.config.name.clone(),
-            reason,
+            source,
         }
     }
 
@@ -110,7 +110,7 @@ impl Elector {
             .api
             .get_opt(&self.config.name)
             .await
-            .map_err(|e| self.error(e.to_string()))?;
+            .map_err(|e| self.error(e))?;
         let Some(mut lease) = current else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -130,7 +130,7 @@ impl Elector {
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(true),
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-                Err(e) => Err(self.error(e.to_string())),
+                Err(e) => Err(self.error(e)),
             };
         };
         let version = lease.metadata.resource_version.clone().unwrap_or_default();
@@ -165,7 +165,7 @@ impl Elector {
         {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-            Err(e) => Err(self.error(e.to_string())),
+            Err(e) => Err(self.error(e)),
         }
     }
 
@@ -176,7 +176,7 @@ impl Elector {
             .api
             .get_opt(&self.config.name)
             .await
-            .map_err(|e| self.error(e.to_string()))?
+            .map_err(|e| self.error(e))?
         else {
             return Ok(());
         };
@@ -190,7 +190,7 @@ impl Elector {
         self.api
             .replace(&self.config.name, &PostParams::default(), &lease)
             .await
-            .map_err(|e| self.error(e.to_string()))?;
+            .map_err(|e| self.error(e))?;
         Ok(())
     }
 }
@@ -269,7 +269,11 @@ pub async fn hold(
             .max(Duration::from_millis(1));
         let attempt = match tokio::time::timeout(bound, elector.try_acquire_or_renew()).await {
             Ok(result) => result,
-            Err(_) => Err(elector.error(format!("no answer from the API server within {bound:?}"))),
+            Err(_) => Err(LifecycleError::LeaseTimeout {
+                namespace: elector.config.namespace.clone(),
+                name: elector.config.name.clone(),
+                bound,
+            }),
         };
         let now_leading = match attempt {
             Ok(true) => {

@@ -54,11 +54,15 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(15 * 60);
     reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
 )]
 pub enum LifecycleError {
-    #[error("invalid API server URL '{url}': {reason} (example: https://10.0.0.1:6443)")]
-    InvalidServer { url: String, reason: String },
+    #[error("invalid API server URL '{url}': {problem} (example: https://10.0.0.1:6443)")]
+    InvalidServer { url: String, problem: &'static str },
 
-    #[error("cannot set up the connection to {server}: {reason}")]
-    Client { server: String, reason: String },
+    #[error("cannot set up the connection to {server}: {problem}")]
+    Client {
+        server: String,
+        #[source]
+        problem: client::ClientProblem,
+    },
 
     #[error("cannot read kubeconfig {path}: {problem}")]
     Kubeconfig {
@@ -68,13 +72,17 @@ pub enum LifecycleError {
     },
 
     #[error(
-        "the API server {server} refused to create the CertificateSigningRequest: {reason}{hint}"
+        "the API server {server} refused to create the CertificateSigningRequest: {source}{hint}"
     )]
     Create {
         server: String,
-        reason: String,
+        #[source]
+        source: kube::Error,
         hint: &'static str,
     },
+
+    #[error("the API server {server} created the CertificateSigningRequest but answered without its name")]
+    Unnamed { server: String },
 
     #[error("CertificateSigningRequest {name} was denied ({reason}): {message}; the current certificate was left as it was")]
     Denied {
@@ -93,20 +101,37 @@ pub enum LifecycleError {
     #[error("CertificateSigningRequest {name} was not issued within {waited:?}: an administrator approves it with `kubectl certificate approve {name}` (or pass a longer --wait); the current certificate was left as it was")]
     Timeout { name: String, waited: Duration },
 
-    #[error("watching CertificateSigningRequest {name} failed: {reason}; the current certificate was left as it was")]
-    Watch { name: String, reason: String },
+    #[error("watching CertificateSigningRequest {name} failed: {source}; the current certificate was left as it was")]
+    Watch {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
 
-    #[error("the certificate issued for CertificateSigningRequest {name} is not usable: {reason}; the current certificate was left as it was")]
-    BadIssued { name: String, reason: String },
+    #[error("watching CertificateSigningRequest {name} failed: it was deleted before it was issued; the current certificate was left as it was")]
+    Deleted { name: String },
+
+    #[error("the certificate issued for CertificateSigningRequest {name} is not usable: {problem}; the current certificate was left as it was")]
+    BadIssued {
+        name: String,
+        #[source]
+        problem: issued::IssuedProblem,
+    },
 
     #[error("the signer issued a certificate that expires no later than the one in use (NotAfter {issued}, in use until {current}): it caps certificate lifetimes (kube-controller-manager caps them at its CA's expiry); the current certificate stays, and renewal retries with backoff")]
     NotLonger { issued: String, current: String },
 
-    #[error("the API server refused the renewed certificate in a handshake ({reason}); the previous certificate was put back")]
-    RefusedUpstream { reason: String },
+    #[error("the API server refused the renewed certificate in a handshake ({source}); the previous certificate was put back")]
+    RefusedUpstream {
+        #[source]
+        source: crate::key::Cause,
+    },
 
-    #[error("cannot copy the subject of the current certificate ({reason}): pass --subject")]
-    Subject { reason: String },
+    #[error("cannot copy the subject of the current certificate ({problem}): pass --subject")]
+    Subject {
+        #[source]
+        problem: renew::SubjectProblem,
+    },
 
     #[error("cannot install the certificate at {path}: {source}; the current certificate was left as it was")]
     Install {
@@ -118,17 +143,41 @@ pub enum LifecycleError {
     #[error("{0}")]
     Kubelet(String),
 
-    #[error("cannot record the decision on CertificateSigningRequest {name}: {reason} (the approver's account needs `update` on certificatesigningrequests/approval and `approve` on the signer: see deploy/approver.yaml)")]
-    Approve { name: String, reason: String },
+    #[error("{task} panicked: {source}")]
+    Panicked {
+        task: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
 
-    #[error("cannot list or watch CertificateSigningRequests: {reason} (the approver's account needs get, list and watch on certificatesigningrequests)")]
-    List { reason: String },
+    #[error("cannot write the kubelet kubeconfig: {0}")]
+    KubeletKubeconfig(#[source] crate::kubeconfig::KubeconfigError),
 
-    #[error("cannot read the registered nodes from {origin}: {reason}")]
-    Trust { origin: String, reason: String },
+    #[error("cannot record the decision on CertificateSigningRequest {name}: {source} (the approver's account needs `update` on certificatesigningrequests/approval and `approve` on the signer: see deploy/approver.yaml)")]
+    Approve {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
 
-    #[error("{reason}")]
-    Policy { reason: String },
+    #[error("cannot {verb} CertificateSigningRequests: {source} (the approver's account needs get, list and watch on certificatesigningrequests)")]
+    List {
+        verb: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[cfg(feature = "tpm")]
+    #[error("cannot read the registered nodes from {origin}: {problem}")]
+    Trust {
+        origin: String,
+        #[source]
+        problem: approver::trust::TrustProblem,
+    },
+
+    #[cfg(feature = "tpm")]
+    #[error(transparent)]
+    Policy(#[from] approver::policy::NoPolicy),
 
     #[error("not writing a decision: this replica's Lease was last renewed {elapsed:?} ago, past the renew deadline ({deadline:?}); another replica may lead now")]
     LeaseExpired {
@@ -136,11 +185,19 @@ pub enum LifecycleError {
         deadline: std::time::Duration,
     },
 
-    #[error("leader election on Lease {namespace}/{name} failed: {reason} (the approver's account needs get, create and update on leases in {namespace})")]
+    #[error("leader election on Lease {namespace}/{name} failed: {source} (the approver's account needs get, create and update on leases in {namespace})")]
     Lease {
         namespace: String,
         name: String,
-        reason: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("leader election on Lease {namespace}/{name} failed: no answer from the API server within {bound:?}")]
+    LeaseTimeout {
+        namespace: String,
+        name: String,
+        bound: Duration,
     },
 
     #[error("cannot start the runtime: {0}")]

@@ -215,6 +215,28 @@ pub(crate) fn request_and_install(
     })
 }
 
+/// Why the subject of the certificate in use cannot be copied into a request, for
+/// [`LifecycleError::Subject`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum SubjectProblem {
+    #[error("the proxy holds no certificate")]
+    NoCertificate,
+    #[error("unreadable certificate: {0}")]
+    Unreadable(#[source] x509_parser::error::X509Error),
+    #[error("attribute {0} has no short name hwkey knows")]
+    UnknownAttribute(String),
+    #[error("{0} is not a string")]
+    NotAString(&'static str),
+    #[error("{0} holds a backslash")]
+    Backslash(&'static str),
+    #[error("it is empty")]
+    Empty,
+}
+
 /// The subject of a certificate as `CN=…,O=…` text that [`Name::parse`] reads back.
 pub(crate) fn subject_text(cert_der: &[u8]) -> Result<String, LifecycleError> {
     const SHORT: &[(&str, &str)] = &[
@@ -228,9 +250,9 @@ pub(crate) fn subject_text(cert_der: &[u8]) -> Result<String, LifecycleError> {
         ("0.9.2342.19200300.100.1.25", "DC"),
         ("1.2.840.113549.1.9.1", "EMAILADDRESS"),
     ];
-    let bad = |reason: String| LifecycleError::Subject { reason };
+    let bad = |problem| LifecycleError::Subject { problem };
     let (_, parsed) = x509_parser::parse_x509_certificate(cert_der)
-        .map_err(|e| bad(format!("unreadable certificate: {e}")))?;
+        .map_err(|e| bad(SubjectProblem::Unreadable(e.into())))?;
     let mut parts = Vec::new();
     for attr in parsed.subject().iter_attributes() {
         let oid = attr.attr_type().to_id_string();
@@ -238,17 +260,17 @@ pub(crate) fn subject_text(cert_der: &[u8]) -> Result<String, LifecycleError> {
             .iter()
             .find(|(o, _)| *o == oid)
             .map(|(_, s)| *s)
-            .ok_or_else(|| bad(format!("attribute {oid} has no short name hwkey knows")))?;
+            .ok_or_else(|| bad(SubjectProblem::UnknownAttribute(oid)))?;
         let value = attr
             .as_str()
-            .map_err(|_| bad(format!("{short} is not a string")))?;
+            .map_err(|_| bad(SubjectProblem::NotAString(short)))?;
         if value.contains('\\') {
-            return Err(bad(format!("{short} holds a backslash")));
+            return Err(bad(SubjectProblem::Backslash(short)));
         }
         parts.push(format!("{short}={}", value.replace(',', "\\,")));
     }
     if parts.is_empty() {
-        return Err(bad("it is empty".into()));
+        return Err(bad(SubjectProblem::Empty));
     }
     Ok(parts.join(","))
 }

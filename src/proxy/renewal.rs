@@ -29,7 +29,7 @@ use super::listener::stopped;
 use super::Shared;
 use crate::key::{Key, KeyUri};
 use crate::lifecycle::issued::{self, Issued, Target};
-use crate::lifecycle::renew::{prepare, subject_text, submit, Ask};
+use crate::lifecycle::renew::{prepare, subject_text, submit, Ask, SubjectProblem};
 use crate::lifecycle::{client, LifecycleError, DEFAULT_WAIT};
 
 /// First retry delay after a failed renewal; doubles up to [`MAX_BACKOFF`].
@@ -177,7 +177,10 @@ async fn renew_once(
         let algorithm = current.algorithm();
         let created = tokio::task::spawn_blocking(move || Key::create(&uri, algorithm))
             .await
-            .map_err(|e| LifecycleError::Kubelet(format!("creating the key panicked: {e}")))??;
+            .map_err(|source| LifecycleError::Panicked {
+            task: "creating the key",
+            source,
+        })??;
         tracing::info!(key = %created.describe(), "created the next hardware key (--rotate-key)");
         Arc::new(created)
     } else {
@@ -203,8 +206,8 @@ async fn request_certificate(
     let previous_chain = shared.upstream.resolver().chain();
     let leaf = previous_chain
         .first()
-        .ok_or_else(|| LifecycleError::Subject {
-            reason: "the proxy holds no certificate".into(),
+        .ok_or(LifecycleError::Subject {
+            problem: SubjectProblem::NoCertificate,
         })?;
     let subject = subject_text(leaf)?;
     let current_not_after = validity(leaf).map(|(_, to)| to);
@@ -223,7 +226,10 @@ async fn request_certificate(
         )
     })
     .await
-    .map_err(|e| LifecycleError::Kubelet(format!("the CSR signature panicked: {e}")))??;
+    .map_err(|source| LifecycleError::Panicked {
+            task: "the CSR signature",
+            source,
+        })??;
     let config = client::config_for(
         &settings.server,
         settings.upstream_ca.as_deref(),
@@ -276,27 +282,34 @@ async fn request_and_install(
     let install_target = target.clone();
     tokio::task::spawn_blocking(move || issued::install(&install_target, &to_install))
         .await
-        .map_err(|e| LifecycleError::Kubelet(format!("the install panicked: {e}")))??;
+        .map_err(|source| LifecycleError::Panicked {
+            task: "the install",
+            source,
+        })??;
     shared.metrics.reload(true);
     if Arc::ptr_eq(key, current) {
         // Use it now, without waiting for the file watch; then prove the API server takes it.
         shared.install_chain(issued.chain.clone())?;
-        if let Err(reason) = upstream_accepts(shared).await {
+        if let Err(refused) = upstream_accepts(shared).await {
             roll_back(shared, &target, &previous_chain, None).await?;
-            return Err(LifecycleError::RefusedUpstream { reason });
+            return Err(LifecycleError::RefusedUpstream {
+                source: Box::new(refused),
+            });
         }
         return Ok(issued);
     }
     // Key rotation: switch, prove the new key and certificate upstream, remember the new key
     // for restarts, and delete the previous key only if this rotation series made it.
     shared.install_key(key.clone(), issued.chain.clone())?;
-    if let Err(reason) = upstream_accepts(shared).await {
+    if let Err(refused) = upstream_accepts(shared).await {
         let old_target = match &settings.cert {
             Some(p) => Target::File(p.clone()),
             None => Target::KeyStore(current.uri().clone()),
         };
         roll_back(shared, &old_target, &previous_chain, Some(current)).await?;
-        return Err(LifecycleError::RefusedUpstream { reason });
+        return Err(LifecycleError::RefusedUpstream {
+            source: Box::new(refused),
+        });
     }
     let pointer = settings.state_dir.join(CURRENT_KEY_FILE);
     crate::atomic_file::write_atomic(
@@ -340,32 +353,46 @@ async fn retire_previous_key(previous: &KeyUri, configured: &KeyUri, new: &KeyUr
 /// was emptied at install) and one request: any HTTP answer means the API server took the
 /// client certificate (TLS 1.3 reports a refused one only after the client's Finished, so the
 /// handshake alone proves nothing).
-async fn upstream_accepts(shared: &Shared) -> Result<(), String> {
+async fn upstream_accepts(shared: &Shared) -> Result<(), Refused> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let attempt = async {
-        let mut conn = shared
-            .upstream
-            .connect(Some(b"http/1.1"))
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut conn = shared.upstream.connect(Some(b"http/1.1")).await?;
         conn.stream
             .write_all(b"GET /version HTTP/1.1\r\nHost: kubernetes\r\nConnection: close\r\n\r\n")
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(Refused::Send)?;
         let mut head = [0u8; 12];
         conn.stream
             .read_exact(&mut head)
             .await
-            .map_err(|e| format!("no answer to a request: {e}"))?;
+            .map_err(Refused::NoAnswer)?;
         if head.starts_with(b"HTTP/1.") {
             Ok(())
         } else {
-            Err("the answer is not HTTP".to_string())
+            Err(Refused::NotHttp)
         }
     };
-    tokio::time::timeout(Duration::from_secs(15), attempt)
+    tokio::time::timeout(UPSTREAM_CHECK_TIMEOUT, attempt)
         .await
-        .map_err(|_| "no answer within 15s".to_string())?
+        .map_err(|_| Refused::Timeout)?
+}
+
+/// How long [`upstream_accepts`] waits for its answer.
+const UPSTREAM_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How the API server refused a renewed certificate (see [`upstream_accepts`]).
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    #[error(transparent)]
+    Connect(#[from] super::ProxyError),
+    #[error("{0}")]
+    Send(#[source] std::io::Error),
+    #[error("no answer to a request: {0}")]
+    NoAnswer(#[source] std::io::Error),
+    #[error("the answer is not HTTP")]
+    NotHttp,
+    #[error("no answer within {UPSTREAM_CHECK_TIMEOUT:?}")]
+    Timeout,
 }
 
 /// Puts the previous certificate (and, after a key rotation, the previous key) back in use and
@@ -384,7 +411,10 @@ async fn roll_back(
     let chain = chain.to_vec();
     tokio::task::spawn_blocking(move || issued::install_chain(&target, &chain))
         .await
-        .map_err(|e| LifecycleError::Kubelet(format!("the roll-back panicked: {e}")))??;
+        .map_err(|source| LifecycleError::Panicked {
+            task: "the roll-back",
+            source,
+        })??;
     tracing::error!(
         "the API server refused the renewed certificate: the previous one is back in use"
     );

@@ -291,9 +291,9 @@ pub async fn record(
     {
         Ok(_) => Ok(Recorded::Yes),
         Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(Recorded::Conflict),
-        Err(e) => Err(LifecycleError::Approve {
+        Err(source) => Err(LifecycleError::Approve {
             name: decision.name.clone(),
-            reason: e.to_string(),
+            source,
         }),
     }
 }

@@ -132,9 +132,7 @@ pub struct Approver {
 /// Checks that every signer has a policy: the approver refuses to start otherwise.
 pub fn check_signers(signer_names: &[String]) -> Result<(), LifecycleError> {
     for signer in signer_names {
-        SignerPolicy::for_signer(signer).map_err(|e| LifecycleError::Policy {
-            reason: e.to_string(),
-        })?;
+        SignerPolicy::for_signer(signer)?;
     }
     Ok(())
 }
@@ -244,8 +242,9 @@ impl Approver {
             .api
             .list(&self.list_params())
             .await
-            .map_err(|e| LifecycleError::List {
-                reason: e.to_string(),
+            .map_err(|source| LifecycleError::List {
+                verb: "list",
+                source,
             })?;
         let mut round = Round {
             decisions: Vec::new(),
@@ -286,8 +285,9 @@ impl Approver {
     /// backoff and read again when due.
     async fn list_and_watch(&mut self, requeue: &mut Requeue) -> Result<(), LifecycleError> {
         let version = self.decide_pending().await?.version;
-        let watch_err = |e: kube::Error| LifecycleError::List {
-            reason: format!("watch: {e}"),
+        let watch_err = |source: kube::Error| LifecycleError::List {
+            verb: "watch",
+            source,
         };
         let params = WatchParams {
             field_selector: self.list_params().field_selector,

@@ -24,6 +24,27 @@ use super::metrics::ApproverMetrics;
 use crate::lifecycle::LifecycleError;
 use crate::pki::registration::{self, RegisteredAk, TrustRead};
 
+/// Why the registered nodes could not be read, for [`LifecycleError::Trust`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum TrustProblem {
+    #[error("the reading task failed: {0}")]
+    Panicked(#[source] tokio::task::JoinError),
+    #[error("it does not exist: create it with `kubectl -n {namespace} create configmap {name} --from-file=TRUST_DIR`")]
+    Missing { namespace: String, name: String },
+    #[error("{0}")]
+    Api(#[source] kube::Error),
+    #[error("watch: {0}")]
+    Watch(#[source] kube::Error),
+    #[error("{0}")]
+    Unusable(#[source] crate::pki::registration::RegistrationError),
+    #[error("the trust lock is poisoned")]
+    Poisoned,
+}
+
 /// Where the registered nodes are kept: each entry is named after a node and holds what
 /// `hwkey attest enroll` printed for it (or what `hwkey attest register` wrote).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,16 +147,19 @@ impl Trust {
                 let dir = dir.clone();
                 tokio::task::spawn_blocking(move || registration::read_trust_dir(&dir))
                     .await
-                    .map_err(|e| self.error(format!("the reading task failed: {e}")))??
+                    .map_err(|e| self.error(TrustProblem::Panicked(e)))??
             }
             TrustSource::ConfigMap { namespace, name } => {
                 let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
                 match api.get_opt(name).await {
                     Ok(Some(map)) => from_config_map(&map),
-                    Ok(None) => return Err(self.error(format!(
-                        "it does not exist: create it with `kubectl -n {namespace} create configmap {name} --from-file=TRUST_DIR`"
-                    ))),
-                    Err(e) => return Err(self.error(e.to_string())),
+                    Ok(None) => {
+                        return Err(self.error(TrustProblem::Missing {
+                            namespace: namespace.clone(),
+                            name: name.clone(),
+                        }))
+                    }
+                    Err(e) => return Err(self.error(TrustProblem::Api(e))),
                 }
             }
         };
@@ -160,10 +184,10 @@ impl Trust {
         Ok(true)
     }
 
-    fn error(&self, reason: String) -> LifecycleError {
+    fn error(&self, problem: TrustProblem) -> LifecycleError {
         LifecycleError::Trust {
             origin: self.source.to_string(),
-            reason,
+            problem,
         }
     }
 
@@ -197,13 +221,15 @@ impl Trust {
         self.metrics
             .trust_duplicate_aks
             .set(i64::try_from(duplicates.len()).unwrap_or(i64::MAX));
-        let read = read.usable().map_err(|e| self.error(e.to_string()))?;
+        let read = read
+            .usable()
+            .map_err(|e| self.error(TrustProblem::Unusable(e)))?;
         let problems: Vec<String> = invalid.into_iter().chain(duplicates).collect();
         let changed = {
             let mut state = self
                 .state
                 .write()
-                .map_err(|_| self.error("the trust lock is poisoned".into()))?;
+                .map_err(|_| self.error(TrustProblem::Poisoned))?;
             state.nodes = Arc::new(read.nodes);
             state.loaded_at = Some(Instant::now());
             self.metrics
@@ -290,7 +316,7 @@ impl Trust {
             let d = dir.clone();
             let now = tokio::task::spawn_blocking(move || fingerprint(&d))
                 .await
-                .map_err(|e| self.error(format!("the reading task failed: {e}")))?;
+                .map_err(|e| self.error(TrustProblem::Panicked(e)))?;
             if last.is_some() && last != Some(now.clone()) {
                 self.reload().await?;
             }
@@ -309,18 +335,18 @@ impl Trust {
         let version = api
             .get_metadata_opt(name)
             .await
-            .map_err(|e| self.error(e.to_string()))?
+            .map_err(|e| self.error(TrustProblem::Api(e)))?
             .and_then(|m| m.metadata.resource_version)
             .unwrap_or_else(|| "0".into());
         let stream = api
             .watch(&params, &version)
             .await
-            .map_err(|e| self.error(format!("watch: {e}")))?;
+            .map_err(|e| self.error(TrustProblem::Watch(e)))?;
         futures::pin_mut!(stream);
         while let Some(event) = stream
             .try_next()
             .await
-            .map_err(|e| self.error(format!("watch: {e}")))?
+            .map_err(|e| self.error(TrustProblem::Watch(e)))?
         {
             match event {
                 WatchEvent::Added(map) | WatchEvent::Modified(map) => {
