@@ -14,6 +14,7 @@ pub mod cli;
 pub mod control_api;
 pub mod duration;
 pub mod endpoint;
+pub mod error_chain;
 pub mod exec;
 pub mod http_serve;
 pub mod key;

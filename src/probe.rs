@@ -20,8 +20,8 @@ use crate::pki::PkiError;
     reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
 )]
 pub enum ProbeError {
-    #[error("invalid URL '{url}': {reason} (example: https://127.0.0.1:6443/version)")]
-    InvalidUrl { url: String, reason: String },
+    #[error("invalid URL '{url}': {problem} (example: https://127.0.0.1:6443/version)")]
+    InvalidUrl { url: String, problem: &'static str },
 
     #[error("cannot connect to {addr}: {source}")]
     Connect {
@@ -30,14 +30,26 @@ pub enum ProbeError {
         source: std::io::Error,
     },
 
-    #[error("TLS handshake with {addr} failed: {reason}")]
-    Handshake { addr: String, reason: String },
+    #[error("TLS handshake with {addr} failed: {source}")]
+    Handshake {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
 
-    #[error("HTTP request to {url} failed: {reason}{hint}")]
+    #[error("HTTP request to {url} failed: {}{hint}", crate::error_chain::error_chain(.source))]
     Http {
         url: String,
-        reason: String,
+        #[source]
+        source: hyper::Error,
         hint: &'static str,
+    },
+
+    #[error("invalid request for {url}: {source}")]
+    Request {
+        url: String,
+        #[source]
+        source: hyper::http::Error,
     },
 
     #[error("{url} answered HTTP {status}: {body}")]
@@ -141,9 +153,9 @@ struct Target {
 
 impl Target {
     fn parse(url: &str) -> Result<Target, ProbeError> {
-        let invalid = |reason: &str| ProbeError::InvalidUrl {
+        let invalid = |problem| ProbeError::InvalidUrl {
             url: url.to_string(),
-            reason: reason.into(),
+            problem,
         };
         let uri: hyper::Uri = url.parse().map_err(|_| invalid("not a URL"))?;
         if uri.scheme_str() != Some("https") {
@@ -178,7 +190,7 @@ impl Target {
         let name = server_name.unwrap_or(&self.host_bare).to_string();
         let name = ServerName::try_from(name).map_err(|_| ProbeError::InvalidUrl {
             url: self.url.clone(),
-            reason: "the TLS server name is not a valid DNS name or IP address".into(),
+            problem: "the TLS server name is not a valid DNS name or IP address",
         })?;
         let tcp = TcpStream::connect((self.host_bare.as_str(), self.port))
             .await
@@ -189,9 +201,9 @@ impl Target {
         tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(name, tcp)
             .await
-            .map_err(|e| ProbeError::Handshake {
+            .map_err(|source| ProbeError::Handshake {
                 addr: self.addr(),
-                reason: e.to_string(),
+                source,
             })
     }
 
@@ -200,14 +212,14 @@ impl Target {
         &self,
         tls: tokio_rustls::client::TlsStream<TcpStream>,
     ) -> Result<(u16, Bytes), ProbeError> {
-        let http_err = |e: hyper::Error| ProbeError::Http {
+        let http_err = |source: hyper::Error| ProbeError::Http {
             url: self.url.clone(),
-            reason: error_chain(&e),
-            hint: if error_chain(&e).contains("certificate") {
+            hint: if crate::error_chain::error_chain(&source).contains("certificate") {
                 " (the server rejected the client certificate: check it is issued by a CA the server trusts)"
             } else {
                 ""
             },
+            source,
         };
         let (mut sender, connection) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
@@ -228,9 +240,9 @@ impl Target {
                 concat!("hwkey/", env!("CARGO_PKG_VERSION")),
             )
             .body(Empty::<Bytes>::new())
-            .map_err(|e| ProbeError::InvalidUrl {
+            .map_err(|source| ProbeError::Request {
                 url: self.url.clone(),
-                reason: e.to_string(),
+                source,
             })?;
         let response = sender.send_request(request).await.map_err(http_err)?;
         let status = response.status().as_u16();
@@ -278,15 +290,4 @@ impl SessionFacts {
                 .unwrap_or_default(),
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
 }

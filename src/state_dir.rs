@@ -7,7 +7,140 @@
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// A proxy's state directory, and every file in it named in one place: the proxy, the exec
+/// plugin that starts it, `doctor` and the lifecycle all find the same control socket, lock,
+/// log and key pointer through this type, never through a literal of their own.
+///
+/// It dereferences to its [`Path`], so code that only needs the directory uses it as one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateDir(PathBuf);
+
+impl StateDir {
+    /// The state directory at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> StateDir {
+        StateDir(path.into())
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// The proxy's control socket (`hwkey credential` asks it for loopback credentials).
+    pub fn control_socket(&self) -> PathBuf {
+        self.0.join("control.sock")
+    }
+
+    /// The lock `hwkey credential` holds while it starts a proxy, so two kubectl calls at once
+    /// start one.
+    pub fn start_lock(&self) -> PathBuf {
+        self.0.join("start.lock")
+    }
+
+    /// The pid of a proxy the exec plugin started (operators and tests find it there).
+    pub fn proxy_pid(&self) -> PathBuf {
+        self.0.join("proxy.pid")
+    }
+
+    /// The log of a proxy the exec plugin started.
+    pub fn proxy_log(&self) -> PathBuf {
+        self.0.join("proxy.log")
+    }
+
+    /// The key a rotation switched to, so a restarted proxy signs with it.
+    pub fn current_key(&self) -> PathBuf {
+        self.0.join(CURRENT_KEY_FILE)
+    }
+
+    /// The API server's CA, when a bootstrap kubeconfig carried it inline.
+    pub fn apiserver_ca(&self) -> PathBuf {
+        self.0.join("apiserver-ca.pem")
+    }
+
+    /// The proxy's default: `$XDG_STATE_HOME/hwkey`, `$HOME/.local/state/hwkey`, or
+    /// [`SYSTEM_STATE_DIR`] when there is no home (system services).
+    pub fn proxy_default() -> StateDir {
+        if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+            return StateDir(Path::new(&d).join("hwkey"));
+        }
+        match home() {
+            Some(h) => StateDir(h.join(".local/state/hwkey")),
+            None => StateDir(PathBuf::from(SYSTEM_STATE_DIR)),
+        }
+    }
+
+    /// The exec plugin's default for a proxy on `listen` (`tcp:127.0.0.1:PORT`):
+    /// `$XDG_RUNTIME_DIR/hwkey/127.0.0.1-PORT`, else `~/.kube/cache/hwkey/127.0.0.1-PORT`.
+    pub fn plugin_default(listen: &str) -> StateDir {
+        let leaf = listen
+            .trim_start_matches("tcp:")
+            .replace(['[', ']'], "")
+            .replace(':', "-");
+        let base = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+            Some(d) => PathBuf::from(d).join("hwkey"),
+            None => kube_cache(),
+        };
+        StateDir(base.join(leaf))
+    }
+
+    /// `hwkey kubeconfig`'s default for context `name`: `~/.kube/cache/hwkey/NAME` for kubectl,
+    /// `/var/lib/hwkey/NAME` for a system service (kubelet).
+    pub fn kubeconfig_default(name: &str, system: bool) -> StateDir {
+        if system {
+            StateDir(Path::new(SYSTEM_STATE_DIR).join(name))
+        } else {
+            StateDir(kube_cache().join(name))
+        }
+    }
+}
+
+impl std::ops::Deref for StateDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for StateDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for StateDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl From<PathBuf> for StateDir {
+    fn from(path: PathBuf) -> StateDir {
+        StateDir(path)
+    }
+}
+
+/// The system-wide state of hwkey (system services, kubelet's proxy).
+pub const SYSTEM_STATE_DIR: &str = "/var/lib/hwkey";
+
+/// The file naming the key a rotation switched to (see [`StateDir::current_key`]).
+pub const CURRENT_KEY_FILE: &str = "current-key";
+
+fn home() -> Option<PathBuf> {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+}
+
+fn kube_cache() -> PathBuf {
+    home()
+        .unwrap_or_else(|| PathBuf::from("/"))
+        .join(".kube")
+        .join("cache")
+        .join("hwkey")
+}
 
 /// The effective uid of this process.
 pub fn own_uid() -> u32 {

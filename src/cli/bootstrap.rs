@@ -63,9 +63,9 @@ pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
         create_key,
         cert: args.cert,
         out: args.out,
-        state_dir: args
-            .state_dir
-            .unwrap_or_else(|| PathBuf::from("/var/lib/hwkey/kubelet")),
+        state_dir: args.state_dir.unwrap_or_else(|| {
+            std::path::Path::new(crate::state_dir::SYSTEM_STATE_DIR).join("kubelet")
+        }),
         port: args.port,
         exec_api_version: args.exec_api_version,
         wait: crate::duration::parse_duration(&args.wait)?,

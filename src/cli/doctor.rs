@@ -313,7 +313,7 @@ fn check_running_proxy(r: &mut Report, ext: &HwkeyExtension) {
         r.warn("proxy", "the extension names no stateDir");
         return;
     };
-    let sock = dir.join(crate::exec::settings::CONTROL_SOCKET);
+    let sock = crate::state_dir::StateDir::new(dir.clone()).control_socket();
     match control_client::info(&sock) {
         Ok(info) => r.ok(
             "proxy",

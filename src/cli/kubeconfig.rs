@@ -81,13 +81,12 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
             .and_then(|k| std::env::split_paths(&k).next())
             .unwrap_or_else(|| home.join(".kube").join("config")),
     };
-    let state_dir = args.state_dir.unwrap_or_else(|| match args.consumer {
-        Consumer::Kubectl => home
-            .join(".kube")
-            .join("cache")
-            .join("hwkey")
-            .join(&args.name),
-        Consumer::Kubelet => PathBuf::from("/var/lib/hwkey").join(&args.name),
+    let state_dir = args.state_dir.unwrap_or_else(|| {
+        crate::state_dir::StateDir::kubeconfig_default(
+            &args.name,
+            args.consumer == Consumer::Kubelet,
+        )
+        .to_path_buf()
     });
     let command = crate::exec::plugin_command().context("cannot find the hwkey binary's path")?;
     let request = Request {

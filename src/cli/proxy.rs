@@ -15,6 +15,7 @@ use crate::key::KeyUri;
 use crate::proxy::{
     self, config::parse_duration, FileConfig, ListenAddr, ProxyConfig, UpstreamTarget,
 };
+use crate::state_dir::StateDir;
 
 #[derive(Debug, Args)]
 #[command(
@@ -154,10 +155,10 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
         tls_server_name: args.tls_server_name.or(file.tls_server_name),
         listen,
         admin,
-        state_dir: args
-            .state_dir
-            .or(file.state_dir)
-            .unwrap_or_else(proxy::default_state_dir),
+        state_dir: match args.state_dir.or(file.state_dir) {
+            Some(dir) => StateDir::new(dir),
+            None => StateDir::proxy_default(),
+        },
         lock_file: args.lock_file.or(file.lock_file),
         idle_exit: args.idle_exit.or(file.idle_exit),
         handshake_timeout: positive(

@@ -51,7 +51,7 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
             }
         }
     }
-    let lock_path = settings.state_dir.join("start.lock");
+    let lock_path = settings.state_dir.start_lock();
     let lock = OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -91,7 +91,7 @@ fn same_proxy(settings: &Settings, info: &ProxyInfo) -> Result<(), ExecError> {
     }
     // The pid from the proxy's own answer: proxy.pid may be another proxy's, long gone.
     Err(ExecError::ProxyMismatch {
-        state_dir: settings.state_dir.clone(),
+        state_dir: settings.state_dir.to_path_buf(),
         running: format!("upstream {running_upstream}, key {running_key}"),
         wanted: format!("upstream {wanted_upstream}, key {wanted_key}"),
         pid: info.pid.to_string(),
@@ -103,7 +103,7 @@ fn start(
     pin: Option<Zeroizing<String>>,
     _lock: &File,
 ) -> Result<(), ExecError> {
-    let log_path = settings.state_dir.join("proxy.log");
+    let log_path = settings.state_dir.proxy_log();
     let fail = |reason: String| ExecError::ProxyStart {
         server: settings.server.clone(),
         reason,
@@ -187,7 +187,7 @@ fn start(
     drop(pin);
     // Operators (and tests) find the detached proxy by this file.
     let _ = crate::atomic_file::write_atomic(
-        &settings.state_dir.join("proxy.pid"),
+        &settings.state_dir.proxy_pid(),
         format!("{}\n", child.id()).as_bytes(),
         0o600,
     );

@@ -4,7 +4,7 @@
 //!
 //! The extension's fields are [`HwkeyExtension`]'s, the type `hwkey kubeconfig` writes.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use zeroize::Zeroizing;
@@ -14,12 +14,10 @@ use super::ExecError;
 use crate::endpoint::UpstreamTarget;
 use crate::key::KeyUri;
 use crate::kubeconfig::HwkeyExtension;
+use crate::state_dir::StateDir;
 
 /// How long a proxy the plugin started lives without clients when nothing says otherwise.
 pub const DEFAULT_IDLE_EXIT: Duration = Duration::from_secs(30 * 60);
-
-/// The name of the control socket the proxy creates in its state directory.
-pub const CONTROL_SOCKET: &str = "control.sock";
 
 /// Settings given on the plugin's command line (each optional).
 #[derive(Debug, Clone, Default)]
@@ -58,7 +56,7 @@ pub struct Settings {
     /// The name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
     /// The proxy's state directory (control socket, loopback CA, logs).
-    pub state_dir: PathBuf,
+    pub state_dir: StateDir,
     /// `tcp:127.0.0.1:PORT`: where the proxy must listen (the kubeconfig's `server`).
     pub listen: String,
     /// The kubeconfig's server URL (for messages).
@@ -117,11 +115,10 @@ impl Settings {
             upstream,
             upstream_ca: args.upstream_ca.clone().or(ext.upstream_ca),
             tls_server_name: args.tls_server_name.clone().or(ext.tls_server_name),
-            state_dir: args
-                .state_dir
-                .clone()
-                .or(ext.state_dir)
-                .unwrap_or_else(|| default_state_dir(&listen)),
+            state_dir: match args.state_dir.clone().or(ext.state_dir) {
+                Some(dir) => StateDir::new(dir),
+                None => StateDir::plugin_default(&listen),
+            },
             listen,
             server,
             idle_exit,
@@ -131,7 +128,7 @@ impl Settings {
 
     /// The proxy's control socket.
     pub fn control_socket(&self) -> PathBuf {
-        self.state_dir.join(CONTROL_SOCKET)
+        self.state_dir.control_socket()
     }
 }
 
@@ -161,29 +158,6 @@ pub fn listen_from_server(server: &str) -> Result<String, ExecError> {
         std::net::IpAddr::V4(v4) => format!("tcp:{v4}:{port}"),
         std::net::IpAddr::V6(v6) => format!("tcp:[{v6}]:{port}"),
     })
-}
-
-/// Per-user state: `$XDG_RUNTIME_DIR/hwkey/PORT`, else `~/.kube/cache/hwkey/PORT`.
-pub fn default_state_dir(listen: &str) -> PathBuf {
-    let leaf = listen
-        .trim_start_matches("tcp:")
-        .replace(['[', ']'], "")
-        .replace(':', "-");
-    base_state_dir().join(leaf)
-}
-
-/// `$XDG_RUNTIME_DIR/hwkey` if set, else `~/.kube/cache/hwkey`.
-pub fn base_state_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("hwkey");
-    }
-    home().join(".kube").join("cache").join("hwkey")
-}
-
-fn home() -> PathBuf {
-    std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new("/").to_path_buf())
 }
 
 /// The PIN to hand the proxy when the key URI has no source for it: prompted on the terminal

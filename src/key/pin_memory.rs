@@ -37,13 +37,8 @@ pub fn memory_dir() -> PathBuf {
     if crate::state_dir::own_uid() == 0 {
         return PathBuf::from(SYSTEM_DIR);
     }
-    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return Path::new(&d).join("hwkey").join("rejected-pins");
-    }
-    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        return Path::new(&h).join(".local/state/hwkey/rejected-pins");
-    }
-    PathBuf::from("/var/lib/hwkey/rejected-pins")
+    // Beside the proxy's default state (which falls back to the system directory too).
+    crate::state_dir::StateDir::proxy_default().join("rejected-pins")
 }
 
 /// One (token, PIN source) pair's record.

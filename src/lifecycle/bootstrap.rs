@@ -219,7 +219,7 @@ fn read_bootstrap_kubeconfig(
                     source,
                 }
             })?;
-            let p = options.state_dir.join("apiserver-ca.pem");
+            let p = crate::state_dir::StateDir::new(options.state_dir.clone()).apiserver_ca();
             crate::atomic_file::write_atomic(&p, &pem, 0o644).map_err(|source| {
                 LifecycleError::Install {
                     path: p.clone(),

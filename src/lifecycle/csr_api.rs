@@ -72,9 +72,12 @@ pub async fn create(
         status: None,
     };
     match api.create(&PostParams::default(), &object).await {
-        Ok(created) => created.metadata.name.ok_or_else(|| LifecycleError::Unnamed {
-            server: server.to_string(),
-        }),
+        Ok(created) => created
+            .metadata
+            .name
+            .ok_or_else(|| LifecycleError::Unnamed {
+                server: server.to_string(),
+            }),
         Err(e) => {
             let hint = match &e {
                 kube::Error::Api(s) if s.code == 401 => {

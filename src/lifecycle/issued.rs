@@ -64,9 +64,7 @@ pub fn check(name: &str, pem_chain: &[u8], key: &Key) -> Result<Issued, Lifecycl
         .filter(|b| b.tag() == "CERTIFICATE")
         .map(|b| CertificateDer::from(b.into_contents()))
         .collect();
-    let leaf = chain
-        .first()
-        .ok_or_else(|| bad(IssuedProblem::Empty))?;
+    let leaf = chain.first().ok_or_else(|| bad(IssuedProblem::Empty))?;
     if !cert::matches_key(leaf, key)? {
         return Err(bad(IssuedProblem::OtherKey(key.describe())));
     }

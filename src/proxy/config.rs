@@ -157,6 +157,25 @@ pub struct FileConfig {
     pub require_non_extractable: Option<bool>,
 }
 
+/// Why a `--config` file does not parse, for [`ProxyError::BadConfig`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum ConfigProblem {
+    #[error("{0}")]
+    Toml(#[source] toml::de::Error),
+    #[error("{0}")]
+    Yaml(#[source] serde_yaml_ng::Error),
+    #[error("neither TOML ({toml}) nor YAML ({yaml}); name the file .toml or .yaml for a precise message")]
+    Neither {
+        toml: toml::de::Error,
+        #[source]
+        yaml: serde_yaml_ng::Error,
+    },
+}
+
 impl FileConfig {
     /// Reads a TOML (`.toml`) or YAML (`.yaml`, `.yml`) file; other names are tried as TOML,
     /// then YAML.
@@ -166,9 +185,9 @@ impl FileConfig {
                 path: path.to_path_buf(),
                 source,
             })?;
-        let bad = |reason: String| ProxyError::BadConfig {
+        let bad = |problem| ProxyError::BadConfig {
             path: path.to_path_buf(),
-            reason,
+            problem: Box::new(problem),
         };
         let ext = path
             .extension()
@@ -176,14 +195,13 @@ impl FileConfig {
             .unwrap_or("")
             .to_ascii_lowercase();
         match ext.as_str() {
-            "toml" => toml::from_str(&text).map_err(|e| bad(e.to_string())),
-            "yaml" | "yml" => serde_yaml_ng::from_str(&text).map_err(|e| bad(e.to_string())),
-            _ => toml::from_str(&text).or_else(|toml_err| {
-                serde_yaml_ng::from_str(&text).map_err(|yaml_err| {
-                    bad(format!(
-                        "neither TOML ({toml_err}) nor YAML ({yaml_err}); name the file .toml or .yaml for a precise message"
-                    ))
-                })
+            "toml" => toml::from_str(&text).map_err(|e| bad(ConfigProblem::Toml(e))),
+            "yaml" | "yml" => {
+                serde_yaml_ng::from_str(&text).map_err(|e| bad(ConfigProblem::Yaml(e)))
+            }
+            _ => toml::from_str(&text).or_else(|toml| {
+                serde_yaml_ng::from_str(&text)
+                    .map_err(|yaml| bad(ConfigProblem::Neither { toml, yaml }))
             }),
         }
     }

@@ -28,8 +28,6 @@ use super::Shared;
 use crate::control_api::{ControlError, LoopbackCredential, ProxyInfo, API_VERSION};
 use crate::pki::loopback_ca::rfc3339;
 
-/// The name of the control socket inside the state directory.
-pub const CONTROL_SOCKET: &str = "control.sock";
 /// Loopback credential lifetime when the client asks for none.
 pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(600);
 /// The longest loopback credential handed out.

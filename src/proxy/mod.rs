@@ -37,7 +37,7 @@ pub mod rotation;
 pub mod sessions;
 pub mod upstream;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,7 +77,7 @@ pub struct ProxyConfig {
     /// The /healthz and /metrics listener.
     pub admin: Option<ListenAddr>,
     /// Holds the loopback CA and the control socket.
-    pub state_dir: PathBuf,
+    pub state_dir: crate::state_dir::StateDir,
     /// Exit when the holder of an flock on this file goes away.
     pub lock_file: Option<PathBuf>,
     /// Exit after this long without clients.
@@ -172,14 +172,18 @@ pub enum ProxyError {
         source: std::io::Error,
     },
 
-    #[error("invalid config file {path}: {reason}")]
-    BadConfig { path: PathBuf, reason: String },
+    #[error("invalid config file {path}: {problem}")]
+    BadConfig {
+        path: PathBuf,
+        #[source]
+        problem: Box<config::ConfigProblem>,
+    },
 
     #[error("cannot set up the loopback TLS listener: {0}")]
     LocalTls(String),
 
-    #[error("cannot read the upstream CA bundle: {reason}")]
-    UpstreamCa { reason: String },
+    #[error("cannot read the upstream CA bundle: {0}")]
+    UpstreamCa(#[source] crate::pki::PkiError),
 
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -201,8 +205,19 @@ pub enum ProxyError {
         source: std::io::Error,
     },
 
-    #[error("TLS handshake with the upstream {addr} failed: {reason}")]
-    UpstreamHandshake { addr: String, reason: String },
+    #[error("TLS handshake with the upstream {addr} failed: {}", crate::error_chain::error_chain(.source))]
+    UpstreamHandshake {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("TLS handshake with the upstream {addr} failed: {source}")]
+    UpstreamTls {
+        addr: String,
+        #[source]
+        source: crate::pki::PkiError,
+    },
 
     #[error("the upstream {addr} did not agree to protocol '{asked}' (answered with {got})")]
     UpstreamAlpn {
@@ -342,11 +357,8 @@ pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
         HardwareSigningKey::new(key.clone()),
         chain,
     )?);
-    let roots = crate::pki::tls::root_store(config.upstream_ca.as_deref()).map_err(|e| {
-        ProxyError::UpstreamCa {
-            reason: e.to_string(),
-        }
-    })?;
+    let roots = crate::pki::tls::root_store(config.upstream_ca.as_deref())
+        .map_err(ProxyError::UpstreamCa)?;
     let ca = crate::pki::loopback_ca::LoopbackCa::load_or_create(&config.state_dir)?;
     let workers = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -440,7 +452,7 @@ async fn serve(
         listeners,
         stop_rx.clone(),
     )));
-    let control_path = config.state_dir.join(control::CONTROL_SOCKET);
+    let control_path = config.state_dir.control_socket();
     tasks.push(tokio::spawn(control::serve(
         shared.clone(),
         control,
@@ -541,7 +553,7 @@ fn bind_all(config: &ProxyConfig, sockets: &mut SocketFiles) -> Result<BoundSet,
         }
         listeners.push(b);
     }
-    let control_path = config.state_dir.join(control::CONTROL_SOCKET);
+    let control_path = config.state_dir.control_socket();
     let control = listener::bind_unix(&control_path)?;
     sockets.0.push(control_path);
     let admin = match &config.admin {
@@ -572,33 +584,6 @@ impl Drop for SocketFiles {
             }
         }
     }
-}
-
-/// The default state directory: `$XDG_STATE_HOME/hwkey`, `$HOME/.local/state/hwkey`, or
-/// `/var/lib/hwkey` when there is no home (system services).
-pub fn default_state_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return Path::new(&d).join("hwkey");
-    }
-    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        return Path::new(&h).join(".local/state/hwkey");
-    }
-    PathBuf::from("/var/lib/hwkey")
-}
-
-/// An error and its sources on one line.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        let t = inner.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        source = inner.source();
-    }
-    s
 }
 
 /// The proxy's own uid and the `--allow-uid` ones: never turned away by other uids' floods.

@@ -31,6 +31,7 @@ use crate::key::{Key, KeyUri};
 use crate::lifecycle::issued::{self, Issued, Target};
 use crate::lifecycle::renew::{prepare, subject_text, submit, Ask, SubjectProblem};
 use crate::lifecycle::{client, LifecycleError, DEFAULT_WAIT};
+use crate::state_dir::{StateDir, CURRENT_KEY_FILE};
 
 /// First retry delay after a failed renewal; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(2);
@@ -57,7 +58,7 @@ pub struct RenewSettings {
     /// `--attest`: the attestation key's handle; the request carries TPM2_Certify evidence.
     pub attest: Option<u32>,
     /// Where `current-key` is kept.
-    pub state_dir: PathBuf,
+    pub state_dir: crate::state_dir::StateDir,
 }
 
 /// The least time between two renewal requests for a certificate of `lifetime`: a minute,
@@ -178,9 +179,9 @@ async fn renew_once(
         let created = tokio::task::spawn_blocking(move || Key::create(&uri, algorithm))
             .await
             .map_err(|source| LifecycleError::Panicked {
-            task: "creating the key",
-            source,
-        })??;
+                task: "creating the key",
+                source,
+            })??;
         tracing::info!(key = %created.describe(), "created the next hardware key (--rotate-key)");
         Arc::new(created)
     } else {
@@ -204,11 +205,9 @@ async fn request_certificate(
     key: &Arc<Key>,
 ) -> Result<Issued, LifecycleError> {
     let previous_chain = shared.upstream.resolver().chain();
-    let leaf = previous_chain
-        .first()
-        .ok_or(LifecycleError::Subject {
-            problem: SubjectProblem::NoCertificate,
-        })?;
+    let leaf = previous_chain.first().ok_or(LifecycleError::Subject {
+        problem: SubjectProblem::NoCertificate,
+    })?;
     let subject = subject_text(leaf)?;
     let current_not_after = validity(leaf).map(|(_, to)| to);
     let signing_key = key.clone();
@@ -227,9 +226,9 @@ async fn request_certificate(
     })
     .await
     .map_err(|source| LifecycleError::Panicked {
-            task: "the CSR signature",
-            source,
-        })??;
+        task: "the CSR signature",
+        source,
+    })??;
     let config = client::config_for(
         &settings.server,
         settings.upstream_ca.as_deref(),
@@ -311,7 +310,7 @@ async fn request_and_install(
             source: Box::new(refused),
         });
     }
-    let pointer = settings.state_dir.join(CURRENT_KEY_FILE);
+    let pointer = settings.state_dir.current_key();
     crate::atomic_file::write_atomic(
         &pointer,
         format!("{}\n", key.uri().without_pin()).as_bytes(),
@@ -421,14 +420,10 @@ async fn roll_back(
     Ok(())
 }
 
-/// The file in the state directory naming the key in use after a rotation, so a restarted
-/// proxy signs with it (see [`current_key`]).
-pub const CURRENT_KEY_FILE: &str = "current-key";
-
 /// The key the proxy should use: the one a rotation left in `STATE/current-key`, with the
 /// configured PIN source, else `configured`.
-pub fn current_key(configured: &KeyUri, state_dir: &std::path::Path) -> KeyUri {
-    let Ok(text) = std::fs::read_to_string(state_dir.join(CURRENT_KEY_FILE)) else {
+pub fn current_key(configured: &KeyUri, state_dir: &StateDir) -> KeyUri {
+    let Ok(text) = std::fs::read_to_string(state_dir.current_key()) else {
         return configured.clone();
     };
     match text.trim().parse::<KeyUri>() {

@@ -168,9 +168,9 @@ impl Upstream {
                 }
                 s
             }
-            Err(e) => {
-                let reason = super::error_chain(&e);
-                if let (Some(p), true) = (alpn, reason.contains("NoApplicationProtocol")) {
+            Err(source) => {
+                let text = crate::error_chain::error_chain(&source);
+                if let (Some(p), true) = (alpn, text.contains("NoApplicationProtocol")) {
                     self.refuse_alpn(p);
                     self.metrics.upstream_error(UpstreamStage::Alpn);
                     return Err(ProxyError::UpstreamAlpn {
@@ -180,7 +180,7 @@ impl Upstream {
                     });
                 }
                 self.metrics.upstream_error(UpstreamStage::Handshake);
-                return Err(ProxyError::UpstreamHandshake { addr, reason });
+                return Err(ProxyError::UpstreamHandshake { addr, source });
             }
         };
         let took = started.elapsed();
@@ -250,9 +250,9 @@ impl Upstream {
             self.roots.clone(),
             self.resolver.clone(),
         )
-        .map_err(|e| ProxyError::UpstreamHandshake {
+        .map_err(|e| ProxyError::UpstreamTls {
             addr: self.target.authority(),
-            reason: e.to_string(),
+            source: e,
         })?;
         config.alpn_protocols = key.iter().cloned().collect();
         config.resumption = Resumption::store(generation.store.clone());

@@ -238,14 +238,14 @@ impl Approver {
     /// Lists the requests and decides every open one of ours (checks one after the other, up
     /// to [`IN_FLIGHT`] writes at once).
     pub async fn decide_pending(&mut self) -> Result<Round, LifecycleError> {
-        let list = self
-            .api
-            .list(&self.list_params())
-            .await
-            .map_err(|source| LifecycleError::List {
-                verb: "list",
-                source,
-            })?;
+        let list =
+            self.api
+                .list(&self.list_params())
+                .await
+                .map_err(|source| LifecycleError::List {
+                    verb: "list",
+                    source,
+                })?;
         let mut round = Round {
             decisions: Vec::new(),
             failures: Vec::new(),
