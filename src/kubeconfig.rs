@@ -135,6 +135,23 @@ mod duration_text {
     }
 }
 
+/// Why an existing kubeconfig cannot be merged into, for [`KubeconfigError::Read`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum ReadProblem {
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
+    #[error("{0}")]
+    Yaml(#[source] serde_yaml_ng::Error),
+    #[error("it is not a YAML mapping")]
+    NotAMapping,
+    #[error("'{0}' is not a list")]
+    NotAList(&'static str),
+}
+
 /// Errors of kubeconfig generation.
 #[derive(Debug, thiserror::Error)]
 #[allow(
@@ -142,8 +159,12 @@ mod duration_text {
     reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
 )]
 pub enum KubeconfigError {
-    #[error("cannot read kubeconfig {path}: {reason}; fix or move it, hwkey does not overwrite a file it cannot parse")]
-    Read { path: PathBuf, reason: String },
+    #[error("cannot read kubeconfig {path}: {problem}; fix or move it, hwkey does not overwrite a file it cannot parse")]
+    Read {
+        path: PathBuf,
+        #[source]
+        problem: ReadProblem,
+    },
 
     #[error("cannot encode the kubeconfig: {0}")]
     Encode(#[source] serde_yaml_ng::Error),
@@ -162,12 +183,11 @@ pub enum KubeconfigError {
         hint: &'static str,
     },
 
-    #[error("invalid {what} '{given}': {reason}")]
-    Invalid {
-        what: &'static str,
-        given: String,
-        reason: String,
-    },
+    #[error("invalid --key '{given}': it carries a pin-value, which would put the PIN into the kubeconfig; use pin-source=file:/path or pin-source=env:VAR (or no PIN source: kubectl then asks for the PIN)")]
+    PinInKey { given: String },
+
+    #[error("invalid loopback port 'auto': cannot find a free one: {0}")]
+    NoFreePort(#[source] std::io::Error),
 
     #[error("cannot prepare the proxy's loopback CA: {0}")]
     LoopbackCa(String),
@@ -269,10 +289,8 @@ impl Request {
 pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
     if let KeyUri::Pkcs11(u) = &request.key {
         if matches!(u.pin, Some(crate::key::pin::PinSource::Value(_))) {
-            return Err(KubeconfigError::Invalid {
-                what: "--key",
+            return Err(KubeconfigError::PinInKey {
                 given: request.key.to_string(),
-                reason: "it carries a pin-value, which would put the PIN into the kubeconfig; use pin-source=file:/path or pin-source=env:VAR (or no PIN source: kubectl then asks for the PIN)".into(),
             });
         }
     }
@@ -284,7 +302,7 @@ pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
             if !(v.is_sequence() || v.is_null()) {
                 return Err(KubeconfigError::Read {
                     path: out.to_path_buf(),
-                    reason: format!("'{list}' is not a list"),
+                    problem: ReadProblem::NotAList(list),
                 });
             }
         }
@@ -338,12 +356,12 @@ fn read_existing(path: &Path) -> Result<Value, KubeconfigError> {
         Ok(text) => {
             let v: Value = serde_yaml_ng::from_str(&text).map_err(|e| KubeconfigError::Read {
                 path: path.to_path_buf(),
-                reason: e.to_string(),
+                problem: ReadProblem::Yaml(e),
             })?;
             if !v.is_mapping() {
                 return Err(KubeconfigError::Read {
                     path: path.to_path_buf(),
-                    reason: "it is not a YAML mapping".into(),
+                    problem: ReadProblem::NotAMapping,
                 });
             }
             Ok(v)
@@ -351,7 +369,7 @@ fn read_existing(path: &Path) -> Result<Value, KubeconfigError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(empty_config()),
         Err(e) => Err(KubeconfigError::Read {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            problem: ReadProblem::Io(e),
         }),
     }
 }
@@ -368,11 +386,7 @@ fn free_port() -> Result<u16, KubeconfigError> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| KubeconfigError::Invalid {
-            what: "loopback port",
-            given: "auto".into(),
-            reason: format!("cannot find a free one: {e}"),
-        })
+        .map_err(KubeconfigError::NoFreePort)
 }
 
 /// The port this cluster name already uses, so regenerating keeps the proxy's address.

@@ -353,7 +353,7 @@ fn verify(csr: &std::path::Path, trust: &std::path::Path) -> anyhow::Result<()> 
             "warning: {}: entry '{}' is skipped: {}",
             trust.display(),
             invalid.entry.escape_debug(),
-            invalid.reason
+            invalid.problem
         );
     }
     let read = read

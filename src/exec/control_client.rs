@@ -25,46 +25,73 @@ pub fn credential(sock: &Path) -> Result<LoopbackCredential, ExecError> {
     get(sock, "/v1/credential")
 }
 
+/// What went wrong on the control socket, for [`ExecError::Control`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum ControlProblem {
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
+    #[error("the answer is not UTF-8")]
+    NotUtf8,
+    #[error("the answer is not HTTP")]
+    NotHttp,
+    #[error("the answer has no status")]
+    NoStatus,
+    #[error("HTTP {status}: {said}")]
+    Refused { status: u16, said: String },
+    #[error("the answer to {path} is not what this hwkey expects ({source}): is the running proxy from another hwkey version? Stop it and let kubectl start it again")]
+    Unexpected {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// GETs `path` on the control socket and decodes the JSON body of a 200 answer as `T`.
 fn get<T: DeserializeOwned>(sock: &Path, path: &str) -> Result<T, ExecError> {
-    let err = |reason: String| ExecError::Control {
+    let err = |problem| ExecError::Control {
         path: sock.to_path_buf(),
-        reason,
+        problem,
     };
     // Only a socket of our own: another user's socket would hand out that user's credentials.
-    crate::state_dir::check_file(sock).map_err(|e| err(e.to_string()))?;
-    let mut stream = UnixStream::connect(sock).map_err(|e| err(e.to_string()))?;
+    crate::state_dir::check_file(sock).map_err(|e| err(ControlProblem::Io(e)))?;
+    let mut stream = UnixStream::connect(sock).map_err(|e| err(ControlProblem::Io(e)))?;
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(ControlProblem::Io(e)))?;
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: hwkey\r\nConnection: close\r\n\r\n"
     )
-    .map_err(|e| err(e.to_string()))?;
+    .map_err(|e| err(ControlProblem::Io(e)))?;
     // The answer may hold a private key: keep it in a wiped buffer.
     let mut raw = Zeroizing::new(Vec::new());
     stream
         .read_to_end(&mut raw)
-        .map_err(|e| err(e.to_string()))?;
-    let text = std::str::from_utf8(&raw).map_err(|_| err("the answer is not UTF-8".into()))?;
+        .map_err(|e| err(ControlProblem::Io(e)))?;
+    let text = std::str::from_utf8(&raw).map_err(|_| err(ControlProblem::NotUtf8))?;
     let (head, body) = text
         .split_once("\r\n\r\n")
-        .ok_or_else(|| err("the answer is not HTTP".into()))?;
+        .ok_or_else(|| err(ControlProblem::NotHttp))?;
     let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse::<u16>().ok())
-        .ok_or_else(|| err("the answer has no status".into()))?;
+        .ok_or_else(|| err(ControlProblem::NoStatus))?;
     if status != 200 {
-        let reason = serde_json::from_str::<ControlError>(body.trim())
+        // The proxy's own words: the text is all there is.
+        let said = serde_json::from_str::<ControlError>(body.trim())
             .map(|e| e.error)
             .unwrap_or_else(|_| "no reason given".into());
-        return Err(err(format!("HTTP {status}: {reason}")));
+        return Err(err(ControlProblem::Refused { status, said }));
     }
-    serde_json::from_str(body.trim()).map_err(|e| {
-        err(format!(
-            "the answer to {path} is not what this hwkey expects ({e}): is the running proxy from another hwkey version? Stop it and let kubectl start it again"
-        ))
+    serde_json::from_str(body.trim()).map_err(|source| {
+        err(ControlProblem::Unexpected {
+            path: path.to_string(),
+            source,
+        })
     })
 }

@@ -8,6 +8,21 @@ use serde::{Deserialize, Serialize};
 
 use super::ExecError;
 
+/// What is wrong with `KUBERNETES_EXEC_INFO`, for [`ExecError::MalformedExecInfo`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum ExecInfoProblem {
+    #[error("{0}")]
+    Json(#[source] serde_json::Error),
+    #[error("kind is '{0}', expected 'ExecCredential'")]
+    Kind(String),
+    #[error("apiVersion is missing")]
+    NoApiVersion,
+}
+
 /// The exec credential API versions hwkey speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiVersion {
@@ -89,18 +104,18 @@ impl ExecInfo {
     pub fn parse(json: &str) -> Result<ExecInfo, ExecError> {
         let raw: RawInfo =
             serde_json::from_str(json).map_err(|e| ExecError::MalformedExecInfo {
-                reason: e.to_string(),
+                problem: ExecInfoProblem::Json(e),
             })?;
         if let Some(kind) = &raw.kind {
             if kind != "ExecCredential" {
                 return Err(ExecError::MalformedExecInfo {
-                    reason: format!("kind is '{kind}', expected 'ExecCredential'"),
+                    problem: ExecInfoProblem::Kind(kind.clone()),
                 });
             }
         }
         let api_version = ApiVersion::parse(raw.api_version.as_deref().ok_or_else(|| {
             ExecError::MalformedExecInfo {
-                reason: "apiVersion is missing".into(),
+                problem: ExecInfoProblem::NoApiVersion,
             }
         })?)?;
         Ok(ExecInfo {

@@ -10,7 +10,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,7 @@ use super::{control_client, ExecError};
 use crate::control_api::ProxyInfo;
 use crate::key::pin::PinSource;
 use crate::key::KeyUri;
+use crate::kubeconfig::PLUGIN_BINARY;
 
 /// How long a starting proxy may take to answer on its control socket (opening a key may need a
 /// TPM or a slow token).
@@ -32,22 +33,22 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
     if let Ok(info) = control_client::info(&sock) {
         return same_proxy(settings, &info);
     }
-    let start_err = |reason: String| ExecError::ProxyStart {
+    let start_err = |problem| ExecError::ProxyStart {
         server: settings.server.clone(),
-        reason,
+        problem,
         log: String::new(),
     };
-    crate::state_dir::ensure_private(&settings.state_dir).map_err(|e| {
-        start_err(format!(
-            "cannot use the state directory {}: {e}",
-            settings.state_dir.display()
-        ))
+    crate::state_dir::ensure_private(&settings.state_dir).map_err(|source| {
+        start_err(StartProblem::StateDir {
+            path: settings.state_dir.to_path_buf(),
+            source,
+        })
     })?;
     // A control socket that is not ours is neither used nor removed.
     if std::fs::symlink_metadata(&sock).is_ok() {
         if let Err(e) = crate::state_dir::check_file(&sock) {
             if e.kind() == std::io::ErrorKind::PermissionDenied {
-                return Err(start_err(format!("refusing the control socket: {e}")));
+                return Err(start_err(StartProblem::ForeignSocket(e)));
             }
         }
     }
@@ -58,9 +59,18 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
         .write(true)
         .mode(0o600)
         .open(&lock_path)
-        .map_err(|e| start_err(format!("cannot open {}: {e}", lock_path.display())))?;
-    lock.lock()
-        .map_err(|e| start_err(format!("cannot lock {}: {e}", lock_path.display())))?;
+        .map_err(|source| {
+            start_err(StartProblem::Open {
+                path: lock_path.clone(),
+                source,
+            })
+        })?;
+    lock.lock().map_err(|source| {
+        start_err(StartProblem::Lock {
+            path: lock_path.clone(),
+            source,
+        })
+    })?;
     // Someone else may have started it while we waited for the lock.
     if let Ok(info) = control_client::info(&sock) {
         return same_proxy(settings, &info);
@@ -68,11 +78,8 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
     // A socket file nobody answers on is left by a proxy that was killed: remove it (under the
     // lock, so never a live one another plugin just created).
     if std::fs::symlink_metadata(&sock).is_ok() {
-        if let Err(e) = fs::remove_file(&sock) {
-            return Err(start_err(format!(
-                "a stale control socket {} is in the way and cannot be removed: {e}",
-                sock.display()
-            )));
+        if let Err(source) = fs::remove_file(&sock) {
+            return Err(start_err(StartProblem::Stale { path: sock, source }));
         }
     }
     start(settings, pin, &lock)
@@ -104,10 +111,16 @@ fn start(
     _lock: &File,
 ) -> Result<(), ExecError> {
     let log_path = settings.state_dir.proxy_log();
-    let fail = |reason: String| ExecError::ProxyStart {
+    let fail = |problem| ExecError::ProxyStart {
         server: settings.server.clone(),
-        reason,
+        problem,
         log: last_log_line(&log_path),
+    };
+    let open_err = |source| {
+        fail(StartProblem::Open {
+            path: log_path.clone(),
+            source,
+        })
     };
     let exe = super::proxy_binary().map_err(fail)?;
     let mut log = OpenOptions::new()
@@ -115,30 +128,71 @@ fn start(
         .append(true)
         .mode(0o600)
         .open(&log_path)
-        .map_err(|e| fail(format!("cannot open {}: {e}", log_path.display())))?;
+        .map_err(open_err)?;
     let _ = writeln!(
         log,
         "--- hwkey credential starting the proxy for {}",
         settings.server
     );
+    let pin = pin_for_stdin(settings, pin);
+    let stderr = log.try_clone().map_err(open_err)?;
+    let mut cmd = proxy_command(exe, settings, pin.is_some());
+    cmd.stdin(if pin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::null())
+    .stderr(Stdio::from(stderr))
+    // Its own process group: kubectl's Ctrl-C must not take the shared proxy down.
+    .process_group(0);
+    let mut child = cmd.spawn().map_err(|e| fail(StartProblem::Spawn(e)))?;
+    if let (Some(p), Some(mut stdin)) = (&pin, child.stdin.take()) {
+        let mut line = Zeroizing::new(p.as_bytes().to_vec());
+        line.push(b'\n');
+        // The pipe closes when `stdin` drops: the proxy reads one line, then end of file.
+        if let Err(e) = stdin.write_all(&line) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(fail(StartProblem::Pin(e)));
+        }
+    }
+    drop(pin);
+    // Operators (and tests) find the detached proxy by this file.
+    let _ = crate::atomic_file::write_atomic(
+        &settings.state_dir.proxy_pid(),
+        format!("{}\n", child.id()).as_bytes(),
+        0o600,
+    );
+    wait_until_ready(settings, &mut child).map_err(|e| match e {
+        Waited::PinRefused => ExecError::ProxyPinRefused {
+            server: settings.server.clone(),
+            log: last_log_line(&log_path),
+        },
+        Waited::Failed(problem) => fail(problem),
+    })
+}
 
-    // A PIN that is not in a file or the environment (prompted, or a pin-value, which the URI's
-    // text never shows) reaches the proxy on its standard input: a pipe only it reads, never
-    // argv or the environment (both readable in /proc).
-    let pin = match (&settings.key, pin) {
+/// A PIN that is not in a file or the environment (prompted, or a pin-value, which the URI's
+/// text never shows) reaches the proxy on its standard input: a pipe only it reads, never argv
+/// or the environment (both readable in /proc).
+fn pin_for_stdin(settings: &Settings, pin: Option<Zeroizing<String>>) -> Option<Zeroizing<String>> {
+    match (&settings.key, pin) {
         (_, Some(p)) => Some(p),
         (KeyUri::Pkcs11(u), None) => match &u.pin {
             Some(PinSource::Value(v)) => Some(v.clone()),
             _ => None,
         },
         _ => None,
-    };
-    let key = settings.key.clone();
+    }
+}
 
+/// `hwkey proxy` with the settings of this kubeconfig.
+fn proxy_command(exe: PathBuf, settings: &Settings, pin_on_stdin: bool) -> Command {
     let mut cmd = Command::new(exe);
     cmd.arg("proxy")
         .arg("--key")
-        .arg(key.to_string())
+        .arg(settings.key.to_string())
         .arg("--upstream")
         .arg(settings.upstream.to_string())
         .arg("--listen")
@@ -156,42 +210,21 @@ fn start(
     if let Some(n) = &settings.tls_server_name {
         cmd.arg("--tls-server-name").arg(n);
     }
-    if pin.is_some() {
+    if pin_on_stdin {
         cmd.arg("--pin-stdin");
     }
-    let stderr = log
-        .try_clone()
-        .map_err(|e| fail(format!("cannot open {}: {e}", log_path.display())))?;
-    cmd.stdin(if pin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::null())
-    .stderr(Stdio::from(stderr))
-    // Its own process group: kubectl's Ctrl-C must not take the shared proxy down.
-    .process_group(0);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| fail(format!("cannot run hwkey proxy: {e}")))?;
-    if let (Some(p), Some(mut stdin)) = (&pin, child.stdin.take()) {
-        let mut line = Zeroizing::new(p.as_bytes().to_vec());
-        line.push(b'\n');
-        // The pipe closes when `stdin` drops: the proxy reads one line, then end of file.
-        if let Err(e) = stdin.write_all(&line) {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(fail(format!("cannot hand the PIN to the proxy: {e}")));
-        }
-    }
-    drop(pin);
-    // Operators (and tests) find the detached proxy by this file.
-    let _ = crate::atomic_file::write_atomic(
-        &settings.state_dir.proxy_pid(),
-        format!("{}\n", child.id()).as_bytes(),
-        0o600,
-    );
+    cmd
+}
 
+/// How waiting for a started proxy ended, when not with its control socket answering.
+enum Waited {
+    PinRefused,
+    Failed(StartProblem),
+}
+
+/// Waits until the started proxy answers on its control socket, exits, or [`START_TIMEOUT`]
+/// passes (then it is killed).
+fn wait_until_ready(settings: &Settings, child: &mut std::process::Child) -> Result<(), Waited> {
     let sock = settings.control_socket();
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
@@ -201,24 +234,64 @@ fn start(
         if let Ok(Some(status)) = child.try_wait() {
             if status.code() == Some(i32::from(crate::key::pin::EXIT_PIN_REFUSED)) {
                 // Typed, so the plugin exits with the PIN-refused code too (issue 22, 14).
-                return Err(ExecError::ProxyPinRefused {
-                    server: settings.server.clone(),
-                    log: last_log_line(&log_path),
-                });
+                return Err(Waited::PinRefused);
             }
-            return Err(fail(format!("it exited ({status})")));
+            return Err(Waited::Failed(StartProblem::Exited(status)));
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(fail(format!(
-                "it did not answer on {} within {}s",
-                sock.display(),
-                START_TIMEOUT.as_secs()
-            )));
+            return Err(Waited::Failed(StartProblem::Silent { sock }));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Why the exec plugin could not start a proxy, for [`ExecError::ProxyStart`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum StartProblem {
+    #[error("cannot use the state directory {}: {source}", .path.display())]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("refusing the control socket: {0}")]
+    ForeignSocket(#[source] std::io::Error),
+    #[error("cannot open {}: {source}", .path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot lock {}: {source}", .path.display())]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("a stale control socket {} is in the way and cannot be removed: {source}", .path.display())]
+    Stale {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot find the hwkey binary: {0}")]
+    NoExe(#[source] std::io::Error),
+    #[error("{PLUGIN_BINARY} starts the proxy with the hwkey binary next to it, and {} does not exist (install both: `cargo install --path .` does)", .0.display())]
+    NoHwkey(PathBuf),
+    #[error("cannot run hwkey proxy: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("cannot hand the PIN to the proxy: {0}")]
+    Pin(#[source] std::io::Error),
+    #[error("it exited ({0})")]
+    Exited(std::process::ExitStatus),
+    #[error("it did not answer on {} within {}s", .sock.display(), START_TIMEOUT.as_secs())]
+    Silent { sock: PathBuf },
 }
 
 /// The proxy's last complaint, for the one-line error kubectl shows.

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use base64::Engine;
 
 use self::credential::{ExecCredential, ExecCredentialStatus, ExecInfo, ProxyConfig};
+use self::launcher::StartProblem;
 use self::settings::Settings;
 use crate::key::KeyError;
 
@@ -31,8 +32,11 @@ use crate::key::KeyError;
     reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
 )]
 pub enum ExecError {
-    #[error("KUBERNETES_EXEC_INFO is not a valid ExecCredential: {reason} (hwkey credential is meant to be run by kubectl; see `hwkey kubeconfig`)")]
-    MalformedExecInfo { reason: String },
+    #[error("KUBERNETES_EXEC_INFO is not a valid ExecCredential: {problem} (hwkey credential is meant to be run by kubectl; see `hwkey kubeconfig`)")]
+    MalformedExecInfo {
+        #[source]
+        problem: credential::ExecInfoProblem,
+    },
 
     #[error("the cluster's client.authentication.k8s.io/exec extension is not hwkey's: {0} (regenerate the kubeconfig with `hwkey kubeconfig`)")]
     BadExtension(#[source] serde_json::Error),
@@ -52,28 +56,35 @@ pub enum ExecError {
         hint: &'static str,
     },
 
-    #[error("invalid {what} '{given}': {reason}")]
-    InvalidSetting {
-        what: &'static str,
+    #[error("invalid cluster server '{given}': {problem}")]
+    InvalidServer {
         given: String,
-        reason: String,
+        problem: &'static str,
     },
+
+    #[error("cannot read the PIN from the terminal: {0}")]
+    PinPrompt(#[source] std::io::Error),
 
     #[error("the key {key} needs a PIN and kubectl runs this plugin non-interactively: add pin-source=file:/path or pin-source=env:VAR to the key URI")]
     PinNeeded { key: String },
 
-    #[error("cannot start hwkey proxy for {server}: {reason}{log}")]
+    #[error("cannot start hwkey proxy for {server}: {problem}{log}")]
     ProxyStart {
         server: String,
-        reason: String,
+        #[source]
+        problem: launcher::StartProblem,
         log: String,
     },
 
     #[error("cannot start hwkey proxy for {server}: it exited because the token's PIN was refused; nothing retries it: the PIN is not presented again until its source changes{log}")]
     ProxyPinRefused { server: String, log: String },
 
-    #[error("the hwkey proxy's control socket {path} did not answer: {reason}")]
-    Control { path: PathBuf, reason: String },
+    #[error("the hwkey proxy's control socket {path} did not answer: {problem}")]
+    Control {
+        path: PathBuf,
+        #[source]
+        problem: control_client::ControlProblem,
+    },
 
     #[error("the hwkey proxy for state directory {state_dir} serves {running}, but this kubeconfig asks for {wanted}: stop that proxy (kill {pid}, the pid it reports) or give this context its own state directory (`hwkey kubeconfig --state-dir`)")]
     ProxyMismatch {
@@ -103,8 +114,8 @@ pub fn plugin_command() -> std::io::Result<PathBuf> {
 
 /// The binary that runs `hwkey proxy`: this one, or the `hwkey` installed next to
 /// `hwkey-credential`.
-pub fn proxy_binary() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the hwkey binary: {e}"))?;
+pub fn proxy_binary() -> Result<PathBuf, StartProblem> {
+    let exe = std::env::current_exe().map_err(StartProblem::NoExe)?;
     if !is_plugin_binary(&exe) {
         return Ok(exe);
     }
@@ -112,10 +123,7 @@ pub fn proxy_binary() -> Result<PathBuf, String> {
     if hwkey.is_file() {
         Ok(hwkey)
     } else {
-        Err(format!(
-            "{PLUGIN_BINARY} starts the proxy with the hwkey binary next to it, and {} does not exist (install both: `cargo install --path .` does)",
-            hwkey.display()
-        ))
+        Err(StartProblem::NoHwkey(hwkey))
     }
 }
 

@@ -135,10 +135,9 @@ impl Settings {
 /// `https://127.0.0.1:7443` → `tcp:127.0.0.1:7443`; anything not on loopback is refused, because
 /// then the kubeconfig does not point at an hwkey proxy.
 pub fn listen_from_server(server: &str) -> Result<String, ExecError> {
-    let bad = |reason: &str| ExecError::InvalidSetting {
-        what: "cluster server",
+    let bad = |problem| ExecError::InvalidServer {
         given: server.to_string(),
-        reason: reason.to_string(),
+        problem,
     };
     let uri: hyper::Uri = server.parse().map_err(|_| bad("not a URL"))?;
     if uri.scheme_str() != Some("https") {
@@ -184,10 +183,6 @@ pub fn pin_for(
         });
     }
     let prompt = format!("PIN for token '{}': ", uri.token_desc());
-    let pin = rpassword::prompt_password(prompt).map_err(|e| ExecError::InvalidSetting {
-        what: "PIN",
-        given: String::new(),
-        reason: format!("cannot read it from the terminal: {e}"),
-    })?;
+    let pin = rpassword::prompt_password(prompt).map_err(ExecError::PinPrompt)?;
     Ok(Some(Zeroizing::new(pin)))
 }

@@ -5,7 +5,7 @@
 //! `tpm2_verifysignature`). Making evidence needs the `tpm` backend; so does checking it (the
 //! structures are parsed with tss-esapi).
 
-use super::KeyError;
+use super::{KeyError, Malformation};
 
 /// TPM2_Certify output for one key, plus what a verifier needs to check it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,18 +47,18 @@ pub struct Enrollment {
 /// The TPM name of an object from its marshalled `TPMT_PUBLIC`: nameAlg (2 bytes, big-endian)
 /// followed by the nameAlg digest of the whole structure.
 pub fn name_of(tpmt_public: &[u8]) -> Result<Vec<u8>, KeyError> {
-    let malformed = |reason: &str| KeyError::Malformed {
+    let malformed = |problem| KeyError::Malformed {
         what: "a TPMT_PUBLIC".into(),
-        reason: reason.into(),
+        problem,
     };
     let alg = tpmt_public
         .get(2..4)
-        .ok_or_else(|| malformed("too short"))?;
+        .ok_or_else(|| malformed(Malformation::TooShort))?;
     let digest = match u16::from_be_bytes([alg[0], alg[1]]) {
         0x000B => ring::digest::digest(&ring::digest::SHA256, tpmt_public),
         0x000C => ring::digest::digest(&ring::digest::SHA384, tpmt_public),
         0x000D => ring::digest::digest(&ring::digest::SHA512, tpmt_public),
-        other => return Err(malformed(&format!("unsupported nameAlg {other:#06x}"))),
+        other => return Err(malformed(Malformation::NameAlg(other))),
     };
     let mut name = alg.to_vec();
     name.extend_from_slice(digest.as_ref());

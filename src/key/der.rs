@@ -4,7 +4,7 @@
 //! Hardware hands out raw pieces (an EC point, a modulus, r||s); TLS and X.509 want DER. These
 //! conversions are the only place that knows both shapes.
 
-use super::{KeyAlgorithm, KeyError};
+use super::{KeyAlgorithm, KeyError, Malformation};
 
 const OID_EC_PUBLIC_KEY: &[u64] = &[1, 2, 840, 10045, 2, 1];
 const OID_RSA_ENCRYPTION: &[u64] = &[1, 2, 840, 113549, 1, 1, 1];
@@ -19,7 +19,7 @@ pub fn ec_spki(alg: KeyAlgorithm, point: &[u8]) -> Result<Vec<u8>, KeyError> {
         KeyAlgorithm::Rsa { .. } => {
             return Err(KeyError::Malformed {
                 what: "EC public key".into(),
-                reason: "an RSA key has no EC point".into(),
+                problem: Malformation::NoEcPoint,
             })
         }
     };
@@ -27,10 +27,11 @@ pub fn ec_spki(alg: KeyAlgorithm, point: &[u8]) -> Result<Vec<u8>, KeyError> {
     if point.len() != expected || point[0] != 0x04 {
         return Err(KeyError::Malformed {
             what: "EC public key".into(),
-            reason: format!(
-                "expected an uncompressed {alg} point of {expected} bytes, got {} bytes",
-                point.len()
-            ),
+            problem: Malformation::PointLength {
+                alg: alg.to_string(),
+                expected,
+                got: point.len(),
+            },
         });
     }
     Ok(yasna::construct_der(|w| {
@@ -97,12 +98,12 @@ pub struct SpkiInfo {
 /// Reads an SPKI, recognising P-256, P-384 and RSA keys.
 pub fn parse_spki(spki: &[u8]) -> Result<SpkiInfo, KeyError> {
     use x509_parser::prelude::FromDer;
-    let bad = |reason: String| KeyError::Malformed {
+    let bad = |problem| KeyError::Malformed {
         what: "SubjectPublicKeyInfo".into(),
-        reason,
+        problem,
     };
     let (_, info) = x509_parser::x509::SubjectPublicKeyInfo::from_der(spki)
-        .map_err(|e| bad(format!("not DER: {e}")))?;
+        .map_err(|e| bad(Malformation::NotDer(e.into())))?;
     let oid = info.algorithm.algorithm.to_id_string();
     let key_bits = info.subject_public_key.data.to_vec();
     let algorithm = match oid.as_str() {
@@ -117,7 +118,7 @@ pub fn parse_spki(spki: &[u8]) -> Result<SpkiInfo, KeyError> {
             match params.as_str() {
                 "1.2.840.10045.3.1.7" => KeyAlgorithm::EcP256,
                 "1.3.132.0.34" => KeyAlgorithm::EcP384,
-                other => return Err(bad(format!("unsupported curve OID {other}"))),
+                other => return Err(bad(Malformation::UnsupportedCurve(other.to_string()))),
             }
         }
         "1.2.840.113549.1.1.1" => {
@@ -126,7 +127,7 @@ pub fn parse_spki(spki: &[u8]) -> Result<SpkiInfo, KeyError> {
                 bits: (modulus.len() * 8) as u32,
             }
         }
-        other => return Err(bad(format!("unsupported key algorithm OID {other}"))),
+        other => return Err(bad(Malformation::UnsupportedAlgorithm(other.to_string()))),
     };
     Ok(SpkiInfo {
         algorithm,
@@ -145,7 +146,7 @@ pub fn parse_rsa_public_key(der: &[u8]) -> Result<(Vec<u8>, Vec<u8>), KeyError> 
     })
     .map_err(|e| KeyError::Malformed {
         what: "RSA public key".into(),
-        reason: e.to_string(),
+        problem: Malformation::Asn1(e),
     })
 }
 
@@ -154,7 +155,7 @@ pub fn ecdsa_raw_to_der(raw: &[u8]) -> Result<Vec<u8>, KeyError> {
     if raw.is_empty() || !raw.len().is_multiple_of(2) {
         return Err(KeyError::Malformed {
             what: "ECDSA signature".into(),
-            reason: format!("raw r||s of odd length {}", raw.len()),
+            problem: Malformation::OddSignature(raw.len()),
         });
     }
     let (r, s) = raw.split_at(raw.len() / 2);
@@ -180,7 +181,7 @@ pub fn unwrap_ec_point(alg: KeyAlgorithm, value: &[u8]) -> Result<Vec<u8>, KeyEr
     }
     yasna::parse_der(value, |r| r.read_bytes()).map_err(|e| KeyError::Malformed {
         what: "CKA_EC_POINT".into(),
-        reason: format!("neither a raw point nor a DER OCTET STRING: {e}"),
+        problem: Malformation::NotAPoint(e),
     })
 }
 
@@ -197,7 +198,7 @@ pub fn to_pem(label: &str, der: &[u8]) -> String {
 pub fn cert_spki(cert: &[u8]) -> Result<Vec<u8>, KeyError> {
     let (_, c) = x509_parser::parse_x509_certificate(cert).map_err(|e| KeyError::Malformed {
         what: "certificate".into(),
-        reason: e.to_string(),
+        problem: Malformation::Certificate(e.into()),
     })?;
     Ok(c.tbs_certificate.subject_pki.raw.to_vec())
 }

@@ -124,11 +124,19 @@ pub enum KeyError {
         source: Option<Cause>,
     },
 
-    #[error("TPM key file {path} is not a usable TSS2 PRIVATE KEY: {reason}")]
-    Tss2Pem { path: PathBuf, reason: String },
+    #[error("TPM key file {path} is not a usable TSS2 PRIVATE KEY: {problem}")]
+    Tss2Pem {
+        path: PathBuf,
+        #[source]
+        problem: Tss2Problem,
+    },
 
-    #[error("{key} cannot be used by hwkey: {reason}")]
-    TpmKeyUnusable { key: String, reason: String },
+    #[error("{key} cannot be used by hwkey: {problem}")]
+    TpmKeyUnusable {
+        key: String,
+        #[source]
+        problem: Unusable,
+    },
 
     #[error(
         "{key} made a {scheme} signature that does not verify against its own public key: {hint}"
@@ -142,8 +150,12 @@ pub enum KeyError {
     #[error("{key} has no place beside it to store a certificate chain: keep the chain in a PEM file and pass it with --cert FILE")]
     TpmNoChainStore { key: String },
 
-    #[error("{what} is malformed: {reason}")]
-    Malformed { what: String, reason: String },
+    #[error("{what} is malformed: {problem}")]
+    Malformed {
+        what: String,
+        #[source]
+        problem: Malformation,
+    },
 
     #[error("{action} {path}: {source}")]
     Io {
@@ -179,6 +191,153 @@ pub enum KeyError {
 
     #[error("{key} cannot sign at all: the token lacks {missing}; use a key of another algorithm (e.g. `hwkey key create --algorithm ec-p256`)")]
     NoSignatureMechanism { key: String, missing: &'static str },
+}
+
+/// Why a key cannot be used, for [`KeyError::TpmKeyUnusable`] (and a TSS2 key file's
+/// [`Tss2Problem::Unusable`]).
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum Unusable {
+    #[error("it is a storage (parent) key, not a signing key")]
+    Storage,
+    #[error("it is not a signing key (the sign attribute is clear)")]
+    NotSigning,
+    #[error("it is a restricted signing key (an attestation key): it signs only data the TPM produced, never a TLS handshake")]
+    Restricted,
+    #[error("it can only be used through a policy session (userWithAuth is clear), which hwkey does not support")]
+    PolicyOnly,
+    #[error("its curve {0} is not supported (use NIST P-256 or P-384)")]
+    Curve(String),
+    #[error("its scheme {0} is not ECDSA")]
+    EcScheme(String),
+    #[error("its scheme {0} is not a signature scheme")]
+    RsaScheme(String),
+    #[error("it is not an RSA or EC key")]
+    NotRsaOrEc,
+    #[error("its public area holds no modulus")]
+    NoModulus,
+    #[error("a {len}-byte value where at most {max} bytes fit")]
+    TooLong { len: usize, max: usize },
+    #[error("{0}")]
+    Spki(#[source] Box<KeyError>),
+    #[error("it is not an attestation key (a restricted signing key); choose another --ak-handle")]
+    NotAttestationKey,
+    #[error("another key was stored at this handle since hwkey opened it; open the key again (and check its certificate)")]
+    ReplacedAtHandle,
+    #[error("the token that came back holds another key under this label/id; open the key again (and check its certificate)")]
+    ReplacedOnToken,
+    #[error("{0}; hwkey deletes only signing keys (other keys may depend on this object: evict it with tpm2_evictcontrol if you really mean to)")]
+    NotDeletable(#[source] Box<Unusable>),
+}
+
+/// What is malformed in a key's, signature's or certificate's encoding, for
+/// [`KeyError::Malformed`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum Malformation {
+    #[error("an RSA key has no EC point")]
+    NoEcPoint,
+    #[error("expected an uncompressed {alg} point of {expected} bytes, got {got} bytes")]
+    PointLength {
+        alg: String,
+        expected: usize,
+        got: usize,
+    },
+    #[error("not DER: {0}")]
+    NotDer(#[source] x509_parser::error::X509Error),
+    #[error("{0}")]
+    Certificate(#[source] x509_parser::error::X509Error),
+    #[error("{0}")]
+    Asn1(#[source] yasna::ASN1Error),
+    #[error("unsupported curve OID {0}")]
+    UnsupportedCurve(String),
+    #[error("unsupported key algorithm OID {0}")]
+    UnsupportedAlgorithm(String),
+    #[error("raw r||s of odd length {0}")]
+    OddSignature(usize),
+    #[error("neither a raw point nor a DER OCTET STRING: {0}")]
+    NotAPoint(#[source] yasna::ASN1Error),
+    #[error("not PEM: {0}")]
+    NotPem(#[source] Box<pem::PemError>),
+    #[error("it is empty")]
+    Empty,
+    #[error(
+        "it holds no CERTIFICATE block: store the certificate chain again, or delete the file"
+    )]
+    NoCertificateBlock,
+    #[error("too short")]
+    TooShort,
+    #[error("unsupported nameAlg {0:#06x}")]
+    NameAlg(u16),
+    #[error("the TPM returned no session")]
+    NoSession,
+    #[error("the token did not return its public attributes")]
+    NoPublicAttributes,
+    #[error("not an ECC key")]
+    NotEcc,
+    #[error("{0}")]
+    Unusable(#[source] Unusable),
+    #[error("{0}")]
+    Tpm(#[source] Cause),
+}
+
+/// What is wrong with a TSS2 PRIVATE KEY file, for [`KeyError::Tss2Pem`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum Tss2Problem {
+    #[error("not PEM: {0}")]
+    NotPem(#[source] Box<pem::PemError>),
+    #[error("no -----BEGIN TSS2 PRIVATE KEY----- block in the file")]
+    NoBlock,
+    #[error("no -----BEGIN TSS2 PRIVATE KEY----- block; the file holds: {0}")]
+    OtherBlocks(String),
+    #[error("not the TSS2 key ASN.1 structure: {0}")]
+    NotAsn1(#[source] yasna::ASN1Error),
+    #[error("it is an importable key (2.23.133.10.1.4), which must be imported into the TPM before use; hwkey reads loadable keys (2.23.133.10.1.3)")]
+    Importable,
+    #[error("it holds sealed data (2.23.133.10.1.5), not a key")]
+    SealedData,
+    #[error("unknown key type {0}; hwkey reads loadable keys (2.23.133.10.1.3)")]
+    UnknownType(String),
+    #[error("emptyAuth is not a BOOLEAN: {0}")]
+    EmptyAuthNotBool(#[source] yasna::ASN1Error),
+    #[error("the key requires a policy session (policy/authPolicy fields); hwkey only uses keys with an empty password and no policy")]
+    Policy,
+    #[error("the key has an import secret (an importable key); import it first")]
+    ImportSecret,
+    #[error("the key has a password (emptyAuth is not TRUE); hwkey only uses keys with an empty password: create the key without one")]
+    Password,
+    #[error("parent {0:#x} is not a 32-bit TPM handle")]
+    Parent(u64),
+    #[error("pubkey is not a TPM2B_PUBLIC: {0}")]
+    Pubkey(#[source] Cause),
+    #[error("privkey is not a TPM2B_PRIVATE: {0}")]
+    Privkey(#[source] Cause),
+    #[error("{0} is shorter than a TPM2B size field")]
+    ShortTpm2b(&'static str),
+    #[error("{field} says it holds {size} bytes but {got} follow")]
+    Tpm2bSize {
+        field: &'static str,
+        size: usize,
+        got: usize,
+    },
+    #[error("a TPM2B body over 65535 bytes")]
+    TooLarge,
+    #[error("cannot marshal the public area: {0}")]
+    Marshal(#[source] Cause),
+    #[error("{0}")]
+    Unusable(#[source] Unusable),
+    #[error("it is not a TSS2 key file, so hwkey will not delete it")]
+    NotTss2File,
 }
 
 fn list_or_none(items: &[String]) -> String {

@@ -235,7 +235,7 @@ fn certified(
 ) -> Result<Arc<CertifiedKey>, KeyError> {
     let leaf = chain.first().ok_or_else(|| KeyError::Malformed {
         what: "certificate chain".into(),
-        reason: "it is empty".into(),
+        problem: crate::key::Malformation::Empty,
     })?;
     let spki = der::cert_spki(leaf)?;
     if !der::same_public_key(&spki, signer.key.spki_der()) {

@@ -31,7 +31,7 @@ pub fn load_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, PkiError>
     for (i, cert) in chain.iter().enumerate() {
         x509_parser::parse_x509_certificate(cert).map_err(|e| PkiError::BadCert {
             what: format!("certificate #{} in {}", i + 1, path.display()),
-            reason: e.to_string(),
+            problem: CertProblem::Unparsable(e.into()),
         })?;
     }
     Ok(chain)
@@ -60,7 +60,7 @@ pub fn chain_for_key(
 pub fn matches_key(cert: &[u8], key: &Key) -> Result<bool, PkiError> {
     let spki = der::cert_spki(cert).map_err(|e| PkiError::BadCert {
         what: "the certificate".into(),
-        reason: e.to_string(),
+        problem: CertProblem::NoPublicKey(Box::new(e)),
     })?;
     Ok(der::same_public_key(&spki, key.spki_der()))
 }
@@ -116,7 +116,7 @@ pub fn printable(name: &str) -> String {
 pub fn summarize(cert: &[u8]) -> Result<CertSummary, PkiError> {
     let (_, c) = x509_parser::parse_x509_certificate(cert).map_err(|e| PkiError::BadCert {
         what: "the certificate".into(),
-        reason: e.to_string(),
+        problem: CertProblem::Unparsable(e.into()),
     })?;
     let tbs = &c.tbs_certificate;
     let mut sans = Vec::new();
@@ -164,40 +164,57 @@ pub fn chain_to_pem(chain: &[CertificateDer<'_>]) -> String {
         .collect()
 }
 
+/// What is wrong with a certificate, for [`PkiError::BadCert`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum CertProblem {
+    #[error("{0}")]
+    Unparsable(#[source] x509_parser::error::X509Error),
+    #[error("{0}")]
+    NoPublicKey(#[source] Box<crate::key::KeyError>),
+    #[error("it holds no certificate")]
+    Empty,
+    #[error(
+        "it is valid only from {from} to {to} (check the clock, or import a current certificate)"
+    )]
+    NotValidNow { from: String, to: String },
+    #[error("its keyUsage does not allow digitalSignature, which a TLS client key needs")]
+    NoDigitalSignature,
+    #[error("its extendedKeyUsage does not include clientAuth: it is not a client certificate")]
+    NotClientAuth,
+    #[error("it is a CA certificate (basicConstraints CA:TRUE), not a client certificate: the API server refuses it for clients")]
+    IsCa,
+    #[error("its DNS name '{0}' holds control characters or spaces: no DNS name does")]
+    DnsWithControl(String),
+    #[error("its signature does not verify with the next certificate's key ({next}): the file is corrupted or out of order")]
+    BrokenLink { next: String },
+    #[error("its signature does not verify with any certificate of --ca: the file is corrupted, or it was issued by another CA")]
+    Untrusted,
+}
+
 /// A client certificate's extensions: keyUsage allows digitalSignature, extendedKeyUsage (when
 /// there) includes clientAuth, it is not a CA, and its DNS names hold no control characters.
 fn check_leaf_extensions(
     leaf: &x509_parser::certificate::X509Certificate<'_>,
-) -> Result<(), String> {
+) -> Result<(), CertProblem> {
     use x509_parser::extensions::ParsedExtension;
     for ext in leaf.extensions() {
         match ext.parsed_extension() {
             ParsedExtension::KeyUsage(ku) if !ku.digital_signature() => {
-                return Err(
-                    "its keyUsage does not allow digitalSignature, which a TLS client key needs"
-                    .into(),
-                )
+                return Err(CertProblem::NoDigitalSignature)
             }
             ParsedExtension::ExtendedKeyUsage(eku) if !(eku.client_auth || eku.any) => {
-                return Err(
-                    "its extendedKeyUsage does not include clientAuth: it is not a client certificate"
-                    .into(),
-                )
+                return Err(CertProblem::NotClientAuth)
             }
-            ParsedExtension::BasicConstraints(bc) if bc.ca => {
-                return Err(
-                    "it is a CA certificate (basicConstraints CA:TRUE), not a client certificate: the API server refuses it for clients"
-                    .into(),
-                )
-            }
+            ParsedExtension::BasicConstraints(bc) if bc.ca => return Err(CertProblem::IsCa),
             ParsedExtension::SubjectAlternativeName(san) => {
                 for name in &san.general_names {
                     if let GeneralName::DNSName(d) = name {
                         if d.chars().any(|c| c.is_control() || c.is_whitespace()) {
-                            return Err(format!(
-                                "its DNS name '{}' holds control characters or spaces: no DNS name does",
-                                printable(d)
-                            ));
+                            return Err(CertProblem::DnsWithControl(printable(d)));
                         }
                     }
                 }
@@ -221,27 +238,27 @@ pub fn check_for_import(
     for (i, der) in chain.iter().enumerate() {
         let (_, c) = x509_parser::parse_x509_certificate(der).map_err(|e| PkiError::BadCert {
             what: format!("certificate #{}", i + 1),
-            reason: e.to_string(),
+            problem: CertProblem::Unparsable(e.into()),
         })?;
         certs.push(c);
     }
     let leaf = certs.first().ok_or_else(|| PkiError::BadCert {
         what: "the chain".into(),
-        reason: "it holds no certificate".into(),
+        problem: CertProblem::Empty,
     })?;
-    let bad_leaf = |reason: String| PkiError::BadCert {
+    let bad_leaf = |problem| PkiError::BadCert {
         what: format!(
             "the certificate for {}",
             printable(&leaf.subject().to_string())
         ),
-        reason,
+        problem,
     };
     let validity = leaf.validity();
     if !validity.is_valid() {
-        return Err(bad_leaf(format!(
-            "it is valid only from {} to {} (check the clock, or import a current certificate)",
-            validity.not_before, validity.not_after
-        )));
+        return Err(bad_leaf(CertProblem::NotValidNow {
+            from: validity.not_before.to_string(),
+            to: validity.not_after.to_string(),
+        }));
     }
     check_leaf_extensions(leaf).map_err(bad_leaf)?;
     for (i, pair) in certs.windows(2).enumerate() {
@@ -249,10 +266,9 @@ pub fn check_for_import(
             .verify_signature(Some(pair[1].public_key()))
             .map_err(|_| PkiError::BadCert {
                 what: format!("certificate #{} ({})", i + 1, pair[0].subject()),
-                reason: format!(
-                    "its signature does not verify with the next certificate's key ({}): the file is corrupted or out of order",
-                    pair[1].subject()
-                ),
+                problem: CertProblem::BrokenLink {
+                    next: pair[1].subject().to_string(),
+                },
             })?;
     }
     if !anchors.is_empty() {
@@ -267,7 +283,7 @@ pub fn check_for_import(
         if !trusted {
             return Err(PkiError::BadCert {
                 what: format!("the certificate for {}", last.subject()),
-                reason: "its signature does not verify with any certificate of --ca: the file is corrupted, or it was issued by another CA".into(),
+                problem: CertProblem::Untrusted,
             });
         }
     }

@@ -44,16 +44,12 @@ impl CsrRequest {
             if let Some(c) = name.chars().find(|c| !c.is_ascii() || c.is_ascii_control()) {
                 return Err(PkiError::InvalidDns {
                     given: name.clone(),
-                    reason: format!(
-                        "'{}' is not allowed in a DNS name; write internationalized domains in punycode (xn--…)",
-                        c.escape_default()
-                    ),
+                    bad: c,
                 });
             }
             if name.is_empty() {
-                return Err(PkiError::InvalidDns {
+                return Err(PkiError::EmptyDns {
                     given: name.clone(),
-                    reason: "it is empty".into(),
                 });
             }
         }

@@ -59,6 +59,25 @@ pub struct LoopbackCredential {
     pub not_after: OffsetDateTime,
 }
 
+/// What is wrong with the loopback CA's files, for [`PkiError::LoopbackCa`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum CaProblem {
+    #[error("it is not PEM text")]
+    NotPemText,
+    #[error("mode {0:o} lets other users read it; chmod 600 it (or delete the state directory to start a new CA)")]
+    Readable(u32),
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
+    #[error("{0}")]
+    Rcgen(#[source] rcgen::Error),
+    #[error("{0}")]
+    Pem(#[source] pem::PemError),
+}
+
 impl LoopbackCa {
     /// Loads the CA from `dir`, or creates it there (directory 0700, files 0600).
     ///
@@ -79,7 +98,7 @@ impl LoopbackCa {
                     std::str::from_utf8(&key_bytes)
                         .map_err(|_| PkiError::LoopbackCa {
                             path: key_path.clone(),
-                            reason: "it is not PEM text".into(),
+                            problem: CaProblem::NotPemText,
                         })?
                         .to_string(),
                 );
@@ -87,37 +106,35 @@ impl LoopbackCa {
                 if mode & 0o077 != 0 {
                     return Err(PkiError::LoopbackCa {
                         path: key_path,
-                        reason: format!(
-                            "mode {:o} lets other users read it; chmod 600 it (or delete the state directory to start a new CA)",
-                            mode & 0o777
-                        ),
+                        problem: CaProblem::Readable(mode & 0o777),
                     });
                 }
                 let cert_pem = crate::state_dir::read_private(&cert_path)
                     .map(|b| String::from_utf8_lossy(&b).into_owned())
                     .map_err(|e| PkiError::LoopbackCa {
                         path: cert_path.clone(),
-                        reason: e.to_string(),
+                        problem: CaProblem::Io(e),
                     })?;
                 Self::from_pem(dir, &cert_pem, &key_pem)
             }
             Err(e) if e.kind() == ErrorKind::NotFound => Self::create(dir),
             Err(e) => Err(PkiError::LoopbackCa {
                 path: key_path,
-                reason: e.to_string(),
+                problem: CaProblem::Io(e),
             }),
         }
     }
 
     fn from_pem(dir: &Path, cert_pem: &str, key_pem: &str) -> Result<LoopbackCa, PkiError> {
-        let bad = |reason: String| PkiError::LoopbackCa {
+        let bad = |problem| PkiError::LoopbackCa {
             path: dir.join(CA_CERT_FILE),
-            reason,
+            problem,
         };
-        let key = KeyPair::from_pem(key_pem).map_err(|e| bad(e.to_string()))?;
-        let block = pem::parse(cert_pem).map_err(|e| bad(e.to_string()))?;
+        let key = KeyPair::from_pem(key_pem).map_err(|e| bad(CaProblem::Rcgen(e)))?;
+        let block = pem::parse(cert_pem).map_err(|e| bad(CaProblem::Pem(e)))?;
         let cert_der = CertificateDer::from(block.into_contents());
-        let issuer = Issuer::from_ca_cert_der(&cert_der, key).map_err(|e| bad(e.to_string()))?;
+        let issuer =
+            Issuer::from_ca_cert_der(&cert_der, key).map_err(|e| bad(CaProblem::Rcgen(e)))?;
         Ok(LoopbackCa {
             issuer,
             cert_der,
@@ -127,12 +144,12 @@ impl LoopbackCa {
     }
 
     fn create(dir: &Path) -> Result<LoopbackCa, PkiError> {
-        let fail = |reason: String| PkiError::LoopbackCa {
+        let fail = |problem| PkiError::LoopbackCa {
             path: dir.join(CA_KEY_FILE),
-            reason,
+            problem,
         };
-        let key =
-            KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(|e| fail(e.to_string()))?;
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)
+            .map_err(|e| fail(CaProblem::Rcgen(e)))?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, "hwkey loopback CA");
@@ -143,7 +160,9 @@ impl LoopbackCa {
         params.not_before = now - time::Duration::hours(1);
         params.not_after = now + time::Duration::days(3650);
         params.serial_number = Some(random_serial()?);
-        let cert = params.self_signed(&key).map_err(|e| fail(e.to_string()))?;
+        let cert = params
+            .self_signed(&key)
+            .map_err(|e| fail(CaProblem::Rcgen(e)))?;
         let key_pem = Zeroizing::new(key.serialize_pem());
         let cert_pem = cert.pem();
         // The key first and without clobbering: if another proxy created the CA at the same
@@ -154,10 +173,10 @@ impl LoopbackCa {
                 std::thread::sleep(Duration::from_millis(200));
                 return Self::load_or_create(dir);
             }
-            Err(e) => return Err(fail(e.to_string())),
+            Err(e) => return Err(fail(CaProblem::Io(e))),
         }
         crate::atomic_file::write_atomic(&dir.join(CA_CERT_FILE), cert_pem.as_bytes(), 0o600)
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(CaProblem::Io(e)))?;
         tracing::info!(dir = %dir.display(), "created a new loopback CA");
         Self::from_pem(dir, &cert_pem, &key_pem)
     }
@@ -183,20 +202,18 @@ impl LoopbackCa {
         &self,
         ips: &[IpAddr],
     ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), PkiError> {
-        let fail = |reason: String| PkiError::LoopbackCa {
+        let fail = |e: rcgen::Error| PkiError::LoopbackCa {
             path: self.cert_path(),
-            reason,
+            problem: CaProblem::Rcgen(e),
         };
         let (key, mut params) = leaf(
             "hwkey proxy (loopback)",
             ExtendedKeyUsagePurpose::ServerAuth,
         )
         .map_err(fail)?;
-        params.subject_alt_names.push(SanType::DnsName(
-            "localhost"
-                .try_into()
-                .map_err(|e: rcgen::Error| fail(e.to_string()))?,
-        ));
+        params
+            .subject_alt_names
+            .push(SanType::DnsName("localhost".try_into().map_err(fail)?));
         for ip in ips {
             params.subject_alt_names.push(SanType::IpAddress(*ip));
         }
@@ -204,9 +221,7 @@ impl LoopbackCa {
         params.not_before = now - time::Duration::minutes(5);
         params.not_after = now + time::Duration::days(365);
         params.serial_number = Some(random_serial()?);
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .map_err(|e| fail(e.to_string()))?;
+        let cert = params.signed_by(&key, &self.issuer).map_err(fail)?;
         let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         Ok((vec![cert.der().clone()], key_der))
     }
@@ -219,9 +234,9 @@ impl LoopbackCa {
         validity: Duration,
         cap: Option<OffsetDateTime>,
     ) -> Result<LoopbackCredential, PkiError> {
-        let fail = |reason: String| PkiError::LoopbackCa {
+        let fail = |e: rcgen::Error| PkiError::LoopbackCa {
             path: self.cert_path(),
-            reason,
+            problem: CaProblem::Rcgen(e),
         };
         let (key, mut params) =
             leaf("hwkey loopback client", ExtendedKeyUsagePurpose::ClientAuth).map_err(fail)?;
@@ -236,9 +251,7 @@ impl LoopbackCa {
         params.not_before = now - time::Duration::minutes(1);
         params.not_after = not_after;
         params.serial_number = Some(random_serial()?);
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .map_err(|e| fail(e.to_string()))?;
+        let cert = params.signed_by(&key, &self.issuer).map_err(fail)?;
         Ok(LoopbackCredential {
             cert_pem: cert.pem(),
             key_pem: Zeroizing::new(key.serialize_pem()),
@@ -260,8 +273,11 @@ fn random_serial() -> Result<SerialNumber, PkiError> {
 
 /// A fresh software P-256 key and the parameters every loopback leaf shares: one CN, not a CA,
 /// digitalSignature, one extended key usage, an authority key identifier.
-fn leaf(cn: &str, usage: ExtendedKeyUsagePurpose) -> Result<(KeyPair, CertificateParams), String> {
-    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
+fn leaf(
+    cn: &str,
+    usage: ExtendedKeyUsagePurpose,
+) -> Result<(KeyPair, CertificateParams), rcgen::Error> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, cn);

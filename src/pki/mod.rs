@@ -26,14 +26,21 @@ use crate::key::KeyError;
     reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
 )]
 pub enum PkiError {
-    #[error("invalid subject '{given}': {reason} (example: --subject \"CN=alice,O=devs\")")]
-    InvalidSubject { given: String, reason: String },
+    #[error("invalid subject '{given}': {problem} (example: --subject \"CN=alice,O=devs\")")]
+    InvalidSubject {
+        given: String,
+        #[source]
+        problem: name::SubjectSyntax,
+    },
 
     #[error("invalid --ip '{given}': not an IPv4 or IPv6 address")]
     InvalidIp { given: String },
 
-    #[error("invalid --dns '{given}': {reason}")]
-    InvalidDns { given: String, reason: String },
+    #[error("invalid --dns '{given}': it is empty")]
+    EmptyDns { given: String },
+
+    #[error("invalid --dns '{given}': '{}' is not allowed in a DNS name; write internationalized domains in punycode (xn--…)", .bad.escape_default())]
+    InvalidDns { given: String, bad: char },
 
     #[error("cannot read certificate file {path}: {source}")]
     ReadCert {
@@ -47,20 +54,28 @@ pub enum PkiError {
     )]
     NoCertInFile { path: PathBuf },
 
-    #[error("{what} is not a valid X.509 certificate: {reason}")]
-    BadCert { what: String, reason: String },
+    #[error("{what} is not a valid X.509 certificate: {problem}")]
+    BadCert {
+        what: String,
+        #[source]
+        problem: cert::CertProblem,
+    },
 
     #[error("no certificate for {key}: pass --cert FILE, or store one with `hwkey cert import --key URI --cert FILE`")]
     NoCertificate { key: String },
 
-    #[error("cannot use the CA bundle {path}: {reason}; pass a PEM file of CA certificates")]
-    BadCaBundle { path: PathBuf, reason: String },
+    #[error("cannot use the CA bundle {path}: {source}; pass a PEM file of CA certificates")]
+    BadCaBundle {
+        path: PathBuf,
+        #[source]
+        source: crate::key::Cause,
+    },
 
     #[error("no system root certificates could be loaded ({reasons}): install ca-certificates, or pass the API server's CA with --upstream-ca / --ca")]
     NoSystemRoots { reasons: String },
 
-    #[error("cannot build the TLS configuration: {reason}")]
-    Tls { reason: String },
+    #[error("cannot build the TLS configuration: {0}")]
+    Tls(#[source] rustls::Error),
 
     #[error("cannot use state directory {path}: {source}")]
     StateDir {
@@ -69,14 +84,22 @@ pub enum PkiError {
         source: std::io::Error,
     },
 
-    #[error("loopback CA {path}: {reason}")]
-    LoopbackCa { path: PathBuf, reason: String },
+    #[error("loopback CA {path}: {problem}")]
+    LoopbackCa {
+        path: PathBuf,
+        #[source]
+        problem: loopback_ca::CaProblem,
+    },
 
     #[error("the system random generator failed")]
     Random,
 
-    #[error("cannot use the attestation trust directory {path}: {reason}")]
-    BadTrust { path: PathBuf, reason: String },
+    #[error("cannot use the attestation trust directory {path}: {source}")]
+    BadTrust {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 
     #[error(transparent)]
     Key(#[from] KeyError),

@@ -33,12 +33,37 @@ const KNOWN: &[(&str, &[u64])] = &[
     ("EMAILADDRESS", &[1, 2, 840, 113549, 1, 9, 1]),
 ];
 
+/// What is wrong with a subject's text, for [`PkiError::InvalidSubject`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum SubjectSyntax {
+    #[error("'{0}' is not TYPE=value")]
+    NotTypeValue(String),
+    #[error(
+        "unknown attribute type '{0}' (known: CN, O, OU, C, ST, L, DC, serialNumber, emailAddress)"
+    )]
+    UnknownType(String),
+    #[error("{0} has an empty value")]
+    Empty(&'static str),
+    #[error("C must be a two-letter country code")]
+    Country,
+    #[error("{0} may hold only letters, digits, spaces and ' ( ) + , - . / : = ? (a PrintableString); '{1}' is not allowed")]
+    NotPrintable(&'static str, char),
+    #[error("{0} may hold only ASCII characters (an IA5String); '{1}' is not allowed (write internationalized domains in punycode, e.g. xn--…)")]
+    NotAscii(&'static str, char),
+    #[error("it has no attributes")]
+    NoAttributes,
+}
+
 impl Name {
     /// Parses `CN=a,O=b` (RFC 4514 style, `\,` escapes a comma) or `/CN=a/O=b` (OpenSSL style).
     pub fn parse(given: &str) -> Result<Name, PkiError> {
-        let bad = |reason: String| PkiError::InvalidSubject {
+        let bad = |problem| PkiError::InvalidSubject {
             given: given.to_string(),
-            reason,
+            problem,
         };
         let trimmed = given.trim();
         let (body, sep) = match trimmed.strip_prefix('/') {
@@ -53,39 +78,30 @@ impl Name {
             }
             let (k, v) = part
                 .split_once('=')
-                .ok_or_else(|| bad(format!("'{part}' is not TYPE=value")))?;
+                .ok_or_else(|| bad(SubjectSyntax::NotTypeValue(part.to_string())))?;
             let key = k.trim().to_ascii_uppercase();
             let (short, oid) = KNOWN
                 .iter()
                 .find(|(name, _)| *name == key)
-                .ok_or_else(|| {
-                    bad(format!(
-                        "unknown attribute type '{}' (known: CN, O, OU, C, ST, L, DC, serialNumber, emailAddress)",
-                        k.trim()
-                    ))
-                })?;
+                .ok_or_else(|| bad(SubjectSyntax::UnknownType(k.trim().to_string())))?;
             let value = v.trim().to_string();
             if value.is_empty() {
-                return Err(bad(format!("{short} has an empty value")));
+                return Err(bad(SubjectSyntax::Empty(short)));
             }
             if *short == "C" && value.len() != 2 {
-                return Err(bad("C must be a two-letter country code".into()));
+                return Err(bad(SubjectSyntax::Country));
             }
             // The string types these attributes are encoded as allow only some characters
             // (the encoder would panic on others): refuse, naming them.
             match *short {
                 "C" | "SERIALNUMBER" => {
                     if let Some(c) = value.chars().find(|c| !is_printable(*c)) {
-                        return Err(bad(format!(
-                            "{short} may hold only letters, digits, spaces and ' ( ) + , - . / : = ? (a PrintableString); '{c}' is not allowed"
-                        )));
+                        return Err(bad(SubjectSyntax::NotPrintable(short, c)));
                     }
                 }
                 "DC" | "EMAILADDRESS" => {
                     if let Some(c) = value.chars().find(|c| !c.is_ascii()) {
-                        return Err(bad(format!(
-                            "{short} may hold only ASCII characters (an IA5String); '{c}' is not allowed (write internationalized domains in punycode, e.g. xn--…)"
-                        )));
+                        return Err(bad(SubjectSyntax::NotAscii(short, c)));
                     }
                 }
                 _ => {}
@@ -93,7 +109,7 @@ impl Name {
             attrs.push(NameAttr { oid, short, value });
         }
         if attrs.is_empty() {
-            return Err(bad("it has no attributes".into()));
+            return Err(bad(SubjectSyntax::NoAttributes));
         }
         Ok(Name(attrs))
     }

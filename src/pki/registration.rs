@@ -12,6 +12,7 @@
 //! fatal for the others: one typo must not lock every node out at the next restart.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -20,7 +21,7 @@ use super::PkiError;
 use crate::key::attestation::name_of;
 
 /// Why an entry is not a usable registration.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[allow(
     missing_docs,
     reason = "each variant is documented by its #[error] message, which says what is wrong"
@@ -28,12 +29,14 @@ use crate::key::attestation::name_of;
 pub enum RegistrationError {
     #[error("'{given}' is not a node name (lowercase letters, digits, '-' and '.', as Kubernetes names nodes)")]
     NodeName { given: String },
-    #[error("it is not what `hwkey attest enroll` prints: {reason}")]
-    NotAnEnrollment { reason: String },
-    #[error("akPublic is not base64: {reason}")]
-    AkPublicEncoding { reason: String },
-    #[error("akPublic: {reason}")]
-    AkPublic { reason: String },
+    #[error("it is not what `hwkey attest enroll` prints: {0}")]
+    NotAnEnrollment(#[source] Arc<serde_yaml_ng::Error>),
+    #[error("cannot write the registration: {0}")]
+    Encode(#[source] Arc<serde_yaml_ng::Error>),
+    #[error("akPublic is not base64: {0}")]
+    AkPublicEncoding(#[source] base64::DecodeError),
+    #[error("akPublic: {0}")]
+    AkPublic(#[source] Arc<crate::key::KeyError>),
     #[error("akName {given} is not the name of akPublic ({derived})")]
     NameMismatch { given: String, derived: String },
     #[error("it registers node '{registered}', but it is stored as '{entry}'")]
@@ -87,18 +90,14 @@ pub struct EnrollmentFile {
 impl EnrollmentFile {
     /// Parses an enrollment or registration (YAML).
     pub fn parse(text: &str) -> Result<EnrollmentFile, RegistrationError> {
-        serde_yaml_ng::from_str(text).map_err(|e| RegistrationError::NotAnEnrollment {
-            reason: e.to_string(),
-        })
+        serde_yaml_ng::from_str(text).map_err(|e| RegistrationError::NotAnEnrollment(Arc::new(e)))
     }
 
     /// The AK's `TPMT_PUBLIC`.
     pub fn ak_public(&self) -> Result<Vec<u8>, RegistrationError> {
         base64::engine::general_purpose::STANDARD
             .decode(self.ak_public.trim())
-            .map_err(|e| RegistrationError::AkPublicEncoding {
-                reason: e.to_string(),
-            })
+            .map_err(RegistrationError::AkPublicEncoding)
     }
 
     /// The AK's TPM name, derived from `akPublic`; an `akName` field must agree with it.
@@ -130,10 +129,8 @@ impl EnrollmentFile {
             registered_by: Some(registered_by.to_string()),
             ..EnrollmentFile::default()
         };
-        let yaml =
-            serde_yaml_ng::to_string(&fields).map_err(|e| RegistrationError::NotAnEnrollment {
-                reason: e.to_string(),
-            })?;
+        let yaml = serde_yaml_ng::to_string(&fields)
+            .map_err(|e| RegistrationError::Encode(Arc::new(e)))?;
         Ok(format!(
             "# hwkey attest register: the approver trusts this AK for node {node}\n{yaml}"
         ))
@@ -142,9 +139,7 @@ impl EnrollmentFile {
 
 /// The TPM name of an AK's public area.
 fn derive_name(ak_public: &[u8]) -> Result<Vec<u8>, RegistrationError> {
-    name_of(ak_public).map_err(|e| RegistrationError::AkPublic {
-        reason: e.to_string(),
-    })
+    name_of(ak_public).map_err(|e| RegistrationError::AkPublic(Arc::new(e)))
 }
 
 /// Whether `name` can be a node's entry (a file name in a trust directory, a ConfigMap key).
@@ -183,16 +178,29 @@ pub fn parse_registration(entry: &str, text: &str) -> Result<RegisteredAk, Regis
 }
 
 /// An entry that was skipped, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct InvalidEntry {
     /// The entry's name (file or ConfigMap key).
     pub entry: String,
     /// What is wrong with it.
-    pub reason: String,
+    pub problem: EntryProblem,
+}
+
+/// Why an entry of a trust source was skipped.
+#[derive(Debug, Clone, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum EntryProblem {
+    #[error(transparent)]
+    Registration(#[from] RegistrationError),
+    #[error("{0}")]
+    Unreadable(#[source] Arc<std::io::Error>),
 }
 
 /// What a trust source held: the usable registrations and the skipped entries.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct TrustRead {
     /// The registrations that parsed.
     pub nodes: Vec<RegisteredAk>,
@@ -207,9 +215,9 @@ impl TrustRead {
         for (entry, text) in entries {
             match parse_registration(entry, text) {
                 Ok(ak) => read.nodes.push(ak),
-                Err(reason) => read.invalid.push(InvalidEntry {
+                Err(e) => read.invalid.push(InvalidEntry {
                     entry: entry.to_string(),
-                    reason: reason.to_string(),
+                    problem: e.into(),
                 }),
             }
         }
@@ -223,7 +231,7 @@ impl TrustRead {
             let reasons: Vec<String> = self
                 .invalid
                 .iter()
-                .map(|i| format!("{}: {}", i.entry, i.reason))
+                .map(|i| format!("{}: {}", i.entry, i.problem))
                 .collect();
             return Err(RegistrationError::NothingUsable {
                 reasons: reasons.join("; "),
@@ -252,14 +260,14 @@ impl TrustRead {
 /// ConfigMap's entries. An unreadable directory is an error; an unreadable or malformed file is
 /// a skipped entry.
 pub fn read_trust_dir(dir: &Path) -> Result<TrustRead, PkiError> {
-    let bad = |reason: String| PkiError::BadTrust {
+    let bad = |source| PkiError::BadTrust {
         path: dir.to_path_buf(),
-        reason,
+        source,
     };
     let mut texts = Vec::new();
     let mut unreadable = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(|e| bad(e.to_string()))? {
-        let entry = entry.map_err(|e| bad(e.to_string()))?;
+    for entry in std::fs::read_dir(dir).map_err(bad)? {
+        let entry = entry.map_err(bad)?;
         let path = entry.path();
         let Some(node) = path
             .file_name()
@@ -275,7 +283,7 @@ pub fn read_trust_dir(dir: &Path) -> Result<TrustRead, PkiError> {
             Ok(text) => texts.push((node, text)),
             Err(e) => unreadable.push(InvalidEntry {
                 entry: node,
-                reason: e.to_string(),
+                problem: EntryProblem::Unreadable(Arc::new(e)),
             }),
         }
     }
@@ -317,7 +325,7 @@ mod tests {
             .filter(|l| !l.starts_with("akName"))
             .map(|l| format!("{l}\n"))
             .collect();
-        assert_eq!(parse_registration("node-a", &without_name), Ok(ak));
+        assert_eq!(parse_registration("node-a", &without_name).ok(), Some(ak));
     }
 
     #[test]
@@ -337,8 +345,10 @@ mod tests {
         // A fake name inside a block scalar is text, not a field: the real name counts.
         let hidden = format!("{}akPublicKeyPem: |\n  akName: {fake}\n", enrollment());
         assert_eq!(
-            parse_registration("node-a", &hidden).map(|a| a.ak_name),
-            Ok(name_of(AK_PUBLIC).expect("name"))
+            parse_registration("node-a", &hidden)
+                .ok()
+                .map(|a| a.ak_name),
+            Some(name_of(AK_PUBLIC).expect("name"))
         );
         let unknown = format!("{}akNameOverride: {fake}\n", enrollment());
         assert!(parse_registration("node-a", &unknown).is_err());
@@ -367,7 +377,10 @@ mod tests {
         assert!(read.usable().is_err());
         assert!(TrustRead::default().usable().is_ok());
         let read = TrustRead::from_entries([("Node_A", good.as_str())]);
-        assert!(read.invalid[0].reason.contains("not a node name"));
+        assert!(read.invalid[0]
+            .problem
+            .to_string()
+            .contains("not a node name"));
     }
 
     #[test]

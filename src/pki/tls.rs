@@ -54,12 +54,12 @@ pub fn root_store(ca: Option<&Path>) -> Result<RootCertStore, PkiError> {
     let mut roots = RootCertStore::empty();
     match ca {
         Some(path) => {
-            let bad = |reason: String| PkiError::BadCaBundle {
+            let bad = |source: crate::key::Cause| PkiError::BadCaBundle {
                 path: path.to_path_buf(),
-                reason,
+                source,
             };
-            for cert in super::cert::load_chain(path).map_err(|e| bad(e.to_string()))? {
-                roots.add(cert).map_err(|e| bad(e.to_string()))?;
+            for cert in super::cert::load_chain(path).map_err(|e| bad(Box::new(e)))? {
+                roots.add(cert).map_err(|e| bad(Box::new(e)))?;
             }
         }
         None => {
@@ -100,9 +100,7 @@ pub fn client_config(
 ) -> Result<ClientConfig, PkiError> {
     Ok(ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(versions)
-        .map_err(|e| PkiError::Tls {
-            reason: e.to_string(),
-        })?
+        .map_err(PkiError::Tls)?
         .with_root_certificates(roots)
         .with_client_cert_resolver(resolver))
 }

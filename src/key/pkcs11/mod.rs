@@ -319,7 +319,7 @@ fn certificate_template(ident: &KeyIdent, cert: &[u8]) -> Result<Vec<Attribute>,
     let (_, parsed) =
         x509_parser::parse_x509_certificate(cert).map_err(|e| KeyError::Malformed {
             what: "certificate".into(),
-            reason: e.to_string(),
+            problem: crate::key::Malformation::Certificate(e.into()),
         })?;
     let tbs = &parsed.tbs_certificate;
     let serial = yasna::construct_der(|w| w.write_bigint_bytes(tbs.raw_serial(), true));
@@ -420,7 +420,7 @@ impl Pkcs11Key {
         if !der::same_public_key(&spki, &self.spki) {
             return Err(KeyError::TpmKeyUnusable {
                 key: self.describe(),
-                reason: "the token that came back holds another key under this label/id; open the key again (and check its certificate)".into(),
+                problem: crate::key::Unusable::ReplacedOnToken,
             });
         }
         tracing::info!("{}: the token is back; signing again", self.describe());

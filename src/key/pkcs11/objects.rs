@@ -235,7 +235,7 @@ fn spki_from_key_object(
     }
     let missing = || KeyError::Malformed {
         what: format!("public key on {}", token.place()),
-        reason: "the token did not return its public attributes".into(),
+        problem: crate::key::Malformation::NoPublicAttributes,
     };
     if alg.is_ec() {
         let point = der::unwrap_ec_point(alg, &point.ok_or_else(missing)?)?;

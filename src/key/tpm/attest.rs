@@ -28,7 +28,7 @@ use tss_esapi::Context;
 
 use super::rc;
 use crate::key::attestation::{Enrollment, TpmEvidence};
-use crate::key::{KeyAlgorithm, KeyError};
+use crate::key::{KeyAlgorithm, KeyError, Malformation};
 
 fn tpm_err(operation: &'static str) -> impl Fn(tss_esapi::Error) -> KeyError {
     rc::tpm_error(operation)
@@ -49,7 +49,7 @@ pub(crate) fn ensure_ak(
                 close(ctx, object);
                 return Err(KeyError::TpmKeyUnusable {
                     key: format!("TPM persistent object {h:#010x}"),
-                    reason: "it is not an attestation key (a restricted signing key); choose another --ak-handle".into(),
+                    problem: crate::key::Unusable::NotAttestationKey,
                 });
             }
             Ok((object, public))
@@ -217,7 +217,7 @@ pub(crate) fn activate(
 ) -> Result<zeroize::Zeroizing<Vec<u8>>, KeyError> {
     let malformed = |what: &str, e: tss_esapi::Error| KeyError::Malformed {
         what: what.into(),
-        reason: e.to_string(),
+        problem: Malformation::Tpm(Box::new(e)),
     };
     let id_object = IdObject::try_from(credential_blob.to_vec())
         .map_err(|e| malformed("the challenge's credential blob", e))?;
@@ -259,7 +259,7 @@ fn activate_with(
         .map_err(tpm_err("StartAuthSession (policy)"))?
         .ok_or_else(|| KeyError::Malformed {
             what: "StartAuthSession".into(),
-            reason: "the TPM returned no session".into(),
+            problem: Malformation::NoSession,
         })?;
     let result = PolicySession::try_from(session)
         .map_err(tpm_err("the policy session"))
@@ -294,11 +294,9 @@ pub(crate) fn public_spki(public: &Public) -> Result<Vec<u8>, KeyError> {
             parameters, unique, ..
         } => {
             let (modulus, exponent) =
-                super::public::rsa_parts(parameters, unique).map_err(|reason| {
-                    KeyError::Malformed {
-                        what: "an endorsement key's public area".into(),
-                        reason,
-                    }
+                super::public::rsa_parts(parameters, unique).map_err(|e| KeyError::Malformed {
+                    what: "an endorsement key's public area".into(),
+                    problem: Malformation::Unusable(e),
                 })?;
             Ok(crate::key::der::rsa_spki(modulus, &exponent.to_be_bytes()))
         }
@@ -308,14 +306,13 @@ pub(crate) fn public_spki(public: &Public) -> Result<Vec<u8>, KeyError> {
 
 /// The SubjectPublicKeyInfo of a P-256 public area (the AK's or the EK's).
 pub(crate) fn ecc_spki(public: &Public) -> Result<Vec<u8>, KeyError> {
-    let malformed = |reason: String| KeyError::Malformed {
+    let malformed = |problem| KeyError::Malformed {
         what: "an attestation or endorsement key's public area".into(),
-        reason,
+        problem,
     };
     match public {
-        Public::Ecc { unique, .. } => {
-            super::public::ec_spki(KeyAlgorithm::EcP256, unique).map_err(malformed)
-        }
-        _ => Err(malformed("not an ECC key".into())),
+        Public::Ecc { unique, .. } => super::public::ec_spki(KeyAlgorithm::EcP256, unique)
+            .map_err(|e| malformed(Malformation::Unusable(e))),
+        _ => Err(malformed(Malformation::NotEcc)),
     }
 }

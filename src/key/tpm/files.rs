@@ -11,7 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::tss2_pem::{self, Tss2Key};
-use crate::key::KeyError;
+use crate::key::{KeyError, Malformation};
 
 /// Where the certificate chain of the key file `key` is kept: `<key without .pem>.crt.pem`.
 pub(crate) fn chain_path(key: &Path) -> PathBuf {
@@ -46,22 +46,19 @@ pub(crate) fn read_chain(path: &Path) -> Result<Option<Vec<Vec<u8>>>, KeyError> 
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(KeyError::io("read the certificate chain", path, e)),
     };
-    let malformed = |reason: String| KeyError::Malformed {
+    let malformed = |problem| KeyError::Malformed {
         what: format!("certificate chain {}", path.display()),
-        reason,
+        problem,
     };
-    let blocks = pem::parse_many(&data).map_err(|e| malformed(format!("not PEM: {e}")))?;
+    let blocks =
+        pem::parse_many(&data).map_err(|e| malformed(Malformation::NotPem(Box::new(e))))?;
     let certs: Vec<Vec<u8>> = blocks
         .into_iter()
         .filter(|b| b.tag() == "CERTIFICATE")
         .map(|b| b.into_contents())
         .collect();
     if certs.is_empty() {
-        return Err(malformed(
-            "it holds no CERTIFICATE block: store the certificate chain again, or delete the \
-             file"
-                .into(),
-        ));
+        return Err(malformed(Malformation::NoCertificateBlock));
     }
     Ok(Some(certs))
 }
@@ -69,9 +66,9 @@ pub(crate) fn read_chain(path: &Path) -> Result<Option<Vec<Vec<u8>>>, KeyError> 
 /// Reads and parses a key file; a missing file is `KeyNotFound` listing its neighbours.
 pub(crate) fn read_key_file(path: &Path) -> Result<Tss2Key, KeyError> {
     let data = fs::read(path).map_err(|e| missing_or_io(path, e))?;
-    Tss2Key::from_file_bytes(&data).map_err(|reason| KeyError::Tss2Pem {
+    Tss2Key::from_file_bytes(&data).map_err(|problem| KeyError::Tss2Pem {
         path: path.to_path_buf(),
-        reason,
+        problem,
     })
 }
 

@@ -138,9 +138,7 @@ impl LoadedKey {
                     let _ = conn.ctx.tr_close(&mut object);
                     return Err(KeyError::TpmKeyUnusable {
                         key: format!("TPM persistent key {handle:#010x}"),
-                        reason: "another key was stored at this handle since hwkey opened it; \
-                                 open the key again (and check its certificate)"
-                            .into(),
+                        problem: crate::key::Unusable::ReplacedAtHandle,
                     });
                 }
                 KeyHandle::from(object)

@@ -41,7 +41,9 @@ use tss_esapi::interface_types::session_handles::AuthSession;
 use tss_esapi::structures::Public;
 use tss_esapi::Context;
 
-use super::{KeyAlgorithm, KeyBackend, KeyError, KeyListing, KeyUri, SignScheme, TpmUri};
+use super::{
+    KeyAlgorithm, KeyBackend, KeyError, KeyListing, KeyUri, SignScheme, TpmUri, Tss2Problem,
+};
 use crate::atomic_file;
 use crate::key::uri::TpmKeyLocation;
 use context::Tpm;
@@ -76,9 +78,9 @@ pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
     match &location {
         TpmKeyLocation::Path(path) => {
             let file = files::read_key_file(path)?;
-            let info = KeyInfo::from_public(&file.public).map_err(|reason| KeyError::Tss2Pem {
+            let info = KeyInfo::from_public(&file.public).map_err(|e| KeyError::Tss2Pem {
                 path: path.clone(),
-                reason,
+                problem: Tss2Problem::Unusable(e),
             })?;
             let tpm = Tpm::connect(&tcti)?;
             let (handle, generation) = tpm.with_conn(|conn| {
@@ -97,9 +99,9 @@ pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
                 let (object, public) = persistent::open_persistent(&mut conn.ctx, *h, &tcti)?;
                 Ok::<_, KeyError>((object, public, conn.generation()))
             })?;
-            let info = KeyInfo::from_public(&public).map_err(|reason| KeyError::TpmKeyUnusable {
+            let info = KeyInfo::from_public(&public).map_err(|problem| KeyError::TpmKeyUnusable {
                 key: location_desc(&location),
-                reason,
+                problem,
             });
             // Closes the ESYS handle on drop, also if the key is unusable.
             let source = Source::Persistent { handle: *h, public };
@@ -173,10 +175,10 @@ pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
                 private: new.private,
             };
             let info = created_info(&file.public);
-            let pem = file.to_pem().map_err(|reason| KeyError::Tpm {
-                source: None,
+            let pem = file.to_pem().map_err(|e| KeyError::Tpm {
                 operation: "encoding the TSS2 key file",
-                reason,
+                reason: e.to_string(),
+                source: Some(Box::new(e)),
             });
             // From here on the key is flushed on drop, also if anything below fails.
             let loaded = LoadedKey::new(tpm, Source::File(file), new.handle, generation);
@@ -214,10 +216,10 @@ pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
 }
 
 fn created_info(public: &Public) -> Result<KeyInfo, KeyError> {
-    KeyInfo::from_public(public).map_err(|reason| KeyError::Tpm {
-        source: None,
+    KeyInfo::from_public(public).map_err(|e| KeyError::Tpm {
         operation: "Create (signing key)",
-        reason: format!("the TPM made a key hwkey cannot use: {reason}"),
+        reason: format!("the TPM made a key hwkey cannot use: {e}"),
+        source: Some(Box::new(e)),
     })
 }
 
@@ -258,9 +260,9 @@ pub fn list(uri: &TpmUri) -> Result<Vec<KeyListing>, KeyError> {
         }
         Some(TpmKeyLocation::Path(path)) => {
             let file = files::read_key_file(path)?;
-            let info = KeyInfo::from_public(&file.public).map_err(|reason| KeyError::Tss2Pem {
+            let info = KeyInfo::from_public(&file.public).map_err(|e| KeyError::Tss2Pem {
                 path: path.clone(),
-                reason,
+                problem: Tss2Problem::Unusable(e),
             })?;
             let has_cert = files::chain_path(path).exists();
             Ok(vec![listing(
@@ -291,7 +293,7 @@ pub fn delete(uri: &TpmUri) -> Result<Vec<String>, KeyError> {
             if !tss2_pem::is_tss2_file(&data) {
                 return Err(KeyError::Tss2Pem {
                     path: path.clone(),
-                    reason: "it is not a TSS2 key file, so hwkey will not delete it".into(),
+                    problem: Tss2Problem::NotTss2File,
                 });
             }
             fs::remove_file(path).map_err(|e| KeyError::io("remove the TPM key file", path, e))?;
@@ -321,7 +323,7 @@ pub fn store_chain(uri: &TpmUri, chain: &[Vec<u8>]) -> Result<String, KeyError> 
             if chain.is_empty() {
                 return Err(KeyError::Malformed {
                     what: "certificate chain".into(),
-                    reason: "it is empty".into(),
+                    problem: crate::key::Malformation::Empty,
                 });
             }
             fs::metadata(path).map_err(|e| files::missing_or_io(path, e))?;

@@ -134,14 +134,11 @@ pub(crate) fn create_persistent(
 /// may depend on them.
 pub(crate) fn evict_persistent(ctx: &mut Context, h: u32, tcti: &str) -> Result<(), KeyError> {
     let (mut object, public) = open_persistent(ctx, h, tcti)?;
-    if let Err(reason) = KeyInfo::from_public(&public) {
+    if let Err(problem) = KeyInfo::from_public(&public) {
         let _ = ctx.tr_close(&mut object);
         return Err(KeyError::TpmKeyUnusable {
             key: location_desc(&TpmKeyLocation::Handle(h)),
-            reason: format!(
-                "{reason}; hwkey deletes only signing keys (other keys may depend on this \
-                 object: evict it with tpm2_evictcontrol if you really mean to)"
-            ),
+            problem: crate::key::Unusable::NotDeletable(Box::new(problem)),
         });
     }
     let persistent = persistent_handle(h)?;

@@ -5,12 +5,13 @@
 //! before it is used, so an unusable key (a storage key, a restricted attestation key, an
 //! unsupported curve) is refused with its reason when it is opened, not at the first handshake.
 
+use tss_esapi::attributes::ObjectAttributes;
 use tss_esapi::interface_types::ecc::EccCurve;
 use tss_esapi::structures::{
     EccPoint, EccScheme, Public, PublicKeyRsa, PublicRsaParameters, RsaScheme,
 };
 
-use crate::key::{der, KeyAlgorithm};
+use crate::key::{der, KeyAlgorithm, Unusable};
 
 /// How RSA-PSS signatures are made with this key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,34 +54,14 @@ pub(crate) struct Fixedness {
 
 impl KeyInfo {
     /// Reads a public area; the error is the reason the key cannot be used.
-    pub(crate) fn from_public(public: &Public) -> Result<KeyInfo, String> {
+    pub(crate) fn from_public(public: &Public) -> Result<KeyInfo, Unusable> {
         let attributes = public.object_attributes();
         let fixed = Fixedness {
             fixed_tpm: attributes.fixed_tpm(),
             fixed_parent: attributes.fixed_parent(),
             sensitive_data_origin: attributes.sensitive_data_origin(),
         };
-        if !attributes.sign_encrypt() {
-            return Err(if attributes.restricted() && attributes.decrypt() {
-                "it is a storage (parent) key, not a signing key".into()
-            } else {
-                "it is not a signing key (the sign attribute is clear)".into()
-            });
-        }
-        if attributes.restricted() {
-            return Err(
-                "it is a restricted signing key (an attestation key): it signs only \
-                        data the TPM produced, never a TLS handshake"
-                    .into(),
-            );
-        }
-        if !attributes.user_with_auth() {
-            return Err(
-                "it can only be used through a policy session (userWithAuth is clear), \
-                        which hwkey does not support"
-                    .into(),
-            );
-        }
+        check_signing_attributes(attributes)?;
         match public {
             Public::Ecc {
                 parameters, unique, ..
@@ -88,25 +69,17 @@ impl KeyInfo {
                 let algorithm = match parameters.ecc_curve() {
                     EccCurve::NistP256 => KeyAlgorithm::EcP256,
                     EccCurve::NistP384 => KeyAlgorithm::EcP384,
-                    other => {
-                        return Err(format!(
-                            "its curve {other:?} is not supported (use NIST P-256 or P-384)"
-                        ))
-                    }
+                    other => return Err(Unusable::Curve(format!("{other:?}"))),
                 };
                 if !matches!(
                     parameters.ecc_scheme(),
                     EccScheme::Null | EccScheme::EcDsa(_)
                 ) {
-                    return Err(format!(
-                        "its scheme {:?} is not ECDSA",
-                        parameters.ecc_scheme()
-                    ));
+                    return Err(Unusable::EcScheme(format!("{:?}", parameters.ecc_scheme())));
                 }
-                let spki = ec_spki(algorithm, unique)?;
                 Ok(KeyInfo {
                     algorithm,
-                    spki,
+                    spki: ec_spki(algorithm, unique)?,
                     rsa_public_key: Vec::new(),
                     modulus_len: 0,
                     pss: PssMethod::NotRsa,
@@ -118,26 +91,43 @@ impl KeyInfo {
             } => {
                 let (modulus, exponent) = rsa_parts(parameters, unique)?;
                 let exponent = exponent.to_be_bytes();
-                let spki = der::rsa_spki(modulus, &exponent);
                 let pss = match parameters.rsa_scheme() {
                     RsaScheme::Null if attributes.decrypt() => PssMethod::SoftwareEncoded,
                     RsaScheme::Null | RsaScheme::RsaPss(_) | RsaScheme::RsaSsa(_) => PssMethod::Tpm,
-                    other => return Err(format!("its scheme {other:?} is not a signature scheme")),
+                    other => return Err(Unusable::RsaScheme(format!("{other:?}"))),
                 };
                 Ok(KeyInfo {
                     algorithm: KeyAlgorithm::Rsa {
                         bits: (modulus.len() * 8) as u32,
                     },
-                    spki,
+                    spki: der::rsa_spki(modulus, &exponent),
                     rsa_public_key: der::rsa_public_key(modulus, &exponent),
                     modulus_len: modulus.len(),
                     pss,
                     fixed,
                 })
             }
-            _ => Err("it is not an RSA or EC key".into()),
+            _ => Err(Unusable::NotRsaOrEc),
         }
     }
+}
+
+/// A key hwkey signs with: a signing key, unrestricted, usable with its authValue.
+fn check_signing_attributes(attributes: ObjectAttributes) -> Result<(), Unusable> {
+    if !attributes.sign_encrypt() {
+        return Err(if attributes.restricted() && attributes.decrypt() {
+            Unusable::Storage
+        } else {
+            Unusable::NotSigning
+        });
+    }
+    if attributes.restricted() {
+        return Err(Unusable::Restricted);
+    }
+    if !attributes.user_with_auth() {
+        return Err(Unusable::PolicyOnly);
+    }
+    Ok(())
 }
 
 /// An RSA public area's modulus (leading zeros stripped) and public exponent (the TPM's 0 means
@@ -145,7 +135,7 @@ impl KeyInfo {
 pub(crate) fn rsa_parts<'a>(
     parameters: &PublicRsaParameters,
     unique: &'a PublicKeyRsa,
-) -> Result<(&'a [u8], u32), String> {
+) -> Result<(&'a [u8], u32), Unusable> {
     let modulus = unique.value();
     let first = modulus
         .iter()
@@ -153,7 +143,7 @@ pub(crate) fn rsa_parts<'a>(
         .unwrap_or(modulus.len());
     let modulus = &modulus[first..];
     if modulus.is_empty() {
-        return Err("its public area holds no modulus".into());
+        return Err(Unusable::NoModulus);
     }
     let exponent = match parameters.exponent().value() {
         0 => 65537,
@@ -163,24 +153,24 @@ pub(crate) fn rsa_parts<'a>(
 }
 
 /// The SubjectPublicKeyInfo of an EC public area's point (x and y left-padded to the curve).
-pub(crate) fn ec_spki(algorithm: KeyAlgorithm, unique: &EccPoint) -> Result<Vec<u8>, String> {
+pub(crate) fn ec_spki(algorithm: KeyAlgorithm, unique: &EccPoint) -> Result<Vec<u8>, Unusable> {
     let len = algorithm.ec_scalar_len().unwrap_or(0);
     let mut point = Vec::with_capacity(1 + 2 * len);
     point.push(0x04);
     point.extend(left_pad(unique.x().value(), len)?);
     point.extend(left_pad(unique.y().value(), len)?);
-    der::ec_spki(algorithm, &point).map_err(|e| e.to_string())
+    der::ec_spki(algorithm, &point).map_err(|e| Unusable::Spki(Box::new(e)))
 }
 
 /// Left-pads a big-endian scalar to `len` bytes.
-pub(crate) fn left_pad(value: &[u8], len: usize) -> Result<Vec<u8>, String> {
+pub(crate) fn left_pad(value: &[u8], len: usize) -> Result<Vec<u8>, Unusable> {
     let first = value.iter().position(|&b| b != 0).unwrap_or(value.len());
     let value = &value[first..];
     if value.len() > len {
-        return Err(format!(
-            "a {}-byte value where at most {len} bytes fit",
-            value.len()
-        ));
+        return Err(Unusable::TooLong {
+            len: value.len(),
+            max: len,
+        });
     }
     let mut out = vec![0u8; len - value.len()];
     out.extend_from_slice(value);

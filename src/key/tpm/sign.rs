@@ -82,10 +82,10 @@ pub(crate) fn sign(
             other => return Err(unexpected(&other)),
         }
     };
-    let signature = left_pad(&raw, info.modulus_len).map_err(|reason| KeyError::Tpm {
-        source: None,
+    let signature = left_pad(&raw, info.modulus_len).map_err(|e| KeyError::Tpm {
         operation: "Sign",
-        reason: format!("the TPM returned an RSA result of the wrong size: {reason}"),
+        reason: format!("the TPM returned an RSA result of the wrong size: {e}"),
+        source: Some(Box::new(e)),
     })?;
     check_rsa(info, describe, scheme, message, &signature)?;
     Ok(signature)

@@ -25,6 +25,8 @@ use tss_esapi::traits::{Marshall, UnMarshall};
 use yasna::models::ObjectIdentifier;
 use yasna::{ASN1Error, ASN1ErrorKind, Tag, TagClass};
 
+use crate::key::Tss2Problem;
+
 /// The PEM label of the format.
 pub(crate) const PEM_LABEL: &str = "TSS2 PRIVATE KEY";
 
@@ -45,11 +47,11 @@ pub(crate) struct Tss2Key {
 
 impl Tss2Key {
     /// The DER encoding, as tpm2-openssl writes it.
-    pub(crate) fn to_der(&self) -> Result<Vec<u8>, String> {
+    pub(crate) fn to_der(&self) -> Result<Vec<u8>, Tss2Problem> {
         let public = self
             .public
             .marshall()
-            .map_err(|e| format!("cannot marshal the public area: {e}"))?;
+            .map_err(|e| Tss2Problem::Marshal(Box::new(e)))?;
         let pubkey = tpm2b(&public)?;
         let privkey = tpm2b(self.private.value())?;
         Ok(yasna::construct_der(|w| {
@@ -66,37 +68,61 @@ impl Tss2Key {
     }
 
     /// The PEM text of the file (LF line ends, like OpenSSL).
-    pub(crate) fn to_pem(&self) -> Result<String, String> {
+    pub(crate) fn to_pem(&self) -> Result<String, Tss2Problem> {
         Ok(crate::key::der::to_pem(PEM_LABEL, &self.to_der()?))
     }
 
     /// Reads a key file's contents: PEM (the usual form) or bare DER (tpm2-openssl can write
-    /// either). The error is a reason, to be put next to the path by the caller.
-    pub(crate) fn from_file_bytes(data: &[u8]) -> Result<Tss2Key, String> {
+    /// either). The caller puts the path next to the error.
+    pub(crate) fn from_file_bytes(data: &[u8]) -> Result<Tss2Key, Tss2Problem> {
         if data.first() == Some(&0x30) {
             return Self::from_der(data);
         }
-        let blocks = pem::parse_many(data).map_err(|e| format!("not PEM: {e}"))?;
+        let blocks = pem::parse_many(data).map_err(|e| Tss2Problem::NotPem(Box::new(e)))?;
         match blocks.iter().find(|b| b.tag() == PEM_LABEL) {
             Some(block) => Self::from_der(block.contents()),
-            None if blocks.is_empty() => {
-                Err(format!("no -----BEGIN {PEM_LABEL}----- block in the file"))
-            }
-            None => Err(format!(
-                "no -----BEGIN {PEM_LABEL}----- block; the file holds: {}",
+            None if blocks.is_empty() => Err(Tss2Problem::NoBlock),
+            None => Err(Tss2Problem::OtherBlocks(
                 blocks
                     .iter()
                     .map(|b| b.tag().to_string())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
             )),
         }
     }
 
     /// Parses the DER structure and checks that hwkey can use the key.
-    pub(crate) fn from_der(der: &[u8]) -> Result<Tss2Key, String> {
+    pub(crate) fn from_der(der: &[u8]) -> Result<Tss2Key, Tss2Problem> {
+        let raw = RawKey::parse(der)?;
+        check_type(&raw.oid)?;
+        check_auth(&raw.tagged)?;
+        let parent = u32::try_from(raw.parent).map_err(|_| Tss2Problem::Parent(raw.parent))?;
+        let public = Public::unmarshall(untpm2b(&raw.pubkey, "pubkey")?)
+            .map_err(|e| Tss2Problem::Pubkey(Box::new(e)))?;
+        let private = Private::try_from(untpm2b(&raw.privkey, "privkey")?)
+            .map_err(|e| Tss2Problem::Privkey(Box::new(e)))?;
+        Ok(Tss2Key {
+            parent,
+            public,
+            private,
+        })
+    }
+}
+
+/// The ASN.1 fields of a key file, before any of them is checked.
+struct RawKey {
+    oid: ObjectIdentifier,
+    tagged: Vec<yasna::models::TaggedDerValue>,
+    parent: u64,
+    pubkey: Vec<u8>,
+    privkey: Vec<u8>,
+}
+
+impl RawKey {
+    fn parse(der: &[u8]) -> Result<RawKey, Tss2Problem> {
         // BER, not DER: OpenSSL (so tpm2-openssl) encodes emptyAuth TRUE as 0x01, not 0xff.
-        let raw = yasna::parse_ber(der, |r| {
+        yasna::parse_ber(der, |r| {
             r.read_sequence(|r| {
                 let oid = r.next().read_oid()?;
                 let mut tagged = Vec::new();
@@ -108,73 +134,52 @@ impl Tss2Key {
                 })? {
                     tagged.push(t);
                 }
-                let parent = r.next().read_u64()?;
-                let pubkey = r.next().read_bytes()?;
-                let privkey = r.next().read_bytes()?;
-                Ok((oid, tagged, parent, pubkey, privkey))
+                Ok(RawKey {
+                    oid,
+                    tagged,
+                    parent: r.next().read_u64()?,
+                    pubkey: r.next().read_bytes()?,
+                    privkey: r.next().read_bytes()?,
+                })
             })
         })
-        .map_err(|e| format!("not the TSS2 key ASN.1 structure: {e}"))?;
-        let (oid, tagged, parent, pubkey, privkey) = raw;
+        .map_err(Tss2Problem::NotAsn1)
+    }
+}
 
-        if oid == ObjectIdentifier::from_slice(OID_IMPORTABLE_KEY) {
-            return Err(
-                "it is an importable key (2.23.133.10.1.4), which must be imported into \
-                        the TPM before use; hwkey reads loadable keys (2.23.133.10.1.3)"
-                    .into(),
-            );
-        }
-        if oid == ObjectIdentifier::from_slice(OID_SEALED_DATA) {
-            return Err("it holds sealed data (2.23.133.10.1.5), not a key".into());
-        }
-        if oid != ObjectIdentifier::from_slice(OID_LOADABLE_KEY) {
-            return Err(format!(
-                "unknown key type {oid}; hwkey reads loadable keys (2.23.133.10.1.3)"
-            ));
-        }
+/// Only loadable keys: importable keys and sealed data are refused by name.
+fn check_type(oid: &ObjectIdentifier) -> Result<(), Tss2Problem> {
+    if *oid == ObjectIdentifier::from_slice(OID_IMPORTABLE_KEY) {
+        return Err(Tss2Problem::Importable);
+    }
+    if *oid == ObjectIdentifier::from_slice(OID_SEALED_DATA) {
+        return Err(Tss2Problem::SealedData);
+    }
+    if *oid != ObjectIdentifier::from_slice(OID_LOADABLE_KEY) {
+        return Err(Tss2Problem::UnknownType(oid.to_string()));
+    }
+    Ok(())
+}
 
-        let mut empty_auth = false;
-        for t in &tagged {
-            match t.tag().tag_number {
-                0 => {
-                    empty_auth = yasna::parse_ber(t.value(), |r| r.read_bool())
-                        .map_err(|e| format!("emptyAuth is not a BOOLEAN: {e}"))?
-                }
-                1 | 3 => {
-                    return Err(
-                        "the key requires a policy session (policy/authPolicy fields); \
-                                hwkey only uses keys with an empty password and no policy"
-                            .into(),
-                    )
-                }
-                2 => {
-                    return Err(
-                        "the key has an import secret (an importable key); import it first".into(),
-                    )
-                }
-                // description and rsaParent do not change how the key is used.
-                _ => {}
+/// Only keys with an empty password and no policy or import secret.
+fn check_auth(tagged: &[yasna::models::TaggedDerValue]) -> Result<(), Tss2Problem> {
+    let mut empty_auth = false;
+    for t in tagged {
+        match t.tag().tag_number {
+            0 => {
+                empty_auth = yasna::parse_ber(t.value(), |r| r.read_bool())
+                    .map_err(Tss2Problem::EmptyAuthNotBool)?
             }
+            1 | 3 => return Err(Tss2Problem::Policy),
+            2 => return Err(Tss2Problem::ImportSecret),
+            // description and rsaParent do not change how the key is used.
+            _ => {}
         }
-        if !empty_auth {
-            return Err(
-                "the key has a password (emptyAuth is not TRUE); hwkey only uses keys \
-                        with an empty password: create the key without one"
-                    .into(),
-            );
-        }
-
-        let parent = u32::try_from(parent)
-            .map_err(|_| format!("parent {parent:#x} is not a 32-bit TPM handle"))?;
-        let public = Public::unmarshall(untpm2b(&pubkey, "pubkey")?)
-            .map_err(|e| format!("pubkey is not a TPM2B_PUBLIC: {e}"))?;
-        let private = Private::try_from(untpm2b(&privkey, "privkey")?)
-            .map_err(|e| format!("privkey is not a TPM2B_PRIVATE: {e}"))?;
-        Ok(Tss2Key {
-            parent,
-            public,
-            private,
-        })
+    }
+    if empty_auth {
+        Ok(())
+    } else {
+        Err(Tss2Problem::Password)
     }
 }
 
@@ -204,9 +209,8 @@ pub(crate) fn is_tss2_file(data: &[u8]) -> bool {
 }
 
 /// Prefixes a TPM2B's size (big-endian u16).
-fn tpm2b(body: &[u8]) -> Result<Vec<u8>, String> {
-    let size =
-        u16::try_from(body.len()).map_err(|_| "a TPM2B body over 65535 bytes".to_string())?;
+fn tpm2b(body: &[u8]) -> Result<Vec<u8>, Tss2Problem> {
+    let size = u16::try_from(body.len()).map_err(|_| Tss2Problem::TooLarge)?;
     let mut out = Vec::with_capacity(body.len() + 2);
     out.extend_from_slice(&size.to_be_bytes());
     out.extend_from_slice(body);
@@ -214,16 +218,17 @@ fn tpm2b(body: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// The body of a marshalled TPM2B, which must fill the field exactly.
-fn untpm2b<'a>(field: &'a [u8], name: &str) -> Result<&'a [u8], String> {
+fn untpm2b<'a>(field: &'a [u8], name: &'static str) -> Result<&'a [u8], Tss2Problem> {
     let (size, body) = field
         .split_first_chunk::<2>()
-        .ok_or_else(|| format!("{name} is shorter than a TPM2B size field"))?;
+        .ok_or(Tss2Problem::ShortTpm2b(name))?;
     let size = usize::from(u16::from_be_bytes(*size));
     if body.len() != size {
-        return Err(format!(
-            "{name} says it holds {size} bytes but {} follow",
-            body.len()
-        ));
+        return Err(Tss2Problem::Tpm2bSize {
+            field: name,
+            size,
+            got: body.len(),
+        });
     }
     Ok(body)
 }
@@ -305,15 +310,20 @@ mod tests {
             .position(|w| w == [0x01, 0x01, 0xff])
             .expect("boolean");
         no_empty[at + 2] = 0x00;
-        let err = Tss2Key::from_der(&no_empty).expect_err("password key");
+        let err = Tss2Key::from_der(&no_empty)
+            .expect_err("password key")
+            .to_string();
         assert!(err.contains("password"), "{err}");
 
         let err = Tss2Key::from_file_bytes(
             b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
         )
-        .expect_err("wrong label");
+        .expect_err("wrong label")
+        .to_string();
         assert!(err.contains("PRIVATE KEY"), "{err}");
-        let err = Tss2Key::from_file_bytes(b"garbage").expect_err("garbage");
+        let err = Tss2Key::from_file_bytes(b"garbage")
+            .expect_err("garbage")
+            .to_string();
         assert!(err.contains("TSS2 PRIVATE KEY"), "{err}");
     }
 

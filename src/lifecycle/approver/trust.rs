@@ -201,7 +201,7 @@ impl Trust {
                 format!(
                     "entry '{}' is skipped: {}",
                     i.entry.escape_debug(),
-                    bounded(&i.reason)
+                    bounded(&i.problem.to_string())
                 )
             })
             .collect();
