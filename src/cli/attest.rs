@@ -108,7 +108,7 @@ impl AttestArgs {
 }
 
 /// Parses a TPM handle written in hex (`0x81010002`) or decimal.
-pub(crate) fn parse_handle(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_handle(s: &str) -> Result<u32, crate::key::attestation::HandleError> {
     crate::key::attestation::parse_persistent_handle(s)
 }
 
@@ -184,7 +184,7 @@ mod ek {
         expect: &Path,
         node: &str,
     ) -> anyhow::Result<()> {
-        let text = ek_trust::read_text(enrollment, "the enrollment").map_err(anyhow::Error::msg)?;
+        let text = ek_trust::read_text(enrollment, "the enrollment")?;
         let ca = std::fs::read(ek_ca)
             .with_context(|| format!("cannot read --ek-ca {}", ek_ca.display()))?;
         let (challenge, expected) = ek_trust::challenge(&text, &ca, node)
@@ -239,7 +239,7 @@ mod ek {
     ) -> anyhow::Result<()> {
         crate::pki::registration::check_node_name(node)
             .map_err(|e| anyhow::anyhow!("--node: {e}"))?;
-        let text = ek_trust::read_text(enrollment, "the enrollment").map_err(anyhow::Error::msg)?;
+        let text = ek_trust::read_text(enrollment, "the enrollment")?;
         let expected: ExpectedAnswer = serde_yaml_ng::from_str(
             &std::fs::read_to_string(expect)
                 .with_context(|| format!("cannot read --expect {}", expect.display()))?,

@@ -72,18 +72,29 @@ pub const DEFAULT_AK_HANDLE: u32 = 0x8101_0002;
 /// [`DEFAULT_AK_HANDLE`] as the flags write it.
 pub const DEFAULT_AK_HANDLE_TEXT: &str = "0x81010002";
 
+/// A TPM handle that does not parse, or is not a persistent one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum HandleError {
+    #[error("{0:#010x} is not a persistent handle: use 0x81000000-0x81ffffff (e.g. 0x81010002)")]
+    NotPersistent(u32),
+    #[error("'{0}' is not a TPM handle (e.g. 0x81010002)")]
+    NotAHandle(String),
+}
+
 /// Parses a persistent TPM handle written in hex (`0x81010002`) or decimal.
-pub fn parse_persistent_handle(s: &str) -> Result<u32, String> {
+pub fn parse_persistent_handle(s: &str) -> Result<u32, HandleError> {
     let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u32::from_str_radix(hex, 16),
         None => s.parse(),
     };
     match parsed {
         Ok(h) if (0x8100_0000..=0x81FF_FFFF).contains(&h) => Ok(h),
-        Ok(h) => Err(format!(
-            "{h:#010x} is not a persistent handle: use 0x81000000-0x81ffffff (e.g. 0x81010002)"
-        )),
-        Err(_) => Err(format!("'{s}' is not a TPM handle (e.g. 0x81010002)")),
+        Ok(h) => Err(HandleError::NotPersistent(h)),
+        Err(_) => Err(HandleError::NotAHandle(s.to_string())),
     }
 }
 

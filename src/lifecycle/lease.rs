@@ -39,24 +39,47 @@ pub struct LeaseConfig {
 
 impl LeaseConfig {
     /// Checks client-go's ordering: retry < renew deadline < duration.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TimingError> {
         if self.retry.is_zero() || self.retry >= self.renew_deadline {
-            return Err(format!(
-                "the retry period ({:?}) must be shorter than the renew deadline ({:?})",
-                self.retry, self.renew_deadline
-            ));
+            return Err(TimingError::Retry {
+                retry: self.retry,
+                renew_deadline: self.renew_deadline,
+            });
         }
         if self.renew_deadline >= self.duration {
-            return Err(format!(
-                "the renew deadline ({:?}) must be shorter than the lease duration ({:?}), or two replicas could lead at once",
-                self.renew_deadline, self.duration
-            ));
+            return Err(TimingError::RenewDeadline {
+                renew_deadline: self.renew_deadline,
+                duration: self.duration,
+            });
         }
         if self.duration.as_secs() == 0 {
-            return Err("the lease duration must be at least 1s".into());
+            return Err(TimingError::Duration);
         }
         Ok(())
     }
+}
+
+/// Lease timings that break client-go's ordering (see [`LeaseConfig::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum TimingError {
+    #[error(
+        "the retry period ({retry:?}) must be shorter than the renew deadline ({renew_deadline:?})"
+    )]
+    Retry {
+        retry: Duration,
+        renew_deadline: Duration,
+    },
+    #[error("the renew deadline ({renew_deadline:?}) must be shorter than the lease duration ({duration:?}), or two replicas could lead at once")]
+    RenewDeadline {
+        renew_deadline: Duration,
+        duration: Duration,
+    },
+    #[error("the lease duration must be at least 1s")]
+    Duration,
 }
 
 /// A unique identity for this process: the host (a pod's name in a Deployment) and a random
@@ -342,10 +365,15 @@ mod tests {
     #[test]
     fn timings_must_leave_room_for_stepping_down() {
         assert!(config(2, 10, 15).check().is_ok());
-        assert!(config(10, 10, 15).check().unwrap_err().contains("retry"));
+        assert!(config(10, 10, 15)
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("retry"));
         assert!(config(2, 15, 15)
             .check()
             .unwrap_err()
+            .to_string()
             .contains("two replicas could lead"));
     }
 

@@ -138,10 +138,10 @@ pub use super::registration::{parse_registration, read_trust_dir, RegisteredAk};
 #[cfg(feature = "tpm")]
 /// Finds hwkey's TPM evidence in a request's attributes. The attributes are read from the raw
 /// `CertificationRequestInfo` (x509-parser keeps no value for attribute types it does not know).
-fn find_evidence(cri_raw: &[u8]) -> Option<Result<TpmEvidence, String>> {
+fn find_evidence(cri_raw: &[u8]) -> Option<Result<TpmEvidence, Unreadable>> {
     let attributes = match super::attributes::read(cri_raw) {
         Ok(a) => a,
-        Err(e) => return Some(Err(format!("the request's attributes do not parse: {e}"))),
+        Err(e) => return Some(Err(Unreadable::Attributes(e))),
     };
     let wanted = yasna::models::ObjectIdentifier::from_slice(OID_EVIDENCE);
     attributes
@@ -152,7 +152,7 @@ fn find_evidence(cri_raw: &[u8]) -> Option<Result<TpmEvidence, String>> {
 
 /// Reads the evidence from the attribute's `values` (DER `SET`, one `EvidenceBundles`).
 #[cfg(feature = "tpm")]
-fn decode_evidence(values: &[u8]) -> Result<TpmEvidence, String> {
+fn decode_evidence(values: &[u8]) -> Result<TpmEvidence, Unreadable> {
     let mut found = None;
     yasna::parse_der(values, |r| {
         r.read_set_of(|r| {
@@ -160,8 +160,20 @@ fn decode_evidence(values: &[u8]) -> Result<TpmEvidence, String> {
             Ok(())
         })
     })
-    .map_err(|e| format!("the evidence attribute does not parse: {e}"))?;
-    found.ok_or_else(|| "the evidence attribute holds no statement".to_string())
+    .map_err(Unreadable::Attribute)?;
+    found.ok_or(Unreadable::NoStatement)
+}
+
+/// Why the evidence attribute of a request cannot be read.
+#[cfg(feature = "tpm")]
+#[derive(Debug, thiserror::Error)]
+enum Unreadable {
+    #[error("the request's attributes do not parse: {0}")]
+    Attributes(#[source] yasna::ASN1Error),
+    #[error("the evidence attribute does not parse: {0}")]
+    Attribute(#[source] yasna::ASN1Error),
+    #[error("the evidence attribute holds no statement")]
+    NoStatement,
 }
 
 /// EvidenceBundles (one bundle) → evidences (one statement) → hwkey's TPM2_Certify statement.
@@ -249,7 +261,7 @@ pub fn verify_request(
 #[cfg(feature = "tpm")]
 pub fn verify_evidence(csr_der: &[u8]) -> Result<Attested, Refused> {
     let csr = super::request_pem::parse_request_exact(csr_der)
-        .map_err(|e| refused(Refusal::EvidenceInvalid, e))?;
+        .map_err(|e| refused(Refusal::EvidenceInvalid, e.to_string()))?;
     csr.verify_signature().map_err(|e| {
         refused(
             Refusal::EvidenceInvalid,
@@ -264,7 +276,7 @@ pub fn verify_evidence(csr_der: &[u8]) -> Result<Attested, Refused> {
                 "the request carries no TPM evidence (made without `hwkey csr --attest`?)",
             )
         })?
-        .map_err(|e| refused(Refusal::EvidenceInvalid, e))?;
+        .map_err(|e| refused(Refusal::EvidenceInvalid, e.to_string()))?;
     let made_at = evidence.made_at.ok_or_else(|| {
         refused(
             Refusal::EvidenceInvalid,

@@ -35,8 +35,8 @@ pub struct Challenge {
 
 /// Makes a challenge for the object `name` (the AK's TPM name), to the EK whose marshalled
 /// `TPMT_PUBLIC` is `ek_public`. Only RSA-2048 EKs with the standard parameters are supported.
-pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, String> {
-    let public = Public::unmarshall(ek_public).map_err(|e| format!("the EK public area: {e}"))?;
+pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, CredentialError> {
+    let public = Public::unmarshall(ek_public).map_err(CredentialError::EkPublic)?;
     let Public::Rsa {
         name_hashing_algorithm,
         parameters,
@@ -45,15 +45,15 @@ pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, Strin
         ..
     } = public
     else {
-        return Err("the EK is not an RSA key: credential activation supports RSA-2048 EKs (the TPM's RSA EK certificate, NV index 0x01c00002)".into());
+        return Err(CredentialError::NotRsa);
     };
     if name_hashing_algorithm != HashingAlgorithm::Sha256 {
-        return Err(format!(
-            "the EK's nameAlg is {name_hashing_algorithm:?}, not SHA-256 (the standard RSA-2048 EK template)"
-        ));
+        return Err(CredentialError::NameAlg(format!(
+            "{name_hashing_algorithm:?}"
+        )));
     }
     if !(object_attributes.restricted() && object_attributes.decrypt()) {
-        return Err("the EK is not a restricted decryption key".into());
+        return Err(CredentialError::NotRestrictedDecryption);
     }
     if parameters.symmetric_definition_object()
         != (SymmetricDefinitionObject::Aes {
@@ -61,18 +61,12 @@ pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, Strin
             mode: SymmetricMode::Cfb,
         })
     {
-        return Err(
-            "the EK's symmetric algorithm is not AES-128-CFB (the standard RSA-2048 EK template)"
-                .into(),
-        );
+        return Err(CredentialError::Symmetric);
     }
     let (modulus, exponent) =
-        crate::key::tpm::rsa_parts(&parameters, &unique).map_err(|e| format!("the EK: {e}"))?;
+        crate::key::tpm::rsa_parts(&parameters, &unique).map_err(CredentialError::Ek)?;
     if modulus.len() != 256 {
-        return Err(format!(
-            "the EK's modulus is {} bits, not 2048",
-            modulus.len() * 8
-        ));
+        return Err(CredentialError::ModulusBits(modulus.len() * 8));
     }
     let random = ring::rand::SystemRandom::new();
     let mut seed = zeroize::Zeroizing::new(vec![0u8; 32]);
@@ -80,7 +74,7 @@ pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, Strin
     random
         .fill(&mut seed)
         .and_then(|()| random.fill(&mut secret))
-        .map_err(|_| "the system random generator failed".to_string())?;
+        .map_err(|_| CredentialError::Random)?;
     let encrypted_secret = rsa_oaep_sha256(modulus, exponent, b"IDENTITY\0", &seed, &random)?;
 
     let mut sym_key = zeroize::Zeroizing::new([0u8; 16]);
@@ -106,10 +100,39 @@ pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, Strin
     })
 }
 
-fn u16_len(bytes: &[u8]) -> Result<[u8; 2], String> {
+fn u16_len(bytes: &[u8]) -> Result<[u8; 2], CredentialError> {
     u16::try_from(bytes.len())
         .map(u16::to_be_bytes)
-        .map_err(|_| "a TPM2B is longer than 65535 bytes".to_string())
+        .map_err(|_| CredentialError::TooLong)
+}
+
+/// Why no challenge can be made for an EK, for `hwkey attest challenge`.
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum CredentialError {
+    #[error("the EK public area: {0}")]
+    EkPublic(#[source] tss_esapi::Error),
+    #[error("the EK is not an RSA key: credential activation supports RSA-2048 EKs (the TPM's RSA EK certificate, NV index 0x01c00002)")]
+    NotRsa,
+    #[error("the EK's nameAlg is {0}, not SHA-256 (the standard RSA-2048 EK template)")]
+    NameAlg(String),
+    #[error("the EK is not a restricted decryption key")]
+    NotRestrictedDecryption,
+    #[error("the EK's symmetric algorithm is not AES-128-CFB (the standard RSA-2048 EK template)")]
+    Symmetric,
+    #[error("the EK: {0}")]
+    Ek(#[source] crate::key::Unusable),
+    #[error("the EK's modulus is {0} bits, not 2048")]
+    ModulusBits(usize),
+    #[error("the system random generator failed")]
+    Random,
+    #[error("a TPM2B is longer than 65535 bytes")]
+    TooLong,
+    #[error("the message is too long for the EK's modulus")]
+    MessageTooLong,
 }
 
 /// KDFa (TPM 2.0 Part 1, 11.4.10.2) with SHA-256: HMAC(key, i ‖ label ‖ 0 ‖ contextU ‖ contextV
@@ -162,11 +185,11 @@ fn rsa_oaep_sha256(
     label: &[u8],
     message: &[u8],
     random: &ring::rand::SystemRandom,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, CredentialError> {
     const H: usize = 32;
     let k = modulus.len();
     if message.len() + 2 * H + 2 > k {
-        return Err("the message is too long for the EK's modulus".into());
+        return Err(CredentialError::MessageTooLong);
     }
     let l_hash = ring::digest::digest(&ring::digest::SHA256, label);
     // DB = lHash ‖ PS (zeros) ‖ 0x01 ‖ M
@@ -178,7 +201,7 @@ fn rsa_oaep_sha256(
     let mut seed = zeroize::Zeroizing::new(vec![0u8; H]);
     random
         .fill(&mut seed)
-        .map_err(|_| "the system random generator failed".to_string())?;
+        .map_err(|_| CredentialError::Random)?;
     for (d, m) in db.iter_mut().zip(mgf1(&seed, k - H - 1)) {
         *d ^= m;
     }

@@ -54,29 +54,30 @@ pub fn challenge(
     enrollment_text: &str,
     ca_pem: &[u8],
     node: &str,
-) -> Result<(ChallengeFile, ExpectedAnswer), String> {
-    super::registration::check_node_name(node).map_err(|e| e.to_string())?;
-    let enrollment = EnrollmentFile::parse(enrollment_text).map_err(|e| e.to_string())?;
+) -> Result<(ChallengeFile, ExpectedAnswer), EkTrustError> {
+    super::registration::check_node_name(node)?;
+    let enrollment = EnrollmentFile::parse(enrollment_text)?;
     let b64 = base64::engine::general_purpose::STANDARD;
-    let ak_public = enrollment.ak_public().map_err(|e| e.to_string())?;
-    let ak_name = crate::key::tpm::evidence::check_attestation_key(&ak_public).map_err(|e| e.0)?;
-    if ak_name != enrollment.ak_name().map_err(|e| e.to_string())? {
-        return Err("akName is not the name of akPublic".into());
+    let ak_public = enrollment.ak_public()?;
+    let ak_name = crate::key::tpm::evidence::check_attestation_key(&ak_public)?;
+    if ak_name != enrollment.ak_name()? {
+        return Err(EkTrustError::AkName);
     }
     let ek_public = b64
         .decode(
             enrollment
                 .ek_public
                 .as_deref()
-                .ok_or("the enrollment has no ekPublic: enroll the node again with this hwkey")?
+                .ok_or(EkTrustError::NoEkPublic)?
                 .trim(),
         )
-        .map_err(|e| format!("ekPublic is not base64: {e}"))?;
-    let cert_pem = enrollment.ek_certificate_pem.as_deref().ok_or(
-        "the enrollment has no EK certificate (its TPM has none in NV): register the node with `--trust` as an operator instead",
-    )?;
+        .map_err(EkTrustError::EkPublic)?;
+    let cert_pem = enrollment
+        .ek_certificate_pem
+        .as_deref()
+        .ok_or(EkTrustError::NoEkCertificate)?;
     let cert_der = pem::parse(cert_pem)
-        .map_err(|e| format!("ekCertificatePem is not PEM: {e}"))?
+        .map_err(EkTrustError::EkCertificatePem)?
         .into_contents();
     let issuer = check_ek_certificate(&cert_der, ca_pem, &ek_public)?;
     let made = super::credential::make_credential(&ek_public, &ak_name)?;
@@ -103,26 +104,26 @@ pub fn register(
     expected: &ExpectedAnswer,
     answer: &str,
     node: &str,
-) -> Result<(Vec<u8>, String), String> {
+) -> Result<(Vec<u8>, String), EkTrustError> {
     if node != expected.node {
-        return Err(format!(
-            "the challenge was made for node '{}', not '{node}'",
-            expected.node
-        ));
+        return Err(EkTrustError::OtherNode {
+            challenged: expected.node.clone(),
+            given: node.to_string(),
+        });
     }
     if sha256_hex(enrollment_text.as_bytes()) != expected.enrollment_sha256 {
-        return Err("this enrollment is not the one the challenge was made for".into());
+        return Err(EkTrustError::OtherEnrollment);
     }
     // Compared as digests, so the comparison's timing says nothing about the secret.
     let answer = answer.trim().to_ascii_lowercase();
     if sha256_hex(answer.as_bytes()) != sha256_hex(expected.secret.as_bytes()) {
-        return Err("the answer is not the challenge's secret: the attestation key is not in the TPM whose EK certificate was checked".into());
+        return Err(EkTrustError::WrongAnswer);
     }
-    let enrollment = EnrollmentFile::parse(enrollment_text).map_err(|e| e.to_string())?;
-    let ak_public = enrollment.ak_public().map_err(|e| e.to_string())?;
-    let ak_name = crate::key::tpm::evidence::check_attestation_key(&ak_public).map_err(|e| e.0)?;
+    let enrollment = EnrollmentFile::parse(enrollment_text)?;
+    let ak_public = enrollment.ak_public()?;
+    let ak_name = crate::key::tpm::evidence::check_attestation_key(&ak_public)?;
     if hex::encode(&ak_name) != expected.ak_name {
-        return Err("the enrollment's AK is not the one challenged".into());
+        return Err(EkTrustError::OtherAk);
     }
     let text = EnrollmentFile::canonical(
         node,
@@ -131,8 +132,7 @@ pub fn register(
             "hwkey attest register: EK certificate issued by {}; AK activated in that TPM",
             expected.ek_issuer
         ),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     Ok((ak_name, text))
 }
 
@@ -142,42 +142,36 @@ fn check_ek_certificate(
     cert_der: &[u8],
     ca_pem: &[u8],
     ek_public: &[u8],
-) -> Result<String, String> {
+) -> Result<String, EkTrustError> {
     use x509_parser::prelude::*;
-    let (_, cert) = X509Certificate::from_der(cert_der)
-        .map_err(|e| format!("the EK certificate does not parse: {e}"))?;
+    let (_, cert) =
+        X509Certificate::from_der(cert_der).map_err(|e| EkTrustError::EkCertificate(e.into()))?;
     if !cert.validity().is_valid() {
-        return Err(format!(
-            "the EK certificate is not valid now ({} to {})",
-            cert.validity().not_before,
-            cert.validity().not_after
-        ));
+        return Err(EkTrustError::EkCertificateExpired {
+            from: cert.validity().not_before.to_string(),
+            to: cert.validity().not_after.to_string(),
+        });
     }
     let cas: Vec<Vec<u8>> = ::pem::parse_many(ca_pem)
-        .map_err(|e| format!("--ek-ca is not PEM: {e}"))?
+        .map_err(EkTrustError::CaPem)?
         .into_iter()
         .filter(|p| p.tag() == "CERTIFICATE")
         .map(|p| p.into_contents())
         .collect();
     if cas.is_empty() {
-        return Err("--ek-ca holds no certificate".into());
+        return Err(EkTrustError::NoCa);
     }
     let signed_by = cas.iter().find_map(|ca_der| {
         let (_, ca) = X509Certificate::from_der(ca_der).ok()?;
         (ca.subject() == cert.issuer() && cert.verify_signature(Some(ca.public_key())).is_ok())
             .then(|| ca.subject().to_string())
     });
-    let issuer = signed_by.ok_or_else(|| {
-        format!(
-            "the EK certificate (issuer {}) is not signed by any certificate in --ek-ca",
-            cert.issuer()
-        )
-    })?;
-    let enrolled = crate::key::tpm::evidence::public_key_spki(ek_public).map_err(|e| e.0)?;
-    let (_, enrolled) = SubjectPublicKeyInfo::from_der(&enrolled)
-        .map_err(|e| format!("the enrolled EK's key does not encode: {e}"))?;
+    let issuer = signed_by.ok_or_else(|| EkTrustError::UnknownIssuer(cert.issuer().to_string()))?;
+    let enrolled = crate::key::tpm::evidence::public_key_spki(ek_public)?;
+    let (_, enrolled) =
+        SubjectPublicKeyInfo::from_der(&enrolled).map_err(|e| EkTrustError::EkKey(e.into()))?;
     if !same_key(cert.public_key(), &enrolled) {
-        return Err("the EK certificate is for another key than the enrolled EK".into());
+        return Err(EkTrustError::OtherKey);
     }
     Ok(issuer)
 }
@@ -204,6 +198,64 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// Reads an enrollment file, naming it in the error.
-pub fn read_text(path: &Path, what: &str) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))
+pub fn read_text(path: &Path, what: &'static str) -> Result<String, EkTrustError> {
+    std::fs::read_to_string(path).map_err(|source| EkTrustError::Read {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Why an enrollment cannot be challenged or registered.
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum EkTrustError {
+    #[error(transparent)]
+    Registration(#[from] super::registration::RegistrationError),
+    #[error(transparent)]
+    Evidence(#[from] crate::key::attestation::EvidenceInvalid),
+    #[error(transparent)]
+    Credential(#[from] super::credential::CredentialError),
+    #[error("akName is not the name of akPublic")]
+    AkName,
+    #[error("the enrollment has no ekPublic: enroll the node again with this hwkey")]
+    NoEkPublic,
+    #[error("ekPublic is not base64: {0}")]
+    EkPublic(#[source] base64::DecodeError),
+    #[error("the enrollment has no EK certificate (its TPM has none in NV): register the node with `--trust` as an operator instead")]
+    NoEkCertificate,
+    #[error("ekCertificatePem is not PEM: {0}")]
+    EkCertificatePem(#[source] pem::PemError),
+    #[error("the EK certificate does not parse: {0}")]
+    EkCertificate(#[source] x509_parser::error::X509Error),
+    #[error("the EK certificate is not valid now ({from} to {to})")]
+    EkCertificateExpired { from: String, to: String },
+    #[error("--ek-ca is not PEM: {0}")]
+    CaPem(#[source] pem::PemError),
+    #[error("--ek-ca holds no certificate")]
+    NoCa,
+    #[error("the EK certificate (issuer {0}) is not signed by any certificate in --ek-ca")]
+    UnknownIssuer(String),
+    #[error("the enrolled EK's key does not encode: {0}")]
+    EkKey(#[source] x509_parser::error::X509Error),
+    #[error("the EK certificate is for another key than the enrolled EK")]
+    OtherKey,
+    #[error("the challenge was made for node '{challenged}', not '{given}'")]
+    OtherNode { challenged: String, given: String },
+    #[error("this enrollment is not the one the challenge was made for")]
+    OtherEnrollment,
+    #[error("the answer is not the challenge's secret: the attestation key is not in the TPM whose EK certificate was checked")]
+    WrongAnswer,
+    #[error("the enrollment's AK is not the one challenged")]
+    OtherAk,
+    #[error("cannot read {what} {}: {source}", .path.display())]
+    Read {
+        what: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }

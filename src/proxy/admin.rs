@@ -39,7 +39,40 @@ pub struct HealthState {
 struct KeyCheck {
     at: Instant,
     signatures: u64,
-    result: Result<(), String>,
+    result: Result<(), Unhealthy>,
+}
+
+/// Why `/healthz` answers 503: the text after `key:`, `upstream:` or `certificate:`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+enum Unhealthy {
+    #[error("no certificate loaded")]
+    NoCertificate,
+    #[error("the certificate does not parse: {0}")]
+    Unparsable(#[source] x509_parser::error::X509Error),
+    #[error("expired at {0} (renew it: `hwkey renew`, or run the proxy with --renew)")]
+    Expired(String),
+    #[error("not valid before {0} (check the clocks)")]
+    NotYetValid(String),
+    #[error("the key offers no signature scheme")]
+    NoScheme,
+    #[error("{0}")]
+    Sign(#[source] Arc<crate::key::KeyError>),
+    #[error("{0}")]
+    LastSignature(String),
+    #[error("the check panicked: {0}")]
+    Panicked(String),
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    #[error("{addr} did not accept within {UPSTREAM_CHECK_TIMEOUT:?}")]
+    Timeout { addr: String },
 }
 
 /// At most this many admin connections at once, so no local user can exhaust the proxy's
@@ -192,24 +225,18 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>>
 
 /// The client certificate in use must be valid now: outside its window the API server refuses
 /// every request, so the proxy is not healthy, whatever the key and the upstream say.
-fn certificate_check(shared: &Shared) -> Result<(), String> {
+fn certificate_check(shared: &Shared) -> Result<(), Unhealthy> {
     let chain = shared.upstream.resolver().chain();
-    let leaf = chain.first().ok_or("no certificate loaded")?;
-    let (_, leaf) = x509_parser::parse_x509_certificate(leaf)
-        .map_err(|e| format!("the certificate does not parse: {e}"))?;
+    let leaf = chain.first().ok_or(Unhealthy::NoCertificate)?;
+    let (_, leaf) =
+        x509_parser::parse_x509_certificate(leaf).map_err(|e| Unhealthy::Unparsable(e.into()))?;
     let v = leaf.validity();
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     if now > v.not_after.timestamp() {
-        return Err(format!(
-            "expired at {} (renew it: `hwkey renew`, or run the proxy with --renew)",
-            v.not_after
-        ));
+        return Err(Unhealthy::Expired(v.not_after.to_string()));
     }
     if now < v.not_before.timestamp() {
-        return Err(format!(
-            "not valid before {} (check the clocks)",
-            v.not_before
-        ));
+        return Err(Unhealthy::NotYetValid(v.not_before.to_string()));
     }
     Ok(())
 }
@@ -246,7 +273,7 @@ fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<B
     r
 }
 
-async fn key_check(shared: &Shared) -> Result<(), String> {
+async fn key_check(shared: &Shared) -> Result<(), Unhealthy> {
     let now_sigs = shared.key().signatures();
     let cached = shared
         .health
@@ -264,24 +291,20 @@ async fn key_check(shared: &Shared) -> Result<(), String> {
         if c.at.elapsed() < KEY_CHECK_TTL {
             // A signature that failed after a good check is the news.
             if let (Some(e), Ok(())) = (last_error, &c.result) {
-                return Err(e);
+                return Err(Unhealthy::LastSignature(e));
             }
             return c.result.clone();
         }
     }
     let key = shared.key();
     let result = tokio::task::spawn_blocking(move || {
-        let scheme = key
-            .schemes()
-            .first()
-            .copied()
-            .ok_or_else(|| "the key offers no signature scheme".to_string())?;
+        let scheme = key.schemes().first().copied().ok_or(Unhealthy::NoScheme)?;
         key.sign(scheme, b"hwkey proxy health check")
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| Unhealthy::Sign(Arc::new(e)))
     })
     .await
-    .unwrap_or_else(|e| Err(format!("the check panicked: {e}")));
+    .unwrap_or_else(|e| Err(Unhealthy::Panicked(e.to_string())));
     *shared.health.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(KeyCheck {
         at: Instant::now(),
         signatures: shared.key().signatures(),
@@ -290,7 +313,7 @@ async fn key_check(shared: &Shared) -> Result<(), String> {
     result
 }
 
-async fn upstream_check(shared: &Shared) -> Result<(), String> {
+async fn upstream_check(shared: &Shared) -> Result<(), Unhealthy> {
     let t = shared.upstream.target();
     match tokio::time::timeout(
         UPSTREAM_CHECK_TIMEOUT,
@@ -299,10 +322,12 @@ async fn upstream_check(shared: &Shared) -> Result<(), String> {
     .await
     {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(format!("cannot connect to {}: {e}", t.authority())),
-        Err(_) => Err(format!(
-            "{} did not accept within {UPSTREAM_CHECK_TIMEOUT:?}",
-            t.authority()
-        )),
+        Ok(Err(e)) => Err(Unhealthy::Connect {
+            addr: t.authority(),
+            source: Arc::new(e),
+        }),
+        Err(_) => Err(Unhealthy::Timeout {
+            addr: t.authority(),
+        }),
     }
 }

@@ -38,6 +38,23 @@ use super::readahead::ReadAhead;
 use super::{bridge, ProxyError, Shared};
 use crate::pki::loopback_ca::LoopbackCa;
 
+/// Why a loopback client's certificate is refused after a (resumed) handshake.
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum LoopbackRefused {
+    #[error("no client certificate")]
+    NoCertificate,
+    #[error("unreadable client certificate: {0}")]
+    Unreadable(#[source] x509_parser::error::X509Error),
+    #[error("its loopback credential is not valid before {0} (check the clocks)")]
+    NotYetValid(String),
+    #[error("its loopback credential expired at {0} (a resumed TLS session does not extend it)")]
+    Expired(String),
+}
+
 /// The HTTP/2 client connection preface (RFC 9113, section 3.4).
 pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -219,10 +236,10 @@ impl LocalTls {
     fn client_cert_valid(
         &self,
         certs: Option<&[rustls::pki_types::CertificateDer<'_>]>,
-    ) -> Result<(), String> {
+    ) -> Result<(), LoopbackRefused> {
         let leaf = certs
             .and_then(|c| c.first())
-            .ok_or("no client certificate")?;
+            .ok_or(LoopbackRefused::NoCertificate)?;
         let now = rustls::pki_types::UnixTime::now().as_secs() as i64;
         let mut last = self.last_client.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((der, not_before, not_after)) = last.as_ref() {
@@ -231,7 +248,7 @@ impl LocalTls {
             }
         }
         let (_, parsed) = x509_parser::parse_x509_certificate(leaf)
-            .map_err(|e| format!("unreadable client certificate: {e}"))?;
+            .map_err(|e| LoopbackRefused::Unreadable(e.into()))?;
         let validity = parsed.validity();
         if (validity.not_before.timestamp()..=validity.not_after.timestamp()).contains(&now) {
             *last = Some((
@@ -241,15 +258,11 @@ impl LocalTls {
             ));
             Ok(())
         } else if now < validity.not_before.timestamp() {
-            Err(format!(
-                "its loopback credential is not valid before {} (check the clocks)",
-                validity.not_before
+            Err(LoopbackRefused::NotYetValid(
+                validity.not_before.to_string(),
             ))
         } else {
-            Err(format!(
-                "its loopback credential expired at {} (a resumed TLS session does not extend it)",
-                validity.not_after
-            ))
+            Err(LoopbackRefused::Expired(validity.not_after.to_string()))
         }
     }
 

@@ -13,97 +13,161 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::TypedMetric;
 use prometheus_client::registry::Registry;
 
-/// Which listener a client connection came in on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListenerKind {
-    /// A UNIX socket (peer uid checked).
-    Unix,
-    /// Loopback TLS (loopback client certificate required).
-    Tcp,
+/// Declares a label's values once: the enum, every value in declaration order (each series is
+/// created at zero from the start) and the text operators match on, as prometheus-client's
+/// `EncodeLabelValue`. The handles of a family are kept in that order ([`ByLabel`]).
+macro_rules! label_values {
+    ($(#[$meta:meta])* pub enum $name:ident {
+        $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)?
+    }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl LabelValue for $name {
+            const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl EncodeLabelValue for $name {
+            fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+                std::fmt::Write::write_str(encoder, self.as_str())
+            }
+        }
+    };
 }
 
-impl ListenerKind {
-    const ALL: [ListenerKind; 2] = [ListenerKind::Unix, ListenerKind::Tcp];
+/// A label whose values are all known in advance (see [`label_values!`]).
+pub trait LabelValue:
+    Copy + Eq + std::hash::Hash + std::fmt::Debug + EncodeLabelValue + Send + Sync + 'static
+{
+    /// Every value, in declaration order.
+    const ALL: &'static [Self];
+    /// The label value as operators see it.
+    fn as_str(self) -> &'static str;
+}
 
-    fn label(self) -> &'static str {
-        match self {
-            ListenerKind::Unix => "unix",
-            ListenerKind::Tcp => "tcp",
-        }
+label_values! {
+    /// Which listener a client connection came in on.
+    pub enum ListenerKind {
+        /// A UNIX socket (peer uid checked).
+        Unix => "unix",
+        /// Loopback TLS (loopback client certificate required).
+        Tcp => "tcp",
     }
 }
 
-/// Why a client was turned away before any upstream connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// A UNIX-socket peer whose uid is not ours nor allowed.
-    PeerUid,
-    /// A loopback TLS client without a valid certificate from the loopback CA.
-    ClientAuth,
-    /// The local handshake (TLS or HTTP/2 preface sniffing) did not finish in time.
-    HandshakeTimeout,
-    /// Too many unauthenticated handshakes at once: closed at accept.
-    Busy,
-    /// A loopback client certificate outside its validity (e.g. a resumed session whose
-    /// credential expired).
-    Expired,
-}
-
-impl Refusal {
-    const ALL: [Refusal; 5] = [
-        Refusal::PeerUid,
-        Refusal::ClientAuth,
-        Refusal::HandshakeTimeout,
-        Refusal::Busy,
-        Refusal::Expired,
-    ];
-
-    fn label(self) -> &'static str {
-        match self {
-            Refusal::PeerUid => "peer_uid",
-            Refusal::ClientAuth => "client_auth",
-            Refusal::HandshakeTimeout => "handshake_timeout",
-            Refusal::Busy => "busy",
-            Refusal::Expired => "expired_credential",
-        }
+label_values! {
+    /// Why a client was turned away before any upstream connection.
+    pub enum Refusal {
+        /// A UNIX-socket peer whose uid is not ours nor allowed.
+        PeerUid => "peer_uid",
+        /// A loopback TLS client without a valid certificate from the loopback CA.
+        ClientAuth => "client_auth",
+        /// The local handshake (TLS or HTTP/2 preface sniffing) did not finish in time.
+        HandshakeTimeout => "handshake_timeout",
+        /// Too many unauthenticated handshakes at once: closed at accept.
+        Busy => "busy",
+        /// A loopback client certificate outside its validity (e.g. a resumed session whose
+        /// credential expired).
+        Expired => "expired_credential",
     }
 }
 
-/// At which step an upstream connection failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamStage {
-    /// The TCP connect failed.
-    Connect,
-    /// The TLS handshake failed.
-    Handshake,
-    /// The upstream chose no protocol the client offered.
-    Alpn,
-    /// The handshake-timeout passed.
-    Timeout,
+label_values! {
+    /// At which step an upstream connection failed.
+    pub enum UpstreamStage {
+        /// The TCP connect failed.
+        Connect => "connect",
+        /// The TLS handshake failed.
+        Handshake => "handshake",
+        /// The upstream chose no protocol the client offered.
+        Alpn => "alpn",
+        /// The handshake-timeout passed.
+        Timeout => "timeout",
+    }
 }
 
-impl UpstreamStage {
-    const ALL: [UpstreamStage; 4] = [
-        UpstreamStage::Connect,
-        UpstreamStage::Handshake,
-        UpstreamStage::Alpn,
-        UpstreamStage::Timeout,
-    ];
+label_values! {
+    /// Whether an upstream handshake resumed a session (no signature) or was full.
+    pub enum Resumed {
+        /// Resumed: no signature.
+        Yes => "true",
+        /// Full: one signature by the hardware key.
+        No => "false",
+    }
+}
 
-    fn label(self) -> &'static str {
-        match self {
-            UpstreamStage::Connect => "connect",
-            UpstreamStage::Handshake => "handshake",
-            UpstreamStage::Alpn => "alpn",
-            UpstreamStage::Timeout => "timeout",
-        }
+label_values! {
+    /// Which way bytes went.
+    pub enum Direction {
+        /// Client to API server.
+        Up => "up",
+        /// API server to client.
+        Down => "down",
+    }
+}
+
+label_values! {
+    /// How a certificate reload ended.
+    pub enum ReloadResult {
+        /// Installed.
+        Ok => "ok",
+        /// Unreadable, expired or for another key: the current certificate stays.
+        Refused => "refused",
+    }
+}
+
+label_values! {
+    /// How a renewal ended.
+    pub enum RenewalResult {
+        /// A new certificate is in use.
+        Ok => "ok",
+        /// The current certificate stays (see [`RenewalFailure`]).
+        Failed => "failed",
+    }
+}
+
+label_values! {
+    /// Why a renewal failed (`hwkey_renewal_failures_total{reason}`).
+    pub enum RenewalFailure {
+        /// An approver denied the request.
+        Denied => "denied",
+        /// The signer failed it.
+        Failed => "failed",
+        /// It was not issued in time.
+        Timeout => "timeout",
+        /// The API server could not be reached or refused a call.
+        Api => "api",
+        /// What was issued is not usable (another key, not valid now, not a client certificate).
+        BadCertificate => "bad_certificate",
+        /// The signer caps lifetimes: the new certificate expires no later than the current one.
+        Capped => "capped",
+        /// The API server refused the renewed certificate in a handshake; it was rolled back.
+        RefusedUpstream => "refused_upstream",
+        /// It could not be installed.
+        Install => "install",
+        /// The hardware key failed.
+        Key => "key",
+        /// Anything else.
+        Other => "other",
     }
 }
 
@@ -113,48 +177,65 @@ const BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
-/// The reasons `hwkey_renewal_failures_total` is labelled with (`renewal::reason_label`).
-pub const RENEWAL_FAILURE_REASONS: [&str; 8] = [
-    "denied",
-    "failed",
-    "timeout",
-    "api",
-    "bad_certificate",
-    "install",
-    "key",
-    "other",
-];
-
-/// One label, e.g. `resumed="true"`. Every label value is a constant of this module.
-type Label = [(&'static str, &'static str); 1];
-
 fn latency_histogram() -> Histogram {
     Histogram::new(BUCKETS)
 }
 
-/// All of the proxy's metrics. Arrays of handles are indexed like the `ALL` list of their
-/// label's enum (or as commented).
+/// A family with one label of known values, registered once, and the handle of each value
+/// taken once (as linkerd2-proxy keeps its handles): the data path indexes, never looks up.
+#[derive(Debug)]
+struct ByLabel<L, M> {
+    handles: Vec<M>,
+    label: std::marker::PhantomData<L>,
+}
+
+impl<L: LabelValue, M> ByLabel<L, M>
+where
+    M: EncodeMetric + TypedMetric + Clone + std::fmt::Debug + Send + Sync + 'static,
+{
+    fn register(
+        registry: &mut Registry,
+        name: &str,
+        help: &str,
+        key: &'static str,
+        make: fn() -> M,
+    ) -> Self {
+        let family = Family::<[(&'static str, L); 1], M, fn() -> M>::new_with_constructor(make);
+        let handles = L::ALL
+            .iter()
+            .map(|v| family.get_or_create(&[(key, *v)]).clone())
+            .collect();
+        registry.register(name, help, family);
+        ByLabel {
+            handles,
+            label: std::marker::PhantomData,
+        }
+    }
+
+    fn get(&self, value: L) -> &M {
+        // ALL is in declaration order, so a value's position is its discriminant; position()
+        // keeps that from being an assumption.
+        let i = L::ALL.iter().position(|v| *v == value).unwrap_or(0);
+        &self.handles[i]
+    }
+}
+
+/// All of the proxy's metrics, each label value's handle taken when it was registered.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    connections: [Counter; 2],
+    connections: ByLabel<ListenerKind, Counter>,
     connections_active: Gauge,
-    refused: [Counter; 5],
-    /// Index 0: resumed, 1: full.
-    upstream_handshakes: [Counter; 2],
-    upstream_errors: [Counter; 4],
-    /// Index 0: resumed, 1: full.
-    upstream_latency: [Histogram; 2],
+    refused: ByLabel<Refusal, Counter>,
+    upstream_handshakes: ByLabel<Resumed, Counter>,
+    upstream_errors: ByLabel<UpstreamStage, Counter>,
+    upstream_latency: ByLabel<Resumed, Histogram>,
     local_latency: Histogram,
-    /// Index 0: up, 1: down.
-    bytes: [Counter; 2],
-    /// Index 0: ok, 1: refused.
-    reloads: [Counter; 2],
+    bytes: ByLabel<Direction, Counter>,
+    reloads: ByLabel<ReloadResult, Counter>,
     credentials_issued: Counter,
-    /// Index 0: ok, 1: failed.
-    renewals: [Counter; 2],
-    /// Looked up by reason per failure, which is rare.
-    renewal_failures: Family<Label, Counter>,
+    renewals: ByLabel<RenewalResult, Counter>,
+    renewal_failures: ByLabel<RenewalFailure, Counter>,
     renewal_last_success: Gauge,
     scrape_time: Arc<ScrapeTime>,
 }
@@ -172,101 +253,75 @@ impl Metrics {
         let mut registry = Registry::default();
         let scrape_time = Arc::new(ScrapeTime::default());
         registry.register_collector(Box::new(ScrapeTimeCollector(scrape_time.clone())));
-
-        let upstream_handshakes = labelled(
-            &mut registry,
+        let r = &mut registry;
+        let upstream_handshakes = ByLabel::register(
+            r,
             "hwkey_upstream_handshakes",
             "Completed TLS handshakes with the upstream; resumed ones needed no signature",
             "resumed",
-            ["true", "false"],
+            Counter::default,
         );
-        let upstream_errors = labelled(
-            &mut registry,
+        let upstream_errors = ByLabel::register(
+            r,
             "hwkey_upstream_errors",
             "Upstream connections that failed, by step",
             "stage",
-            UpstreamStage::ALL.map(UpstreamStage::label),
+            Counter::default,
         );
-        let latency_family =
-            Family::<Label, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
-        let upstream_latency = ["true", "false"].map(|resumed| {
-            latency_family
-                .get_or_create(&[("resumed", resumed)])
-                .clone()
-        });
-        registry.register(
+        let upstream_latency = ByLabel::register(
+            r,
             "hwkey_upstream_handshake_seconds",
             "Upstream TLS handshake latency (TCP connect excluded)",
-            latency_family,
+            "resumed",
+            latency_histogram,
         );
         let local_latency = latency_histogram();
-        registry.register(
+        r.register(
             "hwkey_local_handshake_seconds",
             "Loopback TLS handshake latency with local clients",
             local_latency.clone(),
         );
-        let connections = labelled(
-            &mut registry,
+        let connections = ByLabel::register(
+            r,
             "hwkey_connections",
             "Client connections accepted, by listener (refused ones included)",
             "listener",
-            ListenerKind::ALL.map(ListenerKind::label),
+            Counter::default,
         );
         let connections_active = Gauge::default();
-        registry.register(
+        r.register(
             "hwkey_connections_active",
             "Client connections open now (handshaking or bridging)",
             connections_active.clone(),
         );
-        let refused = labelled(
-            &mut registry,
+        let refused = ByLabel::register(
+            r,
             "hwkey_connections_refused",
             "Local clients turned away before any upstream connection, by reason",
             "reason",
-            Refusal::ALL.map(Refusal::label),
+            Counter::default,
         );
-        let bytes = labelled(
-            &mut registry,
+        let bytes = ByLabel::register(
+            r,
             "hwkey_bytes",
             "Bytes bridged, by direction (up: client to API server)",
             "direction",
-            ["up", "down"],
+            Counter::default,
         );
-        let reloads = labelled(
-            &mut registry,
+        let reloads = ByLabel::register(
+            r,
             "hwkey_cert_reloads",
             "Certificate reloads, by result (refused: unreadable, expired or another key)",
             "result",
-            ["ok", "refused"],
+            Counter::default,
         );
         let credentials_issued = Counter::default();
-        registry.register(
+        r.register(
             "hwkey_loopback_credentials_issued",
             "Loopback client credentials handed out on the control socket",
             credentials_issued.clone(),
         );
-        let renewals = labelled(
-            &mut registry,
-            "hwkey_renewals",
-            "Certificate renewals through the CSR API (--renew), by result",
-            "result",
-            ["ok", "failed"],
-        );
-        let renewal_failures = Family::<Label, Counter>::default();
-        for reason in RENEWAL_FAILURE_REASONS {
-            let _ = renewal_failures.get_or_create(&[("reason", reason)]);
-        }
-        registry.register(
-            "hwkey_renewal_failures",
-            "Failed renewals, by reason (denied, failed, timeout, api, bad_certificate, install, key, other)",
-            renewal_failures.clone(),
-        );
-        let renewal_last_success = Gauge::default();
-        registry.register(
-            "hwkey_renewal_last_success_timestamp_seconds",
-            "When the last renewal succeeded (Unix time; 0: never)",
-            renewal_last_success.clone(),
-        );
+        let (renewals, renewal_failures, renewal_last_success) = renewal_metrics(r);
         Metrics {
             registry,
             connections,
@@ -288,7 +343,7 @@ impl Metrics {
 
     /// Counts a client connection accepted on a listener (refused ones included).
     pub fn connection_accepted(&self, kind: ListenerKind) {
-        self.connections[kind as usize].inc();
+        self.connections.get(kind).inc();
     }
 
     /// A client connection opened.
@@ -303,19 +358,19 @@ impl Metrics {
 
     /// Counts a client turned away before any upstream connection.
     pub fn refused(&self, why: Refusal) {
-        self.refused[why as usize].inc();
+        self.refused.get(why).inc();
     }
 
     /// Counts an upstream handshake and observes its latency.
     pub fn upstream_handshake(&self, resumed: bool, took: Duration) {
-        let i = usize::from(!resumed);
-        self.upstream_handshakes[i].inc();
-        self.upstream_latency[i].observe(took.as_secs_f64());
+        let label = if resumed { Resumed::Yes } else { Resumed::No };
+        self.upstream_handshakes.get(label).inc();
+        self.upstream_latency.get(label).observe(took.as_secs_f64());
     }
 
     /// Counts a failed upstream connection by step.
     pub fn upstream_error(&self, stage: UpstreamStage) {
-        self.upstream_errors[stage as usize].inc();
+        self.upstream_errors.get(stage).inc();
     }
 
     /// Observes a loopback TLS handshake's latency.
@@ -325,13 +380,18 @@ impl Metrics {
 
     /// Adds the bytes a finished connection bridged each way.
     pub fn bytes(&self, up: u64, down: u64) {
-        self.bytes[0].inc_by(up);
-        self.bytes[1].inc_by(down);
+        self.bytes.get(Direction::Up).inc_by(up);
+        self.bytes.get(Direction::Down).inc_by(down);
     }
 
     /// Counts a certificate reload by result.
     pub fn reload(&self, ok: bool) {
-        self.reloads[usize::from(!ok)].inc();
+        let result = if ok {
+            ReloadResult::Ok
+        } else {
+            ReloadResult::Refused
+        };
+        self.reloads.get(result).inc();
     }
 
     /// Records the NotAfter (Unix seconds) of the certificate now in use.
@@ -343,16 +403,14 @@ impl Metrics {
 
     /// Counts a successful renewal and records when.
     pub fn renewal_succeeded(&self, at_unix: f64) {
-        self.renewals[0].inc();
+        self.renewals.get(RenewalResult::Ok).inc();
         self.renewal_last_success.set(at_unix as i64);
     }
 
-    /// Counts a failed renewal by reason (one of [`RENEWAL_FAILURE_REASONS`]).
-    pub fn renewal_failed(&self, reason: &'static str) {
-        self.renewals[1].inc();
-        self.renewal_failures
-            .get_or_create(&[("reason", reason)])
-            .inc();
+    /// Counts a failed renewal by reason.
+    pub fn renewal_failed(&self, reason: RenewalFailure) {
+        self.renewals.get(RenewalResult::Failed).inc();
+        self.renewal_failures.get(reason).inc();
     }
 
     /// Counts a loopback credential handed out.
@@ -381,19 +439,35 @@ impl Metrics {
     }
 }
 
-/// Registers a counter family with one label whose values are all known, each present from the
-/// start (at 0); returns the counters in the order of `values`.
-fn labelled<const N: usize>(
-    registry: &mut Registry,
-    name: &str,
-    help: &str,
-    label: &'static str,
-    values: [&'static str; N],
-) -> [Counter; N] {
-    let family = Family::<Label, Counter>::default();
-    let counters = values.map(|v| family.get_or_create(&[(label, v)]).clone());
-    registry.register(name, help, family);
-    counters
+/// The renewal's metrics (`--renew`).
+fn renewal_metrics(
+    r: &mut Registry,
+) -> (
+    ByLabel<RenewalResult, Counter>,
+    ByLabel<RenewalFailure, Counter>,
+    Gauge,
+) {
+    let renewals = ByLabel::register(
+        r,
+        "hwkey_renewals",
+        "Certificate renewals through the CSR API (--renew), by result",
+        "result",
+        Counter::default,
+    );
+    let failures = ByLabel::register(
+        r,
+        "hwkey_renewal_failures",
+        "Failed renewals, by reason (denied, failed, timeout, api, bad_certificate, capped, refused_upstream, install, key, other)",
+        "reason",
+        Counter::default,
+    );
+    let last_success = Gauge::default();
+    r.register(
+        "hwkey_renewal_last_success_timestamp_seconds",
+        "When the last renewal succeeded (Unix time; 0: never)",
+        last_success.clone(),
+    );
+    (renewals, failures, last_success)
 }
 
 /// Values read at scrape time: the key's counters (passed to [`Metrics::render`]) and the

@@ -407,58 +407,31 @@ async fn serve(
     });
     let local_tls = listener::LocalTls::new(&ca, &config::loopback_names(&bound_addrs))?;
     let activity = Arc::new(lifetime::Activity::new(metrics.clone()));
-    let shared = Arc::new(Shared {
-        key: std::sync::RwLock::new(key.clone()),
-        upstream,
-        local_tls,
-        ca,
-        metrics,
-        activity: activity.clone(),
-        health: admin::HealthState::default(),
-        slots: Arc::new(Semaphore::new(limits::fit_connections(
-            config.max_connections.max(1),
-        ))),
-        preauth: admission::Admission::new(
-            listener::PREAUTH_BUDGET,
-            listener::PREAUTH_RESERVED,
-            privileged_uids(&config.allow_uids),
-        ),
-        admin_admission: admission::Admission::new(
-            admin::ADMIN_MAX_CONNECTIONS,
-            admin::ADMIN_RESERVED,
-            privileged_uids(&config.allow_uids),
-        ),
-        handshake_timeout: config.handshake_timeout,
-        idle_timeout: config.idle_timeout.filter(|d| !d.is_zero()),
-        allowed_uids: config.allow_uids.clone(),
-        credential_validity: config.credential_validity,
-        loopback_url: loopback_url.clone(),
-        unix_sockets: bound_addrs
-            .iter()
-            .filter_map(|a| match a {
-                ListenAddr::Unix(p) => Some(p.clone()),
-                ListenAddr::Tcp(_) => None,
-            })
-            .collect(),
-        epoch,
-        rotation_close: config.rotation_close,
-        renewal_error: std::sync::Mutex::new(None),
-    });
+    let shared = Arc::new(shared_state(
+        &config,
+        Parts {
+            key: key.clone(),
+            upstream,
+            local_tls,
+            ca,
+            metrics,
+            activity: activity.clone(),
+            loopback_url,
+            bound: &bound_addrs,
+            epoch,
+        },
+    ));
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(listener::accept_loop(
-        shared.clone(),
-        listeners,
-        stop_rx.clone(),
-    )));
-    let control_path = config.state_dir.control_socket();
-    tasks.push(tokio::spawn(control::serve(
-        shared.clone(),
-        control,
-        stop_rx.clone(),
-    )));
     let admin_addr = admin.as_ref().map(listener::Bound::addr);
+    let mut tasks = vec![
+        tokio::spawn(listener::accept_loop(
+            shared.clone(),
+            listeners,
+            stop_rx.clone(),
+        )),
+        tokio::spawn(control::serve(shared.clone(), control, stop_rx.clone())),
+    ];
     if let Some(a) = admin {
         tasks.push(tokio::spawn(admin::serve(
             shared.clone(),
@@ -469,17 +442,7 @@ async fn serve(
     if config.renew {
         tasks.push(tokio::spawn(renewal::run(
             shared.clone(),
-            renewal::RenewSettings {
-                key: config.key.clone(),
-                cert: config.cert.clone(),
-                server: format!("https://{}", config.upstream.authority()),
-                upstream_ca: config.upstream_ca.clone(),
-                tls_server_name: config.tls_server_name.clone(),
-                versions,
-                rotate_key: config.rotate_key,
-                attest: config.attest,
-                state_dir: config.state_dir.clone(),
-            },
+            renew_settings(&config, versions),
             stop_rx.clone(),
         )));
     }
@@ -500,20 +463,7 @@ async fn serve(
         },
         None => None,
     };
-    let listen_text: Vec<String> = bound_addrs.iter().map(ToString::to_string).collect();
-    // Tests and supervisors wait for this line; it holds no secret.
-    eprintln!(
-        "hwkey proxy: ready: listen={} control=unix:{} admin={} upstream={} key={}",
-        listen_text.join(","),
-        control_path.display(),
-        admin_addr
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| "none".into()),
-        config.upstream,
-        key.describe(),
-    );
-    tracing::info!(listen = %listen_text.join(","), upstream = %config.upstream, "proxy ready");
-    notify::ready();
+    announce_ready(&config, &bound_addrs, admin_addr, &key);
 
     let reason = lifetime::wait_for_stop(activity.clone(), lock, config.idle_exit).await;
     notify::stopping();
@@ -536,6 +486,102 @@ async fn serve(
         );
     }
     Ok(reason)
+}
+
+/// What [`serve`] made before the shared state exists.
+struct Parts<'a> {
+    key: Arc<Key>,
+    upstream: upstream::Upstream,
+    local_tls: listener::LocalTls,
+    ca: crate::pki::loopback_ca::LoopbackCa,
+    metrics: Arc<metrics::Metrics>,
+    activity: Arc<lifetime::Activity>,
+    loopback_url: Option<String>,
+    bound: &'a [ListenAddr],
+    epoch: watch::Sender<rotation::CertEpoch>,
+}
+
+/// The state every task of the proxy shares.
+fn shared_state(config: &ProxyConfig, parts: Parts<'_>) -> Shared {
+    Shared {
+        key: std::sync::RwLock::new(parts.key),
+        upstream: parts.upstream,
+        local_tls: parts.local_tls,
+        ca: parts.ca,
+        metrics: parts.metrics,
+        activity: parts.activity,
+        health: admin::HealthState::default(),
+        slots: Arc::new(Semaphore::new(limits::fit_connections(
+            config.max_connections.max(1),
+        ))),
+        preauth: admission::Admission::new(
+            listener::PREAUTH_BUDGET,
+            listener::PREAUTH_RESERVED,
+            privileged_uids(&config.allow_uids),
+        ),
+        admin_admission: admission::Admission::new(
+            admin::ADMIN_MAX_CONNECTIONS,
+            admin::ADMIN_RESERVED,
+            privileged_uids(&config.allow_uids),
+        ),
+        handshake_timeout: config.handshake_timeout,
+        idle_timeout: config.idle_timeout.filter(|d| !d.is_zero()),
+        allowed_uids: config.allow_uids.clone(),
+        credential_validity: config.credential_validity,
+        loopback_url: parts.loopback_url,
+        unix_sockets: parts
+            .bound
+            .iter()
+            .filter_map(|a| match a {
+                ListenAddr::Unix(p) => Some(p.clone()),
+                ListenAddr::Tcp(_) => None,
+            })
+            .collect(),
+        epoch: parts.epoch,
+        rotation_close: config.rotation_close,
+        renewal_error: std::sync::Mutex::new(None),
+    }
+}
+
+/// What the renewal task needs from the proxy's settings.
+fn renew_settings(
+    config: &ProxyConfig,
+    versions: &'static [&'static rustls::SupportedProtocolVersion],
+) -> renewal::RenewSettings {
+    renewal::RenewSettings {
+        key: config.key.clone(),
+        cert: config.cert.clone(),
+        server: format!("https://{}", config.upstream.authority()),
+        upstream_ca: config.upstream_ca.clone(),
+        tls_server_name: config.tls_server_name.clone(),
+        versions,
+        rotate_key: config.rotate_key,
+        attest: config.attest,
+        state_dir: config.state_dir.clone(),
+    }
+}
+
+/// The ready line (tests and supervisors wait for it; it holds no secret), the log line and
+/// systemd's READY=1.
+fn announce_ready(
+    config: &ProxyConfig,
+    bound: &[ListenAddr],
+    admin: Option<ListenAddr>,
+    key: &Key,
+) {
+    let listen_text: Vec<String> = bound.iter().map(ToString::to_string).collect();
+    eprintln!(
+        "hwkey proxy: ready: listen={} control=unix:{} admin={} upstream={} key={}",
+        listen_text.join(","),
+        config.state_dir.control_socket().display(),
+        admin
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "none".into()),
+        config.upstream,
+        key.describe(),
+    );
+    tracing::info!(listen = %listen_text.join(","), upstream = %config.upstream, "proxy ready");
+    notify::ready();
 }
 
 type BoundSet = (

@@ -72,10 +72,10 @@ pub async fn watch(
 pub async fn reload(shared: &Shared, cert_path: Option<PathBuf>) -> bool {
     let key = shared.key();
     let loaded = tokio::task::spawn_blocking(move || {
-        cert::chain_for_key(&key, cert_path.as_deref()).map_err(|e| e.to_string())
+        cert::chain_for_key(&key, cert_path.as_deref()).map_err(ReloadRefused::Load)
     })
     .await
-    .unwrap_or_else(|e| Err(format!("the reload panicked: {e}")));
+    .unwrap_or_else(|e| Err(ReloadRefused::Panicked(e)));
     let result = loaded.and_then(|chain| install(shared, chain));
     match result {
         Ok(serial) => {
@@ -91,16 +91,37 @@ pub async fn reload(shared: &Shared, cert_path: Option<PathBuf>) -> bool {
     }
 }
 
-fn install(shared: &Shared, chain: Vec<CertificateDer<'static>>) -> Result<String, String> {
-    let leaf = chain.first().ok_or("the chain is empty")?;
-    let summary = cert::summarize(leaf).map_err(|e| e.to_string())?;
+fn install(shared: &Shared, chain: Vec<CertificateDer<'static>>) -> Result<String, ReloadRefused> {
+    let leaf = chain.first().ok_or(ReloadRefused::Empty)?;
+    let summary = cert::summarize(leaf).map_err(ReloadRefused::Load)?;
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     if summary.not_after_unix < now {
-        return Err(format!(
-            "the certificate (serial {}) expired at {}",
-            summary.serial, summary.not_after
-        ));
+        return Err(ReloadRefused::Expired {
+            serial: summary.serial,
+            not_after: summary.not_after,
+        });
     }
-    shared.install_chain(chain).map_err(|e| e.to_string())?;
+    shared
+        .install_chain(chain)
+        .map_err(ReloadRefused::Install)?;
     Ok(summary.serial)
+}
+
+/// Why a reloaded certificate is not installed (the current one stays).
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+enum ReloadRefused {
+    #[error("{0}")]
+    Load(#[source] crate::pki::PkiError),
+    #[error("the reload panicked: {0}")]
+    Panicked(#[source] tokio::task::JoinError),
+    #[error("the chain is empty")]
+    Empty,
+    #[error("the certificate (serial {serial}) expired at {not_after}")]
+    Expired { serial: String, not_after: String },
+    #[error("{0}")]
+    Install(#[source] crate::key::KeyError),
 }

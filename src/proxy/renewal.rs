@@ -26,6 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 use super::listener::stopped;
+use super::metrics::RenewalFailure;
 use super::Shared;
 use crate::key::{Key, KeyUri};
 use crate::lifecycle::issued::{self, Issued, Target};
@@ -492,20 +493,22 @@ async fn discard_key(uri: KeyUri) {
 }
 
 /// A short label for the failures metric.
-fn reason_label(e: &LifecycleError) -> &'static str {
+fn reason_label(e: &LifecycleError) -> RenewalFailure {
     match e {
-        LifecycleError::Denied { .. } => "denied",
-        LifecycleError::Failed { .. } => "failed",
-        LifecycleError::Timeout { .. } => "timeout",
+        LifecycleError::Denied { .. } => RenewalFailure::Denied,
+        LifecycleError::Failed { .. } => RenewalFailure::Failed,
+        LifecycleError::Timeout { .. } => RenewalFailure::Timeout,
         LifecycleError::Create { .. }
+        | LifecycleError::Unnamed { .. }
         | LifecycleError::Watch { .. }
-        | LifecycleError::Client { .. } => "api",
-        LifecycleError::BadIssued { .. } => "bad_certificate",
-        LifecycleError::NotLonger { .. } => "capped",
-        LifecycleError::RefusedUpstream { .. } => "refused_upstream",
-        LifecycleError::Install { .. } => "install",
-        LifecycleError::Key(_) | LifecycleError::Pki(_) => "key",
-        _ => "other",
+        | LifecycleError::Deleted { .. }
+        | LifecycleError::Client { .. } => RenewalFailure::Api,
+        LifecycleError::BadIssued { .. } => RenewalFailure::BadCertificate,
+        LifecycleError::NotLonger { .. } => RenewalFailure::Capped,
+        LifecycleError::RefusedUpstream { .. } => RenewalFailure::RefusedUpstream,
+        LifecycleError::Install { .. } => RenewalFailure::Install,
+        LifecycleError::Key(_) | LifecycleError::Pki(_) => RenewalFailure::Key,
+        _ => RenewalFailure::Other,
     }
 }
 

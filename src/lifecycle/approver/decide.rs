@@ -160,14 +160,14 @@ pub fn decide(
         Err(v) => return deny(v.reason, v.message),
     };
     if let Err(message) = check_requester(csr, &checked.node, &rules.bootstrap_groups) {
-        return deny(Reason::RequesterNotAllowed, message);
+        return deny(Reason::RequesterNotAllowed, message.to_string());
     }
     let attested = match attestation::verify_evidence(&checked.der) {
         Ok(a) => a,
         Err(r) => return deny(Reason::of(r.refusal), r.message),
     };
     if let Err(message) = check_fresh(csr, attested.made_at, rules.evidence_max_age) {
-        return deny(Reason::EvidenceStale, message);
+        return deny(Reason::EvidenceStale, message.to_string());
     }
     if let Some(first) = index.earlier_than(&attested.evidence_digest, &name) {
         return deny(
@@ -197,8 +197,8 @@ fn check_requester(
     csr: &CertificateSigningRequest,
     node: &str,
     bootstrap_groups: &[String],
-) -> Result<(), String> {
-    let user = csr.spec.username.as_deref().unwrap_or_default();
+) -> Result<(), RequesterRefused> {
+    let user = csr.spec.username.clone().unwrap_or_default();
     if user == format!("system:node:{node}") {
         return Ok(());
     }
@@ -208,16 +208,53 @@ fn check_requester(
             return Ok(());
         }
         return Err(if bootstrap_groups.is_empty() {
-            format!("{user} is a bootstrap identity, and no bootstrap group is allowed (pass --bootstrap-group with the group of the nodes' bootstrap tokens)")
+            RequesterRefused::NoBootstrapGroup { user }
         } else {
-            format!(
-                "{user} is in groups {groups:?}, none of the bootstrap groups allowed to join nodes ({bootstrap_groups:?})"
-            )
+            RequesterRefused::OtherGroups {
+                user,
+                groups,
+                allowed: bootstrap_groups.to_vec(),
+            }
         });
     }
-    Err(format!(
-        "{user} may not ask for system:node:{node}: only that node itself or a bootstrap identity of an allowed group may"
-    ))
+    Err(RequesterRefused::NotTheNode {
+        user,
+        node: node.to_string(),
+    })
+}
+
+/// Why a request's requester may not ask for the node identity it asks for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum RequesterRefused {
+    #[error("{user} is a bootstrap identity, and no bootstrap group is allowed (pass --bootstrap-group with the group of the nodes' bootstrap tokens)")]
+    NoBootstrapGroup { user: String },
+    #[error("{user} is in groups {groups:?}, none of the bootstrap groups allowed to join nodes ({allowed:?})")]
+    OtherGroups {
+        user: String,
+        groups: Vec<String>,
+        allowed: Vec<String>,
+    },
+    #[error("{user} may not ask for system:node:{node}: only that node itself or a bootstrap identity of an allowed group may")]
+    NotTheNode { user: String, node: String },
+}
+
+/// Why evidence is too old or too new for its request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum NotFresh {
+    #[error("the request has no creation time")]
+    NoCreationTime,
+    #[error("the evidence was made {age} s before the request was created (at most {max} s): make a new request on the node")]
+    TooOld { age: i64, max: i64 },
+    #[error("the evidence claims to be made {ahead} s after the request was created (at most {skew} s of clock skew): check the node's clock")]
+    FromTheFuture { ahead: i64, skew: i64 },
 }
 
 /// Evidence made at most `max_age` before the request was created, and not more than
@@ -226,22 +263,17 @@ fn check_fresh(
     csr: &CertificateSigningRequest,
     made_at: u64,
     max_age: Duration,
-) -> Result<(), String> {
-    let created = created_at(csr).ok_or("the request has no creation time")?;
+) -> Result<(), NotFresh> {
+    let created = created_at(csr).ok_or(NotFresh::NoCreationTime)?;
     let made = i64::try_from(made_at).unwrap_or(i64::MAX);
     let age = created.saturating_sub(made);
     let max = i64::try_from(max_age.as_secs()).unwrap_or(i64::MAX);
     let skew = i64::try_from(CLOCK_SKEW.as_secs()).unwrap_or(i64::MAX);
     if age > max {
-        return Err(format!(
-            "the evidence was made {age} s before the request was created (at most {max} s): make a new request on the node"
-        ));
+        return Err(NotFresh::TooOld { age, max });
     }
     if -age > skew {
-        return Err(format!(
-            "the evidence claims to be made {} s after the request was created (at most {skew} s of clock skew): check the node's clock",
-            -age
-        ));
+        return Err(NotFresh::FromTheFuture { ahead: -age, skew });
     }
     Ok(())
 }

@@ -179,7 +179,7 @@ pub fn request_der(spec_request: &[u8]) -> Result<Vec<u8>, Violation> {
 /// `der`, and `usages` (`spec.usages`; None for a bare request file, which has none).
 pub fn check_kubelet_client(der: &[u8], usages: Option<&[String]>) -> Result<Checked, Violation> {
     let csr = request_pem::parse_request_exact(der)
-        .map_err(|e| violation(Reason::MalformedRequest, e))?;
+        .map_err(|e| violation(Reason::MalformedRequest, e.to_string()))?;
     let cri = &csr.certification_request_info;
     let node = check_subject(&cri.subject)?;
     check_attributes(cri.raw)?;

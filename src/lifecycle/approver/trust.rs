@@ -61,9 +61,14 @@ pub enum TrustSource {
     },
 }
 
+/// A `--trust-configmap` that is not `NAMESPACE/NAME`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not NAMESPACE/NAME (example: hwkey-system/hwkey-approver-trust)")]
+pub struct NotNamespaceName(pub String);
+
 impl TrustSource {
     /// Parses `NAMESPACE/NAME`.
-    pub fn config_map(spec: &str) -> Result<TrustSource, String> {
+    pub fn config_map(spec: &str) -> Result<TrustSource, NotNamespaceName> {
         match spec.split_once('/') {
             Some((namespace, name))
                 if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
@@ -73,9 +78,7 @@ impl TrustSource {
                     name: name.into(),
                 })
             }
-            _ => Err(format!(
-                "'{spec}' is not NAMESPACE/NAME (example: hwkey-system/hwkey-approver-trust)"
-            )),
+            _ => Err(NotNamespaceName(spec.to_string())),
         }
     }
 }
@@ -426,7 +429,7 @@ mod tests {
         );
         for bad in ["trust", "/trust", "ns/", "a/b/c"] {
             let e = TrustSource::config_map(bad).unwrap_err();
-            assert!(e.contains("NAMESPACE/NAME"), "{bad}: {e}");
+            assert!(e.to_string().contains("NAMESPACE/NAME"), "{bad}: {e}");
         }
     }
 
