@@ -35,6 +35,9 @@ else
     echo "test.sh: security advisories NOT checked: no RustSec snapshot at $ADVISORY_BUNDLE and github.com is unreachable" >&2
     status=1
 fi
+# Structure (docs/ARCHITECTURE.md): the layering of src/, no import cycles, no function over 80
+# lines, no Result<_, String>, fewer than 20 `reason: String` fields. Prints the counts.
+python3 hsm-fixtures/structure.py || status=1
 # Everything, with both backends (the default build).
 cargo test --locked --all-targets --no-fail-fast "$@" || status=1
 # Each backend alone (Cargo features `pkcs11` and `tpm`): the integration tests compiled for that

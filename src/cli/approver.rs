@@ -119,73 +119,21 @@ pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
     use std::sync::Arc;
 
     use crate::lifecycle::approver::{self, metrics::ApproverMetrics};
-    use crate::lifecycle::lease::{self, LeaseConfig};
     use anyhow::Context;
 
     let options = options(&args)?;
-    let election = (args.leader_elect && !args.once)
-        .then(|| {
-            let namespace = args.leader_elect_namespace.clone().unwrap_or_else(|| {
-                std::fs::read_to_string(POD_NAMESPACE_FILE)
-                    .map(|n| n.trim().to_string())
-                    .ok()
-                    .filter(|n| !n.is_empty())
-                    .unwrap_or_else(|| "kube-system".into())
-            });
-            let config = LeaseConfig {
-                namespace,
-                name: args.leader_elect_lease_name.clone(),
-                identity: lease::default_identity(),
-                duration: args.leader_elect_lease_duration,
-                renew_deadline: args.leader_elect_renew_deadline,
-                retry: args.leader_elect_retry_period,
-            };
-            config
-                .check()
-                .map_err(|e| anyhow::anyhow!("leader election: {e}"))?;
-            anyhow::Ok(config)
-        })
-        .transpose()?;
-
+    let election = election(&args)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let config = match &args.kubeconfig {
-            Some(path) => {
-                let file = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(file, &Default::default())
-                    .await
-                    .with_context(|| format!("{} is not a usable kubeconfig", path.display()))?
-            }
-            None => kube::Config::infer()
-                .await
-                .context("no in-cluster service account and no usable $KUBECONFIG")?,
-        };
+        let config = kube_config(args.kubeconfig.as_deref()).await?;
         let client =
             crate::lifecycle::client::build(&config, crate::lifecycle::client::Identity::Config)?;
         let metrics = Arc::new(ApproverMetrics::default());
         if args.once {
-            let mut approver = approver::Approver::new(&client, options, metrics).await?;
-            let round = approver.decide_pending().await?;
-            for d in &round.decisions {
-                println!(
-                    "{} {}: {} ({})",
-                    if d.approved { "approved" } else { "denied" },
-                    d.name,
-                    d.reason,
-                    d.message
-                );
-            }
-            if let Some(first) = round.failures.first() {
-                anyhow::bail!(
-                    "{} request(s) could not be decided and stay open; the first: {first}",
-                    round.failures.len()
-                );
-            }
-            return Ok(());
+            return decide_once(&client, options, metrics).await;
         }
         let (stop_tx, stop) = tokio::sync::watch::channel(false);
         let (leading_tx, leading) = tokio::sync::watch::channel(false);
@@ -217,6 +165,80 @@ pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
         approver::run(&client, options, election, metrics, leading_tx, stop).await?;
         Ok(())
     })
+}
+
+/// The Lease settings with `--leader-elect` (not with `--once`), checked as client-go checks them.
+#[cfg(feature = "tpm")]
+fn election(args: &ApproverArgs) -> anyhow::Result<Option<crate::lifecycle::lease::LeaseConfig>> {
+    use crate::lifecycle::lease::{self, LeaseConfig};
+    if !args.leader_elect || args.once {
+        return Ok(None);
+    }
+    let namespace = args.leader_elect_namespace.clone().unwrap_or_else(|| {
+        std::fs::read_to_string(POD_NAMESPACE_FILE)
+            .map(|n| n.trim().to_string())
+            .ok()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "kube-system".into())
+    });
+    let config = LeaseConfig {
+        namespace,
+        name: args.leader_elect_lease_name.clone(),
+        identity: lease::default_identity(),
+        duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry: args.leader_elect_retry_period,
+    };
+    config
+        .check()
+        .map_err(|e| anyhow::anyhow!("leader election: {e}"))?;
+    Ok(Some(config))
+}
+
+/// The API server and credentials: `--kubeconfig`, else the pod's service account (or
+/// `$KUBECONFIG`).
+#[cfg(feature = "tpm")]
+async fn kube_config(path: Option<&std::path::Path>) -> anyhow::Result<kube::Config> {
+    use anyhow::Context;
+    Ok(match path {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .with_context(|| format!("{} is not a usable kubeconfig", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no in-cluster service account and no usable $KUBECONFIG")?,
+    })
+}
+
+/// `--once`: decides every open request, prints each decision, fails if any stays open.
+#[cfg(feature = "tpm")]
+async fn decide_once(
+    client: &kube::Client,
+    options: crate::lifecycle::approver::ApproverOptions,
+    metrics: std::sync::Arc<crate::lifecycle::approver::metrics::ApproverMetrics>,
+) -> anyhow::Result<()> {
+    let mut approver = crate::lifecycle::approver::Approver::new(client, options, metrics).await?;
+    let round = approver.decide_pending().await?;
+    for d in &round.decisions {
+        println!(
+            "{} {}: {} ({})",
+            if d.approved { "approved" } else { "denied" },
+            d.name,
+            d.reason,
+            d.message
+        );
+    }
+    if let Some(first) = round.failures.first() {
+        anyhow::bail!(
+            "{} request(s) could not be decided and stay open; the first: {first}",
+            round.failures.len()
+        );
+    }
+    Ok(())
 }
 
 #[cfg(not(feature = "tpm"))]

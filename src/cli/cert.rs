@@ -74,47 +74,58 @@ pub fn run(cmd: CertCommand) -> anyhow::Result<()> {
                 out.push((summary, matches));
             }
             if json {
-                let items: Vec<_> = out
-                    .iter()
-                    .map(|(s, m)| {
-                        let mut v = serde_json::to_value(s).unwrap_or_default();
-                        if let (Some(m), Some(obj)) = (m, v.as_object_mut()) {
-                            obj.insert("matchesKey".into(), (*m).into());
-                        }
-                        v
-                    })
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&items)?);
+                print_json(&out)?;
             } else {
-                for (i, (s, m)) in out.iter().enumerate() {
-                    if i > 0 {
-                        println!();
-                    }
-                    println!("subject:    {}", s.subject);
-                    println!("issuer:     {}", s.issuer);
-                    println!("serial:     {}", s.serial);
-                    println!("not before: {}", s.not_before);
-                    println!("not after:  {}", s.not_after);
-                    if !s.subject_alt_names.is_empty() {
-                        println!("SANs:       {}", s.subject_alt_names.join(", "));
-                    }
-                    println!("key:        {}", s.key_algorithm);
-                    if let Some(m) = m {
-                        println!(
-                            "matches key: {}",
-                            if *m {
-                                "yes"
-                            } else {
-                                "NO: this certificate is for another key"
-                            }
-                        );
-                    }
-                }
+                print_text(&out);
             }
             if matches!(out.first(), Some((_, Some(false)))) {
                 anyhow::bail!("the certificate does not match {}", opened.describe());
             }
             Ok(())
+        }
+    }
+}
+
+/// `cert show --json`: one object per certificate, the leaf with `matchesKey`.
+fn print_json(out: &[(cert::CertSummary, Option<bool>)]) -> anyhow::Result<()> {
+    let items: Vec<_> = out
+        .iter()
+        .map(|(s, m)| {
+            let mut v = serde_json::to_value(s).unwrap_or_default();
+            if let (Some(m), Some(obj)) = (m, v.as_object_mut()) {
+                obj.insert("matchesKey".into(), (*m).into());
+            }
+            v
+        })
+        .collect();
+    println!("{}", serde_json::to_string_pretty(&items)?);
+    Ok(())
+}
+
+/// `cert show`: one block per certificate.
+fn print_text(out: &[(cert::CertSummary, Option<bool>)]) {
+    for (i, (s, m)) in out.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        println!("subject:    {}", s.subject);
+        println!("issuer:     {}", s.issuer);
+        println!("serial:     {}", s.serial);
+        println!("not before: {}", s.not_before);
+        println!("not after:  {}", s.not_after);
+        if !s.subject_alt_names.is_empty() {
+            println!("SANs:       {}", s.subject_alt_names.join(", "));
+        }
+        println!("key:        {}", s.key_algorithm);
+        if let Some(m) = m {
+            println!(
+                "matches key: {}",
+                if *m {
+                    "yes"
+                } else {
+                    "NO: this certificate is for another key"
+                }
+            );
         }
     }
 }

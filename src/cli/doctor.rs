@@ -87,26 +87,8 @@ fn check_key(r: &mut Report, text: &str, cert_path: Option<PathBuf>) {
         Ok(_) => r.ok("signing path", key.signing_path()),
         Err(e) => r.fail("signing path", e),
     }
-    let Some(scheme) = key.schemes().first().copied() else {
-        return r.fail(
-            "sign",
-            "the key offers no signature scheme this device can make",
-        );
-    };
-    let message = b"hwkey doctor test signature";
-    match key.sign(scheme, message) {
-        Ok(sig) => match verify::verify(key.spki_der(), scheme, message, &sig) {
-            Ok(true) => r.ok(
-                "sign",
-                format!("a {scheme} signature verifies against the public key"),
-            ),
-            Ok(false) => r.fail(
-                "sign",
-                "the device's signature does not verify: check the device's health",
-            ),
-            Err(e) => r.fail("sign", e),
-        },
-        Err(e) => r.fail("sign", e),
+    if !check_signature(r, &key) {
+        return;
     }
     let chain = match cert::chain_for_key(&key, cert_path.as_deref()) {
         Ok(c) => c,
@@ -150,6 +132,33 @@ fn check_key(r: &mut Report, text: &str, cert_path: Option<PathBuf>) {
             renewal_state(r, leaf, now);
         }
     }
+}
+
+/// One test signature, verified against the key's public key; false when the key cannot sign.
+fn check_signature(r: &mut Report, key: &Key) -> bool {
+    let Some(scheme) = key.schemes().first().copied() else {
+        r.fail(
+            "sign",
+            "the key offers no signature scheme this device can make",
+        );
+        return false;
+    };
+    let message = b"hwkey doctor test signature";
+    match key.sign(scheme, message) {
+        Ok(sig) => match verify::verify(key.spki_der(), scheme, message, &sig) {
+            Ok(true) => r.ok(
+                "sign",
+                format!("a {scheme} signature verifies against the public key"),
+            ),
+            Ok(false) => r.fail(
+                "sign",
+                "the device's signature does not verify: check the device's health",
+            ),
+            Err(e) => r.fail("sign", e),
+        },
+        Err(e) => r.fail("sign", e),
+    }
+    true
 }
 
 /// Where the certificate is in its lifetime, against the 70–90 % window in which

@@ -57,65 +57,13 @@ pub fn run(cmd: KeyCommand) -> anyhow::Result<()> {
             print!("{}", created.public_key_pem());
             Ok(())
         }
-        KeyCommand::List { key, json } => {
-            let keys = key::list(&key)?;
-            if json {
-                let items: Vec<_> = keys
-                    .iter()
-                    .map(|k| {
-                        serde_json::json!({
-                            "uri": k.uri.to_string(),
-                            "algorithm": k.algorithm.to_string(),
-                            "certificate": k.has_certificate,
-                        })
-                    })
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&items)?);
-            } else {
-                if keys.is_empty() {
-                    eprintln!("no keys found");
-                }
-                for k in keys {
-                    let cert = if k.has_certificate {
-                        "\tcertificate"
-                    } else {
-                        ""
-                    };
-                    println!("{}\t{}{cert}", k.uri, k.algorithm);
-                }
-            }
-            Ok(())
-        }
+        KeyCommand::List { key, json } => list(&key, json),
         KeyCommand::Public { key } => {
             let opened = Key::open(&key)?;
             print!("{}", opened.public_key_pem());
             Ok(())
         }
-        KeyCommand::Info { key } => {
-            let opened = Key::open(&key)?;
-            println!("key:       {}", opened.describe());
-            println!("uri:       {}", opened.uri());
-            println!("algorithm: {}", opened.algorithm());
-            let schemes: Vec<String> = opened.schemes().iter().map(|s| s.to_string()).collect();
-            println!("schemes:   {}", schemes.join(", "));
-            println!("signing:   {}", opened.signing_path());
-            let protection = opened.protection()?;
-            for (name, value) in &protection.attributes {
-                println!("{name}: {value}");
-            }
-            if protection.exportable.is_empty() {
-                println!("extractable: no (the device says the private key cannot leave it)");
-            } else {
-                println!("extractable: YES: {}", protection.exportable.join("; "));
-            }
-            let cert = match opened.stored_chain() {
-                Ok(Some(chain)) => format!("{} stored", chain.len()),
-                Ok(None) => "none stored".into(),
-                Err(e) => format!("unreadable: {e}"),
-            };
-            println!("certificate: {cert}");
-            Ok(())
-        }
+        KeyCommand::Info { key } => info(&key),
         KeyCommand::Delete { key, yes } => {
             if !yes {
                 bail!(
@@ -129,4 +77,62 @@ pub fn run(cmd: KeyCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `key list`: one line (or JSON object) per key.
+fn list(uri: &KeyUri, json: bool) -> anyhow::Result<()> {
+    let keys = key::list(uri)?;
+    if json {
+        let items: Vec<_> = keys
+            .iter()
+            .map(|k| {
+                serde_json::json!({
+                    "uri": k.uri.to_string(),
+                    "algorithm": k.algorithm.to_string(),
+                    "certificate": k.has_certificate,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&items)?);
+        return Ok(());
+    }
+    if keys.is_empty() {
+        eprintln!("no keys found");
+    }
+    for k in keys {
+        let cert = if k.has_certificate {
+            "\tcertificate"
+        } else {
+            ""
+        };
+        println!("{}\t{}{cert}", k.uri, k.algorithm);
+    }
+    Ok(())
+}
+
+/// `key info`: what the key is, how it signs, and whether it can leave its device.
+fn info(uri: &KeyUri) -> anyhow::Result<()> {
+    let opened = Key::open(uri)?;
+    println!("key:       {}", opened.describe());
+    println!("uri:       {}", opened.uri());
+    println!("algorithm: {}", opened.algorithm());
+    let schemes: Vec<String> = opened.schemes().iter().map(|s| s.to_string()).collect();
+    println!("schemes:   {}", schemes.join(", "));
+    println!("signing:   {}", opened.signing_path());
+    let protection = opened.protection()?;
+    for (name, value) in &protection.attributes {
+        println!("{name}: {value}");
+    }
+    if protection.exportable.is_empty() {
+        println!("extractable: no (the device says the private key cannot leave it)");
+    } else {
+        println!("extractable: YES: {}", protection.exportable.join("; "));
+    }
+    let cert = match opened.stored_chain() {
+        Ok(Some(chain)) => format!("{} stored", chain.len()),
+        Ok(None) => "none stored".into(),
+        Err(e) => format!("unreadable: {e}"),
+    };
+    println!("certificate: {cert}");
+    Ok(())
 }

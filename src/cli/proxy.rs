@@ -130,31 +130,14 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
         .upstream
         .or(file.upstream)
         .ok_or(proxy::ProxyError::NoUpstream)?;
-    let listen = if args.listen.is_empty() {
-        file.listen
-    } else {
-        args.listen
-    };
-    let admin = args.admin.or(file.admin);
-    // Durations that must not be zero: a zero handshake timeout refuses every client, a zero
-    // credential validity mints certificates that are expired on arrival.
-    let positive = |what: &'static str, d: Option<std::time::Duration>| match d {
-        Some(d) if d.is_zero() => Err(proxy::ProxyError::ZeroDuration { what }),
-        other => Ok(other),
-    };
-    let allow_uids = if args.allow_uid.is_empty() {
-        file.allow_uid
-    } else {
-        args.allow_uid
-    };
     Ok(ProxyConfig {
         key,
         cert: args.cert.or(file.cert),
         upstream,
         upstream_ca: args.upstream_ca.or(file.upstream_ca),
         tls_server_name: args.tls_server_name.or(file.tls_server_name),
-        listen,
-        admin,
+        listen: flags_or_file(args.listen, file.listen),
+        admin: args.admin.or(file.admin),
         state_dir: match args.state_dir.or(file.state_dir) {
             Some(dir) => StateDir::new(dir),
             None => StateDir::proxy_default(),
@@ -175,7 +158,7 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
             .max_connections
             .or(file.max_connections)
             .unwrap_or(proxy::DEFAULT_MAX_CONNECTIONS),
-        allow_uids,
+        allow_uids: flags_or_file(args.allow_uid, file.allow_uid),
         unsafe_listen: args.unsafe_listen || file.unsafe_listen.unwrap_or(false),
         allow_tls12_fallback: args.allow_tls12_fallback
             || file.allow_tls12_fallback.unwrap_or(false),
@@ -205,6 +188,27 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
             .or(file.reload_interval)
             .unwrap_or(proxy::DEFAULT_RELOAD_INTERVAL),
     })
+}
+
+/// A list setting: the flags' values when any were given, else the config file's.
+fn flags_or_file<T>(flags: Vec<T>, file: Vec<T>) -> Vec<T> {
+    if flags.is_empty() {
+        file
+    } else {
+        flags
+    }
+}
+
+/// A duration that must not be zero: a zero handshake timeout refuses every client, a zero
+/// credential validity mints certificates that are expired on arrival.
+fn positive(
+    what: &'static str,
+    d: Option<std::time::Duration>,
+) -> Result<Option<std::time::Duration>, proxy::ProxyError> {
+    match d {
+        Some(d) if d.is_zero() => Err(proxy::ProxyError::ZeroDuration { what }),
+        other => Ok(other),
+    }
 }
 
 /// Settings that cannot work are refused up front (issue 22, findings 9 and 11): a 1 ns

@@ -254,27 +254,7 @@ impl Metrics {
         let scrape_time = Arc::new(ScrapeTime::default());
         registry.register_collector(Box::new(ScrapeTimeCollector(scrape_time.clone())));
         let r = &mut registry;
-        let upstream_handshakes = ByLabel::register(
-            r,
-            "hwkey_upstream_handshakes",
-            "Completed TLS handshakes with the upstream; resumed ones needed no signature",
-            "resumed",
-            Counter::default,
-        );
-        let upstream_errors = ByLabel::register(
-            r,
-            "hwkey_upstream_errors",
-            "Upstream connections that failed, by step",
-            "stage",
-            Counter::default,
-        );
-        let upstream_latency = ByLabel::register(
-            r,
-            "hwkey_upstream_handshake_seconds",
-            "Upstream TLS handshake latency (TCP connect excluded)",
-            "resumed",
-            latency_histogram,
-        );
+        let (upstream_handshakes, upstream_errors, upstream_latency) = upstream_metrics(r);
         let local_latency = latency_histogram();
         r.register(
             "hwkey_local_handshake_seconds",
@@ -437,6 +417,38 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+}
+
+/// The upstream connections' metrics.
+fn upstream_metrics(
+    r: &mut Registry,
+) -> (
+    ByLabel<Resumed, Counter>,
+    ByLabel<UpstreamStage, Counter>,
+    ByLabel<Resumed, Histogram>,
+) {
+    let handshakes = ByLabel::register(
+        r,
+        "hwkey_upstream_handshakes",
+        "Completed TLS handshakes with the upstream; resumed ones needed no signature",
+        "resumed",
+        Counter::default,
+    );
+    let errors = ByLabel::register(
+        r,
+        "hwkey_upstream_errors",
+        "Upstream connections that failed, by step",
+        "stage",
+        Counter::default,
+    );
+    let latency = ByLabel::register(
+        r,
+        "hwkey_upstream_handshake_seconds",
+        "Upstream TLS handshake latency (TCP connect excluded)",
+        "resumed",
+        latency_histogram,
+    );
+    (handshakes, errors, latency)
 }
 
 /// The renewal's metrics (`--renew`).

@@ -401,10 +401,6 @@ async fn serve(
     let mut sockets = SocketFiles::default();
     let (listeners, control, admin) = bind_all(&config, &mut sockets)?;
     let bound_addrs: Vec<ListenAddr> = listeners.iter().map(listener::Bound::addr).collect();
-    let loopback_url = bound_addrs.iter().find_map(|a| match a {
-        ListenAddr::Tcp(s) => Some(format!("https://{s}")),
-        ListenAddr::Unix(_) => None,
-    });
     let local_tls = listener::LocalTls::new(&ca, &config::loopback_names(&bound_addrs))?;
     let activity = Arc::new(lifetime::Activity::new(metrics.clone()));
     let shared = Arc::new(shared_state(
@@ -416,7 +412,6 @@ async fn serve(
             ca,
             metrics,
             activity: activity.clone(),
-            loopback_url,
             bound: &bound_addrs,
             epoch,
         },
@@ -424,43 +419,24 @@ async fn serve(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin_addr = admin.as_ref().map(listener::Bound::addr);
-    let mut tasks = vec![
-        tokio::spawn(listener::accept_loop(
-            shared.clone(),
-            listeners,
-            stop_rx.clone(),
-        )),
-        tokio::spawn(control::serve(shared.clone(), control, stop_rx.clone())),
-    ];
-    if let Some(a) = admin {
-        tasks.push(tokio::spawn(admin::serve(
-            shared.clone(),
-            a,
-            stop_rx.clone(),
-        )));
-    }
-    if config.renew {
-        tasks.push(tokio::spawn(renewal::run(
-            shared.clone(),
-            renew_settings(&config, versions),
-            stop_rx.clone(),
-        )));
-    }
-    let reloader = tokio::spawn(reload::watch(
-        shared.clone(),
-        config.cert.clone(),
-        config.reload_interval,
-        stop_rx.clone(),
-    ));
+    let (tasks, reloader) = spawn_tasks(
+        &shared,
+        &config,
+        (listeners, control, admin),
+        versions,
+        &stop_rx,
+    );
 
-    let lock = match &config.lock_file {
-        Some(p) => match lifetime::open_lock_file(p) {
-            Ok(f) => Some((p.clone(), f)),
-            Err(e) => {
-                let _ = stop_tx.send(true);
-                return Err(e);
-            }
-        },
+    let lock = match config
+        .lock_file
+        .as_ref()
+        .map(|p| (p, lifetime::open_lock_file(p)))
+    {
+        Some((p, Ok(f))) => Some((p.clone(), f)),
+        Some((_, Err(e))) => {
+            let _ = stop_tx.send(true);
+            return Err(e);
+        }
         None => None,
     };
     announce_ready(&config, &bound_addrs, admin_addr, &key);
@@ -474,18 +450,60 @@ async fn serve(
     }
     reloader.abort();
     let reason = reason?;
+    drain(&activity, config.drain_timeout, &reason).await;
+    Ok(reason)
+}
+
+/// Waits for open connections to finish, at most `timeout`, and says how the proxy stopped.
+async fn drain(activity: &lifetime::Activity, timeout: Duration, reason: &StopReason) {
     tracing::info!(%reason, open = activity.open(), "stopping: draining open connections");
-    let drained = lifetime::drain(&activity, config.drain_timeout).await;
-    if drained {
+    if lifetime::drain(activity, timeout).await {
         eprintln!("hwkey proxy: stopped ({reason})");
     } else {
         eprintln!(
-            "hwkey proxy: stopped ({reason}); {} connection(s) still open after {:?} were closed",
+            "hwkey proxy: stopped ({reason}); {} connection(s) still open after {timeout:?} were closed",
             activity.open(),
-            config.drain_timeout
         );
     }
-    Ok(reason)
+}
+
+/// Starts the listeners' accept loops, the control socket, the admin listener, the renewal
+/// (with `--renew`) and the certificate reloader (returned apart: it is aborted, not awaited).
+fn spawn_tasks(
+    shared: &Arc<Shared>,
+    config: &ProxyConfig,
+    (listeners, control, admin): BoundSet,
+    versions: &'static [&'static rustls::SupportedProtocolVersion],
+    stop: &watch::Receiver<bool>,
+) -> (
+    Vec<tokio::task::JoinHandle<()>>,
+    tokio::task::JoinHandle<Result<(), ProxyError>>,
+) {
+    let mut tasks = vec![
+        tokio::spawn(listener::accept_loop(
+            shared.clone(),
+            listeners,
+            stop.clone(),
+        )),
+        tokio::spawn(control::serve(shared.clone(), control, stop.clone())),
+    ];
+    if let Some(a) = admin {
+        tasks.push(tokio::spawn(admin::serve(shared.clone(), a, stop.clone())));
+    }
+    if config.renew {
+        tasks.push(tokio::spawn(renewal::run(
+            shared.clone(),
+            renew_settings(config, versions),
+            stop.clone(),
+        )));
+    }
+    let reloader = tokio::spawn(reload::watch(
+        shared.clone(),
+        config.cert.clone(),
+        config.reload_interval,
+        stop.clone(),
+    ));
+    (tasks, reloader)
 }
 
 /// What [`serve`] made before the shared state exists.
@@ -496,7 +514,6 @@ struct Parts<'a> {
     ca: crate::pki::loopback_ca::LoopbackCa,
     metrics: Arc<metrics::Metrics>,
     activity: Arc<lifetime::Activity>,
-    loopback_url: Option<String>,
     bound: &'a [ListenAddr],
     epoch: watch::Sender<rotation::CertEpoch>,
 }
@@ -528,7 +545,10 @@ fn shared_state(config: &ProxyConfig, parts: Parts<'_>) -> Shared {
         idle_timeout: config.idle_timeout.filter(|d| !d.is_zero()),
         allowed_uids: config.allow_uids.clone(),
         credential_validity: config.credential_validity,
-        loopback_url: parts.loopback_url,
+        loopback_url: parts.bound.iter().find_map(|a| match a {
+            ListenAddr::Tcp(s) => Some(format!("https://{s}")),
+            ListenAddr::Unix(_) => None,
+        }),
         unix_sockets: parts
             .bound
             .iter()

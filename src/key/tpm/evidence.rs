@@ -54,14 +54,46 @@ pub fn verify(
         .map_err(|e| invalid(format!("the key's TPMT_PUBLIC does not parse: {e}")))?;
 
     // 1. The AK is an attestation key, and it signed exactly these bytes.
+    check_ak_signature(evidence, &ak_public, &signature)?;
+
+    // 2. It is a certify statement about the included public area.
+    let AttestInfo::Certify { info } = attest.attested() else {
+        return Err(invalid("TPMS_ATTEST is not a TPM2_Certify statement"));
+    };
+    let key_name = name_of(&evidence.key_public).map_err(|e| invalid(e.to_string()))?;
+    if info.name().value() != key_name.as_slice() {
+        return Err(invalid(
+            "the certified name is not the name of the included TPMT_PUBLIC",
+        ));
+    }
+
+    // 3. Bound to this request.
+    if attest.extra_data().value() != qualifying_data {
+        return Err(invalid(
+            "the evidence was made for another request (qualifying data differs): replayed?",
+        ));
+    }
+
+    // 4. The certified key is the request's key, and it can never leave the TPM.
+    check_certified_key(&key_public, expected_spki)?;
+    name_of(&evidence.ak_public).map_err(|e| invalid(e.to_string()))
+}
+
+/// The AK is an attestation key (restricted, fixedTPM, signing), and its ECDSA signature over
+/// `TPMS_ATTEST` verifies.
+fn check_ak_signature(
+    evidence: &TpmEvidence,
+    ak_public: &Public,
+    signature: &Signature,
+) -> Result<(), EvidenceInvalid> {
     let ak_attributes = ak_public.object_attributes();
     if !(ak_attributes.restricted() && ak_attributes.sign_encrypt() && ak_attributes.fixed_tpm()) {
         return Err(invalid(
             "the signing key is not a restricted, fixedTPM signing key (not an attestation key)",
         ));
     }
-    let ak_spki = ecc_spki(&ak_public).map_err(|e| invalid(e.to_string()))?;
-    let der_signature = match &signature {
+    let ak_spki = ecc_spki(ak_public).map_err(|e| invalid(e.to_string()))?;
+    let der_signature = match signature {
         Signature::EcDsa(s) => {
             der::ecdsa_rs_to_der(s.signature_r().value(), s.signature_s().value())
         }
@@ -84,27 +116,13 @@ pub fn verify(
             "the AK's signature over TPMS_ATTEST does not verify",
         ));
     }
+    Ok(())
+}
 
-    // 2. It is a certify statement about the included public area.
-    let AttestInfo::Certify { info } = attest.attested() else {
-        return Err(invalid("TPMS_ATTEST is not a TPM2_Certify statement"));
-    };
-    let key_name = name_of(&evidence.key_public).map_err(|e| invalid(e.to_string()))?;
-    if info.name().value() != key_name.as_slice() {
-        return Err(invalid(
-            "the certified name is not the name of the included TPMT_PUBLIC",
-        ));
-    }
-
-    // 3. Bound to this request.
-    if attest.extra_data().value() != qualifying_data {
-        return Err(invalid(
-            "the evidence was made for another request (qualifying data differs): replayed?",
-        ));
-    }
-
-    // 4. The certified key is the request's key, and it can never leave the TPM.
-    let info = KeyInfo::from_public(&key_public).map_err(|reason| {
+/// The certified key is a usable signing key, is the request's key, and can never leave its
+/// TPM (fixedTPM, fixedParent, sensitiveDataOrigin).
+fn check_certified_key(key_public: &Public, expected_spki: &[u8]) -> Result<(), EvidenceInvalid> {
+    let info = KeyInfo::from_public(key_public).map_err(|reason| {
         invalid(format!(
             "the certified key is not a usable signing key: {reason}"
         ))
@@ -124,5 +142,5 @@ pub fn verify(
             )));
         }
     }
-    name_of(&evidence.ak_public).map_err(|e| invalid(e.to_string()))
+    Ok(())
 }
