@@ -26,7 +26,7 @@ MAX_REASON_STRING = 19
 LAYERS = {
     # The base: small helpers every layer may use.
     "atomic_file": 0, "small_file": 0, "state_dir": 0, "duration": 0, "hex": 0,
-    "backoff": 0, "http_serve": 0, "endpoint": 0, "error_chain": 0,
+    "backoff": 0, "http_serve": 0, "endpoint": 0, "error_chain": 0, "stop": 0,
     "key": 1,
     "pki": 2,
     # What the exec plugin and the proxy share: the kubeconfig (its hwkey extension, written by

@@ -1,8 +1,13 @@
 //! hwkey keeps Kubernetes mTLS client keys inside a PKCS#11 token or a TPM 2.0 and still lets
 //! kubectl and kubelet use them.
 //!
-//! Data flows one way: the CLI ([`cli`]) calls the PKI helpers ([`pki`]) and the probe client
-//! ([`probe`]), which use the key layer ([`key`]), which talks to the hardware.
+//! Imports run one way, hardware up to the command line (docs/ARCHITECTURE.md, checked by
+//! `hsm-fixtures/structure.py`): small base modules ([`state_dir`], [`endpoint`],
+//! [`duration`], …) → the key layer ([`key`], PKCS#11 and TPM) → [`pki`] (requests,
+//! certificates, TLS material, attestation) → what the exec plugin and the proxy share
+//! ([`kubeconfig`], [`control_api`]) → the exec plugin ([`exec`]) → the certificate lifecycle
+//! ([`lifecycle`]) → the proxy ([`proxy`], [`probe`]) → the subcommands ([`cli`]), which
+//! nothing imports.
 
 #[cfg(not(any(feature = "pkcs11", feature = "tpm")))]
 compile_error!(
@@ -10,6 +15,7 @@ compile_error!(
 );
 
 pub mod atomic_file;
+pub mod backoff;
 pub mod cli;
 pub mod control_api;
 pub mod duration;
@@ -25,3 +31,4 @@ pub mod probe;
 pub mod proxy;
 pub mod small_file;
 pub mod state_dir;
+pub mod stop;

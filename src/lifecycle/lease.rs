@@ -19,6 +19,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 
 use super::LifecycleError;
+use crate::stop::stopped;
 
 /// Where the Lease lives and how it is held.
 #[derive(Debug, Clone)]
@@ -256,11 +257,6 @@ impl Validity {
             }),
         }
     }
-}
-
-/// Resolves once `stop` is true (or its sender is gone).
-pub async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
 }
 
 /// Campaigns for the Lease and holds it until `stop`, publishing whether this process leads on

@@ -239,28 +239,15 @@ pub enum SubjectProblem {
 
 /// The subject of a certificate as `CN=…,O=…` text that [`Name::parse`] reads back.
 pub(crate) fn subject_text(cert_der: &[u8]) -> Result<String, LifecycleError> {
-    const SHORT: &[(&str, &str)] = &[
-        ("2.5.4.3", "CN"),
-        ("2.5.4.10", "O"),
-        ("2.5.4.11", "OU"),
-        ("2.5.4.6", "C"),
-        ("2.5.4.8", "ST"),
-        ("2.5.4.7", "L"),
-        ("2.5.4.5", "SERIALNUMBER"),
-        ("0.9.2342.19200300.100.1.25", "DC"),
-        ("1.2.840.113549.1.9.1", "EMAILADDRESS"),
-    ];
     let bad = |problem| LifecycleError::Subject { problem };
     let (_, parsed) = x509_parser::parse_x509_certificate(cert_der)
         .map_err(|e| bad(SubjectProblem::Unreadable(e.into())))?;
     let mut parts = Vec::new();
     for attr in parsed.subject().iter_attributes() {
-        let oid = attr.attr_type().to_id_string();
-        let short = SHORT
-            .iter()
-            .find(|(o, _)| *o == oid)
-            .map(|(_, s)| *s)
-            .ok_or_else(|| bad(SubjectProblem::UnknownAttribute(oid)))?;
+        let oid = attr.attr_type();
+        let arcs: Vec<u64> = oid.iter().map(Iterator::collect).unwrap_or_default();
+        let short = crate::pki::name::short_name(&arcs)
+            .ok_or_else(|| bad(SubjectProblem::UnknownAttribute(oid.to_id_string())))?;
         let value = attr
             .as_str()
             .map_err(|_| bad(SubjectProblem::NotAString(short)))?;

@@ -21,6 +21,8 @@ pub struct NameAttr {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Name(pub Vec<NameAttr>);
 
+/// The attribute types a subject may hold: short name and OID. The one table both directions use
+/// ([`Name::parse`] and [`short_name`]).
 const KNOWN: &[(&str, &[u64])] = &[
     ("CN", &[2, 5, 4, 3]),
     ("O", &[2, 5, 4, 10]),
@@ -32,6 +34,11 @@ const KNOWN: &[(&str, &[u64])] = &[
     ("DC", &[0, 9, 2342, 19200300, 100, 1, 25]),
     ("EMAILADDRESS", &[1, 2, 840, 113549, 1, 9, 1]),
 ];
+
+/// The short name ([`Name::parse`]'s) of an attribute type given by its OID's arcs.
+pub fn short_name(arcs: &[u64]) -> Option<&'static str> {
+    KNOWN.iter().find(|(_, oid)| *oid == arcs).map(|(s, _)| *s)
+}
 
 /// What is wrong with a subject's text, for [`PkiError::InvalidSubject`].
 #[derive(Debug, thiserror::Error)]

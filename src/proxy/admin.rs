@@ -20,9 +20,10 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use tokio::sync::watch;
 
-use super::listener::{accept_error, admit, check_peer, stopped, Bound};
+use super::listener::{accept_error, admit, check_peer, Bound};
 use super::ratelimit::RateLimited;
 use super::Shared;
+use crate::stop::stopped;
 
 /// How long a test signature's result stands for.
 pub const KEY_CHECK_TTL: Duration = Duration::from_secs(30);

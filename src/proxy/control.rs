@@ -23,10 +23,11 @@ use hyper::{Request, Response, StatusCode};
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
-use super::listener::{check_peer, own_uid, stopped};
+use super::listener::{check_peer, own_uid};
 use super::Shared;
 use crate::control_api::{ControlError, LoopbackCredential, ProxyInfo, API_VERSION};
 use crate::pki::loopback_ca::rfc3339;
+use crate::stop::stopped;
 
 /// Loopback credential lifetime when the client asks for none.
 pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(600);

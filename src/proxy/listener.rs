@@ -37,6 +37,7 @@ use super::ratelimit::RateLimited;
 use super::readahead::ReadAhead;
 use super::{bridge, ProxyError, Shared};
 use crate::pki::loopback_ca::LoopbackCa;
+use crate::stop::stopped;
 
 /// Why a loopback client's certificate is refused after a (resumed) handshake.
 #[derive(Debug, thiserror::Error)]
@@ -397,11 +398,6 @@ pub(crate) fn admit(
         }
     }
     Some(ticket)
-}
-
-/// Resolves once the stop flag is set.
-pub async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
 }
 
 /// After a failed accept (EMFILE and friends): back off instead of spinning, and log at most

@@ -20,9 +20,9 @@ use rustls::pki_types::CertificateDer;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
-use super::listener::stopped;
 use super::{ProxyError, Shared};
 use crate::pki::cert;
+use crate::stop::stopped;
 
 /// Runs until `stop`: reloads on SIGHUP and on changes of `cert_path` every `interval`.
 pub async fn watch(

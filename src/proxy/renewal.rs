@@ -25,14 +25,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
-use super::listener::stopped;
 use super::metrics::RenewalFailure;
 use super::Shared;
+use crate::backoff::Backoff;
 use crate::key::{Key, KeyUri};
 use crate::lifecycle::issued::{self, Issued, Target};
 use crate::lifecycle::renew::{prepare, subject_text, submit, Ask, SubjectProblem};
 use crate::lifecycle::{client, LifecycleError, DEFAULT_WAIT};
 use crate::state_dir::{StateDir, CURRENT_KEY_FILE};
+use crate::stop::stopped;
 
 /// First retry delay after a failed renewal; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(2);
@@ -113,7 +114,7 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
             _ = stopped(&mut stop) => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        let mut backoff = FIRST_BACKOFF;
+        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
         loop {
             let lifetime = shared
                 .upstream
@@ -151,13 +152,13 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
                         .renewal_error
                         .lock()
                         .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-                    tracing::error!(error = %e, retry_in_secs = backoff.as_secs(), "certificate renewal failed; the current certificate stays in use");
+                    let retry_in = backoff.next_delay();
+                    tracing::error!(error = %e, retry_in_secs = retry_in.as_secs(), "certificate renewal failed; the current certificate stays in use");
                     tokio::select! {
                         biased;
                         _ = stopped(&mut stop) => return,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(retry_in) => {}
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
         }

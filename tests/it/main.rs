@@ -23,6 +23,7 @@ mod fixtures;
 mod fuzz_props;
 #[cfg(feature = "pkcs11")]
 mod hardening;
+mod key_contract;
 mod key_policy;
 #[cfg(feature = "pkcs11")]
 mod kubeconfig_merge;

@@ -1,6 +1,7 @@
 //! The PKCS#11 key layer used as a library, in this process, against a real SoftHSMv2 token:
-//! parallel signing on a session pool, signature correctness for every scheme, recovery after
-//! the token drops our login, and the private value staying unreadable.
+//! parallel signing on a session pool, recovery after the token drops our login, and the private
+//! value staying unreadable. What every backend must do (every scheme verifies, threads, errors)
+//! is `key_contract`, run on this token and on a TPM.
 //!
 //! SoftHSM reads `SOFTHSM2_CONF` once, when the module is initialised, so every test in this
 //! file shares one SoftHSM directory (made before the first key is opened) and uses its own
@@ -15,9 +16,13 @@ use cryptoki::types::AuthPin;
 use hwkey::key::{Key, KeyAlgorithm, KeyError, KeyUri, SignScheme};
 use support::SoftHsm;
 
-const TOKENS: [&str; 6] = ["parallel", "schemes", "recovery", "pin", "secret", "rcgen"];
+/// Tokens of this file and of `key_contract` (which shares this SoftHSM).
+const TOKENS: [&str; 7] = [
+    "parallel", "schemes", "recovery", "pin", "secret", "rcgen", "contract",
+];
 
-fn hsm() -> &'static SoftHsm {
+/// The one SoftHSM of this process (SoftHSM reads `SOFTHSM2_CONF` once).
+pub(crate) fn hsm() -> &'static SoftHsm {
     static HSM: OnceLock<SoftHsm> = OnceLock::new();
     HSM.get_or_init(|| {
         let hsm = SoftHsm::new();
@@ -95,33 +100,6 @@ fn one_thread_uses_one_session() {
     }
     let stats = key.session_stats().expect("stats");
     assert_eq!((stats.peak_in_use, stats.opened), (1, 1), "{stats:?}");
-}
-
-#[test]
-fn every_scheme_of_every_algorithm_verifies() {
-    for (name, alg) in [
-        ("p256", KeyAlgorithm::EcP256),
-        ("p384", KeyAlgorithm::EcP384),
-        ("rsa2048", KeyAlgorithm::Rsa { bits: 2048 }),
-        ("rsa3072", KeyAlgorithm::Rsa { bits: 3072 }),
-    ] {
-        let key = Key::create(&uri("schemes", name), alg).expect("create");
-        assert_eq!(key.algorithm(), alg);
-        for scheme in alg.schemes() {
-            let sig = key.sign(*scheme, b"the message").expect("sign");
-            verify(&key, *scheme, b"the message", &sig);
-        }
-        // A scheme of another algorithm is refused before reaching the token.
-        let foreign = if alg.is_ec() {
-            SignScheme::RsaPssSha256
-        } else {
-            SignScheme::EcdsaP256Sha256
-        };
-        assert!(matches!(
-            key.sign(foreign, b"x"),
-            Err(KeyError::UnsupportedScheme { .. })
-        ));
-    }
 }
 
 /// Opens the module the way another library in this process would, logged in to `token`.

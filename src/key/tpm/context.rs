@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use tss_esapi::{Context, TctiNameConf};
 
 use super::rc;
+use crate::backoff::Backoff;
 use crate::key::KeyError;
 
 /// Open TPMs by canonical TCTI string.
@@ -50,6 +51,8 @@ pub(crate) struct Conn {
     /// used again (its last command never finished, so every later call would be ESAPI's "bad
     /// sequence"); the next operation reconnects first.
     broken: Option<Broken>,
+    /// The wait between failed reconnects.
+    reconnect_backoff: Backoff,
 }
 
 /// When the last reconnect failed and how long to wait before the next attempt.
@@ -76,13 +79,9 @@ impl Conn {
         let ctx = match open_context(&self.tcti, self.conf.clone()) {
             Ok(ctx) => ctx,
             Err(e) => {
-                let wait = self
-                    .broken
-                    .map(|b| (b.wait * 2).min(MAX_RECONNECT_WAIT))
-                    .unwrap_or(FIRST_RECONNECT_WAIT);
                 self.broken = Some(Broken {
                     at: Instant::now(),
-                    wait,
+                    wait: self.reconnect_backoff.next_delay(),
                 });
                 return Err(e);
             }
@@ -96,6 +95,7 @@ impl Conn {
         self.ctx = ctx;
         self.generation += 1;
         self.broken = None;
+        self.reconnect_backoff.reset();
         Ok(())
     }
 
@@ -169,6 +169,7 @@ impl Tpm {
                 conf,
                 tcti: tcti.to_string(),
                 broken: None,
+                reconnect_backoff: Backoff::new(FIRST_RECONNECT_WAIT, MAX_RECONNECT_WAIT),
             }),
         });
         open.retain(|_, weak| weak.strong_count() > 0);

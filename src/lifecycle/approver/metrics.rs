@@ -181,7 +181,7 @@ pub async fn serve(
     });
     loop {
         let conn = tokio::select! {
-            _ = crate::lifecycle::lease::stopped(&mut stop) => break,
+            _ = crate::stop::stopped(&mut stop) => break,
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
                 Err(e) => {

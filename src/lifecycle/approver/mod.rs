@@ -39,7 +39,8 @@ use self::metrics::ApproverMetrics;
 use self::policy::{Reason, SignerPolicy};
 use self::trust::{Trust, TrustSource};
 use super::lease::{self, Elector, LeaseConfig, Validity};
-use super::{Backoff, LifecycleError};
+use super::LifecycleError;
+use crate::backoff::Backoff;
 
 /// What to do with a request that carries no evidence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -438,13 +439,13 @@ pub async fn run(
     let mut requeue = Requeue::default();
     loop {
         tokio::select! {
-            _ = lease::stopped(&mut stop_wait) => break,
+            _ = crate::stop::stopped(&mut stop_wait) => break,
             closed = until(&mut leading, true) => if closed { break },
         }
         metrics.leader.set(1);
         let mut lost = leading.clone();
         tokio::select! {
-            _ = lease::stopped(&mut stop_wait) => break,
+            _ = crate::stop::stopped(&mut stop_wait) => break,
             _ = until(&mut lost, false) => {
                 tracing::info!("lost the lease: no more decisions until it is won again");
             }

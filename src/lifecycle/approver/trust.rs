@@ -295,7 +295,7 @@ impl Trust {
     /// already installed stays meanwhile.
     pub async fn follow(self) {
         let mut backoff =
-            crate::lifecycle::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+            crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
         loop {
             let result = match &self.source {
                 TrustSource::Dir(dir) => self.follow_dir(dir.clone()).await,
