@@ -87,7 +87,7 @@ pub fn enroll(uri: &KeyUri, ak_handle: u32) -> Result<super::attestation::Enroll
     }
 }
 
-/// Credential activation on the TPM `uri` names (see `pki::credential`): the secret a verifier
+/// Credential activation on the TPM `uri` names (see `key::tpm::credential`): the secret a verifier
 /// encrypted to its EK for the AK at `ak_handle`.
 pub fn activate(
     uri: &KeyUri,

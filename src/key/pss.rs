@@ -59,7 +59,7 @@ fn encode_with_salt(
     Ok(em)
 }
 
-/// MGF1 (RFC 8017 §B.2.1); also OAEP's mask function (`pki::credential`).
+/// MGF1 (RFC 8017 §B.2.1); also OAEP's mask function (`key::tpm::credential`).
 pub(crate) fn mgf1(hash: HashAlg, seed: &[u8], len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len + hash.output_len());
     let mut counter: u32 = 0;

@@ -80,7 +80,7 @@ pub fn challenge(
         .map_err(EkTrustError::EkCertificatePem)?
         .into_contents();
     let issuer = check_ek_certificate(&cert_der, ca_pem, &ek_public)?;
-    let made = super::credential::make_credential(&ek_public, &ak_name)?;
+    let made = crate::key::tpm::credential::make_credential(&ek_public, &ak_name)?;
     let challenge = ChallengeFile {
         ak_name: hex::encode(&ak_name),
         credential_blob: b64.encode(&made.credential_blob),
@@ -218,7 +218,7 @@ pub enum EkTrustError {
     #[error(transparent)]
     Evidence(#[from] crate::key::attestation::EvidenceInvalid),
     #[error(transparent)]
-    Credential(#[from] super::credential::CredentialError),
+    Credential(#[from] crate::key::tpm::credential::CredentialError),
     #[error("akName is not the name of akPublic")]
     AkName,
     #[error("the enrollment has no ekPublic: enroll the node again with this hwkey")]

@@ -4,8 +4,6 @@
 pub mod attestation;
 pub mod attributes;
 pub mod cert;
-#[cfg(feature = "tpm")]
-pub mod credential;
 pub mod csr;
 #[cfg(feature = "tpm")]
 pub mod ek_trust;

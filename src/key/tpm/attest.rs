@@ -206,7 +206,7 @@ pub(crate) fn enroll(
 }
 
 /// TPM2_ActivateCredential: recovers the secret a verifier encrypted to this TPM's RSA EK for
-/// the AK at `ak_handle` (see `pki::credential`). The TPM releases it only if the AK it names
+/// the AK at `ak_handle` (see `key::tpm::credential`). The TPM releases it only if the AK it names
 /// is loaded here, which is what the verifier wants to know.
 pub(crate) fn activate(
     ctx: &mut Context,

@@ -20,6 +20,7 @@
 //! kernel's resource manager (`device:/dev/tpmrm0`) they do not.
 
 pub(crate) mod attest;
+pub mod credential;
 mod context;
 pub mod evidence;
 mod files;
@@ -129,7 +130,7 @@ pub fn enroll(
 }
 
 /// TPM2_ActivateCredential with the AK at `ak_handle` and the RSA EK of the TPM the URI names
-/// (see `pki::credential`): the secret a verifier encrypted for that AK.
+/// (see `key::tpm::credential`): the secret a verifier encrypted for that AK.
 pub fn activate(
     uri: &TpmUri,
     ak_handle: u32,

@@ -64,7 +64,7 @@ pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, Crede
         return Err(CredentialError::Symmetric);
     }
     let (modulus, exponent) =
-        crate::key::tpm::rsa_parts(&parameters, &unique).map_err(CredentialError::Ek)?;
+        super::rsa_parts(&parameters, &unique).map_err(CredentialError::Ek)?;
     if modulus.len() != 256 {
         return Err(CredentialError::ModulusBits(modulus.len() * 8));
     }
