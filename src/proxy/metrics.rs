@@ -39,6 +39,11 @@ macro_rules! label_values {
         impl LabelValue for $name {
             const ALL: &'static [$name] = &[$($name::$variant),+];
 
+            fn index(self) -> usize {
+                // No explicit discriminants: the n-th variant is n, its place in ALL.
+                self as usize
+            }
+
             fn as_str(self) -> &'static str {
                 match self {
                     $($name::$variant => $text),+
@@ -60,6 +65,8 @@ pub trait LabelValue:
 {
     /// Every value, in declaration order.
     const ALL: &'static [Self];
+    /// The value's place in [`LabelValue::ALL`].
+    fn index(self) -> usize;
     /// The label value as operators see it.
     fn as_str(self) -> &'static str;
 }
@@ -213,10 +220,7 @@ where
     }
 
     fn get(&self, value: L) -> &M {
-        // ALL is in declaration order, so a value's position is its discriminant; position()
-        // keeps that from being an assumption.
-        let i = L::ALL.iter().position(|v| *v == value).unwrap_or(0);
-        &self.handles[i]
+        &self.handles[value.index()]
     }
 }
 
@@ -568,6 +572,14 @@ impl Collector for ScrapeTimeCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value's handle is the one registered for it: `index` is its place in `ALL`.
+    #[test]
+    fn every_label_value_finds_its_own_handle() {
+        for (i, v) in RenewalFailure::ALL.iter().enumerate() {
+            assert_eq!(v.index(), i, "{v:?}");
+        }
+    }
 
     #[test]
     fn renders_the_contract_names() {

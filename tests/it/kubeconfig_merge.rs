@@ -119,3 +119,33 @@ fn a_key_uri_with_a_pin_value_is_refused_not_silently_stripped() {
     assert!(!text.contains("1234"), "{text}");
     assert!(!out.exists(), "a kubeconfig was written");
 }
+
+/// Issue 23: the cluster extension is one typed value, so a setting that cannot work is refused
+/// when the kubeconfig is written, not carried along as text for the first kubectl call to trip
+/// over (the old generator wrote any `--idle-exit` text into the file, and the plugin's proxy
+/// then refused to start).
+#[test]
+fn an_idle_exit_that_is_no_duration_is_refused_and_nothing_is_written() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    let failed = run_fail(
+        kubeconfig_cmd(&id, &upstream, &id.key_uri, &out, &dir.path().join("state"))
+            .args(["--idle-exit", "half an hour"]),
+    );
+    let text = output_text(&failed);
+    assert!(
+        text.contains("half an hour") && text.contains("30s, 10m"),
+        "the error names the value and the syntax: {text}"
+    );
+    assert!(!out.exists(), "a kubeconfig was written");
+
+    // A duration is written in the duration syntax the plugin reads back.
+    run_ok(
+        kubeconfig_cmd(&id, &upstream, &id.key_uri, &out, &dir.path().join("state"))
+            .args(["--idle-exit", "90m"]),
+    );
+    let written = std::fs::read_to_string(&out).expect("read");
+    assert!(written.contains("idleExit: 1h 30m"), "{written}");
+}

@@ -131,6 +131,28 @@ fn metrics_parse_as_openmetrics_with_the_contract_names_and_live_values() {
         ),
         0.0
     );
+    // Issue 23: every renewal failure reason is a series from the start, the two the old
+    // hand-kept list missed (`capped`, `refused_upstream`) included.
+    for reason in [
+        "denied",
+        "failed",
+        "timeout",
+        "api",
+        "bad_certificate",
+        "capped",
+        "refused_upstream",
+        "install",
+        "key",
+        "other",
+    ] {
+        assert_eq!(
+            sample(
+                "hwkey_renewal_failures",
+                &format!("hwkey_renewal_failures_total{{reason=\"{reason}\"}}")
+            ),
+            0.0
+        );
+    }
     let remaining = sample(
         "hwkey_certificate_remaining_seconds",
         "hwkey_certificate_remaining_seconds",

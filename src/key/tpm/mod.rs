@@ -20,8 +20,8 @@
 //! kernel's resource manager (`device:/dev/tpmrm0`) they do not.
 
 pub(crate) mod attest;
-pub mod credential;
 mod context;
+pub mod credential;
 pub mod evidence;
 mod files;
 mod keygen;
