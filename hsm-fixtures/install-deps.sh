@@ -13,7 +13,7 @@ set -euo pipefail
 PACKAGES=(
   softhsm2 swtpm swtpm-tools libtss2-dev libtss2-tcti-swtpm0 tpm2-tools tpm2-openssl
   opensc nginx-light clang pkg-config openssl curl ca-certificates build-essential
-  python3 python3-prometheus-client
+  python3 python3-prometheus-client p11-kit p11-kit-modules
 )
 
 is_installed() {

@@ -36,8 +36,19 @@ pub enum KeyError {
         scheme: String,
     },
 
-    #[error("no PKCS#11 module given: add module-path=/path/to/module.so to the URI's query or set HWKEY_PKCS11_MODULE")]
+    #[error("no PKCS#11 module given: add module-name=NAME (a module p11-kit registers, e.g. softhsm2) or module-path=/path/to/module.so to the URI's query, set HWKEY_PKCS11_MODULE, or install p11-kit's proxy module (p11-kit-modules)")]
     NoModule,
+
+    #[error("no PKCS#11 module is registered as '{name}' (module-name=): registered: {}; p11-kit reads NAME.module files in {}{}", list_or_none(.known), .dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "), if *.user_skipped { " (not ~/.config/pkcs11/modules: as p11-kit does, hwkey reads no user module files as root or with P11_NO_USER_CONFIG)" } else { "" })]
+    UnknownModuleName {
+        name: String,
+        known: Vec<String>,
+        dirs: Vec<PathBuf>,
+        user_skipped: bool,
+    },
+
+    #[error("{} registers module '{name}' but names no library for hwkey (no `module:` line, or `enable-in`/`disable-in` leave hwkey out)", .file.display())]
+    ModuleNameUnusable { name: String, file: PathBuf },
 
     #[error("cannot load PKCS#11 module {path}: {reason}; check module-path (is the package installed? e.g. apt-get install softhsm2)")]
     ModuleLoad { path: PathBuf, reason: String },
@@ -47,6 +58,13 @@ pub enum KeyError {
         token: String,
         module: PathBuf,
         present: Vec<String>,
+    },
+
+    #[error("{} tokens in {module} fit '{token}' (serial numbers {}): add serial=SERIAL to the URI so one token is meant", .serials.len(), .serials.join(", "))]
+    AmbiguousToken {
+        token: String,
+        module: PathBuf,
+        serials: Vec<String>,
     },
 
     #[error("the URI names no token: add token=LABEL (tokens present in {module}: {})", list_or_none(.present))]

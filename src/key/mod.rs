@@ -15,6 +15,7 @@ pub mod attestation;
 mod backends;
 pub mod der;
 mod error;
+pub mod p11kit;
 pub mod pin;
 #[cfg(feature = "pkcs11")]
 pub mod pin_memory;

@@ -2,7 +2,9 @@
 //!
 //! * `pkcs11:token=T;object=O;id=%01?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/p`
 //!   (RFC 7512). `pin-source` may be a `file:` URI, an absolute path, or `env:VAR`; `pin-value` is
-//!   accepted with a warning. Without `module-path`, `HWKEY_PKCS11_MODULE` is used.
+//!   accepted with a warning. Without `module-path`: the module p11-kit registers as
+//!   `module-name=`, else `HWKEY_PKCS11_MODULE`, else p11-kit's proxy module when installed.
+//!   `token`, `serial`, `slot-id`, `manufacturer` and `model` select the token.
 //! * `tpm:path=/path/key.pem?tcti=swtpm:host=127.0.0.1,port=2321` (a TSS2 PRIVATE KEY PEM file) or
 //!   `tpm:handle=0x81000101` (a persistent key). The TCTI defaults to `TPM2TOOLS_TCTI`, then
 //!   `device:/dev/tpmrm0`. `tpm:?tcti=…` names the TPM itself (for `key list`).
@@ -37,12 +39,18 @@ pub struct Pkcs11Uri {
     pub serial: Option<String>,
     /// `slot-id=`: the slot number (discouraged: SoftHSM renumbers slots).
     pub slot_id: Option<u64>,
+    /// `manufacturer=`: the token's manufacturer (`CK_TOKEN_INFO.manufacturerID`).
+    pub manufacturer: Option<String>,
+    /// `model=`: the token's model.
+    pub model: Option<String>,
     /// `object=`: the key's `CKA_LABEL`.
     pub object: Option<String>,
     /// `id=`: the key's `CKA_ID` bytes.
     pub id: Option<Vec<u8>>,
     /// `module-path=`: the PKCS#11 library.
     pub module_path: Option<PathBuf>,
+    /// `module-name=`: a module registered with p11-kit (see [`crate::key::p11kit`]).
+    pub module_name: Option<String>,
     /// `pin-source=` / `pin-value=`.
     pub pin: Option<PinSource>,
 }
@@ -192,14 +200,16 @@ fn parse_pkcs11(uri: &str, rest: &str) -> Result<Pkcs11Uri, KeyError> {
                         .map_err(|_| invalid(uri, "slot-id must be a decimal number"))?,
                 )
             }
+            "manufacturer" => out.manufacturer = Some(decode(uri, k, v)?),
+            "model" => out.model = Some(decode(uri, k, v)?),
             // Accepted and ignored: they narrow a search we already narrow by token and key.
-            "type" | "manufacturer" | "model" | "library-manufacturer" | "library-description"
-            | "library-version" | "slot-description" | "slot-manufacturer" => {}
+            "type" | "library-manufacturer" | "library-description" | "library-version"
+            | "slot-description" | "slot-manufacturer" => {}
             other => {
                 return Err(invalid(
                     uri,
                     format!(
-                        "unknown path attribute '{other}' (known: token, object, id, serial, slot-id, type)"
+                        "unknown path attribute '{other}' (known: token, object, id, serial, slot-id, manufacturer, model, type)"
                     ),
                 ))
             }
@@ -229,12 +239,21 @@ fn parse_pkcs11(uri: &str, rest: &str) -> Result<Pkcs11Uri, KeyError> {
                 );
                 out.pin = Some(PinSource::Value(Zeroizing::new(decode(uri, k, v)?)))
             }
-            "module-name" => {}
+            "module-name" => {
+                let name = decode(uri, k, v)?;
+                if name.is_empty() || name.contains('/') {
+                    return Err(invalid(
+                        uri,
+                        "module-name is a name p11-kit registers (e.g. softhsm2), not a path: use module-path for a path",
+                    ));
+                }
+                out.module_name = Some(name)
+            }
             other => {
                 return Err(invalid(
                     uri,
                     format!(
-                    "unknown query attribute '{other}' (known: module-path, pin-source, pin-value)"
+                    "unknown query attribute '{other}' (known: module-path, module-name, pin-source, pin-value)"
                 ),
                 ))
             }
@@ -320,14 +339,19 @@ fn parse_tpm(uri: &str, rest: &str) -> Result<TpmUri, KeyError> {
 }
 
 impl Pkcs11Uri {
-    /// The module to load: `module-path`, else `HWKEY_PKCS11_MODULE`.
+    /// The module to load: `module-path`; else the library p11-kit registers as `module-name`;
+    /// else `HWKEY_PKCS11_MODULE`; else p11-kit's proxy module (every registered module) when
+    /// it is installed.
     pub fn module(&self) -> Result<PathBuf, KeyError> {
         if let Some(p) = &self.module_path {
             return Ok(p.clone());
         }
+        if let Some(name) = &self.module_name {
+            return super::p11kit::resolve(name);
+        }
         match std::env::var_os("HWKEY_PKCS11_MODULE") {
             Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
-            _ => Err(KeyError::NoModule),
+            _ => super::p11kit::proxy_module().ok_or(KeyError::NoModule),
         }
     }
 
@@ -423,6 +447,12 @@ impl fmt::Display for Pkcs11Uri {
         if let Some(s) = self.slot_id {
             path.push(format!("slot-id={s}"));
         }
+        if let Some(m) = &self.manufacturer {
+            path.push(format!("manufacturer={}", utf8_percent_encode(m, ESCAPE)));
+        }
+        if let Some(m) = &self.model {
+            path.push(format!("model={}", utf8_percent_encode(m, ESCAPE)));
+        }
         if let Some(o) = &self.object {
             path.push(format!("object={}", utf8_percent_encode(o, ESCAPE)));
         }
@@ -438,6 +468,9 @@ impl fmt::Display for Pkcs11Uri {
                 "module-path={}",
                 utf8_percent_encode(&m.to_string_lossy(), ESCAPE)
             ));
+        }
+        if let Some(m) = &self.module_name {
+            query.push(format!("module-name={}", utf8_percent_encode(m, ESCAPE)));
         }
         match &self.pin {
             Some(PinSource::File(p)) => query.push(format!(

@@ -32,6 +32,8 @@ mod lifecycle;
 #[cfg(feature = "pkcs11")]
 mod metrics;
 #[cfg(feature = "pkcs11")]
+mod p11kit;
+#[cfg(feature = "pkcs11")]
 mod pin_safety;
 #[cfg(feature = "pkcs11")]
 mod pkcs11_cli;

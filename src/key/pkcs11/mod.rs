@@ -241,6 +241,8 @@ pub fn list(uri: &Pkcs11Uri) -> Result<Vec<KeyListing>, KeyError> {
             token: Some(token.label.clone()),
             serial: None,
             slot_id: None,
+            manufacturer: None,
+            model: None,
             ..uri.with_key(
                 ident.label.clone(),
                 Some(ident.id.clone()).filter(|i| !i.is_empty()),

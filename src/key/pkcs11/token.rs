@@ -235,7 +235,7 @@ fn locate(
         .get_slots_with_token()
         .map_err(|e| pkcs11_err("C_GetSlotList", "(none)", &e))?;
     let mut present = Vec::new();
-    let mut chosen = None;
+    let mut chosen = Vec::new();
     for slot in slots {
         let info = match ctx.get_token_info(slot) {
             Ok(info) => info,
@@ -245,19 +245,41 @@ fn locate(
         let serial = info.serial_number().trim_end().to_string();
         let matches = uri.token.as_ref().is_none_or(|t| *t == label)
             && uri.serial.as_ref().is_none_or(|s| *s == serial)
-            && uri.slot_id.is_none_or(|id| id == slot.id());
+            && uri.slot_id.is_none_or(|id| id == slot.id())
+            && uri
+                .manufacturer
+                .as_ref()
+                .is_none_or(|m| m == info.manufacturer_id().trim_end())
+            && uri
+                .model
+                .as_ref()
+                .is_none_or(|m| m == info.model().trim_end());
         if !info.token_initialized() {
             continue;
         }
-        if matches && chosen.is_none() {
-            chosen = Some((slot, label.clone(), serial.clone(), info.login_required()));
+        if matches {
+            chosen.push((slot, label.clone(), serial.clone(), info.login_required()));
         }
         present.push(label);
     }
-    if uri.token.is_none() && uri.serial.is_none() && uri.slot_id.is_none() && present.len() != 1 {
+    let selects = uri.token.is_some()
+        || uri.serial.is_some()
+        || uri.slot_id.is_some()
+        || uri.manufacturer.is_some()
+        || uri.model.is_some();
+    if !selects && present.len() != 1 {
         return Err(KeyError::NoTokenSelected { module, present });
     }
-    let Some((slot, label, serial, login_required)) = chosen else {
+    // Two tokens that both fit (one label in two slots, a proxy module listing two modules'
+    // tokens): which one signs must not depend on slot order.
+    if chosen.len() > 1 {
+        return Err(KeyError::AmbiguousToken {
+            token: uri.token_desc(),
+            module,
+            serials: chosen.iter().map(|c| c.2.clone()).collect(),
+        });
+    }
+    let Some((slot, label, serial, login_required)) = chosen.pop() else {
         return Err(KeyError::TokenNotFound {
             token: uri.token_desc(),
             module,
