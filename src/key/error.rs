@@ -43,7 +43,7 @@ pub enum KeyError {
     UnknownModuleName {
         name: String,
         known: Vec<String>,
-        dirs: Vec<PathBuf>,
+        dirs: Box<[PathBuf]>,
         user_skipped: bool,
     },
 

@@ -83,7 +83,7 @@ fn resolve_in(name: &str, dirs: &[PathBuf]) -> Result<PathBuf, KeyError> {
     let not_found = |known: Vec<String>| KeyError::UnknownModuleName {
         name: name.to_string(),
         known,
-        dirs: dirs.to_vec(),
+        dirs: dirs.into(),
         user_skipped: !user_config_allowed(),
     };
     if name.is_empty() || name.contains('/') || name.starts_with('.') {

@@ -78,7 +78,7 @@ pub fn bootstrap(options: &BootstrapOptions) -> Result<Bootstrapped, LifecycleEr
     }
     let target = match &options.cert {
         Some(p) => Target::File(p.clone()),
-        None => Target::KeyStore(options.key.clone()),
+        None => Target::KeyStore(Box::new(options.key.clone())),
     };
     let renewed = request_and_install(
         &key,

@@ -97,7 +97,7 @@ pub enum Target {
     /// A PEM file (the proxy's `--cert`).
     File(PathBuf),
     /// The key's own store (PKCS#11 certificate objects, or `NAME.crt.pem` beside a TPM key).
-    KeyStore(KeyUri),
+    KeyStore(Box<KeyUri>),
 }
 
 impl std::fmt::Display for Target {

@@ -277,7 +277,7 @@ async fn request_and_install(
     let issued = request_certificate(shared, settings, key).await?;
     let target = match &settings.cert {
         Some(p) => Target::File(p.clone()),
-        None => Target::KeyStore(key.uri().clone()),
+        None => Target::KeyStore(Box::new(key.uri().clone())),
     };
     let to_install = issued.clone();
     let install_target = target.clone();
@@ -305,7 +305,7 @@ async fn request_and_install(
     if let Err(refused) = upstream_accepts(shared).await {
         let old_target = match &settings.cert {
             Some(p) => Target::File(p.clone()),
-            None => Target::KeyStore(current.uri().clone()),
+            None => Target::KeyStore(Box::new(current.uri().clone())),
         };
         roll_back(shared, &old_target, &previous_chain, Some(current)).await?;
         return Err(LifecycleError::RefusedUpstream {
