@@ -80,6 +80,9 @@ pub enum KeyError {
         present: Vec<String>,
     },
 
+    #[error("{key} on {place} has no public-key object, no certificate with its CKA_ID, and no CKA_EC_POINT of its own, so its public key is unknown: write its public key or certificate to the token with the same CKA_ID (e.g. `pkcs11-tool --write-object cert.der --type cert --id ID`)")]
+    NoPublicKey { key: String, place: String },
+
     #[error("{what} already exists on {place}: choose another object/id/path, or delete it first with `hwkey key delete --yes`")]
     KeyExists { what: String, place: String },
 

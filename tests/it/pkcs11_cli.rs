@@ -409,3 +409,77 @@ fn csr_as_a_kubernetes_certificate_signing_request() {
     assert!(text.contains("verify OK"), "{text}");
     assert!(text.contains("system:node:n1"), "{text}");
 }
+
+/// Issue 24, item 6: tokens that are not SoftHSM-shaped keep a private key and its certificate
+/// but no public-key object (smart cards, keys imported without their public half). The public
+/// key then comes from the certificate with the same CKA_ID, or from the private key's own
+/// attributes (RSA's modulus and exponent); with neither, the error says what to write.
+#[test]
+fn a_private_key_without_a_public_key_object_still_works() {
+    let s = Setup::new();
+    let delete_public = |label: &str| {
+        let out = s.hsm.pkcs11_tool(&[
+            "--token-label",
+            "kube",
+            "--login",
+            "--pin",
+            support::USER_PIN,
+            "--delete-object",
+            "--type",
+            "pubkey",
+            "--label",
+            label,
+        ]);
+        assert!(out.status.success(), "{}", output_text(&out));
+        let left = s.hsm.pkcs11_tool(&[
+            "--token-label",
+            "kube",
+            "--login",
+            "--pin",
+            support::USER_PIN,
+            "--list-objects",
+            "--type",
+            "pubkey",
+        ]);
+        assert!(
+            !output_text(&left).contains(&format!("label:      {label}")),
+            "the public key object is still there: {}",
+            output_text(&left)
+        );
+    };
+    for (label, algorithm, certified) in [
+        ("ec-with-cert", "ec-p256", true),
+        ("rsa-bare", "rsa-2048", false),
+        ("ec-bare", "ec-p256", false),
+    ] {
+        let uri = s.key_uri(label);
+        let created =
+            run_ok(
+                s.hwkey()
+                    .args(["key", "create", "--key", &uri, "--algorithm", algorithm]),
+            );
+        let pem = String::from_utf8_lossy(&created.stdout).to_string();
+        if certified {
+            s.certify(&uri, label);
+        }
+        delete_public(label);
+        if label == "ec-bare" {
+            // No public object, no certificate, no CKA_EC_POINT on SoftHSM's private key.
+            let failed = run_fail(s.hwkey().args(["key", "public", "--key", &uri]));
+            let text = output_text(&failed);
+            assert!(
+                text.contains("no public-key object") && text.contains("--write-object"),
+                "{text}"
+            );
+            continue;
+        }
+        let public = run_ok(s.hwkey().args(["key", "public", "--key", &uri]));
+        assert_eq!(
+            String::from_utf8_lossy(&public.stdout),
+            pem,
+            "{label}: the public key from the certificate or the private key is the key's"
+        );
+        // And it signs: a CSR that openssl verifies, for the key printed above.
+        s.certify(&uri, &format!("{label}-again"));
+    }
+}

@@ -171,3 +171,36 @@ fn tpm_bad_input_is_refused_clearly_and_changes_nothing() {
     );
     assert!(!flow.path("k.crt.pem").exists());
 }
+
+/// Issue 24: no `ERROR` line on a successful command. On a fresh TPM, `attest enroll` probes for
+/// an AK handle and EK certificate that are not there yet: the TSS logs those lookups as errors
+/// unless told not to, which reads as a failure.
+#[test]
+fn successful_commands_on_a_fresh_tpm_log_no_error() {
+    let tpm = Swtpm::start();
+    let flow = Flow::new(Vec::new());
+    let key = file_uri(&flow, &tpm, "node.pem");
+    let tpm_only = format!("tpm:?tcti={}", tpm.tcti());
+    for args in [
+        vec!["attest", "enroll", "--key", &tpm_only],
+        vec!["attest", "enroll", "--key", &tpm_only],
+        vec!["key", "create", "--key", &key],
+        vec![
+            "csr",
+            "--attest",
+            "--key",
+            &key,
+            "--subject",
+            "CN=system:node:n1,O=system:nodes",
+        ],
+        vec!["key", "info", "--key", &key],
+    ] {
+        let out = run_ok(flow.hwkey().env_remove("TSS2_LOG").args(&args));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stderr.contains("ERROR"),
+            "`hwkey {}` succeeded but logged an error:\n{stderr}",
+            args.join(" ")
+        );
+    }
+}

@@ -180,8 +180,10 @@ fn der_len_bits(modulus: &[u8]) -> u32 {
     ((modulus.len() - first) * 8) as u32
 }
 
-/// The SPKI of a key: from its public-key object, else its certificate, else (RSA) the public
-/// attributes of the private key itself.
+/// The SPKI of a key: from its public-key object, else its certificate, else the public
+/// attributes of the private key itself (RSA's modulus and exponent; `CKA_EC_POINT`, which
+/// some tokens keep on EC private keys). Tokens that hold only a private key and a certificate
+/// (smart cards, keys imported without their public half) work this way.
 pub(crate) fn public_spki(
     token: &Token,
     session: &Session,
@@ -200,14 +202,14 @@ pub(crate) fn public_spki(
             return Ok(spki);
         }
     }
-    if !alg.is_ec() {
-        return spki_from_key_object(token, session, private, alg);
+    match spki_from_key_object(token, session, private, alg) {
+        Ok(spki) => Ok(spki),
+        Err(_) if alg.is_ec() => Err(KeyError::NoPublicKey {
+            key: ident.describe(),
+            place: token.place(),
+        }),
+        Err(e) => Err(e),
     }
-    Err(KeyError::KeyNotFound {
-        what: format!("the public key of {}", ident.describe()),
-        place: token.place(),
-        present: Vec::new(),
-    })
 }
 
 fn spki_from_key_object(
