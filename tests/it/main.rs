@@ -54,6 +54,8 @@ mod proxy_transport;
 mod renewal_faults;
 #[cfg(feature = "pkcs11")]
 mod rsa_mechanisms;
+#[cfg(feature = "tpm")]
+mod shared_tpm;
 #[cfg(feature = "pkcs11")]
 mod state_dir;
 #[cfg(feature = "tpm")]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use crate::upstream::TestUpstream;
-use crate::{free_port, hwkey, run_ok, temp_dir, ChildGuard, SoftHsm, Swtpm, TestCa};
+use crate::{free_port, hwkey, run_ok, temp_dir, ChildGuard, SharedTpm, SoftHsm, Swtpm, TestCa};
 
 /// How long the proxy may take to print its ready line.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -21,6 +21,8 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum Backend {
     SoftHsm(SoftHsm),
     Tpm(Swtpm),
+    /// A TPM behind tpm2-abrmd, as hosts share theirs.
+    SharedTpm(SharedTpm),
 }
 
 /// A hardware key with a certificate from the test CA, which also signs the upstream's
@@ -54,6 +56,18 @@ impl Identity {
             tpm.tcti()
         );
         Identity::provision(Backend::Tpm(tpm), key_uri, dir)
+    }
+
+    /// Like [`Identity::tpm`] on a TPM shared through tpm2-abrmd ([`SharedTpm`]).
+    pub fn shared_tpm() -> Identity {
+        let tpm = SharedTpm::start();
+        let dir = temp_dir();
+        let key_uri = format!(
+            "tpm:path={}?tcti={}",
+            dir.path().join("alice.tpm.pem").display(),
+            tpm.tcti()
+        );
+        Identity::provision(Backend::SharedTpm(tpm), key_uri, dir)
     }
 
     /// A key of `algorithm` (e.g. `rsa-2048`) named `alice` on token `kube` of the given
@@ -108,6 +122,11 @@ impl Identity {
                 self.dir.path().join(format!("{name}.tpm.pem")).display(),
                 t.tcti()
             ),
+            Backend::SharedTpm(t) => format!(
+                "tpm:path={}?tcti={}",
+                self.dir.path().join(format!("{name}.tpm.pem")).display(),
+                t.tcti()
+            ),
         }
     }
 
@@ -116,6 +135,7 @@ impl Identity {
         match &self.backend {
             Backend::SoftHsm(h) => h.envs(),
             Backend::Tpm(t) => t.envs(),
+            Backend::SharedTpm(t) => t.envs(),
         }
     }
 

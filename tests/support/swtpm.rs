@@ -191,3 +191,99 @@ impl Drop for Paused {
         let _ = unsafe { libc::kill(self.0, libc::SIGCONT) };
     }
 }
+
+/// A TPM shared the way a host shares its TPM: swtpm behind the access broker and resource
+/// manager `tpm2-abrmd`, on a private D-Bus session bus of this test (no root services). Every
+/// client (hwkey processes, tpm2-tools) connects through `tabrmd:bus_type=session` with
+/// [`SharedTpm::envs`]; the broker gives each its own transient objects and sessions, so no
+/// client may assume it is the TPM's only one.
+pub struct SharedTpm {
+    /// The simulator behind the broker (restart it to reset the TPM).
+    pub swtpm: Swtpm,
+    abrmd: ChildGuard,
+    dbus: ChildGuard,
+    bus: String,
+    _dir: TempDir,
+}
+
+impl SharedTpm {
+    /// Starts a session bus, swtpm and tpm2-abrmd in front of it; waits until the broker answers.
+    pub fn start() -> SharedTpm {
+        require_tool("dbus-daemon", "dbus");
+        require_tool("tpm2-abrmd", "tpm2-abrmd");
+        require_tool("tpm2_getrandom", "tpm2-tools");
+        assert!(
+            Path::new("/usr/lib/x86_64-linux-gnu/libtss2-tcti-tabrmd.so.0").exists(),
+            "the tabrmd TCTI is missing: apt-get install libtss2-tcti-tabrmd0"
+        );
+        let swtpm = Swtpm::start();
+        let dir = temp_dir();
+        let socket = dir.path().join("bus");
+        let bus = format!("unix:path={}", socket.display());
+        let mut dbus = ChildGuard::spawn(
+            Command::new("dbus-daemon")
+                .args(["--session", "--nofork", "--nopidfile"])
+                .arg(format!("--address={bus}")),
+            "dbus-daemon",
+            &dir.path().join("dbus.log"),
+        );
+        wait_until("the D-Bus session bus", &mut dbus, || socket.exists());
+        let mut abrmd = ChildGuard::spawn(
+            Command::new("tpm2-abrmd")
+                .env("DBUS_SESSION_BUS_ADDRESS", &bus)
+                .args(["--session", "--allow-root"])
+                .arg(format!("--tcti={}", swtpm.tcti())),
+            "tpm2-abrmd",
+            &dir.path().join("abrmd.log"),
+        );
+        wait_until("tpm2-abrmd", &mut abrmd, || {
+            Command::new("tpm2_getrandom")
+                .env("DBUS_SESSION_BUS_ADDRESS", &bus)
+                .args(["-T", "tabrmd:bus_type=session", "8"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        SharedTpm {
+            swtpm,
+            abrmd,
+            dbus,
+            bus,
+            _dir: dir,
+        }
+    }
+
+    /// The TCTI string every client uses.
+    pub fn tcti(&self) -> String {
+        "tabrmd:bus_type=session".to_string()
+    }
+
+    /// The environment that reaches this test's bus.
+    pub fn envs(&self) -> Vec<(String, String)> {
+        vec![("DBUS_SESSION_BUS_ADDRESS".to_string(), self.bus.clone())]
+    }
+}
+
+impl Drop for SharedTpm {
+    fn drop(&mut self) {
+        self.abrmd.kill();
+        self.dbus.kill();
+    }
+}
+
+/// Polls `ready` until it holds; panics with the process's log if it exits or 15 s pass.
+fn wait_until(what: &str, child: &mut ChildGuard, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + START_TIMEOUT;
+    while !ready() {
+        if let Some(status) = child.try_wait() {
+            panic!("{what} exited ({status}):\n{}", child.log());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} not ready after {START_TIMEOUT:?}:\n{}",
+            child.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
