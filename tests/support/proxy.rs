@@ -22,7 +22,7 @@ pub enum Backend {
     SoftHsm(SoftHsm),
     Tpm(Swtpm),
     /// A TPM behind tpm2-abrmd, as hosts share theirs.
-    SharedTpm(SharedTpm),
+    SharedTpm(Box<SharedTpm>),
 }
 
 /// A hardware key with a certificate from the test CA, which also signs the upstream's
@@ -67,7 +67,7 @@ impl Identity {
             dir.path().join("alice.tpm.pem").display(),
             tpm.tcti()
         );
-        Identity::provision(Backend::SharedTpm(tpm), key_uri, dir)
+        Identity::provision(Backend::SharedTpm(Box::new(tpm)), key_uri, dir)
     }
 
     /// A key of `algorithm` (e.g. `rsa-2048`) named `alice` on token `kube` of the given
