@@ -31,7 +31,7 @@ pub(crate) fn tpm_stall(rt: &tokio::runtime::Runtime) -> Vec<Row> {
     let full_series = "hwkey_upstream_handshakes_total{resumed=\"false\"}";
     let swtpm = match &id.backend {
         support::proxy::Backend::Tpm(t) => t,
-        support::proxy::Backend::SoftHsm(_) => unreachable!("a TPM identity"),
+        _ => unreachable!("a TPM identity"),
     };
     let swtpm_pid = swtpm.pid();
     let mut handshake_rates = Vec::new();
