@@ -83,6 +83,12 @@ fn check_key(r: &mut Report, text: &str, cert_path: Option<PathBuf>) {
         "open key",
         format!("{} ({})", key.describe(), key.algorithm()),
     );
+    if key.protection().is_ok_and(|p| p.pin_always()) {
+        r.ok(
+            "PIN always",
+            "every signature presents the PIN again (CKA_ALWAYS_AUTHENTICATE)",
+        );
+    }
     match crate::key::tls::protocol_versions(&key, false) {
         Ok(_) => r.ok("signing path", key.signing_path()),
         Err(e) => r.fail("signing path", e),

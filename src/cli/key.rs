@@ -123,6 +123,9 @@ fn info(uri: &KeyUri) -> anyhow::Result<()> {
     for (name, value) in &protection.attributes {
         println!("{name}: {value}");
     }
+    if protection.pin_always() {
+        println!("PIN always: yes (CKA_ALWAYS_AUTHENTICATE: the PIN is presented for every signature; TLS resumption keeps signatures rare)");
+    }
     if protection.exportable.is_empty() {
         println!("extractable: no (the device says the private key cannot leave it)");
     } else {

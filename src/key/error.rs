@@ -83,6 +83,9 @@ pub enum KeyError {
     #[error("{key} on {place} has no public-key object, no certificate with its CKA_ID, and no CKA_EC_POINT of its own, so its public key is unknown: write its public key or certificate to the token with the same CKA_ID (e.g. `pkcs11-tool --write-object cert.der --type cert --id ID`)")]
     NoPublicKey { key: String, place: String },
 
+    #[error("{key} asks for the PIN at every signature (CKA_ALWAYS_AUTHENTICATE), and the token does not offer {missing}, which hwkey signs such keys with (it re-authenticates between C_SignInit and the data, so the token must hash); use a key without PIN-always, or a token that offers {missing}")]
+    NoReauthMechanism { key: String, missing: &'static str },
+
     #[error("{what} already exists on {place}: choose another object/id/path, or delete it first with `hwkey key delete --yes`")]
     KeyExists { what: String, place: String },
 

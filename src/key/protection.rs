@@ -59,6 +59,13 @@ impl Protection {
         }
     }
 
+    /// Whether the key asks for the PIN at every signature (`CKA_ALWAYS_AUTHENTICATE`).
+    pub fn pin_always(&self) -> bool {
+        self.attributes
+            .iter()
+            .any(|(name, value)| *name == "CKA_ALWAYS_AUTHENTICATE" && *value)
+    }
+
     /// Judges a TPM object by its attributes.
     pub fn from_tpm(
         fixed_tpm: bool,

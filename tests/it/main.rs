@@ -34,6 +34,8 @@ mod metrics;
 #[cfg(feature = "pkcs11")]
 mod p11kit;
 #[cfg(feature = "pkcs11")]
+mod pin_always;
+#[cfg(feature = "pkcs11")]
 mod pin_safety;
 #[cfg(feature = "pkcs11")]
 mod pkcs11_cli;

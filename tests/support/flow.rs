@@ -107,6 +107,12 @@ impl Flow {
             "key public prints what create printed"
         );
 
+        self.certify_and_probe(uri, algorithm);
+    }
+
+    /// Certifies an existing key for `CN=alice,O=devs` and probes s_server (TLS 1.3 and 1.2)
+    /// and nginx with it, all requiring and verifying client certificates.
+    pub fn certify_and_probe(&self, uri: &str, algorithm: &str) {
         self.certify(uri, "alice");
         let show = run_ok(self.hwkey().args(["cert", "show", "--key", uri]));
         assert!(

@@ -28,6 +28,7 @@ use std::sync::RwLock;
 use cryptoki::error::{Error as CkError, RvError};
 use cryptoki::mechanism::MechanismType;
 use cryptoki::object::{Attribute, AttributeType, CertificateType, ObjectClass, ObjectHandle};
+use cryptoki::session::UserType;
 
 use self::objects::KeyIdent;
 use self::pool::SessionPool;
@@ -53,6 +54,8 @@ pub struct Pkcs11Key {
     spki: Vec<u8>,
     path: SigningPath,
     pool: SessionPool,
+    /// `CKA_ALWAYS_AUTHENTICATE`: every signature re-authenticates (PIN always).
+    always_auth: bool,
 }
 
 /// Formats a cryptoki error the way PKCS#11 documentation names it (`CKR_PIN_INCORRECT`).
@@ -129,6 +132,10 @@ pub fn open(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
     let algorithm = objects::algorithm(&token, &session, handle)?;
     let spki = objects::public_spki(&token, &session, handle, &ident, algorithm)?;
     let path = signing_path(&token, algorithm);
+    let always_auth = objects::always_authenticate(&token, &session, handle)?;
+    if always_auth {
+        check_reauthentication(&token, &ident, algorithm)?;
+    }
     let pool = SessionPool::new(MAX_SESSIONS);
     // The first session stays open in the pool, which keeps this process logged in.
     pool.adopt(session);
@@ -141,6 +148,36 @@ pub fn open(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
         spki,
         path,
         pool,
+        always_auth,
+    })
+}
+
+/// For a key that asks for the PIN at every signature: the token must offer the hashing
+/// mechanisms its signatures then need ([`sign::reauthenticated_mechanism`]).
+fn check_reauthentication(
+    token: &Token,
+    ident: &objects::KeyIdent,
+    algorithm: KeyAlgorithm,
+) -> Result<(), KeyError> {
+    // A token that cannot list its mechanisms is given the benefit of the doubt (its C_SignInit
+    // then says what is missing).
+    let Ok(offered) = token.ctx.get_mechanism_list(token.slot()) else {
+        return Ok(());
+    };
+    let needed = match algorithm {
+        KeyAlgorithm::EcP256 => (MechanismType::ECDSA_SHA256, "CKM_ECDSA_SHA256"),
+        KeyAlgorithm::EcP384 => (MechanismType::ECDSA_SHA384, "CKM_ECDSA_SHA384"),
+        KeyAlgorithm::Rsa { .. } => (
+            MechanismType::SHA256_RSA_PKCS_PSS,
+            "CKM_SHA256_RSA_PKCS_PSS",
+        ),
+    };
+    if offered.contains(&needed.0) {
+        return Ok(());
+    }
+    Err(KeyError::NoReauthMechanism {
+        key: ident.describe(),
+        missing: needed.1,
     })
 }
 
@@ -350,13 +387,21 @@ impl Pkcs11Key {
     ) -> Result<Vec<u8>, (Option<CkError>, KeyError)> {
         let session = self.pool.get(&self.token).map_err(|e| (None, e))?;
         let handle = *self.handle.read().unwrap_or_else(|p| p.into_inner());
-        match sign::sign(
-            session.session(),
-            handle,
-            (self.algorithm, &self.path),
-            scheme,
-            message,
-        ) {
+        let signed = if self.always_auth {
+            let attempt = self.token.prepare_context_login().map_err(|e| (None, e))?;
+            sign::sign_reauthenticated(session.session(), handle, scheme, message, || {
+                attempt.present(session.session(), UserType::ContextSpecific)
+            })
+        } else {
+            sign::sign(
+                session.session(),
+                handle,
+                (self.algorithm, &self.path),
+                scheme,
+                message,
+            )
+        };
+        match signed {
             Ok(sig) => {
                 if scheme.is_pss() && matches!(self.path, SigningPath::SoftwarePss { .. }) {
                     self.check_raw_rsa(scheme, message, &sig)
@@ -364,7 +409,7 @@ impl Pkcs11Key {
                 }
                 Ok(sig)
             }
-            Err(SignError::Encoding(e)) => Err((None, e)),
+            Err(SignError::Encoding(e) | SignError::Login(e)) => Err((None, e)),
             Err(SignError::Token(e)) => {
                 let err = self.token.err("C_Sign", &e);
                 if session_lost(&e) {
@@ -531,6 +576,7 @@ pub fn protection(uri: &Pkcs11Uri) -> Result<Vec<(&'static str, bool)>, KeyError
                 AttributeType::Extractable,
                 AttributeType::NeverExtractable,
                 AttributeType::AlwaysSensitive,
+                AttributeType::AlwaysAuthenticate,
             ],
         )
         .map_err(|e| token.err("C_GetAttributeValue", &e))?;
@@ -541,6 +587,7 @@ pub fn protection(uri: &Pkcs11Uri) -> Result<Vec<(&'static str, bool)>, KeyError
             Attribute::Extractable(v) => out.push(("CKA_EXTRACTABLE", v)),
             Attribute::NeverExtractable(v) => out.push(("CKA_NEVER_EXTRACTABLE", v)),
             Attribute::AlwaysSensitive(v) => out.push(("CKA_ALWAYS_SENSITIVE", v)),
+            Attribute::AlwaysAuthenticate(v) => out.push(("CKA_ALWAYS_AUTHENTICATE", v)),
             _ => {}
         }
     }

@@ -250,6 +250,24 @@ fn spki_from_key_object(
     }
 }
 
+/// Whether the key asks for the PIN at every use (`CKA_ALWAYS_AUTHENTICATE`; a token that does
+/// not know the attribute has no such keys).
+pub(crate) fn always_authenticate(
+    token: &Token,
+    session: &Session,
+    key: ObjectHandle,
+) -> Result<bool, KeyError> {
+    match session.get_attributes(key, &[AttributeType::AlwaysAuthenticate]) {
+        Ok(attrs) => Ok(attrs
+            .iter()
+            .any(|a| matches!(a, Attribute::AlwaysAuthenticate(true)))),
+        Err(cryptoki::error::Error::Pkcs11(cryptoki::error::RvError::AttributeTypeInvalid, _)) => {
+            Ok(false)
+        }
+        Err(e) => Err(token.err("C_GetAttributeValue", &e)),
+    }
+}
+
 /// The X.509 certificates tied to a key: (handle, DER).
 pub(crate) fn certificates(
     token: &Token,

@@ -64,6 +64,62 @@ pub(crate) enum SignError {
     Token(cryptoki::error::Error),
     /// The token's output could not be encoded.
     Encoding(crate::key::KeyError),
+    /// Re-authenticating for the signature failed (a refused PIN, no PIN source).
+    Login(crate::key::KeyError),
+}
+
+/// The mechanism that hashes on the token, for keys that need `C_Login(CKU_CONTEXT_SPECIFIC)`
+/// between `C_SignInit` and the data: cryptoki offers `C_Sign` only together with its own
+/// `C_SignInit`, so such keys sign in parts (`C_SignUpdate`, `C_SignFinal`), which only the
+/// hashing mechanisms allow.
+pub(crate) fn reauthenticated_mechanism(scheme: SignScheme) -> Mechanism<'static> {
+    let hash = scheme.hash();
+    if scheme.is_ecdsa() {
+        return match hash {
+            HashAlg::Sha256 => Mechanism::EcdsaSha256,
+            HashAlg::Sha384 => Mechanism::EcdsaSha384,
+            HashAlg::Sha512 => Mechanism::EcdsaSha512,
+        };
+    }
+    if scheme.is_pss() {
+        let params = PkcsPssParams {
+            hash_alg: hash_mechanism(hash),
+            mgf: mgf(hash),
+            s_len: (hash.output_len() as u64).into(),
+        };
+        return match hash {
+            HashAlg::Sha256 => Mechanism::Sha256RsaPkcsPss(params),
+            HashAlg::Sha384 => Mechanism::Sha384RsaPkcsPss(params),
+            HashAlg::Sha512 => Mechanism::Sha512RsaPkcsPss(params),
+        };
+    }
+    match hash {
+        HashAlg::Sha256 => Mechanism::Sha256RsaPkcs,
+        HashAlg::Sha384 => Mechanism::Sha384RsaPkcs,
+        HashAlg::Sha512 => Mechanism::Sha512RsaPkcs,
+    }
+}
+
+/// Signs `message` with a key that asks for the PIN every time (`CKA_ALWAYS_AUTHENTICATE`, a
+/// PIV card's slot 9c): `C_SignInit`, then `login` (`C_Login(CKU_CONTEXT_SPECIFIC)`), then the
+/// message in parts.
+pub(crate) fn sign_reauthenticated(
+    session: &Session,
+    key: ObjectHandle,
+    scheme: SignScheme,
+    message: &[u8],
+    login: impl FnOnce() -> Result<(), crate::key::KeyError>,
+) -> Result<Vec<u8>, SignError> {
+    session
+        .sign_init(&reauthenticated_mechanism(scheme), key)
+        .map_err(SignError::Token)?;
+    login().map_err(SignError::Login)?;
+    session.sign_update(message).map_err(SignError::Token)?;
+    let signature = session.sign_final().map_err(SignError::Token)?;
+    if scheme.is_ecdsa() {
+        return der::ecdsa_raw_to_der(&signature).map_err(SignError::Encoding);
+    }
+    Ok(signature)
 }
 
 fn hash_mechanism(hash: HashAlg) -> MechanismType {

@@ -121,10 +121,38 @@ impl Token {
             }
             return Ok(());
         };
-        let _in_process = self.login.lock().unwrap_or_else(|p| p.into_inner());
+        let in_process = self.login.lock().unwrap_or_else(|p| p.into_inner());
         if self.logged_in(session)? {
             return Ok(());
         }
+        self.prepare_pin(source, in_process)?
+            .present(session, UserType::User)
+    }
+
+    /// Readies the re-authentication of one operation on a key with `CKA_ALWAYS_AUTHENTICATE`:
+    /// call it before `C_SignInit`, then [`PinAttempt::present`] with
+    /// [`UserType::ContextSpecific`] right after it. The PIN comes from the same source, with
+    /// the same one-attempt rule as the login (a PIN the token rejected is never presented again,
+    /// in any process, until its source changes); everything that may touch the token besides
+    /// the login itself (the PIN-attempts check) happens here, so nothing comes between
+    /// `C_SignInit` and `C_Login`.
+    pub(crate) fn prepare_context_login(&self) -> Result<PinAttempt<'_>, KeyError> {
+        let Some(source) = &self.pin else {
+            return Err(KeyError::PinRequired {
+                token: self.label.clone(),
+            });
+        };
+        let in_process = self.login.lock().unwrap_or_else(|p| p.into_inner());
+        self.prepare_pin(source, in_process)
+    }
+
+    /// Reads the PIN from `source` and takes the token's login locks (in this process and
+    /// across processes), refusing a PIN the token rejected before or the token's last attempt.
+    fn prepare_pin<'a>(
+        &'a self,
+        source: &'a PinSource,
+        in_process: std::sync::MutexGuard<'a, ()>,
+    ) -> Result<PinAttempt<'a>, KeyError> {
         if self.pin_rejected.load(Ordering::SeqCst) {
             return Err(KeyError::PinIncorrect {
                 token: self.label.clone(),
@@ -132,7 +160,7 @@ impl Token {
         }
         let pin = source.read()?;
         // Fail closed: a PIN whose rejection could not be remembered is not presented.
-        let _across_processes =
+        let across_processes =
             pin_memory::lock_token(&self.identity()).map_err(|e| KeyError::PinMemory {
                 dir: pin_memory::memory_dir(),
                 reason: e.to_string(),
@@ -146,26 +174,14 @@ impl Token {
             });
         }
         self.check_pin_attempts()?;
-        let auth = AuthPin::from(pin.as_str());
-        match session.login(UserType::User, Some(&auth)) {
-            Ok(()) | Err(CkError::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => {
-                pin_memory::forget_token(&self.identity());
-                Ok(())
-            }
-            Err(CkError::Pkcs11(RvError::PinIncorrect, _)) => {
-                self.pin_rejected.store(true, Ordering::SeqCst);
-                if let Some(r) = &record {
-                    r.remember(&self.label, source);
-                }
-                Err(KeyError::PinIncorrect {
-                    token: self.label.clone(),
-                })
-            }
-            Err(CkError::Pkcs11(RvError::PinLocked, _)) => Err(KeyError::PinLocked {
-                token: self.label.clone(),
-            }),
-            Err(e) => Err(self.err("C_Login", &e)),
-        }
+        Ok(PinAttempt {
+            token: self,
+            source,
+            pin,
+            record,
+            _in_process: in_process,
+            _across_processes: across_processes,
+        })
     }
 
     /// What identifies this token in the rejected-PIN records: module, serial and label.
@@ -221,6 +237,44 @@ fn cause(e: &CkError) -> crate::key::error::Cause {
     match e {
         CkError::Pkcs11(rv, function) => Box::new(CkError::Pkcs11(*rv, *function)),
         other => other.to_string().into(),
+    }
+}
+
+/// One PIN, read and checked, ready to be presented once under the token's login locks.
+pub(crate) struct PinAttempt<'a> {
+    token: &'a Token,
+    source: &'a PinSource,
+    pin: zeroize::Zeroizing<String>,
+    record: Option<Record>,
+    _in_process: std::sync::MutexGuard<'a, ()>,
+    _across_processes: pin_memory::TokenLock,
+}
+
+impl PinAttempt<'_> {
+    /// `C_Login(user)` with the PIN; a rejection is remembered so the PIN is never presented
+    /// again until its source changes.
+    pub(crate) fn present(self, session: &Session, user: UserType) -> Result<(), KeyError> {
+        let token = self.token;
+        let auth = AuthPin::from(self.pin.as_str());
+        match session.login(user, Some(&auth)) {
+            Ok(()) | Err(CkError::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => {
+                pin_memory::forget_token(&token.identity());
+                Ok(())
+            }
+            Err(CkError::Pkcs11(RvError::PinIncorrect, _)) => {
+                token.pin_rejected.store(true, Ordering::SeqCst);
+                if let Some(r) = &self.record {
+                    r.remember(&token.label, self.source);
+                }
+                Err(KeyError::PinIncorrect {
+                    token: token.label.clone(),
+                })
+            }
+            Err(CkError::Pkcs11(RvError::PinLocked, _)) => Err(KeyError::PinLocked {
+                token: token.label.clone(),
+            }),
+            Err(e) => Err(token.err("C_Login", &e)),
+        }
     }
 }
 

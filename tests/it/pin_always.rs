@@ -1,0 +1,178 @@
+//! Keys that ask for the PIN at every signature (issue 24, item 3): `CKA_ALWAYS_AUTHENTICATE`, as
+//! on a PIV card's slot 9c. SoftHSM enforces it (`pkcs11-tool --keypairgen --always-auth`):
+//! without `C_Login(CKU_CONTEXT_SPECIFIC)` right after `C_SignInit`, `C_Sign` fails with
+//! `CKR_USER_NOT_LOGGED_IN`. Counted in OpenSC's pkcs11-spy log between hwkey and SoftHSM.
+
+use std::path::Path;
+
+use support::flow::Flow;
+use support::proxy::{Backend, Identity, ProxyProcess};
+use support::upstream::TestUpstream;
+use support::*;
+
+const SPY: &str = "/usr/lib/x86_64-linux-gnu/pkcs11-spy.so";
+
+/// A token `kube` with an RSA-2048 key `pa` made by pkcs11-tool with `--always-auth`.
+fn pin_always_token() -> SoftHsm {
+    let hsm = SoftHsm::new();
+    hsm.init_token("kube");
+    let out = hsm.pkcs11_tool(&[
+        "--token-label",
+        "kube",
+        "--login",
+        "--pin",
+        USER_PIN,
+        "--keypairgen",
+        "--key-type",
+        "rsa:2048",
+        "--label",
+        "pa",
+        "--id",
+        "0a",
+        "--usage-sign",
+        "--always-auth",
+    ]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    hsm
+}
+
+/// The calls the spy logged, in order (`C_SignInit`, `C_Login`, …), with a `C_Login`'s user type
+/// appended (`C_Login CKU_CONTEXT_SPECIFIC`).
+fn calls(log: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut out: Vec<String> = Vec::new();
+    for line in text.lines() {
+        if let Some((_, call)) = line.split_once(": C_") {
+            out.push(format!("C_{}", call.trim()));
+        } else if let Some(user) = line.strip_prefix("[in] userType = ") {
+            if let Some(last) = out.last_mut().filter(|l| *l == "C_Login") {
+                last.push(' ');
+                last.push_str(user.trim());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_pin_always_key_signs_csrs_and_handshakes_with_one_context_login_per_signature() {
+    assert!(
+        Path::new(SPY).exists(),
+        "{SPY} is missing: apt-get install opensc-pkcs11"
+    );
+    let hsm = pin_always_token();
+    let work = temp_dir();
+    let log = work.path().join("spy.log");
+    let mut envs = hsm.envs();
+    envs.push(("PKCS11SPY".into(), SOFTHSM_MODULE.into()));
+    envs.push(("PKCS11SPY_OUTPUT".into(), log.display().to_string()));
+    let flow = Flow::new(envs);
+    let uri = hsm.key_uri("kube", "pa").replace(SOFTHSM_MODULE, SPY);
+
+    let info = run_ok(flow.hwkey().args(["key", "info", "--key", &uri]));
+    assert!(
+        output_text(&info).contains("PIN always: yes"),
+        "{}",
+        output_text(&info)
+    );
+    assert!(
+        !output_text(&info).contains("ERROR"),
+        "a successful command logged an error: {}",
+        output_text(&info)
+    );
+
+    // A CSR openssl verifies, a certificate, and handshakes with s_server (TLS 1.3 and 1.2)
+    // and nginx, each signature re-authenticated.
+    flow.certify_and_probe(&uri, "rsa-2048");
+    let calls = calls(&log);
+    let inits: Vec<usize> = (0..calls.len())
+        .filter(|&i| calls[i] == "C_SignInit")
+        .collect();
+    assert!(
+        inits.len() >= 4,
+        "a CSR and three handshakes sign: {calls:?}"
+    );
+    for &i in &inits {
+        assert_eq!(
+            calls.get(i + 1).map(String::as_str),
+            Some("C_Login CKU_CONTEXT_SPECIFIC"),
+            "C_SignInit not followed by the context login: {:?}",
+            &calls[i..(i + 3).min(calls.len())]
+        );
+    }
+    let context_logins = calls
+        .iter()
+        .filter(|c| *c == "C_Login CKU_CONTEXT_SPECIFIC")
+        .count();
+    assert_eq!(
+        context_logins,
+        inits.len(),
+        "one context login per signature"
+    );
+}
+
+#[test]
+fn a_pin_always_key_serves_through_the_proxy() {
+    let hsm = pin_always_token();
+    let dir = temp_dir();
+    let ca = TestCa::new(dir.path());
+    let id = Identity {
+        key_uri: hsm.key_uri("kube", "pa"),
+        backend: Backend::SoftHsm(hsm),
+        cert: dir.path().join("pa.pem"),
+        ca,
+        dir,
+    };
+    id.issue(&id.key_uri, "CN=alice,O=devs", &id.cert);
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    for _ in 0..5 {
+        let out = proxy.curl_unix(&["-f"], "/version");
+        assert!(out.status.success(), "{}", output_text(&out));
+    }
+    // Resumption keeps PIN-always signatures rare: five requests, at most one full handshake.
+    let metrics = proxy.metrics();
+    let signatures: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("hwkey_signatures_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("hwkey_signatures_total");
+    assert!(
+        (1.0..=2.0).contains(&signatures),
+        "{signatures} signatures for 5 requests"
+    );
+}
+
+#[test]
+fn a_wrong_pin_for_a_pin_always_key_is_presented_once() {
+    assert!(
+        Path::new(SPY).exists(),
+        "{SPY} is missing: apt-get install opensc-pkcs11"
+    );
+    let hsm = pin_always_token();
+    let work = temp_dir();
+    let log = work.path().join("spy.log");
+    let records = work.path().join("records");
+    let pin = work.path().join("wrong-pin");
+    write_private(&pin, b"9999");
+    let uri = format!(
+        "pkcs11:token=kube;object=pa?module-path={SPY}&pin-source=file:{}",
+        pin.display()
+    );
+    for _ in 0..3 {
+        let out = run_fail(
+            hwkey()
+                .envs(hsm.envs())
+                .env("PKCS11SPY", SOFTHSM_MODULE)
+                .env("PKCS11SPY_OUTPUT", &log)
+                .env("HWKEY_PIN_STATE_DIR", &records)
+                .args(["csr", "--key", &uri, "--subject", "CN=pa"]),
+        );
+        assert!(output_text(&out).contains("PIN"), "{}", output_text(&out));
+    }
+    let logins = calls(&log)
+        .iter()
+        .filter(|c| c.starts_with("C_Login"))
+        .count();
+    assert_eq!(logins, 1, "the wrong PIN reached the token {logins} times");
+}
