@@ -60,6 +60,8 @@ mod rsa_mechanisms;
 mod shared_tpm;
 #[cfg(feature = "pkcs11")]
 mod state_dir;
+#[cfg(feature = "pkcs11")]
+mod tpm2_pkcs11;
 #[cfg(feature = "tpm")]
 mod tpm_cli;
 #[cfg(feature = "tpm")]

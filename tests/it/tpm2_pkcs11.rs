@@ -1,0 +1,69 @@
+//! tpm2-pkcs11 as a second real PKCS#11 module (issue 24, item 5): a token and key made with
+//! `tpm2_ptool` on a swtpm shared through tpm2-abrmd (tpm2-pkcs11 needs a resource manager: on
+//! a bare swtpm `tpm2_ptool addkey` runs out of object slots), used by hwkey's PKCS#11 backend
+//! for `csr`, `cert import` and TLS handshakes with s_server and nginx.
+
+use std::process::Command;
+
+use support::flow::Flow;
+use support::{output_text, require_tool, run_ok, temp_dir, write_private, SharedTpm};
+
+const MODULE: &str = "/usr/lib/x86_64-linux-gnu/pkcs11/libtpm2_pkcs11.so";
+
+#[test]
+fn a_tpm2_pkcs11_key_signs_csrs_and_handshakes() {
+    require_tool("tpm2_ptool", "libtpm2-pkcs11-tools");
+    assert!(
+        std::path::Path::new(MODULE).exists(),
+        "{MODULE} is missing: apt-get install libtpm2-pkcs11-1"
+    );
+    let tpm = SharedTpm::start();
+    let dir = temp_dir();
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).expect("mkdir store");
+    // tpm2-pkcs11 keeps its token in an SQLite store and reaches the TPM through a TCTI.
+    let mut envs = tpm.envs();
+    envs.push(("TPM2_PKCS11_STORE".into(), store.display().to_string()));
+    envs.push(("TPM2_PKCS11_TCTI".into(), tpm.tcti()));
+    envs.push(("TPM2TOOLS_TCTI".into(), tpm.tcti()));
+    let ptool = |args: &[&str]| {
+        run_ok(
+            Command::new("tpm2_ptool")
+                .envs(envs.clone())
+                .args(args)
+                .arg(format!("--path={}", store.display())),
+        )
+    };
+    ptool(&["init"]);
+    ptool(&[
+        "addtoken",
+        "--pid=1",
+        "--label=tpmtoken",
+        "--userpin=1234",
+        "--sopin=5678",
+    ]);
+    ptool(&[
+        "addkey",
+        "--label=tpmtoken",
+        "--key-label=alice",
+        "--userpin=1234",
+        "--algorithm=ecc256",
+    ]);
+    let pin = dir.path().join("pin");
+    write_private(&pin, b"1234");
+    let uri = format!(
+        "pkcs11:token=tpmtoken;object=alice?module-path={MODULE}&pin-source=file:{}",
+        pin.display()
+    );
+    let flow = Flow::new(envs.clone());
+    // The key is what tpm2-pkcs11 says it is: sensitive, never extractable.
+    let info = run_ok(flow.hwkey().args(["key", "info", "--key", &uri]));
+    assert!(
+        output_text(&info).contains("extractable: no"),
+        "{}",
+        output_text(&info)
+    );
+    // A CSR openssl verifies, the certificate stored on the token, and handshakes signed by
+    // the TPM through tpm2-pkcs11 with s_server (TLS 1.3, 1.2) and nginx.
+    flow.certify_and_probe(&uri, "ec-p256");
+}
