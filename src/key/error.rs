@@ -148,6 +148,19 @@ pub enum KeyError {
         source: Option<Cause>,
     },
 
+    #[error("{key} has a password (authValue): add pin-source=file:/path/to/password or pin-source=env:VAR to the key URI")]
+    TpmAuthRequired { key: String },
+
+    #[error("the TPM refused the password of {key} (TPM_RC_AUTH_FAIL): every wrong password counts toward the TPM's dictionary-attack lockout, after which the TPM refuses all password use for a while, so hwkey presents this password no more until its source changes. Fix the password source; `tpm2_getcap properties-variable` shows the failure counter, `tpm2_dictionarylockout --clear-lockout` (with the lockout password) resets it")]
+    TpmAuthRejected { key: String },
+
+    #[error("the password from {source_desc} was refused for {key} before, so hwkey did not present it again: the TPM's dictionary-attack lockout counts every wrong password. Fix the password in {source_desc} (a changed password is tried once), or, if the key's password was changed instead, delete {}", .record.display())]
+    TpmAuthRemembered {
+        key: String,
+        source_desc: String,
+        record: PathBuf,
+    },
+
     #[error("TPM key file {path} is not a usable TSS2 PRIVATE KEY: {problem}")]
     Tss2Pem {
         path: PathBuf,

@@ -17,7 +17,6 @@ pub mod der;
 mod error;
 pub mod p11kit;
 pub mod pin;
-#[cfg(feature = "pkcs11")]
 pub mod pin_memory;
 #[cfg(feature = "pkcs11")]
 pub mod pkcs11;

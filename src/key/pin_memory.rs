@@ -106,11 +106,25 @@ impl Record {
 /// one presents it and the others find its record (two kubeconfig contexts on one smart card
 /// used in parallel spent four of its three attempts without it). Released on drop.
 #[derive(Debug)]
+#[cfg_attr(
+    not(feature = "pkcs11"),
+    allow(
+        dead_code,
+        reason = "PKCS#11 logins take it; TPM passwords are checked at open"
+    )
+)]
 pub(crate) struct TokenLock {
     _file: std::fs::File,
 }
 
 /// Takes the login lock of token `token_id` (waits while another process holds it).
+#[cfg_attr(
+    not(feature = "pkcs11"),
+    allow(
+        dead_code,
+        reason = "PKCS#11 logins take it; TPM passwords are checked at open"
+    )
+)]
 pub(crate) fn lock_token(token_id: &str) -> std::io::Result<TokenLock> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = memory_dir();
@@ -129,6 +143,10 @@ pub(crate) fn lock_token(token_id: &str) -> std::io::Result<TokenLock> {
 
 /// Forgets every rejection recorded for the token `token_id`: a successful login proves the
 /// PIN in use works, so older records only describe PINs that are gone.
+#[cfg_attr(
+    not(feature = "pkcs11"),
+    allow(dead_code, reason = "a good PKCS#11 login forgets a token's records")
+)]
 pub(crate) fn forget_token(token_id: &str) {
     let prefix = format!("{}-", token_prefix(token_id));
     let Ok(entries) = std::fs::read_dir(memory_dir()) else {

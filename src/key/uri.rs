@@ -71,6 +71,8 @@ pub struct TpmUri {
     pub key: Option<TpmKeyLocation>,
     /// The TCTI configuration string as written in the URI, if any.
     pub tcti: Option<String>,
+    /// `pin-source=`: the key's authValue (its password), for keys that have one.
+    pub pin: Option<PinSource>,
 }
 
 /// Characters escaped when printing a URI value (RFC 7512 `pchar`/`qchar` are stricter, but
@@ -327,10 +329,16 @@ fn parse_tpm(uri: &str, rest: &str) -> Result<TpmUri, KeyError> {
     for (k, v) in pairs(uri, query, '&')? {
         match k {
             "tcti" => out.tcti = Some(decode(uri, k, v)?),
+            "pin-source" => {
+                if out.pin.is_some() {
+                    return Err(invalid(uri, "'pin-source' is given twice"));
+                }
+                out.pin = Some(parse_pin_source(uri, &decode(uri, k, v)?)?)
+            }
             other => {
                 return Err(invalid(
                     uri,
-                    format!("unknown query attribute '{other}' (known: tcti)"),
+                    format!("unknown query attribute '{other}' (known: tcti, pin-source)"),
                 ))
             }
         }
@@ -408,7 +416,10 @@ impl KeyUri {
                 pin: None,
                 ..u.clone()
             }),
-            other => other.clone(),
+            KeyUri::Tpm(u) => KeyUri::Tpm(TpmUri {
+                pin: None,
+                ..u.clone()
+            }),
         }
     }
 
@@ -500,9 +511,21 @@ impl fmt::Display for TpmUri {
             Some(TpmKeyLocation::Handle(h)) => write!(f, "handle=0x{h:08x}")?,
             None => {}
         }
+        let mut query = Vec::new();
         if let Some(t) = &self.tcti {
             // TCTI strings hold ':' ',' '=' which are fine in a query value except '&'.
-            write!(f, "?tcti={}", t.replace('&', "%26"))?;
+            query.push(format!("tcti={}", t.replace('&', "%26")));
+        }
+        match &self.pin {
+            Some(PinSource::File(p)) => query.push(format!(
+                "pin-source=file:{}",
+                utf8_percent_encode(&p.to_string_lossy(), ESCAPE)
+            )),
+            Some(PinSource::Env(v)) => query.push(format!("pin-source=env:{v}")),
+            Some(PinSource::Value(_)) | None => {}
+        }
+        if !query.is_empty() {
+            write!(f, "?{}", query.join("&"))?;
         }
         Ok(())
     }
@@ -609,7 +632,8 @@ mod tests {
             u,
             KeyUri::Tpm(TpmUri {
                 key: Some(TpmKeyLocation::Handle(0x8100_0101)),
-                tcti: None
+                tcti: None,
+                pin: None,
             })
         );
         assert!("tpm:handle=0x40000001".parse::<KeyUri>().is_err());

@@ -66,3 +66,5 @@ mod tpm2_pkcs11;
 mod tpm_cli;
 #[cfg(feature = "tpm")]
 mod tpm_key;
+#[cfg(feature = "tpm")]
+mod tpm_password;

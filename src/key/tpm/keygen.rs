@@ -21,7 +21,7 @@ use tss_esapi::interface_types::ecc::EccCurve;
 use tss_esapi::interface_types::key_bits::RsaKeyBits;
 use tss_esapi::interface_types::session_handles::AuthSession;
 use tss_esapi::structures::{
-    EccPoint, EccScheme, KeyDerivationFunctionScheme, Private, Public, PublicBuilder,
+    Auth, EccPoint, EccScheme, KeyDerivationFunctionScheme, Private, Public, PublicBuilder,
     PublicEccParametersBuilder, PublicKeyRsa, PublicRsaParametersBuilder, RsaExponent, RsaScheme,
     SymmetricDefinitionObject,
 };
@@ -73,15 +73,16 @@ pub(crate) fn check_supported(ctx: &mut Context, alg: KeyAlgorithm) -> Result<()
     })
 }
 
-/// The public template of a new signing key.
-pub(crate) fn template(alg: KeyAlgorithm) -> Result<Public, KeyError> {
+/// The public template of a new signing key; a key with a password is dictionary-attack
+/// protected (no `noDA`), a key without one is not (it would gain nothing).
+pub(crate) fn template(alg: KeyAlgorithm, with_password: bool) -> Result<Public, KeyError> {
     let build = || -> Result<Public, tss_esapi::Error> {
         let attributes = ObjectAttributesBuilder::new()
             .with_fixed_tpm(true)
             .with_fixed_parent(true)
             .with_sensitive_data_origin(true)
             .with_user_with_auth(true)
-            .with_no_da(true)
+            .with_no_da(!with_password)
             .with_sign_encrypt(true)
             .with_decrypt(matches!(alg, KeyAlgorithm::Rsa { .. }))
             .build()?;
@@ -138,13 +139,21 @@ pub(crate) struct NewKey {
 
 /// Creates a key under the owner storage key and loads it; the storage key is flushed again
 /// before this returns. On an error nothing stays loaded.
-pub(crate) fn create_and_load(ctx: &mut Context, alg: KeyAlgorithm) -> Result<NewKey, KeyError> {
+pub(crate) fn create_and_load(
+    ctx: &mut Context,
+    alg: KeyAlgorithm,
+    password: Option<&[u8]>,
+) -> Result<NewKey, KeyError> {
     check_supported(ctx, alg)?;
-    let template = template(alg)?;
+    let template = template(alg, password.is_some())?;
+    let auth = password
+        .map(|p| Auth::try_from(p.to_vec()))
+        .transpose()
+        .map_err(rc::tpm_error("the key's password"))?;
     primary::with_parent(ctx, primary::OWNER_HIERARCHY, |ctx, parent| {
         ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
             let created = ctx
-                .create(parent, template, None, None, None, None)
+                .create(parent, template, auth.clone(), None, None, None)
                 .map_err(rc::tpm_error("Create (signing key)"))?;
             let handle = ctx
                 .load(

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tss_esapi::handles::{KeyHandle, ObjectHandle};
-use tss_esapi::structures::Public;
+use tss_esapi::structures::{Auth, Public};
 use tss_esapi::tss2_esys::ESYS_TR;
 use tss_esapi::Context;
 
@@ -42,6 +42,23 @@ pub(crate) struct LoadedKey {
     source: Source,
     handle: AtomicU32,
     generation: AtomicU64,
+    /// The key's authValue, when it has a password.
+    auth: Option<KeyAuth>,
+}
+
+/// A TPM key's password and how to remember its refusal: the TPM's dictionary-attack counter
+/// counts every wrong one, so a refused password is presented once, across processes.
+pub(crate) struct KeyAuth {
+    /// The authValue, wiped on drop.
+    pub value: zeroize::Zeroizing<Vec<u8>>,
+    /// What the error messages call the key.
+    pub key: String,
+    /// The on-disk record of a refusal (None: only this process remembers).
+    pub record: Option<crate::key::pin_memory::Record>,
+    /// Where the password came from.
+    pub source: crate::key::pin::PinSource,
+    /// Set once the TPM refused it.
+    pub refused: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for LoadedKey {
@@ -62,13 +79,44 @@ impl fmt::Debug for LoadedKey {
 impl LoadedKey {
     /// Wraps a key that was just loaded (or opened) in connection `generation`; from here on
     /// it is released on drop.
-    pub(crate) fn new(tpm: Arc<Tpm>, source: Source, handle: KeyHandle, generation: u64) -> Self {
+    pub(crate) fn new(
+        tpm: Arc<Tpm>,
+        source: Source,
+        handle: KeyHandle,
+        generation: u64,
+        auth: Option<KeyAuth>,
+    ) -> Self {
         LoadedKey {
             tpm,
             source,
             handle: AtomicU32::new(ESYS_TR::from(handle)),
             generation: AtomicU64::new(generation),
+            auth,
         }
+    }
+
+    /// A password the TPM refused is not presented again.
+    fn check_auth(&self) -> Result<(), KeyError> {
+        match &self.auth {
+            Some(a) if a.refused.load(Ordering::SeqCst) => {
+                Err(KeyError::TpmAuthRejected { key: a.key.clone() })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// After a refusal: remember it (here and on disk) and say so.
+    fn auth_refused(&self) -> KeyError {
+        let Some(a) = &self.auth else {
+            return KeyError::TpmAuthRejected {
+                key: "the TPM key".into(),
+            };
+        };
+        a.refused.store(true, Ordering::SeqCst);
+        if let Some(r) = &a.record {
+            r.remember(&a.key, &a.source);
+        }
+        KeyError::TpmAuthRejected { key: a.key.clone() }
     }
 
     /// The TCTI of the TPM holding the key.
@@ -83,6 +131,7 @@ impl LoadedKey {
         operation: &'static str,
         f: impl Fn(&mut Context, KeyHandle) -> Result<T, tss_esapi::Error>,
     ) -> Result<T, KeyError> {
+        self.check_auth()?;
         self.tpm.with_conn(|conn| {
             conn.ensure_connected()?;
             let handle = self.ensure_loaded(conn)?;
@@ -90,6 +139,9 @@ impl LoadedKey {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };
+            if rc::is_auth_fail(&err) {
+                return Err(self.auth_refused());
+            }
             if rc::is_connection_lost(&err) {
                 tracing::warn!(
                     "TPM connection lost during {operation} ({}); reconnecting",
@@ -117,6 +169,7 @@ impl LoadedKey {
         &self,
         f: impl FnOnce(&mut Context, KeyHandle) -> Result<T, KeyError>,
     ) -> Result<T, KeyError> {
+        self.check_auth()?;
         self.tpm.with_conn(|conn| {
             conn.ensure_connected()?;
             let handle = self.ensure_loaded(conn)?;
@@ -126,6 +179,20 @@ impl LoadedKey {
 
     /// The key's handle in the current connection, loading the key if it has none.
     fn ensure_loaded(&self, conn: &mut Conn) -> Result<KeyHandle, KeyError> {
+        let handle = self.load_if_needed(conn)?;
+        // ESAPI keeps an object's authValue per handle, in this process: set it before every
+        // use (no TPM command), so a reloaded key has it too.
+        if let Some(a) = &self.auth {
+            let auth =
+                Auth::try_from(a.value.to_vec()).map_err(rc::tpm_error("the key's password"))?;
+            conn.ctx
+                .tr_set_auth(handle.into(), auth)
+                .map_err(rc::tpm_error("setting the key's password"))?;
+        }
+        Ok(handle)
+    }
+
+    fn load_if_needed(&self, conn: &mut Conn) -> Result<KeyHandle, KeyError> {
         if self.generation.load(Ordering::Relaxed) == conn.generation() {
             return Ok(KeyHandle::from(self.handle.load(Ordering::Relaxed)));
         }

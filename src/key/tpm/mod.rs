@@ -46,9 +46,10 @@ use super::{
     KeyAlgorithm, KeyBackend, KeyError, KeyListing, KeyUri, SignScheme, TpmUri, Tss2Problem,
 };
 use crate::atomic_file;
+use crate::key::pin_memory::Record;
 use crate::key::uri::TpmKeyLocation;
 use context::Tpm;
-use loaded::{LoadedKey, Source};
+use loaded::{KeyAuth, LoadedKey, Source};
 use public::KeyInfo;
 use tss2_pem::Tss2Key;
 
@@ -83,13 +84,18 @@ pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
                 path: path.clone(),
                 problem: Tss2Problem::Unusable(e),
             })?;
+            let auth = if file.empty_auth {
+                None
+            } else {
+                Some(key_auth(uri, &location)?)
+            };
             let tpm = Tpm::connect(&tcti)?;
             let (handle, generation) = tpm.with_conn(|conn| {
                 let handle = load_key_file(&mut conn.ctx, &file)?;
                 Ok::<_, KeyError>((handle, conn.generation()))
             })?;
             Ok(TpmKey {
-                loaded: LoadedKey::new(tpm, Source::File(file), handle, generation),
+                loaded: LoadedKey::new(tpm, Source::File(file), handle, generation, auth),
                 location,
                 info,
             })
@@ -106,7 +112,11 @@ pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
             });
             // Closes the ESYS handle on drop, also if the key is unusable.
             let source = Source::Persistent { handle: *h, public };
-            let loaded = LoadedKey::new(tpm, source, KeyHandle::from(object), generation);
+            let auth = match uri.pin {
+                Some(_) => Some(key_auth(uri, &location)?),
+                None => None,
+            };
+            let loaded = LoadedKey::new(tpm, source, KeyHandle::from(object), generation, auth);
             Ok(TpmKey {
                 loaded,
                 location,
@@ -114,6 +124,32 @@ pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
             })
         }
     }
+}
+
+/// The password of a key from the URI's `pin-source`, unless the TPM refused that password
+/// before (in any process): the dictionary-attack lockout counts every wrong one.
+fn key_auth(uri: &TpmUri, location: &TpmKeyLocation) -> Result<KeyAuth, KeyError> {
+    let key = location_desc(location);
+    let Some(source) = &uri.pin else {
+        return Err(KeyError::TpmAuthRequired { key });
+    };
+    let password = source.read()?;
+    let identity = format!("tpm\n{}\n{key}", uri.tcti());
+    let record = Record::for_source(&identity, source, &password);
+    if let Some(r) = record.as_ref().filter(|r| r.exists()) {
+        return Err(KeyError::TpmAuthRemembered {
+            key,
+            source_desc: crate::key::pin_memory::describe(source),
+            record: r.path().to_path_buf(),
+        });
+    }
+    Ok(KeyAuth {
+        value: zeroize::Zeroizing::new(password.as_bytes().to_vec()),
+        key,
+        record,
+        source: source.clone(),
+        refused: std::sync::atomic::AtomicBool::new(false),
+    })
 }
 
 /// Makes sure the TPM the URI names has an attestation key at `ak_handle` (creating it once) and
@@ -165,15 +201,23 @@ pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
             if fs::symlink_metadata(path).is_ok() {
                 return Err(exists());
             }
+            // A key with a password (pin-source on the URI): dictionary-attack protected, the
+            // file says so (no emptyAuth TRUE), and the password is needed to sign.
+            let auth = match uri.pin {
+                Some(_) => Some(key_auth(uri, &location)?),
+                None => None,
+            };
             let tpm = Tpm::connect(&tcti)?;
             let (new, generation) = tpm.with_conn(|conn| {
-                let new = keygen::create_and_load(&mut conn.ctx, alg)?;
+                let value = auth.as_ref().map(|a| a.value.as_slice());
+                let new = keygen::create_and_load(&mut conn.ctx, alg, value)?;
                 Ok::<_, KeyError>((new, conn.generation()))
             })?;
             let file = Tss2Key {
                 parent: primary::OWNER_HIERARCHY,
                 public: new.public,
                 private: new.private,
+                empty_auth: auth.is_none(),
             };
             let info = created_info(&file.public);
             let pem = file.to_pem().map_err(|e| KeyError::Tpm {
@@ -182,7 +226,7 @@ pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
                 source: Some(Box::new(e)),
             });
             // From here on the key is flushed on drop, also if anything below fails.
-            let loaded = LoadedKey::new(tpm, Source::File(file), new.handle, generation);
+            let loaded = LoadedKey::new(tpm, Source::File(file), new.handle, generation, auth);
             let info = info?;
             atomic_file::create_atomic(path, pem?.as_bytes(), 0o600).map_err(|e| {
                 if e.kind() == io::ErrorKind::AlreadyExists {
@@ -206,7 +250,7 @@ pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
             })?;
             let info = created_info(&public);
             let source = Source::Persistent { handle: *h, public };
-            let loaded = LoadedKey::new(tpm, source, KeyHandle::from(object), generation);
+            let loaded = LoadedKey::new(tpm, source, KeyHandle::from(object), generation, None);
             Ok(TpmKey {
                 loaded,
                 location,
@@ -231,6 +275,7 @@ pub fn list(uri: &TpmUri) -> Result<Vec<KeyListing>, KeyError> {
         uri: KeyUri::Tpm(TpmUri {
             key: Some(location),
             tcti: uri.tcti.clone(),
+            pin: None,
         }),
         algorithm,
         has_certificate,

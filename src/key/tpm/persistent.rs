@@ -109,7 +109,7 @@ pub(crate) fn create_persistent(
     if persistent_exists(ctx, h)? {
         return Err(exists());
     }
-    let new = keygen::create_and_load(ctx, alg)?;
+    let new = keygen::create_and_load(ctx, alg, None)?;
     let evicted = ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
         ctx.evict_control(
             Provision::Owner,

@@ -47,6 +47,15 @@ pub(crate) fn tpm_kind(err: &Error) -> Option<Tss2ResponseCodeKind> {
     }
 }
 
+/// True if the TPM refused the key's authValue (TPM_RC_AUTH_FAIL counts toward the dictionary
+/// attack lockout; TPM_RC_BAD_AUTH is the same refusal for a noDA object).
+pub(crate) fn is_auth_fail(err: &Error) -> bool {
+    matches!(
+        tpm_kind(err),
+        Some(Tss2ResponseCodeKind::AuthFail | Tss2ResponseCodeKind::BadAuth)
+    )
+}
+
 /// True if the connection to the TPM is gone (the TCTI layer failed, or ESAPI is stuck in a
 /// command the dead connection never answered): reconnect.
 pub(crate) fn is_connection_lost(err: &Error) -> bool {

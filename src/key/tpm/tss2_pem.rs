@@ -15,9 +15,9 @@
 //!     privkey     OCTET STRING }                  -- a marshalled TPM2B_PRIVATE
 //! ```
 //!
-//! We write exactly what tpm2-openssl writes (type, emptyAuth TRUE, parent, pubkey, privkey) and
-//! read the optional fields of the other tools so we can refuse, with a reason, the keys we
-//! cannot use (passwords, policies, importable keys). The private part is the TPM's encrypted
+//! We write exactly what tpm2-openssl writes (type, emptyAuth TRUE unless the key has a
+//! password, parent, pubkey, privkey) and read the optional fields of the other tools so we can
+//! refuse, with a reason, the keys we cannot use (policies, importable keys). The private part is the TPM's encrypted
 //! blob: it is useless without the TPM that made it, but files are still written 0600.
 
 use tss_esapi::structures::{Private, Public};
@@ -43,6 +43,9 @@ pub(crate) struct Tss2Key {
     pub public: Public,
     /// The private blob, encrypted by the parent.
     pub private: Private,
+    /// True when the key has no password (`emptyAuth TRUE`); else its authValue comes from
+    /// the URI's `pin-source`.
+    pub empty_auth: bool,
 }
 
 impl Tss2Key {
@@ -58,8 +61,11 @@ impl Tss2Key {
             w.write_sequence(|w| {
                 w.next()
                     .write_oid(&ObjectIdentifier::from_slice(OID_LOADABLE_KEY));
-                w.next()
-                    .write_tagged(Tag::context(0), |w| w.write_bool(true));
+                // tpm2-openssl writes emptyAuth only when it is TRUE (absent means FALSE).
+                if self.empty_auth {
+                    w.next()
+                        .write_tagged(Tag::context(0), |w| w.write_bool(true));
+                }
                 w.next().write_u32(self.parent);
                 w.next().write_bytes(&pubkey);
                 w.next().write_bytes(&privkey);
@@ -96,7 +102,7 @@ impl Tss2Key {
     pub(crate) fn from_der(der: &[u8]) -> Result<Tss2Key, Tss2Problem> {
         let raw = RawKey::parse(der)?;
         check_type(&raw.oid)?;
-        check_auth(&raw.tagged)?;
+        let empty_auth = check_auth(&raw.tagged)?;
         let parent = u32::try_from(raw.parent).map_err(|_| Tss2Problem::Parent(raw.parent))?;
         let public = Public::unmarshall(untpm2b(&raw.pubkey, "pubkey")?)
             .map_err(|e| Tss2Problem::Pubkey(Box::new(e)))?;
@@ -106,6 +112,7 @@ impl Tss2Key {
             parent,
             public,
             private,
+            empty_auth,
         })
     }
 }
@@ -161,8 +168,8 @@ fn check_type(oid: &ObjectIdentifier) -> Result<(), Tss2Problem> {
     Ok(())
 }
 
-/// Only keys with an empty password and no policy or import secret.
-fn check_auth(tagged: &[yasna::models::TaggedDerValue]) -> Result<(), Tss2Problem> {
+/// Only keys without a policy or import secret; returns whether the password is empty.
+fn check_auth(tagged: &[yasna::models::TaggedDerValue]) -> Result<bool, Tss2Problem> {
     let mut empty_auth = false;
     for t in tagged {
         match t.tag().tag_number {
@@ -176,11 +183,7 @@ fn check_auth(tagged: &[yasna::models::TaggedDerValue]) -> Result<(), Tss2Proble
             _ => {}
         }
     }
-    if empty_auth {
-        Ok(())
-    } else {
-        Err(Tss2Problem::Password)
-    }
+    Ok(empty_auth)
 }
 
 /// True if `data` is a TSS2 key file of any kind (even one hwkey cannot use), which is what
@@ -242,8 +245,9 @@ mod tests {
     fn sample() -> Tss2Key {
         Tss2Key {
             parent: 0x4000_0001,
-            public: keygen::template(KeyAlgorithm::EcP256).expect("template"),
+            public: keygen::template(KeyAlgorithm::EcP256, false).expect("template"),
             private: Private::try_from(vec![7u8; 126]).expect("private"),
+            empty_auth: true,
         }
     }
 
@@ -310,10 +314,8 @@ mod tests {
             .position(|w| w == [0x01, 0x01, 0xff])
             .expect("boolean");
         no_empty[at + 2] = 0x00;
-        let err = Tss2Key::from_der(&no_empty)
-            .expect_err("password key")
-            .to_string();
-        assert!(err.contains("password"), "{err}");
+        let with_password = Tss2Key::from_der(&no_empty).expect("a key with a password");
+        assert!(!with_password.empty_auth);
 
         let err = Tss2Key::from_file_bytes(
             b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",

@@ -1,0 +1,187 @@
+//! TPM keys with a password (issue 24, item 2): `pin-source` on a `tpm:` URI supplies the key's
+//! authValue, `key create` can set one, and tpm2-openssl's password keys work. A wrong password
+//! is PIN safety all over again: the TPM's dictionary-attack counter counts it, so it reaches the
+//! TPM once however often it is tried (counted with `tpm2_getcap properties-variable`).
+
+use std::path::Path;
+use std::process::Command;
+
+use support::proxy::{Backend, Identity, ProxyProcess};
+use support::upstream::TestUpstream;
+use support::*;
+
+/// The TPM's failed-authorization counter (`TPM2_PT_LOCKOUT_COUNTER`).
+fn lockout_counter(tpm: &Swtpm) -> u64 {
+    require_tool("tpm2_getcap", "tpm2-tools");
+    let out = run_ok(
+        Command::new("tpm2_getcap")
+            .envs(tpm.envs())
+            .arg("properties-variable"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    // `TPM2_PT_LOCKOUT_COUNTER: 0x1`
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix("TPM2_PT_LOCKOUT_COUNTER:"))
+        .unwrap_or_else(|| panic!("no TPM2_PT_LOCKOUT_COUNTER in:\n{text}"));
+    u64::from_str_radix(value.trim().trim_start_matches("0x"), 16).expect("hex counter")
+}
+
+fn uri(path: &Path, tpm: &Swtpm, password: &Path) -> String {
+    format!(
+        "tpm:path={}?tcti={}&pin-source=file:{}",
+        path.display(),
+        tpm.tcti(),
+        password.display()
+    )
+}
+
+fn csr(tpm: &Swtpm, key: &str, records: &Path) -> std::process::Output {
+    hwkey()
+        .envs(tpm.envs())
+        .env("HWKEY_PIN_STATE_DIR", records)
+        .args(["csr", "--key", key, "--subject", "CN=pw"])
+        .output()
+        .expect("run hwkey")
+}
+
+fn verified(csr: &[u8], dir: &Path) {
+    let path = dir.join("req.csr");
+    std::fs::write(&path, csr).expect("write CSR");
+    let out = run_ok(
+        Command::new("openssl")
+            .args(["req", "-verify", "-noout", "-in"])
+            .arg(&path),
+    );
+    assert!(
+        output_text(&out).contains("verify OK"),
+        "{}",
+        output_text(&out)
+    );
+}
+
+#[test]
+fn a_key_with_a_password_signs_and_a_wrong_password_reaches_the_tpm_once() {
+    let tpm = Swtpm::start();
+    let dir = temp_dir();
+    let records = dir.path().join("records");
+    let password = dir.path().join("password");
+    write_private(&password, b"correct horse");
+    let key_path = dir.path().join("pw.tpm.pem");
+    let key = uri(&key_path, &tpm, &password);
+    run_ok(
+        hwkey()
+            .envs(tpm.envs())
+            .env("HWKEY_PIN_STATE_DIR", &records)
+            .args(["key", "create", "--key", &key]),
+    );
+    // The file says the key has a password, as tpm2-openssl writes it: no emptyAuth TRUE.
+    let der = pem::parse(std::fs::read(&key_path).expect("key file"))
+        .expect("PEM")
+        .into_contents();
+    assert!(
+        !der.windows(5).any(|w| w == [0xa0, 0x03, 0x01, 0x01, 0xff]),
+        "the key file claims an empty password"
+    );
+    let good = csr(&tpm, &key, &records);
+    assert!(good.status.success(), "{}", output_text(&good));
+    verified(&good.stdout, dir.path());
+
+    // Without a password source the key is refused in words, before the TPM is asked.
+    let bare = format!("tpm:path={}?tcti={}", key_path.display(), tpm.tcti());
+    let refused = csr(&tpm, &bare, &records);
+    assert!(!refused.status.success());
+    assert!(
+        output_text(&refused).contains("has a password")
+            && output_text(&refused).contains("pin-source"),
+        "{}",
+        output_text(&refused)
+    );
+
+    // A wrong password: presented once, in three runs; the TPM counted one failure.
+    let before = lockout_counter(&tpm);
+    let wrong = dir.path().join("wrong");
+    write_private(&wrong, b"battery staple");
+    let wrong_key = uri(&key_path, &tpm, &wrong);
+    for run in 0..3 {
+        let out = csr(&tpm, &wrong_key, &records);
+        assert!(
+            !out.status.success(),
+            "run {run} signed with a wrong password"
+        );
+        let text = output_text(&out);
+        assert!(
+            text.contains("dictionary-attack lockout"),
+            "run {run}: the message names the lockout: {text}"
+        );
+        if run == 0 {
+            assert!(text.contains("tpm2_dictionarylockout"), "{text}");
+        }
+    }
+    assert_eq!(
+        lockout_counter(&tpm) - before,
+        1,
+        "the wrong password reached the TPM more than once"
+    );
+    // The right password still works (a good signature does not clear the record of the
+    // wrong one, which stays refused).
+    let good = csr(&tpm, &key, &records);
+    assert!(good.status.success(), "{}", output_text(&good));
+}
+
+#[test]
+fn a_key_with_a_password_serves_through_the_proxy() {
+    let tpm = Swtpm::start();
+    let dir = temp_dir();
+    let password = dir.path().join("password");
+    write_private(&password, b"s3cret");
+    let key_uri = uri(&dir.path().join("alice.tpm.pem"), &tpm, &password);
+    run_ok(
+        hwkey()
+            .envs(tpm.envs())
+            .args(["key", "create", "--key", &key_uri]),
+    );
+    let ca = TestCa::new(dir.path());
+    let id = Identity {
+        key_uri,
+        backend: Backend::Tpm(tpm),
+        cert: dir.path().join("alice.pem"),
+        ca,
+        dir,
+    };
+    id.issue(&id.key_uri, "CN=alice,O=devs", &id.cert);
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    for _ in 0..5 {
+        let out = proxy.curl_unix(&["-f"], "/version");
+        assert!(out.status.success(), "{}", output_text(&out));
+    }
+}
+
+/// A password key made by tpm2-openssl (`-pkeyopt user-auth:…`, the usual way to make one)
+/// signs through hwkey with the password from a file.
+#[test]
+fn a_tpm2_openssl_key_with_a_password_works() {
+    let tpm = Swtpm::start();
+    let dir = temp_dir();
+    let key_path = dir.path().join("openssl.pem");
+    run_ok(
+        Command::new("openssl")
+            .env("TPM2OPENSSL_TCTI", tpm.tcti())
+            .args(["genpkey", "-provider", "tpm2", "-algorithm", "EC"])
+            .args([
+                "-pkeyopt",
+                "group:P-256",
+                "-pkeyopt",
+                "user-auth:from openssl",
+            ])
+            .arg("-out")
+            .arg(&key_path),
+    );
+    let password = dir.path().join("password");
+    write_private(&password, b"from openssl");
+    let records = dir.path().join("records");
+    let out = csr(&tpm, &uri(&key_path, &tpm, &password), &records);
+    assert!(out.status.success(), "{}", output_text(&out));
+    verified(&out.stdout, dir.path());
+}
