@@ -106,25 +106,11 @@ impl Record {
 /// one presents it and the others find its record (two kubeconfig contexts on one smart card
 /// used in parallel spent four of its three attempts without it). Released on drop.
 #[derive(Debug)]
-#[cfg_attr(
-    not(feature = "pkcs11"),
-    allow(
-        dead_code,
-        reason = "PKCS#11 logins take it; TPM passwords are checked at open"
-    )
-)]
 pub(crate) struct TokenLock {
     _file: std::fs::File,
 }
 
 /// Takes the login lock of token `token_id` (waits while another process holds it).
-#[cfg_attr(
-    not(feature = "pkcs11"),
-    allow(
-        dead_code,
-        reason = "PKCS#11 logins take it; TPM passwords are checked at open"
-    )
-)]
 pub(crate) fn lock_token(token_id: &str) -> std::io::Result<TokenLock> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = memory_dir();

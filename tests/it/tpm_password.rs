@@ -10,12 +10,13 @@ use support::proxy::{Backend, Identity, ProxyProcess};
 use support::upstream::TestUpstream;
 use support::*;
 
-/// The TPM's failed-authorization counter (`TPM2_PT_LOCKOUT_COUNTER`).
-fn lockout_counter(tpm: &Swtpm) -> u64 {
+/// The TPM's failed-authorization counter (`TPM2_PT_LOCKOUT_COUNTER`), through the TPM client
+/// environment `envs`.
+fn lockout_counter(envs: Vec<(String, String)>) -> u64 {
     require_tool("tpm2_getcap", "tpm2-tools");
     let out = run_ok(
         Command::new("tpm2_getcap")
-            .envs(tpm.envs())
+            .envs(envs)
             .arg("properties-variable"),
     );
     let text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -99,7 +100,7 @@ fn a_key_with_a_password_signs_and_a_wrong_password_reaches_the_tpm_once() {
     );
 
     // A wrong password: presented once, in three runs; the TPM counted one failure.
-    let before = lockout_counter(&tpm);
+    let before = lockout_counter(tpm.envs());
     let wrong = dir.path().join("wrong");
     write_private(&wrong, b"battery staple");
     let wrong_key = uri(&key_path, &tpm, &wrong);
@@ -119,7 +120,7 @@ fn a_key_with_a_password_signs_and_a_wrong_password_reaches_the_tpm_once() {
         }
     }
     assert_eq!(
-        lockout_counter(&tpm) - before,
+        lockout_counter(tpm.envs()) - before,
         1,
         "the wrong password reached the TPM more than once"
     );
@@ -184,4 +185,62 @@ fn a_tpm2_openssl_key_with_a_password_works() {
     let out = csr(&tpm, &uri(&key_path, &tpm, &password), &records);
     assert!(out.status.success(), "{}", output_text(&out));
     verified(&out.stdout, dir.path());
+}
+
+/// Two processes at once: of eight processes started together with the same new wrong
+/// password, one presents it (under the key's lock across processes) and the others find its
+/// record. On a TPM shared through tpm2-abrmd, so all eight really are its clients at once.
+#[test]
+fn eight_processes_at_once_present_a_new_wrong_password_once() {
+    let tpm = SharedTpm::start();
+    let mut envs = tpm.envs();
+    envs.push(("TPM2TOOLS_TCTI".into(), tpm.tcti()));
+    let dir = temp_dir();
+    let records = dir.path().join("records");
+    let password = dir.path().join("password");
+    write_private(&password, b"right");
+    let key_path = dir.path().join("k.tpm.pem");
+    let with = |pw: &Path| {
+        format!(
+            "tpm:path={}?tcti={}&pin-source=file:{}",
+            key_path.display(),
+            tpm.tcti(),
+            pw.display()
+        )
+    };
+    run_ok(
+        hwkey()
+            .envs(envs.clone())
+            .env("HWKEY_PIN_STATE_DIR", &records)
+            .args(["key", "create", "--key", &with(&password)]),
+    );
+    let wrong = dir.path().join("wrong");
+    write_private(&wrong, b"wrong");
+    let before = lockout_counter(envs.clone());
+    let children: Vec<_> = (0..8)
+        .map(|_| {
+            hwkey()
+                .envs(envs.clone())
+                .env("HWKEY_PIN_STATE_DIR", &records)
+                .args(["csr", "--key", &with(&wrong), "--subject", "CN=x"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn hwkey")
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().expect("wait");
+        assert!(!out.status.success(), "signed with a wrong password");
+        assert!(
+            output_text(&out).contains("dictionary-attack lockout"),
+            "{}",
+            output_text(&out)
+        );
+    }
+    assert_eq!(
+        lockout_counter(envs) - before,
+        1,
+        "the wrong password reached the TPM more than once"
+    );
 }

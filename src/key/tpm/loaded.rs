@@ -59,6 +59,10 @@ pub(crate) struct KeyAuth {
     pub source: crate::key::pin::PinSource,
     /// Set once the TPM refused it.
     pub refused: std::sync::atomic::AtomicBool,
+    /// Set once the TPM accepted it: from then on no lock is needed.
+    pub accepted: std::sync::atomic::AtomicBool,
+    /// What identifies the key in the rejected-password records and their lock.
+    pub identity: String,
 }
 
 impl fmt::Debug for LoadedKey {
@@ -96,12 +100,41 @@ impl LoadedKey {
     }
 
     /// A password the TPM refused is not presented again.
-    fn check_auth(&self) -> Result<(), KeyError> {
-        match &self.auth {
-            Some(a) if a.refused.load(Ordering::SeqCst) => {
-                Err(KeyError::TpmAuthRejected { key: a.key.clone() })
-            }
-            _ => Ok(()),
+    ///
+    /// Until the TPM has accepted it, its first presentation happens under the key's lock across
+    /// processes, after another look at the records: of several processes with the same new
+    /// wrong password, one presents it and the others find its record (the dictionary-attack
+    /// counter counts every attempt).
+    fn check_auth(&self) -> Result<Option<crate::key::pin_memory::TokenLock>, KeyError> {
+        let Some(a) = &self.auth else {
+            return Ok(None);
+        };
+        if a.refused.load(Ordering::SeqCst) {
+            return Err(KeyError::TpmAuthRejected { key: a.key.clone() });
+        }
+        if a.accepted.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        let lock =
+            crate::key::pin_memory::lock_token(&a.identity).map_err(|e| KeyError::PinMemory {
+                dir: crate::key::pin_memory::memory_dir(),
+                reason: e.to_string(),
+            })?;
+        if let Some(r) = a.record.as_ref().filter(|r| r.exists()) {
+            a.refused.store(true, Ordering::SeqCst);
+            return Err(KeyError::TpmAuthRemembered {
+                key: a.key.clone(),
+                source_desc: crate::key::pin_memory::describe(&a.source),
+                record: r.path().to_path_buf(),
+            });
+        }
+        Ok(Some(lock))
+    }
+
+    /// The TPM used the key: its password (if any) is right.
+    fn auth_accepted(&self) {
+        if let Some(a) = &self.auth {
+            a.accepted.store(true, Ordering::SeqCst);
         }
     }
 
@@ -131,12 +164,15 @@ impl LoadedKey {
         operation: &'static str,
         f: impl Fn(&mut Context, KeyHandle) -> Result<T, tss_esapi::Error>,
     ) -> Result<T, KeyError> {
-        self.check_auth()?;
+        let _first_use = self.check_auth()?;
         self.tpm.with_conn(|conn| {
             conn.ensure_connected()?;
             let handle = self.ensure_loaded(conn)?;
             let err = match f(&mut conn.ctx, handle) {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    self.auth_accepted();
+                    return Ok(v);
+                }
                 Err(e) => e,
             };
             if rc::is_auth_fail(&err) {
@@ -158,7 +194,9 @@ impl LoadedKey {
                 return Err(rc::tpm_error(operation)(err));
             }
             let handle = self.ensure_loaded(conn)?;
-            f(&mut conn.ctx, handle).map_err(rc::tpm_error(operation))
+            let v = f(&mut conn.ctx, handle).map_err(rc::tpm_error(operation))?;
+            self.auth_accepted();
+            Ok(v)
         })
     }
 
@@ -169,7 +207,7 @@ impl LoadedKey {
         &self,
         f: impl FnOnce(&mut Context, KeyHandle) -> Result<T, KeyError>,
     ) -> Result<T, KeyError> {
-        self.check_auth()?;
+        let _first_use = self.check_auth()?;
         self.tpm.with_conn(|conn| {
             conn.ensure_connected()?;
             let handle = self.ensure_loaded(conn)?;

@@ -149,6 +149,8 @@ fn key_auth(uri: &TpmUri, location: &TpmKeyLocation) -> Result<KeyAuth, KeyError
         record,
         source: source.clone(),
         refused: std::sync::atomic::AtomicBool::new(false),
+        accepted: std::sync::atomic::AtomicBool::new(false),
+        identity,
     })
 }
 
