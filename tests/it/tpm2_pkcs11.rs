@@ -1,11 +1,13 @@
 //! tpm2-pkcs11 as a second real PKCS#11 module (issue 24, item 5): a token and key made with
 //! `tpm2_ptool` on a swtpm shared through tpm2-abrmd (tpm2-pkcs11 needs a resource manager: on
 //! a bare swtpm `tpm2_ptool addkey` runs out of object slots), used by hwkey's PKCS#11 backend
-//! for `csr`, `cert import` and TLS handshakes with s_server and nginx.
+//! for `csr`, `cert import`, TLS handshakes with s_server and nginx, and the proxy.
 
 use std::process::Command;
 
 use support::flow::Flow;
+use support::proxy::{Backend, Identity, ProxyOptions, ProxyProcess};
+use support::upstream::TestUpstream;
 use support::{output_text, require_tool, run_ok, temp_dir, write_private, SharedTpm};
 
 const MODULE: &str = "/usr/lib/x86_64-linux-gnu/pkcs11/libtpm2_pkcs11.so";
@@ -22,10 +24,13 @@ fn a_tpm2_pkcs11_key_signs_csrs_and_handshakes() {
     let store = dir.path().join("store");
     std::fs::create_dir_all(&store).expect("mkdir store");
     // tpm2-pkcs11 keeps its token in an SQLite store and reaches the TPM through a TCTI.
+    let module_envs = vec![
+        ("TPM2_PKCS11_STORE".to_string(), store.display().to_string()),
+        ("TPM2_PKCS11_TCTI".to_string(), tpm.tcti()),
+        ("TPM2TOOLS_TCTI".to_string(), tpm.tcti()),
+    ];
     let mut envs = tpm.envs();
-    envs.push(("TPM2_PKCS11_STORE".into(), store.display().to_string()));
-    envs.push(("TPM2_PKCS11_TCTI".into(), tpm.tcti()));
-    envs.push(("TPM2TOOLS_TCTI".into(), tpm.tcti()));
+    envs.extend(module_envs.clone());
     let ptool = |args: &[&str]| {
         run_ok(
             Command::new("tpm2_ptool")
@@ -66,4 +71,30 @@ fn a_tpm2_pkcs11_key_signs_csrs_and_handshakes() {
     // A CSR openssl verifies, the certificate stored on the token, and handshakes signed by
     // the TPM through tpm2-pkcs11 with s_server (TLS 1.3, 1.2) and nginx.
     flow.certify_and_probe(&uri, "ec-p256");
+
+    // And through the proxy: the TPM signs the upstream handshakes via tpm2-pkcs11.
+    let cert = flow.certify(&uri, "alice");
+    let Flow {
+        ca, dir: flow_dir, ..
+    } = flow;
+    let id = Identity {
+        backend: Backend::SharedTpm(Box::new(tpm)),
+        key_uri: uri,
+        cert,
+        ca,
+        dir: flow_dir,
+    };
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions {
+            envs: module_envs,
+            ..Default::default()
+        },
+    );
+    for _ in 0..10 {
+        let out = proxy.curl_unix(&["-f"], "/version");
+        assert!(out.status.success(), "{}", output_text(&out));
+    }
 }
