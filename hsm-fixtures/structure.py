@@ -27,6 +27,7 @@ LAYERS = {
     # The base: small helpers every layer may use.
     "atomic_file": 0, "small_file": 0, "state_dir": 0, "duration": 0, "hex": 0,
     "backoff": 0, "http_serve": 0, "endpoint": 0, "error_chain": 0, "stop": 0,
+    "serde_text": 0,
     "key": 1,
     "pki": 2,
     # What the exec plugin and the proxy share: the kubeconfig (its hwkey extension, written by
@@ -39,7 +40,7 @@ LAYERS = {
 }
 # Imports allowed between modules of one layer (importer, imported).
 SAME_LAYER = {("probe", "proxy"), ("http_serve", "small_file"), ("state_dir", "atomic_file"),
-              ("http_serve", "duration")}
+              ("http_serve", "duration"), ("serde_text", "duration")}
 
 
 def strip(text):

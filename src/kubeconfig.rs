@@ -38,13 +38,21 @@ pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
 #[serde(rename_all = "camelCase")]
 pub struct HwkeyExtension {
     /// The hardware key the proxy signs with.
-    #[serde(default, with = "text", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "crate::serde_text::option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub key: Option<KeyUri>,
     /// Its certificate chain file, when not stored with the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert: Option<PathBuf>,
     /// The real API server.
-    #[serde(default, with = "text", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "crate::serde_text::option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub upstream: Option<UpstreamTarget>,
     /// The API server's CA bundle.
     #[serde(
@@ -62,7 +70,7 @@ pub struct HwkeyExtension {
     /// How long a proxy started by the plugin lives without clients.
     #[serde(
         default,
-        with = "duration_text",
+        with = "crate::serde_text::duration",
         skip_serializing_if = "Option::is_none"
     )]
     pub idle_exit: Option<Duration>,
@@ -86,52 +94,6 @@ impl HwkeyExtension {
             .iter()
             .find(|e| e.name == EXEC_EXTENSION)
             .map(|e| HwkeyExtension::from_json(&e.extension))
-    }
-}
-
-/// serde: an optional value in its text form (`Display` / `FromStr`).
-mod text {
-    use std::fmt::Display;
-    use std::str::FromStr;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer, T: Display>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
-        match v {
-            Some(v) => s.collect_str(v),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-    where
-        D: Deserializer<'de>,
-        T: FromStr,
-        T::Err: Display,
-    {
-        Option::<String>::deserialize(d)?
-            .map(|t| t.parse().map_err(serde::de::Error::custom))
-            .transpose()
-    }
-}
-
-/// serde: an optional duration as text (`30m`), in [`crate::duration::parse_duration`]'s syntax.
-mod duration_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match v {
-            Some(d) => s.collect_str(&humantime::format_duration(*d)),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        Option::<String>::deserialize(d)?
-            .map(|t| crate::duration::parse_duration(&t).map_err(serde::de::Error::custom))
-            .transpose()
     }
 }
 

@@ -29,6 +29,7 @@ pub mod lifecycle;
 pub mod pki;
 pub mod probe;
 pub mod proxy;
+pub mod serde_text;
 pub mod small_file;
 pub mod state_dir;
 pub mod stop;

@@ -483,19 +483,24 @@ impl fmt::Display for Pkcs11Uri {
         if let Some(m) = &self.module_name {
             query.push(format!("module-name={}", utf8_percent_encode(m, ESCAPE)));
         }
-        match &self.pin {
-            Some(PinSource::File(p)) => query.push(format!(
-                "pin-source=file:{}",
-                utf8_percent_encode(&p.to_string_lossy(), ESCAPE)
-            )),
-            Some(PinSource::Env(v)) => query.push(format!("pin-source=env:{v}")),
-            Some(PinSource::Value(_)) | None => {}
-        }
+        query.extend(pin_query(self.pin.as_ref()));
         write!(f, "pkcs11:{}", path.join(";"))?;
         if !query.is_empty() {
             write!(f, "?{}", query.join("&"))?;
         }
         Ok(())
+    }
+}
+
+/// The `pin-source=` a URI prints; a `pin-value` is never printed.
+fn pin_query(pin: Option<&PinSource>) -> Option<String> {
+    match pin? {
+        PinSource::File(p) => Some(format!(
+            "pin-source=file:{}",
+            utf8_percent_encode(&p.to_string_lossy(), ESCAPE)
+        )),
+        PinSource::Env(v) => Some(format!("pin-source=env:{v}")),
+        PinSource::Value(_) => None,
     }
 }
 
@@ -516,14 +521,7 @@ impl fmt::Display for TpmUri {
             // TCTI strings hold ':' ',' '=' which are fine in a query value except '&'.
             query.push(format!("tcti={}", t.replace('&', "%26")));
         }
-        match &self.pin {
-            Some(PinSource::File(p)) => query.push(format!(
-                "pin-source=file:{}",
-                utf8_percent_encode(&p.to_string_lossy(), ESCAPE)
-            )),
-            Some(PinSource::Env(v)) => query.push(format!("pin-source=env:{v}")),
-            Some(PinSource::Value(_)) | None => {}
-        }
+        query.extend(pin_query(self.pin.as_ref()));
         if !query.is_empty() {
             write!(f, "?{}", query.join("&"))?;
         }

@@ -6,10 +6,8 @@
 //! [`UpstreamTarget`] and [`Duration`]s (defined below the proxy, in [`crate::endpoint`] and
 //! [`crate::duration`], because the exec plugin, the lifecycle and the CLI read them too).
 
-use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -18,51 +16,6 @@ use super::ProxyError;
 pub use crate::duration::parse_duration;
 pub use crate::endpoint::{ListenAddr, UpstreamTarget};
 use crate::key::KeyUri;
-
-/// serde: an optional value read from its text form with `FromStr` (a key URI, an upstream URL,
-/// a listen address), so the file's values arrive as the same types as the flags'.
-fn parsed<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: FromStr,
-    T::Err: fmt::Display,
-{
-    Option::<String>::deserialize(d)?
-        .map(|s| s.parse().map_err(serde::de::Error::custom))
-        .transpose()
-}
-
-/// serde: a list of values read from their text forms.
-fn parsed_list<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: FromStr,
-    T::Err: fmt::Display,
-{
-    Vec::<String>::deserialize(d)?
-        .iter()
-        .map(|s| s.parse().map_err(serde::de::Error::custom))
-        .collect()
-}
-
-/// serde: an optional duration in [`parse_duration`]'s syntax (a number is seconds).
-fn duration<'de, D>(d: D) -> Result<Option<Duration>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Text {
-        Seconds(u64),
-        Text(String),
-    }
-    Option::<Text>::deserialize(d)?
-        .map(|t| match t {
-            Text::Seconds(n) => Ok(Duration::from_secs(n)),
-            Text::Text(s) => parse_duration(&s).map_err(serde::de::Error::custom),
-        })
-        .transpose()
-}
 
 /// serde: an optional persistent TPM handle, written as text (`"0x81010002"`) or a number.
 fn handle<'de, D>(d: D) -> Result<Option<u32>, D::Error>
@@ -93,38 +46,38 @@ where
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct FileConfig {
-    #[serde(default, deserialize_with = "parsed")]
+    #[serde(default, deserialize_with = "crate::serde_text::option::deserialize")]
     /// `key`: the hardware key.
     pub key: Option<KeyUri>,
     /// `cert`: its certificate chain file.
     pub cert: Option<PathBuf>,
-    #[serde(default, deserialize_with = "parsed")]
+    #[serde(default, deserialize_with = "crate::serde_text::option::deserialize")]
     /// `upstream`: the API server URL.
     pub upstream: Option<UpstreamTarget>,
     /// `upstream-ca`: the API server's CA bundle.
     pub upstream_ca: Option<PathBuf>,
     /// `tls-server-name`: the name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
-    #[serde(default, deserialize_with = "parsed_list")]
+    #[serde(default, deserialize_with = "crate::serde_text::list::deserialize")]
     /// `listen`: the client listeners.
     pub listen: Vec<ListenAddr>,
-    #[serde(default, deserialize_with = "parsed")]
+    #[serde(default, deserialize_with = "crate::serde_text::option::deserialize")]
     /// `admin`: the /healthz and /metrics listener.
     pub admin: Option<ListenAddr>,
     /// `state-dir`.
     pub state_dir: Option<PathBuf>,
     /// `lock-file`: exit when its flock holder goes away.
     pub lock_file: Option<PathBuf>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
     /// `idle-exit`.
     pub idle_exit: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
     /// `handshake-timeout`.
     pub handshake_timeout: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
     /// `idle-timeout`.
     pub idle_timeout: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
     /// `drain-timeout`.
     pub drain_timeout: Option<Duration>,
     /// `max-connections`.
@@ -147,10 +100,10 @@ pub struct FileConfig {
     pub ak_handle: Option<u32>,
     /// `rotation-close`.
     pub rotation_close: Option<super::rotation::RotationClose>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
     /// `credential-validity`.
     pub credential_validity: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
     /// `reload-interval`.
     pub reload_interval: Option<Duration>,
     /// `require-non-extractable`.

@@ -36,6 +36,19 @@ fn pin_always_token() -> SoftHsm {
     hsm
 }
 
+/// The token's environment with pkcs11-spy in front of SoftHSM, logging to `log` (a URI reaches
+/// it with `module-path=`[`SPY`]); checks the spy is installed.
+fn spied(hsm: &SoftHsm, log: &Path) -> Vec<(String, String)> {
+    assert!(
+        Path::new(SPY).exists(),
+        "{SPY} is missing: apt-get install opensc-pkcs11"
+    );
+    let mut envs = hsm.envs();
+    envs.push(("PKCS11SPY".into(), SOFTHSM_MODULE.into()));
+    envs.push(("PKCS11SPY_OUTPUT".into(), log.display().to_string()));
+    envs
+}
+
 /// The calls the spy logged, in order (`C_SignInit`, `C_Login`, …), with a `C_Login`'s user type
 /// appended (`C_Login CKU_CONTEXT_SPECIFIC`).
 fn calls(log: &Path) -> Vec<String> {
@@ -63,9 +76,7 @@ fn a_pin_always_key_signs_csrs_and_handshakes_with_one_context_login_per_signatu
     let hsm = pin_always_token();
     let work = temp_dir();
     let log = work.path().join("spy.log");
-    let mut envs = hsm.envs();
-    envs.push(("PKCS11SPY".into(), SOFTHSM_MODULE.into()));
-    envs.push(("PKCS11SPY_OUTPUT".into(), log.display().to_string()));
+    let envs = spied(&hsm, &log);
     let flow = Flow::new(envs);
     let uri = hsm.key_uri("kube", "pa").replace(SOFTHSM_MODULE, SPY);
 
@@ -114,16 +125,8 @@ fn a_pin_always_key_signs_csrs_and_handshakes_with_one_context_login_per_signatu
 #[test]
 fn a_pin_always_key_serves_through_the_proxy() {
     let hsm = pin_always_token();
-    let dir = temp_dir();
-    let ca = TestCa::new(dir.path());
-    let id = Identity {
-        key_uri: hsm.key_uri("kube", "pa"),
-        backend: Backend::SoftHsm(hsm),
-        cert: dir.path().join("pa.pem"),
-        ca,
-        dir,
-    };
-    id.issue(&id.key_uri, "CN=alice,O=devs", &id.cert);
+    let key_uri = hsm.key_uri("kube", "pa");
+    let id = Identity::of_existing_key(Backend::SoftHsm(hsm), key_uri, temp_dir());
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
     for _ in 0..5 {
@@ -162,9 +165,7 @@ fn a_wrong_pin_for_a_pin_always_key_is_presented_once() {
     for _ in 0..3 {
         let out = run_fail(
             hwkey()
-                .envs(hsm.envs())
-                .env("PKCS11SPY", SOFTHSM_MODULE)
-                .env("PKCS11SPY_OUTPUT", &log)
+                .envs(spied(&hsm, &log))
                 .env("HWKEY_PIN_STATE_DIR", &records)
                 .args(["csr", "--key", &uri, "--subject", "CN=pa"]),
         );
@@ -190,30 +191,19 @@ fn kubectl_with_a_pin_always_key_needs_the_pin_rarely() {
     let hsm = pin_always_token();
     let work = temp_dir();
     let log = work.path().join("spy.log");
-    let ca = TestCa::new(work.path());
-    let cert = work.path().join("pa.pem");
-    let mut envs = hsm.envs();
-    envs.push(("PKCS11SPY".into(), SOFTHSM_MODULE.into()));
-    envs.push(("PKCS11SPY_OUTPUT".into(), log.display().to_string()));
+    let envs = spied(&hsm, &log);
     let plain = hsm.key_uri("kube", "pa");
     // kubectl's plugin and proxy reach the token through the spy; the certificate is issued
     // without it, so the count is kubectl's alone.
     let uri = plain.replace(SOFTHSM_MODULE, SPY);
-    let id = Identity {
-        key_uri: plain.clone(),
-        backend: Backend::SoftHsm(hsm),
-        cert: cert.clone(),
-        ca,
-        dir: temp_dir(),
-    };
-    id.issue(&plain, "CN=alice,O=devs", &cert);
+    let id = Identity::of_existing_key(Backend::SoftHsm(hsm), plain, temp_dir());
     let upstream = TestUpstream::start(&id.ca);
     let kubeconfig = work.path().join("kubeconfig");
     run_ok(
         hwkey()
             .envs(envs.clone())
             .args(["kubeconfig", "--name", "pa", "--key", &uri, "--cert"])
-            .arg(&cert)
+            .arg(&id.cert)
             .args(["--server", &upstream.url(), "--ca"])
             .arg(id.ca.ca_path())
             .arg("--out")

@@ -142,15 +142,7 @@ fn a_key_with_a_password_serves_through_the_proxy() {
             .envs(tpm.envs())
             .args(["key", "create", "--key", &key_uri]),
     );
-    let ca = TestCa::new(dir.path());
-    let id = Identity {
-        key_uri,
-        backend: Backend::Tpm(tpm),
-        cert: dir.path().join("alice.pem"),
-        ca,
-        dir,
-    };
-    id.issue(&id.key_uri, "CN=alice,O=devs", &id.cert);
+    let id = Identity::of_existing_key(Backend::Tpm(tpm), key_uri, dir);
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
     for _ in 0..5 {

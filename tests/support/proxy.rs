@@ -99,18 +99,34 @@ impl Identity {
     /// Creates the key `key_uri` on `backend` and has a new test CA in `dir` certify it for
     /// `CN=alice,O=devs` into DIR/alice.pem.
     fn provision(backend: Backend, key_uri: String, dir: TempDir) -> Identity {
+        let mut id = Identity::uncertified(backend, key_uri, dir);
+        id.create_key(&id.key_uri.clone());
+        id.certify();
+        id
+    }
+
+    /// An identity for a key that already exists on `backend` (made by another tool, or with
+    /// options `hwkey key create` was given): a new test CA in `dir` certifies it for
+    /// `CN=alice,O=devs` into DIR/alice.pem.
+    pub fn of_existing_key(backend: Backend, key_uri: String, dir: TempDir) -> Identity {
+        let id = Identity::uncertified(backend, key_uri, dir);
+        id.certify();
+        id
+    }
+
+    fn uncertified(backend: Backend, key_uri: String, dir: TempDir) -> Identity {
         let ca = TestCa::new(dir.path());
-        let mut id = Identity {
+        Identity {
             backend,
             cert: dir.path().join("alice.pem"),
             key_uri,
             ca,
             dir,
-        };
-        id.create_key(&id.key_uri.clone());
-        let cert = id.cert.clone();
-        id.issue(&id.key_uri.clone(), "CN=alice,O=devs", &cert);
-        id
+        }
+    }
+
+    fn certify(&self) {
+        self.issue(&self.key_uri, "CN=alice,O=devs", &self.cert);
     }
 
     /// The URI of another key `name` beside this one (same token or directory).
