@@ -3,9 +3,9 @@
 //! are in flight). No HTTP parsing, so HTTP/1.1, HTTP/2,
 //! watches and protocol upgrades (exec, attach, port-forward) pass untouched.
 //!
-//! The one place the proxy writes HTTP itself is a failure before any byte was forwarded: an
-//! HTTP/1.1 client gets a `502` with a Kubernetes `Status` body naming the cause; an HTTP/2
-//! client gets a clean close (TLS close_notify on the loopback listener).
+//! The one place the proxy writes HTTP itself is a failure before any byte was forwarded
+//! ([`super::failure`]: a `502` with a Kubernetes `Status` naming the cause, over HTTP/1.1 or
+//! HTTP/2).
 //!
 //! Runs on the connection's task. The idle timeout is watched by the same task; the half-close
 //! of one direction is passed on (`shutdown`), so request bodies ending early work.
@@ -30,7 +30,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientIo for T {}
 /// then bridges until both directions are done.
 pub async fn serve(
     shared: &Shared,
-    mut client: Box<dyn ClientIo>,
+    client: Box<dyn ClientIo>,
     prefix: Vec<u8>,
     alpn: Option<Vec<u8>>,
 ) {
@@ -48,7 +48,7 @@ pub async fn serve(
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "upstream connection failed");
-            fail_client(&mut client, alpn.as_deref(), &e).await;
+            super::failure::tell_client(client, prefix, alpn.as_deref(), &e).await;
             return;
         }
         Err(_) => {
@@ -58,7 +58,7 @@ pub async fn serve(
                 after: shared.handshake_timeout,
             };
             tracing::warn!(error = %e, "upstream connection failed");
-            fail_client(&mut client, alpn.as_deref(), &e).await;
+            super::failure::tell_client(client, prefix, alpn.as_deref(), &e).await;
             return;
         }
     };
@@ -94,29 +94,6 @@ pub async fn serve(
     shared
         .metrics
         .bytes(a.bytes() + prefix.len() as u64, b.bytes());
-}
-
-/// Tells the client the upstream could not be reached, in the protocol it speaks, and closes.
-async fn fail_client(client: &mut Box<dyn ClientIo>, alpn: Option<&[u8]>, e: &ProxyError) {
-    let http1 = matches!(alpn, None | Some(b"http/1.1"));
-    if http1 {
-        let status = serde_json::json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": format!("hwkey proxy: {e}"),
-            "reason": "ServiceUnavailable",
-            "code": 502,
-        })
-        .to_string();
-        let response = format!(
-            "HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{status}",
-            status.len()
-        );
-        let _ = client.write_all(response.as_bytes()).await;
-    }
-    let _ = client.shutdown().await;
 }
 
 /// When either side last moved a byte, for the idle timeout.

@@ -23,6 +23,7 @@ pub mod admission;
 pub mod bridge;
 pub mod config;
 pub mod control;
+mod failure;
 pub mod lifetime;
 pub mod limits;
 pub mod listener;

@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use support::output_text;
 use support::proxy::{Backend, Identity, ProxyProcess};
 use support::upstream::TestUpstream;
 
@@ -199,6 +200,17 @@ fn a_flapping_upstream_fails_fast_and_recovers_each_time() {
                 "cycle {cycle}: took {took:?}"
             );
         }
+        // HTTP/2 clients (kubectl, client-go) get the same Status over HTTP/2, not a bare close.
+        let out = proxy.curl_unix(
+            &["--http2-prior-knowledge", "-w", "\n%{http_code}"],
+            "/version",
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            text.ends_with("\n502") && text.contains("\"kind\":\"Status\""),
+            "cycle {cycle}, HTTP/2: {text} {}",
+            output_text(&out)
+        );
         upstream = TestUpstream::start_on(&id.ca, port);
         let deadline = Instant::now() + Duration::from_secs(10);
         while version(&proxy).0 != "200" {

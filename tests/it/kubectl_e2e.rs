@@ -13,18 +13,11 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use support::flow::{fails_with, stdout};
+use support::kubectl::{alive, require_kubectl, stop_pid};
 use support::proxy::Identity;
 use support::upstream::TestUpstream;
 use support::{free_port, hwkey, run_ok, temp_dir};
 use tempfile::TempDir;
-
-/// kubectl from the machine image; Debian's kubernetes-client (1.20) is too old for
-/// client.authentication.k8s.io/v1.
-fn require_kubectl() {
-    if support::find_tool("kubectl").is_none() {
-        panic!("kubectl not found: install kubectl >= 1.24 (Debian's kubernetes-client 1.20 is too old for client.authentication.k8s.io/v1)");
-    }
-}
 
 /// One user's view: a hardware identity, an upstream, and a generated kubeconfig.
 struct Cluster {
@@ -156,27 +149,6 @@ impl Drop for Cluster {
         if let Some(pid) = self.proxy_pid() {
             stop_pid(pid);
         }
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    // A zombie has exited too: look at /proc state.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.contains(") Z "))
-        .unwrap_or(false)
-}
-
-fn stop_pid(pid: i32) {
-    let _ = Command::new("kill")
-        .arg(pid.to_string())
-        .stderr(Stdio::null())
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while alive(pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    if alive(pid) {
-        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
     }
 }
 

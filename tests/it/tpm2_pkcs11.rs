@@ -6,14 +6,25 @@
 use std::process::Command;
 
 use support::flow::Flow;
+use support::kube::KubeCluster;
+use support::kubectl::KubectlUser;
 use support::proxy::{Backend, Identity, ProxyOptions, ProxyProcess};
 use support::upstream::TestUpstream;
 use support::{output_text, require_tool, run_ok, temp_dir, write_private, SharedTpm};
 
 const MODULE: &str = "/usr/lib/x86_64-linux-gnu/pkcs11/libtpm2_pkcs11.so";
 
-#[test]
-fn a_tpm2_pkcs11_key_signs_csrs_and_handshakes() {
+/// A tpm2-pkcs11 token on a shared swtpm, with one ECC key: (TPM, the module's environment,
+/// everything the hwkey commands need, the key's URI, the directory the token lives in).
+struct Token {
+    tpm: SharedTpm,
+    module_envs: Vec<(String, String)>,
+    envs: Vec<(String, String)>,
+    uri: String,
+    _dir: tempfile::TempDir,
+}
+
+fn tpm2_pkcs11_token() -> Token {
     require_tool("tpm2_ptool", "libtpm2-pkcs11-tools");
     assert!(
         std::path::Path::new(MODULE).exists(),
@@ -60,6 +71,24 @@ fn a_tpm2_pkcs11_key_signs_csrs_and_handshakes() {
         "pkcs11:token=tpmtoken;object=alice?module-path={MODULE}&pin-source=file:{}",
         pin.display()
     );
+    Token {
+        tpm,
+        module_envs,
+        envs,
+        uri,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn a_tpm2_pkcs11_key_signs_csrs_and_handshakes() {
+    let Token {
+        tpm,
+        module_envs,
+        envs,
+        uri,
+        _dir,
+    } = tpm2_pkcs11_token();
     let flow = Flow::new(envs.clone());
     // The key is what tpm2-pkcs11 says it is: sensitive, never extractable.
     let info = run_ok(flow.hwkey().args(["key", "info", "--key", &uri]));
@@ -97,4 +126,36 @@ fn a_tpm2_pkcs11_key_signs_csrs_and_handshakes() {
         let out = proxy.curl_unix(&["-f"], "/version");
         assert!(out.status.success(), "{}", output_text(&out));
     }
+}
+
+/// kubectl, with nothing but the kubeconfig `hwkey kubeconfig` writes, authenticates to the
+/// real kube-apiserver as the certificate's user: the TPM signs through tpm2-pkcs11.
+#[test]
+fn a_tpm2_pkcs11_key_authenticates_kubectl_to_the_real_apiserver() {
+    let token = tpm2_pkcs11_token();
+    let flow = Flow::new(token.envs.clone());
+    let cert = flow.certify(&token.uri, "alice");
+    let cluster = KubeCluster::start(&flow.ca, "10m");
+    let user = KubectlUser::new(
+        &token.uri,
+        &cert,
+        &cluster.url(),
+        &cluster.ca_path(),
+        token.envs.clone(),
+    );
+    let version = run_ok(user.kubectl().args(["get", "--raw", "/version"]));
+    assert!(output_text(&version).contains("gitVersion"));
+    // Authenticated as alice (who may do nothing): the API server names her in its refusal.
+    let out = user
+        .kubectl()
+        .args(["get", "namespaces"])
+        .output()
+        .expect("kubectl");
+    let text = output_text(&out);
+    assert!(
+        !out.status.success() && text.contains("User \"alice\" cannot list resource"),
+        "{text}"
+    );
+    drop(user);
+    drop(token.tpm);
 }

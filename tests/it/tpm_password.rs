@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
+use support::kubectl::KubectlUser;
 use support::proxy::{Backend, Identity, ProxyProcess};
 use support::upstream::TestUpstream;
 use support::*;
@@ -149,6 +150,74 @@ fn a_key_with_a_password_serves_through_the_proxy() {
         let out = proxy.curl_unix(&["-f"], "/version");
         assert!(out.status.success(), "{}", output_text(&out));
     }
+}
+
+/// The acceptance line: with kubectl and the kubeconfig `hwkey kubeconfig` writes, a password
+/// key works; a wrong password reaches the TPM once across 5 kubectl runs, each against a
+/// freshly started proxy (the proxy is stopped after every run), and kubectl shows a message
+/// naming the lockout.
+#[test]
+fn with_kubectl_a_wrong_password_reaches_the_tpm_once_across_proxy_restarts() {
+    let tpm = Swtpm::start();
+    let dir = temp_dir();
+    let password = dir.path().join("password");
+    write_private(&password, b"s3cret");
+    let key_path = dir.path().join("alice.tpm.pem");
+    let key_uri = uri(&key_path, &tpm, &password);
+    run_ok(
+        hwkey()
+            .envs(tpm.envs())
+            .args(["key", "create", "--key", &key_uri]),
+    );
+    let wrong = dir.path().join("wrong");
+    write_private(&wrong, b"not it");
+    let wrong_uri = uri(&key_path, &tpm, &wrong);
+    let id = Identity::of_existing_key(Backend::Tpm(tpm), key_uri.clone(), dir);
+    let upstream = TestUpstream::start(&id.ca);
+    let envs = id.envs();
+
+    let user = KubectlUser::new(
+        &key_uri,
+        &id.cert,
+        &upstream.url(),
+        &id.ca.ca_path(),
+        envs.clone(),
+    );
+    let out = run_ok(user.kubectl().args(["get", "--raw", "/version"]));
+    assert!(output_text(&out).contains("gitVersion"));
+    drop(user);
+
+    let before = lockout_counter(envs.clone());
+    let user = KubectlUser::new(
+        &wrong_uri,
+        &id.cert,
+        &upstream.url(),
+        &id.ca.ca_path(),
+        envs.clone(),
+    );
+    for run in 0..5 {
+        let out = user
+            .kubectl()
+            .args(["get", "--raw", "/version"])
+            .output()
+            .expect("kubectl");
+        let text = output_text(&out);
+        assert!(
+            !out.status.success(),
+            "run {run} worked with a wrong password"
+        );
+        assert!(
+            text.contains("dictionary-attack lockout"),
+            "run {run}: kubectl does not show the lockout: {text}\n{}",
+            user.proxy_log()
+        );
+        user.stop_proxy();
+    }
+    assert_eq!(
+        lockout_counter(envs) - before,
+        1,
+        "the wrong password reached the TPM more than once"
+    );
 }
 
 /// A password key made by tpm2-openssl (`-pkeyopt user-auth:…`, the usual way to make one)

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod ca;
 pub mod flow;
 pub mod kube;
+pub mod kubectl;
 pub mod ports;
 pub mod process;
 pub mod proxy;
