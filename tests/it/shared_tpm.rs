@@ -1,48 +1,93 @@
 //! A TPM shared as hosts share theirs (issue 24, item 1): swtpm behind tpm2-abrmd, every
 //! client through `tabrmd:bus_type=session`. hwkey must not assume it is the TPM's only client:
 //! two proxies on one key serve requests while, on the same TPM and at the same time, other
-//! hwkey processes enroll an attestation key, create keys and make attested CSRs.
+//! hwkey processes renew the key's certificate with evidence through a real API server, enroll
+//! an attestation key, create keys and make attested CSRs.
 
 use std::process::Command;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use support::kube::{Approval, KubeCluster};
 use support::proxy::{Identity, ProxyProcess};
 use support::upstream::TestUpstream;
-use support::{hwkey, output_text, run_ok};
+use support::{hwkey, output_text, run_ok, ChildGuard};
 
-/// Requests each client makes; a count, not a duration, so the test proves the same on any
-/// machine.
+/// Requests each client makes at least (and more while the other processes still run); a
+/// count, not a duration, so the test proves the same on any machine.
 const REQUESTS: usize = 25;
 
 #[test]
 fn two_proxies_serve_while_other_processes_use_the_same_tpm() {
     let id = Identity::shared_tpm();
-    let upstream = TestUpstream::start(&id.ca);
-    let first = ProxyProcess::start(&id, &upstream);
-    let second = ProxyProcess::start(&id, &upstream);
     let tpm_only = "tpm:?tcti=tabrmd:bus_type=session";
-    // The AK the attested CSRs need, made once before the storm (enrolling again is part of it).
-    run_ok(
+    // A real control plane where only the hwkey approver decides, trusting this TPM as node
+    // `shared`; the identity is that node's.
+    let cluster = KubeCluster::start_with(&id.ca, "10m", Approval::SignerOnly);
+    let work = support::temp_dir();
+    let trust = work.path().join("trust");
+    std::fs::create_dir(&trust).expect("trust dir");
+    let enrollment = run_ok(
         hwkey()
             .envs(id.envs())
             .args(["attest", "enroll", "--key", tpm_only]),
     );
+    std::fs::write(trust.join("shared"), &enrollment.stdout).expect("register the node");
+    id.issue(
+        &id.key_uri,
+        "CN=system:node:shared,O=system:nodes",
+        &id.cert,
+    );
+    let mut approver = hwkey();
+    approver
+        .arg("approver")
+        .arg("--kubeconfig")
+        .arg(&cluster.admin_kubeconfig)
+        .args([
+            "--signer-name",
+            "kubernetes.io/kube-apiserver-client-kubelet",
+            "--leader-elect=false",
+            "--trust",
+        ])
+        .arg(&trust);
+    let approver = ChildGuard::spawn(&mut approver, "approver", &work.path().join("approver.log"));
 
-    let (failures, csrs) = std::thread::scope(|s| {
-        // Eight clients on the first proxy, two on the second.
+    let upstream = TestUpstream::start(&id.ca);
+    let first = ProxyProcess::start(&id, &upstream);
+    let second = ProxyProcess::start(&id, &upstream);
+    let busy = AtomicBool::new(true);
+
+    let (requests, failures, csrs) = std::thread::scope(|s| {
+        // Eight clients on the first proxy, two on the second, until the other work is done
+        // (and at least REQUESTS each).
         let clients: Vec<_> = (0..10)
             .map(|c| {
                 let proxy = if c < 8 { &first } else { &second };
+                let busy = &busy;
                 s.spawn(move || {
-                    (0..REQUESTS)
-                        .filter(|_| {
-                            let out = proxy.curl_unix(&["-f"], "/version");
-                            !out.status.success()
-                        })
-                        .count()
+                    let (mut made, mut failed) = (0, 0);
+                    while made < REQUESTS || busy.load(Ordering::Relaxed) {
+                        let out = proxy.curl_unix(&["-f"], "/version");
+                        made += 1;
+                        failed += usize::from(!out.status.success());
+                    }
+                    (made, failed)
                 })
             })
             .collect();
-        // Meanwhile, on the same TPM: enroll again, create keys, make attested requests.
+        // Meanwhile, on the same TPM: renew the node's certificate with evidence through the
+        // real API server, enroll again, create keys, make attested requests.
+        let renewal = s.spawn(|| {
+            hwkey()
+                .envs(id.envs())
+                .args(["renew", "--key", &id.key_uri, "--cert"])
+                .arg(&id.cert)
+                .args(["--server", &cluster.url(), "--ca"])
+                .arg(cluster.ca_path())
+                .args(["--wait", "120s", "--attest"])
+                .output()
+                .expect("run hwkey renew")
+        });
         let others: Vec<_> = (0..4)
             .map(|i| {
                 let id = &id;
@@ -72,17 +117,51 @@ fn two_proxies_serve_while_other_processes_use_the_same_tpm() {
                 })
             })
             .collect();
-        let failures: usize = clients
-            .into_iter()
-            .map(|c| c.join().expect("client thread"))
-            .sum();
         let csrs: Vec<String> = others
             .into_iter()
             .map(|o| o.join().expect("TPM client thread"))
             .collect();
-        (failures, csrs)
+        let renewed = renewal.join().expect("renew thread");
+        busy.store(false, Ordering::Relaxed);
+        assert!(
+            renewed.status.success(),
+            "renew --attest failed: {}\n{}",
+            output_text(&renewed),
+            approver.log()
+        );
+        let (requests, failures) = clients
+            .into_iter()
+            .map(|c| c.join().expect("client thread"))
+            .fold((0, 0), |(m, f), (made, failed)| (m + made, f + failed));
+        (requests, failures, csrs)
     });
-    assert_eq!(failures, 0, "requests failed while the TPM was shared");
+    assert_eq!(
+        failures, 0,
+        "{failures} of {requests} requests failed while the TPM was shared"
+    );
+    // The renewal was admitted on its evidence, and the new certificate is the node's.
+    let reasons = String::from_utf8_lossy(
+        &cluster
+            .kubectl_ok(&[
+                "get",
+                "csr",
+                "-o",
+                "jsonpath={.items[*].status.conditions[0].reason}",
+            ])
+            .stdout,
+    )
+    .to_string();
+    assert_eq!(reasons.trim(), "AttestedTPMKey", "{}", approver.log());
+    let subject = run_ok(
+        Command::new("openssl")
+            .args(["x509", "-noout", "-subject", "-in"])
+            .arg(&id.cert),
+    );
+    assert!(
+        output_text(&subject).contains("system:node:shared"),
+        "{}",
+        output_text(&subject)
+    );
     let dir = support::temp_dir();
     for (i, csr) in csrs.iter().enumerate() {
         let path = dir.path().join(format!("n{i}.csr"));
