@@ -154,11 +154,21 @@ pub enum KeyError {
     #[error("the TPM refused the password of {key} (TPM_RC_AUTH_FAIL): every wrong password counts toward the TPM's dictionary-attack lockout, after which the TPM refuses all password use for a while, so hwkey presents this password no more until its source changes. Fix the password source; `tpm2_getcap properties-variable` shows the failure counter, `tpm2_dictionarylockout --clear-lockout` (with the lockout password) resets it")]
     TpmAuthRejected { key: String },
 
+    #[error("the TPM refused the owner-hierarchy authorization for {operation}: if the owner hierarchy has a password (set with `tpm2_changeauth -c owner`), give it with owner-pin-source=file:/path/to/password or owner-pin-source=env:VAR on the tpm: URI; if one was given, it is not the owner password")]
+    TpmOwnerAuthRefused { operation: &'static str },
+
     #[error("the password from {source_desc} was refused for {key} before, so hwkey did not present it again: the TPM's dictionary-attack lockout counts every wrong password. Fix the password in {source_desc} (a changed password is tried once), or, if the key's password was changed instead, delete {}", .record.display())]
     TpmAuthRemembered {
         key: String,
         source_desc: String,
         record: PathBuf,
+    },
+
+    #[error("the TPM's persistent handle {parent:#010x} {problem}; hwkey never changes a persistent handle it did not make")]
+    TpmParent {
+        parent: u32,
+        #[source]
+        problem: ParentProblem,
     },
 
     #[error("TPM key file {path} is not a usable TSS2 PRIVATE KEY: {problem}")]
@@ -228,6 +238,21 @@ pub enum KeyError {
 
     #[error("{key} cannot sign at all: the token lacks {missing}; use a key of another algorithm (e.g. `hwkey key create --algorithm ec-p256`)")]
     NoSignatureMechanism { key: String, missing: &'static str },
+}
+
+/// What is wrong with a persistent storage key named as a parent, for [`KeyError::TpmParent`].
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum ParentProblem {
+    #[error("holds no object (persistent handles present: {present})")]
+    Missing { present: String },
+    #[error("holds a key that is not a storage key (not a restricted decryption key), so no key can be made or loaded under it: name a storage key, e.g. an SRK made with `tpm2_createprimary -C o -c srk.ctx` and `tpm2_evictcontrol -C o -c srk.ctx 0x81000001`")]
+    NotAStorageKey,
+    #[error("holds a storage key other than the one this key file was made under (it was replaced, or made with another template): put that storage key back at this handle, or make a new key")]
+    NotTheParent,
 }
 
 /// Why a key cannot be used, for [`KeyError::TpmKeyUnusable`] (and a TSS2 key file's

@@ -34,7 +34,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use algorithm::{HashAlg, KeyAlgorithm, SignScheme};
-pub use error::{Cause, KeyError, Malformation, Tss2Problem, Unusable};
+pub use error::{Cause, KeyError, Malformation, ParentProblem, Tss2Problem, Unusable};
 pub use protection::Protection;
 pub use signing_path::SigningPath;
 pub use uri::{KeyUri, Pkcs11Uri, TpmKeyLocation, TpmUri};

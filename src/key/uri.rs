@@ -73,6 +73,13 @@ pub struct TpmUri {
     pub tcti: Option<String>,
     /// `pin-source=`: the key's authValue (its password), for keys that have one.
     pub pin: Option<PinSource>,
+    /// `owner-pin-source=`: the owner hierarchy's password (`tpm2_changeauth -c owner`), which
+    /// creating the storage key that key files hang under needs, and making keys persistent.
+    pub owner_pin: Option<PinSource>,
+    /// `parent=0x81…`: for `key create`, the persistent storage key (made by another tool, e.g.
+    /// an SRK at 0x81000001) to make the key file's key under, instead of the owner's
+    /// standard storage key.
+    pub parent: Option<u32>,
 }
 
 /// Characters escaped when printing a URI value (RFC 7512 `pchar`/`qchar` are stricter, but
@@ -286,6 +293,24 @@ fn parse_pin_source(uri: &str, value: &str) -> Result<PinSource, KeyError> {
     Ok(PinSource::File(PathBuf::from(path)))
 }
 
+/// A persistent handle written in hex (`0x81000101`).
+fn persistent_handle(uri: &str, name: &str, v: &str) -> Result<u32, KeyError> {
+    let digits = v.trim_start_matches("0x").trim_start_matches("0X");
+    let handle = u32::from_str_radix(digits, 16).map_err(|_| {
+        invalid(
+            uri,
+            format!("{name} '{v}' is not a hex number like 0x81000101"),
+        )
+    })?;
+    if handle >> 24 != 0x81 {
+        return Err(invalid(
+            uri,
+            format!("{name} {v} is not a persistent handle (0x81000000-0x81FFFFFF)"),
+        ));
+    }
+    Ok(handle)
+}
+
 fn parse_tpm(uri: &str, rest: &str) -> Result<TpmUri, KeyError> {
     let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
     let mut out = TpmUri::default();
@@ -298,22 +323,7 @@ fn parse_tpm(uri: &str, rest: &str) -> Result<TpmUri, KeyError> {
                 }
                 TpmKeyLocation::Path(PathBuf::from(v))
             }
-            "handle" => {
-                let digits = v.trim_start_matches("0x").trim_start_matches("0X");
-                let handle = u32::from_str_radix(digits, 16).map_err(|_| {
-                    invalid(
-                        uri,
-                        format!("handle '{v}' is not a hex number like 0x81000101"),
-                    )
-                })?;
-                if handle >> 24 != 0x81 {
-                    return Err(invalid(
-                        uri,
-                        format!("handle {v} is not a persistent handle (0x81000000-0x81FFFFFF)"),
-                    ));
-                }
-                TpmKeyLocation::Handle(handle)
-            }
+            "handle" => TpmKeyLocation::Handle(persistent_handle(uri, "handle", &v)?),
             other => {
                 return Err(invalid(
                     uri,
@@ -335,10 +345,24 @@ fn parse_tpm(uri: &str, rest: &str) -> Result<TpmUri, KeyError> {
                 }
                 out.pin = Some(parse_pin_source(uri, &decode(uri, k, v)?)?)
             }
+            "parent" => {
+                if out.parent.is_some() {
+                    return Err(invalid(uri, "'parent' is given twice"));
+                }
+                out.parent = Some(persistent_handle(uri, "parent", &decode(uri, k, v)?)?)
+            }
+            "owner-pin-source" => {
+                if out.owner_pin.is_some() {
+                    return Err(invalid(uri, "'owner-pin-source' is given twice"));
+                }
+                out.owner_pin = Some(parse_pin_source(uri, &decode(uri, k, v)?)?)
+            }
             other => {
                 return Err(invalid(
                     uri,
-                    format!("unknown query attribute '{other}' (known: tcti, pin-source)"),
+                    format!(
+                        "unknown query attribute '{other}' (known: tcti, pin-source, owner-pin-source, parent)"
+                    ),
                 ))
             }
         }
@@ -494,12 +518,17 @@ impl fmt::Display for Pkcs11Uri {
 
 /// The `pin-source=` a URI prints; a `pin-value` is never printed.
 fn pin_query(pin: Option<&PinSource>) -> Option<String> {
+    source_query("pin-source", pin)
+}
+
+/// `NAME=file:…` or `NAME=env:…`; a PIN value is never printed.
+fn source_query(name: &str, pin: Option<&PinSource>) -> Option<String> {
     match pin? {
         PinSource::File(p) => Some(format!(
-            "pin-source=file:{}",
+            "{name}=file:{}",
             utf8_percent_encode(&p.to_string_lossy(), ESCAPE)
         )),
-        PinSource::Env(v) => Some(format!("pin-source=env:{v}")),
+        PinSource::Env(v) => Some(format!("{name}=env:{v}")),
         PinSource::Value(_) => None,
     }
 }
@@ -522,6 +551,8 @@ impl fmt::Display for TpmUri {
             query.push(format!("tcti={}", t.replace('&', "%26")));
         }
         query.extend(pin_query(self.pin.as_ref()));
+        query.extend(source_query("owner-pin-source", self.owner_pin.as_ref()));
+        query.extend(self.parent.map(|p| format!("parent=0x{p:08x}")));
         if !query.is_empty() {
             write!(f, "?{}", query.join("&"))?;
         }
@@ -632,9 +663,23 @@ mod tests {
                 key: Some(TpmKeyLocation::Handle(0x8100_0101)),
                 tcti: None,
                 pin: None,
+                owner_pin: None,
+                parent: None,
             })
         );
         assert!("tpm:handle=0x40000001".parse::<KeyUri>().is_err());
+        // The owner password's source and a persistent parent survive printing.
+        let u: KeyUri = "tpm:path=/k/a.pem?owner-pin-source=env:OWNER&parent=0x81000001"
+            .parse()
+            .expect("owner and parent");
+        let KeyUri::Tpm(t) = &u else { panic!("tpm") };
+        assert_eq!(t.owner_pin, Some(PinSource::Env("OWNER".into())));
+        assert_eq!(t.parent, Some(0x8100_0001));
+        assert_eq!(u.to_string().parse::<KeyUri>().expect("again"), u);
+        assert!("tpm:path=/k?parent=0x40000001".parse::<KeyUri>().is_err());
+        assert!("tpm:path=/k?parent=0x81000001&parent=0x81000002"
+            .parse::<KeyUri>()
+            .is_err());
         assert!("tpm:?tcti=device:/dev/tpmrm0".parse::<KeyUri>().is_ok());
     }
 }

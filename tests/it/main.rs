@@ -65,6 +65,8 @@ mod tpm2_pkcs11;
 #[cfg(feature = "tpm")]
 mod tpm_cli;
 #[cfg(feature = "tpm")]
+mod tpm_hierarchy;
+#[cfg(feature = "tpm")]
 mod tpm_key;
 #[cfg(feature = "tpm")]
 mod tpm_password;

@@ -11,24 +11,6 @@ use support::proxy::{Backend, Identity, ProxyProcess};
 use support::upstream::TestUpstream;
 use support::*;
 
-/// The TPM's failed-authorization counter (`TPM2_PT_LOCKOUT_COUNTER`), through the TPM client
-/// environment `envs`.
-fn lockout_counter(envs: Vec<(String, String)>) -> u64 {
-    require_tool("tpm2_getcap", "tpm2-tools");
-    let out = run_ok(
-        Command::new("tpm2_getcap")
-            .envs(envs)
-            .arg("properties-variable"),
-    );
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    // `TPM2_PT_LOCKOUT_COUNTER: 0x1`
-    let value = text
-        .lines()
-        .find_map(|l| l.strip_prefix("TPM2_PT_LOCKOUT_COUNTER:"))
-        .unwrap_or_else(|| panic!("no TPM2_PT_LOCKOUT_COUNTER in:\n{text}"));
-    u64::from_str_radix(value.trim().trim_start_matches("0x"), 16).expect("hex counter")
-}
-
 fn uri(path: &Path, tpm: &Swtpm, password: &Path) -> String {
     format!(
         "tpm:path={}?tcti={}&pin-source=file:{}",

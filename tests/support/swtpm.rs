@@ -287,3 +287,21 @@ fn wait_until(what: &str, child: &mut ChildGuard, mut ready: impl FnMut() -> boo
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// The TPM's failed-authorization counter (`TPM2_PT_LOCKOUT_COUNTER`), through the TPM client
+/// environment `envs`.
+pub fn lockout_counter(envs: Vec<(String, String)>) -> u64 {
+    crate::require_tool("tpm2_getcap", "tpm2-tools");
+    let out = crate::run_ok(
+        Command::new("tpm2_getcap")
+            .envs(envs)
+            .arg("properties-variable"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    // `TPM2_PT_LOCKOUT_COUNTER: 0x1`
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix("TPM2_PT_LOCKOUT_COUNTER:"))
+        .unwrap_or_else(|| panic!("no TPM2_PT_LOCKOUT_COUNTER in:\n{text}"));
+    u64::from_str_radix(value.trim().trim_start_matches("0x"), 16).expect("hex counter")
+}

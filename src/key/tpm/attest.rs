@@ -95,7 +95,10 @@ fn create_ak(ctx: &mut Context, h: u32) -> Result<(ObjectHandle, Public), KeyErr
             )
         });
         let _ = ctx.flush_context(ObjectHandle::from(loaded));
-        Ok((stored.map_err(tpm_err("EvictControl (AK)"))?, public))
+        Ok((
+            stored.map_err(super::rc::owner_error("EvictControl (AK)"))?,
+            public,
+        ))
     });
     let _ = ctx.flush_context(ObjectHandle::from(ek_handle));
     result

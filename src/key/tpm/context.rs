@@ -25,7 +25,10 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
+use tss_esapi::handles::ObjectHandle;
+use tss_esapi::structures::Auth;
 use tss_esapi::{Context, TctiNameConf};
+use zeroize::Zeroizing;
 
 use super::rc;
 use crate::backoff::Backoff;
@@ -53,6 +56,8 @@ pub(crate) struct Conn {
     broken: Option<Broken>,
     /// The wait between failed reconnects.
     reconnect_backoff: Backoff,
+    /// The owner hierarchy's password, set on every context this connection makes.
+    owner_auth: Option<Zeroizing<Vec<u8>>>,
 }
 
 /// When the last reconnect failed and how long to wait before the next attempt.
@@ -93,10 +98,32 @@ impl Conn {
         // The old context's Drop tries to flush its objects over the dead connection and logs
         // the failures; the TPM already forgot them.
         self.ctx = ctx;
+        self.apply_owner_auth()?;
         self.generation += 1;
         self.broken = None;
         self.reconnect_backoff.reset();
         Ok(())
+    }
+
+    /// Uses `password` for the owner hierarchy from now on (ESYS keeps a hierarchy's auth value
+    /// per context: it is set again after a reconnect).
+    pub(crate) fn set_owner_auth(&mut self, password: Zeroizing<Vec<u8>>) -> Result<(), KeyError> {
+        self.owner_auth = Some(password);
+        self.apply_owner_auth()
+    }
+
+    fn apply_owner_auth(&mut self) -> Result<(), KeyError> {
+        let Some(password) = &self.owner_auth else {
+            return Ok(());
+        };
+        let auth = Auth::try_from(password.to_vec()).map_err(|e| KeyError::Tpm {
+            operation: "setting the owner-hierarchy password",
+            reason: format!("it is too long for this TPM's name algorithm: {e}"),
+            source: Some(Box::new(e)),
+        })?;
+        self.ctx
+            .tr_set_auth(ObjectHandle::Owner, auth)
+            .map_err(rc::tpm_error("setting the owner-hierarchy password"))
     }
 
     /// Makes sure the context is a live connection: after a failed reconnect, tries again once
@@ -170,6 +197,7 @@ impl Tpm {
                 tcti: tcti.to_string(),
                 broken: None,
                 reconnect_backoff: Backoff::new(FIRST_RECONNECT_WAIT, MAX_RECONNECT_WAIT),
+                owner_auth: None,
             }),
         });
         open.retain(|_, weak| weak.strong_count() > 0);

@@ -137,12 +137,14 @@ pub(crate) struct NewKey {
     pub handle: KeyHandle,
 }
 
-/// Creates a key under the owner storage key and loads it; the storage key is flushed again
-/// before this returns. On an error nothing stays loaded.
+/// Creates a key under `parent` (the owner storage key, [`primary::OWNER_HIERARCHY`], or a
+/// persistent storage key) and loads it; a created storage key is flushed again before this
+/// returns. On an error nothing stays loaded.
 pub(crate) fn create_and_load(
     ctx: &mut Context,
     alg: KeyAlgorithm,
     password: Option<&[u8]>,
+    parent: u32,
 ) -> Result<NewKey, KeyError> {
     check_supported(ctx, alg)?;
     let template = template(alg, password.is_some())?;
@@ -150,7 +152,7 @@ pub(crate) fn create_and_load(
         .map(|p| Auth::try_from(p.to_vec()))
         .transpose()
         .map_err(rc::tpm_error("the key's password"))?;
-    primary::with_parent(ctx, primary::OWNER_HIERARCHY, |ctx, parent| {
+    primary::with_parent(ctx, parent, |ctx, parent| {
         ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
             let created = ctx
                 .create(parent, template, auth.clone(), None, None, None)

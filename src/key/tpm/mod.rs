@@ -24,6 +24,7 @@ mod context;
 pub mod credential;
 pub mod evidence;
 mod files;
+mod handles;
 mod keygen;
 mod loaded;
 mod persistent;
@@ -89,7 +90,7 @@ pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
             } else {
                 Some(key_auth(uri, &location)?)
             };
-            let tpm = Tpm::connect(&tcti)?;
+            let tpm = connect(uri)?;
             let (handle, generation) = tpm.with_conn(|conn| {
                 let handle = load_key_file(&mut conn.ctx, &file)?;
                 Ok::<_, KeyError>((handle, conn.generation()))
@@ -101,7 +102,7 @@ pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
             })
         }
         TpmKeyLocation::Handle(h) => {
-            let tpm = Tpm::connect(&tcti)?;
+            let tpm = connect(uri)?;
             let (object, public, generation) = tpm.with_conn(|conn| {
                 let (object, public) = persistent::open_persistent(&mut conn.ctx, *h, &tcti)?;
                 Ok::<_, KeyError>((object, public, conn.generation()))
@@ -124,6 +125,19 @@ pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
             })
         }
     }
+}
+
+/// The TPM a URI names, with the owner-hierarchy password from its `owner-pin-source` set for
+/// the commands the owner authorizes (CreatePrimary, EvictControl).
+fn connect(uri: &TpmUri) -> Result<std::sync::Arc<Tpm>, KeyError> {
+    let tpm = Tpm::connect(&uri.tcti())?;
+    if let Some(source) = &uri.owner_pin {
+        let password = source.read()?;
+        tpm.with_conn(|conn| {
+            conn.set_owner_auth(zeroize::Zeroizing::new(password.as_bytes().to_vec()))
+        })?;
+    }
+    Ok(tpm)
 }
 
 /// The password of a key from the URI's `pin-source`, unless the TPM refused that password
@@ -160,7 +174,7 @@ pub fn enroll(
     uri: &TpmUri,
     ak_handle: u32,
 ) -> Result<crate::key::attestation::Enrollment, KeyError> {
-    let tpm = Tpm::connect(&uri.tcti())?;
+    let tpm = connect(uri)?;
     tpm.with_conn(|conn| {
         conn.ensure_connected()?;
         attest::enroll(&mut conn.ctx, ak_handle, tpm.tcti())
@@ -175,7 +189,7 @@ pub fn activate(
     credential_blob: &[u8],
     encrypted_secret: &[u8],
 ) -> Result<zeroize::Zeroizing<Vec<u8>>, KeyError> {
-    let tpm = Tpm::connect(&uri.tcti())?;
+    let tpm = connect(uri)?;
     tpm.with_conn(|conn| {
         conn.ensure_connected()?;
         attest::activate(
@@ -209,14 +223,15 @@ pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
                 Some(_) => Some(key_auth(uri, &location)?),
                 None => None,
             };
-            let tpm = Tpm::connect(&tcti)?;
+            let parent = uri.parent.unwrap_or(primary::OWNER_HIERARCHY);
+            let tpm = connect(uri)?;
             let (new, generation) = tpm.with_conn(|conn| {
                 let value = auth.as_ref().map(|a| a.value.as_slice());
-                let new = keygen::create_and_load(&mut conn.ctx, alg, value)?;
+                let new = keygen::create_and_load(&mut conn.ctx, alg, value, parent)?;
                 Ok::<_, KeyError>((new, conn.generation()))
             })?;
             let file = Tss2Key {
-                parent: primary::OWNER_HIERARCHY,
+                parent,
                 public: new.public,
                 private: new.private,
                 empty_auth: auth.is_none(),
@@ -244,7 +259,15 @@ pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
             })
         }
         TpmKeyLocation::Handle(h) => {
-            let tpm = Tpm::connect(&tcti)?;
+            if uri.parent.is_some() {
+                return Err(KeyError::InvalidUri {
+                    uri: uri.to_string(),
+                    reason: "parent= applies to key files (path=); a persistent key (handle=) is \
+                             made under the owner's storage key"
+                        .into(),
+                });
+            }
+            let tpm = connect(uri)?;
             let (object, public, generation) = tpm.with_conn(|conn| {
                 let (object, public) =
                     persistent::create_persistent(&mut conn.ctx, alg, *h, &tcti)?;
@@ -278,6 +301,8 @@ pub fn list(uri: &TpmUri) -> Result<Vec<KeyListing>, KeyError> {
             key: Some(location),
             tcti: uri.tcti.clone(),
             pin: None,
+            owner_pin: uri.owner_pin.clone(),
+            parent: None,
         }),
         algorithm,
         has_certificate,
@@ -320,7 +345,7 @@ pub fn list(uri: &TpmUri) -> Result<Vec<KeyListing>, KeyError> {
             )])
         }
         Some(TpmKeyLocation::Handle(_)) | None => {
-            let tpm = Tpm::connect(&uri.tcti())?;
+            let tpm = connect(uri)?;
             let keys = tpm.with(persistent::persistent_signing_keys)?;
             Ok(keys
                 .into_iter()
@@ -356,7 +381,7 @@ pub fn delete(uri: &TpmUri) -> Result<Vec<String>, KeyError> {
         }
         TpmKeyLocation::Handle(h) => {
             let tcti = uri.tcti();
-            let tpm = Tpm::connect(&tcti)?;
+            let tpm = connect(uri)?;
             tpm.with(|ctx| persistent::evict_persistent(ctx, *h, &tcti))?;
             Ok(vec![location_desc(&location)])
         }
@@ -455,6 +480,6 @@ fn load_key_file(ctx: &mut Context, file: &Tss2Key) -> Result<KeyHandle, KeyErro
         ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
             ctx.load(parent, file.private.clone(), file.public.clone())
         })
-        .map_err(rc::tpm_error("Load (key file)"))
+        .map_err(primary::load_error(file.parent))
     })
 }

@@ -6,14 +6,14 @@
 //! a persistent handle may be the parent of keys hwkey knows nothing about.
 
 use tss_esapi::constants::response_code::Tss2ResponseCodeKind;
-use tss_esapi::constants::CapabilityType;
 use tss_esapi::handles::{ObjectHandle, PersistentTpmHandle, TpmHandle};
 use tss_esapi::interface_types::dynamic_handles::Persistent;
 use tss_esapi::interface_types::resource_handles::Provision;
 use tss_esapi::interface_types::session_handles::AuthSession;
-use tss_esapi::structures::{CapabilityData, Public};
+use tss_esapi::structures::Public;
 use tss_esapi::Context;
 
+use super::handles::persistent_handles;
 use super::public::KeyInfo;
 use super::{keygen, location_desc, rc, tpm_place};
 use crate::key::uri::TpmKeyLocation;
@@ -21,33 +21,6 @@ use crate::key::{KeyAlgorithm, KeyError};
 
 fn persistent_handle(h: u32) -> Result<PersistentTpmHandle, KeyError> {
     PersistentTpmHandle::new(h).map_err(rc::tpm_error("naming the persistent handle"))
-}
-
-/// The persistent handles (0x81xxxxxx) present in the TPM.
-fn persistent_handles(ctx: &mut Context) -> Result<Vec<u32>, KeyError> {
-    let mut out = Vec::new();
-    let mut next: u32 = 0x8100_0000;
-    loop {
-        let (data, more) = ctx
-            .execute_without_session(|ctx| ctx.get_capability(CapabilityType::Handles, next, 64))
-            .map_err(rc::tpm_error("GetCapability(handles)"))?;
-        let CapabilityData::Handles(list) = data else {
-            break;
-        };
-        let batch: Vec<u32> = list
-            .into_inner()
-            .into_iter()
-            .map(u32::from)
-            .filter(|h| h >> 24 == 0x81)
-            .collect();
-        let Some(&last) = batch.last() else { break };
-        out.extend(batch);
-        if !more || last == u32::MAX {
-            break;
-        }
-        next = last + 1;
-    }
-    Ok(out)
 }
 
 fn handle_list(handles: &[u32]) -> Vec<String> {
@@ -109,7 +82,7 @@ pub(crate) fn create_persistent(
     if persistent_exists(ctx, h)? {
         return Err(exists());
     }
-    let new = keygen::create_and_load(ctx, alg, None)?;
+    let new = keygen::create_and_load(ctx, alg, None, super::primary::OWNER_HIERARCHY)?;
     let evicted = ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
         ctx.evict_control(
             Provision::Owner,
@@ -126,7 +99,7 @@ pub(crate) fn create_persistent(
     match evicted {
         Ok(object) => Ok((object, new.public)),
         Err(e) if rc::tpm_kind(&e) == Some(Tss2ResponseCodeKind::NvDefined) => Err(exists()),
-        Err(e) => Err(rc::tpm_error("EvictControl (make the key persistent)")(e)),
+        Err(e) => Err(rc::owner_error("EvictControl (make the key persistent)")(e)),
     }
 }
 
@@ -147,7 +120,9 @@ pub(crate) fn evict_persistent(ctx: &mut Context, h: u32, tcti: &str) -> Result<
     });
     if let Err(e) = result {
         let _ = ctx.tr_close(&mut object);
-        return Err(rc::tpm_error("EvictControl (delete the persistent key)")(e));
+        return Err(rc::owner_error("EvictControl (delete the persistent key)")(
+            e,
+        ));
     }
     Ok(())
 }

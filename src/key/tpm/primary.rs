@@ -16,11 +16,17 @@
 //! On a TPM without ECC P-256 tpm2-openssl falls back to `primaryRsaTemplate` (RSA-2048,
 //! exponent 0, same attributes and symmetric, empty unique); so do we.
 //!
-//! A file may also name a persistent parent (0x81xxxxxx), e.g. an SRK made by tpm2-tools; it is
-//! used with an empty auth value. A created primary occupies a transient slot only while a key
+//! CreatePrimary is authorized by the owner hierarchy: with an empty password, or the one from
+//! `owner-pin-source=` on the URI (set on the connection, see `context::Conn::set_owner_auth`).
+//!
+//! A file may also name a persistent parent (0x81xxxxxx), e.g. an SRK made by tpm2-tools (and
+//! `key create` makes one with `parent=0x81…` on the URI); it is used with an empty auth value.
+//! hwkey checks that a storage key is there and never touches the handle: a missing key, a key
+//! that is not a storage key, or a blob that does not load under it is said as such. A created primary occupies a transient slot only while a key
 //! is created or loaded under it: [`with_parent`] always flushes it before returning.
 
 use tss_esapi::attributes::ObjectAttributesBuilder;
+use tss_esapi::constants::response_code::Tss2ResponseCodeKind;
 use tss_esapi::constants::{CapabilityType, EccCurveIdentifier};
 use tss_esapi::handles::{KeyHandle, ObjectHandle, PersistentTpmHandle, TpmHandle};
 use tss_esapi::interface_types::algorithm::{HashingAlgorithm, PublicAlgorithm};
@@ -35,7 +41,7 @@ use tss_esapi::structures::{
 use tss_esapi::Context;
 
 use super::rc;
-use crate::key::KeyError;
+use crate::key::{KeyError, ParentProblem};
 
 /// The owner hierarchy handle, as TSS2 key files write it for "the standard primary".
 pub(crate) const OWNER_HIERARCHY: u32 = 0x4000_0001;
@@ -127,20 +133,11 @@ fn load_parent(ctx: &mut Context, parent: u32) -> Result<Parent, KeyError> {
             .execute_with_session(Some(AuthSession::Password), |ctx| {
                 ctx.create_primary(Hierarchy::Owner, template, None, None, None, None)
             })
-            .map_err(rc::tpm_error("CreatePrimary (owner storage key)"))?;
+            .map_err(rc::owner_error("CreatePrimary (owner storage key)"))?;
         return Ok(Parent::Primary(primary.key_handle));
     }
     if parent >> 24 == 0x81 {
-        let handle = PersistentTpmHandle::new(parent)
-            .map_err(rc::tpm_error("naming the persistent parent"))?;
-        let object = ctx
-            .execute_without_session(|ctx| ctx.tr_from_tpm_public(TpmHandle::Persistent(handle)))
-            .map_err(|e| KeyError::Tpm {
-                operation: "opening the persistent parent key",
-                reason: format!("parent {parent:#010x}: {}", rc::describe(&e)),
-                source: Some(Box::new(e)),
-            })?;
-        return Ok(Parent::Persistent(object));
+        return open_persistent_parent(ctx, parent).map(Parent::Persistent);
     }
     Err(KeyError::Tpm {
         source: None,
@@ -150,6 +147,71 @@ fn load_parent(ctx: &mut Context, parent: u32) -> Result<Parent, KeyError> {
              key (0x81xxxxxx)"
         ),
     })
+}
+
+/// A persistent storage key named as a parent, made by another tool (an SRK at 0x81000001 is
+/// usual): it must be there and be a storage key. hwkey only reads it, never replaces it.
+fn open_persistent_parent(ctx: &mut Context, parent: u32) -> Result<ObjectHandle, KeyError> {
+    let present = super::handles::persistent_handles(ctx)?;
+    if !present.contains(&parent) {
+        let present = present
+            .iter()
+            .map(|h| format!("{h:#010x}"))
+            .collect::<Vec<_>>();
+        return Err(KeyError::TpmParent {
+            parent,
+            problem: ParentProblem::Missing {
+                present: if present.is_empty() {
+                    "none".into()
+                } else {
+                    present.join(", ")
+                },
+            },
+        });
+    }
+    let handle =
+        PersistentTpmHandle::new(parent).map_err(rc::tpm_error("naming the persistent parent"))?;
+    let mut object = ctx
+        .execute_without_session(|ctx| ctx.tr_from_tpm_public(TpmHandle::Persistent(handle)))
+        .map_err(rc::tpm_error("opening the persistent parent key"))?;
+    let public = ctx
+        .execute_without_session(|ctx| ctx.read_public(KeyHandle::from(object)))
+        .map(|(public, _, _)| public);
+    let storage = match &public {
+        Ok(public) => {
+            let a = public.object_attributes();
+            a.restricted() && a.decrypt() && !a.sign_encrypt()
+        }
+        Err(_) => false,
+    };
+    if !storage {
+        let _ = ctx.tr_close(&mut object);
+        public.map_err(rc::tpm_error("ReadPublic (persistent parent)"))?;
+        return Err(KeyError::TpmParent {
+            parent,
+            problem: ParentProblem::NotAStorageKey,
+        });
+    }
+    Ok(object)
+}
+
+/// Whether a failed Load under `parent` means the blob belongs to another parent: said in
+/// words for a persistent parent (another tool may have replaced it).
+pub(crate) fn load_error(parent: u32) -> impl Fn(tss_esapi::Error) -> KeyError {
+    move |e| {
+        let foreign = matches!(
+            rc::tpm_kind(&e),
+            Some(Tss2ResponseCodeKind::Integrity | Tss2ResponseCodeKind::Binding)
+        );
+        if foreign && parent >> 24 == 0x81 {
+            KeyError::TpmParent {
+                parent,
+                problem: ParentProblem::NotTheParent,
+            }
+        } else {
+            rc::tpm_error("Load (key file)")(e)
+        }
+    }
 }
 
 fn release(ctx: &mut Context, parent: Parent) {

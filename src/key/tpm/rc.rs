@@ -137,8 +137,8 @@ fn hint(kind: Tss2ResponseCodeKind) -> &'static str {
              `tpm2_dictionarylockout --clear-lockout`"
         }
         K::AuthFail | K::BadAuth => {
-            "; the authorization value is wrong (hwkey uses empty authorization for keys and \
-             the owner hierarchy; an owner password set with tpm2_changeauth is not supported)"
+            "; the authorization value is wrong (a key's password comes from pin-source= on \
+             its tpm: URI, the owner hierarchy's from owner-pin-source=)"
         }
         K::Hierarchy => "; the owner hierarchy is disabled on this TPM (enable it in the firmware)",
         K::Initialize => "; the TPM was not started: run `tpm2_startup -c`",
@@ -181,6 +181,18 @@ pub(crate) fn tpm_error(operation: &'static str) -> impl Fn(Error) -> KeyError {
         operation,
         reason: describe(&err),
         source: Some(Box::new(err)),
+    }
+}
+
+/// For commands authorized by the owner hierarchy: a refused authorization is the owner
+/// password (missing or wrong), said as such; anything else as [`tpm_error`].
+pub(crate) fn owner_error(operation: &'static str) -> impl Fn(Error) -> KeyError {
+    move |err| {
+        if is_auth_fail(&err) {
+            KeyError::TpmOwnerAuthRefused { operation }
+        } else {
+            tpm_error(operation)(err)
+        }
     }
 }
 
