@@ -129,6 +129,9 @@ pub enum KeyError {
         source: Option<Cause>,
     },
 
+    #[error("{token} has no session left for hwkey (CKR_SESSION_COUNT): other applications hold all the sessions it allows; close some of them (or their sessions) and try again")]
+    SessionLimit { token: String },
+
     #[error("cannot open the TPM through TCTI '{tcti}': {reason}; check that the TPM (or swtpm) is running and the tcti= value (or TPM2TOOLS_TCTI) is right")]
     TpmConnect {
         tcti: String,

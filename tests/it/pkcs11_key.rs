@@ -14,11 +14,12 @@ use cryptoki::object::{Attribute, AttributeType, ObjectClass};
 use cryptoki::session::UserType;
 use cryptoki::types::AuthPin;
 use hwkey::key::{Key, KeyAlgorithm, KeyError, KeyUri, SignScheme};
+use support::session_limit::LimitedModule;
 use support::SoftHsm;
 
 /// Tokens of this file and of `key_contract` (which shares this SoftHSM).
-const TOKENS: [&str; 7] = [
-    "parallel", "schemes", "recovery", "pin", "secret", "rcgen", "contract",
+const TOKENS: [&str; 8] = [
+    "parallel", "schemes", "recovery", "pin", "secret", "rcgen", "contract", "limited",
 ];
 
 /// The one SoftHSM of this process (SoftHSM reads `SOFTHSM2_CONF` once).
@@ -85,6 +86,85 @@ fn eight_threads_sign_in_parallel_on_separate_sessions() {
     assert!(
         stats.opened <= 9,
         "opened a session per signature? {stats:?}"
+    );
+}
+
+/// A key on `token` reached through a module that allows `limit` sessions (saying so, or not),
+/// and that module.
+fn limited_key(object: &str, limit: u32, report: bool) -> (Key, LimitedModule, tempfile::TempDir) {
+    let dir = support::temp_dir();
+    let module = LimitedModule::build(dir.path(), limit, report);
+    let plain = hsm().key_uri("limited", object);
+    drop(Key::create(&plain.parse().expect("URI"), KeyAlgorithm::EcP256).expect("create key"));
+    let through = plain.replace(
+        support::SOFTHSM_MODULE,
+        &module.module.display().to_string(),
+    );
+    assert_ne!(through, plain, "the URI names no module path: {plain}");
+    let key = Key::open(&through.parse().expect("URI")).expect("open through the limit");
+    (key, module, dir)
+}
+
+/// Eight threads sign at once through the key; all signatures verify.
+fn eight_threads_sign(key: &Arc<Key>) {
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let key = key.clone();
+            std::thread::spawn(move || {
+                for i in 0..100 {
+                    let message = format!("thread {t} message {i}");
+                    let sig = key
+                        .sign(SignScheme::EcdsaP256Sha256, message.as_bytes())
+                        .expect("sign");
+                    verify(&key, SignScheme::EcdsaP256Sha256, message.as_bytes(), &sig);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("signing thread");
+    }
+}
+
+/// Issue 24, item 6: a module that allows two sessions and says so (`ulMaxSessionCount`): the
+/// pool shrinks to fit before it ever asks for a third, and eight threads still sign.
+#[test]
+fn a_token_allowing_two_sessions_gets_a_pool_of_two() {
+    let (key, module, _dir) = limited_key("said", 2, true);
+    let key = Arc::new(key);
+    eight_threads_sign(&key);
+    assert_eq!(key.signatures(), 800);
+    let stats = key.session_stats().expect("stats");
+    let (peak, refused) = module.counts();
+    assert_eq!(
+        refused, 0,
+        "a session beyond the token's limit was asked for"
+    );
+    assert!(peak <= 2, "{peak} sessions open at once");
+    assert_eq!(
+        stats.peak_in_use, 2,
+        "both sessions signed at once: {stats:?}"
+    );
+}
+
+/// The same limit, not said (`CK_EFFECTIVELY_INFINITE`): the token answers `CKR_SESSION_COUNT`
+/// and the pool keeps the sessions it has; no signature fails.
+#[test]
+fn a_token_refusing_a_third_session_shrinks_the_pool() {
+    let (key, module, _dir) = limited_key("unsaid", 2, false);
+    let key = Arc::new(key);
+    eight_threads_sign(&key);
+    assert_eq!(key.signatures(), 800);
+    let (peak, refused) = module.counts();
+    assert!(peak <= 2, "{peak} sessions open at once");
+    assert!(
+        refused >= 1,
+        "the token never refused: the test proves nothing"
+    );
+    // Shrunk once per thread at most, never asked again and again.
+    assert!(
+        refused <= 8,
+        "asked for a session {refused} times past the limit"
     );
 }
 

@@ -16,6 +16,7 @@ pub mod process;
 pub mod proxy;
 pub mod relay;
 pub mod servers;
+pub mod session_limit;
 pub mod softhsm;
 pub mod swtpm;
 pub mod tools;

@@ -126,7 +126,11 @@ fn session_lost(e: &CkError) -> bool {
 /// Opens the key a URI names: finds the token, logs in once, finds the key and its public key.
 pub fn open(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
     let token = Token::find(uri)?;
-    let session = token.open_session(false)?;
+    let session = token
+        .try_open_session()?
+        .ok_or_else(|| KeyError::SessionLimit {
+            token: token.place(),
+        })?;
     let handle = objects::find_private_key(&token, &session, uri)?;
     let ident = objects::ident(&token, &session, handle)?;
     let algorithm = objects::algorithm(&token, &session, handle)?;
@@ -136,7 +140,10 @@ pub fn open(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
     if always_auth {
         check_reauthentication(&token, &ident, algorithm)?;
     }
-    let pool = SessionPool::new(MAX_SESSIONS);
+    let pool = SessionPool::new(match token.session_limit() {
+        Some(limit) => limit.min(MAX_SESSIONS),
+        None => MAX_SESSIONS,
+    });
     // The first session stays open in the pool, which keeps this process logged in.
     pool.adopt(session);
     Ok(Pkcs11Key {
@@ -263,7 +270,11 @@ pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, Key
 /// Lists the private keys on the token the URI names.
 pub fn list(uri: &Pkcs11Uri) -> Result<Vec<KeyListing>, KeyError> {
     let token = Token::find(uri)?;
-    let session = token.open_session(false)?;
+    let session = token
+        .try_open_session()?
+        .ok_or_else(|| KeyError::SessionLimit {
+            token: token.place(),
+        })?;
     let mut out = Vec::new();
     for (handle, ident) in objects::private_keys(&token, &session)? {
         let algorithm = match objects::algorithm(&token, &session, handle) {
@@ -566,7 +577,11 @@ impl KeyBackend for Pkcs11Key {
 /// whether `CKA_VALUE` was readable. `hwkey key show` prints them; tests assert on them.
 pub fn protection(uri: &Pkcs11Uri) -> Result<Vec<(&'static str, bool)>, KeyError> {
     let token = Token::find(uri)?;
-    let session = token.open_session(false)?;
+    let session = token
+        .try_open_session()?
+        .ok_or_else(|| KeyError::SessionLimit {
+            token: token.place(),
+        })?;
     let handle = objects::find_private_key(&token, &session, uri)?;
     let attrs = session
         .get_attributes(

@@ -5,8 +5,13 @@
 //! demand up to a cap and kept afterwards: nothing is opened per signature on the hot path, and
 //! because at least one session stays open the process stays logged in (closing the last session
 //! logs out).
+//!
+//! Smart cards and some HSMs allow an application only a few sessions: the cap is the smaller
+//! of hwkey's and the token's `ulMaxSessionCount`, and a token that refuses one more
+//! (`CKR_SESSION_COUNT`, e.g. because another application holds sessions too) shrinks the cap
+//! to the sessions this key already has; signers then wait for one of those instead of failing.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use cryptoki::session::Session;
@@ -19,7 +24,7 @@ use crate::key::{KeyError, SessionStats};
 pub(crate) struct SessionPool {
     state: Mutex<PoolState>,
     freed: Condvar,
-    max: usize,
+    max: AtomicUsize,
     opened: AtomicU64,
     peak_in_use: AtomicU64,
     recovered: AtomicU64,
@@ -43,7 +48,7 @@ impl SessionPool {
         SessionPool {
             state: Mutex::new(PoolState::default()),
             freed: Condvar::new(),
-            max: max.max(1),
+            max: AtomicUsize::new(max.max(1)),
             opened: AtomicU64::new(0),
             peak_in_use: AtomicU64::new(0),
             recovered: AtomicU64::new(0),
@@ -70,27 +75,55 @@ impl SessionPool {
                     session: Some(session),
                 });
             }
-            if state.in_use + state.idle.len() < self.max {
+            if state.in_use + state.idle.len() < self.max() {
                 // Reserve the slot, then open outside the lock: opening may be slow.
                 state.in_use += 1;
                 self.note_peak(state.in_use);
                 drop(state);
-                return match token.open_session(false) {
-                    Ok(session) => {
+                match token.try_open_session() {
+                    Ok(Some(session)) => {
                         self.opened.fetch_add(1, Ordering::Relaxed);
-                        Ok(PooledSession {
+                        return Ok(PooledSession {
                             pool: self,
                             session: Some(session),
-                        })
+                        });
+                    }
+                    Ok(None) => {
+                        state = self.lock();
+                        state.in_use -= 1;
+                        self.shrink_to(state.in_use + state.idle.len(), token)?;
+                        continue;
                     }
                     Err(e) => {
                         self.release_slot();
-                        Err(e)
+                        return Err(e);
                     }
-                };
+                }
             }
             state = self.freed.wait(state).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// The most sessions this pool opens.
+    pub(crate) fn max(&self) -> usize {
+        self.max.load(Ordering::Relaxed)
+    }
+
+    /// The token refused another session: keep the `have` sessions this key has (waiting for
+    /// one of them), or fail if it has none.
+    fn shrink_to(&self, have: usize, token: &Token) -> Result<(), KeyError> {
+        if have == 0 {
+            return Err(KeyError::SessionLimit {
+                token: token.place(),
+            });
+        }
+        if self.max.swap(have, Ordering::Relaxed) != have {
+            tracing::warn!(
+                "{} refused another session (CKR_SESSION_COUNT); this key now signs with at most {have} at once",
+                token.place()
+            );
+        }
+        Ok(())
     }
 
     /// Drops every idle session: after a token reset they are all dead.

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use cryptoki::context::Pkcs11;
 use cryptoki::error::{Error as CkError, RvError};
 use cryptoki::session::{Session, SessionState, UserType};
-use cryptoki::slot::Slot;
+use cryptoki::slot::{Limit, Slot};
 use cryptoki::types::AuthPin;
 
 use super::ckr;
@@ -93,6 +93,31 @@ impl Token {
         .map_err(|e| self.err("C_OpenSession", &e))?;
         self.ensure_login(&session)?;
         Ok(session)
+    }
+
+    /// Like [`Token::open_session`] (read-only), but a token that has no session left for this
+    /// application (`CKR_SESSION_COUNT`) is `Ok(None)`: the session pool then shrinks to fit.
+    pub(crate) fn try_open_session(&self) -> Result<Option<Session>, KeyError> {
+        let session = match self.ctx.open_ro_session(self.slot()) {
+            Ok(s) => s,
+            Err(CkError::Pkcs11(RvError::SessionCount, _)) => return Ok(None),
+            Err(e) => return Err(self.err("C_OpenSession", &e)),
+        };
+        self.ensure_login(&session)?;
+        Ok(Some(session))
+    }
+
+    /// How many sessions the token allows one application (`ulMaxSessionCount`), if it says.
+    pub(crate) fn session_limit(&self) -> Option<usize> {
+        match self
+            .ctx
+            .get_token_info(self.slot())
+            .ok()?
+            .max_session_count()
+        {
+            Limit::Max(n) => usize::try_from(n).ok(),
+            Limit::Unavailable | Limit::Infinite => None,
+        }
     }
 
     /// Whether `session` is logged in (login is per token per process: one thread's login
