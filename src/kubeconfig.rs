@@ -64,6 +64,11 @@ pub struct HwkeyExtension {
     /// The name the API server's certificate is checked against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_server_name: Option<String>,
+    /// The forward proxy to the API server (the original cluster's `proxy-url`): the kubeconfig
+    /// kubectl uses points at loopback, which client-go never proxies, so the hwkey proxy
+    /// takes it over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_proxy: Option<String>,
     /// The proxy's state directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<PathBuf>,
@@ -216,6 +221,9 @@ pub struct Request {
     pub upstream_ca: PathBuf,
     /// The name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
+    /// The forward proxy to the API server; None: the replaced cluster entry's `proxy-url`
+    /// (or, for an entry hwkey wrote, its extension's), if any.
+    pub upstream_proxy: Option<String>,
     /// Loopback port of the proxy; default: the one this name had before, else a free one.
     pub port: Option<u16>,
     /// The proxy's state directory (loopback CA, control socket).
@@ -240,6 +248,7 @@ impl Request {
             upstream: Some(self.upstream.clone()),
             upstream_ca: Some(self.upstream_ca.clone()),
             tls_server_name: self.tls_server_name.clone(),
+            upstream_proxy: self.upstream_proxy.clone(),
             state_dir: Some(self.state_dir.clone()),
             idle_exit: self.idle_exit,
         }
@@ -276,7 +285,11 @@ pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
     let ca = LoopbackCa::load_or_create(&request.state_dir)
         .map_err(|e| KubeconfigError::LoopbackCa(e.to_string()))?;
     let server = format!("https://127.0.0.1:{port}");
-    let ext = serde_yaml_ng::to_value(request.extension()).map_err(KubeconfigError::Encode)?;
+    let mut extension = request.extension();
+    if extension.upstream_proxy.is_none() {
+        extension.upstream_proxy = existing_proxy(&doc, &request.name);
+    }
+    let ext = serde_yaml_ng::to_value(extension).map_err(KubeconfigError::Encode)?;
     merge(&mut doc, request, ext, &server, ca.cert_pem());
     let text = serde_yaml_ng::to_string(&doc).map_err(KubeconfigError::Encode)?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -351,14 +364,46 @@ fn free_port() -> Result<u16, KubeconfigError> {
         .map_err(KubeconfigError::NoFreePort)
 }
 
-/// The port this cluster name already uses, so regenerating keeps the proxy's address.
+/// The port this cluster name's proxy already uses, so regenerating keeps its address. Only
+/// an entry hwkey wrote (it carries the exec extension) names a proxy port: the user's own
+/// entry for the cluster names the API server's port, which the proxy must not take.
 fn existing_port(doc: &Value, name: &str) -> Option<u16> {
-    let clusters = doc.get("clusters")?.as_sequence()?;
-    let entry = clusters
-        .iter()
-        .find(|c| c.get("name").and_then(Value::as_str) == Some(name))?;
-    let server = entry.get("cluster")?.get("server")?.as_str()?;
+    let cluster = existing_cluster(doc, name)?;
+    hwkey_extension(cluster)?;
+    let server = cluster.get("server")?.as_str()?;
     server.parse::<hyper::Uri>().ok()?.port_u16()
+}
+
+/// The `cluster` body of the entry named `name`.
+fn existing_cluster<'a>(doc: &'a Value, name: &str) -> Option<&'a Value> {
+    doc.get("clusters")?
+        .as_sequence()?
+        .iter()
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(name))?
+        .get("cluster")
+}
+
+/// The hwkey exec extension of a cluster body, if hwkey wrote it.
+fn hwkey_extension(cluster: &Value) -> Option<&Value> {
+    cluster
+        .get("extensions")?
+        .as_sequence()?
+        .iter()
+        .find(|e| e.get("name").and_then(Value::as_str) == Some(EXEC_EXTENSION))?
+        .get("extension")
+}
+
+/// The forward proxy of the cluster entry about to be replaced: its `proxy-url` (a cluster
+/// kubectl reached through a proxy), or the hwkey extension's (a regenerated entry).
+fn existing_proxy(doc: &Value, name: &str) -> Option<String> {
+    let cluster = existing_cluster(doc, name)?;
+    if let Some(url) = cluster.get("proxy-url").and_then(Value::as_str) {
+        return Some(url.to_string());
+    }
+    hwkey_extension(cluster)?
+        .get("upstreamProxy")?
+        .as_str()
+        .map(str::to_string)
 }
 
 fn named(name: &str, field: &str, body: Value) -> Value {

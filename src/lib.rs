@@ -5,7 +5,7 @@
 //! `hsm-fixtures/structure.py`): small base modules ([`state_dir`], [`endpoint`],
 //! [`duration`], …) → the key layer ([`key`], PKCS#11 and TPM) → [`pki`] (requests,
 //! certificates, TLS material, attestation) → what the exec plugin and the proxy share
-//! ([`kubeconfig`], [`control_api`]) → the exec plugin ([`exec`]) → the certificate lifecycle
+//! ([`kubeconfig`], [`control_api`], the way out through forward proxies [`egress`]) → the exec plugin ([`exec`]) → the certificate lifecycle
 //! ([`lifecycle`]) → the proxy ([`proxy`], [`probe`]) → the subcommands ([`cli`]), which
 //! nothing imports.
 
@@ -19,6 +19,7 @@ pub mod backoff;
 pub mod cli;
 pub mod control_api;
 pub mod duration;
+pub mod egress;
 pub mod endpoint;
 pub mod error_chain;
 pub mod exec;

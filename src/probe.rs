@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::egress::Tunnel;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use rustls::pki_types::{CertificateDer, ServerName};
-use tokio::net::TcpStream;
 
 use crate::key::tls::{HardwareCertResolver, HardwareSigningKey};
 use crate::key::{Key, KeyError, SignScheme};
@@ -23,11 +23,11 @@ pub enum ProbeError {
     #[error("invalid URL '{url}': {problem} (example: https://127.0.0.1:6443/version)")]
     InvalidUrl { url: String, problem: &'static str },
 
-    #[error("cannot connect to {addr}: {source}")]
+    #[error("cannot reach {addr}: {source}")]
     Connect {
         addr: String,
         #[source]
-        source: std::io::Error,
+        source: crate::egress::EgressError,
     },
 
     #[error("TLS handshake with {addr} failed: {source}")]
@@ -77,6 +77,8 @@ pub struct ProbeOptions {
     pub server_name: Option<String>,
     /// Allow TLS 1.2 for a PKCS#1-only RSA key ([`crate::key::tls::protocol_versions`]).
     pub allow_tls12_fallback: bool,
+    /// How the server is reached: directly or through a forward proxy.
+    pub egress: crate::egress::Egress,
 }
 
 /// What the probe saw.
@@ -114,7 +116,7 @@ pub async fn probe(
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
 
     let tls = target
-        .handshake(config, options.server_name.as_deref())
+        .handshake(config, options.server_name.as_deref(), &options.egress)
         .await?;
     let facts = SessionFacts::of(tls.get_ref().1);
     let (status, body) = target.get(tls).await?;
@@ -186,13 +188,15 @@ impl Target {
         &self,
         config: rustls::ClientConfig,
         server_name: Option<&str>,
-    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ProbeError> {
+        egress: &crate::egress::Egress,
+    ) -> Result<tokio_rustls::client::TlsStream<Tunnel>, ProbeError> {
         let name = server_name.unwrap_or(&self.host_bare).to_string();
         let name = ServerName::try_from(name).map_err(|_| ProbeError::InvalidUrl {
             url: self.url.clone(),
             problem: "the TLS server name is not a valid DNS name or IP address",
         })?;
-        let tcp = TcpStream::connect((self.host_bare.as_str(), self.port))
+        let tcp = egress
+            .dial(&self.host_bare, self.port)
             .await
             .map_err(|source| ProbeError::Connect {
                 addr: self.addr(),
@@ -210,7 +214,7 @@ impl Target {
     /// One HTTP/1.1 GET of the URL's path over the connection: (status, body).
     async fn get(
         &self,
-        tls: tokio_rustls::client::TlsStream<TcpStream>,
+        tls: tokio_rustls::client::TlsStream<Tunnel>,
     ) -> Result<(u16, Bytes), ProbeError> {
         let http_err = |source: hyper::Error| ProbeError::Http {
             url: self.url.clone(),

@@ -24,6 +24,7 @@ pub(crate) async fn handshakes(f: &Fixture) -> Vec<Row> {
     let target: UpstreamTarget = f.upstream.url().parse().expect("target");
     let connector = Upstream::new(
         target,
+        hwkey::egress::Egress::direct(),
         None,
         resolver,
         roots,

@@ -28,6 +28,11 @@ pub struct KubeconfigArgs {
     /// Name to verify the API server's certificate against.
     #[arg(long)]
     tls_server_name: Option<String>,
+    /// Forward proxy to the API server (http://, https:// or socks5://HOST:PORT), no
+    /// credentials (argv is visible in `ps`). Default: the `proxy-url` of the cluster entry
+    /// this replaces. Credentials: write the entry's proxy-url in the kubeconfig first.
+    #[arg(long)]
+    proxy_url: Option<String>,
     /// Kubeconfig to write or merge into (default: $KUBECONFIG's first file, else ~/.kube/config).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -63,6 +68,9 @@ fn absolute(
 
 pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
     let upstream: crate::endpoint::UpstreamTarget = args.server.parse()?;
+    if let Some(url) = &args.proxy_url {
+        crate::egress::ForwardProxy::parse_argv(url).context("--proxy-url")?;
+    }
     let upstream_ca = absolute(
         "--ca",
         &args.ca,
@@ -96,6 +104,7 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
         upstream,
         upstream_ca,
         tls_server_name: args.tls_server_name,
+        upstream_proxy: args.proxy_url,
         port: args.port,
         state_dir,
         idle_exit: args.idle_exit,

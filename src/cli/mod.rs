@@ -55,7 +55,7 @@ enum Command {
     /// One HTTPS GET with mTLS signed by the hardware key, reporting the handshake.
     Probe(probe::ProbeArgs),
     /// Let kubectl/kubelet reach the API server with the hardware key (TLS-offload proxy).
-    Proxy(proxy::ProxyArgs),
+    Proxy(Box<proxy::ProxyArgs>),
     /// client-go exec plugin: prints an ExecCredential for the hwkey proxy (used by kubectl).
     Credential(credential::CredentialArgs),
     /// Write or merge a kubeconfig in which kubectl or kubelet works through hwkey.
@@ -82,7 +82,7 @@ pub fn main() -> ExitCode {
         Command::Csr(a) => csr::run(a),
         Command::Cert(c) => cert::run(c),
         Command::Probe(a) => probe::run(a),
-        Command::Proxy(a) => proxy::run(a),
+        Command::Proxy(a) => proxy::run(*a),
         Command::Credential(a) => credential::run(a),
         Command::Kubeconfig(a) => kubeconfig::run(a),
         Command::Doctor(a) => doctor::run(a),

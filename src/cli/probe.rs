@@ -27,6 +27,13 @@ pub struct ProbeArgs {
     /// PKCS#1 v1.5 signatures instead of refusing.
     #[arg(long, env = "HWKEY_ALLOW_TLS12_FALLBACK")]
     allow_tls12_fallback: bool,
+    /// Forward proxy to the server (http://, https:// or socks5://HOST:PORT; no credentials
+    /// on argv: --proxy-auth). Default: HTTPS_PROXY unless NO_PROXY excludes the server.
+    #[arg(long)]
+    proxy_url: Option<String>,
+    /// file:PATH or env:VAR holding the forward proxy's user:password.
+    #[arg(long, env = "HWKEY_PROXY_AUTH")]
+    proxy_auth: Option<String>,
     /// The URL to GET, e.g. https://127.0.0.1:6443/version
     url: String,
 }
@@ -40,6 +47,7 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         ca: args.ca,
         server_name: args.tls_server_name,
         allow_tls12_fallback: args.allow_tls12_fallback,
+        egress: super::proxy::egress(args.proxy_url.as_deref(), args.proxy_auth, None)?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

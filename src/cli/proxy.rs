@@ -35,6 +35,15 @@ pub struct ProxyArgs {
     /// CA bundle that signs the API server's certificate; default: the system roots.
     #[arg(long, env = "HWKEY_UPSTREAM_CA")]
     upstream_ca: Option<PathBuf>,
+    /// Forward proxy to the API server: http://HOST:PORT or https://… (CONNECT), socks5://…
+    /// Default: HTTPS_PROXY / https_proxy unless NO_PROXY excludes the API server. No
+    /// credentials here (argv is visible in `ps`): see --upstream-proxy-auth, or give the URL
+    /// in HWKEY_UPSTREAM_PROXY or the config file.
+    #[arg(long)]
+    upstream_proxy: Option<String>,
+    /// file:PATH or env:VAR holding the forward proxy's user:password.
+    #[arg(long, env = "HWKEY_UPSTREAM_PROXY_AUTH")]
+    upstream_proxy_auth: Option<String>,
     /// Name to verify the API server's certificate against (default: the upstream host).
     #[arg(long, env = "HWKEY_TLS_SERVER_NAME")]
     tls_server_name: Option<String>,
@@ -130,11 +139,17 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
         .upstream
         .or(file.upstream)
         .ok_or(proxy::ProxyError::NoUpstream)?;
+    let egress = egress(
+        args.upstream_proxy.as_deref(),
+        args.upstream_proxy_auth.or(file.upstream_proxy_auth),
+        file.upstream_proxy.as_deref(),
+    )?;
     Ok(ProxyConfig {
         key,
         cert: args.cert.or(file.cert),
         upstream,
         upstream_ca: args.upstream_ca.or(file.upstream_ca),
+        egress,
         tls_server_name: args.tls_server_name.or(file.tls_server_name),
         listen: flags_or_file(args.listen, file.listen),
         admin: args.admin.or(file.admin),
@@ -187,6 +202,34 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
             .reload_interval
             .or(file.reload_interval)
             .unwrap_or(proxy::DEFAULT_RELOAD_INTERVAL),
+    })
+}
+
+/// The way to the API server: `--upstream-proxy` (no credentials on argv), else
+/// `HWKEY_UPSTREAM_PROXY`, else the config file's `upstream-proxy`, else the environment's
+/// `HTTPS_PROXY` with `NO_PROXY`; credentials from `auth` replace any in the URL.
+pub(crate) fn egress(
+    flag: Option<&str>,
+    auth: Option<String>,
+    file: Option<&str>,
+) -> anyhow::Result<crate::egress::Egress> {
+    use crate::egress::{Egress, ForwardProxy, ProxyCredentials};
+    let env = std::env::var("HWKEY_UPSTREAM_PROXY")
+        .ok()
+        .filter(|v| !v.is_empty());
+    let proxy = match (flag, env.as_deref(), file) {
+        (Some(url), _, _) => Some(ForwardProxy::parse_argv(url).context("--upstream-proxy")?),
+        (None, Some(url), _) => Some(ForwardProxy::parse(url).context("HWKEY_UPSTREAM_PROXY")?),
+        (None, None, Some(url)) => Some(ForwardProxy::parse(url).context("upstream-proxy")?),
+        (None, None, None) => None,
+    };
+    let egress = Egress::explicit_or_env(proxy)?;
+    Ok(match auth {
+        Some(source) => {
+            let source = ProxyCredentials::source(&source).context("upstream-proxy-auth")?;
+            egress.with_credentials(ProxyCredentials::read(&source).context("upstream-proxy-auth")?)
+        }
+        None => egress,
     })
 }
 

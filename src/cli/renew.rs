@@ -27,6 +27,10 @@ pub struct RenewArgs {
     /// Name to verify the API server certificate against.
     #[arg(long)]
     tls_server_name: Option<String>,
+    /// Forward proxy to the API server (http://, https:// or socks5://HOST:PORT, no
+    /// credentials). Default: the --kubeconfig's, else HTTPS_PROXY unless NO_PROXY excludes it.
+    #[arg(long)]
+    proxy_url: Option<String>,
     /// A kubeconfig written by `hwkey kubeconfig`: key, certificate, API server and CA come from
     /// its context's hwkey extension.
     #[arg(long)]
@@ -77,7 +81,17 @@ pub fn run(args: RenewArgs) -> anyhow::Result<()> {
         })
         .context("no API server: pass --server https://HOST:6443 or --kubeconfig FILE")?;
     let wait = crate::duration::parse_duration(&args.wait)?;
+    let proxy_url = match args.proxy_url {
+        Some(url) => {
+            crate::egress::ForwardProxy::parse_argv(&url).context("--proxy-url")?;
+            Some(url)
+        }
+        None => from_kubeconfig
+            .as_ref()
+            .and_then(|c| c.upstream_proxy.clone()),
+    };
     let options = RenewOptions {
+        proxy_url,
         key,
         cert: args
             .cert

@@ -210,6 +210,9 @@ fn proxy_command(exe: PathBuf, settings: &Settings, pin_on_stdin: bool) -> Comma
     if let Some(n) = &settings.tls_server_name {
         cmd.arg("--tls-server-name").arg(n);
     }
+    if let Some(p) = &settings.upstream_proxy {
+        cmd.env("HWKEY_UPSTREAM_PROXY", p);
+    }
     if pin_on_stdin {
         cmd.arg("--pin-stdin");
     }

@@ -55,6 +55,9 @@ pub struct Settings {
     pub upstream_ca: Option<PathBuf>,
     /// The name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
+    /// The forward proxy to the API server (handed to the proxy in its environment: the URL
+    /// may hold credentials, which argv would show).
+    pub upstream_proxy: Option<String>,
     /// The proxy's state directory (control socket, loopback CA, logs).
     pub state_dir: StateDir,
     /// `tcp:127.0.0.1:PORT`: where the proxy must listen (the kubeconfig's `server`).
@@ -115,6 +118,7 @@ impl Settings {
             upstream,
             upstream_ca: args.upstream_ca.clone().or(ext.upstream_ca),
             tls_server_name: args.tls_server_name.clone().or(ext.tls_server_name),
+            upstream_proxy: ext.upstream_proxy,
             state_dir: match args.state_dir.clone().or(ext.state_dir) {
                 Some(dir) => StateDir::new(dir),
                 None => StateDir::plugin_default(&listen),

@@ -259,6 +259,8 @@ fn write_kubelet_kubeconfig(
         })?,
         upstream_ca: ca_file.to_path_buf(),
         tls_server_name: config.tls_server_name.clone(),
+        // The bootstrap kubeconfig's proxy-url carries over to the node's proxy.
+        upstream_proxy: config.proxy_url.as_ref().map(ToString::to_string),
         port: options.port,
         state_dir: options.state_dir.clone(),
         idle_exit: None,

@@ -12,6 +12,7 @@ use rustls::RootCertStore;
 use tower::{BoxError, ServiceBuilder};
 
 use super::LifecycleError;
+use crate::egress::{Egress, EgressConnector, ForwardProxy};
 use crate::key::tls::HardwareCertResolver;
 
 /// How the client proves who it is.
@@ -32,12 +33,15 @@ pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// How long the API server may take to answer a call (its response headers).
 pub const RESPONSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-fn http_connector() -> hyper_util::client::legacy::connect::HttpConnector {
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-    http.set_nodelay(true);
-    http
+/// How the client reaches the API server: the kubeconfig's `proxy-url`, else `HTTPS_PROXY`
+/// unless `NO_PROXY` excludes it (client-go's order).
+fn connector(config: &kube::Config) -> Result<EgressConnector, ClientProblem> {
+    let proxy = match &config.proxy_url {
+        Some(url) => Some(ForwardProxy::parse(&url.to_string()).map_err(ClientProblem::Proxy)?),
+        None => None,
+    };
+    let egress = Egress::explicit_or_env(proxy).map_err(ClientProblem::Proxy)?;
+    Ok(EgressConnector::new(egress, CONNECT_TIMEOUT))
 }
 
 /// Why a client for the API server could not be set up, for [`LifecycleError::Client`].
@@ -57,6 +61,8 @@ pub enum ClientProblem {
     ServerName(String),
     #[error("{0}")]
     Auth(#[source] kube::Error),
+    #[error("{0}")]
+    Proxy(#[source] crate::egress::EgressError),
     #[error("{what}-data is not base64: {source}")]
     NotBase64 {
         what: &'static str,
@@ -81,6 +87,16 @@ pub enum ClientProblem {
 /// Builds a client for `config` (server URL, CA bundle, TLS server name, and for
 /// [`Identity::Config`] its credentials).
 pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, LifecycleError> {
+    build_via(config, identity, None)
+}
+
+/// Like [`build`], reaching the API server through `egress` (the proxy's own way out) instead
+/// of the one the config and the environment name.
+pub fn build_via(
+    config: &kube::Config,
+    identity: Identity,
+    egress: Option<Egress>,
+) -> Result<kube::Client, LifecycleError> {
     use kube::client::ConfigExt;
     let server = config.cluster_url.to_string();
     let fail = |problem: ClientProblem| LifecycleError::Client {
@@ -117,7 +133,10 @@ pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, 
         None => https.https_only(),
     }
     .enable_http1()
-    .wrap_connector(http_connector());
+    .wrap_connector(match egress {
+        Some(e) => EgressConnector::new(e, CONNECT_TIMEOUT),
+        None => connector(config).map_err(&fail)?,
+    });
     let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
     let auth = config
         .auth_layer()

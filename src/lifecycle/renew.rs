@@ -19,6 +19,9 @@ use crate::pki::name::Name;
 /// What `hwkey renew` needs.
 #[derive(Debug, Clone)]
 pub struct RenewOptions {
+    /// The forward proxy to the API server (the kubeconfig extension's, or a flag's); None:
+    /// `HTTPS_PROXY` unless `NO_PROXY` excludes the server.
+    pub proxy_url: Option<String>,
     /// The hardware key (the CSR is for it, and the API client signs with it).
     pub key: KeyUri,
     /// The current certificate's file, where the new one goes; None: the key's own store.
@@ -68,11 +71,17 @@ pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
         Some(s) => s.clone(),
         None => subject_text(&chain[0])?,
     };
-    let config = client::config_for(
+    let mut config = client::config_for(
         &options.server,
         options.ca.as_deref(),
         options.tls_server_name.clone(),
     )?;
+    if let Some(url) = &options.proxy_url {
+        config.proxy_url = Some(url.parse().map_err(|_| LifecycleError::InvalidServer {
+            url: "(the forward proxy URL)".into(),
+            problem: "not a URL",
+        })?);
+    }
     let versions = crate::key::tls::protocol_versions(&key, options.allow_tls12_fallback)?;
     let resolver = Arc::new(HardwareCertResolver::new(
         HardwareSigningKey::new(key.clone()),

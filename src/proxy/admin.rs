@@ -66,11 +66,11 @@ enum Unhealthy {
     LastSignature(String),
     #[error("the check panicked: {0}")]
     Panicked(String),
-    #[error("cannot connect to {addr}: {source}")]
+    #[error("{source}")]
     Connect {
         addr: String,
         #[source]
-        source: Arc<std::io::Error>,
+        source: Arc<super::ProxyError>,
     },
     #[error("{addr} did not accept within {UPSTREAM_CHECK_TIMEOUT:?}")]
     Timeout { addr: String },
@@ -316,12 +316,8 @@ async fn key_check(shared: &Shared) -> Result<(), Unhealthy> {
 
 async fn upstream_check(shared: &Shared) -> Result<(), Unhealthy> {
     let t = shared.upstream.target();
-    match tokio::time::timeout(
-        UPSTREAM_CHECK_TIMEOUT,
-        tokio::net::TcpStream::connect((t.host.as_str(), t.port)),
-    )
-    .await
-    {
+    // Through the forward proxy when there is one: what matters is that requests get through.
+    match tokio::time::timeout(UPSTREAM_CHECK_TIMEOUT, shared.upstream.dial()).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(Unhealthy::Connect {
             addr: t.authority(),

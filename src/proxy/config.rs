@@ -56,6 +56,11 @@ pub struct FileConfig {
     pub upstream: Option<UpstreamTarget>,
     /// `upstream-ca`: the API server's CA bundle.
     pub upstream_ca: Option<PathBuf>,
+    /// `upstream-proxy`: the forward proxy to the API server (its URL may carry the
+    /// credentials here, in a file).
+    pub upstream_proxy: Option<String>,
+    /// `upstream-proxy-auth`: `file:PATH` or `env:VAR` holding the proxy's `user:password`.
+    pub upstream_proxy_auth: Option<String>,
     /// `tls-server-name`: the name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
     #[serde(default, deserialize_with = "crate::serde_text::list::deserialize")]

@@ -71,6 +71,8 @@ pub struct ProxyConfig {
     pub upstream: UpstreamTarget,
     /// CA bundle for the upstream's certificate; None: the system roots.
     pub upstream_ca: Option<PathBuf>,
+    /// How connections reach the upstream: directly or through a forward proxy.
+    pub egress: crate::egress::Egress,
     /// Name to verify the upstream certificate against (default: the upstream host).
     pub tls_server_name: Option<String>,
     /// Client listeners (at least one).
@@ -204,6 +206,13 @@ pub enum ProxyError {
         addr: String,
         #[source]
         source: std::io::Error,
+    },
+
+    #[error("cannot reach the upstream {addr}: {source}")]
+    UpstreamVia {
+        addr: String,
+        #[source]
+        source: crate::egress::EgressError,
     },
 
     #[error("TLS handshake with the upstream {addr} failed: {}", crate::error_chain::error_chain(.source))]
@@ -390,6 +399,7 @@ async fn serve(
     let epoch = rotation::first(&first_chain);
     let upstream = upstream::Upstream::new(
         config.upstream.clone(),
+        config.egress.clone(),
         config.tls_server_name.as_deref(),
         resolver,
         roots,
@@ -591,8 +601,13 @@ fn announce_ready(
     key: &Key,
 ) {
     let listen_text: Vec<String> = bound.iter().map(ToString::to_string).collect();
+    let via = config
+        .egress
+        .proxy_for(&config.upstream.host, config.upstream.port)
+        .map(|p| format!(" via={p}"))
+        .unwrap_or_default();
     eprintln!(
-        "hwkey proxy: ready: listen={} control=unix:{} admin={} upstream={} key={}",
+        "hwkey proxy: ready: listen={} control=unix:{} admin={} upstream={}{via} key={}",
         listen_text.join(","),
         config.state_dir.control_socket().display(),
         admin

@@ -236,12 +236,13 @@ async fn request_certificate(
         settings.upstream_ca.as_deref(),
         settings.tls_server_name.clone(),
     )?;
-    let client = client::build(
+    let client = client::build_via(
         &config,
         client::Identity::Hardware {
             resolver: shared.upstream.resolver().clone(),
             versions: settings.versions,
         },
+        Some(shared.upstream.egress().clone()),
     )?;
     let mut notes = Vec::new();
     let (name, pem) = submit(

@@ -27,7 +27,6 @@ use std::time::Instant;
 use rustls::client::Resumption;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, HandshakeKind, RootCertStore};
-use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use super::config::UpstreamTarget;
@@ -35,6 +34,7 @@ use super::metrics::{Metrics, UpstreamStage};
 use super::readahead::ReadAhead;
 use super::sessions::{SessionStore, Warmup};
 use super::ProxyError;
+use crate::egress::{Egress, EgressError, Tunnel};
 use crate::key::tls::HardwareCertResolver;
 
 /// The application protocols the proxy bridges (what kubectl, client-go and kubelet speak).
@@ -50,7 +50,7 @@ pub struct UpstreamConn {
     /// connection's task moves it a few times on its way to the relay, and each move of a
     /// 1 KiB value would otherwise keep its own slot in the task's state for the connection's
     /// whole life (issue 12, memory per idle connection).
-    pub stream: Box<TlsStream<ReadAhead<TcpStream>>>,
+    pub stream: Box<TlsStream<ReadAhead<Tunnel>>>,
     /// The protocol the upstream agreed to (None: no ALPN).
     pub alpn: Option<Vec<u8>>,
     /// Whether the handshake resumed a session (no signature made).
@@ -66,6 +66,7 @@ struct Generation {
 /// The upstream connector, shared by all connection tasks.
 pub struct Upstream {
     target: UpstreamTarget,
+    egress: Egress,
     server_name: ServerName<'static>,
     resolver: Arc<HardwareCertResolver>,
     roots: Arc<RootCertStore>,
@@ -89,6 +90,7 @@ impl Upstream {
     /// `server_name` (default: the target's host).
     pub fn new(
         target: UpstreamTarget,
+        egress: Egress,
         server_name: Option<&str>,
         resolver: Arc<HardwareCertResolver>,
         roots: RootCertStore,
@@ -102,6 +104,7 @@ impl Upstream {
             })?;
         Ok(Upstream {
             target,
+            egress,
             server_name,
             resolver,
             roots: Arc::new(roots),
@@ -115,6 +118,23 @@ impl Upstream {
     /// The API server's address.
     pub fn target(&self) -> &UpstreamTarget {
         &self.target
+    }
+
+    /// How connections reach the API server (the renewal's client goes the same way).
+    pub fn egress(&self) -> &Egress {
+        &self.egress
+    }
+
+    /// Opens a stream to the API server: straight, or through the forward proxy.
+    pub async fn dial(&self) -> Result<Tunnel, ProxyError> {
+        let addr = self.target.authority();
+        match self.egress.dial(&self.target.host, self.target.port).await {
+            Ok(t) => Ok(t),
+            Err(EgressError::Direct { source, .. }) => {
+                Err(ProxyError::UpstreamConnect { addr, source })
+            }
+            Err(source) => Err(ProxyError::UpstreamVia { addr, source }),
+        }
     }
 
     /// The resolver holding the hardware key and its current chain.
@@ -145,14 +165,13 @@ impl Upstream {
     /// The caller applies the handshake timeout.
     pub async fn connect(&self, alpn: Option<&[u8]>) -> Result<UpstreamConn, ProxyError> {
         let addr = self.target.authority();
-        let tcp = match TcpStream::connect((self.target.host.as_str(), self.target.port)).await {
+        let tcp = match self.dial().await {
             Ok(t) => t,
-            Err(source) => {
+            Err(e) => {
                 self.metrics.upstream_error(UpstreamStage::Connect);
-                return Err(ProxyError::UpstreamConnect { addr, source });
+                return Err(e);
             }
         };
-        let _ = tcp.set_nodelay(true);
         let generation = self.current_generation();
         let config = self.config_for(&generation, alpn)?;
         // A cold store: one connection warms it, the others wait for its ticket (sessions.rs).

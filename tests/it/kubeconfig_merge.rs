@@ -149,3 +149,47 @@ fn an_idle_exit_that_is_no_duration_is_refused_and_nothing_is_written() {
     let written = std::fs::read_to_string(&out).expect("read");
     assert!(written.contains("idleExit: 1h 30m"), "{written}");
 }
+
+/// Replacing the user's own entry for the cluster (which names the API server, and perhaps a
+/// forward proxy): the proxy gets a loopback port of its own, not the API server's (found with
+/// the forward-proxy tests: the proxy then could not listen, "Address already in use"), and
+/// the entry's `proxy-url` moves into the hwkey extension, since client-go would send even
+/// loopback through it. Regenerating keeps both.
+#[test]
+fn a_users_own_entry_lends_its_proxy_url_but_not_its_port() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    let own = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: hw\n  cluster:\n    server: {}\n    proxy-url: socks5://127.0.0.1:1080\ncontexts: []\nusers: []\n",
+        upstream.url()
+    );
+    std::fs::write(&out, own).expect("write");
+    let state = dir.path().join("state");
+    let read = || -> serde_yaml_ng::Value {
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&out).expect("read")).expect("YAML")
+    };
+    for round in 0..2 {
+        run_ok(&mut kubeconfig_cmd(
+            &id,
+            &upstream,
+            &id.key_uri,
+            &out,
+            &state,
+        ));
+        let doc = read();
+        let cluster = &doc["clusters"][0]["cluster"];
+        let server = cluster["server"].as_str().expect("server");
+        assert_ne!(
+            server.rsplit(':').next(),
+            Some(upstream.port().to_string().as_str()),
+            "round {round}: the proxy was given the API server's port"
+        );
+        assert!(cluster.get("proxy-url").is_none(), "round {round}");
+        assert_eq!(
+            cluster["extensions"][0]["extension"]["upstreamProxy"], "socks5://127.0.0.1:1080",
+            "round {round}"
+        );
+    }
+}

@@ -20,6 +20,8 @@ mod deploy;
 mod faults;
 mod fixtures;
 #[cfg(feature = "pkcs11")]
+mod forward_proxy;
+#[cfg(feature = "pkcs11")]
 mod fuzz_props;
 #[cfg(feature = "pkcs11")]
 mod hardening;

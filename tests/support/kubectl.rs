@@ -34,10 +34,26 @@ impl KubectlUser {
         ca: &Path,
         envs: Vec<(String, String)>,
     ) -> KubectlUser {
+        KubectlUser::over(None, key_uri, cert, server, ca, envs)
+    }
+
+    /// Like [`KubectlUser::new`], merged into a kubeconfig that holds `existing` (YAML) first:
+    /// the user's own entries, e.g. the cluster's entry with a `proxy-url`, named `hw`.
+    pub fn over(
+        existing: Option<&str>,
+        key_uri: &str,
+        cert: &Path,
+        server: &str,
+        ca: &Path,
+        envs: Vec<(String, String)>,
+    ) -> KubectlUser {
         require_kubectl();
         let dir = temp_dir();
         let kubeconfig = dir.path().join("kubeconfig");
         let state = dir.path().join("state");
+        if let Some(yaml) = existing {
+            std::fs::write(&kubeconfig, yaml).expect("write the existing kubeconfig");
+        }
         run_ok(
             hwkey()
                 .envs(envs.clone())
@@ -70,6 +86,11 @@ impl KubectlUser {
             .arg("--kubeconfig")
             .arg(&self.kubeconfig);
         cmd
+    }
+
+    /// The kubeconfig file.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
     }
 
     /// The state directory the plugin and its proxy use.

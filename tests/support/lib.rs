@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod ca;
 pub mod flow;
+pub mod forward_proxies;
 pub mod kube;
 pub mod kubectl;
 pub mod ports;
