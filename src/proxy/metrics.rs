@@ -237,6 +237,7 @@ pub struct Metrics {
     local_latency: Histogram,
     bytes: ByLabel<Direction, Counter>,
     reloads: ByLabel<ReloadResult, Counter>,
+    trust_reloads: ByLabel<ReloadResult, Counter>,
     credentials_issued: Counter,
     renewals: ByLabel<RenewalResult, Counter>,
     renewal_failures: ByLabel<RenewalFailure, Counter>,
@@ -299,6 +300,13 @@ impl Metrics {
             "result",
             Counter::default,
         );
+        let trust_reloads = ByLabel::register(
+            r,
+            "hwkey_upstream_ca_reloads",
+            "Reloads of the --upstream-ca bundle, by result (refused: unreadable or no usable CA; the previous trust stays)",
+            "result",
+            Counter::default,
+        );
         let credentials_issued = Counter::default();
         r.register(
             "hwkey_loopback_credentials_issued",
@@ -317,6 +325,7 @@ impl Metrics {
             local_latency,
             bytes,
             reloads,
+            trust_reloads,
             credentials_issued,
             renewals,
             renewal_failures,
@@ -376,6 +385,16 @@ impl Metrics {
             ReloadResult::Refused
         };
         self.reloads.get(result).inc();
+    }
+
+    /// Counts a reload of the upstream CA bundle by result.
+    pub fn trust_reload(&self, ok: bool) {
+        let result = if ok {
+            ReloadResult::Ok
+        } else {
+            ReloadResult::Refused
+        };
+        self.trust_reloads.get(result).inc();
     }
 
     /// Records the NotAfter (Unix seconds) of the certificate now in use.

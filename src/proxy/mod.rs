@@ -510,7 +510,10 @@ fn spawn_tasks(
     }
     let reloader = tokio::spawn(reload::watch(
         shared.clone(),
-        config.cert.clone(),
+        reload::Watched {
+            cert: config.cert.clone(),
+            upstream_ca: config.upstream_ca.clone(),
+        },
         config.reload_interval,
         stop.clone(),
     ));

@@ -1,5 +1,11 @@
-//! Certificate reload: on SIGHUP, and when the `--cert` file's contents change (polled, so it
-//! works for atomic renames, plain rewrites and mounted secrets alike).
+//! Certificate and trust reload: on SIGHUP, and when the `--cert` or the `--upstream-ca` file's
+//! contents change (polled, so it works for atomic renames, plain rewrites and mounted secrets
+//! alike).
+//!
+//! A CA rotation goes CA1 → a bundle of CA1 and CA2 → CA2: each new bundle is trusted for new
+//! connections (the resumable sessions, verified under the old trust, are dropped). A bundle
+//! that does not parse or holds no usable CA is refused and the previous trust stays (never an
+//! empty trust store), logged and counted (`hwkey_upstream_ca_reloads_total{result="refused"}`).
 //!
 //! A renewed certificate for the same key is installed in the [`HardwareCertResolver`] and the
 //! upstream session store is emptied, so the next connection makes a full handshake with the
@@ -24,10 +30,19 @@ use super::{ProxyError, Shared};
 use crate::pki::cert;
 use crate::stop::stopped;
 
-/// Runs until `stop`: reloads on SIGHUP and on changes of `cert_path` every `interval`.
+/// The files the reload task watches.
+#[derive(Debug, Clone, Default)]
+pub struct Watched {
+    /// `--cert` (None: the chain stored with the key, reloaded on SIGHUP only).
+    pub cert: Option<PathBuf>,
+    /// `--upstream-ca` (None: the system roots, read once).
+    pub upstream_ca: Option<PathBuf>,
+}
+
+/// Runs until `stop`: reloads on SIGHUP and on changes of the watched files every `interval`.
 pub async fn watch(
     shared: Arc<Shared>,
-    cert_path: Option<PathBuf>,
+    files: Watched,
     interval: Duration,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ProxyError> {
@@ -35,10 +50,10 @@ pub async fn watch(
         name: "SIGHUP",
         source,
     })?;
-    let mut last_seen = match &cert_path {
-        Some(p) => std::fs::read(p).ok(),
-        None => None,
-    };
+    let cert_path = files.cert;
+    let read = |p: &Option<PathBuf>| p.as_ref().and_then(|p| std::fs::read(p).ok());
+    let mut last_seen = read(&cert_path);
+    let mut last_ca = read(&files.upstream_ca);
     let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -46,21 +61,32 @@ pub async fn watch(
             biased;
             _ = stopped(&mut stop) => return Ok(()),
             _ = hup.recv() => {
-                tracing::info!("SIGHUP: reloading the certificate");
+                tracing::info!("SIGHUP: reloading the certificate and the upstream CA bundle");
                 super::notify::reloading();
-                if let Some(p) = &cert_path {
-                    last_seen = std::fs::read(p).ok();
-                }
+                last_seen = read(&cert_path);
                 reload(&shared, cert_path.clone()).await;
+                if let Some(p) = &files.upstream_ca {
+                    last_ca = std::fs::read(p).ok();
+                    reload_trust(&shared, p);
+                }
                 super::notify::ready();
             }
             _ = tick.tick() => {
-                let Some(p) = &cert_path else { continue };
-                let now = std::fs::read(p).ok();
-                if now.is_some() && now != last_seen {
-                    last_seen = now;
-                    tracing::info!(file = %p.display(), "certificate file changed: reloading");
-                    reload(&shared, cert_path.clone()).await;
+                if let Some(p) = &cert_path {
+                    let now = std::fs::read(p).ok();
+                    if now.is_some() && now != last_seen {
+                        last_seen = now;
+                        tracing::info!(file = %p.display(), "certificate file changed: reloading");
+                        reload(&shared, cert_path.clone()).await;
+                    }
+                }
+                if let Some(p) = &files.upstream_ca {
+                    let now = std::fs::read(p).ok();
+                    if now.is_some() && now != last_ca {
+                        last_ca = now;
+                        tracing::info!(file = %p.display(), "upstream CA bundle changed: reloading");
+                        reload_trust(&shared, p);
+                    }
                 }
             }
         }
@@ -86,6 +112,30 @@ pub async fn reload(shared: &Shared, cert_path: Option<PathBuf>) -> bool {
         Err(reason) => {
             shared.metrics.reload(false);
             tracing::error!(reason = %reason, "certificate reload refused; keeping the current certificate");
+            false
+        }
+    }
+}
+
+/// Reads the upstream CA bundle again and trusts it for new connections; a bundle that does not
+/// load keeps the previous trust. Returns whether it was installed.
+pub fn reload_trust(shared: &Shared, path: &std::path::Path) -> bool {
+    match crate::pki::tls::root_store(Some(path)) {
+        Ok(roots) if !roots.is_empty() => {
+            let count = roots.len();
+            shared.upstream.set_roots(roots);
+            shared.metrics.trust_reload(true);
+            tracing::info!(file = %path.display(), cas = count, "upstream CA bundle reloaded; new connections verify the API server against it");
+            true
+        }
+        Ok(_) => {
+            shared.metrics.trust_reload(false);
+            tracing::error!(file = %path.display(), "the upstream CA bundle holds no certificate; keeping the previous trust");
+            false
+        }
+        Err(e) => {
+            shared.metrics.trust_reload(false);
+            tracing::error!(file = %path.display(), error = %e, "the upstream CA bundle does not load; keeping the previous trust");
             false
         }
     }

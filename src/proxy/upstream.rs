@@ -69,7 +69,7 @@ pub struct Upstream {
     egress: Egress,
     server_name: ServerName<'static>,
     resolver: Arc<HardwareCertResolver>,
-    roots: Arc<RootCertStore>,
+    roots: RwLock<Arc<RootCertStore>>,
     versions: &'static [&'static rustls::SupportedProtocolVersion],
     generation: RwLock<Arc<Generation>>,
     refused_alpn: Mutex<HashSet<Vec<u8>>>,
@@ -107,7 +107,7 @@ impl Upstream {
             egress,
             server_name,
             resolver,
-            roots: Arc::new(roots),
+            roots: RwLock::new(Arc::new(roots)),
             versions,
             generation: RwLock::new(Arc::new(new_generation())),
             refused_alpn: Mutex::new(HashSet::new()),
@@ -146,6 +146,14 @@ impl Upstream {
     /// presents the current certificate). Connections already open are not touched.
     pub fn reset_sessions(&self) {
         *self.generation.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new_generation());
+    }
+
+    /// Trusts `roots` for the API server from now on (a CA rotation): new connections verify
+    /// against them, so the resumable sessions (verified under the old trust) are dropped.
+    /// Connections already open are not touched.
+    pub fn set_roots(&self, roots: RootCertStore) {
+        *self.roots.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(roots);
+        self.reset_sessions();
     }
 
     /// Picks the protocol for a client that offered `offered` (its preference order): the
@@ -264,15 +272,14 @@ impl Upstream {
         if let Some(c) = configs.get(&key) {
             return Ok(c.clone());
         }
-        let mut config = crate::pki::tls::client_config(
-            self.versions,
-            self.roots.clone(),
-            self.resolver.clone(),
-        )
-        .map_err(|e| ProxyError::UpstreamTls {
-            addr: self.target.authority(),
-            source: e,
-        })?;
+        let roots = self.roots.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut config =
+            crate::pki::tls::client_config(self.versions, roots, self.resolver.clone()).map_err(
+                |e| ProxyError::UpstreamTls {
+                    addr: self.target.authority(),
+                    source: e,
+                },
+            )?;
         config.alpn_protocols = key.iter().cloned().collect();
         config.resumption = Resumption::store(generation.store.clone());
         let config = Arc::new(config);

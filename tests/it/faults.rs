@@ -46,18 +46,6 @@ fn recovers(proxy: &ProxyProcess, within: Duration, n: usize) {
     );
 }
 
-fn wait_for(proxy: &ProxyProcess, series: &str, value: f64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while proxy.metric(series) < value {
-        assert!(
-            Instant::now() < deadline,
-            "{series} < {value}:\n{}",
-            proxy.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Fault: swtpm is killed while the proxy runs, and the session store is emptied (SIGHUP), so
 /// requests need a hardware signature while the TPM is gone. Contract: those requests fail
 /// within seconds with a 502 naming the TPM; once swtpm is back, the next 20 requests succeed
@@ -79,7 +67,7 @@ fn tpm_outage_fails_fast_and_recovers_without_a_restart() {
     };
     tpm.stop();
     proxy.signal(libc::SIGHUP);
-    wait_for(&proxy, "hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
     for _ in 0..3 {
         let (code, body, took) = version(&proxy);
         assert_eq!(
@@ -128,7 +116,7 @@ fn pkcs11_token_removed_and_restored_recovers_without_a_restart() {
     let away = hsm.dir().join("removed-token");
     std::fs::rename(&token, &away).expect("remove the token");
     proxy.signal(libc::SIGHUP);
-    wait_for(&proxy, "hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
     for _ in 0..3 {
         let (code, body, took) = version(&proxy);
         assert_eq!(
@@ -165,7 +153,7 @@ fn the_whole_token_directory_away_and_back_recovers_without_a_restart() {
     std::fs::rename(&tokens, &away).expect("move the token directory away");
     // No resumed session: every request needs a signature while the directory is gone.
     proxy.signal(libc::SIGHUP);
-    wait_for(&proxy, "hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
     let gone = Instant::now();
     while gone.elapsed() < Duration::from_secs(6) {
         let (code, body, took) = version(&proxy);

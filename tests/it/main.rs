@@ -14,6 +14,8 @@ mod approver_attacks;
 mod attestation;
 mod build_features;
 #[cfg(feature = "pkcs11")]
+mod ca_rotation;
+#[cfg(feature = "pkcs11")]
 mod cert_import;
 #[cfg(feature = "pkcs11")]
 mod deploy;

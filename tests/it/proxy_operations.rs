@@ -37,19 +37,6 @@ fn serial_of(pem_path: &std::path::Path) -> String {
     c.raw_serial_as_string()
 }
 
-fn wait_for_metric(proxy: &ProxyProcess, series: &str, value: f64) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if proxy.metric(series) >= value {
-            return;
-        }
-        if Instant::now() > deadline {
-            panic!("{series} never reached {value}:\n{}", proxy.log());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Replaces `path` atomically (write beside, rename), as cert managers do.
 fn replace_file(path: &std::path::Path, from: &std::path::Path) {
     let tmp = path.with_extension("new");
@@ -85,7 +72,7 @@ fn reload_installs_a_renewed_cert_and_refuses_another_key(identity: fn() -> Iden
     let second = serial_of(&renewed);
     assert_ne!(first, second);
     replace_file(&id.cert, &renewed);
-    wait_for_metric(&proxy, "hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
     assert_eq!(version(&proxy)["serial"], second.as_str());
 
     // A certificate for another key: refused, the renewed one stays.
@@ -94,7 +81,7 @@ fn reload_installs_a_renewed_cert_and_refuses_another_key(identity: fn() -> Iden
     let bob = id.dir.path().join("bob.pem");
     id.issue(&bob_uri, "CN=bob,O=devs", &bob);
     replace_file(&id.cert, &bob);
-    wait_for_metric(&proxy, "hwkey_cert_reloads_total{result=\"refused\"}", 1.0);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"refused\"}", 1.0);
     let v = version(&proxy);
     assert_eq!(v["serial"], second.as_str());
     assert_eq!(v["user"], "alice");
@@ -106,9 +93,9 @@ fn reload_installs_a_renewed_cert_and_refuses_another_key(identity: fn() -> Iden
 
     // SIGHUP reloads too (the file holds the renewed cert again).
     replace_file(&id.cert, &renewed);
-    wait_for_metric(&proxy, "hwkey_cert_reloads_total{result=\"ok\"}", 2.0);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 2.0);
     proxy.signal(libc::SIGHUP);
-    wait_for_metric(&proxy, "hwkey_cert_reloads_total{result=\"ok\"}", 3.0);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 3.0);
     assert_eq!(version(&proxy)["serial"], second.as_str());
 
     // The connection opened before all this still works, with its original certificate.
@@ -190,9 +177,14 @@ fn upstream_outage_fails_cleanly_and_recovers(identity: fn() -> Identity) {
     let status: serde_json::Value = serde_json::from_str(body).expect("Status JSON");
     assert_eq!(status["kind"], "Status");
     assert_eq!(status["code"], 502);
-    // h2 over loopback TLS: the connection is closed (no hang), curl reports an error.
-    let out = proxy.curl_tls(&cred, &[], "/version");
-    assert!(!out.status.success(), "{}", output_text(&out));
+    // h2 over loopback TLS: the same Status, over HTTP/2 (no hang, no bare close).
+    let out = proxy.curl_tls(&cred, &["-w", "\n%{http_code}"], "/version");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.ends_with("\n502") && text.contains("\"kind\":\"Status\""),
+        "{text} {}",
+        output_text(&out)
+    );
     let (code, body) = proxy.admin_get("/healthz");
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("upstream"), "{body}");
@@ -438,7 +430,7 @@ fn idle_connections_hold_no_copy_buffers(identity: fn() -> Identity) {
     // write yet.
     let mut stalled = RawHttp::connect(&proxy.socket);
     stalled.send("GET /bytes?n=67108864 HTTP/1.1\r\nHost: localhost\r\n\r\n");
-    wait_for_metric(&proxy, "hwkey_copy_buffers", 1.0);
+    proxy.wait_for_metric("hwkey_copy_buffers", 1.0);
     drop(stalled);
     drop(watches);
 }

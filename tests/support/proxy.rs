@@ -243,6 +243,8 @@ pub struct ProxyOptions<'a> {
     pub key: Option<&'a str>,
     /// Another certificate file than the identity's.
     pub cert: Option<&'a Path>,
+    /// Another `--upstream-ca` than the identity's CA.
+    pub upstream_ca: Option<&'a Path>,
 }
 
 impl ProxyProcess {
@@ -275,7 +277,11 @@ impl ProxyProcess {
                 .arg(opts.cert.unwrap_or(&id.cert))
                 .args(["--upstream", upstream_url])
                 .arg("--upstream-ca")
-                .arg(id.ca.ca_path())
+                .arg(
+                    opts.upstream_ca
+                        .map(Path::to_path_buf)
+                        .unwrap_or_else(|| id.ca.ca_path()),
+                )
                 .arg("--listen")
                 .arg(format!("unix:{}", socket.display()))
                 .args(["--listen", &format!("tcp:127.0.0.1:{tcp_port}")])
@@ -385,6 +391,19 @@ impl ProxyProcess {
     }
 
     /// `hwkey_signatures_total`.
+    /// Waits (at most 20 s) until the metric `series` reaches `value`.
+    pub fn wait_for_metric(&self, series: &str, value: f64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.metric(series) < value {
+            assert!(
+                Instant::now() < deadline,
+                "{series} never reached {value}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn signatures(&self) -> u64 {
         self.metric("hwkey_signatures_total") as u64
     }

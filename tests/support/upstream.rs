@@ -109,9 +109,16 @@ impl TestUpstream {
 
     /// Starts on 127.0.0.1:`port` (0: any free port), e.g. to come back after [`Drop`].
     pub fn start_on(ca: &TestCa, port: u16) -> TestUpstream {
+        Self::start_serving(ca, ca, port)
+    }
+
+    /// Like [`TestUpstream::start_on`], presenting a server certificate `serving` issued (a
+    /// cluster whose serving CA was rotated) while trusting client certificates from
+    /// `client_ca`.
+    pub fn start_serving(client_ca: &TestCa, serving: &TestCa, port: u16) -> TestUpstream {
         let dir = temp_dir();
-        let (cert, key) = ca.server_cert(dir.path());
-        let config = Arc::new(server_config(&ca.ca_path(), &cert, &key));
+        let (cert, key) = serving.server_cert(dir.path());
+        let config = Arc::new(server_config(&client_ca.ca_path(), &cert, &key));
         let std_listener = bind_retrying(port);
         std_listener.set_nonblocking(true).expect("nonblocking");
         let addr = std_listener.local_addr().expect("local_addr");
