@@ -79,6 +79,8 @@ pub struct ProbeOptions {
     pub allow_tls12_fallback: bool,
     /// How the server is reached: directly or through a forward proxy.
     pub egress: crate::egress::Egress,
+    /// The TLS 1.3 key exchange offered.
+    pub key_exchange: crate::pki::tls::KeyExchange,
 }
 
 /// What the probe saw.
@@ -88,6 +90,11 @@ pub struct ProbeReport {
     pub tls_version: String,
     /// The negotiated cipher suite.
     pub cipher_suite: String,
+    /// The negotiated key-exchange group (`X25519MLKEM768`, `X25519`, …).
+    pub key_exchange: String,
+    /// Whether the server asked for another key share (a HelloRetryRequest: one more round
+    /// trip).
+    pub hello_retry: bool,
     /// The negotiated ALPN protocol, if any.
     pub alpn: Option<String>,
     /// The scheme the hardware signed the CertificateVerify with (None: the server asked for no
@@ -112,7 +119,8 @@ pub async fn probe(
     let signer = HardwareSigningKey::new(key);
     let resolver = Arc::new(HardwareCertResolver::new(signer.clone(), chain)?);
     let roots = crate::pki::tls::root_store(options.ca.as_deref())?;
-    let mut config = crate::pki::tls::client_config(versions, roots, resolver)?;
+    let mut config =
+        crate::pki::tls::client_config(versions, roots, resolver, options.key_exchange)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
 
     let tls = target
@@ -134,6 +142,8 @@ pub async fn probe(
     Ok(ProbeReport {
         tls_version: facts.tls_version,
         cipher_suite: facts.cipher_suite,
+        key_exchange: facts.key_exchange,
+        hello_retry: facts.hello_retry,
         alpn: facts.alpn,
         client_scheme: signer.last_scheme(),
         peer_subject: facts.peer_subject,
@@ -265,6 +275,8 @@ impl Target {
 struct SessionFacts {
     tls_version: String,
     cipher_suite: String,
+    key_exchange: String,
+    hello_retry: bool,
     alpn: Option<String>,
     peer_subject: String,
 }
@@ -284,6 +296,9 @@ impl SessionFacts {
                 .negotiated_cipher_suite()
                 .map(|s| format!("{:?}", s.suite()))
                 .unwrap_or_default(),
+            key_exchange: crate::pki::tls::group_name(conn),
+            hello_retry: conn.handshake_kind()
+                == Some(rustls::HandshakeKind::FullWithHelloRetryRequest),
             alpn: conn
                 .alpn_protocol()
                 .map(|p| String::from_utf8_lossy(p).into_owned()),

@@ -23,8 +23,11 @@ pub(crate) async fn handshakes(f: &Fixture) -> Vec<Row> {
         .expect("root");
     let target: UpstreamTarget = f.upstream.url().parse().expect("target");
     let connector = Upstream::new(
-        target,
-        hwkey::egress::Egress::direct(),
+        hwkey::proxy::upstream::Route {
+            target,
+            egress: hwkey::egress::Egress::direct(),
+            key_exchange: hwkey::pki::tls::KeyExchange::Hybrid,
+        },
         None,
         resolver,
         roots,

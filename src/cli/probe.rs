@@ -34,6 +34,9 @@ pub struct ProbeArgs {
     /// file:PATH or env:VAR holding the forward proxy's user:password.
     #[arg(long, env = "HWKEY_PROXY_AUTH")]
     proxy_auth: Option<String>,
+    /// TLS 1.3 key exchange offered: hybrid (X25519MLKEM768, then X25519) or classical.
+    #[arg(long, value_enum, default_value = "hybrid")]
+    key_exchange: crate::pki::tls::KeyExchange,
     /// The URL to GET, e.g. https://127.0.0.1:6443/version
     url: String,
 }
@@ -48,6 +51,7 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         server_name: args.tls_server_name,
         allow_tls12_fallback: args.allow_tls12_fallback,
         egress: super::proxy::egress(args.proxy_url.as_deref(), args.proxy_auth, None)?,
+        key_exchange: args.key_exchange,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -55,6 +59,15 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         .build()?;
     let report = runtime.block_on(probe::probe(key.clone(), chain, &options))?;
     eprintln!("tls: {} {}", report.tls_version, report.cipher_suite);
+    eprintln!(
+        "key exchange: {}{}",
+        report.key_exchange,
+        if report.hello_retry {
+            " (after a HelloRetryRequest)"
+        } else {
+            ""
+        }
+    );
     eprintln!("signing path: {}", key.signing_path());
     match report.client_scheme {
         Some(s) => eprintln!("client signature: {s} (signed by {})", key.describe()),

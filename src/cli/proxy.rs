@@ -44,6 +44,11 @@ pub struct ProxyArgs {
     /// file:PATH or env:VAR holding the forward proxy's user:password.
     #[arg(long, env = "HWKEY_UPSTREAM_PROXY_AUTH")]
     upstream_proxy_auth: Option<String>,
+    /// TLS 1.3 key exchange offered to the API server: hybrid (X25519MLKEM768 first, X25519
+    /// second; an API server without the hybrid picks X25519 with no extra round trip) or
+    /// classical (X25519 first). Default: hybrid.
+    #[arg(long, value_enum, env = "HWKEY_KEY_EXCHANGE")]
+    key_exchange: Option<crate::pki::tls::KeyExchange>,
     /// Name to verify the API server's certificate against (default: the upstream host).
     #[arg(long, env = "HWKEY_TLS_SERVER_NAME")]
     tls_server_name: Option<String>,
@@ -150,6 +155,7 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
         upstream,
         upstream_ca: args.upstream_ca.or(file.upstream_ca),
         egress,
+        key_exchange: args.key_exchange.or(file.key_exchange).unwrap_or_default(),
         tls_server_name: args.tls_server_name.or(file.tls_server_name),
         listen: flags_or_file(args.listen, file.listen),
         admin: args.admin.or(file.admin),

@@ -12,8 +12,23 @@ use rustls::{ClientConfig, RootCertStore, SupportedProtocolVersion};
 
 use super::PkiError;
 
-/// The rustls crypto provider of every hwkey connection: ring. aws-lc-rs was measured against it
-/// (docs/BENCHMARKS.md, "Crypto provider"); the reasons for the choice are recorded there.
+/// What a client offers for the TLS 1.3 key exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyExchange {
+    /// X25519MLKEM768 (the post-quantum hybrid Go ≥ 1.24 offers by default) first, X25519
+    /// second: rustls sends both key shares, with one X25519 key, so a server without the
+    /// hybrid (kube-apiserver built with Go < 1.24) picks X25519 without a HelloRetryRequest.
+    #[default]
+    Hybrid,
+    /// X25519 first, no hybrid: for peers that mishandle large ClientHellos.
+    Classical,
+}
+
+/// The rustls crypto provider of every hwkey client: ring for the cipher suites and
+/// signatures, and the X25519MLKEM768 key exchange from aws-lc-rs first (ring has no ML-KEM).
+/// aws-lc-rs was measured against ring for the rest (docs/BENCHMARKS.md, "Crypto provider");
+/// the reasons for the choice are recorded there.
 ///
 /// Cipher suites are offered in Go's order (crypto/tls on a CPU with AES instructions, which is
 /// what kubectl and kube-apiserver use): AES-128-GCM first. ring's own order puts AES-256-GCM
@@ -21,14 +36,37 @@ use super::PkiError;
 /// connections through the proxy showed it as 9 % of the proxy's CPU (docs/BENCHMARKS.md).
 /// Peers still choose: a server that prefers AES-256 gets it.
 pub fn provider() -> Arc<CryptoProvider> {
-    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
-    PROVIDER
-        .get_or_init(|| {
-            let mut provider = rustls::crypto::ring::default_provider();
-            provider.cipher_suites.sort_by_key(suite_rank);
-            Arc::new(provider)
-        })
-        .clone()
+    provider_for(KeyExchange::Hybrid)
+}
+
+/// The provider offering `kx`: [`provider`], or the same without the hybrid (what the loopback
+/// listener serves: the hop between processes of one host needs no post-quantum protection,
+/// and each local handshake would pay for ML-KEM).
+pub fn provider_for(kx: KeyExchange) -> Arc<CryptoProvider> {
+    static HYBRID: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    static CLASSICAL: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    let cell = match kx {
+        KeyExchange::Hybrid => &HYBRID,
+        KeyExchange::Classical => &CLASSICAL,
+    };
+    cell.get_or_init(|| {
+        let mut provider = rustls::crypto::ring::default_provider();
+        provider.cipher_suites.sort_by_key(suite_rank);
+        if kx == KeyExchange::Hybrid {
+            provider
+                .kx_groups
+                .insert(0, rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768);
+        }
+        Arc::new(provider)
+    })
+    .clone()
+}
+
+/// The name of a negotiated key-exchange group, for logs and `probe` (`X25519MLKEM768`).
+pub fn group_name(conn: &rustls::CommonState) -> String {
+    conn.negotiated_key_exchange_group()
+        .map(|g| format!("{:?}", g.name()))
+        .unwrap_or_else(|| "none".into())
 }
 
 /// Go's preference: TLS 1.3 before 1.2; within a version AES-128-GCM, AES-256-GCM, then
@@ -97,8 +135,9 @@ pub fn client_config(
     versions: &[&'static SupportedProtocolVersion],
     roots: impl Into<Arc<RootCertStore>>,
     resolver: Arc<dyn ResolvesClientCert>,
+    kx: KeyExchange,
 ) -> Result<ClientConfig, PkiError> {
-    Ok(ClientConfig::builder_with_provider(provider())
+    Ok(ClientConfig::builder_with_provider(provider_for(kx))
         .with_protocol_versions(versions)
         .map_err(PkiError::Tls)?
         .with_root_certificates(roots)

@@ -61,6 +61,8 @@ pub struct FileConfig {
     pub upstream_proxy: Option<String>,
     /// `upstream-proxy-auth`: `file:PATH` or `env:VAR` holding the proxy's `user:password`.
     pub upstream_proxy_auth: Option<String>,
+    /// `key-exchange`: `hybrid` (X25519MLKEM768, then X25519) or `classical`.
+    pub key_exchange: Option<crate::pki::tls::KeyExchange>,
     /// `tls-server-name`: the name the API server's certificate is checked against.
     pub tls_server_name: Option<String>,
     #[serde(default, deserialize_with = "crate::serde_text::list::deserialize")]

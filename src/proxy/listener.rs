@@ -206,7 +206,8 @@ impl LocalTls {
     /// A server config presenting a fresh loopback certificate for `ips` and requiring a client
     /// certificate from the loopback CA.
     pub fn new(ca: &LoopbackCa, ips: &[IpAddr]) -> Result<LocalTls, ProxyError> {
-        let provider = crate::pki::tls::provider();
+        // The loopback hop: classical key exchange (see pki::tls::provider_for).
+        let provider = crate::pki::tls::provider_for(crate::pki::tls::KeyExchange::Classical);
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(ca.cert_der().clone())

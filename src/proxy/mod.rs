@@ -73,6 +73,8 @@ pub struct ProxyConfig {
     pub upstream_ca: Option<PathBuf>,
     /// How connections reach the upstream: directly or through a forward proxy.
     pub egress: crate::egress::Egress,
+    /// The TLS 1.3 key exchange offered upstream (hybrid post-quantum first by default).
+    pub key_exchange: crate::pki::tls::KeyExchange,
     /// Name to verify the upstream certificate against (default: the upstream host).
     pub tls_server_name: Option<String>,
     /// Client listeners (at least one).
@@ -385,6 +387,17 @@ pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
     result
 }
 
+impl ProxyConfig {
+    /// Where the upstream is and how connections get there.
+    fn route(&self) -> upstream::Route {
+        upstream::Route {
+            target: self.upstream.clone(),
+            egress: self.egress.clone(),
+            key_exchange: self.key_exchange,
+        }
+    }
+}
+
 async fn serve(
     config: ProxyConfig,
     key: Arc<Key>,
@@ -398,8 +411,7 @@ async fn serve(
     metrics.certificate(rotation::not_after_unix(&first_chain));
     let epoch = rotation::first(&first_chain);
     let upstream = upstream::Upstream::new(
-        config.upstream.clone(),
-        config.egress.clone(),
+        config.route(),
         config.tls_server_name.as_deref(),
         resolver,
         roots,

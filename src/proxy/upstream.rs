@@ -36,6 +36,7 @@ use super::sessions::{SessionStore, Warmup};
 use super::ProxyError;
 use crate::egress::{Egress, EgressError, Tunnel};
 use crate::key::tls::HardwareCertResolver;
+use crate::pki::tls::KeyExchange;
 
 /// The application protocols the proxy bridges (what kubectl, client-go and kubelet speak).
 pub const SERVED_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
@@ -67,6 +68,7 @@ struct Generation {
 pub struct Upstream {
     target: UpstreamTarget,
     egress: Egress,
+    kx: KeyExchange,
     server_name: ServerName<'static>,
     resolver: Arc<HardwareCertResolver>,
     roots: RwLock<Arc<RootCertStore>>,
@@ -85,18 +87,33 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
+/// Where the upstream is and how connections get there.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The API server's address.
+    pub target: UpstreamTarget,
+    /// Straight, or through a forward proxy.
+    pub egress: Egress,
+    /// The TLS 1.3 key exchange offered.
+    pub key_exchange: KeyExchange,
+}
+
 impl Upstream {
-    /// A connector to `target`, verifying its certificate against `roots` under
-    /// `server_name` (default: the target's host).
+    /// A connector along `route`, verifying the API server's certificate against `roots`
+    /// under `server_name` (default: the target's host).
     pub fn new(
-        target: UpstreamTarget,
-        egress: Egress,
+        route: Route,
         server_name: Option<&str>,
         resolver: Arc<HardwareCertResolver>,
         roots: RootCertStore,
         versions: &'static [&'static rustls::SupportedProtocolVersion],
         metrics: Arc<Metrics>,
     ) -> Result<Upstream, ProxyError> {
+        let Route {
+            target,
+            egress,
+            key_exchange: kx,
+        } = route;
         let name = server_name.unwrap_or(&target.host).to_string();
         let server_name =
             ServerName::try_from(name.clone()).map_err(|_| ProxyError::InvalidServerName {
@@ -105,6 +122,7 @@ impl Upstream {
         Ok(Upstream {
             target,
             egress,
+            kx,
             server_name,
             resolver,
             roots: RwLock::new(Arc::new(roots)),
@@ -232,7 +250,14 @@ impl Upstream {
                 });
             }
         }
-        tracing::debug!(upstream = %addr, resumed, ms = took.as_millis() as u64, "upstream handshake done");
+        tracing::debug!(
+            upstream = %addr,
+            resumed,
+            group = %crate::pki::tls::group_name(conn),
+            retry = conn.handshake_kind() == Some(HandshakeKind::FullWithHelloRetryRequest),
+            ms = took.as_millis() as u64,
+            "upstream handshake done"
+        );
         Ok(UpstreamConn {
             stream: Box::new(stream),
             alpn: got,
@@ -274,12 +299,11 @@ impl Upstream {
         }
         let roots = self.roots.read().unwrap_or_else(|p| p.into_inner()).clone();
         let mut config =
-            crate::pki::tls::client_config(self.versions, roots, self.resolver.clone()).map_err(
-                |e| ProxyError::UpstreamTls {
+            crate::pki::tls::client_config(self.versions, roots, self.resolver.clone(), self.kx)
+                .map_err(|e| ProxyError::UpstreamTls {
                     addr: self.target.authority(),
                     source: e,
-                },
-            )?;
+                })?;
         config.alpn_protocols = key.iter().cloned().collect();
         config.resumption = Resumption::store(generation.store.clone());
         let config = Arc::new(config);

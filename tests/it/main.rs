@@ -45,6 +45,8 @@ mod pin_safety;
 mod pkcs11_cli;
 #[cfg(feature = "pkcs11")]
 mod pkcs11_key;
+#[cfg(feature = "pkcs11")]
+mod pq_kx;
 mod proxy_foreign;
 mod proxy_local_auth;
 mod proxy_operations;

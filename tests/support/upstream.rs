@@ -54,6 +54,8 @@ pub struct ConnRecord {
     pub resumed: bool,
     /// The negotiated TLS version (`TLSv1_3`, `TLSv1_2`).
     pub version: String,
+    /// The negotiated key-exchange group (`X25519MLKEM768`, `X25519`, …).
+    pub group: String,
 }
 
 /// Counters of a [`TestUpstream`].
@@ -116,9 +118,19 @@ impl TestUpstream {
     /// cluster whose serving CA was rotated) while trusting client certificates from
     /// `client_ca`.
     pub fn start_serving(client_ca: &TestCa, serving: &TestCa, port: u16) -> TestUpstream {
+        Self::start_full(client_ca, serving, port, false)
+    }
+
+    /// Like [`TestUpstream::start`], as an API server built with Go ≥ 1.24 serves: it prefers
+    /// the X25519MLKEM768 hybrid key exchange (from aws-lc-rs), then X25519.
+    pub fn start_pq(ca: &TestCa) -> TestUpstream {
+        Self::start_full(ca, ca, 0, true)
+    }
+
+    fn start_full(client_ca: &TestCa, serving: &TestCa, port: u16, pq: bool) -> TestUpstream {
         let dir = temp_dir();
         let (cert, key) = serving.server_cert(dir.path());
-        let config = Arc::new(server_config(&client_ca.ca_path(), &cert, &key));
+        let config = Arc::new(server_config(&client_ca.ca_path(), &cert, &key, pq));
         let std_listener = bind_retrying(port);
         std_listener.set_nonblocking(true).expect("nonblocking");
         let addr = std_listener.local_addr().expect("local_addr");
@@ -240,8 +252,13 @@ pub fn go_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(provider)
 }
 
-fn server_config(ca: &Path, cert: &Path, key: &Path) -> rustls::ServerConfig {
-    let provider = go_provider();
+fn server_config(ca: &Path, cert: &Path, key: &Path, pq: bool) -> rustls::ServerConfig {
+    let mut provider = go_provider();
+    if pq {
+        Arc::make_mut(&mut provider)
+            .kx_groups
+            .insert(0, rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768);
+    }
     let mut roots = rustls::RootCertStore::empty();
     for c in pem_certs(ca) {
         roots.add(c).expect("add CA");
@@ -321,6 +338,10 @@ async fn accept_loop(
                         .map(|p| String::from_utf8_lossy(p).into_owned())
                         .unwrap_or_else(|| "none".into()),
                     resumed: conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+                    group: conn
+                        .negotiated_key_exchange_group()
+                        .map(|g| format!("{:?}", g.name()))
+                        .unwrap_or_default(),
                     version: conn
                         .protocol_version()
                         .map(|v| format!("{v:?}"))
