@@ -217,6 +217,24 @@ fn certificate_reloads_under_load_fail_no_request() {
 /// order, and the proxy then exits 0.
 #[test]
 fn sigterm_under_load_finishes_every_transfer_in_flight() {
+    transfers_survive_the_drain(|_, _| {});
+}
+
+/// The same, with a reload (SIGHUP) and a certificate rotation (a new certificate file, then
+/// SIGHUP again) arriving while the drain runs (issue 25, item 5; ghostunnel tests this too):
+/// no transfer loses a byte, and the proxy still exits 0, not killed by the signal.
+#[test]
+fn a_reload_and_a_rotation_during_the_drain_lose_no_transfer() {
+    transfers_survive_the_drain(|id, proxy| {
+        proxy.signal(libc::SIGHUP);
+        id.short_lived_cert(Duration::from_secs(3600));
+        proxy.signal(libc::SIGHUP);
+    });
+}
+
+/// Eight slow 24 MiB downloads, SIGTERM, then `during` (with the drain running): every byte of
+/// every transfer arrives in order and the proxy exits 0.
+fn transfers_survive_the_drain(during: impl FnOnce(&Identity, &ProxyProcess)) {
     const N: u64 = 24 * 1024 * 1024;
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
@@ -238,6 +256,7 @@ fn sigterm_under_load_finishes_every_transfer_in_flight() {
         UnixStream::connect(&proxy.socket).is_err(),
         "a new client was accepted during the drain"
     );
+    during(&id, &proxy);
 
     let readers: Vec<_> = streams
         .into_iter()
