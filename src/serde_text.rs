@@ -51,6 +51,29 @@ pub mod list {
             .map(|s| s.parse().map_err(serde::de::Error::custom))
             .collect()
     }
+
+    /// Like [`deserialize`], also taking a single text for a list of one.
+    pub fn one_or_many<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: FromStr,
+        T::Err: Display,
+    {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Texts {
+            One(String),
+            Many(Vec<String>),
+        }
+        let texts = match Texts::deserialize(d)? {
+            Texts::One(s) => vec![s],
+            Texts::Many(v) => v,
+        };
+        texts
+            .iter()
+            .map(|s| s.parse().map_err(serde::de::Error::custom))
+            .collect()
+    }
 }
 
 /// An optional duration: written as humantime text (`1h 30m`), read in

@@ -24,9 +24,10 @@ pub(crate) async fn handshakes(f: &Fixture) -> Vec<Row> {
     let target: UpstreamTarget = f.upstream.url().parse().expect("target");
     let connector = Upstream::new(
         hwkey::proxy::upstream::Route {
-            target,
+            targets: vec![target],
             egress: hwkey::egress::Egress::direct(),
             key_exchange: hwkey::pki::tls::KeyExchange::Hybrid,
+            attempt_timeout: std::time::Duration::from_secs(10),
         },
         None,
         resolver,

@@ -29,9 +29,12 @@ pub struct ProxyArgs {
     /// the file changes.
     #[arg(long, env = "HWKEY_CERT")]
     cert: Option<PathBuf>,
-    /// The API server, e.g. https://10.0.0.1:6443.
-    #[arg(long, env = "HWKEY_UPSTREAM")]
-    upstream: Option<UpstreamTarget>,
+    /// The API server, e.g. https://10.0.0.1:6443. Repeatable (the environment variable
+    /// takes a comma-separated list): new connections go round robin to the API servers that
+    /// are up; one that fails is marked down (1 s, doubling to 30 s) and the connection is
+    /// retried on the next.
+    #[arg(long, env = "HWKEY_UPSTREAM", value_delimiter = ',')]
+    upstream: Vec<UpstreamTarget>,
     /// CA bundle that signs the API server's certificate; default: the system roots.
     #[arg(long, env = "HWKEY_UPSTREAM_CA")]
     upstream_ca: Option<PathBuf>,
@@ -140,10 +143,10 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
     };
     check_ranges(&args, &file)?;
     let key = args.key.or(file.key).ok_or(proxy::ProxyError::NoKey)?;
-    let upstream = args
-        .upstream
-        .or(file.upstream)
-        .ok_or(proxy::ProxyError::NoUpstream)?;
+    let upstreams = flags_or_file(args.upstream, file.upstream);
+    if upstreams.is_empty() {
+        return Err(proxy::ProxyError::NoUpstream.into());
+    }
     let egress = egress(
         args.upstream_proxy.as_deref(),
         args.upstream_proxy_auth.or(file.upstream_proxy_auth),
@@ -152,7 +155,7 @@ fn resolve(args: ProxyArgs) -> anyhow::Result<ProxyConfig> {
     Ok(ProxyConfig {
         key,
         cert: args.cert.or(file.cert),
-        upstream,
+        upstreams,
         upstream_ca: args.upstream_ca.or(file.upstream_ca),
         egress,
         key_exchange: args.key_exchange.or(file.key_exchange).unwrap_or_default(),
@@ -340,7 +343,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         let pin = crate::key::pin::read_pin_line(std::io::stdin().lock())?;
         config.key = config.key.with_pin_value(pin);
     }
-    let upstream = config.upstream.to_string();
+    let upstream = config.upstream_text();
     proxy::run(config).with_context(|| format!("proxy to {upstream}"))?;
     Ok(())
 }

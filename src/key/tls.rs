@@ -14,6 +14,17 @@ use rustls::{SignatureAlgorithm, SignatureScheme};
 
 use super::{der, Key, KeyAlgorithm, KeyError, SignScheme, SigningPath};
 
+/// How a failed hardware signature reads inside rustls's error (`rustls::Error::General`).
+const SIGNATURE_FAILED: &str = "hardware signature failed";
+
+/// Whether a TLS handshake failed because the hardware could not sign (not because of the
+/// peer): the handshake's I/O error carries our rustls error.
+pub fn is_signature_failure(e: &std::io::Error) -> bool {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .is_some_and(|r| matches!(r, rustls::Error::General(m) if m.starts_with(SIGNATURE_FAILED)))
+}
+
 /// The TLS versions a connection signed by `key` may use. A key that can make RSA-PSS or ECDSA
 /// signatures offers TLS 1.3 and 1.2. A PKCS#1-only RSA key cannot sign a TLS 1.3
 /// CertificateVerify at all: it gets TLS 1.2 alone when the user allowed the fallback, and a
@@ -148,9 +159,7 @@ impl Signer for HardwareSigner {
                     "handshake signature with {} failed: {e}",
                     self.key.key.describe()
                 );
-                Err(rustls::Error::General(format!(
-                    "hardware signature failed: {e}"
-                )))
+                Err(rustls::Error::General(format!("{SIGNATURE_FAILED}: {e}")))
             }
         }
     }

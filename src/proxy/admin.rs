@@ -314,10 +314,23 @@ async fn key_check(shared: &Shared) -> Result<(), Unhealthy> {
     result
 }
 
+/// Healthy when any API server accepts a connection (through the forward proxy when there is
+/// one: what matters is that requests get through); otherwise the first one's error.
 async fn upstream_check(shared: &Shared) -> Result<(), Unhealthy> {
-    let t = shared.upstream.target();
-    // Through the forward proxy when there is one: what matters is that requests get through.
-    match tokio::time::timeout(UPSTREAM_CHECK_TIMEOUT, shared.upstream.dial()).await {
+    let mut first_error = None;
+    for t in shared.upstream.targets() {
+        match dial_check(shared, t).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+async fn dial_check(shared: &Shared, t: &super::UpstreamTarget) -> Result<(), Unhealthy> {
+    match tokio::time::timeout(UPSTREAM_CHECK_TIMEOUT, shared.upstream.dial(t)).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(Unhealthy::Connect {
             addr: t.authority(),

@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use super::metrics::UpstreamStage;
-use super::{ProxyError, Shared};
+use super::Shared;
 
 /// A local client's stream: loopback TLS or a UNIX socket.
 pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -39,24 +38,11 @@ pub async fn serve(
     let epoch = *shared.epoch.borrow();
     // Boxed: the connect and handshake state lives on the heap only while it runs, not in this
     // task's state for the connection's whole life (issue 12: memory per idle connection).
-    let connected = Box::pin(tokio::time::timeout(
-        shared.handshake_timeout,
-        shared.upstream.connect(alpn.as_deref()),
-    ))
-    .await;
+    // Each attempt (one per API server, at most) has the handshake timeout.
+    let connected = Box::pin(shared.upstream.connect(alpn.as_deref())).await;
     let upstream = match connected {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "upstream connection failed");
-            super::failure::tell_client(client, prefix, alpn.as_deref(), &e).await;
-            return;
-        }
-        Err(_) => {
-            shared.metrics.upstream_error(UpstreamStage::Timeout);
-            let e = ProxyError::UpstreamTimeout {
-                addr: shared.upstream.target().authority(),
-                after: shared.handshake_timeout,
-            };
+        Ok(c) => c,
+        Err(e) => {
             tracing::warn!(error = %e, "upstream connection failed");
             super::failure::tell_client(client, prefix, alpn.as_deref(), &e).await;
             return;

@@ -51,9 +51,9 @@ pub struct FileConfig {
     pub key: Option<KeyUri>,
     /// `cert`: its certificate chain file.
     pub cert: Option<PathBuf>,
-    #[serde(default, deserialize_with = "crate::serde_text::option::deserialize")]
-    /// `upstream`: the API server URL.
-    pub upstream: Option<UpstreamTarget>,
+    #[serde(default, deserialize_with = "crate::serde_text::list::one_or_many")]
+    /// `upstream`: the API server URL, or a list of them (round robin over those that are up).
+    pub upstream: Vec<UpstreamTarget>,
     /// `upstream-ca`: the API server's CA bundle.
     pub upstream_ca: Option<PathBuf>,
     /// `upstream-proxy`: the forward proxy to the API server (its URL may carry the
@@ -248,7 +248,7 @@ mod tests {
         let c = FileConfig::load(&t).unwrap();
         assert_eq!(c.listen, vec![ListenAddr::Unix("/tmp/a".into())]);
         assert_eq!(c.allow_uid, vec![1000]);
-        assert_eq!(c.upstream.map(|u| u.port), Some(6443));
+        assert_eq!(c.upstream.first().map(|u| u.port), Some(6443));
         let y = dir.path().join("p.yaml");
         std::fs::write(&y, "upstream-ca: /ca.pem\nmax-connections: 7\n").unwrap();
         let c = FileConfig::load(&y).unwrap();

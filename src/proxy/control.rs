@@ -104,7 +104,7 @@ fn info(shared: &Shared, kind: &str) -> ProxyInfo {
             .iter()
             .map(|p| p.display().to_string())
             .collect(),
-        upstream: shared.upstream.target().to_string(),
+        upstream: shared.upstream.describe(),
         key: shared.key().describe(),
         key_uri: Some(shared.key().uri().without_pin().to_string()),
         pid: std::process::id(),

@@ -242,7 +242,31 @@ pub struct Metrics {
     renewals: ByLabel<RenewalResult, Counter>,
     renewal_failures: ByLabel<RenewalFailure, Counter>,
     renewal_last_success: Gauge,
+    endpoints: EndpointFamilies,
     scrape_time: Arc<ScrapeTime>,
+}
+
+/// One `endpoint` label: an API server's `host:port` (as many as `--upstream` names).
+type EndpointLabel = [(&'static str, String); 1];
+
+/// The per-endpoint series, created when the upstream's endpoints are known.
+#[derive(Debug)]
+struct EndpointFamilies {
+    up: Family<EndpointLabel, Gauge>,
+    connections: Family<EndpointLabel, Counter>,
+    failures: Family<EndpointLabel, Counter>,
+}
+
+/// The handles of one API server endpoint's series.
+#[derive(Debug, Clone)]
+pub struct EndpointMetrics {
+    /// 1 while the endpoint is used, 0 while it is marked down.
+    pub up: Gauge,
+    /// Upstream connections made to it.
+    pub connections: Counter,
+    /// Connections to it that failed (refused, handshake failed, timed out), each marking it
+    /// down for a while.
+    pub failures: Counter,
 }
 
 impl Default for Metrics {
@@ -293,20 +317,7 @@ impl Metrics {
             "direction",
             Counter::default,
         );
-        let reloads = ByLabel::register(
-            r,
-            "hwkey_cert_reloads",
-            "Certificate reloads, by result (refused: unreadable, expired or another key)",
-            "result",
-            Counter::default,
-        );
-        let trust_reloads = ByLabel::register(
-            r,
-            "hwkey_upstream_ca_reloads",
-            "Reloads of the --upstream-ca bundle, by result (refused: unreadable or no usable CA; the previous trust stays)",
-            "result",
-            Counter::default,
-        );
+        let (reloads, trust_reloads) = reload_metrics(r);
         let credentials_issued = Counter::default();
         r.register(
             "hwkey_loopback_credentials_issued",
@@ -314,6 +325,7 @@ impl Metrics {
             credentials_issued.clone(),
         );
         let (renewals, renewal_failures, renewal_last_success) = renewal_metrics(r);
+        let endpoints = endpoint_metrics(r);
         Metrics {
             registry,
             connections,
@@ -330,6 +342,7 @@ impl Metrics {
             renewals,
             renewal_failures,
             renewal_last_success,
+            endpoints,
             scrape_time,
         }
     }
@@ -359,6 +372,18 @@ impl Metrics {
         let label = if resumed { Resumed::Yes } else { Resumed::No };
         self.upstream_handshakes.get(label).inc();
         self.upstream_latency.get(label).observe(took.as_secs_f64());
+    }
+
+    /// The series of the API server endpoint `name` (`host:port`), created at 1 (up).
+    pub fn endpoint(&self, name: &str) -> EndpointMetrics {
+        let label = [("endpoint", name.to_string())];
+        let m = EndpointMetrics {
+            up: self.endpoints.up.get_or_create(&label).clone(),
+            connections: self.endpoints.connections.get_or_create(&label).clone(),
+            failures: self.endpoints.failures.get_or_create(&label).clone(),
+        };
+        m.up.set(1);
+        m
     }
 
     /// Counts a failed upstream connection by step.
@@ -475,6 +500,52 @@ fn upstream_metrics(
 }
 
 /// The renewal's metrics (`--renew`).
+type Reloads = ByLabel<ReloadResult, Counter>;
+
+fn reload_metrics(r: &mut Registry) -> (Reloads, Reloads) {
+    let reloads = ByLabel::register(
+        r,
+        "hwkey_cert_reloads",
+        "Certificate reloads, by result (refused: unreadable, expired or another key)",
+        "result",
+        Counter::default,
+    );
+    let trust_reloads = ByLabel::register(
+        r,
+        "hwkey_upstream_ca_reloads",
+        "Reloads of the --upstream-ca bundle, by result (refused: unreadable or no usable CA; the previous trust stays)",
+        "result",
+        Counter::default,
+    );
+    (reloads, trust_reloads)
+}
+
+fn endpoint_metrics(r: &mut Registry) -> EndpointFamilies {
+    let up = Family::<EndpointLabel, Gauge>::default();
+    r.register(
+        "hwkey_upstream_endpoint_up",
+        "Whether an API server endpoint (--upstream) is used (1) or marked down after a failed connection (0)",
+        up.clone(),
+    );
+    let connections = Family::<EndpointLabel, Counter>::default();
+    r.register(
+        "hwkey_upstream_endpoint_connections",
+        "Upstream connections made, by API server endpoint",
+        connections.clone(),
+    );
+    let failures = Family::<EndpointLabel, Counter>::default();
+    r.register(
+        "hwkey_upstream_endpoint_failures",
+        "Upstream connections that failed, by API server endpoint (each marks it down for a while)",
+        failures.clone(),
+    );
+    EndpointFamilies {
+        up,
+        connections,
+        failures,
+    }
+}
+
 fn renewal_metrics(
     r: &mut Registry,
 ) -> (

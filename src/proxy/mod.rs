@@ -23,6 +23,7 @@ pub mod admission;
 pub mod bridge;
 pub mod config;
 pub mod control;
+mod endpoints;
 mod failure;
 pub mod lifetime;
 pub mod limits;
@@ -67,8 +68,9 @@ pub struct ProxyConfig {
     pub key: KeyUri,
     /// Certificate chain file; None: the chain stored with the key.
     pub cert: Option<PathBuf>,
-    /// The API server.
-    pub upstream: UpstreamTarget,
+    /// The API servers (at least one): new connections go round robin to those that are up
+    /// ([`endpoints`]).
+    pub upstreams: Vec<UpstreamTarget>,
     /// CA bundle for the upstream's certificate; None: the system roots.
     pub upstream_ca: Option<PathBuf>,
     /// How connections reach the upstream: directly or through a forward proxy.
@@ -388,12 +390,22 @@ pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
 }
 
 impl ProxyConfig {
+    /// The API servers, comma-separated (for messages).
+    pub fn upstream_text(&self) -> String {
+        self.upstreams
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// Where the upstream is and how connections get there.
     fn route(&self) -> upstream::Route {
         upstream::Route {
-            target: self.upstream.clone(),
+            targets: self.upstreams.clone(),
             egress: self.egress.clone(),
             key_exchange: self.key_exchange,
+            attempt_timeout: self.handshake_timeout,
         }
     }
 }
@@ -597,7 +609,12 @@ fn renew_settings(
     renewal::RenewSettings {
         key: config.key.clone(),
         cert: config.cert.clone(),
-        server: format!("https://{}", config.upstream.authority()),
+        // The first API server; the others serve the proxied traffic just the same.
+        server: config
+            .upstreams
+            .first()
+            .map(|u| format!("https://{}", u.authority()))
+            .unwrap_or_default(),
         upstream_ca: config.upstream_ca.clone(),
         tls_server_name: config.tls_server_name.clone(),
         versions,
@@ -617,10 +634,12 @@ fn announce_ready(
 ) {
     let listen_text: Vec<String> = bound.iter().map(ToString::to_string).collect();
     let via = config
-        .egress
-        .proxy_for(&config.upstream.host, config.upstream.port)
+        .upstreams
+        .first()
+        .and_then(|u| config.egress.proxy_for(&u.host, u.port))
         .map(|p| format!(" via={p}"))
         .unwrap_or_default();
+    let upstreams = config.upstream_text();
     eprintln!(
         "hwkey proxy: ready: listen={} control=unix:{} admin={} upstream={}{via} key={}",
         listen_text.join(","),
@@ -628,10 +647,10 @@ fn announce_ready(
         admin
             .map(|a| a.to_string())
             .unwrap_or_else(|| "none".into()),
-        config.upstream,
+        upstreams,
         key.describe(),
     );
-    tracing::info!(listen = %listen_text.join(","), upstream = %config.upstream, "proxy ready");
+    tracing::info!(listen = %listen_text.join(","), upstream = %upstreams, "proxy ready");
     notify::ready();
 }
 

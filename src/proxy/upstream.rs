@@ -16,13 +16,16 @@
 //! and later clients get the next protocol of their list. An upstream that answers with no
 //! protocol at all does not do ALPN (RFC 7301); HTTP/1.1 clients proceed over it.
 //!
+//! Several API servers: see [`super::endpoints`] (round robin over the healthy ones, each with
+//! its own tickets; a failed connection is retried on the next one before the client sees it).
+//!
 //! Threads: `connect` runs on the connection's task. The hardware signature of a full
 //! handshake happens inside rustls on that task's worker thread, under `block_in_place` (see
 //! [`crate::key::tls`]), so other connections keep moving on the remaining workers.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rustls::client::Resumption;
 use rustls::pki_types::ServerName;
@@ -30,9 +33,10 @@ use rustls::{ClientConfig, HandshakeKind, RootCertStore};
 use tokio_rustls::client::TlsStream;
 
 use super::config::UpstreamTarget;
+use super::endpoints::{Endpoint, Endpoints, Generation};
 use super::metrics::{Metrics, UpstreamStage};
 use super::readahead::ReadAhead;
-use super::sessions::{SessionStore, Warmup};
+use super::sessions::Warmup;
 use super::ProxyError;
 use crate::egress::{Egress, EgressError, Tunnel};
 use crate::key::tls::HardwareCertResolver;
@@ -40,10 +44,6 @@ use crate::pki::tls::KeyExchange;
 
 /// The application protocols the proxy bridges (what kubectl, client-go and kubelet speak).
 pub const SERVED_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
-
-/// How many servers' sessions the store remembers (there is one upstream; headroom for
-/// name changes across reloads is all that is needed).
-const SESSION_STORE_SERVERS: usize = 32;
 
 /// An established upstream connection.
 pub struct UpstreamConn {
@@ -58,22 +58,28 @@ pub struct UpstreamConn {
     pub resumed: bool,
 }
 
-/// One generation of client configs sharing a session store.
-struct Generation {
-    configs: Mutex<HashMap<Option<Vec<u8>>, Arc<ClientConfig>>>,
-    store: Arc<SessionStore>,
+/// Where the upstream is and how connections get there.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The API servers (at least one), tried round robin.
+    pub targets: Vec<UpstreamTarget>,
+    /// Straight, or through a forward proxy.
+    pub egress: Egress,
+    /// The TLS 1.3 key exchange offered.
+    pub key_exchange: KeyExchange,
+    /// How long one connection attempt (TCP, tunnel and TLS) to one API server may take.
+    pub attempt_timeout: Duration,
 }
 
 /// The upstream connector, shared by all connection tasks.
 pub struct Upstream {
-    target: UpstreamTarget,
+    endpoints: Endpoints,
     egress: Egress,
     kx: KeyExchange,
-    server_name: ServerName<'static>,
+    attempt_timeout: Duration,
     resolver: Arc<HardwareCertResolver>,
     roots: RwLock<Arc<RootCertStore>>,
     versions: &'static [&'static rustls::SupportedProtocolVersion],
-    generation: RwLock<Arc<Generation>>,
     refused_alpn: Mutex<HashSet<Vec<u8>>>,
     metrics: Arc<Metrics>,
 }
@@ -81,26 +87,14 @@ pub struct Upstream {
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Upstream")
-            .field("target", &self.target)
-            .field("server_name", &self.server_name)
+            .field("targets", &self.describe())
             .finish_non_exhaustive()
     }
 }
 
-/// Where the upstream is and how connections get there.
-#[derive(Debug, Clone)]
-pub struct Route {
-    /// The API server's address.
-    pub target: UpstreamTarget,
-    /// Straight, or through a forward proxy.
-    pub egress: Egress,
-    /// The TLS 1.3 key exchange offered.
-    pub key_exchange: KeyExchange,
-}
-
 impl Upstream {
-    /// A connector along `route`, verifying the API server's certificate against `roots`
-    /// under `server_name` (default: the target's host).
+    /// A connector along `route`, verifying each API server's certificate against `roots`
+    /// under `server_name` (default: that endpoint's host).
     pub fn new(
         route: Route,
         server_name: Option<&str>,
@@ -110,32 +104,53 @@ impl Upstream {
         metrics: Arc<Metrics>,
     ) -> Result<Upstream, ProxyError> {
         let Route {
-            target,
+            targets,
             egress,
             key_exchange: kx,
+            attempt_timeout,
         } = route;
-        let name = server_name.unwrap_or(&target.host).to_string();
-        let server_name =
-            ServerName::try_from(name.clone()).map_err(|_| ProxyError::InvalidServerName {
-                given: name.clone(),
-            })?;
+        let mut list = Vec::with_capacity(targets.len());
+        for target in targets {
+            let name = server_name.unwrap_or(&target.host).to_string();
+            let server_name =
+                ServerName::try_from(name.clone()).map_err(|_| ProxyError::InvalidServerName {
+                    given: name.clone(),
+                })?;
+            let m = metrics.endpoint(&target.authority());
+            list.push(Endpoint::new(target, server_name, m));
+        }
+        if list.is_empty() {
+            return Err(ProxyError::NoUpstream);
+        }
         Ok(Upstream {
-            target,
+            endpoints: Endpoints::new(list),
             egress,
             kx,
-            server_name,
+            attempt_timeout,
             resolver,
             roots: RwLock::new(Arc::new(roots)),
             versions,
-            generation: RwLock::new(Arc::new(new_generation())),
             refused_alpn: Mutex::new(HashSet::new()),
             metrics,
         })
     }
 
-    /// The API server's address.
+    /// The first API server (the one renewals and messages name).
     pub fn target(&self) -> &UpstreamTarget {
-        &self.target
+        &self.endpoints.list[0].target
+    }
+
+    /// Every API server, in the order given.
+    pub fn targets(&self) -> impl Iterator<Item = &UpstreamTarget> {
+        self.endpoints.list.iter().map(|e| &e.target)
+    }
+
+    /// `https://a:6443,https://b:6443`.
+    pub fn describe(&self) -> String {
+        self.targets()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// How connections reach the API server (the renewal's client goes the same way).
@@ -143,10 +158,10 @@ impl Upstream {
         &self.egress
     }
 
-    /// Opens a stream to the API server: straight, or through the forward proxy.
-    pub async fn dial(&self) -> Result<Tunnel, ProxyError> {
-        let addr = self.target.authority();
-        match self.egress.dial(&self.target.host, self.target.port).await {
+    /// Opens a stream to `target`: straight, or through the forward proxy.
+    pub async fn dial(&self, target: &UpstreamTarget) -> Result<Tunnel, ProxyError> {
+        let addr = target.authority();
+        match self.egress.dial(&target.host, target.port).await {
             Ok(t) => Ok(t),
             Err(EgressError::Direct { source, .. }) => {
                 Err(ProxyError::UpstreamConnect { addr, source })
@@ -163,7 +178,7 @@ impl Upstream {
     /// Forgets all resumable sessions: the next connection makes a full handshake (and
     /// presents the current certificate). Connections already open are not touched.
     pub fn reset_sessions(&self) {
-        *self.generation.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new_generation());
+        self.endpoints.reset_sessions();
     }
 
     /// Trusts `roots` for the API server from now on (a CA rotation): new connections verify
@@ -187,24 +202,57 @@ impl Upstream {
             .cloned()
     }
 
-    /// Opens a TCP connection and completes the TLS handshake offering exactly `alpn`.
-    /// The caller applies the handshake timeout.
+    /// Connects to an API server offering exactly `alpn`: the endpoints in
+    /// [`Endpoints::order`], each attempt within the attempt timeout; an endpoint that fails
+    /// is marked down and the next one is tried. Fails with the last endpoint's error.
     pub async fn connect(&self, alpn: Option<&[u8]>) -> Result<UpstreamConn, ProxyError> {
-        let addr = self.target.authority();
-        let tcp = match self.dial().await {
+        let mut last = None;
+        for i in self.endpoints.order() {
+            let endpoint = &self.endpoints.list[i];
+            let attempt =
+                tokio::time::timeout(self.attempt_timeout, self.connect_to(endpoint, alpn));
+            let error = match attempt.await {
+                Ok(Ok(conn)) => {
+                    endpoint.succeeded();
+                    return Ok(conn);
+                }
+                Ok(Err(e)) if !endpoint_failure(&e) => return Err(e),
+                Ok(Err(e)) => e,
+                Err(_) => {
+                    self.metrics.upstream_error(UpstreamStage::Timeout);
+                    ProxyError::UpstreamTimeout {
+                        addr: endpoint.target.authority(),
+                        after: self.attempt_timeout,
+                    }
+                }
+            };
+            endpoint.failed(&error);
+            last = Some(error);
+        }
+        Err(last.unwrap_or(ProxyError::NoUpstream))
+    }
+
+    /// One attempt: TCP (or a tunnel) and the TLS handshake with `endpoint`.
+    async fn connect_to(
+        &self,
+        endpoint: &Endpoint,
+        alpn: Option<&[u8]>,
+    ) -> Result<UpstreamConn, ProxyError> {
+        let addr = endpoint.target.authority();
+        let tcp = match self.dial(&endpoint.target).await {
             Ok(t) => t,
             Err(e) => {
                 self.metrics.upstream_error(UpstreamStage::Connect);
                 return Err(e);
             }
         };
-        let generation = self.current_generation();
-        let config = self.config_for(&generation, alpn)?;
+        let generation = endpoint.generation();
+        let config = self.config_for(&generation, alpn, &addr)?;
         // A cold store: one connection warms it, the others wait for its ticket (sessions.rs).
         let warmup = generation.store.warm_up().await;
         let started = Instant::now();
         let stream = match tokio_rustls::TlsConnector::from(config)
-            .connect(self.server_name.clone(), ReadAhead::new(tcp))
+            .connect(endpoint.server_name.clone(), ReadAhead::new(tcp))
             .await
         {
             Ok(s) => {
@@ -213,43 +261,14 @@ impl Upstream {
                 }
                 s
             }
-            Err(source) => {
-                let text = crate::error_chain::error_chain(&source);
-                if let (Some(p), true) = (alpn, text.contains("NoApplicationProtocol")) {
-                    self.refuse_alpn(p);
-                    self.metrics.upstream_error(UpstreamStage::Alpn);
-                    return Err(ProxyError::UpstreamAlpn {
-                        addr,
-                        asked: String::from_utf8_lossy(p).into_owned(),
-                        got: "a no_application_protocol alert".into(),
-                    });
-                }
-                self.metrics.upstream_error(UpstreamStage::Handshake);
-                return Err(ProxyError::UpstreamHandshake { addr, source });
-            }
+            Err(source) => return Err(self.handshake_error(addr, alpn, source)),
         };
         let took = started.elapsed();
         let (_, conn) = stream.get_ref();
         let resumed = conn.handshake_kind() == Some(HandshakeKind::Resumed);
         self.metrics.upstream_handshake(resumed, took);
         let got = conn.alpn_protocol().map(<[u8]>::to_vec);
-        if let Some(asked) = alpn {
-            // RFC 7301: a server that answers without any protocol simply does not do ALPN,
-            // and such servers (older ones, some load balancers) speak HTTP/1.1. An h2 client
-            // still gets the clean failure below and HTTP/1.1 on its next connection.
-            let no_alpn_http1 = got.is_none() && asked == b"http/1.1";
-            if got.as_deref() != Some(asked) && !no_alpn_http1 {
-                self.refuse_alpn(asked);
-                self.metrics.upstream_error(UpstreamStage::Alpn);
-                return Err(ProxyError::UpstreamAlpn {
-                    addr,
-                    asked: String::from_utf8_lossy(asked).into_owned(),
-                    got: got
-                        .map(|g| String::from_utf8_lossy(&g).into_owned())
-                        .unwrap_or_else(|| "no protocol".into()),
-                });
-            }
-        }
+        self.check_alpn(&addr, alpn, got.as_deref())?;
         tracing::debug!(
             upstream = %addr,
             resumed,
@@ -265,6 +284,51 @@ impl Upstream {
         })
     }
 
+    fn handshake_error(
+        &self,
+        addr: String,
+        alpn: Option<&[u8]>,
+        source: std::io::Error,
+    ) -> ProxyError {
+        let text = crate::error_chain::error_chain(&source);
+        if let (Some(p), true) = (alpn, text.contains("NoApplicationProtocol")) {
+            self.refuse_alpn(p);
+            self.metrics.upstream_error(UpstreamStage::Alpn);
+            return ProxyError::UpstreamAlpn {
+                addr,
+                asked: String::from_utf8_lossy(p).into_owned(),
+                got: "a no_application_protocol alert".into(),
+            };
+        }
+        self.metrics.upstream_error(UpstreamStage::Handshake);
+        ProxyError::UpstreamHandshake { addr, source }
+    }
+
+    /// RFC 7301: a server that answers without any protocol simply does not do ALPN, and such
+    /// servers (older ones, some load balancers) speak HTTP/1.1. An h2 client still gets the
+    /// clean failure below and HTTP/1.1 on its next connection.
+    fn check_alpn(
+        &self,
+        addr: &str,
+        asked: Option<&[u8]>,
+        got: Option<&[u8]>,
+    ) -> Result<(), ProxyError> {
+        let Some(asked) = asked else { return Ok(()) };
+        let no_alpn_http1 = got.is_none() && asked == b"http/1.1";
+        if got == Some(asked) || no_alpn_http1 {
+            return Ok(());
+        }
+        self.refuse_alpn(asked);
+        self.metrics.upstream_error(UpstreamStage::Alpn);
+        Err(ProxyError::UpstreamAlpn {
+            addr: addr.to_string(),
+            asked: String::from_utf8_lossy(asked).into_owned(),
+            got: got
+                .map(|g| String::from_utf8_lossy(g).into_owned())
+                .unwrap_or_else(|| "no protocol".into()),
+        })
+    }
+
     fn refuse_alpn(&self, p: &[u8]) {
         let fresh = self
             .refused_alpn
@@ -273,24 +337,18 @@ impl Upstream {
             .insert(p.to_vec());
         if fresh {
             tracing::warn!(
-                upstream = %self.target,
+                upstream = %self.describe(),
                 protocol = %String::from_utf8_lossy(p),
                 "the upstream does not speak this protocol; clients will be offered the next one they support"
             );
         }
     }
 
-    fn current_generation(&self) -> Arc<Generation> {
-        self.generation
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
     fn config_for(
         &self,
         generation: &Generation,
         alpn: Option<&[u8]>,
+        addr: &str,
     ) -> Result<Arc<ClientConfig>, ProxyError> {
         let mut configs = generation.configs.lock().unwrap_or_else(|p| p.into_inner());
         let key = alpn.map(<[u8]>::to_vec);
@@ -301,7 +359,7 @@ impl Upstream {
         let mut config =
             crate::pki::tls::client_config(self.versions, roots, self.resolver.clone(), self.kx)
                 .map_err(|e| ProxyError::UpstreamTls {
-                    addr: self.target.authority(),
+                    addr: addr.to_string(),
                     source: e,
                 })?;
         config.alpn_protocols = key.iter().cloned().collect();
@@ -312,9 +370,16 @@ impl Upstream {
     }
 }
 
-fn new_generation() -> Generation {
-    Generation {
-        configs: Mutex::new(HashMap::new()),
-        store: Arc::new(SessionStore::new(SESSION_STORE_SERVERS)),
+/// Whether an attempt failed because of the endpoint (it is marked down and the next one is
+/// tried): TCP, the tunnel or the TLS handshake. A protocol the upstream refused is not the
+/// endpoint's fault, nor is a hardware signature that failed (another endpoint would only ask
+/// the hardware again).
+fn endpoint_failure(e: &ProxyError) -> bool {
+    match e {
+        ProxyError::UpstreamConnect { .. } | ProxyError::UpstreamVia { .. } => true,
+        ProxyError::UpstreamHandshake { source, .. } => {
+            !crate::key::tls::is_signature_failure(source)
+        }
+        _ => false,
     }
 }

@@ -16,7 +16,7 @@ fn the_example_kubelet_config_is_a_valid_proxy_config() {
         .unwrap_or_else(|e| panic!("{path}: {e}"));
     assert!(matches!(config.key, Some(hwkey::key::KeyUri::Tpm(_))));
     assert_eq!(config.listen.len(), 2);
-    assert!(config.upstream.is_some() && config.upstream_ca.is_some());
+    assert!(!config.upstream.is_empty() && config.upstream_ca.is_some());
 }
 
 /// `deploy/proxy.example.toml` parses, and documents every flag of `hwkey proxy` that a file

@@ -62,6 +62,8 @@ mod proxy_transport;
 mod renewal_faults;
 #[cfg(feature = "pkcs11")]
 mod rsa_mechanisms;
+#[cfg(feature = "pkcs11")]
+mod several_apiservers;
 #[cfg(feature = "tpm")]
 mod shared_tpm;
 #[cfg(feature = "pkcs11")]

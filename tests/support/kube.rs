@@ -66,6 +66,8 @@ pub fn kube_bin_dir() -> PathBuf {
 pub struct KubeCluster {
     /// The cluster's CA (client CA, signing CA and the API server's serving CA).
     ca_path: PathBuf,
+    /// kube-apiserver's arguments but the port (for more API servers on the same etcd).
+    apiserver_args: Vec<std::ffi::OsString>,
     pub port: u16,
     /// Admin kubeconfig (`system:masters`).
     pub admin_kubeconfig: PathBuf,
@@ -142,7 +144,6 @@ impl KubeCluster {
         let port = free_port();
         let mut cmd = Command::new(bin.join("kube-apiserver"));
         cmd.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
-            .arg(format!("--secure-port={port}"))
             .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
             .arg(format!("--tls-cert-file={}", serving_cert.display()))
             .arg(format!("--tls-private-key-file={}", serving_key.display()))
@@ -162,6 +163,9 @@ impl KubeCluster {
                 "--cert-dir={}",
                 d.join("apiserver-certs").display()
             ));
+        let apiserver_args: Vec<std::ffi::OsString> =
+            cmd.get_args().map(|a| a.to_os_string()).collect();
+        cmd.arg(format!("--secure-port={port}"));
         let mut apiserver = ChildGuard::spawn(&mut cmd, "kube-apiserver", &d.join("apiserver.log"));
 
         let admin_kubeconfig = d.join("admin.kubeconfig");
@@ -227,6 +231,7 @@ impl KubeCluster {
 
         let cluster = KubeCluster {
             ca_path: ca.ca_path(),
+            apiserver_args,
             port,
             admin_kubeconfig,
             bootstrap_kubeconfig,
@@ -245,6 +250,20 @@ impl KubeCluster {
     /// `https://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// Another kube-apiserver on the same etcd (a highly available control plane), on a port
+    /// of its own; ready when this returns.
+    pub fn another_apiserver(&self) -> ApiServer {
+        let mut s = ApiServer {
+            port: free_port(),
+            args: self.apiserver_args.clone(),
+            admin_kubeconfig: self.admin_kubeconfig.clone(),
+            log: self.dir.path().join(format!("apiserver-{}.log", self.port)),
+            guard: None,
+        };
+        s.start();
+        s
     }
 
     /// kubectl as the cluster admin.
@@ -414,3 +433,61 @@ subjects:
   kind: Group
   name: system:nodes
 "#;
+
+/// An extra kube-apiserver of a [`KubeCluster`] (see [`KubeCluster::another_apiserver`]), which
+/// a test may kill and start again on the same port.
+pub struct ApiServer {
+    pub port: u16,
+    args: Vec<std::ffi::OsString>,
+    admin_kubeconfig: PathBuf,
+    log: PathBuf,
+    guard: Option<ChildGuard>,
+}
+
+impl ApiServer {
+    /// `https://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it at once (SIGKILL: no graceful close of its connections).
+    pub fn kill(&mut self) {
+        drop(self.guard.take());
+    }
+
+    /// Starts it (again) on its port and waits until it answers /readyz.
+    pub fn start(&mut self) {
+        let mut cmd = Command::new(kube_bin_dir().join("kube-apiserver"));
+        cmd.args(&self.args)
+            .arg(format!("--secure-port={}", self.port));
+        let mut guard = ChildGuard::spawn(&mut cmd, "kube-apiserver (another)", &self.log);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let out = Command::new("kubectl")
+                .env("KUBECONFIG", &self.admin_kubeconfig)
+                .args([
+                    "--server",
+                    &self.url(),
+                    "get",
+                    "--raw",
+                    "/readyz",
+                    "--request-timeout=5s",
+                ])
+                .output()
+                .expect("run kubectl");
+            if out.status.success() {
+                break;
+            }
+            if let Some(status) = guard.try_wait() {
+                panic!("kube-apiserver exited ({status}):\n{}", guard.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the other kube-apiserver is not ready: {}",
+                tail(&guard.log())
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        self.guard = Some(guard);
+    }
+}

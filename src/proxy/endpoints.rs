@@ -1,0 +1,171 @@
+//! The API servers the proxy may use (`--upstream` given several times, as kubespray's and
+//! k3s/rke2's node-local load balancers have them): which one a new connection tries first,
+//! and which are marked down.
+//!
+//! Choice: round robin over the endpoints that are up, so every API server shares the load and
+//! a returning one is used again at once. A connection that cannot be made to an endpoint
+//! (refused, TLS handshake failed, timed out) marks it down for a backoff (1 s doubling to
+//! 30 s) and the same client connection tries the next endpoint: nothing has been forwarded
+//! yet, so the retry is invisible to the client. When every endpoint is down, all are tried,
+//! the one due back first. A connection already relaying is never moved.
+//!
+//! Each endpoint keeps its own resumption tickets: API servers do not share ticket keys, and a
+//! ticket presented to the wrong one would cost a full handshake (a hardware signature).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
+
+use super::config::UpstreamTarget;
+use super::metrics::EndpointMetrics;
+use super::sessions::SessionStore;
+use crate::backoff::Backoff;
+
+/// How many servers' sessions one endpoint's store remembers (one; headroom for name changes).
+const SESSION_STORE_SERVERS: usize = 32;
+/// First and longest time an endpoint stays marked down after a failure.
+const FIRST_DOWN: Duration = Duration::from_secs(1);
+const MAX_DOWN: Duration = Duration::from_secs(30);
+
+/// One generation of client configs sharing a session store (a certificate reload or a CA
+/// rotation starts a new one).
+pub(crate) struct Generation {
+    pub(crate) configs: Mutex<HashMap<Option<Vec<u8>>, Arc<ClientConfig>>>,
+    pub(crate) store: Arc<SessionStore>,
+}
+
+impl Generation {
+    fn new() -> Generation {
+        Generation {
+            configs: Mutex::new(HashMap::new()),
+            store: Arc::new(SessionStore::new(SESSION_STORE_SERVERS)),
+        }
+    }
+}
+
+/// One API server.
+pub(crate) struct Endpoint {
+    pub(crate) target: UpstreamTarget,
+    pub(crate) server_name: ServerName<'static>,
+    generation: RwLock<Arc<Generation>>,
+    health: Mutex<Health>,
+    metrics: EndpointMetrics,
+}
+
+struct Health {
+    down_until: Option<Instant>,
+    backoff: Backoff,
+}
+
+impl Endpoint {
+    pub(crate) fn new(
+        target: UpstreamTarget,
+        server_name: ServerName<'static>,
+        metrics: EndpointMetrics,
+    ) -> Endpoint {
+        Endpoint {
+            target,
+            server_name,
+            generation: RwLock::new(Arc::new(Generation::new())),
+            health: Mutex::new(Health {
+                down_until: None,
+                backoff: Backoff::new(FIRST_DOWN, MAX_DOWN),
+            }),
+            metrics,
+        }
+    }
+
+    /// The current generation of configs and tickets.
+    pub(crate) fn generation(&self) -> Arc<Generation> {
+        self.generation
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Starts a new generation: no resumable session survives.
+    pub(crate) fn reset_sessions(&self) {
+        *self.generation.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Generation::new());
+    }
+
+    /// A connection to it worked: it is up (again).
+    pub(crate) fn succeeded(&self) {
+        self.metrics.connections.inc();
+        let mut h = self.health();
+        if h.down_until.take().is_some() {
+            tracing::info!(endpoint = %self.target.authority(), "API server endpoint is back");
+        }
+        h.backoff.reset();
+        self.metrics.up.set(1);
+    }
+
+    /// A connection to it failed: marked down for the next backoff.
+    pub(crate) fn failed(&self, error: &dyn std::fmt::Display) {
+        self.metrics.failures.inc();
+        let mut h = self.health();
+        let wait = h.backoff.next_delay();
+        h.down_until = Some(Instant::now() + wait);
+        self.metrics.up.set(0);
+        tracing::warn!(
+            endpoint = %self.target.authority(),
+            retry_in_ms = wait.as_millis() as u64,
+            %error,
+            "API server endpoint marked down; new connections go to the others"
+        );
+    }
+
+    /// When it is due back (None: up).
+    fn down_until(&self, now: Instant) -> Option<Instant> {
+        self.health().down_until.filter(|t| *t > now)
+    }
+
+    fn health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The endpoints and the round-robin position.
+pub(crate) struct Endpoints {
+    pub(crate) list: Vec<Endpoint>,
+    next: AtomicUsize,
+}
+
+impl Endpoints {
+    pub(crate) fn new(list: Vec<Endpoint>) -> Endpoints {
+        Endpoints {
+            list,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The order a new connection tries them in: the endpoints that are up, round robin;
+    /// if none is, every endpoint, the one due back first.
+    pub(crate) fn order(&self) -> Vec<usize> {
+        let n = self.list.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n.max(1);
+        let now = Instant::now();
+        let up: Vec<usize> = (0..n)
+            .map(|i| (start + i) % n)
+            .filter(|&i| self.list[i].down_until(now).is_none())
+            .collect();
+        if !up.is_empty() {
+            return up;
+        }
+        let mut all: Vec<(Instant, usize)> = (0..n)
+            .map(|i| (self.list[i].down_until(now).unwrap_or(now), i))
+            .collect();
+        all.sort();
+        all.into_iter().map(|(_, i)| i).collect()
+    }
+
+    /// Every endpoint starts a new generation.
+    pub(crate) fn reset_sessions(&self) {
+        for e in &self.list {
+            e.reset_sessions();
+        }
+    }
+}

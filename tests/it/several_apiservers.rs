@@ -1,0 +1,130 @@
+//! Several API servers (issue 25, item 2): two real kube-apiservers on one etcd, as an HA
+//! control plane has them, both given to one proxy (`--upstream` twice). kubectl commands run
+//! through the proxy while one API server is killed and later started again: no command fails
+//! after one retry (a request in flight on the killed server may fail once, as it would
+//! against any load balancer), the endpoint's state shows in `/metrics`, and the returning
+//! server is used again.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use support::kube::KubeCluster;
+use support::kubectl::require_kubectl;
+use support::proxy::{Identity, ProxyOptions, ProxyProcess};
+use support::{output_text, temp_dir};
+
+/// Commands kubectl runs in a row (a count, not a duration).
+const COMMANDS: usize = 40;
+
+fn endpoint(series: &str, port: u16) -> String {
+    format!("{series}{{endpoint=\"127.0.0.1:{port}\"}}")
+}
+
+#[test]
+fn one_of_two_real_apiservers_killed_and_back_costs_no_kubectl_command() {
+    require_kubectl();
+    let id = Identity::softhsm();
+    let cluster = KubeCluster::start(&id.ca, "10m");
+    let mut second = cluster.another_apiserver();
+    let proxy = ProxyProcess::start_to(
+        &id,
+        &cluster.url(),
+        ProxyOptions {
+            args: vec!["--upstream".into(), second.url()],
+            ..Default::default()
+        },
+    );
+    let dir = temp_dir();
+    let (ca, cert, key) = proxy.credential_files(dir.path());
+    let kubectl = || {
+        let mut cmd = Command::new("kubectl");
+        cmd.env("KUBECONFIG", "/dev/null")
+            .env("HOME", dir.path())
+            .args(["--server", &proxy.tls_url(), "--certificate-authority"])
+            .arg(&ca)
+            .arg("--client-certificate")
+            .arg(&cert)
+            .arg("--client-key")
+            .arg(&key)
+            .args(["get", "--raw", "/version", "--request-timeout=20s"]);
+        cmd
+    };
+    // A command that fails is retried once; a second failure is a failure.
+    let run = || -> Result<(), String> {
+        let first = kubectl().output().expect("kubectl");
+        if first.status.success() {
+            return Ok(());
+        }
+        let again = kubectl().output().expect("kubectl");
+        if again.status.success() {
+            return Ok(());
+        }
+        Err(format!("{}\n{}", output_text(&first), output_text(&again)))
+    };
+    let (p1, p2) = (cluster.port, second.port);
+    let conns = "hwkey_upstream_endpoint_connections_total";
+    for _ in 0..6 {
+        run().unwrap_or_else(|e| panic!("{e}\n{}", proxy.log()));
+    }
+    assert!(
+        proxy.metric(&endpoint(conns, p1)) >= 1.0 && proxy.metric(&endpoint(conns, p2)) >= 1.0,
+        "round robin did not use both:\n{}",
+        proxy.metrics()
+    );
+
+    // Commands keep running while the second API server is killed.
+    let running = AtomicBool::new(true);
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let worker = s.spawn(|| {
+            let mut failures = Vec::new();
+            let mut n = 0;
+            while n < COMMANDS || running.load(Ordering::Relaxed) {
+                if let Err(e) = run() {
+                    failures.push(e);
+                }
+                n += 1;
+            }
+            failures
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        second.kill();
+        // The proxy notices (a connection to it fails) and marks it down.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while proxy.metric(&endpoint("hwkey_upstream_endpoint_up", p2)) != 0.0 {
+            assert!(Instant::now() < deadline, "{}", proxy.metrics());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        running.store(false, Ordering::Relaxed);
+        worker.join().expect("kubectl thread")
+    });
+    assert!(
+        failures.is_empty(),
+        "{} kubectl commands failed twice:\n{}\n{}",
+        failures.len(),
+        failures.join("\n"),
+        proxy.log()
+    );
+    assert!(proxy.metric(&endpoint("hwkey_upstream_endpoint_failures_total", p2)) >= 1.0);
+    assert_eq!(
+        proxy.metric(&endpoint("hwkey_upstream_endpoint_up", p1)),
+        1.0
+    );
+
+    // Back on its port: used again once its backoff has passed.
+    second.start();
+    let before = proxy.metric(&endpoint(conns, p2));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while proxy.metric(&endpoint(conns, p2)) <= before {
+        assert!(
+            Instant::now() < deadline,
+            "the returning API server is not used again:\n{}",
+            proxy.metrics()
+        );
+        run().unwrap_or_else(|e| panic!("{e}\n{}", proxy.log()));
+    }
+    assert_eq!(
+        proxy.metric(&endpoint("hwkey_upstream_endpoint_up", p2)),
+        1.0
+    );
+}
