@@ -10,32 +10,7 @@ use super::*;
 pub(crate) async fn handshakes(f: &Fixture) -> Vec<Row> {
     const AREA: &str = "handshakes";
     let key = Arc::new(Key::open(&f.id.key_uri.parse::<KeyUri>().expect("URI")).expect("open key"));
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&f.id.cert)
-        .expect("cert file")
-        .collect::<Result<_, _>>()
-        .expect("cert PEM");
-    let resolver = Arc::new(
-        HardwareCertResolver::new(HardwareSigningKey::new(key.clone()), chain).expect("resolver"),
-    );
-    let mut roots = RootCertStore::empty();
-    roots
-        .add(CertificateDer::from(f.id.ca.ca_der()))
-        .expect("root");
-    let target: UpstreamTarget = f.upstream.url().parse().expect("target");
-    let connector = Upstream::new(
-        hwkey::proxy::upstream::Route {
-            targets: vec![target],
-            egress: hwkey::egress::Egress::direct(),
-            key_exchange: hwkey::pki::tls::KeyExchange::Hybrid,
-            attempt_timeout: std::time::Duration::from_secs(10),
-        },
-        None,
-        resolver,
-        roots,
-        hwkey::key::tls::protocol_versions(&key, false).expect("TLS versions"),
-        Arc::new(Metrics::default()),
-    )
-    .expect("connector");
+    let connector = connector(f, &key, &f.upstream.url(), KeyExchange::Hybrid);
     let port = f.upstream.port();
     let n = pick(200, 40);
     let rounds = pick(5, 3);
@@ -105,6 +80,100 @@ pub(crate) async fn handshakes(f: &Fixture) -> Vec<Row> {
             0.9,
         )
         .note(format!("{} (direct: {})", note(1), note(3))),
+    ]
+}
+
+/// The proxy's connector to `url`, signing with `key`, offering `kx`.
+fn connector(f: &Fixture, key: &Arc<Key>, url: &str, kx: KeyExchange) -> Upstream {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&f.id.cert)
+        .expect("cert file")
+        .collect::<Result<_, _>>()
+        .expect("cert PEM");
+    let resolver = Arc::new(
+        HardwareCertResolver::new(HardwareSigningKey::new(key.clone()), chain).expect("resolver"),
+    );
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from(f.id.ca.ca_der()))
+        .expect("root");
+    let target: UpstreamTarget = url.parse().expect("target");
+    Upstream::new(
+        hwkey::proxy::upstream::Route {
+            targets: vec![target],
+            egress: hwkey::egress::Egress::direct(),
+            key_exchange: kx,
+            attempt_timeout: Duration::from_secs(10),
+        },
+        None,
+        resolver,
+        roots,
+        hwkey::key::tls::protocol_versions(key, false).expect("TLS versions"),
+        Arc::new(Metrics::default()),
+    )
+    .expect("connector")
+}
+
+/// Issue 25: what the post-quantum hybrid costs per connection. The proxy's connector against
+/// an API server that prefers X25519MLKEM768 (the stand-in with aws-lc-rs's hybrid, as Go ≥
+/// 1.24), offering the hybrid (negotiated) against offering X25519 alone, for full handshakes
+/// (each signed in SoftHSM) and resumed ones (PSK with (EC)DHE: the key exchange runs again).
+pub(crate) async fn key_exchange(f: &Fixture) -> Vec<Row> {
+    const AREA: &str = "key exchange";
+    let key = Arc::new(Key::open(&f.id.key_uri.parse::<KeyUri>().expect("URI")).expect("open key"));
+    let pq = TestUpstream::start_pq(&f.id.ca);
+    let hybrid = connector(f, &key, &pq.url(), KeyExchange::Hybrid);
+    let classical = connector(f, &key, &pq.url(), KeyExchange::Classical);
+    let n = pick(200, 40);
+    let rounds = pick(5, 3);
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut results = vec![Vec::new(); 4];
+    for series in schedule(rounds, 4) {
+        let c = if series % 2 == 0 { &hybrid } else { &classical };
+        let full = series < 2;
+        let start = Instant::now();
+        for _ in 0..n {
+            if full {
+                c.reset_sessions();
+            }
+            let mut conn = c.connect(Some(b"http/1.1")).await.expect("connector");
+            http1_get(&mut conn.stream, "/version", &mut buf).await;
+        }
+        results[series].push(n as f64 / start.elapsed().as_secs_f64());
+    }
+    let groups: Vec<String> = pq
+        .stats()
+        .connections
+        .iter()
+        .map(|c| c.group.clone())
+        .collect();
+    let hybrid_count = groups.iter().filter(|g| *g == "X25519MLKEM768").count();
+    vec![
+        at_least(
+            ratio_row(
+                AREA,
+                "full handshake + GET, X25519MLKEM768 offered and negotiated",
+                "conn/s",
+                &results[0],
+                "X25519 alone, same connector and server",
+                &results[1],
+            ),
+            0.9,
+        )
+        .note(format!(
+            "{hybrid_count} of {} handshakes negotiated X25519MLKEM768",
+            groups.len()
+        )),
+        at_least(
+            ratio_row(
+                AREA,
+                "resumed handshake + GET, X25519MLKEM768",
+                "conn/s",
+                &results[2],
+                "X25519 alone, resumed",
+                &results[3],
+            ),
+            0.9,
+        ),
     ]
 }
 

@@ -28,6 +28,7 @@ use hwkey::key::tls::{HardwareCertResolver, HardwareSigningKey};
 use hwkey::key::{Key, KeyUri};
 use hwkey::proxy::metrics::Metrics;
 use hwkey::proxy::upstream::Upstream;
+use hwkey::pki::tls::KeyExchange;
 use hwkey::proxy::UpstreamTarget;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::client::Resumption;
@@ -99,6 +100,10 @@ fn main() {
         rows.extend(rt.block_on(handshakes(&f)));
         step("through the proxy");
         rows.extend(rt.block_on(through_proxy(&f)));
+    }
+    if wanted("key-exchange") {
+        step("key exchange");
+        rows.extend(rt.block_on(key_exchange(&f)));
     }
     if wanted("throughput") {
         step("throughput");
