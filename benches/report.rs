@@ -19,9 +19,11 @@ use common::{Results, Row, Stat};
 const MARKER: &str = "<!-- hand-written below this line: hsm-fixtures/bench.sh keeps it -->";
 
 /// The areas, in its order (one table each).
-const AREAS: [&str; 12] = [
+const AREAS: [&str; 14] = [
     "signing, raw",
     "handshakes",
+    "key exchange",
+    "forward proxy",
     "resumption",
     "throughput",
     "latency",

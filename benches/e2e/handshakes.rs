@@ -85,6 +85,17 @@ pub(crate) async fn handshakes(f: &Fixture) -> Vec<Row> {
 
 /// The proxy's connector to `url`, signing with `key`, offering `kx`.
 fn connector(f: &Fixture, key: &Arc<Key>, url: &str, kx: KeyExchange) -> Upstream {
+    connector_via(f, key, url, kx, Egress::direct())
+}
+
+/// The same, reaching the server the way `egress` says.
+fn connector_via(
+    f: &Fixture,
+    key: &Arc<Key>,
+    url: &str,
+    kx: KeyExchange,
+    egress: Egress,
+) -> Upstream {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&f.id.cert)
         .expect("cert file")
         .collect::<Result<_, _>>()
@@ -100,7 +111,7 @@ fn connector(f: &Fixture, key: &Arc<Key>, url: &str, kx: KeyExchange) -> Upstrea
     Upstream::new(
         hwkey::proxy::upstream::Route {
             targets: vec![target],
-            egress: hwkey::egress::Egress::direct(),
+            egress,
             key_exchange: kx,
             attempt_timeout: Duration::from_secs(10),
         },
@@ -147,6 +158,7 @@ pub(crate) async fn key_exchange(f: &Fixture) -> Vec<Row> {
         .map(|c| c.group.clone())
         .collect();
     let hybrid_count = groups.iter().filter(|g| *g == "X25519MLKEM768").count();
+    let bulk = bulk_by_key_exchange(&hybrid, &classical, rounds).await;
     vec![
         at_least(
             ratio_row(
@@ -160,7 +172,7 @@ pub(crate) async fn key_exchange(f: &Fixture) -> Vec<Row> {
             0.9,
         )
         .note(format!(
-            "{hybrid_count} of {} handshakes negotiated X25519MLKEM768",
+            "{hybrid_count} of the {} handshakes of both series negotiated X25519MLKEM768 (the X25519 series does not offer it)",
             groups.len()
         )),
         at_least(
@@ -173,6 +185,108 @@ pub(crate) async fn key_exchange(f: &Fixture) -> Vec<Row> {
                 &results[3],
             ),
             0.9,
+        ),
+        at_least(
+            ratio_row(
+                AREA,
+                "bulk download on a connection keyed with X25519MLKEM768",
+                "MB/s",
+                &bulk[0],
+                "keyed with X25519",
+                &bulk[1],
+            ),
+            0.98,
+        )
+        .note("the key exchange ends with the handshake; the records use the same cipher suite"),
+    ]
+}
+
+/// Download MB/s on one established connection from each connector, alternating.
+async fn bulk_by_key_exchange(
+    hybrid: &Upstream,
+    classical: &Upstream,
+    rounds: usize,
+) -> Vec<Vec<f64>> {
+    let size: u64 = pick(64, 16) << 20;
+    let path = format!("/bytes?n={size}");
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut conns = Vec::new();
+    for c in [hybrid, classical] {
+        let mut conn = c.connect(Some(b"http/1.1")).await.expect("connector");
+        http1_get(&mut conn.stream, &path, &mut buf).await;
+        conns.push(conn);
+    }
+    let mut bulk = vec![Vec::new(); 2];
+    for series in schedule(rounds, 2) {
+        let start = Instant::now();
+        let got = http1_get(&mut conns[series].stream, &path, &mut buf).await;
+        bulk[series].push(got as f64 / start.elapsed().as_secs_f64() / 1e6);
+    }
+    bulk
+}
+
+/// Issue 25: new connections through an HTTP CONNECT proxy (squid, on loopback): the proxy's
+/// connector signing in SoftHSM against rustls with a software key, both through the same
+/// squid to the same server, with resumption (as proxied connections mostly are).
+pub(crate) async fn through_forward_proxy(f: &Fixture) -> Vec<Row> {
+    const AREA: &str = "forward proxy";
+    let squid = support::forward_proxies::Squid::start(None);
+    let egress = Egress::through(ForwardProxy::parse(&squid.url()).expect("squid URL"));
+    let key = Arc::new(Key::open(&f.id.key_uri.parse::<KeyUri>().expect("URI")).expect("open key"));
+    let hw = connector_via(
+        f,
+        &key,
+        &f.upstream.url(),
+        KeyExchange::Hybrid,
+        egress.clone(),
+    );
+    let port = f.upstream.port();
+    let n = pick(200, 40);
+    let rounds = pick(5, 3);
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut rates = vec![Vec::new(); 2];
+    let mut medians = vec![Vec::new(); 2];
+    for series in schedule(rounds, 2) {
+        let mut times = Vec::with_capacity(n);
+        let start = Instant::now();
+        for _ in 0..n {
+            let t = Instant::now();
+            if series == 0 {
+                let mut c = hw.connect(Some(b"http/1.1")).await.expect("connector");
+                http1_get(&mut c.stream, "/version", &mut buf).await;
+            } else {
+                let tunnel = egress.dial("127.0.0.1", port).await.expect("CONNECT");
+                let mut s = tokio_rustls::TlsConnector::from(f.direct.clone())
+                    .connect(
+                        ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into()),
+                        tunnel,
+                    )
+                    .await
+                    .expect("TLS through squid");
+                http1_get(&mut s, "/version", &mut buf).await;
+            }
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        rates[series].push(n as f64 / start.elapsed().as_secs_f64());
+        times.sort_by(f64::total_cmp);
+        medians[series].push(times[times.len() / 2]);
+    }
+    vec![
+        ratio_row(
+            AREA,
+            "new connections through squid (CONNECT), proxy connector signing in SoftHSM",
+            "conn/s",
+            &rates[0],
+            "rustls with a software key through the same squid",
+            &rates[1],
+        ),
+        ratio_row(
+            AREA,
+            "time per connection through squid (CONNECT + TLS + GET), median",
+            "ms",
+            &medians[0],
+            "rustls with a software key through the same squid",
+            &medians[1],
         ),
     ]
 }

@@ -24,11 +24,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
+use hwkey::egress::{Egress, ForwardProxy};
 use hwkey::key::tls::{HardwareCertResolver, HardwareSigningKey};
 use hwkey::key::{Key, KeyUri};
+use hwkey::pki::tls::KeyExchange;
 use hwkey::proxy::metrics::Metrics;
 use hwkey::proxy::upstream::Upstream;
-use hwkey::pki::tls::KeyExchange;
 use hwkey::proxy::UpstreamTarget;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::client::Resumption;
@@ -104,6 +105,10 @@ fn main() {
     if wanted("key-exchange") {
         step("key exchange");
         rows.extend(rt.block_on(key_exchange(&f)));
+    }
+    if wanted("forward-proxy") {
+        step("through a forward proxy");
+        rows.extend(rt.block_on(through_forward_proxy(&f)));
     }
     if wanted("throughput") {
         step("throughput");
