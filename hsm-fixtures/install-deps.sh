@@ -15,7 +15,7 @@ PACKAGES=(
   softhsm2 swtpm swtpm-tools libtss2-dev libtss2-tcti-swtpm0 tpm2-tools tpm2-openssl
   opensc nginx-light clang pkg-config openssl curl ca-certificates build-essential
   python3 python3-prometheus-client p11-kit p11-kit-modules tpm2-abrmd libtss2-tcti-tabrmd0 dbus
-  libtpm2-pkcs11-1 libtpm2-pkcs11-tools libp11-kit-dev squid dante-server iptables
+  libtpm2-pkcs11-1 libtpm2-pkcs11-tools libp11-kit-dev squid dante-server iptables man-db
 )
 
 is_installed() {

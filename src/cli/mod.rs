@@ -10,6 +10,7 @@ mod csr;
 mod doctor;
 mod key;
 mod kubeconfig;
+mod manual;
 mod probe;
 mod proxy;
 mod renew;
@@ -20,7 +21,7 @@ use clap::{Parser, Subcommand};
 
 /// hwkey: Kubernetes client certificates whose private keys never leave a PKCS#11 token or TPM.
 #[derive(Debug, Parser)]
-#[command(name = "hwkey", version, about, long_about = None)]
+#[command(name = "hwkey", version, long_version = manual::LONG_VERSION, about, long_about = None)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(
@@ -71,6 +72,10 @@ enum Command {
     Attest(attest::AttestCommand),
     /// Approve CertificateSigningRequests whose key is proven to be in a registered node's TPM.
     Approver(approver::ApproverArgs),
+    /// Write the man pages (hwkey.1 and one per subcommand).
+    Man(manual::ManArgs),
+    /// Print a shell completion script (bash, zsh, fish, …).
+    Completions(manual::CompletionsArgs),
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -90,6 +95,8 @@ pub fn main() -> ExitCode {
         Command::Bootstrap(a) => bootstrap::run(a),
         Command::Attest(c) => attest::run(c),
         Command::Approver(a) => approver::run(a),
+        Command::Man(a) => manual::man(a),
+        Command::Completions(a) => manual::completions(a),
     };
     exit_code(result)
 }

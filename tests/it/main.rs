@@ -66,6 +66,8 @@ mod rsa_mechanisms;
 mod several_apiservers;
 #[cfg(feature = "tpm")]
 mod shared_tpm;
+#[cfg(all(feature = "pkcs11", feature = "tpm"))]
+mod shipping;
 #[cfg(feature = "pkcs11")]
 mod state_dir;
 #[cfg(feature = "pkcs11")]
