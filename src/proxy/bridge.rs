@@ -44,7 +44,15 @@ pub async fn serve(
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "upstream connection failed");
-            super::failure::tell_client(client, prefix, alpn.as_deref(), &e).await;
+            // Boxed: the HTTP/2 answer's state is large and only this rare path needs it; inline, it
+            // would sit in every connection task's state for the connection's whole life.
+            Box::pin(super::failure::tell_client(
+                client,
+                prefix,
+                alpn.as_deref(),
+                &e,
+            ))
+            .await;
             return;
         }
     };
