@@ -59,21 +59,9 @@ impl fmt::Debug for ProxyCredentials {
 impl ProxyCredentials {
     /// Parses a credentials source: `file:PATH` (or an absolute path) or `env:VAR`.
     pub fn source(text: &str) -> Result<PinSource, EgressError> {
-        let bad = || EgressError::Credentials {
+        PinSource::parse(text).ok_or_else(|| EgressError::Credentials {
             problem: CredentialProblem::Source(text.to_string()),
-        };
-        if let Some(var) = text.strip_prefix("env:") {
-            return if var.is_empty() {
-                Err(bad())
-            } else {
-                Ok(PinSource::Env(var.to_string()))
-            };
-        }
-        let path = text.strip_prefix("file:").unwrap_or(text);
-        if !path.starts_with('/') {
-            return Err(bad());
-        }
-        Ok(PinSource::File(path.into()))
+        })
     }
 
     /// Reads `user:password` (one line) from a file or an environment variable.

@@ -22,6 +22,21 @@ pub enum PinSource {
 }
 
 impl PinSource {
+    /// Parses a source as URIs and settings write it: `env:VAR`, `file:/path`,
+    /// `file:///path` or an absolute path. None for anything else (a relative path would
+    /// depend on the working directory; `pin-value` is not a source of this syntax).
+    pub fn parse(value: &str) -> Option<PinSource> {
+        if let Some(var) = value.strip_prefix("env:") {
+            return (!var.is_empty()).then(|| PinSource::Env(var.to_string()));
+        }
+        let path = value
+            .strip_prefix("file://")
+            .or_else(|| value.strip_prefix("file:"))
+            .unwrap_or(value);
+        path.starts_with('/')
+            .then(|| PinSource::File(PathBuf::from(path)))
+    }
+
     /// Reads the PIN. The result is wiped from memory when dropped.
     pub fn read(&self) -> Result<Zeroizing<String>, KeyError> {
         match self {

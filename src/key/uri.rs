@@ -272,25 +272,14 @@ fn parse_pkcs11(uri: &str, rest: &str) -> Result<Pkcs11Uri, KeyError> {
 }
 
 fn parse_pin_source(uri: &str, value: &str) -> Result<PinSource, KeyError> {
-    if let Some(var) = value.strip_prefix("env:") {
-        if var.is_empty() {
-            return Err(invalid(uri, "pin-source=env: needs a variable name"));
-        }
-        return Ok(PinSource::Env(var.to_string()));
-    }
-    let path = value
-        .strip_prefix("file://")
-        .or_else(|| value.strip_prefix("file:"))
-        .unwrap_or(value);
-    if !path.starts_with('/') {
-        return Err(invalid(
+    PinSource::parse(value).ok_or_else(|| {
+        invalid(
             uri,
             format!(
                 "pin-source '{value}' must be file:/absolute/path, an absolute path, or env:VAR"
             ),
-        ));
-    }
-    Ok(PinSource::File(PathBuf::from(path)))
+        )
+    })
 }
 
 /// A persistent handle written in hex (`0x81000101`).
