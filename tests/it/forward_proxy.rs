@@ -8,8 +8,8 @@ use std::process::Command;
 use support::forward_proxies::{Dante, OnlyThrough, Squid};
 use support::kube::KubeCluster;
 use support::kubectl::KubectlUser;
-use support::proxy::{Identity, ProxyOptions, ProxyProcess};
-use support::{hwkey, output_text, run_ok};
+use support::output_text;
+use support::proxy::Identity;
 
 /// The user's own kubeconfig entry for the cluster, reached through `proxy_url`.
 fn existing_entry(cluster: &KubeCluster, proxy_url: &str) -> String {
@@ -95,27 +95,30 @@ fn kubectl_reaches_the_real_apiserver_only_through_squid_with_authentication() {
     );
     assert!(!user.proxy_log().contains("s3cret"), "{}", user.proxy_log());
 
-    // A wrong proxy password: the error names the proxy and its 407, never the password.
-    let proxy = ProxyProcess::start_to(
-        &id,
+    // A wrong proxy password, as kubectl shows it: the error names the proxy and its 407,
+    // never the password (nor does the proxy's log).
+    let wrong_url = format!("http://hw:wrong-one@127.0.0.1:{}", squid.port);
+    let wrong = KubectlUser::over(
+        Some(&existing_entry(&cluster, &wrong_url)),
+        &id.key_uri,
+        &id.cert,
         &cluster.url(),
-        ProxyOptions {
-            envs: vec![(
-                "HWKEY_UPSTREAM_PROXY".into(),
-                format!("http://hw:wrong-one@127.0.0.1:{}", squid.port),
-            )],
-            ..Default::default()
-        },
+        &cluster.ca_path(),
+        id.envs(),
     );
-    let out = proxy.curl_unix(&["-w", "\n%{http_code}"], "/version");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let out = wrong
+        .kubectl()
+        .args(["get", "--raw", "/version"])
+        .output()
+        .expect("kubectl");
+    let text = output_text(&out);
     assert!(
-        text.ends_with("\n502")
+        !out.status.success()
             && text.contains(&format!("forward proxy http://127.0.0.1:{}", squid.port))
             && text.contains("407"),
         "{text}"
     );
-    assert!(!text.contains("wrong-one") && !proxy.log().contains("wrong-one"));
+    assert!(!text.contains("wrong-one") && !wrong.proxy_log().contains("wrong-one"));
 }
 
 #[test]
@@ -140,19 +143,6 @@ fn kubectl_and_probe_reach_the_real_apiserver_only_through_dante() {
         dante.log()
     );
     // `hwkey probe` goes the same way.
-    let out = run_ok(
-        hwkey()
-            .envs(id.envs())
-            .args(["probe", "--key", &id.key_uri, "--cert"])
-            .arg(&id.cert)
-            .arg("--ca")
-            .arg(cluster.ca_path())
-            .args(["--proxy-url", &dante.url()])
-            .arg(format!("{}/version", cluster.url())),
-    );
-    assert!(
-        output_text(&out).contains("TLSv1.3"),
-        "{}",
-        output_text(&out)
-    );
+    let text = id.probe(&cluster.url(), &["--proxy-url", &dante.url()]);
+    assert!(text.contains("TLSv1.3"), "{text}");
 }

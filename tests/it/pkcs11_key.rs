@@ -52,23 +52,7 @@ fn verify(key: &Key, scheme: SignScheme, message: &[u8], signature: &[u8]) {
 fn eight_threads_sign_in_parallel_on_separate_sessions() {
     let key =
         Arc::new(Key::create(&uri("parallel", "p256"), KeyAlgorithm::EcP256).expect("create key"));
-    let threads: Vec<_> = (0..8)
-        .map(|t| {
-            let key = key.clone();
-            std::thread::spawn(move || {
-                for i in 0..500 {
-                    let message = format!("thread {t} message {i}");
-                    let sig = key
-                        .sign(SignScheme::EcdsaP256Sha256, message.as_bytes())
-                        .expect("sign");
-                    verify(&key, SignScheme::EcdsaP256Sha256, message.as_bytes(), &sig);
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("signing thread");
-    }
+    eight_threads_sign(&key, 500);
     assert_eq!(
         key.signatures(),
         4000,
@@ -105,13 +89,13 @@ fn limited_key(object: &str, limit: u32, report: bool) -> (Key, LimitedModule, t
     (key, module, dir)
 }
 
-/// Eight threads sign at once through the key; all signatures verify.
-fn eight_threads_sign(key: &Arc<Key>) {
+/// Eight threads sign `each` messages at once through the key; all signatures verify.
+fn eight_threads_sign(key: &Arc<Key>, each: usize) {
     let threads: Vec<_> = (0..8)
         .map(|t| {
             let key = key.clone();
             std::thread::spawn(move || {
-                for i in 0..100 {
+                for i in 0..each {
                     let message = format!("thread {t} message {i}");
                     let sig = key
                         .sign(SignScheme::EcdsaP256Sha256, message.as_bytes())
@@ -132,7 +116,7 @@ fn eight_threads_sign(key: &Arc<Key>) {
 fn a_token_allowing_two_sessions_gets_a_pool_of_two() {
     let (key, module, _dir) = limited_key("said", 2, true);
     let key = Arc::new(key);
-    eight_threads_sign(&key);
+    eight_threads_sign(&key, 100);
     assert_eq!(key.signatures(), 800);
     let stats = key.session_stats().expect("stats");
     let (peak, refused) = module.counts();
@@ -153,7 +137,7 @@ fn a_token_allowing_two_sessions_gets_a_pool_of_two() {
 fn a_token_refusing_a_third_session_shrinks_the_pool() {
     let (key, module, _dir) = limited_key("unsaid", 2, false);
     let key = Arc::new(key);
-    eight_threads_sign(&key);
+    eight_threads_sign(&key, 100);
     assert_eq!(key.signatures(), 800);
     let (peak, refused) = module.counts();
     assert!(peak <= 2, "{peak} sessions open at once");

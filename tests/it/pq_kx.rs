@@ -5,36 +5,21 @@
 //! classical` turns the hybrid off.
 
 use support::kube::KubeCluster;
+use support::output_text;
 use support::proxy::{Identity, ProxyOptions, ProxyProcess};
 use support::upstream::TestUpstream;
-use support::{hwkey, output_text, run_ok};
-
-/// `hwkey probe` of `url`'s /version with the identity; its stderr report.
-fn probe(id: &Identity, url: &str, extra: &[&str]) -> String {
-    let out = run_ok(
-        hwkey()
-            .envs(id.envs())
-            .args(["probe", "--key", &id.key_uri, "--cert"])
-            .arg(&id.cert)
-            .arg("--ca")
-            .arg(id.ca.ca_path())
-            .args(extra)
-            .arg(format!("{url}/version")),
-    );
-    output_text(&out)
-}
 
 #[test]
 fn probe_reports_the_hybrid_from_a_pq_server_and_x25519_without_a_retry_from_an_old_one() {
     let id = Identity::softhsm();
     let pq = TestUpstream::start_pq(&id.ca);
-    let text = probe(&id, &pq.url(), &[]);
+    let text = id.probe(&pq.url(), &[]);
     assert!(text.contains("key exchange: X25519MLKEM768\n"), "{text}");
-    let text = probe(&id, &pq.url(), &["--key-exchange", "classical"]);
+    let text = id.probe(&pq.url(), &["--key-exchange", "classical"]);
     assert!(text.contains("key exchange: X25519\n"), "{text}");
 
     let old = TestUpstream::start(&id.ca);
-    let text = probe(&id, &old.url(), &[]);
+    let text = id.probe(&old.url(), &[]);
     assert!(text.contains("key exchange: X25519\n"), "{text}");
     assert!(!text.contains("HelloRetryRequest"), "{text}");
 }
@@ -80,7 +65,7 @@ fn the_proxy_negotiates_the_hybrid_upstream_unless_told_not_to() {
 fn the_real_kube_apiserver_1_20_gets_x25519_without_a_hello_retry() {
     let id = Identity::softhsm();
     let cluster = KubeCluster::start(&id.ca, "10m");
-    let text = probe(&id, &cluster.url(), &[]);
+    let text = id.probe(&cluster.url(), &[]);
     assert!(text.contains("key exchange: X25519\n"), "{text}");
     assert!(!text.contains("HelloRetryRequest"), "{text}");
 }

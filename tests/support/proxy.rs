@@ -129,6 +129,22 @@ impl Identity {
         self.issue(&self.key_uri, "CN=alice,O=devs", &self.cert);
     }
 
+    /// `hwkey probe` of `url`/version with this identity (trusting its CA) and `extra` flags;
+    /// its report (stderr) and body.
+    pub fn probe(&self, url: &str, extra: &[&str]) -> String {
+        let out = run_ok(
+            hwkey()
+                .envs(self.envs())
+                .args(["probe", "--key", &self.key_uri, "--cert"])
+                .arg(&self.cert)
+                .arg("--ca")
+                .arg(self.ca.ca_path())
+                .args(extra)
+                .arg(format!("{url}/version")),
+        );
+        crate::output_text(&out)
+    }
+
     /// The URI of another key `name` beside this one (same token or directory).
     pub fn sibling_uri(&self, name: &str) -> String {
         match &self.backend {
