@@ -425,8 +425,19 @@ fn upsert(doc: &mut Value, list: &str, entry: Value) {
         *seq = Value::Sequence(Vec::new());
     }
     if let Some(items) = seq.as_sequence_mut() {
-        match items.iter_mut().find(|i| i.get("name") == name.as_ref()) {
-            Some(existing) => *existing = entry,
+        // client-go refuses a kubeconfig with two entries of one name ("duplicate name in
+        // list"): the new entry takes the first one's place and the others go.
+        let same = |i: &Value| i.get("name") == name.as_ref();
+        match items.iter().position(same) {
+            Some(at) => {
+                items[at] = entry;
+                let mut index = 0;
+                items.retain(|i| {
+                    let keep = index == at || !same(i);
+                    index += 1;
+                    keep
+                });
+            }
             None => items.push(entry),
         }
     }

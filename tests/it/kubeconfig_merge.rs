@@ -193,3 +193,56 @@ fn a_users_own_entry_lends_its_proxy_url_but_not_its_port() {
         );
     }
 }
+
+/// Two of one name: a kubeconfig holding two cluster (and user) entries named like the one
+/// hwkey writes. kubectl refuses such a file ("duplicate name in list"), and the old merge
+/// replaced only the first, leaving the file unusable; now one entry of each name remains,
+/// hwkey's, and kubectl reads the file.
+#[test]
+fn two_entries_of_one_name_become_one_that_kubectl_reads() {
+    support::kubectl::require_kubectl();
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    std::fs::write(
+        &out,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: hw\n  cluster:\n    server: https://127.0.0.1:1\n- name: other\n  cluster:\n    server: https://example.invalid:6443\n- name: hw\n  cluster:\n    server: https://127.0.0.1:2\nusers:\n- name: hw\n  user: {}\n- name: hw\n  user: {}\ncontexts: []\n",
+    )
+    .expect("write");
+    run_ok(&mut kubeconfig_cmd(
+        &id,
+        &upstream,
+        &id.key_uri,
+        &out,
+        &dir.path().join("state"),
+    ));
+    let doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&out).expect("read")).expect("YAML");
+    let names = |list: &str| -> Vec<String> {
+        doc[list]
+            .as_sequence()
+            .expect("list")
+            .iter()
+            .map(|e| e["name"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(names("clusters"), ["hw", "other"]);
+    assert_eq!(names("users"), ["hw"]);
+    let view = run_ok(
+        std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&out)
+            .args(["config", "view", "--minify", "--context", "hw", "-o"])
+            .arg("jsonpath={.clusters[0].cluster.server}"),
+    );
+    assert!(
+        output_text(&view).starts_with("https://127.0.0.1:"),
+        "{}",
+        output_text(&view)
+    );
+    assert!(
+        doc["clusters"][0]["cluster"]["extensions"][0]["name"]
+            == "client.authentication.k8s.io/exec"
+    );
+}
