@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use support::kube::KubeCluster;
 use support::kubectl::require_kubectl;
 use support::proxy::{Identity, ProxyOptions, ProxyProcess};
+use support::upstream::TestUpstream;
 use support::{output_text, temp_dir};
 
 /// Commands kubectl runs in a row (a count, not a duration).
@@ -126,5 +127,51 @@ fn one_of_two_real_apiservers_killed_and_back_costs_no_kubectl_command() {
     assert_eq!(
         proxy.metric(&endpoint("hwkey_upstream_endpoint_up", p2)),
         1.0
+    );
+}
+
+/// A peer that lies: of two `--upstream`s, one presents a certificate the trust does not hold
+/// (another CA's, as an impostor on the network would). Every request is still answered, all
+/// by the genuine API server: the impostor's handshakes fail, it is marked down, and it never
+/// completes a handshake (so never gets a request, nor the client certificate's signature
+/// over a finished transcript).
+#[test]
+fn an_upstream_with_an_untrusted_certificate_is_never_used() {
+    let id = Identity::softhsm();
+    let dir = temp_dir();
+    std::fs::create_dir(dir.path().join("other-ca")).expect("mkdir");
+    let other_ca = support::TestCa::new(&dir.path().join("other-ca"));
+    let genuine = TestUpstream::start(&id.ca);
+    let impostor = TestUpstream::start_serving(&id.ca, &other_ca, 0);
+    let proxy = ProxyProcess::start_to(
+        &id,
+        &impostor.url(),
+        ProxyOptions {
+            args: vec!["--upstream".into(), genuine.url()],
+            ..Default::default()
+        },
+    );
+    for i in 0..20 {
+        let out = proxy.curl_unix(&["-sS", "-w", "\n%{http_code}"], "/version");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            text.ends_with("\n200"),
+            "request {i}: {text}\n{}",
+            proxy.log()
+        );
+    }
+    assert!(
+        impostor.stats().connections.is_empty(),
+        "a handshake with the impostor completed"
+    );
+    assert_eq!(genuine.stats().connections.len() as f64, {
+        let p = genuine.port();
+        proxy.metric(&endpoint("hwkey_upstream_endpoint_connections_total", p))
+    });
+    assert!(
+        proxy.metric(&endpoint(
+            "hwkey_upstream_endpoint_failures_total",
+            impostor.port()
+        )) >= 1.0
     );
 }
