@@ -13,6 +13,10 @@ hsm-fixtures/install-deps.sh
 HWKEY_KUBE_BIN=$(hsm-fixtures/build-kube.sh)
 export HWKEY_KUBE_BIN
 status=0
+# The Debian package and the approver's OCI image (release build, cargo deb, lintian, umoci),
+# which tests/it/clean_root.rs installs into a clean Debian 12 root and tests/it/approver_image.rs
+# runs under runc against the real kube-apiserver.
+hsm-fixtures/package.sh >&2 || status=1
 # Dependency policy (deny.toml): licenses, duplicate crates, sources.
 DENY=$(hsm-fixtures/install-cargo-deny.sh)
 "$DENY" check licenses bans sources || status=1

@@ -10,6 +10,9 @@
 mod approver;
 #[cfg(feature = "tpm")]
 mod approver_attacks;
+// The package and the image are built with both backends (hsm-fixtures/package.sh).
+#[cfg(all(feature = "pkcs11", feature = "tpm"))]
+mod approver_image;
 #[cfg(feature = "tpm")]
 mod attestation;
 mod build_features;
@@ -17,6 +20,8 @@ mod build_features;
 mod ca_rotation;
 #[cfg(feature = "pkcs11")]
 mod cert_import;
+#[cfg(all(feature = "pkcs11", feature = "tpm"))]
+mod clean_root;
 #[cfg(feature = "pkcs11")]
 mod deploy;
 mod faults;

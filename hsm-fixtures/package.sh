@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Usage: hsm-fixtures/package.sh
+#
+# Builds what operators install, from this checkout:
+#   target/package/hwkey_VERSION-1_ARCH.deb   the Debian package (cargo deb, metadata in
+#                                             Cargo.toml), checked by lintian
+#   target/package/hwkey-approver/            the approver's OCI image (an OCI layout, tag
+#                                             VERSION), built with umoci, no Docker daemon
+# and prints their paths. Push the image with
+#   skopeo copy oci:target/package/hwkey-approver:VERSION docker://REGISTRY/hwkey-approver:VERSION
+# The tests that install the package into a clean Debian root and run the image under runc
+# (tests/it/packaging.rs) use these files; hsm-fixtures/test.sh runs this script first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hsm-fixtures/install-deps.sh >&2
+CARGO_DEB=$(hsm-fixtures/install-cargo-deb.sh)
+
+VERSION=$(cargo metadata --locked --no-deps --format-version 1 |
+  python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "hwkey"))')
+OUT=target/package
+GEN=$OUT/gen
+echo "package.sh: release build of hwkey $VERSION" >&2
+cargo build --release --locked --bins
+
+# Dates inside the package and the image come from the commit, so two packagings of one build
+# are alike. (Exported after the build: the C parts of ring and aws-lc rebuild when it changes.)
+SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || date +%s)
+export SOURCE_DATE_EPOCH
+
+rm -rf "$GEN"
+mkdir -p "$GEN/man" "$GEN/completions"
+target/release/hwkey man --out "$GEN/man" 2>/dev/null
+target/release/hwkey completions bash >"$GEN/completions/hwkey"
+target/release/hwkey completions zsh >"$GEN/completions/_hwkey"
+target/release/hwkey completions fish >"$GEN/completions/hwkey.fish"
+# Debian's changelog for this build; the project's history is CHANGELOG.md (shipped as
+# /usr/share/doc/hwkey/changelog.gz).
+cat >"$GEN/changelog.Debian" <<EOF
+hwkey ($VERSION-1) unstable; urgency=medium
+
+  * Package of hwkey $VERSION (commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)).
+    The changes are in /usr/share/doc/hwkey/changelog.gz.
+
+ -- hwkey developers <hwkey@example.org>  $(date -R -u -d "@$SOURCE_DATE_EPOCH")
+EOF
+cp CHANGELOG.md "$GEN/changelog"
+
+echo "package.sh: cargo deb" >&2
+rm -f "$OUT"/hwkey_*.deb
+"$CARGO_DEB" --no-build --no-strip --locked --quiet -o "$OUT/" >&2
+DEB=$(ls "$OUT"/hwkey_"$VERSION"-1_*.deb)
+# Errors and warnings fail the build; every override is in debian/lintian-overrides, with why.
+echo "package.sh: lintian $DEB" >&2
+lintian --fail-on error,warning --allow-root --suppress-tags-from-file /dev/null "$DEB" >&2
+
+# The approver's image: the hwkey binary, the shared libraries it links (as ldd resolves them
+# on this machine, the same Debian 12 the package is for), the CA certificates, and a passwd
+# entry for the non-root user it runs as. No shell, no package manager.
+IMAGE=$OUT/hwkey-approver
+ROOTFS=$OUT/approver-rootfs
+rm -rf "$IMAGE" "$ROOTFS"
+install -D -m 0755 target/release/hwkey "$ROOTFS/usr/bin/hwkey"
+ldd target/release/hwkey | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' |
+  while read -r lib; do
+    # With the file's own mode: the dynamic loader must stay executable.
+    real=$(readlink -f "$lib")
+    install -D -m "$(stat -c %a "$real")" "$real" "$ROOTFS$lib"
+  done
+install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$ROOTFS/etc/ssl/certs/ca-certificates.crt"
+printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$ROOTFS/etc/passwd"
+printf 'root:x:0:\nnonroot:x:65532:\n' >"$ROOTFS/etc/group"
+chmod 0644 "$ROOTFS/etc/passwd" "$ROOTFS/etc/group"
+install -d -m 1777 "$ROOTFS/tmp"
+find "$ROOTFS" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+
+echo "package.sh: OCI image $IMAGE:$VERSION (umoci)" >&2
+COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+CREATED=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
+umoci init --layout "$IMAGE"
+umoci new --image "$IMAGE:$VERSION"
+umoci insert --image "$IMAGE:$VERSION" --history.created "$CREATED" \
+  --history.created_by "hsm-fixtures/package.sh" "$ROOTFS" /
+umoci config --image "$IMAGE:$VERSION" --created "$CREATED" --history.created "$CREATED" \
+  --author "hwkey developers" --os linux --architecture "$(dpkg --print-architecture)" \
+  --config.user 65532:65532 --config.workingdir / \
+  --config.entrypoint /usr/bin/hwkey --config.cmd approver --config.cmd --help \
+  --config.env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+  --config.label "org.opencontainers.image.title=hwkey-approver" \
+  --config.label "org.opencontainers.image.version=$VERSION" \
+  --config.label "org.opencontainers.image.revision=$COMMIT" \
+  --config.label "org.opencontainers.image.licenses=Apache-2.0"
+umoci gc --layout "$IMAGE"
+rm -rf "$ROOTFS"
+
+echo "DEB=$DEB"
+echo "IMAGE=$IMAGE:$VERSION"
+echo "IMAGE_BYTES=$(du -sb "$IMAGE/blobs" | cut -f1)"
