@@ -623,7 +623,14 @@ impl Collector for ScrapeTimeCollector {
                 counter.metric_type(),
             )?)?;
         }
-        let buffers = ConstGauge::new(super::relay::buffers_in_use());
+        let allocations = ConstCounter::new(super::buffers::buffers_allocated());
+        allocations.encode(encoder.encode_descriptor(
+            "hwkey_copy_buffer_allocations",
+            "Copy and read-ahead buffers allocated (zero-filled) since start; a buffer taken again from a thread's pool is not counted",
+            None,
+            allocations.metric_type(),
+        )?)?;
+        let buffers = ConstGauge::new(super::buffers::buffers_in_use());
         buffers.encode(encoder.encode_descriptor(
             "hwkey_copy_buffers",
             "Copy and read-ahead buffers held by connections now (16-64 KiB each; an idle connection holds none)",

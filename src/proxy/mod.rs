@@ -21,6 +21,7 @@
 pub mod admin;
 pub mod admission;
 pub mod bridge;
+pub mod buffers;
 pub mod config;
 pub mod control;
 mod endpoints;

@@ -9,7 +9,8 @@
 //!
 //! Like the relay's copy buffers, the read-ahead buffer exists only while bytes are arriving: it
 //! is taken for a read and given back as soon as it is drained and the socket has nothing more
-//! (`Pending`), so an idle connection holds none. It is counted in `hwkey_copy_buffers`.
+//! (`Pending`), so an idle connection holds none. It comes from the per-thread pool of
+//! [`super::buffers`] and is counted in `hwkey_copy_buffers`.
 //! Writes pass through untouched (rustls writes whole records with `writev`).
 
 use std::io::{self, IoSlice};
@@ -18,7 +19,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::relay::Buffer;
+use super::buffers::Buffer;
 
 /// The largest read from the socket: four maximum-size TLS records.
 pub const READ_AHEAD: usize = 64 * 1024;
@@ -63,6 +64,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
                 Poll::Ready(Ok(())) if !read.filled().is_empty() => {
                     this.pos = 0;
                     this.cap = read.filled().len();
+                    buf.filled(this.cap);
                 }
                 other => {
                     // Nothing arrived (Pending), end of stream or an error: idle from here on.

@@ -12,16 +12,19 @@
 //!
 //! Semantics are `copy_bidirectional`'s: a direction whose reader ends shuts its writer down
 //! (half-close passes through), the copy ends when both directions are done, and the first
-//! error ends it. [`buffers_in_use`] counts the buffers held at this moment, for `/metrics`
-//! and the test that idle connections hold none.
+//! error ends it. Buffers come from [`super::buffers`], which counts them and pools them per
+//! thread.
 
 use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+#[cfg(test)]
+use super::buffers::buffers_in_use;
+use super::buffers::Buffer;
 
 /// Size of a direction's first copy buffer: one maximum TLS record (16 KiB), enough for
 /// requests, responses and watch events.
@@ -30,37 +33,6 @@ pub const COPY_BUFFER: usize = 16 * 1024;
 /// it up to this, so one read takes several TLS records (fewer wake-ups and syscalls per MB).
 /// Only busy directions hold one, so the size costs no idle memory.
 pub const MAX_COPY_BUFFER: usize = 64 * 1024;
-
-static IN_USE: AtomicI64 = AtomicI64::new(0);
-
-/// Copy and read-ahead buffers held by all connections right now.
-pub fn buffers_in_use() -> i64 {
-    IN_USE.load(Ordering::Relaxed)
-}
-
-/// A copy buffer (or a read-ahead buffer, [`super::readahead`]), counted while it exists.
-pub(super) struct Buffer(Box<[u8]>);
-
-impl Buffer {
-    pub(super) fn new(size: usize) -> Buffer {
-        IN_USE.fetch_add(1, Ordering::Relaxed);
-        Buffer(vec![0u8; size].into_boxed_slice())
-    }
-
-    pub(super) fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-
-    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.0
-    }
-}
-
-impl Drop for Buffer {
-    fn drop(&mut self) {
-        IN_USE.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// One direction's state.
 struct Direction {
@@ -110,7 +82,9 @@ impl Direction {
                         "relay: pending bytes without a buffer",
                     )));
                 };
-                let n = ready!(writer.as_mut().poll_write(cx, &buf.0[self.pos..self.cap]))?;
+                let n = ready!(writer
+                    .as_mut()
+                    .poll_write(cx, &buf.bytes()[self.pos..self.cap]))?;
                 if n == 0 {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::WriteZero,
@@ -127,20 +101,21 @@ impl Direction {
                 self.done = true;
                 return Poll::Ready(Ok(self.copied));
             }
-            if self.buf.as_ref().is_some_and(|b| b.0.len() < self.size) {
+            if self.buf.as_ref().is_some_and(|b| b.len() < self.size) {
                 self.buf = None; // drained, and a bigger one is due
             }
             let size = self.size;
             let buf = self.buf.get_or_insert_with(|| Buffer::new(size));
-            let mut read = ReadBuf::new(&mut buf.0);
+            let mut read = ReadBuf::new(buf.bytes_mut());
             match reader.as_mut().poll_read(cx, &mut read) {
                 Poll::Ready(Ok(())) => {
                     let n = read.filled().len();
+                    buf.filled(n);
                     if n == 0 {
                         self.read_done = true;
                         self.buf = None;
                     } else {
-                        if n == buf.0.len() && self.size < MAX_COPY_BUFFER {
+                        if n == buf.len() && self.size < MAX_COPY_BUFFER {
                             self.size *= 2;
                         }
                         self.pos = 0;
