@@ -19,7 +19,7 @@ use common::{Results, Row, Stat};
 const MARKER: &str = "<!-- hand-written below this line: hsm-fixtures/bench.sh keeps it -->";
 
 /// The areas, in its order (one table each).
-const AREAS: [&str; 14] = [
+const AREAS: [&str; 15] = [
     "signing, raw",
     "handshakes",
     "key exchange",
@@ -27,6 +27,7 @@ const AREAS: [&str; 14] = [
     "resumption",
     "throughput",
     "latency",
+    "requests",
     "kubectl",
     "kubectl, real kube-apiserver",
     "exec",

@@ -6,6 +6,7 @@
 #   new-connections.svg   flame graph of `hwkey proxy` during HWKEY_BENCH_ONLY=handshakes
 #                         (new client connections over the UNIX socket and loopback TLS)
 #   bulk.svg              flame graph during HWKEY_BENCH_ONLY=throughput (64 MiB downloads)
+#   requests.svg          flame graph during HWKEY_BENCH_ONLY=requests (small keep-alive GETs)
 #   syscalls.txt          `strace -c` of the proxy over a whole throughput run (805 MB relayed:
 #                         12 downloads of 64 MiB), with calls per MB
 #
@@ -27,6 +28,11 @@ fi
 export PATH="$HOME/.cargo/bin:$PATH"
 
 cargo bench --locked --no-run --bench e2e >&2
+# The proxy the benches start is a release build with its symbols stripped: profile one built
+# the same way with symbols and line tables kept (its own target directory), via HWKEY_BIN.
+CARGO_PROFILE_RELEASE_STRIP=none CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
+  cargo build --release --locked --bin hwkey --target-dir target/profiling >&2
+export HWKEY_BIN=$PWD/target/profiling/release/hwkey
 bench=$(cargo bench --locked --no-run --bench e2e 2>&1 | sed -n 's/.*Executable .*(\(.*\))/\1/p' | tail -1)
 [[ -x "$bench" ]] || { echo "profile.sh: cannot find the e2e bench binary" >&2; exit 1; }
 tmp=$(mktemp -d)
@@ -42,9 +48,10 @@ profile() { # NAME FIGURE TITLE
 }
 profile new-connections handshakes "hwkey proxy: new client connections (UNIX socket and loopback TLS), $(date -u +%F)"
 profile bulk throughput "hwkey proxy: 64 MiB downloads (UNIX socket and loopback TLS), $(date -u +%F)"
+profile requests requests "hwkey proxy: small keep-alive requests (HTTP/1.1 on 8 and 64 connections, h2), $(date -u +%F)"
 
 echo "profile.sh: system calls over a throughput run" >&2
-proxy_bin=$(realpath "$(dirname "$(dirname "$bench")")/hwkey")
+proxy_bin=$HWKEY_BIN
 HWKEY_BENCH_ONLY=throughput "$bench" --bench >"$tmp/strace-run.log" 2>&1 &
 runner=$!
 pid=

@@ -62,6 +62,8 @@ pub(crate) async fn http1_get<S: AsyncRead + AsyncWrite + Unpin>(
     s.write_all(request.as_bytes())
         .await
         .expect("write request");
+    // A TLS stream may keep records it could not write yet until flushed.
+    s.flush().await.expect("flush request");
     let mut filled = 0;
     let head_end = loop {
         let n = s.read(&mut buf[filled..]).await.expect("read response");

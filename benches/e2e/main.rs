@@ -50,6 +50,7 @@ mod fixture;
 mod handshakes;
 mod kubectl;
 mod memory;
+mod requests;
 mod tpm_stall;
 mod traffic;
 
@@ -58,6 +59,7 @@ use fixture::*;
 use handshakes::*;
 use kubectl::*;
 use memory::*;
+use requests::*;
 use tpm_stall::*;
 use traffic::*;
 
@@ -117,6 +119,10 @@ fn main() {
     if wanted("latency") {
         step("latency");
         rows.extend(rt.block_on(latency(&f)));
+    }
+    if wanted("requests") {
+        step("keep-alive requests");
+        rows.extend(rt.block_on(requests(&f)));
     }
     if wanted("kubectl") {
         step("kubectl and exec");

@@ -1,0 +1,335 @@
+//! Many small keep-alive requests (issue 27): what kubelet and controllers send. `GET /version`
+//! (a ~150-byte answer) on 8 and 64 connections at once, HTTP/1.1 through the proxy's UNIX
+//! socket and its loopback TLS listener, h2 streams on one connection, and the same requests
+//! sent directly (the baseline) and through ghostunnel 1.11.1 when it is present (the anchor,
+//! `GHOSTUNNEL` or `../shared/anchors/ghostunnel-1.11.1`; same SoftHSM key, same upstream).
+//!
+//! Per trial: requests per second, p50/p99 of each request, and CPU per request: the proxy
+//! process's (hwkey's or ghostunnel's, from its threads' schedstat), and for the direct series
+//! the client thread's own (for scale: what one TLS client spends on the same request).
+
+use super::*;
+
+/// Where the load goes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Route {
+    Direct,
+    Unix,
+    Loopback,
+    Ghostunnel,
+}
+
+/// ghostunnel in client mode on a UNIX socket in front of the fixture's upstream, signing with
+/// the same SoftHSM key; None when the binary is not on this machine.
+struct Ghostunnel {
+    guard: support::ChildGuard,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Ghostunnel {
+    fn start(f: &Fixture) -> Option<Ghostunnel> {
+        let bin = std::env::var_os("GHOSTUNNEL")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/anchors/ghostunnel-1.11.1")
+            });
+        if !bin.is_file() {
+            eprintln!(
+                "e2e: ghostunnel not found at {} (set GHOSTUNNEL): its rows are left out",
+                bin.display()
+            );
+            return None;
+        }
+        let dir = temp_dir();
+        let socket = dir.path().join("g.sock");
+        let mut cmd = Command::new(&bin);
+        cmd.arg("client")
+            .arg(format!("--listen=unix:{}", socket.display()))
+            .arg(format!("--target=127.0.0.1:{}", f.upstream.port()))
+            .arg("--cert")
+            .arg(&f.id.cert)
+            .arg("--cacert")
+            .arg(f.id.ca.ca_path())
+            .args([
+                "--pkcs11-module=/usr/lib/softhsm/libsofthsm2.so",
+                "--pkcs11-token-label=kube",
+                "--quiet=all",
+            ])
+            .env("PKCS11_PIN", support::softhsm::USER_PIN);
+        for (k, v) in f.id.envs() {
+            cmd.env(k, v);
+        }
+        let guard =
+            support::ChildGuard::spawn(&mut cmd, "ghostunnel", &dir.path().join("ghostunnel.log"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "ghostunnel did not listen:\n{}",
+                guard.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(Ghostunnel {
+            guard,
+            socket,
+            _dir: dir,
+        })
+    }
+}
+
+async fn connect(f: &Fixture, g: Option<&Ghostunnel>, route: Route) -> Conn {
+    match route {
+        Route::Direct => Conn::Tls(Box::new(tls_connect(&f.direct, f.upstream.port()).await)),
+        Route::Unix => Conn::Unix(UnixStream::connect(&f.proxy.socket).await.expect("UNIX")),
+        Route::Loopback => Conn::Tls(Box::new(tls_connect(&f.loopback, f.proxy.tcp_port).await)),
+        Route::Ghostunnel => Conn::Unix(
+            UnixStream::connect(&g.expect("ghostunnel runs").socket)
+                .await
+                .expect("ghostunnel UNIX"),
+        ),
+    }
+}
+
+/// The CPU time of the calling thread (the client's: the runtime is current-thread).
+fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// One trial's figures.
+#[derive(Default, Clone)]
+struct Trial {
+    per_second: f64,
+    cpu_us: f64,
+    p50: f64,
+    p99: f64,
+}
+
+/// `total` requests spread over `conns`, all connections busy at once; `pid` is the process
+/// whose CPU counts (None: the client thread's).
+async fn load(conns: &mut [Conn], total: usize, pid: Option<u32>) -> Trial {
+    let per_conn = total / conns.len();
+    let cpu = || pid.map_or_else(thread_cpu_ns, process_cpu_ns);
+    let cpu_before = cpu();
+    let start = Instant::now();
+    let runs = conns.iter_mut().map(|c| async move {
+        let mut buf = vec![0u8; 4096];
+        let mut samples = Vec::with_capacity(per_conn);
+        for _ in 0..per_conn {
+            let t = Instant::now();
+            c.get("/version", &mut buf).await;
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        samples
+    });
+    let mut samples: Vec<f64> = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let elapsed = start.elapsed().as_secs_f64();
+    let done = samples.len() as f64;
+    let (p50, p99) = p50_p99(&mut samples);
+    Trial {
+        per_second: done / elapsed,
+        cpu_us: (cpu() - cpu_before) as f64 / 1e3 / done,
+        p50,
+        p99,
+    }
+}
+
+/// HTTP/1.1 keep-alive on `n` connections per route; rows against the direct baseline and
+/// against ghostunnel.
+async fn http1_rows(f: &Fixture, g: Option<&Ghostunnel>, n: usize, routes: &[Route]) -> Vec<Row> {
+    let total = pick(40_000, 8_000);
+    let rounds = pick(3, 2);
+    let mut conns = Vec::new();
+    for &route in routes {
+        let mut cs = Vec::new();
+        for _ in 0..n {
+            cs.push(connect(f, g, route).await);
+        }
+        // Warm: handshakes, upstream connections, buffer pools.
+        load(&mut cs, n * 20, None).await;
+        conns.push(cs);
+    }
+    let mut trials: Vec<Vec<Trial>> = vec![Vec::new(); routes.len()];
+    for series in schedule(rounds, routes.len()) {
+        let pid = match routes[series] {
+            Route::Direct => None,
+            Route::Unix | Route::Loopback => Some(f.proxy.guard.id()),
+            Route::Ghostunnel => Some(g.expect("ghostunnel").guard.id()),
+        };
+        trials[series].push(load(&mut conns[series], total, pid).await);
+    }
+    let of = |route: Route| {
+        routes
+            .iter()
+            .position(|&r| r == route)
+            .map(|i| trials[i].clone())
+    };
+    let field = |t: &[Trial], get: fn(&Trial) -> f64| t.iter().map(get).collect::<Vec<f64>>();
+    let direct = of(Route::Direct).expect("the direct baseline");
+    let ghost = of(Route::Ghostunnel);
+    let mut rows = Vec::new();
+    for (route, name) in [
+        (Route::Unix, "UNIX socket"),
+        (Route::Loopback, "loopback TLS"),
+    ] {
+        let Some(t) = of(route) else { continue };
+        let what = format!("HTTP/1.1 keep-alive, {n} connections, proxy {name}");
+        let cpu = ratio_row(
+            "requests",
+            &format!("proxy CPU per request, {what}"),
+            "µs",
+            &field(&t, |t| t.cpu_us),
+            "client CPU per request, direct TLS",
+            &field(&direct, |t| t.cpu_us),
+        );
+        let median = Stat::of(&field(&t, |t| t.cpu_us)).median;
+        let cpu = if route == Route::Unix && n == 8 {
+            cpu.target("≤ 8 µs", Some(median <= 8.0))
+        } else {
+            cpu
+        };
+        rows.push(cpu.note(latency_note(&t)));
+        rows.push(
+            ratio_row(
+                "requests",
+                &format!("requests/s, {what}"),
+                "req/s",
+                &field(&t, |t| t.per_second),
+                "direct TLS",
+                &field(&direct, |t| t.per_second),
+            )
+            .note(format!("direct: {}", latency_note(&direct))),
+        );
+        if let (Some(gt), Route::Unix) = (&ghost, route) {
+            rows.push(
+                ratio_row(
+                    "requests",
+                    &format!("proxy CPU per request vs ghostunnel, HTTP/1.1, {n} connections, UNIX socket"),
+                    "µs",
+                    &field(&t, |t| t.cpu_us),
+                    "ghostunnel 1.11.1",
+                    &field(gt, |t| t.cpu_us),
+                )
+                .target("≤ 0.5×", Some(paired_median(&t, gt, |t| t.cpu_us) <= 0.5))
+                .note(format!("ghostunnel: {}", latency_note(gt))),
+            );
+            rows.push(at_least(
+                ratio_row(
+                    "requests",
+                    &format!("requests/s vs ghostunnel, HTTP/1.1, {n} connections, UNIX socket"),
+                    "req/s",
+                    &field(&t, |t| t.per_second),
+                    "ghostunnel 1.11.1",
+                    &field(gt, |t| t.per_second),
+                ),
+                1.3,
+            ));
+        }
+    }
+    rows
+}
+
+fn paired_median(a: &[Trial], b: &[Trial], get: fn(&Trial) -> f64) -> f64 {
+    let a: Vec<f64> = a.iter().map(get).collect();
+    let b: Vec<f64> = b.iter().map(get).collect();
+    Stat::of(&paired_ratios(&a, &b)).median
+}
+
+fn latency_note(t: &[Trial]) -> String {
+    let p50 = Stat::of(&t.iter().map(|t| t.p50).collect::<Vec<_>>()).median;
+    let p99 = Stat::of(&t.iter().map(|t| t.p99).collect::<Vec<_>>()).median;
+    format!("p50 {p50:.0} µs, p99 {p99:.0} µs")
+}
+
+/// `total` h2 GETs, `streams` in flight at once on the connection of `sender`; requests per
+/// second and CPU µs per request of `pid` (None: the client thread).
+async fn h2_load(
+    sender: &hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
+    streams: usize,
+    total: usize,
+    pid: Option<u32>,
+) -> (f64, f64) {
+    let measure = || pid.map_or_else(thread_cpu_ns, process_cpu_ns);
+    let before = measure();
+    let start = Instant::now();
+    let per = total / streams;
+    let runs = (0..streams).map(|_| {
+        let mut s = sender.clone();
+        async move {
+            for _ in 0..per {
+                h2_get(&mut s, "https://127.0.0.1/version").await;
+            }
+        }
+    });
+    futures::future::join_all(runs).await;
+    let done = (per * streams) as f64;
+    (
+        done / start.elapsed().as_secs_f64(),
+        (measure() - before) as f64 / 1e3 / done,
+    )
+}
+
+/// h2: `streams` requests in flight at once on one connection, direct and through the UNIX
+/// socket (ghostunnel offers no ALPN upstream, so it has no h2 row).
+async fn h2_rows(f: &Fixture, streams: usize) -> Vec<Row> {
+    let total = pick(40_000, 8_000);
+    let rounds = pick(3, 2);
+    let senders = [
+        h2_client(tls_connect(&f.direct_h2, f.upstream.port()).await).await,
+        h2_client(UnixStream::connect(&f.proxy.socket).await.expect("UNIX")).await,
+    ];
+    let pids = [None, Some(f.proxy.guard.id())];
+    for (sender, pid) in senders.iter().zip(pids) {
+        h2_load(sender, streams, streams * 20, pid).await;
+    }
+    let mut cpu: [Vec<f64>; 2] = Default::default();
+    let mut rate: [Vec<f64>; 2] = Default::default();
+    for series in schedule(rounds, 2) {
+        let (r, c) = h2_load(&senders[series], streams, total, pids[series]).await;
+        rate[series].push(r);
+        cpu[series].push(c);
+    }
+    let what = format!("h2, {streams} streams on one connection, proxy UNIX socket");
+    vec![
+        ratio_row(
+            "requests",
+            &format!("proxy CPU per request, {what}"),
+            "µs",
+            &cpu[1],
+            "client CPU per request, direct TLS h2",
+            &cpu[0],
+        ),
+        ratio_row(
+            "requests",
+            &format!("requests/s, {what}"),
+            "req/s",
+            &rate[1],
+            "direct TLS h2",
+            &rate[0],
+        ),
+    ]
+}
+
+/// All the keep-alive request figures.
+pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
+    let ghost = Ghostunnel::start(f);
+    let g = ghost.as_ref();
+    let mut routes = vec![Route::Direct, Route::Unix, Route::Loopback];
+    if g.is_some() {
+        routes.push(Route::Ghostunnel);
+    }
+    let mut rows = http1_rows(f, g, 8, &routes).await;
+    let mut wide = vec![Route::Direct, Route::Unix];
+    if g.is_some() {
+        wide.push(Route::Ghostunnel);
+    }
+    rows.extend(http1_rows(f, g, 64, &wide).await);
+    rows.extend(h2_rows(f, 8).await);
+    rows
+}
