@@ -40,11 +40,14 @@ pub(crate) fn this_commit() -> String {
     commit_line(&String::from_utf8_lossy(&out.stdout))
 }
 
+/// The commit `--version` names, without `-dirty` (a build script reruns only when git's index
+/// changes, so two builds of one work tree may disagree on it).
 pub(crate) fn commit_line(version: &str) -> String {
     version
         .lines()
         .find(|l| l.starts_with("commit: "))
         .unwrap_or_else(|| panic!("no commit line in --version: {version}"))
+        .trim_end_matches("-dirty")
         .to_string()
 }
 
@@ -165,10 +168,22 @@ fn the_package_installs_into_a_clean_debian_root_and_the_main_job_runs_there() {
         );
     }
 
-    // The tools the job uses (none of them depends on a library hwkey needs).
+    // The tools the job uses (none of them depends on a library hwkey needs), and systemd to
+    // check the units.
     root.run_ok(
-        "apt-get install softhsm2 openssl man-db",
-        "apt-get -q install -y --no-install-recommends softhsm2 openssl man-db >/dev/null",
+        "apt-get install softhsm2 openssl man-db systemd",
+        "apt-get -q install -y --no-install-recommends softhsm2 openssl man-db systemd >/dev/null",
+    );
+    // The units as shipped: their binary, paths and man pages exist (a template is checked
+    // through an instance). systemd-analyze prints nothing when all is well.
+    let verified = root.run_ok(
+        "systemd-analyze verify",
+        "cd /usr/lib/systemd/system && cp hwkey-proxy@.service /tmp/hwkey-proxy@kubelet.service && \
+         systemd-analyze verify hwkey-approver.service /tmp/hwkey-proxy@kubelet.service 2>&1",
+    );
+    assert!(
+        verified.trim().is_empty(),
+        "systemd-analyze verify: {verified}"
     );
     check_man_and_completion(&root);
     main_job(&root);

@@ -391,6 +391,18 @@ fn free_ports_are_distinct_and_free() {
     assert!(std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok());
 }
 
+/// swtpm's two ports lie below the ephemeral range, where no outgoing connection can take
+/// them: the approver benchmark used to fail with "no free pair of adjacent TCP ports" when
+/// its connections held the even ports next to every port bind(0) offered.
+#[test]
+fn port_pairs_come_from_below_the_ephemeral_range() {
+    let (low, _) = ephemeral_range();
+    for _ in 0..20 {
+        let p = free_port_pair();
+        assert!(p + 1 < low, "{p} is in the ephemeral range from {low}");
+    }
+}
+
 #[test]
 #[should_panic(
     expected = "definitely-not-a-tool-xyz not found: install it with `apt-get install nope`"

@@ -33,19 +33,48 @@ pub fn free_port() -> u16 {
 }
 
 /// A port P such that P and P+1 are both currently free on 127.0.0.1 (swtpm needs two).
+///
+/// The pair is taken below the kernel's ephemeral range (`ip_local_port_range`), where no
+/// `connect()` and no `bind(0)` ever lands. Inside it (where this used to look, starting from
+/// a `bind(0)` port) the kernel hands odd ports to `bind(0)` and even ones to `connect()`, so
+/// under a load of outgoing connections P+1 was taken again and again, and a benchmark failed
+/// after 1,000 tries; and a pair found there could be taken by a connection before swtpm bound
+/// it.
 pub fn free_port_pair() -> u16 {
-    for _ in 0..1000 {
-        let first = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
-        let port = first.local_addr().expect("local_addr").port();
-        if port == u16::MAX {
-            continue;
+    let (low, _) = ephemeral_range();
+    // Ports from 20000 up to the range: 12,000 pairs on Linux's default range.
+    let floor = 20_000.min(low.saturating_sub(2_000));
+    let span = u32::from(low.saturating_sub(floor + 1)).max(1);
+    let mut seed = std::collections::hash_map::RandomState::new();
+    for attempt in 0..5_000u32 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = seed.build_hasher();
+        h.write_u32(attempt);
+        let port = floor + (h.finish() % u64::from(span)) as u16;
+        if attempt % 1_000 == 999 {
+            seed = std::collections::hash_map::RandomState::new();
         }
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port + 1)).is_ok() && reserve(&[port, port + 1])
-        {
+        let pair = (
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port)),
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port + 1)),
+        );
+        if pair.0.is_ok() && pair.1.is_ok() && reserve(&[port, port + 1]) {
             return port;
         }
     }
-    panic!("no free pair of adjacent TCP ports found on 127.0.0.1");
+    panic!("no free pair of adjacent TCP ports found on 127.0.0.1 below {low}");
+}
+
+/// The kernel's ephemeral port range (`/proc/sys/net/ipv4/ip_local_port_range`; Linux's
+/// default when unreadable).
+pub fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| {
+            let mut parts = text.split_whitespace().map(|p| p.parse::<u16>().ok());
+            Some((parts.next()??, parts.next()??))
+        })
+        .unwrap_or((32768, 60999))
 }
 
 /// True if something accepts TCP connections on 127.0.0.1:`port` right now.
