@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hsm-fixtures/install-deps.sh >&2
-CARGO_DEB=$(hsm-fixtures/install-cargo-deb.sh)
+CARGO_DEB=$(hsm-fixtures/install-cargo-tool.sh cargo-deb 3.8.0)
 
 VERSION=$(cargo metadata --locked --no-deps --format-version 1 |
   python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "hwkey"))')
@@ -51,7 +51,7 @@ rm -f "$OUT"/hwkey_*.deb
 DEB=$(ls "$OUT"/hwkey_"$VERSION"-1_*.deb)
 # Errors and warnings fail the build; every override is in debian/lintian-overrides, with why.
 echo "package.sh: lintian $DEB" >&2
-lintian --fail-on error,warning --allow-root --suppress-tags-from-file /dev/null "$DEB" >&2
+lintian --fail-on error,warning --allow-root "$DEB" >&2
 
 # The approver's image: the hwkey binary, the shared libraries it links (as ldd resolves them
 # on this machine, the same Debian 12 the package is for), the CA certificates, and a passwd

@@ -18,7 +18,7 @@ status=0
 # runs under runc against the real kube-apiserver.
 hsm-fixtures/package.sh >&2 || status=1
 # Dependency policy (deny.toml): licenses, duplicate crates, sources.
-DENY=$(hsm-fixtures/install-cargo-deny.sh)
+DENY=$(hsm-fixtures/install-cargo-tool.sh cargo-deny 0.20.2)
 "$DENY" check licenses bans sources || status=1
 # Security advisories, offline: the RustSec database comes from the snapshot in
 # ../shared/rustsec (these machines cannot reach github.com), cloned where cargo-deny looks for

@@ -3,8 +3,9 @@
 //! A connection holds a buffer only while bytes are in flight (the relay and the read-ahead
 //! give theirs back as soon as a read returns `Pending`), so idle connections hold none. Before
 //! the pool, every burst therefore allocated a fresh 16–64 KiB buffer and the allocator
-//! zero-filled it: on a stream of small keep-alive requests that `memset` was 11.5 % of the
-//! proxy's CPU (docs/BENCHMARKS.md, issue 27). Now a buffer given back goes to its thread's
+//! zero-filled it, on every poll that found nothing to read too: on a stream of small
+//! keep-alive requests that `memset` was 39 % of the proxy's CPU samples (docs/BENCHMARKS.md,
+//! issue 27). Now a buffer given back goes to its thread's
 //! free list (at most [`KEPT_PER_SIZE`] of each size) and the next burst on that thread takes
 //! it again: in steady state a request allocates nothing and zero-fills nothing.
 //!

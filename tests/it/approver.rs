@@ -22,22 +22,64 @@ use crate::lifecycle::{csr_field, enroll_node};
 pub(crate) const MANIFEST: &str = include_str!("../../deploy/approver.yaml");
 pub(crate) const KUBELET_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 
-/// The Deployment's container arguments, as shipped.
-fn deployment_args() -> Vec<String> {
+/// The Deployment in the manifest, as shipped (as JSON, for field access).
+pub(crate) fn deployment() -> serde_json::Value {
     use serde::Deserialize as _;
     for doc in serde_yaml_ng::Deserializer::from_str(MANIFEST) {
         let value = serde_yaml_ng::Value::deserialize(doc).expect("deploy/approver.yaml parses");
         if value["kind"] == "Deployment" {
-            let args = &value["spec"]["template"]["spec"]["containers"][0]["args"];
-            return args
-                .as_sequence()
-                .expect("the container has args")
-                .iter()
-                .map(|a| a.as_str().expect("string arg").to_string())
-                .collect();
+            return serde_json::to_value(&value).expect("YAML as JSON");
         }
     }
     panic!("deploy/approver.yaml has no Deployment");
+}
+
+/// The Deployment's container arguments, as shipped.
+fn deployment_args() -> Vec<String> {
+    deployment()["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("the container has args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_string())
+        .collect()
+}
+
+/// Installs the approver as shipped (`deploy/approver.yaml`) and registers the nodes in `trust`
+/// (one file per node) in its ConfigMap.
+pub(crate) fn install_approver(cluster: &KubeCluster, trust: &Path) {
+    cluster.apply(MANIFEST);
+    cluster.kubectl_ok(&[
+        "-n",
+        "hwkey-system",
+        "create",
+        "configmap",
+        "hwkey-approver-trust",
+        &format!("--from-file={}", trust.display()),
+    ]);
+}
+
+/// The holder of the approver's Lease ("" when released).
+pub(crate) fn lease_holder(cluster: &KubeCluster) -> String {
+    let out = cluster.kubectl_ok(&[
+        "-n",
+        "hwkey-system",
+        "get",
+        "lease",
+        "hwkey-approver",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Stops the proxy `hwkey bootstrap` left running in `state` (for the node's kubelet).
+pub(crate) fn stop_bootstrap_proxy(state: &Path) {
+    if let Some(pid) = std::fs::read_to_string(state.join("proxy.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    {
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+    }
 }
 
 /// One approver replica: the Deployment's arguments, the service account's kubeconfig, a
@@ -231,15 +273,7 @@ fn on_a_signer_only_cluster_the_approver_alone_admits_attested_tpm_nodes() {
     let (trust, tcti) = enroll_node(&id, dir, "node5");
 
     // Install the approver as shipped; register the node in its ConfigMap.
-    cluster.apply(MANIFEST);
-    cluster.kubectl_ok(&[
-        "-n",
-        "hwkey-system",
-        "create",
-        "configmap",
-        "hwkey-approver-trust",
-        &format!("--from-file={}", trust.display()),
-    ]);
+    install_approver(&cluster, &trust);
     let account = cluster.service_account_kubeconfig("hwkey-system", "hwkey-approver");
     let a = Replica::start(&account, dir, "approver-a");
     let b = Replica::start(&account, dir, "approver-b");
@@ -253,20 +287,7 @@ fn on_a_signer_only_cluster_the_approver_alone_admits_attested_tpm_nodes() {
         b.child.log()
     );
     let (leader, standby) = if a.leading() { (a, b) } else { (b, a) };
-    let holder = cluster.kubectl_ok(&[
-        "-n",
-        "hwkey-system",
-        "get",
-        "lease",
-        "hwkey-approver",
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ]);
-    assert!(
-        !output_text(&holder).trim().is_empty(),
-        "{}",
-        output_text(&holder)
-    );
+    assert!(!lease_holder(&cluster).is_empty(), "no Lease holder");
 
     // The TPM node bootstraps with evidence: approved by hwkey alone, issued, and working.
     let key = format!(
@@ -295,12 +316,7 @@ fn on_a_signer_only_cluster_the_approver_alone_admits_attested_tpm_nodes() {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     let (nodes, secrets) = (can_i("get", "nodes"), can_i("list", "secrets"));
-    if let Some(pid) = std::fs::read_to_string(state.join("proxy.pid"))
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-    {
-        let _ = Command::new("kill").arg(pid.to_string()).status();
-    }
+    stop_bootstrap_proxy(&state);
     // The Node authorizer answers "no - No Object name found" for a list.
     assert!(
         nodes == "yes" && secrets.starts_with("no"),

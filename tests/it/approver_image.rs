@@ -17,7 +17,8 @@ use support::proxy::Identity;
 use support::*;
 
 use crate::approver::{
-    decisions_on, submit_software_request, wait_until, KUBELET_SIGNER, MANIFEST,
+    decisions_on, deployment, install_approver, lease_holder, stop_bootstrap_proxy,
+    submit_software_request, wait_until, KUBELET_SIGNER,
 };
 use crate::lifecycle::{bootstrap_attested, csr_field, enroll_node, wait_for_csr};
 
@@ -30,19 +31,6 @@ fn built_image() -> (PathBuf, String) {
         layout.display()
     );
     (layout, env!("CARGO_PKG_VERSION").to_string())
-}
-
-/// The Deployment's pod template, as shipped.
-fn deployment() -> Value {
-    use serde::Deserialize as _;
-    for doc in serde_yaml_ng::Deserializer::from_str(MANIFEST) {
-        let value = serde_yaml_ng::Value::deserialize(doc).expect("deploy/approver.yaml parses");
-        if value["kind"] == "Deployment" {
-            let text = serde_json::to_string(&value).expect("YAML as JSON");
-            return serde_json::from_str(&text).expect("JSON");
-        }
-    }
-    panic!("deploy/approver.yaml has no Deployment");
 }
 
 /// Sum of the sizes of the files under `dir` (what the image occupies).
@@ -224,15 +212,7 @@ fn the_approver_image_decides_under_runc_as_a_pod_would_run_it() {
     let work = temp_dir();
     let dir = work.path();
     let (trust, tcti) = enroll_node(&id, dir, "node7");
-    cluster.apply(MANIFEST);
-    cluster.kubectl_ok(&[
-        "-n",
-        "hwkey-system",
-        "create",
-        "configmap",
-        "hwkey-approver-trust",
-        &format!("--from-file={}", trust.display()),
-    ]);
+    install_approver(&cluster, &trust);
     let sa = service_account_dir(&cluster, dir);
 
     let bundle = dir.join("bundle");
@@ -254,14 +234,8 @@ fn the_approver_image_decides_under_runc_as_a_pod_would_run_it() {
         json!(65532),
         "the image's user"
     );
-    let port = cluster
-        .url()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
     let metrics_port = free_port();
-    configure_bundle(&bundle, &sa, port, metrics_port);
+    configure_bundle(&bundle, &sa, cluster.port(), metrics_port);
 
     let name = format!("hwkey-approver-test-{metrics_port}");
     let mut container = Container::run(&bundle, &name, &dir.join("container.log"));
@@ -278,16 +252,7 @@ fn the_approver_image_decides_under_runc_as_a_pod_would_run_it() {
         "exit {status} on SIGTERM:\n{}",
         container.runc.log()
     );
-    let holder = cluster.kubectl_ok(&[
-        "-n",
-        "hwkey-system",
-        "get",
-        "lease",
-        "hwkey-approver",
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ]);
-    assert_eq!(output_text(&holder).trim(), "", "the Lease is released");
+    assert_eq!(lease_holder(&cluster), "", "the Lease is released");
 }
 
 /// An attested bootstrap is approved, a software key's request denied; /healthz and /metrics
@@ -311,19 +276,10 @@ fn decide_and_serve(
         get("/metrics").contains("hwkey_approver_leader 1")
     });
     assert!(get("/healthz").ends_with("\n200"), "{}", get("/healthz"));
-    let holder = cluster.kubectl_ok(&[
-        "-n",
-        "hwkey-system",
-        "get",
-        "lease",
-        "hwkey-approver",
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ]);
+    let holder = lease_holder(cluster);
     assert!(
-        output_text(&holder).starts_with("hwkey-approver-7d9f8-x2x4z_"),
-        "the Lease holder is the pod's name: {}",
-        output_text(&holder)
+        holder.starts_with("hwkey-approver-7d9f8-x2x4z_"),
+        "the Lease holder is the pod's name: {holder}"
     );
 
     let key = format!(
@@ -343,7 +299,7 @@ fn decide_and_serve(
         "{}",
         container.runc.log()
     );
-    stop_bootstrap_proxy(dir);
+    stop_bootstrap_proxy(&dir.join("state"));
 
     submit_software_request(cluster, dir, "unattested", "node7", KUBELET_SIGNER);
     wait_until(
@@ -362,16 +318,6 @@ fn decide_and_serve(
         "hwkey_approver_decisions_total{decision=\"denied\",reason=\"NoEvidence\"} 1",
     ] {
         assert!(metrics.contains(series), "{series} not in:\n{metrics}");
-    }
-}
-
-/// The proxy `hwkey bootstrap` left running for the node's kubelet.
-fn stop_bootstrap_proxy(dir: &Path) {
-    if let Some(pid) = std::fs::read_to_string(dir.join("state/proxy.pid"))
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-    {
-        let _ = Command::new("kill").arg(pid.to_string()).status();
     }
 }
 

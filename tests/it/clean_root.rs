@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 use support::{output_text, require_tool, run_ok, temp_dir};
 
 /// The package `hsm-fixtures/package.sh` built from this checkout.
-pub(crate) fn built_package() -> PathBuf {
+fn built_package() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/package");
     let deb = dir.join(format!(
         "hwkey_{}-1_{}.deb",
@@ -35,14 +35,14 @@ fn dpkg_architecture() -> String {
 
 /// The commit line of `hwkey --version` of this test build, which the packaged binary must
 /// share (a package left over from another commit would test the wrong code).
-pub(crate) fn this_commit() -> String {
+fn this_commit() -> String {
     let out = run_ok(support::hwkey().arg("--version"));
     commit_line(&String::from_utf8_lossy(&out.stdout))
 }
 
 /// The commit `--version` names, without `-dirty` (a build script reruns only when git's index
 /// changes, so two builds of one work tree may disagree on it).
-pub(crate) fn commit_line(version: &str) -> String {
+fn commit_line(version: &str) -> String {
     version
         .lines()
         .find(|l| l.starts_with("commit: "))

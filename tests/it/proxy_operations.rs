@@ -399,6 +399,19 @@ fn handshake_timeout_idle_timeout_and_connection_limit() {
     assert!(response.contains("\"user\":\"alice\""), "{response}");
 }
 
+/// Waits (at most 10 s) until the proxy's connections hold no copy buffer.
+fn wait_until_no_copy_buffers(proxy: &ProxyProcess) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.metric("hwkey_copy_buffers") != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "idle connections still hold {} copy buffers",
+            proxy.metric("hwkey_copy_buffers")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Idle streams hold no copy buffers (issue 12): with 20 watches open through the proxy and
 /// waiting for events, `hwkey_copy_buffers` is 0. A download whose client stops reading keeps
 /// its bytes in flight, so the gauge does rise: it counts what it says.
@@ -416,15 +429,7 @@ fn idle_connections_hold_no_copy_buffers(identity: fn() -> Identity) {
         })
         .collect();
     assert_eq!(proxy.metric("hwkey_connections_active"), 20.0);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while proxy.metric("hwkey_copy_buffers") != 0.0 {
-        assert!(
-            Instant::now() < deadline,
-            "idle watches still hold {} copy buffers",
-            proxy.metric("hwkey_copy_buffers")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_no_copy_buffers(&proxy);
 
     // A client that asks for 64 MiB and reads nothing: the proxy holds the bytes it could not
     // write yet.
@@ -475,11 +480,7 @@ fn keep_alive_requests_reuse_pooled_buffers_instead_of_allocating() {
         allocated <= bound,
         "2,000 keep-alive requests allocated {allocated} buffers (at most {bound}: each of {workers} worker threads fills its pool once)"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while proxy.metric("hwkey_copy_buffers") != 0.0 {
-        assert!(Instant::now() < deadline, "idle connections hold buffers");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_no_copy_buffers(&proxy);
 }
 
 /// What an idle connection costs the proxy (issue 12: ≤ 16 KiB each beyond the kernel's

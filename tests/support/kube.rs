@@ -247,6 +247,11 @@ impl KubeCluster {
         cluster
     }
 
+    /// The API server's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// `https://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)

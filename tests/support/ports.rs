@@ -41,19 +41,16 @@ pub fn free_port() -> u16 {
 /// after 1,000 tries; and a pair found there could be taken by a connection before swtpm bound
 /// it.
 pub fn free_port_pair() -> u16 {
+    use std::hash::BuildHasher;
     let (low, _) = ephemeral_range();
-    // Ports from 20000 up to the range: 12,000 pairs on Linux's default range.
-    let floor = 20_000.min(low.saturating_sub(2_000));
-    let span = u32::from(low.saturating_sub(floor + 1)).max(1);
-    let mut seed = std::collections::hash_map::RandomState::new();
-    for attempt in 0..5_000u32 {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = seed.build_hasher();
-        h.write_u32(attempt);
-        let port = floor + (h.finish() % u64::from(span)) as u16;
-        if attempt % 1_000 == 999 {
-            seed = std::collections::hash_map::RandomState::new();
-        }
+    // Ports from 20000 (never below 1024) up to the range: 12,000 pairs on Linux's default.
+    let floor = 20_000.min(low.saturating_sub(2_000)).max(1024);
+    let span = u32::from(low.saturating_sub(floor + 1).max(1));
+    // A random start (so parallel test binaries spread out), then every candidate in turn.
+    let start = (std::collections::hash_map::RandomState::new().hash_one(std::process::id())
+        % u64::from(span)) as u32;
+    for i in 0..span {
+        let port = floor + ((start + i) % span) as u16;
         let pair = (
             TcpListener::bind((Ipv4Addr::LOCALHOST, port)),
             TcpListener::bind((Ipv4Addr::LOCALHOST, port + 1)),
@@ -62,7 +59,7 @@ pub fn free_port_pair() -> u16 {
             return port;
         }
     }
-    panic!("no free pair of adjacent TCP ports found on 127.0.0.1 below {low}");
+    panic!("no free pair of adjacent TCP ports found on 127.0.0.1 from {floor} to {low}");
 }
 
 /// The kernel's ephemeral port range (`/proc/sys/net/ipv4/ip_local_port_range`; Linux's
