@@ -6,6 +6,10 @@
  * when LIMIT_REPORT is 0 (a module that does not say). Every C_OpenSession is appended to the
  * file LIMIT_LOG as "open N" (N sessions open after it) or "refused".
  *
+ * With -DHIDE_LISTINGS=N, the first N listings of slots with a token (C_GetSlotList with
+ * tokenPresent) find none, as SoftHSM lists none when, at its C_Initialize, another process was
+ * rewriting the token's file.
+ *
  * The settings are compile-time (-DLIMIT_SESSIONS=2 -DLIMIT_REPORT=0 -DLIMIT_LOG='"/path"'), so
  * two builds at two paths are two independent modules in one process. Built by
  * tests/support/session_limit.rs for the PKCS#11 key tests.
@@ -85,6 +89,24 @@ static CK_RV limited_token_info(CK_SLOT_ID slot, CK_TOKEN_INFO_PTR info)
     return rv;
 }
 
+#ifdef HIDE_LISTINGS
+static int listings;
+static int hiding;
+
+static CK_RV hiding_slot_list(CK_BBOOL present, CK_SLOT_ID_PTR slots, CK_ULONG_PTR count)
+{
+    if (present && slots == NULL_PTR) {
+        listings++;
+        hiding = listings <= HIDE_LISTINGS;
+    }
+    if (present && hiding) {
+        *count = 0;
+        return CKR_OK;
+    }
+    return real->C_GetSlotList(present, slots, count);
+}
+#endif
+
 CK_RV C_GetFunctionList(CK_FUNCTION_LIST_PTR_PTR list)
 {
     void *module;
@@ -105,6 +127,9 @@ CK_RV C_GetFunctionList(CK_FUNCTION_LIST_PTR_PTR list)
         shim.C_CloseSession = limited_close;
         shim.C_CloseAllSessions = limited_close_all;
         shim.C_GetTokenInfo = limited_token_info;
+#ifdef HIDE_LISTINGS
+        shim.C_GetSlotList = hiding_slot_list;
+#endif
     }
     *list = &shim;
     return CKR_OK;

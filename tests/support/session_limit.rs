@@ -16,6 +16,17 @@ impl LimitedModule {
     /// Builds DIR/limit-N.so allowing `limit` sessions at once; `report` says whether
     /// `C_GetTokenInfo` tells that limit (`ulMaxSessionCount`) or says "effectively infinite".
     pub fn build(dir: &Path, limit: u32, report: bool) -> LimitedModule {
+        Self::build_with(dir, limit, report, 0)
+    }
+
+    /// A module (64 sessions) whose first `hidden` listings of slots with a token find none, as
+    /// SoftHSM finds none when another process rewrites the token's file during its
+    /// `C_Initialize`.
+    pub fn hiding_first_listings(dir: &Path, hidden: u32) -> LimitedModule {
+        Self::build_with(dir, 64, true, hidden)
+    }
+
+    fn build_with(dir: &Path, limit: u32, report: bool, hidden: u32) -> LimitedModule {
         crate::require_tool("gcc", "build-essential");
         assert!(
             Path::new("/usr/include/p11-kit-1/p11-kit/pkcs11.h").exists(),
@@ -25,8 +36,9 @@ impl LimitedModule {
             env!("CARGO_MANIFEST_DIR"),
             "/../../hsm-fixtures/session-limit.c"
         );
-        let module = dir.join(format!("limit-{limit}-{}.so", u8::from(report)));
-        let log = dir.join(format!("limit-{limit}-{}.log", u8::from(report)));
+        let name = format!("limit-{limit}-{}-{hidden}", u8::from(report));
+        let module = dir.join(format!("{name}.so"));
+        let log = dir.join(format!("{name}.log"));
         run_ok(
             Command::new("gcc")
                 .args([
@@ -39,6 +51,7 @@ impl LimitedModule {
                 .arg(format!("-DLIMIT_SESSIONS={limit}"))
                 .arg(format!("-DLIMIT_REPORT={}", u8::from(report)))
                 .arg(format!("-DLIMIT_LOG=\"{}\"", log.display()))
+                .args((hidden > 0).then(|| format!("-DHIDE_LISTINGS={hidden}")))
                 .arg("-o")
                 .arg(&module)
                 .arg(source)

@@ -46,7 +46,18 @@ impl Token {
     pub(crate) fn find(uri: &Pkcs11Uri) -> Result<Token, KeyError> {
         let module = uri.module()?;
         let ctx = super::module::load(&module)?;
-        let (slot, label, serial, login_required) = locate(&ctx, uri, &module)?;
+        // A token the module did not list may still be there: SoftHSM lists none when, during
+        // its C_Initialize, another process was rewriting the token's file (a failed login does
+        // that). After a moment for that write, the module is initialised again once, as for a
+        // token that came back.
+        let mut found = locate(&ctx, uri, &module);
+        if matches!(found, Err(KeyError::TokenNotFound { .. })) {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            if super::module::reinitialize(&module, &ctx) {
+                found = locate(&ctx, uri, &module);
+            }
+        }
+        let (slot, label, serial, login_required) = found?;
         Ok(Token {
             ctx,
             slot: std::sync::Mutex::new(slot),
