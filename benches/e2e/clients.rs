@@ -47,6 +47,21 @@ pub(crate) async fn tls_connect(config: &Arc<ClientConfig>, port: u16) -> TlsStr
         .expect("TLS handshake")
 }
 
+/// TLS to the upstream over the UNIX socket at `path` (a byte relay in front of it).
+pub(crate) async fn tls_connect_unix(
+    config: &Arc<ClientConfig>,
+    path: &Path,
+) -> TlsStream<UnixStream> {
+    let unix = UnixStream::connect(path).await.expect("UNIX connect");
+    tokio_rustls::TlsConnector::from(config.clone())
+        .connect(
+            ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into()),
+            unix,
+        )
+        .await
+        .expect("TLS handshake through the relay")
+}
+
 pub(crate) fn resumed(s: &TlsStream<TcpStream>) -> bool {
     s.get_ref().1.handshake_kind() == Some(HandshakeKind::Resumed)
 }

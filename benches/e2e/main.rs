@@ -47,6 +47,7 @@ use support::{hwkey, run_ok, temp_dir};
 
 mod clients;
 mod fixture;
+mod floor;
 mod handshakes;
 mod kubectl;
 mod memory;
@@ -56,6 +57,7 @@ mod traffic;
 
 use clients::*;
 use fixture::*;
+use floor::*;
 use handshakes::*;
 use kubectl::*;
 use memory::*;

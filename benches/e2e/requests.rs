@@ -10,6 +10,12 @@
 
 use super::*;
 
+/// The relays measured beside the proxy.
+struct Peers<'a> {
+    ghost: Option<&'a Ghostunnel>,
+    floor: &'a FloorRelay,
+}
+
 /// Where the load goes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Route {
@@ -17,6 +23,71 @@ enum Route {
     Unix,
     Loopback,
     Ghostunnel,
+    /// TLS from the client to the upstream through the floor relay ([`FloorRelay`]).
+    Floor,
+}
+
+/// Whose CPU and context switches a trial counts.
+#[derive(Clone)]
+enum Whose {
+    /// The calling thread: the client (the runtime is current-thread).
+    Client,
+    /// Every thread of a process (the proxy, ghostunnel).
+    Process(u32),
+    /// One thread, by its `/proc` task directory (the floor relay).
+    Task(PathBuf),
+}
+
+impl Whose {
+    fn cpu_ns(&self) -> u64 {
+        match self {
+            Whose::Client => thread_cpu_ns(),
+            Whose::Process(pid) => process_cpu_ns(*pid),
+            Whose::Task(dir) => task_figure(dir, "schedstat", |text| {
+                text.split_whitespace().next()?.parse().ok()
+            }),
+        }
+    }
+
+    /// Context switches (voluntary and involuntary) so far; 0 for the client.
+    fn switches(&self) -> u64 {
+        let tasks: Vec<PathBuf> = match self {
+            Whose::Client => return 0,
+            Whose::Process(pid) => std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|d| d.filter_map(|t| Some(t.ok()?.path())).collect())
+                .unwrap_or_default(),
+            Whose::Task(dir) => vec![dir.clone()],
+        };
+        tasks
+            .iter()
+            .map(|t| {
+                task_figure(t, "status", |text| {
+                    Some(
+                        text.lines()
+                            .filter(|l| l.contains("ctxt_switches:"))
+                            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                            .sum(),
+                    )
+                })
+            })
+            .sum()
+    }
+
+    /// The process `perf` attaches to for the system call count (the proxy's, ghostunnel's).
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Whose::Process(pid) => Some(*pid),
+            _ => None,
+        }
+    }
+}
+
+/// A figure parsed from the file `name` of a `/proc` task directory; 0 when it is gone.
+fn task_figure(dir: &Path, name: &str, parse: impl Fn(&str) -> Option<u64>) -> u64 {
+    std::fs::read_to_string(dir.join(name))
+        .ok()
+        .and_then(|text| parse(&text))
+        .unwrap_or(0)
 }
 
 /// ghostunnel in client mode on a UNIX socket in front of the fixture's upstream, signing with
@@ -79,7 +150,8 @@ impl Ghostunnel {
     }
 }
 
-async fn connect(f: &Fixture, g: Option<&Ghostunnel>, route: Route) -> Conn {
+async fn connect(f: &Fixture, p: &Peers<'_>, route: Route) -> Conn {
+    let g = p.ghost;
     match route {
         Route::Direct => Conn::Tls(Box::new(tls_connect(&f.direct, f.upstream.port()).await)),
         Route::Unix => Conn::Unix(UnixStream::connect(&f.proxy.socket).await.expect("UNIX")),
@@ -89,6 +161,7 @@ async fn connect(f: &Fixture, g: Option<&Ghostunnel>, route: Route) -> Conn {
                 .await
                 .expect("ghostunnel UNIX"),
         ),
+        Route::Floor => Conn::TlsUnix(Box::new(tls_connect_unix(&f.direct, &p.floor.socket).await)),
     }
 }
 
@@ -105,13 +178,60 @@ struct Trial {
     cpu_us: f64,
     p50: f64,
     p99: f64,
+    /// The proxy's context switches per request (voluntary + involuntary, all its threads).
+    switches: f64,
+    /// The proxy's system calls per request, when `perf` can count them.
+    syscalls: Option<f64>,
 }
 
-/// `total` requests spread over `conns`, all connections busy at once; `pid` is the process
-/// whose CPU counts (None: the client thread's).
-async fn load(conns: &mut [Conn], total: usize, pid: Option<u32>) -> Trial {
+/// `perf stat` counting the system calls of `pid` until [`SyscallCount::stop`]; None when perf
+/// cannot (not installed, or not allowed). Only with `HWKEY_BENCH_SYSCALLS` set: the tracepoint
+/// slows every call, so the CPU figures of such a run are not the published ones.
+struct SyscallCount(std::process::Child, tempfile::NamedTempFile);
+
+impl SyscallCount {
+    fn start(pid: u32) -> Option<SyscallCount> {
+        let out = tempfile::NamedTempFile::new().ok()?;
+        let child = Command::new("perf")
+            .args(["stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p"])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(out.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        std::thread::sleep(Duration::from_millis(200)); // perf attaches
+        Some(SyscallCount(child, out))
+    }
+
+    fn stop(mut self) -> Option<u64> {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(self.0.id() as i32)?,
+            rustix::process::Signal::INT,
+        )
+        .ok()?;
+        self.0.wait().ok()?;
+        let text = std::fs::read_to_string(self.1.path()).ok()?;
+        text.lines()
+            .find(|l| l.contains("raw_syscalls:sys_enter"))?
+            .split(',')
+            .next()?
+            .parse()
+            .ok()
+    }
+}
+
+/// `total` requests spread over `conns`, all connections busy at once; `whose` CPU counts.
+async fn load(conns: &mut [Conn], total: usize, whose: &Whose) -> Trial {
     let per_conn = total / conns.len();
-    let cpu = || pid.map_or_else(thread_cpu_ns, process_cpu_ns);
+    let cpu = || whose.cpu_ns();
+    let switches = || whose.switches();
+    let counter = whose
+        .pid()
+        .filter(|_| std::env::var_os("HWKEY_BENCH_SYSCALLS").is_some());
+    let counter = counter.and_then(SyscallCount::start);
+    let switches_before = switches();
     let cpu_before = cpu();
     let start = Instant::now();
     let runs = conns.iter_mut().map(|c| async move {
@@ -131,38 +251,47 @@ async fn load(conns: &mut [Conn], total: usize, pid: Option<u32>) -> Trial {
         .collect();
     let elapsed = start.elapsed().as_secs_f64();
     let done = samples.len() as f64;
+    let cpu_us = (cpu() - cpu_before) as f64 / 1e3 / done;
+    let switches = (switches() - switches_before) as f64 / done;
+    let syscalls = counter
+        .and_then(SyscallCount::stop)
+        .map(|n| n as f64 / done);
     let (p50, p99) = p50_p99(&mut samples);
     Trial {
         per_second: done / elapsed,
-        cpu_us: (cpu() - cpu_before) as f64 / 1e3 / done,
+        cpu_us,
         p50,
         p99,
+        switches,
+        syscalls,
     }
 }
 
 /// HTTP/1.1 keep-alive on `n` connections per route; rows against the direct baseline and
 /// against ghostunnel.
-async fn http1_rows(f: &Fixture, g: Option<&Ghostunnel>, n: usize, routes: &[Route]) -> Vec<Row> {
+async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> Vec<Row> {
+    let g = p.ghost;
     let total = pick(40_000, 8_000);
     let rounds = pick(3, 2);
     let mut conns = Vec::new();
     for &route in routes {
         let mut cs = Vec::new();
         for _ in 0..n {
-            cs.push(connect(f, g, route).await);
+            cs.push(connect(f, p, route).await);
         }
         // Warm: handshakes, upstream connections, buffer pools.
-        load(&mut cs, n * 20, None).await;
+        load(&mut cs, n * 20, &Whose::Client).await;
         conns.push(cs);
     }
     let mut trials: Vec<Vec<Trial>> = vec![Vec::new(); routes.len()];
     for series in schedule(rounds, routes.len()) {
-        let pid = match routes[series] {
-            Route::Direct => None,
-            Route::Unix | Route::Loopback => Some(f.proxy.guard.id()),
-            Route::Ghostunnel => Some(g.expect("ghostunnel").guard.id()),
+        let whose = match routes[series] {
+            Route::Direct => Whose::Client,
+            Route::Unix | Route::Loopback => Whose::Process(f.proxy.guard.id()),
+            Route::Ghostunnel => Whose::Process(g.expect("ghostunnel").guard.id()),
+            Route::Floor => Whose::Task(p.floor.task_dir()),
         };
-        trials[series].push(load(&mut conns[series], total, pid).await);
+        trials[series].push(load(&mut conns[series], total, &whose).await);
     }
     let of = |route: Route| {
         routes
@@ -206,6 +335,19 @@ async fn http1_rows(f: &Fixture, g: Option<&Ghostunnel>, n: usize, routes: &[Rou
             )
             .note(format!("direct: {}", latency_note(&direct))),
         );
+        if let (Some(fl), Route::Unix) = (of(Route::Floor), route) {
+            rows.push(
+                ratio_row(
+                    "requests",
+                    &format!("proxy CPU per request vs the relay floor, HTTP/1.1, {n} connections, UNIX socket"),
+                    "µs",
+                    &field(&t, |t| t.cpu_us),
+                    "floor relay (bytes only, one thread)",
+                    &field(&fl, |t| t.cpu_us),
+                )
+                .note(format!("floor: {}", latency_note(&fl))),
+            );
+        }
         if let (Some(gt), Route::Unix) = (&ghost, route) {
             rows.push(
                 ratio_row(
@@ -244,7 +386,16 @@ fn paired_median(a: &[Trial], b: &[Trial], get: fn(&Trial) -> f64) -> f64 {
 fn latency_note(t: &[Trial]) -> String {
     let p50 = Stat::of(&t.iter().map(|t| t.p50).collect::<Vec<_>>()).median;
     let p99 = Stat::of(&t.iter().map(|t| t.p99).collect::<Vec<_>>()).median;
-    format!("p50 {p50:.0} µs, p99 {p99:.0} µs")
+    let mut note = format!("p50 {p50:.0} µs, p99 {p99:.0} µs");
+    let switches = Stat::of(&t.iter().map(|t| t.switches).collect::<Vec<_>>()).median;
+    if switches > 0.0 {
+        note += &format!(", {switches:.2} context switches per request");
+    }
+    let calls: Vec<f64> = t.iter().filter_map(|t| t.syscalls).collect();
+    if !calls.is_empty() {
+        note += &format!(", {:.2} system calls per request", Stat::of(&calls).median);
+    }
+    note
 }
 
 /// `total` h2 GETs, `streams` in flight at once on the connection of `sender`; requests per
@@ -319,17 +470,21 @@ async fn h2_rows(f: &Fixture, streams: usize) -> Vec<Row> {
 /// All the keep-alive request figures.
 pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
     let ghost = Ghostunnel::start(f);
-    let g = ghost.as_ref();
-    let mut routes = vec![Route::Direct, Route::Unix, Route::Loopback];
-    if g.is_some() {
+    let floor = FloorRelay::start(f.upstream.port());
+    let p = Peers {
+        ghost: ghost.as_ref(),
+        floor: &floor,
+    };
+    let mut routes = vec![Route::Direct, Route::Unix, Route::Loopback, Route::Floor];
+    if p.ghost.is_some() {
         routes.push(Route::Ghostunnel);
     }
-    let mut rows = http1_rows(f, g, 8, &routes).await;
-    let mut wide = vec![Route::Direct, Route::Unix];
-    if g.is_some() {
+    let mut rows = http1_rows(f, &p, 8, &routes).await;
+    let mut wide = vec![Route::Direct, Route::Unix, Route::Floor];
+    if p.ghost.is_some() {
         wide.push(Route::Ghostunnel);
     }
-    rows.extend(http1_rows(f, g, 64, &wide).await);
+    rows.extend(http1_rows(f, &p, 64, &wide).await);
     rows.extend(h2_rows(f, 8).await);
     rows
 }

@@ -6,6 +6,8 @@ use super::*;
 pub(crate) enum Conn {
     Tls(Box<TlsStream<TcpStream>>),
     Unix(UnixStream),
+    /// TLS to the upstream through a byte relay's UNIX socket (the floor relay).
+    TlsUnix(Box<TlsStream<UnixStream>>),
 }
 
 impl Conn {
@@ -18,11 +20,13 @@ impl Conn {
                 s.get_ref().0.peer_addr().map_or(0, |a| a.port())
             ),
             Conn::Unix(_) => "UNIX socket".to_string(),
+            Conn::TlsUnix(_) => "TLS over a UNIX socket".to_string(),
         };
         let get = async {
             match self {
                 Conn::Tls(s) => http1_get(s.as_mut(), path, buf).await,
                 Conn::Unix(s) => http1_get(s, path, buf).await,
+                Conn::TlsUnix(s) => http1_get(s.as_mut(), path, buf).await,
             }
         };
         match tokio::time::timeout(Duration::from_secs(30), get).await {

@@ -350,13 +350,27 @@ pub async fn accept_loop(
         match accepted {
             Accepted::Unix(Ok(stream)) => {
                 shared.metrics.connection_accepted(ListenerKind::Unix);
-                let shared = shared.clone();
-                tokio::spawn(async move { handle_unix(&shared, stream).await });
+                let Some(stream) = to_connection_thread(stream.into_std()) else {
+                    continue;
+                };
+                let task_shared = shared.clone();
+                shared.connections.spawn(move || async move {
+                    if let Some(stream) = registered(UnixStream::from_std(stream)) {
+                        handle_unix(&task_shared, stream).await
+                    }
+                });
             }
             Accepted::Tcp(Ok((stream, peer))) => {
                 shared.metrics.connection_accepted(ListenerKind::Tcp);
-                let shared = shared.clone();
-                tokio::spawn(async move {
+                let Some(stream) = to_connection_thread(stream.into_std()) else {
+                    continue;
+                };
+                let task_shared = shared.clone();
+                shared.connections.spawn(move || async move {
+                    let shared = task_shared;
+                    let Some(stream) = registered(TcpStream::from_std(stream)) else {
+                        return;
+                    };
                     let Some(preauth) = admit(&shared.preauth, &shared, &stream, peer) else {
                         return;
                     };
@@ -369,6 +383,23 @@ pub async fn accept_loop(
         }
     }
     tracing::debug!("stopped accepting");
+}
+
+/// An accepted socket leaves the accept loop's runtime for a connection thread's
+/// ([`super::threads`]): it is taken out of this runtime's epoll here and registered with the
+/// connection thread's by [`registered`]. None (the connection is closed) when that fails.
+fn to_connection_thread<S>(detached: std::io::Result<S>) -> Option<S> {
+    detached
+        .map_err(|e| tracing::warn!(error = %e, "could not hand a connection to its thread"))
+        .ok()
+}
+
+/// The socket registered with the calling connection thread's runtime; None (closed, logged)
+/// when the runtime cannot take it.
+fn registered<S>(stream: std::io::Result<S>) -> Option<S> {
+    stream
+        .map_err(|e| tracing::warn!(error = %e, "could not register a connection on its thread"))
+        .ok()
 }
 
 /// Admits a loopback TCP connection by its peer's uid ([`super::admission`]), counting the

@@ -3,7 +3,8 @@
 //! re-originated to the API server over mTLS whose CertificateVerify is signed inside the
 //! PKCS#11 token or TPM, then bytes are copied both ways (no HTTP parsing).
 //!
-//! Connection path (one task per connection):
+//! Connection path (one task per connection, on one of the connection threads of
+//! [`threads`]: a single-worker runtime per core, so a request wakes no other thread):
 //! 1. [`listener`]: accept; authenticate the local peer (loopback-CA client certificate, or
 //!    the UNIX peer's uid) and pick the application protocol. A peer that fails stops here.
 //! 2. [`upstream`]: TCP + TLS to the API server offering that protocol, resuming a TLS 1.3
@@ -11,7 +12,7 @@
 //!    signature runs under `block_in_place` on the task's worker thread.
 //! 3. [`bridge`]: `copy_bidirectional` until both sides close (or the idle timeout).
 //!
-//! Other tasks: one accept loop for the client listeners, [`control`] (loopback credentials), [`admin`]
+//! Other tasks, on the main runtime (one worker): one accept loop for the client listeners, [`control`] (loopback credentials), [`admin`]
 //! (`/healthz`, `/metrics`), [`reload`] (SIGHUP, file changes) and the main task, which waits
 //! in [`lifetime`] for a stop cause, then drains. Blocking work (opening the key, test
 //! signatures, reading a chain stored on the token) never runs on a runtime worker without
@@ -38,6 +39,7 @@ pub mod reload;
 pub mod renewal;
 pub mod rotation;
 pub mod sessions;
+pub mod threads;
 pub mod upstream;
 
 use std::path::PathBuf;
@@ -296,6 +298,8 @@ pub struct Shared {
     /// The last renewal failure (`--renew`), cleared by a success: `/healthz` reports
     /// "degraded" when the certificate is also past 90 % of its lifetime.
     pub(crate) renewal_error: std::sync::Mutex<Option<String>>,
+    /// Where connection tasks run ([`threads`]).
+    pub(crate) connections: threads::Spawner,
 }
 
 impl Shared {
@@ -375,18 +379,27 @@ pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
     let roots = crate::pki::tls::root_store(config.upstream_ca.as_deref())
         .map_err(ProxyError::UpstreamCa)?;
     let ca = crate::pki::loopback_ca::LoopbackCa::load_or_create(&config.state_dir)?;
-    let workers = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-        .max(2);
+    // Connections run on one single-worker runtime per core ([`threads`]); the main runtime
+    // accepts, and serves the control socket, the admin listener, renewal and reloads.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let connections = threads::ConnectionThreads::new(cores).map_err(ProxyError::Runtime)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
+        .worker_threads(1)
         .thread_name("hwkey-proxy")
         .enable_all()
         .build()
         .map_err(ProxyError::Runtime)?;
-    let result = runtime.block_on(serve(config, key, resolver, roots, ca, versions));
+    let started = Started {
+        key,
+        resolver,
+        roots,
+        ca,
+        versions,
+        connections: connections.spawner(),
+    };
+    let result = runtime.block_on(serve(config, started));
     runtime.shutdown_timeout(Duration::from_secs(1));
+    connections.shutdown(Duration::from_secs(1));
     result
 }
 
@@ -411,14 +424,25 @@ impl ProxyConfig {
     }
 }
 
-async fn serve(
-    config: ProxyConfig,
+/// What [`run`] opened and built before the main runtime starts.
+struct Started {
     key: Arc<Key>,
     resolver: Arc<HardwareCertResolver>,
     roots: rustls::RootCertStore,
     ca: crate::pki::loopback_ca::LoopbackCa,
     versions: &'static [&'static rustls::SupportedProtocolVersion],
-) -> Result<StopReason, ProxyError> {
+    connections: threads::Spawner,
+}
+
+async fn serve(config: ProxyConfig, started: Started) -> Result<StopReason, ProxyError> {
+    let Started {
+        key,
+        resolver,
+        roots,
+        ca,
+        versions,
+        connections,
+    } = started;
     let metrics = Arc::new(metrics::Metrics::default());
     let first_chain = resolver.chain();
     metrics.certificate(rotation::not_after_unix(&first_chain));
@@ -450,6 +474,7 @@ async fn serve(
             activity: activity.clone(),
             bound: &bound_addrs,
             epoch,
+            connections,
         },
     ));
 
@@ -555,6 +580,7 @@ struct Parts<'a> {
     activity: Arc<lifetime::Activity>,
     bound: &'a [ListenAddr],
     epoch: watch::Sender<rotation::CertEpoch>,
+    connections: threads::Spawner,
 }
 
 /// The state every task of the proxy shares.
@@ -599,6 +625,7 @@ fn shared_state(config: &ProxyConfig, parts: Parts<'_>) -> Shared {
         epoch: parts.epoch,
         rotation_close: config.rotation_close,
         renewal_error: std::sync::Mutex::new(None),
+        connections: parts.connections,
     }
 }
 

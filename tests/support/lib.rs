@@ -19,6 +19,7 @@ pub mod relay;
 pub mod servers;
 pub mod session_limit;
 pub mod softhsm;
+pub mod strace;
 pub mod swtpm;
 pub mod tools;
 pub mod upstream;

@@ -1,0 +1,79 @@
+//! Counting a process's system calls of one kind with `strace -c`: a signal of what the process
+//! does per unit of work (for example thread wake-ups per request) that does not depend on the
+//! machine's speed.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::tools::require_tool;
+
+/// `strace -f -c -e trace=<call>` attached to every thread of a process until [`Strace::stop`].
+pub struct Strace {
+    child: Child,
+    summary: PathBuf,
+    call: String,
+    _dir: TempDir,
+}
+
+impl Strace {
+    /// Attaches to all threads of `pid` and returns once each is traced.
+    pub fn attach(pid: u32, call: &str) -> Strace {
+        require_tool("strace", "strace");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let summary = dir.path().join("summary");
+        let child = Command::new("strace")
+            .args(["-f", "-qq", "-c", "-e"])
+            .arg(format!("trace={call}"))
+            .arg("-o")
+            .arg(&summary)
+            .arg("-p")
+            .arg(pid.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("strace starts");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !all_threads_traced(pid) {
+            assert!(Instant::now() < deadline, "strace did not attach to {pid}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Strace {
+            child,
+            summary,
+            call: call.to_string(),
+            _dir: dir,
+        }
+    }
+
+    /// Detaches and returns how many calls were made while attached.
+    pub fn stop(mut self) -> u64 {
+        let pid = i32::try_from(self.child.id()).expect("pid fits");
+        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
+        let rc = unsafe { libc::kill(pid, libc::SIGINT) };
+        assert_eq!(rc, 0, "kill({pid}, SIGINT)");
+        self.child.wait().expect("strace exits");
+        let text = std::fs::read_to_string(&self.summary).expect("strace summary");
+        // "% time  seconds  usecs/call  calls  errors  syscall": calls is the 4th column.
+        text.lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.last() == Some(&self.call.as_str()) && f.len() >= 5)
+            .map_or(0, |f| f[3].parse().expect("a call count"))
+    }
+}
+
+/// Whether every thread of `pid` has a tracer.
+fn all_threads_traced(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).all(|t| {
+        std::fs::read_to_string(t.path().join("status")).is_ok_and(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("TracerPid:"))
+                .is_some_and(|v| v.trim() != "0")
+        })
+    })
+}
