@@ -42,7 +42,7 @@ profile() { # NAME FIGURE TITLE
   echo "profile.sh: $1 (HWKEY_BENCH_ONLY=$2)" >&2
   HWKEY_BENCH_ONLY=$2 perf record -q -a -F 999 --call-graph dwarf,16384 -o "$tmp/$1.data" \
     -- "$bench" --bench >"$tmp/$1.log" 2>&1
-  perf script -i "$tmp/$1.data" --comms hwkey-proxy 2>/dev/null |
+  perf script -i "$tmp/$1.data" --comms hwkey-proxy,hwkey-proxy-con 2>/dev/null |
     inferno-collapse-perf >"$tmp/$1.folded"
   inferno-flamegraph --title "$3" --width 1600 <"$tmp/$1.folded" >"$out/$1.svg"
 }

@@ -372,6 +372,17 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
                 ),
                 1.3,
             ));
+            // The most any relay could reach here: the floor relay's rate against ghostunnel's.
+            if let Some(fl) = of(Route::Floor) {
+                rows.push(ratio_row(
+                    "requests",
+                    &format!("requests/s, floor relay vs ghostunnel, HTTP/1.1, {n} connections, UNIX socket"),
+                    "req/s",
+                    &field(&fl, |t| t.per_second),
+                    "ghostunnel 1.11.1",
+                    &field(gt, |t| t.per_second),
+                ));
+            }
         }
     }
     rows
