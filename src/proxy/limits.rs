@@ -2,7 +2,8 @@
 //! RLIMIT_NOFILE (often 1024), while `--max-connections` defaults to 4096 and every bridged
 //! connection holds two descriptors (client and upstream). At start the soft limit is raised to
 //! the hard limit, and `--max-connections` is lowered to what fits, keeping room for the
-//! unauthenticated handshakes, the admin and control listeners and the process itself — so the
+//! unauthenticated handshakes, the admin and control listeners, the runtimes and the process
+//! itself — so the
 //! proxy never runs into EMFILE by its own configuration.
 
 use super::admin::ADMIN_MAX_CONNECTIONS;
@@ -13,13 +14,16 @@ use super::listener::PREAUTH_BUDGET;
 const RESERVED: usize = 64;
 
 /// Raises the soft descriptor limit as far as allowed and returns the number of connections
-/// that fit (at most `wanted`).
-pub fn fit_connections(wanted: usize) -> usize {
+/// that fit (at most `wanted`), `runtimes` runtimes holding their own descriptors.
+pub fn fit_connections(wanted: usize, runtimes: usize) -> usize {
     let limit = raise_nofile();
     let Some(limit) = limit else {
         return wanted;
     };
-    let reserved = RESERVED + PREAUTH_BUDGET + ADMIN_MAX_CONNECTIONS;
+    let reserved = RESERVED
+        + PREAUTH_BUDGET
+        + ADMIN_MAX_CONNECTIONS
+        + runtimes * super::threads::DESCRIPTORS_PER_RUNTIME;
     let fit = (limit.saturating_sub(reserved as u64) / 2).max(1);
     let fit = usize::try_from(fit).unwrap_or(usize::MAX);
     if wanted > fit {

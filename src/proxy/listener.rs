@@ -12,9 +12,11 @@
 //!
 //! A peer that fails either check is closed here: no upstream connection, no signature.
 //!
-//! Tasks: one accept loop task for all client listeners; one task per connection, which runs the local
-//! handshake, then [`super::bridge::serve`]. A semaphore of `--max-connections` permits is
-//! taken *before* accepting, so at the limit new clients wait in the kernel's backlog.
+//! Tasks: one accept loop task for all client listeners; one task per connection, on a connection
+//! thread ([`super::threads`]), which runs the local handshake, then [`super::bridge::serve`].
+//! A semaphore of `--max-connections` permits is taken once the peer is authenticated (UNIX: at
+//! once, by uid; loopback TCP: after the TLS handshake, which the separate [`PREAUTH_BUDGET`]
+//! bounds); an authenticated client past the limit waits for a permit, holding its socket.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};

@@ -9,15 +9,16 @@
 //!    the UNIX peer's uid) and pick the application protocol. A peer that fails stops here.
 //! 2. [`upstream`]: TCP + TLS to the API server offering that protocol, resuming a TLS 1.3
 //!    session when one is cached (no hardware signature), else a full handshake whose
-//!    signature runs under `block_in_place` on the task's worker thread.
+//!    signature runs under `block_in_place` on the task's connection thread.
 //! 3. [`bridge`]: `copy_bidirectional` until both sides close (or the idle timeout).
 //!
-//! Other tasks, on the main runtime (one worker): one accept loop for the client listeners, [`control`] (loopback credentials), [`admin`]
-//! (`/healthz`, `/metrics`), [`reload`] (SIGHUP, file changes) and the main task, which waits
-//! in [`lifetime`] for a stop cause, then drains. Blocking work (opening the key, test
+//! Other tasks, on the main runtime (one worker): one accept loop for the client listeners,
+//! [`control`] (loopback credentials), [`admin`] (`/healthz`, `/metrics`), [`reload`] (SIGHUP,
+//! file changes) and [`renewal`] (`--renew`); the main task (on the thread that called [`run`])
+//! waits in [`lifetime`] for a stop cause, then drains. Blocking work (opening the key, test
 //! signatures, reading a chain stored on the token) never runs on a runtime worker without
-//! `block_in_place` or `spawn_blocking`; [`run`] builds the multi-thread runtime itself so
-//! that a current-thread runtime (where `block_in_place` is impossible) cannot happen.
+//! `block_in_place` or `spawn_blocking`; [`run`] builds every runtime itself, all multi-thread,
+//! so that a current-thread runtime (where `block_in_place` is impossible) cannot happen.
 
 pub mod admin;
 pub mod admission;
@@ -341,8 +342,8 @@ impl Shared {
 }
 
 /// Runs the proxy until a stop cause (signal, lock owner gone, idle), then drains and returns
-/// why it stopped. Opens the key first, on the calling thread; builds its own multi-thread
-/// runtime.
+/// why it stopped. Opens the key first, on the calling thread; builds its own runtimes (the main
+/// one and the connection threads).
 pub fn run(config: ProxyConfig) -> Result<StopReason, ProxyError> {
     if config.listen.is_empty() {
         return Err(ProxyError::NoListener);
@@ -595,6 +596,7 @@ fn shared_state(config: &ProxyConfig, parts: Parts<'_>) -> Shared {
         health: admin::HealthState::default(),
         slots: Arc::new(Semaphore::new(limits::fit_connections(
             config.max_connections.max(1),
+            parts.connections.threads() + 1,
         ))),
         preauth: admission::Admission::new(
             listener::PREAUTH_BUDGET,

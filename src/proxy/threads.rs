@@ -1,5 +1,5 @@
 //! The threads that carry the connections: one single-worker runtime per core, each connection
-//! pinned to one of them for its whole life.
+//! on one of them for its whole life.
 //!
 //! On one multi-thread runtime a keep-alive request woke two threads: the worker whose epoll
 //! call saw the client's bytes found more ready tasks than it could run at once and woke a
@@ -12,8 +12,10 @@
 //! proxy CPU per request before, 12.5–12.7 after; docs/BENCHMARKS.md).
 //!
 //! A runtime with one worker is still a multi-thread runtime, so a handshake's hardware
-//! signature keeps running under `block_in_place` (the worker's other connections move to a
-//! fresh thread meanwhile instead of waiting for the token).
+//! signature keeps running under `block_in_place`: the runtime's other connections move on to a
+//! fresh thread meanwhile instead of waiting for the token (so "one thread" means one at a
+//! time, never two at once). Its blocking pool is the process's old one divided among the
+//! runtimes, so a stalled token cannot hold more threads than before.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,6 +25,15 @@ use std::time::Duration;
 
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
+
+/// The blocking threads of the whole proxy before the split (tokio's default), now shared out
+/// among the connection runtimes: a stalled token or TPM blocks one thread per waiting
+/// handshake, and that must not multiply with the cores.
+const BLOCKING_THREADS: usize = 512;
+
+/// Descriptors each runtime holds (its epoll, its waker's eventfd, the signal pipe's copy, and
+/// one to spare), for the descriptor budget of [`super::limits`].
+pub const DESCRIPTORS_PER_RUNTIME: usize = 4;
 
 /// The connection runtimes; dropped (or [`ConnectionThreads::shutdown`]) after the proxy's
 /// main runtime has drained.
@@ -38,6 +49,9 @@ pub struct Spawner {
     inboxes: Arc<[mpsc::UnboundedSender<Job>]>,
     /// Live connection tasks per runtime, for placing the next one.
     loads: Arc<[AtomicUsize]>,
+    /// Where the search for the least-loaded runtime starts: ties rotate instead of always
+    /// going to the first runtime.
+    next: Arc<AtomicUsize>,
 }
 
 /// What a connection thread runs: made there, so the task and its state are allocated by the
@@ -47,10 +61,12 @@ type Job = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 impl ConnectionThreads {
     /// `n` single-worker runtimes, their threads named `hwkey-proxy-conn`.
     pub fn new(n: usize) -> std::io::Result<ConnectionThreads> {
-        let runtimes = (0..n.max(1))
+        let n = n.max(1);
+        let runtimes = (0..n)
             .map(|_| {
                 tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(1)
+                    .max_blocking_threads((BLOCKING_THREADS / n).max(8))
                     .thread_name("hwkey-proxy-conn")
                     .enable_all()
                     .build()
@@ -71,6 +87,7 @@ impl ConnectionThreads {
         let spawner = Spawner {
             inboxes,
             loads: runtimes.iter().map(|_| AtomicUsize::new(0)).collect(),
+            next: Arc::new(AtomicUsize::new(0)),
         };
         Ok(ConnectionThreads { runtimes, spawner })
     }
@@ -80,11 +97,13 @@ impl ConnectionThreads {
         self.spawner.clone()
     }
 
-    /// Stops the runtimes, giving their tasks at most `timeout` (the main runtime's drain
-    /// has already waited for open connections).
+    /// Stops the runtimes, giving them together at most `timeout` (the main runtime's drain
+    /// has already waited for open connections): one deadline for all, so a thread stuck in a
+    /// stalled token's call cannot make the exit take `timeout` once per core.
     pub fn shutdown(self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
         for r in self.runtimes {
-            r.shutdown_timeout(timeout);
+            r.shutdown_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
         }
     }
 }
@@ -97,7 +116,10 @@ impl Spawner {
         F: FnOnce() -> T + Send + 'static,
         T: Future<Output = ()> + Send + 'static,
     {
-        let i = (0..self.loads.len())
+        let n = self.loads.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let i = (0..n)
+            .map(|k| (start + k) % n)
             .min_by_key(|&i| self.loads[i].load(Ordering::Relaxed))
             .unwrap_or(0);
         self.loads[i].fetch_add(1, Ordering::Relaxed);
@@ -111,8 +133,19 @@ impl Spawner {
                 make().await
             })
         });
-        // A send fails only when the runtime has stopped; the job (and `done`) is dropped.
-        let _ = self.inboxes[i].send(job);
+        // A send fails only once the runtime has stopped (the proxy is exiting): the job, its
+        // socket and `done` are dropped, closing the connection.
+        if self.inboxes[i].send(job).is_err() {
+            tracing::warn!(
+                thread = i,
+                "a connection arrived while its thread was stopping; closed"
+            );
+        }
+    }
+
+    /// How many connection runtimes there are.
+    pub fn threads(&self) -> usize {
+        self.loads.len()
     }
 
     /// Live connection tasks per connection thread.
