@@ -38,13 +38,7 @@ pub(crate) async fn tls_connect(config: &Arc<ClientConfig>, port: u16) -> TlsStr
         .await
         .expect("TCP connect");
     tcp.set_nodelay(true).expect("nodelay");
-    tokio_rustls::TlsConnector::from(config.clone())
-        .connect(
-            ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into()),
-            tcp,
-        )
-        .await
-        .expect("TLS handshake")
+    tls_over(config, tcp).await
 }
 
 /// TLS to the upstream over the UNIX socket at `path` (a byte relay in front of it).
@@ -53,13 +47,21 @@ pub(crate) async fn tls_connect_unix(
     path: &Path,
 ) -> TlsStream<UnixStream> {
     let unix = UnixStream::connect(path).await.expect("UNIX connect");
+    tls_over(config, unix).await
+}
+
+/// A TLS client handshake with the upstream (named 127.0.0.1) over `io`.
+async fn tls_over<S: AsyncRead + AsyncWrite + Unpin>(
+    config: &Arc<ClientConfig>,
+    io: S,
+) -> TlsStream<S> {
     tokio_rustls::TlsConnector::from(config.clone())
         .connect(
             ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into()),
-            unix,
+            io,
         )
         .await
-        .expect("TLS handshake through the relay")
+        .expect("TLS handshake")
 }
 
 pub(crate) fn resumed(s: &TlsStream<TcpStream>) -> bool {

@@ -352,25 +352,25 @@ pub async fn accept_loop(
         match accepted {
             Accepted::Unix(Ok(stream)) => {
                 shared.metrics.connection_accepted(ListenerKind::Unix);
-                let Some(stream) = to_connection_thread(stream.into_std()) else {
+                let Some(stream) = handed_over(stream.into_std(), "hand over") else {
                     continue;
                 };
                 let task_shared = shared.clone();
                 shared.connections.spawn(move || async move {
-                    if let Some(stream) = registered(UnixStream::from_std(stream)) {
+                    if let Some(stream) = handed_over(UnixStream::from_std(stream), "register") {
                         handle_unix(&task_shared, stream).await
                     }
                 });
             }
             Accepted::Tcp(Ok((stream, peer))) => {
                 shared.metrics.connection_accepted(ListenerKind::Tcp);
-                let Some(stream) = to_connection_thread(stream.into_std()) else {
+                let Some(stream) = handed_over(stream.into_std(), "hand over") else {
                     continue;
                 };
                 let task_shared = shared.clone();
                 shared.connections.spawn(move || async move {
                     let shared = task_shared;
-                    let Some(stream) = registered(TcpStream::from_std(stream)) else {
+                    let Some(stream) = handed_over(TcpStream::from_std(stream), "register") else {
                         return;
                     };
                     let Some(preauth) = admit(&shared.preauth, &shared, &stream, peer) else {
@@ -388,19 +388,11 @@ pub async fn accept_loop(
 }
 
 /// An accepted socket leaves the accept loop's runtime for a connection thread's
-/// ([`super::threads`]): it is taken out of this runtime's epoll here and registered with the
-/// connection thread's by [`registered`]. None (the connection is closed) when that fails.
-fn to_connection_thread<S>(detached: std::io::Result<S>) -> Option<S> {
-    detached
-        .map_err(|e| tracing::warn!(error = %e, "could not hand a connection to its thread"))
-        .ok()
-}
-
-/// The socket registered with the calling connection thread's runtime; None (closed, logged)
-/// when the runtime cannot take it.
-fn registered<S>(stream: std::io::Result<S>) -> Option<S> {
-    stream
-        .map_err(|e| tracing::warn!(error = %e, "could not register a connection on its thread"))
+/// ([`super::threads`]): `into_std` takes it out of this runtime's epoll, `from_std` on the
+/// connection thread registers it there. None (the connection is closed, and `what` failed is
+/// logged) when either step fails.
+fn handed_over<S>(step: std::io::Result<S>, what: &str) -> Option<S> {
+    step.map_err(|e| tracing::warn!(error = %e, "could not {what} a connection on its thread"))
         .ok()
 }
 
