@@ -14,6 +14,8 @@ compile_error!(
     "hwkey needs at least one key backend: enable the `pkcs11` or `tpm` feature (both are default)"
 );
 
+#[cfg(feature = "tpm")]
+pub mod approver;
 pub mod atomic_file;
 pub mod backoff;
 pub mod cli;
@@ -27,6 +29,7 @@ pub mod http_serve;
 pub mod key;
 pub mod kubeconfig;
 pub mod lifecycle;
+pub mod metric_labels;
 pub mod pki;
 pub mod probe;
 pub mod proxy;

@@ -1,4 +1,4 @@
-//! `hwkey approver`: the attesting CSR approver (see `lifecycle::approver`).
+//! `hwkey approver`: the attesting CSR approver (see `crate::approver`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -67,6 +67,10 @@ pub struct ApproverArgs {
     /// 0.0.0.0:9101 for Prometheus). Metrics hold no secrets.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Serve /healthz alone on this address, for the liveness probe (e.g. 0.0.0.0:9102): its
+    /// own 4 connections, so clients of the metrics port cannot starve the probe.
+    #[arg(long, value_name = "ADDR")]
+    health_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -82,9 +86,9 @@ const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/
 /// The approver's settings from the flags: the trust source, the signers (each must have a
 /// policy) and the decision rules.
 #[cfg(feature = "tpm")]
-fn options(args: &ApproverArgs) -> anyhow::Result<crate::lifecycle::approver::ApproverOptions> {
-    use crate::lifecycle::approver::trust::TrustSource;
-    use crate::lifecycle::approver::{self, ApproverOptions};
+fn options(args: &ApproverArgs) -> anyhow::Result<crate::approver::ApproverOptions> {
+    use crate::approver::trust::TrustSource;
+    use crate::approver::{self, ApproverOptions, Rules, Settings};
     let trust = match (&args.trust, &args.trust_configmap) {
         (Some(dir), _) => TrustSource::Dir(dir.clone()),
         (None, Some(spec)) => {
@@ -99,31 +103,34 @@ fn options(args: &ApproverArgs) -> anyhow::Result<crate::lifecycle::approver::Ap
             args.evidence_max_age
         );
     }
-    let options = ApproverOptions {
-        signer_names: args.signer_names.clone(),
-        trust,
-        rules: approver::decide::Rules {
-            on_missing_evidence: match args.on_missing_evidence {
-                OnMissing::Deny => approver::OnMissingEvidence::Deny,
-                OnMissing::Ignore => approver::OnMissingEvidence::Ignore,
+    Ok(ApproverOptions {
+        settings: Settings {
+            signer_names: args.signer_names.clone(),
+            rules: Rules {
+                on_missing_evidence: match args.on_missing_evidence {
+                    OnMissing::Deny => approver::OnMissingEvidence::Deny,
+                    OnMissing::Ignore => approver::OnMissingEvidence::Ignore,
+                },
+                bootstrap_groups: args.bootstrap_groups.clone(),
+                evidence_max_age: args.evidence_max_age,
             },
-            bootstrap_groups: args.bootstrap_groups.clone(),
-            evidence_max_age: args.evidence_max_age,
         },
-    };
-    Ok(options)
+        trust,
+    })
 }
 
 #[cfg(feature = "tpm")]
 pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
     use std::sync::Arc;
 
-    use crate::lifecycle::approver::{self, metrics::ApproverMetrics};
+    use crate::approver::{self, metrics::ApproverMetrics};
     use anyhow::Context;
 
     let options = options(&args)?;
     let election = election(&args)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    // Two workers: the Lease's renewals and the liveness probe never wait for a decision.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
@@ -136,21 +143,29 @@ pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
             return decide_once(&client, options, metrics).await;
         }
         let (stop_tx, stop) = tokio::sync::watch::channel(false);
-        let (leading_tx, leading) = tokio::sync::watch::channel(false);
-        if let Some(addr) = args.metrics_listen {
+        for (addr, what, serve) in [
+            (args.metrics_listen, "metrics", Listener::Metrics),
+            (args.health_listen, "health", Listener::Health),
+        ] {
+            let Some(addr) = addr else { continue };
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
-                .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
+                .with_context(|| format!("cannot listen on --{what}-listen {addr}"))?;
             eprintln!(
-                "hwkey approver: metrics on http://{}/metrics",
+                "hwkey approver: {what} on http://{}/",
                 listener.local_addr()?
             );
-            tokio::spawn(approver::metrics::serve(
-                listener,
-                metrics.clone(),
-                leading,
-                stop.clone(),
-            ));
+            let (metrics, stop) = (metrics.clone(), stop.clone());
+            tokio::spawn(async move {
+                match serve {
+                    Listener::Metrics => {
+                        approver::metrics::serve_metrics(listener, metrics, stop).await
+                    }
+                    Listener::Health => {
+                        approver::metrics::serve_health(listener, metrics, stop).await
+                    }
+                }
+            });
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("cannot watch SIGTERM")?;
@@ -162,15 +177,22 @@ pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
             tracing::info!("stopping");
             stop_tx.send_replace(true);
         });
-        approver::run(&client, options, election, metrics, leading_tx, stop).await?;
+        approver::run(&client, options, election, metrics, stop).await?;
         Ok(())
     })
 }
 
+#[cfg(feature = "tpm")]
+#[derive(Clone, Copy)]
+enum Listener {
+    Metrics,
+    Health,
+}
+
 /// The Lease settings with `--leader-elect` (not with `--once`), checked as client-go checks them.
 #[cfg(feature = "tpm")]
-fn election(args: &ApproverArgs) -> anyhow::Result<Option<crate::lifecycle::lease::LeaseConfig>> {
-    use crate::lifecycle::lease::{self, LeaseConfig};
+fn election(args: &ApproverArgs) -> anyhow::Result<Option<crate::approver::lease::LeaseConfig>> {
+    use crate::approver::lease::{self, LeaseConfig};
     if !args.leader_elect || args.once {
         return Ok(None);
     }
@@ -218,11 +240,10 @@ async fn kube_config(path: Option<&std::path::Path>) -> anyhow::Result<kube::Con
 #[cfg(feature = "tpm")]
 async fn decide_once(
     client: &kube::Client,
-    options: crate::lifecycle::approver::ApproverOptions,
-    metrics: std::sync::Arc<crate::lifecycle::approver::metrics::ApproverMetrics>,
+    options: crate::approver::ApproverOptions,
+    metrics: std::sync::Arc<crate::approver::metrics::ApproverMetrics>,
 ) -> anyhow::Result<()> {
-    let mut approver = crate::lifecycle::approver::Approver::new(client, options, metrics).await?;
-    let round = approver.decide_pending().await?;
+    let round = crate::approver::decide_once(client, options, metrics).await?;
     for d in &round.decisions {
         println!(
             "{} {}: {} ({})",

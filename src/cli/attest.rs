@@ -329,8 +329,9 @@ mod ek {
 
 #[cfg(feature = "tpm")]
 fn verify(csr: &std::path::Path, trust: &std::path::Path) -> anyhow::Result<()> {
-    use crate::lifecycle::approver::policy;
+    use crate::approver::policy;
     use crate::pki::attestation;
+    use crate::pki::request::Request;
     use anyhow::Context;
     let data = std::fs::read(csr).with_context(|| format!("cannot read {}", csr.display()))?;
     if data.is_empty() {
@@ -340,12 +341,13 @@ fn verify(csr: &std::path::Path, trust: &std::path::Path) -> anyhow::Result<()> 
         );
     }
     // PEM is read exactly as the approver reads spec.request; anything else is taken as DER.
-    let der = if data.windows(5).any(|w| w == b"-----") {
-        policy::request_der(&data).map_err(|v| anyhow::anyhow!("{}: {v}", csr.display()))?
+    let request = if data.windows(5).any(|w| w == b"-----") {
+        Request::from_pem(&data)
     } else {
-        data
-    };
-    let checked = policy::check_kubelet_client(&der, None)
+        Request::from_der(data)
+    }
+    .map_err(|m| anyhow::anyhow!("{}: MalformedRequest: {m}", csr.display()))?;
+    let identity = policy::check_node_client(&request, None)
         .map_err(|v| anyhow::anyhow!("{}: {v}", csr.display()))?;
     let read = attestation::read_trust_dir(trust)?;
     for invalid in &read.invalid {
@@ -359,7 +361,7 @@ fn verify(csr: &std::path::Path, trust: &std::path::Path) -> anyhow::Result<()> 
     let read = read
         .usable()
         .map_err(|e| anyhow::anyhow!("{}: {e}", trust.display()))?;
-    match attestation::verify_request(&checked.der, &checked.node, &read.nodes) {
+    match attestation::verify_request(&request, &identity.node, &read.nodes) {
         Ok(a) => {
             println!(
                 "admitted: {} is in the TPM of node '{}' (attestation key {}{})",

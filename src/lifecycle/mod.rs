@@ -18,14 +18,11 @@
 //! exists; the API calls run on a small multi-thread runtime (handshake signatures run under
 //! `block_in_place`, see [`crate::key::tls`]).
 
-#[cfg(feature = "tpm")]
-pub mod approver;
 pub mod bootstrap;
 pub mod client;
 pub mod context;
 pub mod csr_api;
 pub mod issued;
-pub mod lease;
 pub mod renew;
 
 use std::path::PathBuf;
@@ -39,10 +36,7 @@ use crate::pki::PkiError;
 /// also accept it without key encipherment.
 pub const CLIENT_USAGES: [&str; 3] = ["digital signature", "key encipherment", "client auth"];
 
-/// The signer of kubelet client certificates.
-pub const KUBELET_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-/// The signer of other client certificates.
-pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+pub use crate::pki::csr::{CLIENT_SIGNER, KUBELET_SIGNER};
 
 /// Default `--wait`.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(15 * 60);
@@ -152,53 +146,6 @@ pub enum LifecycleError {
 
     #[error("cannot write the kubelet kubeconfig: {0}")]
     KubeletKubeconfig(#[source] crate::kubeconfig::KubeconfigError),
-
-    #[error("cannot record the decision on CertificateSigningRequest {name}: {source} (the approver's account needs `update` on certificatesigningrequests/approval and `approve` on the signer: see deploy/approver.yaml)")]
-    Approve {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-
-    #[error("cannot {verb} CertificateSigningRequests: {source} (the approver's account needs get, list and watch on certificatesigningrequests)")]
-    List {
-        verb: &'static str,
-        #[source]
-        source: kube::Error,
-    },
-
-    #[cfg(feature = "tpm")]
-    #[error("cannot read the registered nodes from {origin}: {problem}")]
-    Trust {
-        origin: String,
-        #[source]
-        problem: approver::trust::TrustProblem,
-    },
-
-    #[cfg(feature = "tpm")]
-    #[error(transparent)]
-    Policy(#[from] approver::policy::NoPolicy),
-
-    #[error("not writing a decision: this replica's Lease was last renewed {elapsed:?} ago, past the renew deadline ({deadline:?}); another replica may lead now")]
-    LeaseExpired {
-        elapsed: std::time::Duration,
-        deadline: std::time::Duration,
-    },
-
-    #[error("leader election on Lease {namespace}/{name} failed: {source} (the approver's account needs get, create and update on leases in {namespace})")]
-    Lease {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-
-    #[error("leader election on Lease {namespace}/{name} failed: no answer from the API server within {bound:?}")]
-    LeaseTimeout {
-        namespace: String,
-        name: String,
-        bound: Duration,
-    },
 
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),

@@ -24,6 +24,8 @@
 //! (another subject or key), and its time cannot be changed without the TPM: an approver can
 //! refuse evidence older than its window (an old blob of a key rotated away).
 
+#[cfg(feature = "tpm")]
+use super::request::Request;
 use crate::key::attestation::TpmEvidence;
 
 /// `id-aa-evidence` of the LAMPS draft: the attribute type of hwkey's evidence.
@@ -136,44 +138,30 @@ fn refused(refusal: Refusal, message: impl Into<String>) -> Refused {
 pub use super::registration::{parse_registration, read_trust_dir, RegisteredAk};
 
 #[cfg(feature = "tpm")]
-/// Finds hwkey's TPM evidence in a request's attributes. The attributes are read from the raw
-/// `CertificationRequestInfo` (x509-parser keeps no value for attribute types it does not know).
-fn find_evidence(cri_raw: &[u8]) -> Option<Result<TpmEvidence, Unreadable>> {
-    let attributes = match super::attributes::read(cri_raw) {
-        Ok(a) => a,
-        Err(e) => return Some(Err(Unreadable::Attributes(e))),
-    };
-    let wanted = yasna::models::ObjectIdentifier::from_slice(OID_EVIDENCE);
-    attributes
-        .iter()
-        .find(|(oid, _)| *oid == wanted)
-        .map(|(_, values)| decode_evidence(values))
+/// Finds hwkey's TPM evidence in a request's attributes (the first evidence attribute; the
+/// approver's policy refuses a second one).
+fn find_evidence(request: &Request) -> Option<Result<TpmEvidence, Unreadable>> {
+    let attribute = *request.attributes_of(OID_EVIDENCE).first()?;
+    Some(match attribute.values.as_slice() {
+        [one] => decode_evidence(one),
+        _ => Err(Unreadable::NotOneValue),
+    })
 }
 
-/// Reads the evidence from the attribute's `values` (DER `SET`, one `EvidenceBundles`).
+/// Reads the evidence from the attribute's value (one `EvidenceBundles`).
 #[cfg(feature = "tpm")]
-fn decode_evidence(values: &[u8]) -> Result<TpmEvidence, Unreadable> {
-    let mut found = None;
-    yasna::parse_der(values, |r| {
-        r.read_set_of(|r| {
-            found = Some(read_bundles(r)?);
-            Ok(())
-        })
-    })
-    .map_err(Unreadable::Attribute)?;
-    found.ok_or(Unreadable::NoStatement)
+fn decode_evidence(value: &[u8]) -> Result<TpmEvidence, Unreadable> {
+    yasna::parse_der(value, read_bundles).map_err(Unreadable::Attribute)
 }
 
 /// Why the evidence attribute of a request cannot be read.
 #[cfg(feature = "tpm")]
 #[derive(Debug, thiserror::Error)]
 enum Unreadable {
-    #[error("the request's attributes do not parse: {0}")]
-    Attributes(#[source] yasna::ASN1Error),
+    #[error("the evidence attribute does not hold exactly one value")]
+    NotOneValue,
     #[error("the evidence attribute does not parse: {0}")]
     Attribute(#[source] yasna::ASN1Error),
-    #[error("the evidence attribute holds no statement")]
-    NoStatement,
 }
 
 /// EvidenceBundles (one bundle) → evidences (one statement) → hwkey's TPM2_Certify statement.
@@ -243,33 +231,29 @@ pub struct Admitted {
     pub ek_certificate_issuer: Option<String>,
 }
 
-/// Checks a PKCS#10 request (DER) that asks for node `node`: its own signature, the TPM
-/// evidence it carries, and that the evidence's AK is registered for that very node in
-/// `trusted`.
+/// Checks a request that asks for node `node`: its own signature, the TPM evidence it
+/// carries, and that the evidence's AK is registered for that very node in `trusted`.
 #[cfg(feature = "tpm")]
 pub fn verify_request(
-    csr_der: &[u8],
+    request: &Request,
     node: &str,
     trusted: &[RegisteredAk],
 ) -> Result<Admitted, Refused> {
-    admit(verify_evidence(csr_der)?, node, trusted)
+    admit(verify_evidence(request)?, node, trusted)
 }
 
-/// Checks a PKCS#10 request (DER) and the TPM evidence it carries, without the trust lookup:
-/// the request's own signature, the AK's signature over TPMS_ATTEST, the certified key's name,
-/// attributes and binding to this request (subject, key and the time it was made).
+/// Checks a request and the TPM evidence it carries, without the trust lookup: the request's
+/// own signature, the AK's signature over TPMS_ATTEST, the certified key's name, attributes
+/// and binding to this request (its exact subject and key bytes, and the time it was made).
 #[cfg(feature = "tpm")]
-pub fn verify_evidence(csr_der: &[u8]) -> Result<Attested, Refused> {
-    let csr = super::request_pem::parse_request_exact(csr_der)
-        .map_err(|e| refused(Refusal::EvidenceInvalid, e.to_string()))?;
-    csr.verify_signature().map_err(|e| {
-        refused(
+pub fn verify_evidence(request: &Request) -> Result<Attested, Refused> {
+    if !request.signature_verifies() {
+        return Err(refused(
             Refusal::EvidenceInvalid,
-            format!("the request's own signature does not verify: {e}"),
-        )
-    })?;
-    let cri = &csr.certification_request_info;
-    let evidence = find_evidence(cri.raw)
+            "the request's own signature does not verify with its key",
+        ));
+    }
+    let evidence = find_evidence(request)
         .ok_or_else(|| {
             refused(
                 Refusal::NoEvidence,
@@ -283,24 +267,47 @@ pub fn verify_evidence(csr_der: &[u8]) -> Result<Attested, Refused> {
             "the evidence carries no time (made by an older hwkey): make the request again",
         )
     })?;
-    let qualifying = qualifying_data(cri.subject.as_raw(), cri.subject_pki.raw, made_at);
-    let ak_name = crate::key::tpm::evidence::verify(&evidence, cri.subject_pki.raw, &qualifying)
+    let qualifying = qualifying_data(request.subject_der(), request.spki_der(), made_at);
+    let ak_name = crate::key::tpm::evidence::verify(&evidence, request.spki_der(), &qualifying)
         .map_err(|e| refused(Refusal::EvidenceInvalid, e.0))?;
     let ek_certificate_issuer = evidence.ek_certificate.as_deref().map(|der| {
         x509_parser::parse_x509_certificate(der)
             .map(|(_, c)| c.issuer().to_string())
             .unwrap_or_else(|_| "an unreadable certificate".into())
     });
-    let mut evidence_digest = [0u8; 32];
-    evidence_digest
-        .copy_from_slice(ring::digest::digest(&ring::digest::SHA256, &evidence.attest).as_ref());
     Ok(Attested {
         ak_name,
         made_at,
-        evidence_digest,
-        subject: cri.subject.to_string(),
+        evidence_digest: digest_of(&evidence),
+        subject: subject_text(request),
         ek_certificate_issuer,
     })
+}
+
+/// The subject as a message shows it (`CN=…, O=…`, escaped), never decided on.
+#[cfg(feature = "tpm")]
+fn subject_text(request: &Request) -> String {
+    request
+        .subject
+        .iter()
+        .map(|a| {
+            let name = match a.oid.components().as_slice() {
+                [2, 5, 4, 3] => "CN".to_string(),
+                [2, 5, 4, 10] => "O".to_string(),
+                [2, 5, 4, 11] => "OU".to_string(),
+                _ => a.oid.to_string(),
+            };
+            format!("{name}={}", a.value.escape_debug())
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(feature = "tpm")]
+fn digest_of(evidence: &TpmEvidence) -> [u8; 32] {
+    let mut digest = [0u8; 32];
+    digest.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, &evidence.attest).as_ref());
+    digest
 }
 
 /// Admits attested evidence when its AK is registered for `node` in `trusted`: the pair (AK,
@@ -348,16 +355,12 @@ pub fn admit(
     })
 }
 
-/// SHA-256 of the `TPMS_ATTEST` in a request's evidence, without checking anything: what two
-/// requests carrying the same evidence have in common. None when the request (DER) carries no
-/// readable evidence.
+/// SHA-256 of the `TPMS_ATTEST` in a request's evidence and the time the evidence claims,
+/// without checking anything: what two requests carrying the same evidence have in common.
+/// None when the request carries no readable evidence.
 #[cfg(feature = "tpm")]
-pub fn evidence_digest(csr_der: &[u8]) -> Option<[u8; 32]> {
-    use x509_parser::prelude::FromDer;
-    let (_, csr) =
-        x509_parser::certification_request::X509CertificationRequest::from_der(csr_der).ok()?;
-    let evidence = find_evidence(csr.certification_request_info.raw)?.ok()?;
-    let mut digest = [0u8; 32];
-    digest.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, &evidence.attest).as_ref());
-    Some(digest)
+pub fn evidence_digest(request: &Request) -> Option<([u8; 32], u64)> {
+    find_evidence(request)?
+        .ok()
+        .map(|e| (digest_of(&e), e.made_at.unwrap_or(0)))
 }

@@ -9,6 +9,11 @@ use super::name::Name;
 use super::PkiError;
 use crate::key::{der, Key, KeyAlgorithm, SignScheme};
 
+/// The signer of kubelet client certificates (node identities).
+pub const KUBELET_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+/// The signer of other client certificates (people, controllers).
+pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+
 /// PKCS#9 `extensionRequest`.
 pub const OID_EXTENSION_REQUEST: &[u64] = &[1, 2, 840, 113549, 1, 9, 14];
 /// `subjectAltName`.

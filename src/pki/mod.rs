@@ -2,7 +2,6 @@
 //! reading certificate chains, and checking that a certificate belongs to a key.
 
 pub mod attestation;
-pub mod attributes;
 pub mod cert;
 pub mod csr;
 #[cfg(feature = "tpm")]
@@ -10,6 +9,7 @@ pub mod ek_trust;
 pub mod loopback_ca;
 pub mod name;
 pub mod registration;
+pub mod request;
 pub mod request_pem;
 pub mod tls;
 

@@ -135,34 +135,6 @@ fn body_up_to_end<'a>(lines: &mut impl Iterator<Item = &'a str>) -> Result<Strin
     Ok(base64)
 }
 
-/// DER that is not exactly one PKCS#10 request.
-#[derive(Debug, thiserror::Error)]
-#[allow(
-    missing_docs,
-    reason = "each variant is documented by its #[error] message"
-)]
-pub enum NotARequest {
-    #[error("not a PKCS#10 request: {0}")]
-    Der(#[source] x509_parser::error::X509Error),
-    #[error("the request has bytes after its DER (Go refuses it as trailing data)")]
-    TrailingData,
-}
-
-/// Parses a PKCS#10 request's DER exactly: no bytes may follow it (Go's
-/// `x509.ParseCertificateRequest` refuses trailing data, so a reader that ignored it would read
-/// a request the signer does not).
-pub fn parse_request_exact(
-    der: &[u8],
-) -> Result<x509_parser::certification_request::X509CertificationRequest<'_>, NotARequest> {
-    use x509_parser::prelude::FromDer;
-    let (rest, csr) = x509_parser::certification_request::X509CertificationRequest::from_der(der)
-        .map_err(|e| NotARequest::Der(e.into()))?;
-    if !rest.is_empty() {
-        return Err(NotARequest::TrailingData);
-    }
-    Ok(csr)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,9 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
-};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
@@ -23,53 +21,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::TypedMetric;
 use prometheus_client::registry::Registry;
 
-/// Declares a label's values once: the enum, every value in declaration order (each series is
-/// created at zero from the start) and the text operators match on, as prometheus-client's
-/// `EncodeLabelValue`. The handles of a family are kept in that order ([`ByLabel`]).
-macro_rules! label_values {
-    ($(#[$meta:meta])* pub enum $name:ident {
-        $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)?
-    }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name {
-            $($(#[$vmeta])* $variant),+
-        }
-
-        impl LabelValue for $name {
-            const ALL: &'static [$name] = &[$($name::$variant),+];
-
-            fn index(self) -> usize {
-                // No explicit discriminants: the n-th variant is n, its place in ALL.
-                self as usize
-            }
-
-            fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $text),+
-                }
-            }
-        }
-
-        impl EncodeLabelValue for $name {
-            fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
-                std::fmt::Write::write_str(encoder, self.as_str())
-            }
-        }
-    };
-}
-
-/// A label whose values are all known in advance (see [`label_values!`]).
-pub trait LabelValue:
-    Copy + Eq + std::hash::Hash + std::fmt::Debug + EncodeLabelValue + Send + Sync + 'static
-{
-    /// Every value, in declaration order.
-    const ALL: &'static [Self];
-    /// The value's place in [`LabelValue::ALL`].
-    fn index(self) -> usize;
-    /// The label value as operators see it.
-    fn as_str(self) -> &'static str;
-}
+use crate::label_values;
+pub use crate::metric_labels::LabelValue;
 
 label_values! {
     /// Which listener a client connection came in on.

@@ -480,8 +480,9 @@ mod untrusted_input {
 
     #[test]
     fn request_parsers_never_panic_on_mutated_requests_and_evidence() {
-        use hwkey::lifecycle::approver::policy;
+        use hwkey::approver::policy;
         use hwkey::pki::attestation;
+        use hwkey::pki::request::Request;
         let (der, evidence) = attested();
         let pem = hwkey::pki::csr::to_pem(&der);
         proptest!(config(1500), |(at in 0usize..4096, byte in any::<u8>(), cut in 0usize..4096,
@@ -491,15 +492,17 @@ mod untrusted_input {
             let i = at % m.len();
             m[i] ^= byte | 1;
             for candidate in [m.clone(), der[..cut % der.len()].to_vec(), [der.clone(), junk.clone()].concat()] {
-                let _ = policy::check_kubelet_client(&candidate, None);
-                let _ = attestation::verify_evidence(&candidate);
-                let _ = attestation::evidence_digest(&candidate);
+                if let Ok(request) = Request::from_der(candidate) {
+                    let _ = policy::check_node_client(&request, None);
+                    let _ = attestation::verify_evidence(&request);
+                    let _ = attestation::evidence_digest(&request);
+                }
             }
             // The PEM, with junk put anywhere.
             let mut p = pem.clone().into_bytes();
             let i = at % p.len();
             p.splice(i..i, junk.iter().copied());
-            let _ = policy::request_der(&p);
+            let _ = Request::from_pem(&p);
             // The evidence blobs themselves.
             let mut e = evidence.clone();
             for blob in [&mut e.attest, &mut e.signature, &mut e.key_public, &mut e.ak_public] {

@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 
-use super::LifecycleError;
+use super::error::ApproverError;
 use crate::stop::stopped;
 
 /// Where the Lease lives and how it is held.
@@ -118,8 +118,8 @@ impl Elector {
         }
     }
 
-    fn error(&self, source: kube::Error) -> LifecycleError {
-        LifecycleError::Lease {
+    fn error(&self, source: kube::Error) -> ApproverError {
+        ApproverError::Lease {
             namespace: self.config.namespace.clone(),
             name: self.config.name.clone(),
             source,
@@ -127,7 +127,7 @@ impl Elector {
     }
 
     /// One attempt to take or renew the Lease: true when this candidate holds it afterwards.
-    pub async fn try_acquire_or_renew(&mut self) -> Result<bool, LifecycleError> {
+    pub async fn try_acquire_or_renew(&mut self) -> Result<bool, ApproverError> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let duration = i32::try_from(self.config.duration.as_secs()).unwrap_or(i32::MAX);
         let current = self
@@ -195,7 +195,7 @@ impl Elector {
 
     /// Gives the Lease up if this candidate holds it: an empty holder and a 1 s duration, so a
     /// standby takes over at once.
-    pub async fn release(&mut self) -> Result<(), LifecycleError> {
+    pub async fn release(&mut self) -> Result<(), ApproverError> {
         let Some(mut lease) = self
             .api
             .get_opt(&self.config.name)
@@ -248,10 +248,10 @@ impl Validity {
     }
 
     /// Ok while the last renewal is within the renew deadline.
-    pub fn check(&self) -> Result<(), LifecycleError> {
+    pub fn check(&self) -> Result<(), ApproverError> {
         match self.last() {
             Some(at) if at.elapsed() < self.renew_deadline => Ok(()),
-            last => Err(LifecycleError::LeaseExpired {
+            last => Err(ApproverError::LeaseExpired {
                 elapsed: last.map(|at| at.elapsed()).unwrap_or(Duration::MAX),
                 deadline: self.renew_deadline,
             }),
@@ -288,7 +288,7 @@ pub async fn hold(
             .max(Duration::from_millis(1));
         let attempt = match tokio::time::timeout(bound, elector.try_acquire_or_renew()).await {
             Ok(result) => result,
-            Err(_) => Err(LifecycleError::LeaseTimeout {
+            Err(_) => Err(ApproverError::LeaseTimeout {
                 namespace: elector.config.namespace.clone(),
                 name: elector.config.name.clone(),
                 bound,

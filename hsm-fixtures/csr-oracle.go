@@ -1,0 +1,169 @@
+// csr-oracle: what Go's crypto/x509 reads from PKCS#10 requests, for hwkey's differential tests.
+//
+// kube-apiserver and kube-controller-manager read a CertificateSigningRequest's spec.request
+// with pem.Decode and x509.ParseCertificateRequest, and kube-controller-manager's signer
+// issues the certificate from the parsed x509.CertificateRequest (Subject, SANs, PublicKey).
+// hwkey's approver must decide on exactly what they read, so the tests compare its reading with
+// this program's, request by request.
+//
+// Input: one request per line on stdin, base64 of its DER (or of a whole PEM text, with
+// --pem). Output: one JSON object per line, in the same order. Only the standard library is
+// used, so `go build` needs nothing from the network.
+package main
+
+import (
+	"bufio"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"os"
+)
+
+type attribute struct {
+	Type string `json:"type"`
+	// The value when Go reads it as a string (what pkix.Name keeps), else null.
+	Value *string `json:"value"`
+}
+
+type extension struct {
+	ID       string `json:"id"`
+	Critical bool   `json:"critical"`
+	Value    string `json:"value"`
+}
+
+type reading struct {
+	Error string `json:"error,omitempty"`
+	// The subject's RDNs in order, each with its attributes (empty RDNs included).
+	Rdns [][]attribute `json:"rdns"`
+	// The subject TLV exactly as it appears in the request (hex): what evidence binds.
+	RawSubject string `json:"rawSubject"`
+	// pkix.Name as kube-controller-manager fills it.
+	CommonName         string   `json:"commonName"`
+	Organization       []string `json:"organization"`
+	OrganizationalUnit []string `json:"organizationalUnit"`
+	Country            []string `json:"country"`
+	Locality           []string `json:"locality"`
+	Province           []string `json:"province"`
+	StreetAddress      []string `json:"streetAddress"`
+	PostalCode         []string `json:"postalCode"`
+	SerialNumber       string   `json:"serialNumber"`
+	// The subject of a certificate issued from this request (hex DER of Subject.ToRDNSequence()).
+	IssuedSubject string `json:"issuedSubject"`
+	DNSNames      []string `json:"dnsNames"`
+	Emails        []string `json:"emails"`
+	IPs           []string `json:"ips"`
+	URIs          []string `json:"uris"`
+	Extensions    []extension `json:"extensions"`
+	// The SubjectPublicKeyInfo as it appears in the request, and as an issued certificate
+	// would hold it (re-marshalled from the parsed key), hex.
+	RawSPKI    string `json:"rawSpki"`
+	IssuedSPKI string `json:"issuedSpki"`
+	// Whether the request's own signature verifies (kube-apiserver refuses it otherwise).
+	SignatureValid bool `json:"signatureValid"`
+}
+
+func read(der []byte) reading {
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return reading{Error: err.Error()}
+	}
+	out := reading{
+		RawSubject:         hex.EncodeToString(csr.RawSubject),
+		CommonName:         csr.Subject.CommonName,
+		Organization:       nonNil(csr.Subject.Organization),
+		OrganizationalUnit: nonNil(csr.Subject.OrganizationalUnit),
+		Country:            nonNil(csr.Subject.Country),
+		Locality:           nonNil(csr.Subject.Locality),
+		Province:           nonNil(csr.Subject.Province),
+		StreetAddress:      nonNil(csr.Subject.StreetAddress),
+		PostalCode:         nonNil(csr.Subject.PostalCode),
+		SerialNumber:       csr.Subject.SerialNumber,
+		DNSNames:           nonNil(csr.DNSNames),
+		Emails:             nonNil(csr.EmailAddresses),
+		RawSPKI:            hex.EncodeToString(csr.RawSubjectPublicKeyInfo),
+		Rdns:               [][]attribute{},
+		IPs:                []string{},
+		URIs:               []string{},
+		Extensions:         []extension{},
+		SignatureValid:     csr.CheckSignature() == nil,
+	}
+	var rdns pkix.RDNSequence
+	if _, err := asn1.Unmarshal(csr.RawSubject, &rdns); err == nil {
+		for _, rdn := range rdns {
+			set := []attribute{}
+			for _, atv := range rdn {
+				a := attribute{Type: atv.Type.String()}
+				if s, ok := atv.Value.(string); ok {
+					a.Value = &s
+				}
+				set = append(set, a)
+			}
+			out.Rdns = append(out.Rdns, set)
+		}
+	}
+	if issued, err := asn1.Marshal(csr.Subject.ToRDNSequence()); err == nil {
+		out.IssuedSubject = hex.EncodeToString(issued)
+	}
+	for _, ip := range csr.IPAddresses {
+		out.IPs = append(out.IPs, ip.String())
+	}
+	for _, u := range csr.URIs {
+		out.URIs = append(out.URIs, u.String())
+	}
+	for _, e := range csr.Extensions {
+		out.Extensions = append(out.Extensions, extension{
+			ID: e.Id.String(), Critical: e.Critical, Value: hex.EncodeToString(e.Value),
+		})
+	}
+	if csr.PublicKey != nil {
+		if spki, err := x509.MarshalPKIXPublicKey(csr.PublicKey); err == nil {
+			out.IssuedSPKI = hex.EncodeToString(spki)
+		}
+	}
+	return out
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func main() {
+	pemInput := len(os.Args) > 1 && os.Args[1] == "--pem"
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 1<<26)
+	out := bufio.NewWriter(os.Stdout)
+	defer out.Flush()
+	enc := json.NewEncoder(out)
+	for in.Scan() {
+		data, err := base64.StdEncoding.DecodeString(in.Text())
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "csr-oracle: input line is not base64:", err)
+			os.Exit(2)
+		}
+		if pemInput {
+			// What kube-apiserver and kube-controller-manager do first.
+			block, _ := pem.Decode(data)
+			if block == nil || block.Type != "CERTIFICATE REQUEST" {
+				enc.Encode(reading{Error: "pem.Decode found no CERTIFICATE REQUEST block"})
+				continue
+			}
+			data = block.Bytes
+		}
+		if err := enc.Encode(read(data)); err != nil {
+			fmt.Fprintln(os.Stderr, "csr-oracle:", err)
+			os.Exit(2)
+		}
+	}
+	if err := in.Err(); err != nil {
+		fmt.Fprintln(os.Stderr, "csr-oracle:", err)
+		os.Exit(2)
+	}
+}

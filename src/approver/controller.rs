@@ -1,0 +1,632 @@
+//! The decision loop: kube's watcher brings the requests of our signers; each is judged from
+//! its own content at once ([`evaluate`]) and kept only as a small [`Work`] item in a fair
+//! queue ([`WorkQueue`]); items are settled against the trust and the evidence index and
+//! written up to [`IN_FLIGHT`] at a time, while this replica leads.
+//!
+//! - Memory is bounded whatever is in the cluster: the watcher lists in pages of
+//!   [`PAGE_SIZE`] (an attacker's megabyte requests arrive a few at a time), a request larger
+//!   than 64 KiB is denied unread, and nothing of a request is kept but its uid, name, version,
+//!   requester and the decision's reason.
+//! - A (re)list is finished before anything is written, so the evidence index has seen every
+//!   listed request before ranking them; the watcher relists after a 410, a dead connection
+//!   (its idle deadline) and every [`RESYNC`].
+//! - Every failed write comes back with backoff ([`WorkQueue::retry`]), from the first list
+//!   on. A write carries the resourceVersion and uid that were read, so two deciders (a lease
+//!   handover, `--leader-elect=false`) write one condition per request (409 for the other).
+//! - A standby follows the requests too, writing nothing: it takes over warm.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::FuturesUnordered;
+use futures::{Future, StreamExt};
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
+    CertificateSigningRequestStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use tokio::sync::watch;
+
+use super::error::ApproverError;
+use super::evaluate::{self, Candidate, Evaluated, Rules, Seen};
+use super::evidence_index::{Claim, EvidenceIndex};
+use super::lease::Validity;
+use super::metrics::ApproverMetrics;
+use super::policy::{Reason, Violation};
+use super::queue::{Queued, WorkQueue};
+use super::trust::{Trust, FRESH_FOR};
+use crate::metric_labels::LabelValue;
+use crate::pki::attestation;
+use crate::pki::request::Request;
+
+/// Decisions written at once: the API server's round trip, not the check, bounds the rate.
+pub const IN_FLIGHT: usize = 16;
+
+/// Requests per list page: an attacker's 1.3 MB requests cost at most this many at once.
+pub const PAGE_SIZE: u32 = 8;
+
+/// The watch's server-side timeout; kube's watcher takes a silent connection for dead 5 s after.
+const WATCH_TIMEOUT_SECS: u32 = 30;
+
+/// How often everything is listed again (requests a full lane did not keep come back).
+pub const RESYNC: Duration = Duration::from_secs(15 * 60);
+
+/// How long a failed trust reading waits before the next.
+const TRUST_RETRY: Duration = Duration::from_secs(1);
+
+/// One decision, as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The request's name.
+    pub name: String,
+    /// Approved (true) or denied.
+    pub approved: bool,
+    /// The condition's reason.
+    pub reason: Reason,
+    /// The condition's message.
+    pub message: String,
+}
+
+/// What the approver decides for and with what.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The signerNames whose requests this approver decides (each must have a policy).
+    pub signer_names: Vec<String>,
+    /// The rules beyond the signer's policy.
+    pub rules: Rules,
+}
+
+/// A decision waiting to be written.
+#[derive(Debug, Clone)]
+enum Work {
+    /// Denied by the request alone.
+    Deny(Box<Seen>, Violation),
+    /// To be settled against the trust and the evidence index.
+    Settle(Box<Seen>, Box<Candidate>),
+}
+
+impl Work {
+    fn seen(&self) -> &Seen {
+        match self {
+            Work::Deny(s, _) | Work::Settle(s, _) => s,
+        }
+    }
+}
+
+/// A write in flight: what was decided, and whether it claimed the evidence.
+struct Writing {
+    decision: Decision,
+    granted: Option<Box<Candidate>>,
+}
+
+type WriteFuture = Pin<Box<dyn Future<Output = (String, Result<Recorded, ApproverError>)> + Send>>;
+type Refresh = Pin<Box<dyn Future<Output = Result<(), ApproverError>> + Send>>;
+
+/// Whether the loop follows the requests until stopped, or decides the listed ones and ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Follow, deciding while leading.
+    Follow,
+    /// Decide what the first list shows, then end (`hwkey approver --once`).
+    Once,
+}
+
+/// The decision loop's state.
+pub struct Controller {
+    api: Api<CertificateSigningRequest>,
+    settings: Settings,
+    trust: Trust,
+    index: EvidenceIndex,
+    queue: WorkQueue<Work>,
+    writing: std::collections::HashMap<String, Writing>,
+    metrics: Arc<ApproverMetrics>,
+    validity: Option<Validity>,
+    /// The uids seen during the (re)list in progress.
+    listing: Option<HashSet<String>>,
+    listed_once: bool,
+    trust_retry_at: Option<Instant>,
+    /// `--once`: the decisions written and the failures.
+    decided: Vec<Decision>,
+    failures: Vec<ApproverError>,
+}
+
+/// What `--once` did.
+#[derive(Debug)]
+pub struct Round {
+    /// The decisions written.
+    pub decisions: Vec<Decision>,
+    /// Requests that could not be decided (they stay open).
+    pub failures: Vec<ApproverError>,
+}
+
+impl Controller {
+    /// A loop over `client`'s requests for `settings`' signers, deciding with `trust`.
+    pub fn new(
+        client: &kube::Client,
+        settings: Settings,
+        trust: Trust,
+        metrics: Arc<ApproverMetrics>,
+        validity: Option<Validity>,
+    ) -> Controller {
+        Controller {
+            api: Api::all(client.clone()),
+            settings,
+            trust,
+            index: EvidenceIndex::default(),
+            queue: WorkQueue::default(),
+            writing: Default::default(),
+            metrics,
+            validity,
+            listing: None,
+            listed_once: false,
+            trust_retry_at: None,
+            decided: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    fn watcher_config(&self) -> watcher::Config {
+        let config = watcher::Config::default()
+            .page_size(PAGE_SIZE)
+            .timeout(WATCH_TIMEOUT_SECS);
+        // The API server filters on spec.signerName when we decide for one signer.
+        match self.settings.signer_names.as_slice() {
+            [one] => config.fields(&format!("spec.signerName={one}")),
+            _ => config,
+        }
+    }
+
+    /// Runs until `stop` (or, with [`Mode::Once`], until the listed requests are decided),
+    /// writing only while `leading` is true.
+    pub async fn run(
+        &mut self,
+        mode: Mode,
+        mut leading: watch::Receiver<bool>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Round {
+        let mut writes: FuturesUnordered<WriteFuture> = FuturesUnordered::new();
+        let mut refresh: Option<Refresh> = None;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        'resync: loop {
+            let mut stream =
+                std::pin::pin!(
+                    watcher::watcher(self.api.clone(), self.watcher_config()).default_backoff()
+                );
+            let resync_at = tokio::time::Instant::now() + RESYNC;
+            let mut listening = true;
+            loop {
+                let may_write = *leading.borrow() && self.listing.is_none() && self.listed_once;
+                if may_write {
+                    self.dispatch(&mut writes, &mut refresh);
+                }
+                if mode == Mode::Once
+                    && self.listed_once
+                    && self.queue.is_empty()
+                    && writes.is_empty()
+                {
+                    break 'resync;
+                }
+                let next_due = self.queue.next_due();
+                tokio::select! {
+                    _ = crate::stop::stopped(&mut stop) => break 'resync,
+                    event = stream.next(), if listening => match event {
+                        Some(event) => {
+                            self.on_event(event);
+                            if mode == Mode::Once && self.listed_once && self.listing.is_none() {
+                                listening = false;
+                            }
+                        }
+                        None => continue 'resync,
+                    },
+                    Some((uid, result)) = writes.next(), if !writes.is_empty() => {
+                        self.on_written(&uid, result, mode);
+                    }
+                    result = async { refresh.as_mut().expect("guarded").await }, if refresh.is_some() => {
+                        refresh = None;
+                        if let Err(e) = result {
+                            tracing::warn!(error = %e, "cannot read the trust source to settle requests; retrying");
+                            self.trust_retry_at = Some(Instant::now() + TRUST_RETRY);
+                            if mode == Mode::Once {
+                                self.fail_waiting_settles(e);
+                            }
+                        }
+                    }
+                    _ = sleep_until(next_due), if next_due.is_some() => {}
+                    changed = leading.changed() => if changed.is_err() { break 'resync },
+                    _ = tokio::time::sleep_until(resync_at), if mode == Mode::Follow => continue 'resync,
+                    _ = tick.tick() => self.housekeeping(),
+                }
+            }
+        }
+        // Writes already sent finish before the loop ends.
+        while let Some((uid, result)) = writes.next().await {
+            self.on_written(&uid, result, mode);
+        }
+        Round {
+            decisions: std::mem::take(&mut self.decided),
+            failures: std::mem::take(&mut self.failures),
+        }
+    }
+
+    /// Once a second: the heartbeat the liveness probe reads, the queue gauge, and forgetting
+    /// evidence past the freshness window.
+    fn housekeeping(&mut self) {
+        self.metrics.heartbeat.beat();
+        self.metrics
+            .queued
+            .set(i64::try_from(self.queue.len()).unwrap_or(i64::MAX));
+        let lifetime = evaluate::evidence_lifetime(self.settings.rules.evidence_max_age);
+        self.index.prune(now_unix().saturating_sub(lifetime));
+        self.metrics
+            .evidence_index
+            .set(i64::try_from(self.index.len()).unwrap_or(i64::MAX));
+    }
+
+    fn on_event(
+        &mut self,
+        event: Result<watcher::Event<CertificateSigningRequest>, watcher::Error>,
+    ) {
+        match event {
+            Ok(watcher::Event::Init) => self.listing = Some(HashSet::new()),
+            Ok(watcher::Event::InitApply(csr)) => {
+                if let Some(listing) = &mut self.listing {
+                    listing.insert(Seen::of(&csr).uid);
+                }
+                self.observe(&csr);
+            }
+            Ok(watcher::Event::InitDone) => {
+                if let Some(live) = self.listing.take() {
+                    self.queue.keep(&live);
+                    self.index.keep_waiting(&live);
+                }
+                self.listed_once = true;
+            }
+            Ok(watcher::Event::Apply(csr)) => self.observe(&csr),
+            Ok(watcher::Event::Delete(csr)) => {
+                let seen = Seen::of(&csr);
+                self.queue.remove(&seen.uid);
+                self.index.forget_uid(&seen.uid);
+            }
+            Err(e) => {
+                self.metrics.watch_errors.inc();
+                let e = ApproverError::Watch { source: e };
+                tracing::warn!(error = %e, "watching requests failed; kube's watcher retries with backoff");
+            }
+        }
+    }
+
+    /// Takes note of one request of ours: the evidence an approved one holds; the decision an
+    /// open one gets from its own content.
+    fn observe(&mut self, csr: &CertificateSigningRequest) {
+        if !self.settings.signer_names.contains(&csr.spec.signer_name) {
+            return;
+        }
+        let seen = Seen::of(csr);
+        if let Some(approved) = evaluate::is_decided(csr) {
+            self.queue.remove(&seen.uid);
+            if approved {
+                let held = Request::from_pem(&csr.spec.request.0)
+                    .ok()
+                    .and_then(|r| attestation::evidence_digest(&r));
+                if let Some((digest, made_at)) = held {
+                    self.index.approved(digest, made_at, &seen.uid, &seen.name);
+                }
+            } else {
+                self.index.forget_uid(&seen.uid);
+            }
+            return;
+        }
+        let started = Instant::now();
+        let evaluated = evaluate::evaluate(csr, &self.settings.rules, now_unix());
+        self.metrics
+            .verify_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let work = match evaluated {
+            Evaluated::Ignore => {
+                self.queue.remove(&seen.uid);
+                return;
+            }
+            Evaluated::Deny(v) => {
+                self.index.forget_uid(&seen.uid);
+                Work::Deny(Box::new(seen), v)
+            }
+            Evaluated::Candidate(c) => {
+                self.index.waiting(
+                    c.attested.evidence_digest,
+                    c.attested.made_at,
+                    c.rank.clone(),
+                    &seen.name,
+                );
+                Work::Settle(Box::new(seen), c)
+            }
+        };
+        let (uid, requester) = (work.seen().uid.clone(), work.seen().requester.clone());
+        if self.queue.put(&uid, &requester, work) == Queued::LaneFull {
+            self.metrics.deferred.inc();
+            tracing::debug!(requester = %super::policy::bounded(&requester), "this requester has too many open requests queued; the rest wait for the next resync");
+        }
+    }
+
+    /// Starts writes while there is room: in turn per requester; a settlement needs the trust
+    /// read within [`FRESH_FOR`], so those wait for a reading while denials go on.
+    fn dispatch(
+        &mut self,
+        writes: &mut FuturesUnordered<WriteFuture>,
+        refresh: &mut Option<Refresh>,
+    ) {
+        while writes.len() < IN_FLIGHT {
+            let nodes = self.trust.now().fresh(FRESH_FOR);
+            let waits = |w: &Work| nodes.is_none() && matches!(w, Work::Settle(..));
+            let Some((uid, work)) = self.queue.take(Instant::now(), waits) else {
+                if nodes.is_none() && self.queue.has_ready() && refresh.is_none() {
+                    self.start_refresh(refresh);
+                }
+                return;
+            };
+            let (seen, decision, granted) = match work {
+                Work::Deny(seen, v) => {
+                    let decision = Decision {
+                        name: seen.name.clone(),
+                        approved: false,
+                        reason: v.reason,
+                        message: v.message,
+                    };
+                    (seen, decision, None)
+                }
+                Work::Settle(seen, candidate) => {
+                    let Some(nodes) = &nodes else {
+                        self.queue.retry(&uid, Instant::now());
+                        continue;
+                    };
+                    let (decision, granted) = self.settle(&seen, candidate, nodes);
+                    (seen, decision, granted)
+                }
+            };
+            self.writing.insert(
+                uid.clone(),
+                Writing {
+                    decision: decision.clone(),
+                    granted,
+                },
+            );
+            writes.push(write(
+                self.api.clone(),
+                self.validity.clone(),
+                uid,
+                *seen,
+                decision,
+            ));
+        }
+    }
+
+    fn start_refresh(&mut self, refresh: &mut Option<Refresh>) {
+        if self.trust_retry_at.is_some_and(|at| Instant::now() < at) {
+            return;
+        }
+        let trust = self.trust.clone();
+        *refresh = Some(Box::pin(async move {
+            trust.refresh(FRESH_FOR).await.map(|_| ())
+        }));
+    }
+
+    /// `--once` with no trust to settle on: the waiting requests cannot be decided.
+    fn fail_waiting_settles(&mut self, error: ApproverError) {
+        let mut failed = false;
+        while let Some((uid, _)) = self
+            .queue
+            .take(Instant::now(), |w| !matches!(w, Work::Settle(..)))
+        {
+            self.queue.done(&uid);
+            failed = true;
+        }
+        if failed {
+            self.failures.push(error);
+        }
+    }
+
+    /// The decision for a request that passed every check of its own: still fresh, its AK
+    /// registered for its node, and the evidence its own (see [`EvidenceIndex`]).
+    fn settle(
+        &mut self,
+        seen: &Seen,
+        candidate: Box<Candidate>,
+        nodes: &[crate::pki::registration::RegisteredAk],
+    ) -> (Decision, Option<Box<Candidate>>) {
+        let deny = |reason: Reason, message: String| Decision {
+            name: seen.name.clone(),
+            approved: false,
+            reason,
+            message,
+        };
+        let digest = candidate.attested.evidence_digest;
+        let lifetime = evaluate::evidence_lifetime(self.settings.rules.evidence_max_age);
+        let age = now_unix().saturating_sub(i64::try_from(candidate.attested.made_at).unwrap_or(0));
+        if age > lifetime {
+            self.index.forget(&digest, &seen.uid);
+            return (deny(Reason::EvidenceStale, format!("the evidence is {age} s old now (at most {lifetime} s): the request waited too long for a decision; make a new request on the node")), None);
+        }
+        let admitted = match attestation::admit(candidate.attested.clone(), &candidate.node, nodes)
+        {
+            Ok(a) => a,
+            Err(r) => {
+                self.index.forget(&digest, &seen.uid);
+                return (deny(Reason::of(r.refusal), r.message), None);
+            }
+        };
+        match self.index.claim(&digest, &seen.uid) {
+            Claim::HeldBy(other) => {
+                self.index.forget(&digest, &seen.uid);
+                (
+                    deny(
+                        Reason::EvidenceReused,
+                        format!("the same TPM evidence is in request {other}, which holds it: evidence is used once"),
+                    ),
+                    None,
+                )
+            }
+            Claim::Granted => (
+                Decision {
+                    name: seen.name.clone(),
+                    approved: true,
+                    reason: Reason::AttestedTpmKey,
+                    message: format!(
+                        "the key is in the TPM of node '{}' (attestation key {})",
+                        admitted.node, admitted.ak_name
+                    ),
+                },
+                Some(candidate),
+            ),
+        }
+    }
+
+    fn on_written(&mut self, uid: &str, result: Result<Recorded, ApproverError>, mode: Mode) {
+        let Some(writing) = self.writing.remove(uid) else {
+            return;
+        };
+        let decision = writing.decision;
+        match result {
+            Ok(Recorded::Yes) => {
+                self.queue.done(uid);
+                self.metrics.decided(decision.reason);
+                tracing::info!(
+                    csr = %decision.name,
+                    approved = decision.approved,
+                    reason = %decision.reason,
+                    "{}",
+                    decision.message
+                );
+                if mode == Mode::Once {
+                    self.decided.push(decision);
+                }
+            }
+            Ok(Recorded::Conflict) => {
+                self.queue.done(uid);
+                self.release(uid, writing.granted, &decision.name);
+                self.metrics.conflicts.inc();
+                tracing::info!(csr = %decision.name, "changed since it was read (decided by another approver, or deleted): left as it is");
+            }
+            Err(e) => {
+                self.release(uid, writing.granted, &decision.name);
+                if mode == Mode::Once {
+                    self.queue.done(uid);
+                    tracing::error!(csr = %decision.name, error = %e, "cannot record a decision; it stays open");
+                    self.failures.push(e);
+                } else {
+                    self.metrics.retries.inc();
+                    tracing::error!(csr = %decision.name, error = %e, "cannot record a decision now; retrying with backoff");
+                    self.queue.retry(uid, Instant::now());
+                }
+            }
+        }
+    }
+
+    /// A grant whose write did not happen gives the evidence back.
+    fn release(&mut self, uid: &str, granted: Option<Box<Candidate>>, name: &str) {
+        if let Some(c) = granted {
+            debug_assert_eq!(c.rank.uid, uid);
+            self.index
+                .release(&c.attested.evidence_digest, c.rank, name);
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn now_unix() -> i64 {
+    i64::try_from(attestation::unix_now()).unwrap_or(i64::MAX)
+}
+
+/// What became of a decision sent to the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// The condition is on the request.
+    Yes,
+    /// The request changed since it was read (another approver or replica decided it, or it
+    /// was deleted): nothing was written, and the new state will be seen again.
+    Conflict,
+}
+
+/// Writes `decision` through the `approval` subresource (PUT: RBAC verb `update`), unless
+/// this replica's Lease is out of date. The body is the request as it was read without its
+/// bytes (the API server keeps the spec of the stored object on this subresource): its uid and
+/// resourceVersion are the precondition, so a write over a changed or re-created request is
+/// refused with 409 and reported as [`Recorded::Conflict`].
+fn write(
+    api: Api<CertificateSigningRequest>,
+    validity: Option<Validity>,
+    uid: String,
+    seen: Seen,
+    decision: Decision,
+) -> WriteFuture {
+    Box::pin(async move {
+        if let Some(v) = &validity {
+            if let Err(e) = v.check() {
+                return (uid, Err(e));
+            }
+        }
+        let result = record(&api, &seen, &decision).await;
+        (uid, result)
+    })
+}
+
+/// The PUT itself.
+pub async fn record(
+    api: &Api<CertificateSigningRequest>,
+    seen: &Seen,
+    decision: &Decision,
+) -> Result<Recorded, ApproverError> {
+    let mut conditions = seen.conditions.clone();
+    conditions.push(CertificateSigningRequestCondition {
+        type_: if decision.approved {
+            "Approved".into()
+        } else {
+            "Denied".into()
+        },
+        status: "True".into(),
+        reason: Some(decision.reason.as_str().into()),
+        message: Some(decision.message.clone()),
+        ..Default::default()
+    });
+    let body = CertificateSigningRequest {
+        metadata: ObjectMeta {
+            name: Some(seen.name.clone()),
+            uid: Some(seen.uid.clone()),
+            resource_version: Some(seen.resource_version.clone()),
+            ..Default::default()
+        },
+        spec: CertificateSigningRequestSpec {
+            signer_name: seen.signer.clone(),
+            usages: Some(seen.usages.clone()),
+            ..Default::default()
+        },
+        status: Some(CertificateSigningRequestStatus {
+            conditions: Some(conditions),
+            ..Default::default()
+        }),
+    };
+    match api
+        .replace_subresource::<CertificateSigningRequest>(
+            "approval",
+            &seen.name,
+            &PostParams::default(),
+            &body,
+        )
+        .await
+    {
+        Ok(_) => Ok(Recorded::Yes),
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(Recorded::Conflict),
+        Err(source) => Err(ApproverError::Approve {
+            name: decision.name.clone(),
+            source,
+        }),
+    }
+}

@@ -1,0 +1,69 @@
+//! The approver's errors: what could not be done, and what the operator can do about it. A
+//! request's own faults are never errors here: they are denials with a [`super::Reason`].
+
+use std::time::Duration;
+
+/// Why the approver could not do something (start, read, write, lead).
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
+pub enum ApproverError {
+    #[error(transparent)]
+    Policy(#[from] super::policy::NoPolicy),
+
+    #[error("cannot record the decision on CertificateSigningRequest {name}: {source} (the approver's account needs `update` on certificatesigningrequests/approval and `approve` on the signer: see deploy/approver.yaml)")]
+    Approve {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("cannot list or watch CertificateSigningRequests: {source} (the approver's account needs get, list and watch on certificatesigningrequests)")]
+    Watch {
+        #[source]
+        source: kube::runtime::watcher::Error,
+    },
+
+    #[error("cannot read the registered nodes from {origin}: {problem}")]
+    Trust {
+        origin: String,
+        #[source]
+        problem: super::trust::TrustProblem,
+    },
+
+    #[error("not writing a decision: this replica's Lease was last renewed {elapsed:?} ago, past the renew deadline ({deadline:?}); another replica may lead now")]
+    LeaseExpired {
+        elapsed: Duration,
+        deadline: Duration,
+    },
+
+    #[error("leader election on Lease {namespace}/{name} failed: {source} (the approver's account needs get, create and update on leases in {namespace})")]
+    Lease {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("leader election on Lease {namespace}/{name} failed: no answer from the API server within {bound:?}")]
+    LeaseTimeout {
+        namespace: String,
+        name: String,
+        bound: Duration,
+    },
+
+    #[error("{task} stopped unexpectedly: {source}")]
+    Panicked {
+        task: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+
+    #[error("{count} request(s) could not be decided and stay open; the first: {first}")]
+    Undecided {
+        count: usize,
+        first: Box<ApproverError>,
+    },
+}

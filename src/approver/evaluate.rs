@@ -1,0 +1,315 @@
+//! One request, judged by what the request alone shows: its bytes, its requester, its evidence
+//! and its times. What depends on the cluster's state (the registered nodes, other requests
+//! with the same evidence) is settled right before the decision is written
+//! ([`super::controller`]).
+//!
+//! In order, the first check that fails is the denial's reason ([`Reason`]):
+//!
+//! 1. `spec.request` is at most 64 KiB and exactly one CERTIFICATE REQUEST block, read
+//!    strictly as one [`Request`] (the bytes Go signs from);
+//! 2. the signer's policy ([`policy::check_node_client`]): subject, SANs, requested
+//!    extensions and attributes, `spec.usages`;
+//! 3. the requester may ask for that node: the node itself, or a bootstrap identity in one of
+//!    the configured bootstrap groups;
+//! 4. the request's own signature and its TPM evidence hold, bound to its exact subject and key
+//!    ([`crate::pki::attestation::verify_evidence`]);
+//! 5. it is fresh: the evidence was made within the window before the request was created, and
+//!    the request has not waited longer than the window since.
+
+use std::time::Duration;
+
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition,
+};
+
+use super::policy::{self, Reason, Violation};
+use super::OnMissingEvidence;
+use crate::pki::attestation::{self, Attested};
+use crate::pki::request::Request;
+
+/// How far a node's clock may run ahead of the API server's: evidence made up to this long
+/// after its request was created is still fresh.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
+
+/// The rules a decision applies beyond the signer's policy.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    /// Requests without evidence: deny or leave alone.
+    pub on_missing_evidence: OnMissingEvidence,
+    /// Groups whose bootstrap identities (`system:bootstrap:*`) may ask for a node identity.
+    pub bootstrap_groups: Vec<String>,
+    /// How old evidence may be when its request is created.
+    pub evidence_max_age: Duration,
+}
+
+/// A request's identity and state, without its bytes: all the approver keeps of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    /// `metadata.uid`: requests are told apart by it, never by name (a name can be reused).
+    pub uid: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.resourceVersion`: the write's precondition.
+    pub resource_version: String,
+    /// `spec.username`: requests are queued fairly per requester.
+    pub requester: String,
+    /// `spec.signerName`.
+    pub signer: String,
+    /// `spec.usages`.
+    pub usages: Vec<String>,
+    /// `status.conditions` as read (kept on the write).
+    pub conditions: Vec<CertificateSigningRequestCondition>,
+}
+
+impl Seen {
+    /// What the approver keeps of `csr`.
+    pub fn of(csr: &CertificateSigningRequest) -> Seen {
+        let meta = &csr.metadata;
+        let name = meta.name.clone().unwrap_or_default();
+        Seen {
+            uid: meta.uid.clone().unwrap_or_else(|| name.clone()),
+            name,
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            requester: csr.spec.username.clone().unwrap_or_default(),
+            signer: csr.spec.signer_name.clone(),
+            usages: csr.spec.usages.clone().unwrap_or_default(),
+            conditions: csr
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Whether `csr` already has an Approved or Denied condition.
+pub fn is_decided(csr: &CertificateSigningRequest) -> Option<bool> {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| {
+            c.iter()
+                .find_map(|c| match (c.type_.as_str(), c.status.as_str()) {
+                    ("Approved", "True") => Some(true),
+                    ("Denied", "True") => Some(false),
+                    _ => None,
+                })
+        })
+}
+
+/// How strongly a requester is entitled to the identity it asks for, and when it asked: of
+/// several requests carrying the same evidence, the lowest rank gets it. The requester cannot
+/// choose a better class than it has, nor an earlier creation time than its own; the uid is
+/// chosen by the API server. A name, which the requester chooses, never ranks.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Rank {
+    /// 0: the node itself (renewal); 1: a bootstrap identity (first join).
+    pub class: u8,
+    /// Creation time (Unix seconds, as the API server stamped it).
+    pub created: i64,
+    /// `metadata.uid`.
+    pub uid: String,
+}
+
+/// A request that passed every check the request alone can show: the registered nodes and the
+/// other requests carrying its evidence decide the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The node it asks to be.
+    pub node: String,
+    /// What its evidence proved.
+    pub attested: Attested,
+    /// Its rank among requests with the same evidence.
+    pub rank: Rank,
+}
+
+/// What the request alone decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Evaluated {
+    /// Left to other approvers (`--on-missing-evidence ignore` and no evidence).
+    Ignore,
+    /// Denied, whatever else holds.
+    Deny(Violation),
+    /// Approved if its node's AK is registered and no better-ranked request holds its evidence.
+    Candidate(Box<Candidate>),
+}
+
+/// Judges an open request of ours. `now` is the approver's clock (Unix seconds).
+pub fn evaluate(csr: &CertificateSigningRequest, rules: &Rules, now: i64) -> Evaluated {
+    match judge(csr, rules, now) {
+        Ok(Some(c)) => Evaluated::Candidate(Box::new(c)),
+        Ok(None) => Evaluated::Ignore,
+        Err(v) => Evaluated::Deny(v),
+    }
+}
+
+fn deny(reason: Reason, message: impl Into<String>) -> Violation {
+    Violation {
+        reason,
+        message: message.into(),
+    }
+}
+
+fn judge(
+    csr: &CertificateSigningRequest,
+    rules: &Rules,
+    now: i64,
+) -> Result<Option<Candidate>, Violation> {
+    let request = Request::from_pem(&csr.spec.request.0)?;
+    if request.attributes_of(attestation::OID_EVIDENCE).is_empty()
+        && rules.on_missing_evidence == OnMissingEvidence::Ignore
+    {
+        return Ok(None);
+    }
+    let usages = csr.spec.usages.clone().unwrap_or_default();
+    let identity = policy::check_node_client(&request, Some(&usages))?;
+    let class = check_requester(csr, &identity.node, &rules.bootstrap_groups)
+        .map_err(|r| deny(Reason::RequesterNotAllowed, r.to_string()))?;
+    let attested = attestation::verify_evidence(&request)
+        .map_err(|r| deny(Reason::of(r.refusal), r.message))?;
+    let created = created_at(csr)
+        .ok_or_else(|| deny(Reason::EvidenceStale, NotFresh::NoCreationTime.to_string()))?;
+    check_fresh(created, now, attested.made_at, rules.evidence_max_age)
+        .map_err(|e| deny(Reason::EvidenceStale, e.to_string()))?;
+    let uid = csr.metadata.uid.clone().unwrap_or_default();
+    Ok(Some(Candidate {
+        node: identity.node,
+        attested,
+        rank: Rank {
+            class,
+            created,
+            uid,
+        },
+    }))
+}
+
+/// When a request was created (Unix seconds), as the API server stamped it.
+fn created_at(csr: &CertificateSigningRequest) -> Option<i64> {
+    csr.metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+}
+
+/// The node itself (renewal, class 0), or a bootstrap identity in an allowed group (first
+/// join, class 1).
+fn check_requester(
+    csr: &CertificateSigningRequest,
+    node: &str,
+    bootstrap_groups: &[String],
+) -> Result<u8, RequesterRefused> {
+    let user = csr.spec.username.clone().unwrap_or_default();
+    if user == format!("system:node:{node}") {
+        return Ok(0);
+    }
+    let groups = csr.spec.groups.clone().unwrap_or_default();
+    if user.starts_with("system:bootstrap:") {
+        if groups.iter().any(|g| bootstrap_groups.contains(g)) {
+            return Ok(1);
+        }
+        return Err(if bootstrap_groups.is_empty() {
+            RequesterRefused::NoBootstrapGroup { user }
+        } else {
+            RequesterRefused::OtherGroups {
+                user,
+                groups,
+                allowed: bootstrap_groups.to_vec(),
+            }
+        });
+    }
+    Err(RequesterRefused::NotTheNode {
+        user,
+        node: node.to_string(),
+    })
+}
+
+/// Why a request's requester may not ask for the node identity it asks for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum RequesterRefused {
+    #[error("{} is a bootstrap identity, and no bootstrap group is allowed (pass --bootstrap-group with the group of the nodes' bootstrap tokens)", policy::bounded(.user))]
+    NoBootstrapGroup { user: String },
+    #[error("{} is in groups {}, none of the bootstrap groups allowed to join nodes ({allowed:?})", policy::bounded(.user), policy::bounded(&format!("{groups:?}")))]
+    OtherGroups {
+        user: String,
+        groups: Vec<String>,
+        allowed: Vec<String>,
+    },
+    #[error("{} may not ask for system:node:{node}: only that node itself or a bootstrap identity of an allowed group may", policy::bounded(.user))]
+    NotTheNode { user: String, node: String },
+}
+
+/// Why evidence is too old or too new for its request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum NotFresh {
+    #[error("the request has no creation time")]
+    NoCreationTime,
+    #[error("the evidence was made {age} s before the request was created (at most {max} s): make a new request on the node")]
+    TooOld { age: i64, max: i64 },
+    #[error("the evidence claims to be made {ahead} s after the request was created (at most {skew} s of clock skew): check the node's clock")]
+    FromTheFuture { ahead: i64, skew: i64 },
+    #[error("the evidence is {age} s old now (at most {max} s): the request waited too long for a decision; make a new request on the node")]
+    Waited { age: i64, max: i64 },
+}
+
+/// Evidence made at most `max_age` before the request was created and not more than
+/// [`CLOCK_SKEW`] after; and, now, not older than `max_age` plus the skew (so a request that
+/// waited through an outage is not approved on old evidence, and evidence that old can be
+/// forgotten by the reuse index).
+fn check_fresh(created: i64, now: i64, made_at: u64, max_age: Duration) -> Result<(), NotFresh> {
+    let made = i64::try_from(made_at).unwrap_or(i64::MAX);
+    let max = i64::try_from(max_age.as_secs()).unwrap_or(i64::MAX);
+    let skew = i64::try_from(CLOCK_SKEW.as_secs()).unwrap_or(i64::MAX);
+    let age = created.saturating_sub(made);
+    if age > max {
+        return Err(NotFresh::TooOld { age, max });
+    }
+    if -age > skew {
+        return Err(NotFresh::FromTheFuture { ahead: -age, skew });
+    }
+    let now_age = now.saturating_sub(made);
+    if now_age > max.saturating_add(skew) {
+        return Err(NotFresh::Waited {
+            age: now_age,
+            max: max.saturating_add(skew),
+        });
+    }
+    Ok(())
+}
+
+/// How long evidence matters after it was made (Unix seconds): no request carrying older
+/// evidence is approved, so the reuse index may forget it.
+pub fn evidence_lifetime(max_age: Duration) -> i64 {
+    i64::try_from((max_age + CLOCK_SKEW).as_secs()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freshness_bounds_the_evidence_against_creation_and_now() {
+        let max = Duration::from_secs(900);
+        assert_eq!(check_fresh(1000, 1000, 990, max), Ok(()));
+        assert!(matches!(
+            check_fresh(2000, 2000, 1000, max),
+            Err(NotFresh::TooOld { age: 1000, .. })
+        ));
+        assert!(matches!(
+            check_fresh(1000, 1000, 1400, max),
+            Err(NotFresh::FromTheFuture { ahead: 400, .. })
+        ));
+        // Created on time, decided after an outage of an hour: stale.
+        assert!(matches!(
+            check_fresh(1000, 4600, 990, max),
+            Err(NotFresh::Waited { .. })
+        ));
+    }
+}

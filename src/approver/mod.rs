@@ -1,0 +1,144 @@
+//! The attesting approver (`hwkey approver`): approves CertificateSigningRequests whose key is
+//! proven to live in a registered node's TPM, and denies the others with a precise reason.
+//!
+//! - [`policy`]: what may be approved for each signer, read from the request exactly as Go
+//!   reads it ([`crate::pki::request`]).
+//! - [`evaluate`]: what a request's own content decides (policy, requester, evidence,
+//!   freshness).
+//! - [`evidence_index`]: which request holds each piece of evidence (used once).
+//! - [`queue`]: decisions waiting to be written, served fairly per requester.
+//! - [`controller`]: the loop (kube's watcher, paged), settling against the trust and writing
+//!   through the `approval` subresource while this replica leads.
+//! - [`trust`]: the registered nodes, from a directory or a ConfigMap; what the source holds
+//!   decides, and approvals use a fresh reading.
+//! - [`lease`]: client-go-style leader election on a `coordination.k8s.io` Lease.
+//! - [`metrics`]: decisions by reason, queue and trust health, the metrics and liveness
+//!   listeners.
+//!
+//! Threads: a small multi-thread runtime, so the Lease's renewals, the liveness probe and the
+//! decision loop never wait for one another.
+
+pub mod controller;
+pub mod error;
+pub mod evaluate;
+pub mod evidence_index;
+pub mod lease;
+pub mod metrics;
+pub mod policy;
+pub mod queue;
+pub mod trust;
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+pub use self::controller::{Decision, Mode, Round, Settings};
+pub use self::error::ApproverError;
+pub use self::evaluate::Rules;
+pub use self::policy::{Reason, SignerPolicy};
+
+use self::controller::Controller;
+use self::lease::{Elector, LeaseConfig, Validity};
+use self::metrics::ApproverMetrics;
+use self::trust::{Trust, TrustSource};
+
+/// What to do with a request that carries no evidence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnMissingEvidence {
+    /// Deny it (`NoEvidence`): only attested keys get in.
+    #[default]
+    Deny,
+    /// Leave it to other approvers.
+    Ignore,
+}
+
+/// The approver's settings.
+#[derive(Debug, Clone)]
+pub struct ApproverOptions {
+    /// The signers decided for and the rules.
+    pub settings: Settings,
+    /// The registered nodes (`hwkey attest enroll` output, one entry per node).
+    pub trust: TrustSource,
+}
+
+/// Checks that every signer has a policy: the approver refuses to start otherwise.
+pub fn check_signers(signer_names: &[String]) -> Result<(), ApproverError> {
+    for signer in signer_names {
+        SignerPolicy::for_signer(signer)?;
+    }
+    Ok(())
+}
+
+/// Decides the requests open now and returns (`hwkey approver --once`): no election.
+pub async fn decide_once(
+    client: &kube::Client,
+    options: ApproverOptions,
+    metrics: Arc<ApproverMetrics>,
+) -> Result<Round, ApproverError> {
+    check_signers(&options.settings.signer_names)?;
+    let trust = Trust::load(options.trust, client, metrics.clone()).await?;
+    let mut controller = Controller::new(client, options.settings, trust, metrics, None);
+    let (_leading_tx, leading) = watch::channel(true);
+    let (_stop_tx, stop) = watch::channel(false);
+    Ok(controller.run(Mode::Once, leading, stop).await)
+}
+
+/// Runs until `stop`: decides while leading (always, without `election`), follows the requests
+/// and the trust source all the while, and releases the Lease on the way out.
+pub async fn run(
+    client: &kube::Client,
+    options: ApproverOptions,
+    election: Option<LeaseConfig>,
+    metrics: Arc<ApproverMetrics>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), ApproverError> {
+    check_signers(&options.settings.signer_names)?;
+    let trust = Trust::load(options.trust, client, metrics.clone()).await?;
+    let follower = tokio::spawn(trust.clone().follow());
+    let (leading_tx, leading) = watch::channel(election.is_none());
+    let validity = election
+        .as_ref()
+        .map(|config| Validity::new(config.renew_deadline));
+    // Without election this process always decides; the sender lives for the run.
+    let mut _always = None;
+    let holder = match (election, &validity) {
+        (Some(config), Some(validity)) => Some(tokio::spawn(lease::hold(
+            Elector::new(client, config),
+            leading_tx,
+            validity.clone(),
+            stop.clone(),
+        ))),
+        _ => {
+            _always = Some(leading_tx);
+            None
+        }
+    };
+    let gauge = tokio::spawn(follow_leadership(leading.clone(), metrics.clone()));
+    let mut controller =
+        Controller::new(client, options.settings, trust, metrics.clone(), validity);
+    controller.run(Mode::Follow, leading, stop).await;
+    metrics.leader.set(0);
+    follower.abort();
+    gauge.abort();
+    if let Some(holder) = holder {
+        holder.await.map_err(|source| ApproverError::Panicked {
+            task: "the Lease holder",
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Keeps `hwkey_approver_leader` equal to whether this replica leads.
+async fn follow_leadership(mut leading: watch::Receiver<bool>, metrics: Arc<ApproverMetrics>) {
+    loop {
+        let now = *leading.borrow_and_update();
+        metrics.leader.set(i64::from(now));
+        if now {
+            tracing::info!("deciding: this replica leads");
+        }
+        if leading.changed().await.is_err() {
+            return;
+        }
+    }
+}
