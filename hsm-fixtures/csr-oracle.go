@@ -39,30 +39,30 @@ type extension struct {
 type reading struct {
 	Error string `json:"error,omitempty"`
 	// The subject's RDNs in order, each with its attributes (empty RDNs included).
-	Rdns [][]attribute `json:"rdns"`
+	Rdns [][]attribute `json:"rdns,omitempty"`
 	// The subject TLV exactly as it appears in the request (hex): what evidence binds.
-	RawSubject string `json:"rawSubject"`
+	RawSubject string `json:"rawSubject,omitempty"`
 	// pkix.Name as kube-controller-manager fills it.
-	CommonName         string   `json:"commonName"`
-	Organization       []string `json:"organization"`
-	OrganizationalUnit []string `json:"organizationalUnit"`
-	Country            []string `json:"country"`
-	Locality           []string `json:"locality"`
-	Province           []string `json:"province"`
-	StreetAddress      []string `json:"streetAddress"`
-	PostalCode         []string `json:"postalCode"`
-	SerialNumber       string   `json:"serialNumber"`
+	CommonName         string   `json:"commonName,omitempty"`
+	Organization       []string `json:"organization,omitempty"`
+	OrganizationalUnit []string `json:"organizationalUnit,omitempty"`
+	Country            []string `json:"country,omitempty"`
+	Locality           []string `json:"locality,omitempty"`
+	Province           []string `json:"province,omitempty"`
+	StreetAddress      []string `json:"streetAddress,omitempty"`
+	PostalCode         []string `json:"postalCode,omitempty"`
+	SerialNumber       string   `json:"serialNumber,omitempty"`
 	// The subject of a certificate issued from this request (hex DER of Subject.ToRDNSequence()).
-	IssuedSubject string `json:"issuedSubject"`
-	DNSNames      []string `json:"dnsNames"`
-	Emails        []string `json:"emails"`
-	IPs           []string `json:"ips"`
-	URIs          []string `json:"uris"`
-	Extensions    []extension `json:"extensions"`
+	IssuedSubject string `json:"issuedSubject,omitempty"`
+	DNSNames      []string `json:"dnsNames,omitempty"`
+	Emails        []string `json:"emails,omitempty"`
+	IPs           []string `json:"ips,omitempty"`
+	URIs          []string `json:"uris,omitempty"`
+	Extensions    []extension `json:"extensions,omitempty"`
 	// The SubjectPublicKeyInfo as it appears in the request, and as an issued certificate
 	// would hold it (re-marshalled from the parsed key), hex.
-	RawSPKI    string `json:"rawSpki"`
-	IssuedSPKI string `json:"issuedSpki"`
+	RawSPKI    string `json:"rawSpki,omitempty"`
+	IssuedSPKI string `json:"issuedSpki,omitempty"`
 	// Whether the request's own signature verifies (kube-apiserver refuses it otherwise).
 	SignatureValid bool `json:"signatureValid"`
 }

@@ -34,6 +34,7 @@ impl Tunnel {
                 source,
             })?;
         let _ = tcp.set_nodelay(true);
+        keepalive(&tcp);
         Ok(Tunnel::Tcp(tcp))
     }
 
@@ -44,6 +45,19 @@ impl Tunnel {
             Tunnel::Tls(t) => t.get_ref().0,
         }
     }
+}
+
+/// TCP keepalive as Go's dialer sets it (first probe after 15 s idle, then every 15 s, 3 lost
+/// probes close it): a peer or path that vanished without a FIN or RST ends the connection
+/// instead of leaving a watch or a long request waiting for ever. Best effort: a socket that
+/// refuses the options works as before.
+fn keepalive(tcp: &TcpStream) {
+    use rustix::net::sockopt;
+    let every = std::time::Duration::from_secs(15);
+    let _ = sockopt::set_socket_keepalive(tcp, true);
+    let _ = sockopt::set_tcp_keepidle(tcp, every);
+    let _ = sockopt::set_tcp_keepintvl(tcp, every);
+    let _ = sockopt::set_tcp_keepcnt(tcp, 3);
 }
 
 /// Opens a tunnel to `host`:`port` through `proxy`.
@@ -60,6 +74,7 @@ pub(super) async fn through(
         .await
         .map_err(|e| fail(ProxyProblem::Connect(e)))?;
     let _ = tcp.set_nodelay(true);
+    keepalive(&tcp);
     match proxy.scheme {
         ProxyScheme::Http => {
             http_connect::connect(&mut tcp, proxy, host, port)

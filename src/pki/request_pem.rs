@@ -23,9 +23,12 @@ fn refuse(reason: impl Into<String>) -> NotOneBlock {
     NotOneBlock(reason.into())
 }
 
-/// Go's `getLine` trims these from a line's end.
+/// What Go's `getLine` keeps of a line: one `\r` right before the newline goes, then trailing
+/// spaces and tabs (a `\r` before a space stays, and Go then refuses the line).
 fn trim_line_end(line: &str) -> &str {
-    line.trim_end_matches([' ', '\t', '\r'])
+    line.strip_suffix('\r')
+        .unwrap_or(line)
+        .trim_end_matches([' ', '\t'])
 }
 
 /// The DER of the single `CERTIFICATE REQUEST` PEM block `data` consists of.

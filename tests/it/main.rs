@@ -22,6 +22,8 @@ mod ca_rotation;
 mod cert_import;
 #[cfg(all(feature = "pkcs11", feature = "tpm"))]
 mod clean_root;
+#[cfg(feature = "tpm")]
+mod csr_oracle;
 #[cfg(feature = "pkcs11")]
 mod deploy;
 mod faults;

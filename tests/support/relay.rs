@@ -1,11 +1,14 @@
 //! A TCP relay that can stop relaying while keeping every connection open: an API server that
-//! hangs (accepts, then never answers), for the tests of timeouts and lease deadlines.
+//! hangs (accepts, then never answers), for the tests of timeouts and lease deadlines. It can
+//! also forget flows that stay idle, as a NAT or a stateful firewall does: once a connection has
+//! moved no byte for a while, its bytes are dropped silently in both directions and its
+//! sockets stay open (nothing tells either end).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Relays 127.0.0.1:`port` to an upstream port until dropped.
 pub struct FreezableRelay {
@@ -13,17 +16,60 @@ pub struct FreezableRelay {
     pub port: u16,
     frozen: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    forgotten: Arc<AtomicU64>,
+}
+
+/// One relayed connection's state, shared by its two directions.
+#[derive(Clone)]
+struct Flow {
+    idle: Option<Duration>,
+    last: Arc<Mutex<Instant>>,
+    dead: Arc<AtomicBool>,
+    forgotten: Arc<AtomicU64>,
+}
+
+impl Flow {
+    /// Whether bytes that just arrived may pass: not once the flow was idle too long.
+    fn passes(&self) -> bool {
+        if self.dead.load(Ordering::SeqCst) {
+            return false;
+        }
+        let mut last = self.last.lock().expect("flow lock");
+        if self.idle.is_some_and(|idle| last.elapsed() >= idle) {
+            self.dead.store(true, Ordering::SeqCst);
+            self.forgotten.fetch_add(1, Ordering::SeqCst);
+            return false;
+        }
+        *last = Instant::now();
+        true
+    }
 }
 
 impl FreezableRelay {
     /// Starts relaying to 127.0.0.1:`upstream`.
     pub fn start(upstream: u16) -> FreezableRelay {
+        FreezableRelay::start_with(upstream, None)
+    }
+
+    /// Starts relaying to 127.0.0.1:`upstream`, forgetting any connection that moved no byte
+    /// for `idle` (see the module doc).
+    pub fn forgetting_idle(upstream: u16, idle: Duration) -> FreezableRelay {
+        FreezableRelay::start_with(upstream, Some(idle))
+    }
+
+    /// How many connections were forgotten so far.
+    pub fn forgotten(&self) -> u64 {
+        self.forgotten.load(Ordering::SeqCst)
+    }
+
+    fn start_with(upstream: u16, idle: Option<Duration>) -> FreezableRelay {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
         let port = listener.local_addr().expect("relay address").port();
         listener.set_nonblocking(true).expect("nonblocking accept");
         let frozen = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
-        let (f, s) = (frozen.clone(), stop.clone());
+        let forgotten = Arc::new(AtomicU64::new(0));
+        let (f, s, lost) = (frozen.clone(), stop.clone(), forgotten.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 match listener.accept() {
@@ -32,6 +78,12 @@ impl FreezableRelay {
                         let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
                             continue;
                         };
+                        let flow = Flow {
+                            idle,
+                            last: Arc::new(Mutex::new(Instant::now())),
+                            dead: Arc::new(AtomicBool::new(false)),
+                            forgotten: lost.clone(),
+                        };
                         for (from, to) in [
                             (client.try_clone(), server.try_clone()),
                             (server.try_clone(), client.try_clone()),
@@ -39,15 +91,20 @@ impl FreezableRelay {
                             let (Ok(from), Ok(to)) = (from, to) else {
                                 continue;
                             };
-                            let (f, s) = (f.clone(), s.clone());
-                            std::thread::spawn(move || copy(from, to, &f, &s));
+                            let (f, s, flow) = (f.clone(), s.clone(), flow.clone());
+                            std::thread::spawn(move || copy(from, to, &f, &s, &flow));
                         }
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
             }
         });
-        FreezableRelay { port, frozen, stop }
+        FreezableRelay {
+            port,
+            frozen,
+            stop,
+            forgotten,
+        }
     }
 
     /// Stops moving bytes (connections stay open, new ones are accepted and hang too).
@@ -67,7 +124,13 @@ impl Drop for FreezableRelay {
     }
 }
 
-fn copy(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool, stop: &AtomicBool) {
+fn copy(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    frozen: &AtomicBool,
+    stop: &AtomicBool,
+    flow: &Flow,
+) {
     let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
     let mut buf = [0u8; 16 * 1024];
     while !stop.load(Ordering::SeqCst) {
@@ -78,7 +141,7 @@ fn copy(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool, stop: &Atom
         match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
+                if flow.passes() && to.write_all(&buf[..n]).is_err() {
                     break;
                 }
             }
@@ -90,5 +153,8 @@ fn copy(mut from: TcpStream, mut to: TcpStream, frozen: &AtomicBool, stop: &Atom
             Err(_) => break,
         }
     }
-    let _ = to.shutdown(Shutdown::Write);
+    // A forgotten flow passes no FIN either.
+    if !flow.dead.load(Ordering::SeqCst) {
+        let _ = to.shutdown(Shutdown::Write);
+    }
 }
