@@ -528,7 +528,7 @@ fn whenever_the_policy_accepts_a_request_go_reads_the_identity_it_checked() {
 fn whenever_hwkey_reads_a_request_block_go_decodes_the_same_one() {
     let oracle = GoOracle::build();
     let key = SoftwareKey::generate();
-    let mut rng = Rng(0x7065_6d);
+    let mut rng = Rng(0x0070_656d);
     let other = base(&SoftwareKey::generate()).signed(|i| key.sign(i), &[]);
     let texts: Vec<Vec<u8>> = (0..cases() / 3)
         .map(|_| {
