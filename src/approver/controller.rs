@@ -37,7 +37,7 @@ use super::evidence_index::{Claim, EvidenceIndex};
 use super::lease::Validity;
 use super::metrics::ApproverMetrics;
 use super::policy::{Reason, Violation};
-use super::queue::{Queued, WorkQueue};
+use super::queue::{Queued, WorkQueue, LANE_MAX};
 use super::trust::{Trust, FRESH_FOR};
 use crate::metric_labels::LabelValue;
 use crate::pki::attestation;
@@ -47,12 +47,12 @@ use crate::pki::request::Request;
 pub const IN_FLIGHT: usize = 16;
 
 /// Requests per list page: an attacker's 1.3 MB requests cost at most this many at once.
-pub const PAGE_SIZE: u32 = 8;
+pub const PAGE_SIZE: u32 = 4;
 
 /// The watch's server-side timeout; kube's watcher takes a silent connection for dead 5 s after.
 const WATCH_TIMEOUT_SECS: u32 = 30;
 
-/// How often everything is listed again (requests a full lane did not keep come back).
+/// How often everything is listed again, whatever else happens.
 pub const RESYNC: Duration = Duration::from_secs(15 * 60);
 
 /// How long a failed trust reading waits before the next.
@@ -128,6 +128,8 @@ pub struct Controller {
     /// The uids seen during the (re)list in progress.
     listing: Option<HashSet<String>>,
     listed_once: bool,
+    /// A full lane left requests out: list again once the queue has drained.
+    deferred: bool,
     trust_retry_at: Option<Instant>,
     /// `--once`: the decisions written and the failures.
     decided: Vec<Decision>,
@@ -163,6 +165,7 @@ impl Controller {
             validity,
             listing: None,
             listed_once: false,
+            deferred: false,
             trust_retry_at: None,
             decided: Vec::new(),
             failures: Vec::new(),
@@ -209,6 +212,15 @@ impl Controller {
                     && writes.is_empty()
                 {
                     break 'resync;
+                }
+                // Requests a full lane left out come back as soon as there is room for them.
+                if mode == Mode::Follow
+                    && self.deferred
+                    && self.listing.is_none()
+                    && self.queue.len() < LANE_MAX / 2
+                {
+                    self.deferred = false;
+                    continue 'resync;
                 }
                 let next_due = self.queue.next_due();
                 tokio::select! {
@@ -347,6 +359,7 @@ impl Controller {
         let (uid, requester) = (work.seen().uid.clone(), work.seen().requester.clone());
         if self.queue.put(&uid, &requester, work) == Queued::LaneFull {
             self.metrics.deferred.inc();
+            self.deferred = true;
             tracing::debug!(requester = %super::policy::bounded(&requester), "this requester has too many open requests queued; the rest wait for the next resync");
         }
     }

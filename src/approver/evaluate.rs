@@ -99,14 +99,18 @@ pub fn is_decided(csr: &CertificateSigningRequest) -> Option<bool> {
 
 /// How strongly a requester is entitled to the identity it asks for, and when it asked: of
 /// several requests carrying the same evidence, the lowest rank gets it. The requester cannot
-/// choose a better class than it has, nor an earlier creation time than its own; the uid is
-/// chosen by the API server. A name, which the requester chooses, never ranks.
+/// choose a better class than it has, nor an earlier creation than its own (a copy is made
+/// after its original, so within one second the store's revision still puts it later); the
+/// uid is chosen by the API server. A name, which the requester chooses, never ranks.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Rank {
     /// 0: the node itself (renewal); 1: a bootstrap identity (first join).
     pub class: u8,
     /// Creation time (Unix seconds, as the API server stamped it).
     pub created: i64,
+    /// The resourceVersion as a number (etcd's revision: an open request nobody changed
+    /// still has its creation revision); a version that is not a number ranks last.
+    pub revision: u64,
     /// `metadata.uid`.
     pub uid: String,
 }
@@ -172,12 +176,19 @@ fn judge(
     check_fresh(created, now, attested.made_at, rules.evidence_max_age)
         .map_err(|e| deny(Reason::EvidenceStale, e.to_string()))?;
     let uid = csr.metadata.uid.clone().unwrap_or_default();
+    let revision = csr
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u64::MAX);
     Ok(Some(Candidate {
         node: identity.node,
         attested,
         rank: Rank {
             class,
             created,
+            revision,
             uid,
         },
     }))

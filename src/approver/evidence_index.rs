@@ -150,6 +150,7 @@ mod tests {
         Rank {
             class,
             created,
+            revision: 1,
             uid: uid.into(),
         }
     }

@@ -4,7 +4,8 @@
 //! would wait behind all of them; here each requester (`spec.username`) has its own lane and the
 //! lanes take turns, so a flood from one bootstrap token delays another requester's request by
 //! at most one decision per flooding requester. A lane holds at most [`LANE_MAX`] requests;
-//! more are not kept (the next resync lists them again), so memory is bounded per requester.
+//! more are not kept, so memory is bounded per requester (the controller lists again once the
+//! queue has drained, and the requests left out come back then).
 //!
 //! Items are keyed by the request's uid. A write that failed for a transient reason comes back
 //! after a per-item exponential backoff, on every path (as a controller's work queue does).

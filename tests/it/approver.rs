@@ -91,11 +91,22 @@ pub(crate) struct Replica {
 
 impl Replica {
     pub(crate) fn start(kubeconfig: &Path, dir: &Path, name: &str) -> Replica {
+        Replica::start_with(hwkey(), kubeconfig, dir, name)
+    }
+
+    /// As [`Replica::start`], running `cmd` (another build of hwkey).
+    pub(crate) fn start_with(
+        mut cmd: Command,
+        kubeconfig: &Path,
+        dir: &Path,
+        name: &str,
+    ) -> Replica {
         let port = free_port();
-        let mut cmd = hwkey();
         for arg in deployment_args() {
             if arg.starts_with("--metrics-listen=") {
                 cmd.arg(format!("--metrics-listen=127.0.0.1:{port}"));
+            } else if arg.starts_with("--health-listen=") {
+                cmd.arg(format!("--health-listen=127.0.0.1:{}", free_port()));
             } else {
                 cmd.arg(arg);
             }
@@ -107,7 +118,7 @@ impl Replica {
                 "--leader-elect-renew-deadline=3s",
                 "--leader-elect-retry-period=500ms",
             ])
-            .env("RUST_LOG", "info");
+            .env("HWKEY_LOG", "info");
         let mut child = ChildGuard::spawn(&mut cmd, name, &dir.join(format!("{name}.log")));
         child
             .wait_for_port(port, Duration::from_secs(30))

@@ -19,20 +19,20 @@ use crate::approver::{
 use crate::lifecycle::{csr_field, enroll_node};
 
 /// A TPM with a key of its own.
-struct Tpm {
+pub(crate) struct Tpm {
     _tpm: Option<Swtpm>,
-    tcti: String,
-    key: String,
+    pub(crate) tcti: String,
+    pub(crate) key: String,
 }
 
 impl Tpm {
-    fn new(dir: &Path, name: &str) -> Tpm {
+    pub(crate) fn new(dir: &Path, name: &str) -> Tpm {
         let tpm = Swtpm::start();
         let tcti = tpm.tcti();
         Tpm::with(Some(tpm), tcti, dir, name)
     }
 
-    fn with(tpm: Option<Swtpm>, tcti: String, dir: &Path, name: &str) -> Tpm {
+    pub(crate) fn with(tpm: Option<Swtpm>, tcti: String, dir: &Path, name: &str) -> Tpm {
         let key = format!(
             "tpm:path={}?tcti={tcti}",
             dir.join(format!("{name}.tpm.pem")).display()
@@ -45,7 +45,7 @@ impl Tpm {
         }
     }
 
-    fn enrollment(&self) -> String {
+    pub(crate) fn enrollment(&self) -> String {
         let out = run_ok(hwkey().args([
             "attest",
             "enroll",
@@ -56,7 +56,7 @@ impl Tpm {
     }
 
     /// `hwkey csr --attest` for `subject` (extra arguments: `--dns`, `--ip`): PEM.
-    fn request(&self, subject: &str, extra: &[&str]) -> Vec<u8> {
+    pub(crate) fn request(&self, subject: &str, extra: &[&str]) -> Vec<u8> {
         run_ok(
             hwkey()
                 .args(["csr", "--key", &self.key, "--subject", subject, "--attest"])
@@ -67,7 +67,7 @@ impl Tpm {
 }
 
 /// `kubectl create -f OBJECT` with `kubeconfig`.
-fn create_with(kubeconfig: &Path, object: &Path) {
+pub(crate) fn create_with(kubeconfig: &Path, object: &Path) {
     run_ok(
         Command::new("kubectl")
             .arg("--kubeconfig")
@@ -79,44 +79,74 @@ fn create_with(kubeconfig: &Path, object: &Path) {
 
 /// Waits for `name`'s decision; asserts it is `want` with `reason`, and (when denied) that no
 /// certificate was issued.
-fn assert_decided(
+pub(crate) fn assert_decided(
     cluster: &KubeCluster,
     name: &str,
     want: &str,
     reason: &str,
     log: &dyn Fn() -> String,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    if let Err(e) = decided_as(cluster, name, want, reason, Duration::from_secs(30)) {
+        panic!("{e}\n{}", log());
+    }
+}
+
+/// Waits up to `limit` for `name`'s decision: Ok when it is `want` with `reason` (and, when
+/// denied, nothing was issued), else what happened instead, in words.
+pub(crate) fn decided_as(
+    cluster: &KubeCluster,
+    name: &str,
+    want: &str,
+    reason: &str,
+    limit: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
     while decisions_on(cluster, name).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{name} is never decided:\n{}",
-            log()
-        );
+        if Instant::now() >= deadline {
+            return Err(format!("{name} is never decided (waited {limit:?})"));
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
     let got = (
         csr_field(cluster, name, "{.status.conditions[0].type}"),
         csr_field(cluster, name, "{.status.conditions[0].reason}"),
     );
-    assert_eq!(
-        (got.0.as_str(), got.1.as_str()),
-        (want, reason),
-        "{name}: {}\n{}",
-        csr_field(cluster, name, "{.status.conditions[0].message}"),
-        log()
-    );
+    if (got.0.as_str(), got.1.as_str()) != (want, reason) {
+        std::thread::sleep(Duration::from_millis(500));
+        let issued = issued_subject(cluster, name);
+        return Err(format!(
+            "{name}: {} {} ({}), not {want} {reason}{}",
+            got.0,
+            got.1,
+            csr_field(cluster, name, "{.status.conditions[0].message}"),
+            issued
+                .map(|s| format!("; issued a certificate for {s}"))
+                .unwrap_or_default()
+        ));
+    }
     if want == "Denied" {
         std::thread::sleep(Duration::from_millis(300));
-        assert!(
-            csr_field(cluster, name, "{.status.certificate}").is_empty(),
-            "{name} was denied, yet issued"
-        );
+        if let Some(s) = issued_subject(cluster, name) {
+            return Err(format!("{name} was denied, yet issued for {s}"));
+        }
     }
+    Ok(())
+}
+
+/// The subject of the certificate issued for `name`, if one was.
+fn issued_subject(cluster: &KubeCluster, name: &str) -> Option<String> {
+    use base64::Engine as _;
+    let cert = csr_field(cluster, name, "{.status.certificate}");
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(cert.trim())
+        .ok()?;
+    let der = pem::parse(pem).ok()?.into_contents();
+    let (_, parsed) = x509_parser::parse_x509_certificate(&der).ok()?;
+    Some(parsed.subject().to_string())
 }
 
 /// The trust ConfigMap from `entries` (name → text), replacing what is there.
-fn apply_trust(cluster: &KubeCluster, dir: &Path, entries: &[(&str, String)]) {
+pub(crate) fn apply_trust(cluster: &KubeCluster, dir: &Path, entries: &[(&str, String)]) {
     let folder = dir.join(format!("trust-{}", entries.len()));
     let _ = std::fs::remove_dir_all(&folder);
     std::fs::create_dir(&folder).expect("trust folder");

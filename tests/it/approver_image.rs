@@ -120,9 +120,11 @@ fn service_account_dir(cluster: &KubeCluster, dir: &Path) -> PathBuf {
 }
 
 /// Rewrites the bundle's config.json (made by umoci from the image's config) with what the
-/// Deployment and the pod give the container. The metrics port is a free loopback port: the
-/// container shares this machine's network (a pod has its own), so it cannot be 9101.
-fn configure_bundle(bundle: &Path, sa: &Path, cluster_port: u16, metrics_port: u16) {
+/// Deployment and the pod give the container. The metrics and health ports are free loopback
+/// ports: the container shares this machine's network (a pod has its own), so they cannot be
+/// 9101 and 9102; the health port is the one the Deployment's liveness probe names.
+fn configure_bundle(bundle: &Path, sa: &Path, cluster_port: u16, ports: (u16, u16)) {
+    let (metrics_port, health_port) = ports;
     let path = bundle.join("config.json");
     let mut config: Value = serde_json::from_str(&read(&path)).expect("umoci wrote a JSON config");
     let pod = deployment();
@@ -146,6 +148,12 @@ fn configure_bundle(bundle: &Path, sa: &Path, cluster_port: u16, metrics_port: u
         let arg = arg.as_str().expect("string arg");
         if arg.starts_with("--metrics-listen=") {
             args.push(json!(format!("--metrics-listen=127.0.0.1:{metrics_port}")));
+        } else if arg.starts_with("--health-listen=") {
+            assert_eq!(
+                container["livenessProbe"]["httpGet"]["port"], "health",
+                "the liveness probe uses the health listener"
+            );
+            args.push(json!(format!("--health-listen=127.0.0.1:{health_port}")));
         } else {
             args.push(json!(arg));
         }
@@ -234,8 +242,8 @@ fn the_approver_image_decides_under_runc_as_a_pod_would_run_it() {
         json!(65532),
         "the image's user"
     );
-    let metrics_port = free_port();
-    configure_bundle(&bundle, &sa, cluster.port(), metrics_port);
+    let (metrics_port, health_port) = (free_port(), free_port());
+    configure_bundle(&bundle, &sa, cluster.port(), (metrics_port, health_port));
 
     let name = format!("hwkey-approver-test-{metrics_port}");
     let mut container = Container::run(&bundle, &name, &dir.join("container.log"));
@@ -244,7 +252,13 @@ fn the_approver_image_decides_under_runc_as_a_pod_would_run_it() {
         .wait_for_port(metrics_port, Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("the container did not start: {e}\n{}", container.runc.log()));
     assert_runs_confined(&name);
-    decide_and_serve(&cluster, dir, &tcti, metrics_port, &container);
+    decide_and_serve(
+        &cluster,
+        dir,
+        &tcti,
+        (metrics_port, health_port),
+        &container,
+    );
 
     let status = container.terminate();
     assert!(
@@ -261,21 +275,27 @@ fn decide_and_serve(
     cluster: &KubeCluster,
     dir: &Path,
     tcti: &str,
-    metrics_port: u16,
+    ports: (u16, u16),
     container: &Container,
 ) {
-    let get = |path: &str| {
+    let (metrics_port, health_port) = ports;
+    let get_from = |port: u16, path: &str| {
         let out = Command::new("curl")
             .args(["-sS", "--max-time", "5", "-w", "\n%{http_code}"])
-            .arg(format!("http://127.0.0.1:{metrics_port}{path}"))
+            .arg(format!("http://127.0.0.1:{port}{path}"))
             .output()
             .expect("run curl");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    let get = |path: &str| get_from(metrics_port, path);
     wait_until("the container leads", Duration::from_secs(30), || {
         get("/metrics").contains("hwkey_approver_leader 1")
     });
-    assert!(get("/healthz").ends_with("\n200"), "{}", get("/healthz"));
+    let health = get_from(health_port, "/healthz");
+    assert!(
+        health.ends_with("\n200") && health.starts_with("ok: leading"),
+        "{health}"
+    );
     let holder = lease_holder(cluster);
     assert!(
         holder.starts_with("hwkey-approver-7d9f8-x2x4z_"),

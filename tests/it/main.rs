@@ -10,6 +10,8 @@
 mod approver;
 #[cfg(feature = "tpm")]
 mod approver_attacks;
+#[cfg(feature = "tpm")]
+mod approver_round_two;
 // The package and the image are built with both backends (hsm-fixtures/package.sh).
 #[cfg(all(feature = "pkcs11", feature = "tpm"))]
 mod approver_image;
