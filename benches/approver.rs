@@ -70,7 +70,6 @@ fn main() {
             into.push(pem);
         }
     }
-    drop(tpm);
     let der = |pem: &Vec<u8>| pem::parse(pem).expect("PEM request").into_contents();
     let attested_der: Vec<Vec<u8>> = attested.iter().map(der).collect();
     let plain_der: Vec<Vec<u8>> = plain.iter().map(der).collect();
@@ -135,8 +134,8 @@ fn main() {
         rows.push(row);
     }
 
-    match api_server_rows(&attested, &plain, &registration, dir) {
-        Ok(row) => rows.push(row),
+    match ApiBench::start(&attested, &plain, &registration, dir, &tpm, &tcti) {
+        Ok(bench) => rows.extend(bench.rows()),
         Err(why) => rows.push(
             Row::new(
                 AREA,
@@ -147,6 +146,7 @@ fn main() {
             .note(format!("not measured: {why}")),
         ),
     }
+    drop(tpm);
     common::finish("approver", load_before, started, rows);
 }
 
@@ -171,83 +171,461 @@ fn rate(
     total as f64 / start.elapsed().as_secs_f64()
 }
 
-/// `hwkey approver --once` over N attested requests vs N without evidence on a real
-/// kube-apiserver (needs the binaries hsm-fixtures/build-kube.sh builds).
-fn api_server_rows(
-    attested: &[Vec<u8>],
-    plain: &[Vec<u8>],
-    registration: &str,
-    dir: &std::path::Path,
-) -> Result<Row, String> {
-    use base64::Engine as _;
-    if std::env::var_os("HWKEY_KUBE_BIN").is_none() {
-        return Err("HWKEY_KUBE_BIN is not set (hsm-fixtures/bench.sh sets it)".into());
+/// The approver through a real kube-apiserver 1.20 (the binaries hsm-fixtures/build-kube.sh
+/// builds), this build against a baseline build when `HWKEY_BENCH_BASELINE_BIN` names one
+/// (hsm-fixtures/bench.sh builds `--baseline REF`), the two alternating in the same cluster.
+struct ApiBench<'a> {
+    cluster: KubeCluster,
+    dir: &'a std::path::Path,
+    trust: std::path::PathBuf,
+    attested: &'a [Vec<u8>],
+    plain: &'a [Vec<u8>],
+    /// A key in the bench's swtpm whose fresh attested requests are node renewals.
+    renewal_key: String,
+    /// The node bench-0's own kubeconfig (its renewals come from it).
+    as_node: std::path::PathBuf,
+    baseline: Option<(std::path::PathBuf, String)>,
+}
+
+/// Which build runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Build {
+    This,
+    Baseline,
+}
+
+impl<'a> ApiBench<'a> {
+    fn start(
+        attested: &'a [Vec<u8>],
+        plain: &'a [Vec<u8>],
+        registration: &str,
+        dir: &'a std::path::Path,
+        _tpm: &Swtpm,
+        tcti: &str,
+    ) -> Result<ApiBench<'a>, String> {
+        if std::env::var_os("HWKEY_KUBE_BIN").is_none() {
+            return Err("HWKEY_KUBE_BIN is not set (hsm-fixtures/bench.sh sets it)".into());
+        }
+        let ca_dir = dir.join("ca");
+        std::fs::create_dir_all(&ca_dir).map_err(|e| e.to_string())?;
+        let ca = TestCa::new(&ca_dir);
+        let cluster = KubeCluster::start_with(&ca, "10m", Approval::TestSigner);
+        let trust = dir.join("trust");
+        std::fs::create_dir_all(&trust).map_err(|e| e.to_string())?;
+        std::fs::write(trust.join("bench-0"), registration).map_err(|e| e.to_string())?;
+        let renewal_key = format!("tpm:path={}?tcti={tcti}", dir.join("k0.pem").display());
+        let (cert, key) = ca.client_cert(
+            dir,
+            "bench-0-client",
+            "system:node:bench-0",
+            Some("system:nodes"),
+        );
+        let as_node = cluster.cert_kubeconfig("bench-0", &cert, &key);
+        let baseline = std::env::var_os("HWKEY_BENCH_BASELINE_BIN").map(|bin| {
+            let label =
+                std::env::var("HWKEY_BENCH_BASELINE_REF").unwrap_or_else(|_| "baseline".into());
+            (std::path::PathBuf::from(bin), label)
+        });
+        Ok(ApiBench {
+            cluster,
+            dir,
+            trust,
+            attested,
+            plain,
+            renewal_key,
+            as_node,
+            baseline,
+        })
     }
-    let n = common::pick(1000, 200);
-    let ca_dir = dir.join("ca");
-    std::fs::create_dir_all(&ca_dir).map_err(|e| e.to_string())?;
-    let ca = TestCa::new(&ca_dir);
-    let cluster = KubeCluster::start_with(&ca, "10m", Approval::TestSigner);
-    let trust = dir.join("trust");
-    std::fs::create_dir_all(&trust).map_err(|e| e.to_string())?;
-    std::fs::write(trust.join("bench-0"), registration).map_err(|e| e.to_string())?;
-    let mut timings = Vec::new();
-    for (label, requests) in [("attested", attested), ("plain", plain)] {
+
+    fn hwkey(&self, build: Build) -> Command {
+        match (build, &self.baseline) {
+            (Build::Baseline, Some((bin, _))) => Command::new(bin),
+            _ => hwkey(),
+        }
+    }
+
+    fn builds(&self) -> Vec<Build> {
+        if self.baseline.is_some() {
+            vec![Build::This, Build::Baseline]
+        } else {
+            vec![Build::This]
+        }
+    }
+
+    fn baseline_label(&self) -> String {
+        self.baseline
+            .as_ref()
+            .map(|(_, label)| format!("the approver of {label}, same cluster, alternating"))
+            .unwrap_or_default()
+    }
+
+    fn rows(&self) -> Vec<Row> {
+        let mut rows = vec![self.decisions(), self.attested_vs_plain()];
+        rows.push(self.flood_at_start());
+        rows.push(self.flood_while_running());
+        rows.push(self.restart_with_large_requests());
+        rows
+    }
+
+    /// Creates `count` CSR objects named `PREFIX-N` holding `requests` (in turn) as `kubeconfig`.
+    fn create(
+        &self,
+        kubeconfig: &std::path::Path,
+        prefix: &str,
+        count: usize,
+        requests: &[Vec<u8>],
+    ) {
+        use base64::Engine as _;
         let mut objects = String::new();
-        for i in 0..n {
+        for i in 0..count {
             let request =
                 base64::engine::general_purpose::STANDARD.encode(&requests[i % requests.len()]);
             objects.push_str(&format!(
-                "---\napiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {label}-{i}\nspec:\n  signerName: {SIGNER}\n  usages: [digital signature, key encipherment, client auth]\n  request: {request}\n"
+                "---\napiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {prefix}-{i:05}\nspec:\n  signerName: {SIGNER}\n  usages: [digital signature, key encipherment, client auth]\n  request: {request}\n"
             ));
         }
-        let file = dir.join(format!("{label}.yaml"));
-        std::fs::write(&file, objects).map_err(|e| e.to_string())?;
+        let file = self.dir.join(format!("{prefix}.yaml"));
+        std::fs::write(&file, objects).expect("write objects");
         run_ok(
             Command::new("kubectl")
                 .arg("--kubeconfig")
-                .arg(&cluster.bootstrap_kubeconfig)
+                .arg(kubeconfig)
                 .args(["create", "-o", "name", "-f"])
                 .arg(&file),
         );
+    }
+
+    fn clear(&self) {
+        self.cluster
+            .kubectl_ok(&["delete", "csr", "--all", "--wait=false"]);
+        std::thread::sleep(Duration::from_secs(2));
+    }
+
+    /// `hwkey approver --once` over `requests` as the bootstrap identity: decisions per second.
+    fn once(&self, build: Build, label: &str, n: usize, requests: &[Vec<u8>]) -> f64 {
+        self.create(&self.cluster.bootstrap_kubeconfig, label, n, requests);
         let start = Instant::now();
         let out = run_ok(
-            hwkey()
+            self.hwkey(build)
                 .arg("approver")
                 .arg("--kubeconfig")
-                .arg(&cluster.admin_kubeconfig)
+                .arg(&self.cluster.admin_kubeconfig)
                 .args(["--signer-name", SIGNER, "--once"])
                 .args([
                     "--bootstrap-group",
                     support::kube::BOOTSTRAP_GROUP,
                     "--trust",
                 ])
-                .arg(&trust),
+                .arg(&self.trust),
         );
-        let seconds = start.elapsed().as_secs_f64();
+        let rate = n as f64 / start.elapsed().as_secs_f64();
         let decided = String::from_utf8_lossy(&out.stdout).lines().count();
-        if decided != n {
-            return Err(format!("{label}: {decided} of {n} decided"));
-        }
-        timings.push(n as f64 / seconds);
-        // Out of the way of the next timing.
-        cluster.kubectl_ok(&["delete", "csr", "--all", "--wait=false"]);
-        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(decided, n, "{label}: {decided} of {n} decided");
+        self.clear();
+        rate
     }
-    let (subject, baseline) = (timings[0], timings[1]);
-    Ok(Row::new(
-        AREA,
-        &format!("{n} requests decided per second through kube-apiserver 1.20 (one --once pass)"),
-        "CSRs/s",
-        Some(Stat::of(&[subject])),
-    )
-    .versus(
-        "the same approver denying requests without evidence (no cryptography)",
-        Some(Stat::of(&[baseline])),
-        Some(Stat::of(&[subject / baseline])),
-    )
-    .note(format!(
-        "5,000 nodes would clear in {:.0} s at this rate; one pass each, so no spread",
-        5000.0 / subject
-    )))
+
+    /// Attested requests decided per second, this build against the baseline build.
+    fn decisions(&self) -> Row {
+        let n = common::pick(1000, 200);
+        let rounds = if self.baseline.is_some() {
+            common::pick(3, 1)
+        } else {
+            1
+        };
+        let (mut this, mut base) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            for build in self.builds() {
+                let rate = self.once(build, "attested", n, self.attested);
+                if build == Build::This {
+                    this.push(rate)
+                } else {
+                    base.push(rate)
+                }
+            }
+        }
+        let row = Row::new(
+            AREA,
+            &format!("{n} attested requests decided per second through kube-apiserver 1.20 (one --once pass each)"),
+            "CSRs/s",
+            Some(Stat::of(&this)),
+        );
+        if base.is_empty() {
+            return row.note("no baseline build (bench.sh --baseline REF)");
+        }
+        let ratio = Stat::of(&common::paired_ratios(&this, &base));
+        row.versus(&self.baseline_label(), Some(Stat::of(&base)), Some(ratio))
+            .target("≥ 0.9× (issue 37: within 10 %)", Some(ratio.median >= 0.9))
+    }
+
+    /// The existing figure: attested requests against requests without evidence (no
+    /// cryptography), this build.
+    fn attested_vs_plain(&self) -> Row {
+        let n = common::pick(1000, 200);
+        let subject = self.once(Build::This, "attested", n, self.attested);
+        let baseline = self.once(Build::This, "plain", n, self.plain);
+        Row::new(
+            AREA,
+            &format!("{n} requests decided per second through kube-apiserver 1.20, attested against none"),
+            "CSRs/s",
+            Some(Stat::of(&[subject])),
+        )
+        .versus(
+            "the same approver denying requests without evidence (no cryptography)",
+            Some(Stat::of(&[baseline])),
+            Some(Stat::of(&[subject / baseline])),
+        )
+        .note(format!(
+            "5,000 nodes would clear in {:.0} s at this rate; one pass each, so no spread",
+            5000.0 / subject
+        ))
+    }
+
+    /// A fresh attested renewal of bench-0, created as the node itself: its name.
+    fn renewal(&self, name: &str) {
+        let pem = run_ok(hwkey().args([
+            "csr",
+            "--key",
+            &self.renewal_key,
+            "--subject",
+            "CN=system:node:bench-0,O=system:nodes",
+            "--attest",
+        ]))
+        .stdout;
+        self.create(&self.as_node, name, 1, &[pem]);
+    }
+
+    /// A running approver of `build` (no election, a metrics port): the process.
+    fn running(&self, build: Build, name: &str) -> ChildGuard {
+        let port = free_port();
+        let mut cmd = self.hwkey(build);
+        cmd.arg("approver")
+            .arg("--kubeconfig")
+            .arg(&self.cluster.admin_kubeconfig)
+            .args(["--signer-name", SIGNER, "--leader-elect=false"])
+            .args([
+                "--bootstrap-group",
+                support::kube::BOOTSTRAP_GROUP,
+                "--trust",
+            ])
+            .arg(&self.trust)
+            .arg(format!("--metrics-listen=127.0.0.1:{port}"));
+        let mut child = ChildGuard::spawn(&mut cmd, name, &self.dir.join(format!("{name}.log")));
+        child
+            .wait_for_port(port, Duration::from_secs(30))
+            .expect("the approver starts");
+        child
+    }
+
+    /// Waits until `name` has a decision; the time it took from `since`. A `kubectl get
+    /// --watch` reports each change of the request as it happens (polling with a process per
+    /// look would load the machine whose latency is measured).
+    fn decided(&self, name: &str, since: Instant, limit: Duration) -> Option<f64> {
+        use std::io::BufRead;
+        let mut watch = self
+            .cluster
+            .kubectl()
+            .args(["get", "csr", name, "--watch", "-o"])
+            .arg("jsonpath={.status.conditions[*].type}{\"\\n\"}")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("kubectl get --watch");
+        let stdout = watch.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if !line.trim().is_empty() {
+                    let _ = tx.send(since.elapsed().as_secs_f64());
+                    break;
+                }
+            }
+        });
+        let took = rx.recv_timeout(limit.saturating_sub(since.elapsed())).ok();
+        let _ = watch.kill();
+        let _ = watch.wait();
+        took
+    }
+
+    /// Software requests for node bench-x without evidence: the flood's content.
+    fn flood_requests(&self) -> Vec<Vec<u8>> {
+        self.plain.to_vec()
+    }
+
+    /// 3,000 requests from one bootstrap token and a node's renewal wait when an approver
+    /// starts: seconds until the renewal is decided.
+    fn flood_at_start(&self) -> Row {
+        let n = common::pick(3000, 1000);
+        let flood = self.flood_requests();
+        let (mut this, mut base) = (Vec::new(), Vec::new());
+        for build in self.builds() {
+            self.create(&self.cluster.bootstrap_kubeconfig, "flood", n, &flood);
+            self.renewal("zzzz-renewal");
+            let started = Instant::now();
+            let approver = self.running(build, "approver-flood");
+            let took = self.decided("zzzz-renewal-00000", started, Duration::from_secs(300));
+            drop(approver);
+            self.clear();
+            let took = took.unwrap_or(f64::NAN);
+            if build == Build::This {
+                this.push(took)
+            } else {
+                base.push(took)
+            }
+        }
+        let row = Row::new(
+            AREA,
+            &format!("seconds from an approver's start to a node's renewal being decided, {n} requests from one bootstrap token waiting too"),
+            "s",
+            Some(Stat::of(&this)),
+        )
+        .note("the renewal is listed last by name; this build serves one lane per requester in turn");
+        match base.is_empty() {
+            true => row,
+            false => row.versus(
+                &self.baseline_label(),
+                Some(Stat::of(&base)),
+                Some(Stat::of(&common::paired_ratios(&this, &base))),
+            ),
+        }
+    }
+
+    /// 3,000 requests from one bootstrap token arrive while an approver runs; a node's renewal
+    /// made meanwhile: seconds from its creation to its decision.
+    fn flood_while_running(&self) -> Row {
+        let n = common::pick(3000, 1000);
+        let flood = self.flood_requests();
+        let (mut this, mut base) = (Vec::new(), Vec::new());
+        for build in self.builds() {
+            let approver = self.running(build, "approver-steady");
+            let took = std::thread::scope(|scope| {
+                let creating = scope
+                    .spawn(|| self.create(&self.cluster.bootstrap_kubeconfig, "flood", n, &flood));
+                std::thread::sleep(Duration::from_secs(3));
+                let asked = Instant::now();
+                self.renewal("renewal");
+                let took = self.decided("renewal-00000", asked, Duration::from_secs(300));
+                creating.join().expect("create the flood");
+                took
+            });
+            drop(approver);
+            self.clear();
+            let took = took.unwrap_or(f64::NAN);
+            if build == Build::This {
+                this.push(took)
+            } else {
+                base.push(took)
+            }
+        }
+        let s = Stat::of(&this);
+        let row = Row::new(
+            AREA,
+            &format!("seconds from a node's renewal to its decision while {n} requests from one bootstrap token arrive"),
+            "s",
+            Some(s),
+        )
+        .target("≤ 2 s (issue 34)", Some(s.median <= 2.0));
+        match base.is_empty() {
+            true => row,
+            false => row.versus(
+                &self.baseline_label(),
+                Some(Stat::of(&base)),
+                Some(Stat::of(&common::paired_ratios(&this, &base))),
+            ),
+        }
+    }
+
+    /// 100 requests of 1.3 MB in the cluster, decided: an approver starts with a node's
+    /// renewal waiting. Its peak resident set (VmHWM) and seconds to the renewal's decision.
+    fn restart_with_large_requests(&self) -> Row {
+        use support::requests::{self as rq, Node, RequestTree, SoftwareKey};
+        let key = SoftwareKey::generate();
+        let junk = Node::seq(vec![
+            Node::oid(&[1, 3, 6, 1, 4, 1, 99999, 1]),
+            Node::set(vec![Node::Prim(rq::tag::OCTET_STRING, vec![0x5a; 950_000])]),
+        ]);
+        let large = rq::pem(
+            &RequestTree::new(
+                Node::seq(vec![
+                    Node::rdn(rq::O, rq::tag::UTF8, "system:nodes"),
+                    Node::rdn(rq::CN, rq::tag::UTF8, "system:node:bench-x"),
+                ]),
+                &key.spki(),
+                vec![junk],
+            )
+            .signed(|info| key.sign(info), &[]),
+        )
+        .into_bytes();
+        let (mut peak, mut base_peak, mut took, mut base_took) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for chunk in 0..10 {
+            self.create(
+                &self.cluster.bootstrap_kubeconfig,
+                &format!("large{chunk}"),
+                10,
+                std::slice::from_ref(&large),
+            );
+        }
+        // Decided once, as in a cluster where they were denied at once.
+        run_ok(
+            hwkey()
+                .arg("approver")
+                .arg("--kubeconfig")
+                .arg(&self.cluster.admin_kubeconfig)
+                .args(["--signer-name", SIGNER, "--once", "--trust"])
+                .arg(&self.trust),
+        );
+        for build in self.builds() {
+            self.renewal("renewal");
+            let started = Instant::now();
+            let approver = self.running(build, "approver-large");
+            let t = self
+                .decided("renewal-00000", started, Duration::from_secs(120))
+                .unwrap_or(f64::NAN);
+            let kib = std::fs::read_to_string(format!("/proc/{}/status", approver.id()))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("VmHWM:"))
+                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                })
+                .unwrap_or(f64::NAN);
+            drop(approver);
+            self.cluster.kubectl_ok(&["delete", "csr", "renewal-00000"]);
+            if build == Build::This {
+                peak.push(kib / 1024.0);
+                took.push(t);
+            } else {
+                base_peak.push(kib / 1024.0);
+                base_took.push(t);
+            }
+        }
+        self.clear();
+        let s = Stat::of(&peak);
+        let mut row = Row::new(
+            AREA,
+            "peak resident set (VmHWM) of an approver starting with 100 requests of 1.3 MB in the cluster",
+            "MiB",
+            Some(s),
+        )
+        .target("≤ 64 MiB (issue 34)", Some(s.median <= 64.0))
+        .note(format!(
+            "a node's renewal decided {:.1} s after the start (goal ≤ 5 s){}",
+            took[0],
+            base_took
+                .first()
+                .map(|b| format!("; the baseline's: {b:.1} s"))
+                .unwrap_or_default()
+        ));
+        if !base_peak.is_empty() {
+            row = row.versus(
+                &self.baseline_label(),
+                Some(Stat::of(&base_peak)),
+                Some(Stat::of(&common::paired_ratios(&peak, &base_peak))),
+            );
+        }
+        row
+    }
 }

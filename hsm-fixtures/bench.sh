@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: hsm-fixtures/bench.sh [--quick]
+# Usage: hsm-fixtures/bench.sh [--quick] [--baseline REF]
 #
 # The benchmark suite: installs what it needs (hsm-fixtures/install-deps.sh, nothing more),
 # builds in release, runs the micro benchmarks (benches/sign.rs, criterion), the end-to-end
@@ -10,6 +10,9 @@
 # hsm-fixtures/build-kube.sh builds once per machine) on private SoftHSM tokens, swtpm, the
 # kube-apiserver stand-in and /usr/bin/kubectl, then writes docs/BENCHMARKS.md (benches/report.rs).
 #
+# --baseline REF: also measure hwkey as it was at git commit REF where a figure compares builds
+# (the approver's decisions; hsm-fixtures/baseline.sh builds it once per commit).
+#
 # --quick: few, short repetitions (under a minute once built), for development. The full run
 # takes a few minutes on 2 cores; run it when the machine is otherwise idle (`uptime`), since
 # the report records the load average but cannot undo it.
@@ -17,15 +20,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 quick=0
-for arg in "$@"; do
+baseline=
+while (($# > 0)); do
+  arg=$1
+  shift
   case "$arg" in
     --quick) quick=1 ;;
+    --baseline)
+      baseline=${1:?--baseline needs a git commit}
+      shift
+      ;;
     -h | --help)
-      sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
-      echo "bench.sh: unknown argument '$arg' (use --quick or nothing)" >&2
+      echo "bench.sh: unknown argument '$arg' (use --quick, --baseline REF or nothing)" >&2
       exit 2
       ;;
   esac
@@ -37,6 +47,11 @@ if [[ ! -x /usr/bin/kubectl ]]; then
 fi
 
 export HWKEY_BENCH_QUICK=$quick
+if [[ -n "$baseline" ]]; then
+  HWKEY_BENCH_BASELINE_BIN=$(hsm-fixtures/baseline.sh "$baseline")
+  HWKEY_BENCH_BASELINE_REF=$(git rev-parse --short=12 "$baseline")
+  export HWKEY_BENCH_BASELINE_BIN HWKEY_BENCH_BASELINE_REF
+fi
 # Results of an earlier run must not leak into this report.
 rm -f target/hwkey-bench/sign.json target/hwkey-bench/e2e.json target/hwkey-bench/providers.json target/hwkey-bench/approver.json target/hwkey-bench/apiserver.json
 
