@@ -373,13 +373,28 @@ impl Controller {
     ) {
         while writes.len() < IN_FLIGHT {
             let nodes = self.trust.now().fresh(FRESH_FOR);
-            let waits = |w: &Work| nodes.is_none() && matches!(w, Work::Settle(..));
-            let Some((uid, work)) = self.queue.take(Instant::now(), waits) else {
-                if nodes.is_none() && self.queue.has_ready() && refresh.is_none() {
-                    self.start_refresh(refresh);
-                }
+            // A settlement passed over for want of a fresh reading starts one at once (denials
+            // in other lanes do not wait for it, nor it for them).
+            let passed_over = std::cell::Cell::new(false);
+            let waits = |w: &Work| {
+                let waits = nodes.is_none() && matches!(w, Work::Settle(..));
+                passed_over.set(passed_over.get() || waits);
+                waits
+            };
+            let taken = self.queue.take(Instant::now(), waits);
+            if passed_over.get() && refresh.is_none() {
+                self.start_refresh(refresh);
+            }
+            let Some((uid, work)) = taken else {
                 return;
             };
+            // While a settlement waits for its reading (one API round trip), no other write
+            // starts: its turn comes right after the reading, not after whatever started
+            // meanwhile.
+            if passed_over.get() && refresh.is_some() {
+                self.queue.put_back(&uid, work);
+                return;
+            }
             let (seen, decision, granted) = match work {
                 Work::Deny(seen, v) => {
                     let decision = Decision {

@@ -160,6 +160,24 @@ impl<T> WorkQueue<T> {
         None
     }
 
+    /// Returns a taken item, unchanged, to the front of its lane (its requester keeps its
+    /// place in the turn order only as far as the lane goes: the lane goes to the back).
+    pub fn put_back(&mut self, uid: &str, item: T) {
+        if !self.taken.remove(uid) {
+            return;
+        }
+        let newer = self.newer.remove(uid);
+        let Some(slot) = self.slots.get_mut(uid) else {
+            return;
+        };
+        slot.item = newer.unwrap_or(item);
+        let lane = self.lanes.entry(slot.requester.clone()).or_default();
+        if lane.is_empty() {
+            self.turn.push_front(slot.requester.clone());
+        }
+        lane.push_front(uid.to_string());
+    }
+
     /// A taken item is finished (written, or found changed): forgotten, unless a newer
     /// version came meanwhile, which is queued.
     pub fn done(&mut self, uid: &str) {

@@ -288,13 +288,17 @@ fn decide_and_serve(
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let get = |path: &str| get_from(metrics_port, path);
+    // The sample line itself (the metric's HELP text also starts with "1 while…").
     wait_until("the container leads", Duration::from_secs(30), || {
-        get("/metrics").contains("hwkey_approver_leader 1")
+        get("/metrics")
+            .lines()
+            .any(|l| l == "hwkey_approver_leader 1")
     });
     let health = get_from(health_port, "/healthz");
     assert!(
         health.ends_with("\n200") && health.starts_with("ok: leading"),
-        "{health}"
+        "{health}\n{}",
+        container.runc.log()
     );
     let holder = lease_holder(cluster);
     assert!(
