@@ -27,14 +27,14 @@ LAYERS = {
     # The base: small helpers every layer may use.
     "atomic_file": 0, "small_file": 0, "state_dir": 0, "duration": 0, "hex": 0,
     "backoff": 0, "http_serve": 0, "endpoint": 0, "error_chain": 0, "stop": 0,
-    "serde_text": 0,
+    "serde_text": 0, "metric_labels": 0,
     "key": 1,
     "pki": 2,
     # What the exec plugin and the proxy share: the kubeconfig (its hwkey extension, written by
     # the generator) and the control socket's protocol.
     "kubeconfig": 3, "control_api": 3, "egress": 3,
     "exec": 4,
-    "lifecycle": 5,
+    "lifecycle": 5, "approver": 5,
     "proxy": 6, "probe": 6,
     "cli": 7,
 }

@@ -437,7 +437,11 @@ impl Controller {
         }
         let trust = self.trust.clone();
         *refresh = Some(Box::pin(async move {
-            trust.refresh(FRESH_FOR).await.map(|_| ())
+            trust
+                .refresh(FRESH_FOR)
+                .await
+                .map(|_| ())
+                .map_err(ApproverError::from)
         }));
     }
 

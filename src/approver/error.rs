@@ -26,12 +26,8 @@ pub enum ApproverError {
         source: kube::runtime::watcher::Error,
     },
 
-    #[error("cannot read the registered nodes from {origin}: {problem}")]
-    Trust {
-        origin: String,
-        #[source]
-        problem: super::trust::TrustProblem,
-    },
+    #[error(transparent)]
+    Trust(#[from] super::trust::TrustError),
 
     #[error("not writing a decision: this replica's Lease was last renewed {elapsed:?} ago, past the renew deadline ({deadline:?}); another replica may lead now")]
     LeaseExpired {

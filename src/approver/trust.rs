@@ -25,7 +25,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 
-use super::error::ApproverError;
 use super::metrics::ApproverMetrics;
 use crate::pki::registration::{self, RegisteredAk, TrustRead};
 
@@ -41,7 +40,18 @@ const RESYNC: Duration = Duration::from_secs(30);
 /// How often a trust directory is checked for changes.
 const DIR_POLL: Duration = Duration::from_secs(1);
 
-/// Why the registered nodes could not be read, for [`ApproverError::Trust`].
+/// The registered nodes could not be read from a source.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the registered nodes from {origin}: {problem}")]
+pub struct TrustError {
+    /// The source, as its flag names it.
+    pub origin: String,
+    /// What went wrong.
+    #[source]
+    pub problem: TrustProblem,
+}
+
+/// Why the registered nodes could not be read, for [`TrustError`].
 #[derive(Debug, thiserror::Error)]
 #[allow(
     missing_docs,
@@ -166,7 +176,7 @@ impl Trust {
         source: TrustSource,
         client: &kube::Client,
         metrics: Arc<ApproverMetrics>,
-    ) -> Result<Trust, ApproverError> {
+    ) -> Result<Trust, TrustError> {
         let trust = Trust {
             source,
             client: client.clone(),
@@ -193,7 +203,7 @@ impl Trust {
 
     /// Reads the source again unless it was read within `within` (one reading at a time:
     /// callers that waited for another's reading use it).
-    pub async fn refresh(&self, within: Duration) -> Result<TrustNow, ApproverError> {
+    pub async fn refresh(&self, within: Duration) -> Result<TrustNow, TrustError> {
         let _one = self.reading.lock().await;
         if self.now().fresh(within).is_some() {
             return Ok(self.now());
@@ -208,8 +218,8 @@ impl Trust {
         Ok(self.now())
     }
 
-    fn error(&self, problem: TrustProblem) -> ApproverError {
-        ApproverError::Trust {
+    fn error(&self, problem: TrustProblem) -> TrustError {
+        TrustError {
             origin: self.source.to_string(),
             problem,
         }
@@ -217,7 +227,7 @@ impl Trust {
 
     /// One reading: the entries, or why the source is missing. An API error (no answer, a
     /// refusal) is an error: the trust stays as it was, not refreshed.
-    async fn read(&self) -> Result<Reading, ApproverError> {
+    async fn read(&self) -> Result<Reading, TrustError> {
         match &self.source {
             TrustSource::Dir(dir) => {
                 let dir = dir.clone();

@@ -14,10 +14,7 @@ pub const KUBELET_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 /// The signer of other client certificates (people, controllers).
 pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
 
-/// PKCS#9 `extensionRequest`.
-pub const OID_EXTENSION_REQUEST: &[u64] = &[1, 2, 840, 113549, 1, 9, 14];
-/// `subjectAltName`.
-pub const OID_SUBJECT_ALT_NAME: &[u64] = &[2, 5, 29, 17];
+pub use super::request::{OID_EXTENSION_REQUEST, OID_SUBJECT_ALT_NAME};
 const OID_ECDSA_SHA256: &[u64] = &[1, 2, 840, 10045, 4, 3, 2];
 const OID_ECDSA_SHA384: &[u64] = &[1, 2, 840, 10045, 4, 3, 3];
 const OID_RSA_SHA256: &[u64] = &[1, 2, 840, 113549, 1, 1, 11];

@@ -30,7 +30,10 @@ use crate::key::SignScheme;
 /// 3 KiB; anything this large is refused before it is decoded.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
-pub use super::csr::{OID_EXTENSION_REQUEST, OID_SUBJECT_ALT_NAME};
+/// PKCS#9 `extensionRequest`.
+pub const OID_EXTENSION_REQUEST: &[u64] = &[1, 2, 840, 113549, 1, 9, 14];
+/// `subjectAltName`.
+pub const OID_SUBJECT_ALT_NAME: &[u64] = &[2, 5, 29, 17];
 /// OID of the key usage extension.
 pub const OID_KEY_USAGE: &[u64] = &[2, 5, 29, 15];
 /// OID of the extended key usage extension.
