@@ -179,3 +179,46 @@ impl fmt::Display for UpstreamTarget {
         write!(f, "https://{}", self.authority())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addrs() {
+        assert_eq!(
+            "unix:/run/x.sock".parse::<ListenAddr>().unwrap(),
+            ListenAddr::Unix("/run/x.sock".into())
+        );
+        let tcp: ListenAddr = "tcp:127.0.0.1:8443".parse().unwrap();
+        assert!(tcp.is_local());
+        let any: ListenAddr = "tcp:0.0.0.0:8443".parse().unwrap();
+        assert!(!any.is_local());
+        assert!("127.0.0.1:8443".parse::<ListenAddr>().is_err());
+    }
+
+    #[test]
+    fn upstreams() {
+        let u: UpstreamTarget = "https://[::1]:6443".parse().unwrap();
+        assert_eq!(u.host, "::1");
+        assert_eq!(u.authority(), "[::1]:6443");
+        let d: UpstreamTarget = "https://api.example".parse().unwrap();
+        assert_eq!(d.port, 443);
+        assert!("http://x:1".parse::<UpstreamTarget>().is_err());
+        assert!("https://x:1/api".parse::<UpstreamTarget>().is_err());
+        // Issue 22, finding 10: out-of-range ports were read as "no port" (443).
+        for bad in [
+            "https://127.0.0.1:99999",
+            "https://127.0.0.1:0",
+            "https://[::1]:65536",
+        ] {
+            let e = bad.parse::<UpstreamTarget>().expect_err(bad).to_string();
+            assert!(
+                e.contains("out of range") || e.contains("port 0"),
+                "{bad}: {e}"
+            );
+        }
+        let top: UpstreamTarget = "https://[::1]:65535".parse().unwrap();
+        assert_eq!(top.port, 65535);
+    }
+}

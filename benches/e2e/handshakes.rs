@@ -109,14 +109,18 @@ fn connector_via(
         .expect("root");
     let target: UpstreamTarget = url.parse().expect("target");
     Upstream::new(
-        hwkey::proxy::upstream::Route {
+        &hwkey::proxy::settings::UpstreamSettings {
             targets: vec![target],
+            ca: None,
             egress,
             key_exchange: kx,
-            attempt_timeout: Duration::from_secs(10),
+            tls_server_name: None,
+            handshake_timeout: Duration::from_secs(10),
         },
-        None,
-        resolver,
+        hwkey::proxy::upstream::Identity {
+            key: key.clone(),
+            resolver,
+        },
         roots,
         hwkey::key::tls::protocol_versions(key, false).expect("TLS versions"),
         Arc::new(Metrics::default()),

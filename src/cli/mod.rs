@@ -163,10 +163,10 @@ fn pin_refused(e: &anyhow::Error) -> bool {
         if let Some(p) = cause.downcast_ref::<PkiError>() {
             return in_pki(p);
         }
-        if let Some(p) = cause.downcast_ref::<crate::proxy::ProxyError>() {
+        if let Some(p) = cause.downcast_ref::<crate::proxy::StartError>() {
             return match p {
-                crate::proxy::ProxyError::Key(k) => is_pin(k),
-                crate::proxy::ProxyError::Pki(p) => in_pki(p),
+                crate::proxy::StartError::Key(k) => is_pin(k),
+                crate::proxy::StartError::Pki(p) => in_pki(p),
                 _ => false,
             };
         }
@@ -237,57 +237,8 @@ fn init_logging(format: LogFormat) {
     };
 }
 
-/// `--require-non-extractable`, shared by every command that makes or uses a hardware identity.
-#[derive(Debug, Clone, Copy, clap::Args)]
-pub(crate) struct KeyPolicy {
-    /// Refuse a key that could leave its device: a PKCS#11 key with CKA_EXTRACTABLE true,
-    /// CKA_NEVER_EXTRACTABLE false or CKA_SENSITIVE false; a TPM key without fixedTPM (default
-    /// true).
-    #[arg(
-        long,
-        env = "HWKEY_REQUIRE_NON_EXTRACTABLE",
-        action = clap::ArgAction::Set,
-        value_name = "true|false"
-    )]
-    pub(crate) require_non_extractable: Option<bool>,
-}
-
-impl KeyPolicy {
-    /// The policy in force: on unless turned off.
-    pub(crate) fn required(self) -> bool {
-        self.require_non_extractable.unwrap_or(true)
-    }
-}
-
-/// Parses `--key` values into typed URIs at the edge. A plain value parser would let clap echo
-/// the raw value in its error, `pin-value` included; this one reports only the parser's
-/// message, in which every `pin-value` is redacted.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct KeyUriParser;
-
-impl clap::builder::TypedValueParser for KeyUriParser {
-    type Value = crate::key::KeyUri;
-
-    fn parse_ref(
-        &self,
-        cmd: &clap::Command,
-        arg: Option<&clap::Arg>,
-        value: &std::ffi::OsStr,
-    ) -> Result<Self::Value, clap::Error> {
-        use clap::error::ErrorKind;
-        let flag = arg
-            .and_then(|a| a.get_long())
-            .map(|l| format!("--{l}"))
-            .unwrap_or_else(|| "the key URI".into());
-        let text = value.to_str().ok_or_else(|| {
-            clap::Error::raw(ErrorKind::InvalidUtf8, format!("{flag} is not UTF-8\n")).with_cmd(cmd)
-        })?;
-        text.parse().map_err(|e: crate::key::KeyError| {
-            clap::Error::raw(ErrorKind::ValueValidation, format!("invalid {flag}: {e}\n"))
-                .with_cmd(cmd)
-        })
-    }
-}
+pub(crate) use crate::key::KeyPolicy;
+pub(crate) use crate::key::KeyUriParser;
 
 /// Writes output to `--out` atomically, or to stdout.
 fn emit(out: Option<&std::path::Path>, text: &str) -> anyhow::Result<()> {

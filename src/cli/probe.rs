@@ -50,7 +50,11 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         ca: args.ca,
         server_name: args.tls_server_name,
         allow_tls12_fallback: args.allow_tls12_fallback,
-        egress: super::proxy::egress(args.proxy_url.as_deref(), args.proxy_auth, None)?,
+        egress: crate::proxy::settings::egress(
+            args.proxy_url.as_deref(),
+            args.proxy_auth.as_deref(),
+            None,
+        )?,
         key_exchange: args.key_exchange,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -35,9 +35,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use algorithm::{HashAlg, KeyAlgorithm, SignScheme};
 pub use error::{Cause, KeyError, Malformation, ParentProblem, Tss2Problem, Unusable};
-pub use protection::Protection;
+pub use protection::{KeyPolicy, Protection};
 pub use signing_path::SigningPath;
-pub use uri::{KeyUri, Pkcs11Uri, TpmKeyLocation, TpmUri};
+pub use uri::{KeyUri, KeyUriParser, Pkcs11Uri, TpmKeyLocation, TpmUri};
 
 /// What a hardware backend provides. One job: sign inside the device.
 pub trait KeyBackend: Send + Sync + fmt::Debug {

@@ -103,6 +103,28 @@ impl Protection {
     }
 }
 
+/// `--require-non-extractable`, shared by every command that makes or uses a hardware identity.
+#[derive(Debug, Default, Clone, Copy, clap::Args)]
+pub struct KeyPolicy {
+    /// Refuse a key that could leave its device: a PKCS#11 key with CKA_EXTRACTABLE true,
+    /// CKA_NEVER_EXTRACTABLE false or CKA_SENSITIVE false; a TPM key without fixedTPM (default
+    /// true).
+    #[arg(
+        long,
+        env = "HWKEY_REQUIRE_NON_EXTRACTABLE",
+        action = clap::ArgAction::Set,
+        value_name = "true|false"
+    )]
+    pub require_non_extractable: Option<bool>,
+}
+
+impl KeyPolicy {
+    /// The policy in force: on unless turned off.
+    pub fn required(self) -> bool {
+        self.require_non_extractable.unwrap_or(true)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

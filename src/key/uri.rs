@@ -549,6 +549,36 @@ impl fmt::Display for TpmUri {
     }
 }
 
+/// Parses `--key` values into typed URIs at the edge. A plain value parser would let clap echo
+/// the raw value in its error, `pin-value` included; this one reports only the parser's
+/// message, in which every `pin-value` is redacted.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyUriParser;
+
+impl clap::builder::TypedValueParser for KeyUriParser {
+    type Value = KeyUri;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        use clap::error::ErrorKind;
+        let flag = arg
+            .and_then(|a| a.get_long())
+            .map(|l| format!("--{l}"))
+            .unwrap_or_else(|| "the key URI".into());
+        let text = value.to_str().ok_or_else(|| {
+            clap::Error::raw(ErrorKind::InvalidUtf8, format!("{flag} is not UTF-8\n")).with_cmd(cmd)
+        })?;
+        text.parse().map_err(|e: super::KeyError| {
+            clap::Error::raw(ErrorKind::ValueValidation, format!("invalid {flag}: {e}\n"))
+                .with_cmd(cmd)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
 

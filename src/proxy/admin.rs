@@ -20,10 +20,31 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use tokio::sync::watch;
 
+use super::admission::Admission;
+use super::error::UpstreamError;
 use super::listener::{accept_error, admit, check_peer, Bound};
+use super::metrics::Metrics;
 use super::ratelimit::RateLimited;
-use super::Shared;
+use super::renewal::RenewalStatus;
+use super::upstream::Upstream;
+use crate::endpoint::UpstreamTarget;
 use crate::stop::stopped;
+
+/// What the admin listener needs.
+pub struct Admin {
+    /// The key checked and the API servers dialled by `/healthz`.
+    pub upstream: Arc<Upstream>,
+    /// What `/metrics` renders.
+    pub metrics: Arc<Metrics>,
+    /// The last key check.
+    pub health: HealthState,
+    /// Loopback TCP admin connections, admitted by uid ([`ADMIN_MAX_CONNECTIONS`]).
+    pub admission: Arc<Admission>,
+    /// UNIX-socket peers allowed besides the proxy's own uid.
+    pub allowed_uids: Vec<u32>,
+    /// The last renewal failure (`--renew`): `/healthz` says "degraded" with it.
+    pub renewal: Arc<RenewalStatus>,
+}
 
 /// How long a test signature's result stands for.
 pub const KEY_CHECK_TTL: Duration = Duration::from_secs(30);
@@ -70,7 +91,7 @@ enum Unhealthy {
     Connect {
         addr: String,
         #[source]
-        source: Arc<super::ProxyError>,
+        source: Arc<UpstreamError>,
     },
     #[error("{addr} did not accept within {UPSTREAM_CHECK_TIMEOUT:?}")]
     Timeout { addr: String },
@@ -94,7 +115,7 @@ static REFUSED_LOG: RateLimited = RateLimited::new(Duration::from_secs(10));
 
 /// Serves the admin endpoints until `stop`: one request per connection, at most
 /// [`ADMIN_MAX_CONNECTIONS`] at once, each bounded by header and connection timeouts.
-pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<bool>) {
+pub async fn serve(shared: Arc<Admin>, bound: Bound, mut stop: watch::Receiver<bool>) {
     let endpoint = crate::http_serve::Endpoint::new(crate::http_serve::Limits {
         max_connections: ADMIN_MAX_CONNECTIONS,
         header_timeout: ADMIN_HEADER_TIMEOUT,
@@ -108,7 +129,7 @@ pub async fn serve(shared: Arc<Shared>, bound: Bound, mut stop: watch::Receiver<
                 _ = stopped(&mut stop) => break,
                 r = listener.accept() => match r {
                     Ok((s, peer)) => {
-                        let Some(ticket) = admit(&shared.admin_admission, &shared, &s, peer) else {
+                        let Some(ticket) = admit(&shared.admission, &shared.metrics, &s, peer) else {
                             continue;
                         };
                         (Box::new(s), Admitted::ByUid(ticket))
@@ -180,12 +201,13 @@ enum Admitted {
     ),
 }
 
-async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn route(shared: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
     match (req.method().as_str(), req.uri().path()) {
         ("GET", "/metrics") => {
+            let key = shared.upstream.key();
             let body = shared
                 .metrics
-                .render(shared.key().signatures(), shared.key().signature_failures());
+                .render(key.signatures(), key.signature_failures());
             text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -226,8 +248,8 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>>
 
 /// The client certificate in use must be valid now: outside its window the API server refuses
 /// every request, so the proxy is not healthy, whatever the key and the upstream say.
-fn certificate_check(shared: &Shared) -> Result<(), Unhealthy> {
-    let chain = shared.upstream.resolver().chain();
+fn certificate_check(shared: &Admin) -> Result<(), Unhealthy> {
+    let chain = shared.upstream.chain();
     let leaf = chain.first().ok_or(Unhealthy::NoCertificate)?;
     let (_, leaf) =
         x509_parser::parse_x509_certificate(leaf).map_err(|e| Unhealthy::Unparsable(e.into()))?;
@@ -244,13 +266,9 @@ fn certificate_check(shared: &Shared) -> Result<(), Unhealthy> {
 
 /// With `--renew`: the certificate is past 90 % of its lifetime and the last renewal attempt
 /// failed. Still serving (200), but the operator must look before it expires.
-fn renewal_degraded(shared: &Shared) -> Option<String> {
-    let error = shared
-        .renewal_error
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()?;
-    let chain = shared.upstream.resolver().chain();
+fn renewal_degraded(shared: &Admin) -> Option<String> {
+    let error = shared.renewal.last_error()?;
+    let chain = shared.upstream.chain();
     let (_, leaf) = x509_parser::parse_x509_certificate(chain.first()?).ok()?;
     let v = leaf.validity();
     let (from, to) = (v.not_before.timestamp(), v.not_after.timestamp());
@@ -274,15 +292,15 @@ fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<B
     r
 }
 
-async fn key_check(shared: &Shared) -> Result<(), Unhealthy> {
-    let now_sigs = shared.key().signatures();
+async fn key_check(shared: &Admin) -> Result<(), Unhealthy> {
+    let now_sigs = shared.upstream.key().signatures();
     let cached = shared
         .health
         .last
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let last_error = shared.key().last_signature_error();
+    let last_error = shared.upstream.key().last_signature_error();
     if let Some(c) = &cached {
         // Signatures since the last check and the latest attempt succeeded: the key works now,
         // no test signature needed.
@@ -297,7 +315,7 @@ async fn key_check(shared: &Shared) -> Result<(), Unhealthy> {
             return c.result.clone();
         }
     }
-    let key = shared.key();
+    let key = shared.upstream.key();
     let result = tokio::task::spawn_blocking(move || {
         let scheme = key.schemes().first().copied().ok_or(Unhealthy::NoScheme)?;
         key.sign(scheme, b"hwkey proxy health check")
@@ -308,7 +326,7 @@ async fn key_check(shared: &Shared) -> Result<(), Unhealthy> {
     .unwrap_or_else(|e| Err(Unhealthy::Panicked(e.to_string())));
     *shared.health.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(KeyCheck {
         at: Instant::now(),
-        signatures: shared.key().signatures(),
+        signatures: shared.upstream.key().signatures(),
         result: result.clone(),
     });
     result
@@ -316,7 +334,7 @@ async fn key_check(shared: &Shared) -> Result<(), Unhealthy> {
 
 /// Healthy when any API server accepts a connection (through the forward proxy when there is
 /// one: what matters is that requests get through); otherwise the first one's error.
-async fn upstream_check(shared: &Shared) -> Result<(), Unhealthy> {
+async fn upstream_check(shared: &Admin) -> Result<(), Unhealthy> {
     let mut first_error = None;
     for t in shared.upstream.targets() {
         match dial_check(shared, t).await {
@@ -329,7 +347,7 @@ async fn upstream_check(shared: &Shared) -> Result<(), Unhealthy> {
     first_error.map_or(Ok(()), Err)
 }
 
-async fn dial_check(shared: &Shared, t: &super::UpstreamTarget) -> Result<(), Unhealthy> {
+async fn dial_check(shared: &Admin, t: &UpstreamTarget) -> Result<(), Unhealthy> {
     match tokio::time::timeout(UPSTREAM_CHECK_TIMEOUT, shared.upstream.dial(t)).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(Unhealthy::Connect {

@@ -19,23 +19,38 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use super::Shared;
+use super::metrics::Metrics;
+use super::rotation::RotationClose;
+use super::upstream::Upstream;
 
 /// A local client's stream: loopback TLS or a UNIX socket.
 pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientIo for T {}
 
-/// Connects upstream offering `alpn`, replays `prefix` (bytes already read from the client),
-/// then bridges until both directions are done.
-pub async fn serve(
-    shared: &Shared,
-    client: Box<dyn ClientIo>,
-    prefix: Vec<u8>,
-    alpn: Option<Vec<u8>>,
-) {
+/// What bridging a connection needs.
+pub struct Bridge {
+    /// The connector to the API server.
+    pub upstream: Arc<Upstream>,
+    /// Bytes moved.
+    pub metrics: Arc<Metrics>,
+    /// Close a connection after this long without a byte (None: never).
+    pub idle_timeout: Option<Duration>,
+    /// When a connection opened with a replaced certificate ends.
+    pub rotation_close: RotationClose,
+}
+
+impl Bridge {
+    /// Connects upstream offering `alpn`, replays `prefix` (bytes already read from the client),
+    /// then bridges until both directions are done.
+    pub async fn serve(&self, client: Box<dyn ClientIo>, prefix: Vec<u8>, alpn: Option<Vec<u8>>) {
+        serve(self, client, prefix, alpn).await
+    }
+}
+
+async fn serve(shared: &Bridge, client: Box<dyn ClientIo>, prefix: Vec<u8>, alpn: Option<Vec<u8>>) {
     // The certificate this connection is opened with (read before the handshake: if a rotation
     // races it, the connection is attributed to the older one and ends earlier, never later).
-    let epoch = *shared.epoch.borrow();
+    let epoch = shared.upstream.epoch();
     // Boxed: the connect and handshake state lives on the heap only while it runs, not in this
     // task's state for the connection's whole life (issue 12: memory per idle connection).
     // Each attempt (one per API server, at most) has the handshake timeout.
@@ -73,7 +88,7 @@ pub async fn serve(
             None => std::future::pending::<()>().await,
         }
     };
-    let retired = super::rotation::retire(shared.epoch.subscribe(), epoch, shared.rotation_close);
+    let retired = super::rotation::retire(shared.upstream.epochs(), epoch, shared.rotation_close);
     let outcome = tokio::select! {
         r = copy => r.map(|_| ()),
         _ = idle => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),

@@ -4,7 +4,7 @@
 //! socket) speaking HTTP/1.1, so that `curl --unix-socket` and the exec front end use it alike:
 //!
 //! - `GET /v1/credential[?validity=10m]`: a fresh software key and a short-lived loopback
-//!   client certificate (default [`DEFAULT_VALIDITY`], at most [`MAX_VALIDITY`], never past the
+//!   client certificate (default `--credential-validity`, at most [`MAX_VALIDITY`], never past the
 //!   hardware certificate's NotAfter), the loopback CA, and the proxy's loopback URL.
 //! - `GET /v1/info`: the same without a credential (URLs, upstream, key description).
 //!
@@ -23,14 +23,33 @@ use hyper::{Request, Response, StatusCode};
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
+use super::lifetime::Activity;
 use super::listener::{check_peer, own_uid};
-use super::Shared;
+use super::metrics::Metrics;
+use super::upstream::Upstream;
 use crate::control_api::{ControlError, LoopbackCredential, ProxyInfo, API_VERSION};
-use crate::pki::loopback_ca::rfc3339;
+use crate::pki::loopback_ca::{rfc3339, LoopbackCa};
 use crate::stop::stopped;
 
-/// Loopback credential lifetime when the client asks for none.
-pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(600);
+/// What the control socket needs.
+pub struct Control {
+    /// Mints the loopback credentials.
+    pub ca: LoopbackCa,
+    /// Their default lifetime.
+    pub credential_validity: Duration,
+    /// `https://127.0.0.1:PORT` of the first loopback TLS listener, if any.
+    pub loopback_url: Option<String>,
+    /// The client UNIX sockets.
+    pub unix_sockets: Vec<std::path::PathBuf>,
+    /// Peers allowed besides the proxy's own uid.
+    pub allowed_uids: Vec<u32>,
+    /// A control request counts as activity for `--idle-exit`.
+    pub activity: Arc<Activity>,
+    /// Credentials issued.
+    pub metrics: Arc<Metrics>,
+    /// The key and certificate the credentials are capped by and the info names.
+    pub upstream: Arc<Upstream>,
+}
 /// The longest loopback credential handed out.
 pub const MAX_VALIDITY: Duration = Duration::from_secs(24 * 3600);
 /// The shortest (a credential that expires before it is used helps nobody).
@@ -46,7 +65,7 @@ pub const CONTROL_LIMITS: crate::http_serve::Limits = crate::http_serve::Limits 
 
 /// Serves the control socket until `stop` (the owner's uid and `--allow-uid` only), within
 /// [`CONTROL_LIMITS`].
-pub async fn serve(shared: Arc<Shared>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
+pub async fn serve(shared: Arc<Control>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
     let endpoint = crate::http_serve::Endpoint::new(CONTROL_LIMITS);
     loop {
         let stream = tokio::select! {
@@ -83,7 +102,7 @@ pub async fn serve(shared: Arc<Shared>, listener: UnixListener, mut stop: watch:
     }
 }
 
-fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn route(shared: &Control, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     match (req.method().as_str(), req.uri().path()) {
         ("GET", "/v1/credential") => credential(shared, req.uri().query()),
         ("GET", "/v1/info") => json(StatusCode::OK, &info(shared, "ProxyInfo")),
@@ -94,7 +113,7 @@ fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     }
 }
 
-fn info(shared: &Shared, kind: &str) -> ProxyInfo {
+fn info(shared: &Control, kind: &str) -> ProxyInfo {
     ProxyInfo {
         kind: kind.into(),
         api_version: API_VERSION.into(),
@@ -105,19 +124,19 @@ fn info(shared: &Shared, kind: &str) -> ProxyInfo {
             .map(|p| p.display().to_string())
             .collect(),
         upstream: shared.upstream.describe(),
-        key: shared.key().describe(),
-        key_uri: Some(shared.key().uri().without_pin().to_string()),
+        key: shared.upstream.key().describe(),
+        key_uri: Some(shared.upstream.key().uri().without_pin().to_string()),
         pid: std::process::id(),
         certificate_authority_pem: shared.ca.cert_pem().to_string(),
-        certificate_chain_pem: crate::pki::cert::chain_to_pem(&shared.upstream.resolver().chain()),
+        certificate_chain_pem: crate::pki::cert::chain_to_pem(&shared.upstream.chain()),
     }
 }
 
-fn credential(shared: &Shared, query: Option<&str>) -> Response<Full<Bytes>> {
+fn credential(shared: &Control, query: Option<&str>) -> Response<Full<Bytes>> {
     let mut validity = shared.credential_validity;
     for pair in query.unwrap_or("").split('&') {
         if let Some(v) = pair.strip_prefix("validity=") {
-            match super::config::parse_duration(v) {
+            match crate::duration::parse_duration(v) {
                 Ok(d) => validity = d,
                 Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
             }
@@ -146,8 +165,8 @@ fn credential(shared: &Shared, query: Option<&str>) -> Response<Full<Bytes>> {
     json(StatusCode::OK, &body)
 }
 
-fn hardware_not_after(shared: &Shared) -> Option<time::OffsetDateTime> {
-    let chain = shared.upstream.resolver().chain();
+fn hardware_not_after(shared: &Control) -> Option<time::OffsetDateTime> {
+    let chain = shared.upstream.chain();
     let leaf = chain.first()?;
     let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
     time::OffsetDateTime::from_unix_timestamp(cert.validity().not_after.timestamp()).ok()

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
 
-use super::config::UpstreamTarget;
 use super::metrics::EndpointMetrics;
 use super::sessions::SessionStore;
 use crate::backoff::Backoff;
+use crate::endpoint::UpstreamTarget;
 
 /// How many servers' sessions one endpoint's store remembers (one; headroom for name changes).
 const SESSION_STORE_SERVERS: usize = 32;

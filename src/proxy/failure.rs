@@ -25,7 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::Notify;
 
-use super::ProxyError;
+use super::error::UpstreamError;
 
 /// How long an HTTP/2 connection keeps answering after its first 502 (requests client-go sent at
 /// once on it get the same answer), and the most it is served at all.
@@ -33,7 +33,7 @@ const H2_LINGER: Duration = Duration::from_millis(200);
 const H2_MAX: Duration = Duration::from_secs(10);
 
 /// The Kubernetes `Status` a client gets when the upstream could not be reached.
-fn status_body(e: &ProxyError) -> String {
+fn status_body(e: &UpstreamError) -> String {
     serde_json::json!({
         "kind": "Status",
         "apiVersion": "v1",
@@ -52,7 +52,7 @@ pub(crate) async fn tell_client<C: AsyncRead + AsyncWrite + Unpin + Send>(
     mut client: C,
     prefix: Vec<u8>,
     alpn: Option<&[u8]>,
-    e: &ProxyError,
+    e: &UpstreamError,
 ) {
     let body = status_body(e);
     match alpn {

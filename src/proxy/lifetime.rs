@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Notify;
 
+use super::error::StartError;
 use super::metrics::Metrics;
-use super::ProxyError;
 
 /// Why the proxy stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,9 +116,9 @@ pub async fn wait_for_stop(
     activity: Arc<Activity>,
     lock_file: Option<(PathBuf, File)>,
     idle_exit: Option<Duration>,
-) -> Result<StopReason, ProxyError> {
+) -> Result<StopReason, StartError> {
     let sig = |kind: SignalKind, name: &'static str| {
-        signal(kind).map_err(|source| ProxyError::Signal { name, source })
+        signal(kind).map_err(|source| StartError::Signal { name, source })
     };
     let mut term = sig(SignalKind::terminate(), "SIGTERM")?;
     let mut int = sig(SignalKind::interrupt(), "SIGINT")?;
@@ -164,7 +164,7 @@ const LOCK_POLL: Duration = Duration::from_millis(250);
 /// Polls the lock: the owner holds an exclusive `flock` on the file; when the proxy can take
 /// it, the owner is gone. A lock nobody holds at start counts as an owner already gone, so
 /// the starter must take the lock before it starts the proxy.
-async fn watch_lock(path: &Path, file: &File) -> Result<StopReason, ProxyError> {
+async fn watch_lock(path: &Path, file: &File) -> Result<StopReason, StartError> {
     loop {
         if try_flock(file) {
             return Ok(StopReason::LockOwnerGone(path.to_path_buf()));
@@ -175,8 +175,8 @@ async fn watch_lock(path: &Path, file: &File) -> Result<StopReason, ProxyError> 
 
 /// Opens the `--lock-file` before the proxy says it is ready, so a missing or unreadable lock
 /// file is an error at start, not after "ready".
-pub fn open_lock_file(path: &Path) -> Result<File, ProxyError> {
-    File::open(path).map_err(|source| ProxyError::LockFile {
+pub fn open_lock_file(path: &Path) -> Result<File, StartError> {
+    File::open(path).map_err(|source| StartError::LockFile {
         path: path.to_path_buf(),
         source,
     })

@@ -33,13 +33,42 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::watch;
 use tokio_rustls::LazyConfigAcceptor;
 
-use super::config::ListenAddr;
-use super::metrics::{ListenerKind, Refusal};
+use tokio::sync::Semaphore;
+
+use super::admission::{Admission, Ticket};
+use super::bridge::Bridge;
+use super::error::StartError;
+use super::lifetime::Activity;
+use super::metrics::{ListenerKind, Metrics, Refusal};
 use super::ratelimit::RateLimited;
 use super::readahead::ReadAhead;
-use super::{bridge, ProxyError, Shared};
+use super::threads::Spawner;
+use crate::endpoint::ListenAddr;
 use crate::pki::loopback_ca::LoopbackCa;
 use crate::stop::stopped;
+
+/// What serving client connections needs: the local hop's TLS and rules, the connection limits,
+/// and the bridge to the API server. Shared by the accept loop and every connection task.
+pub struct Clients {
+    /// The loopback listener's TLS configs.
+    pub local_tls: LocalTls,
+    /// Unauthenticated loopback handshakes in flight, admitted by uid ([`PREAUTH_BUDGET`]).
+    pub preauth: Arc<Admission>,
+    /// `--max-connections` slots, taken once a peer is authenticated.
+    pub slots: Arc<Semaphore>,
+    /// UNIX-socket peers allowed besides the proxy's own uid.
+    pub allowed_uids: Vec<u32>,
+    /// How long the local handshake may take.
+    pub handshake_timeout: Duration,
+    /// Refusals, accepts, local handshakes.
+    pub metrics: Arc<Metrics>,
+    /// Open connections, for `--idle-exit` and the drain.
+    pub activity: Arc<Activity>,
+    /// Where connection tasks run ([`super::threads`]).
+    pub connections: Spawner,
+    /// Connects upstream and relays.
+    pub bridge: Bridge,
+}
 
 /// Why a loopback client's certificate is refused after a (resumed) handshake.
 #[derive(Debug, thiserror::Error)]
@@ -99,26 +128,26 @@ impl Bound {
 }
 
 /// Binds a listener. Refuses non-loopback TCP addresses unless `unsafe_listen`.
-pub fn bind(addr: &ListenAddr, unsafe_listen: bool) -> Result<Bound, ProxyError> {
+pub fn bind(addr: &ListenAddr, unsafe_listen: bool) -> Result<Bound, StartError> {
     match addr {
         ListenAddr::Tcp(a) => {
             if !a.ip().is_loopback() && !unsafe_listen {
-                return Err(ProxyError::NonLoopbackListen { addr: addr.clone() });
+                return Err(StartError::NonLoopbackListen { addr: addr.clone() });
             }
-            let std = std::net::TcpListener::bind(a).map_err(|source| ProxyError::Bind {
+            let std = std::net::TcpListener::bind(a).map_err(|source| StartError::Bind {
                 addr: addr.clone(),
                 source,
             })?;
             std.set_nonblocking(true)
-                .map_err(|source| ProxyError::Bind {
+                .map_err(|source| StartError::Bind {
                     addr: addr.clone(),
                     source,
                 })?;
-            let listener = TcpListener::from_std(std).map_err(|source| ProxyError::Bind {
+            let listener = TcpListener::from_std(std).map_err(|source| StartError::Bind {
                 addr: addr.clone(),
                 source,
             })?;
-            let bound = listener.local_addr().map_err(|source| ProxyError::Bind {
+            let bound = listener.local_addr().map_err(|source| StartError::Bind {
                 addr: addr.clone(),
                 source,
             })?;
@@ -141,20 +170,20 @@ pub fn bind(addr: &ListenAddr, unsafe_listen: bool) -> Result<Bound, ProxyError>
 ///
 /// Between bind and chmod the file briefly has the umask's mode; the peer-uid check closes
 /// that window, so a foreign peer still gets nothing.
-pub fn bind_unix(path: &Path) -> Result<UnixListener, ProxyError> {
+pub fn bind_unix(path: &Path) -> Result<UnixListener, StartError> {
     let addr = ListenAddr::Unix(path.to_path_buf());
-    let bind_err = |source: std::io::Error| ProxyError::Bind {
+    let bind_err = |source: std::io::Error| StartError::Bind {
         addr: addr.clone(),
         source,
     };
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            return Err(ProxyError::NotASocket {
+            return Err(StartError::NotASocket {
                 path: path.to_path_buf(),
             });
         }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(ProxyError::SocketInUse {
+            return Err(StartError::SocketInUse {
                 path: path.to_path_buf(),
             });
         }
@@ -207,24 +236,24 @@ impl std::fmt::Debug for LocalTls {
 impl LocalTls {
     /// A server config presenting a fresh loopback certificate for `ips` and requiring a client
     /// certificate from the loopback CA.
-    pub fn new(ca: &LoopbackCa, ips: &[IpAddr]) -> Result<LocalTls, ProxyError> {
+    pub fn new(ca: &LoopbackCa, ips: &[IpAddr]) -> Result<LocalTls, StartError> {
         // The loopback hop: classical key exchange (see pki::tls::provider_for).
         let provider = crate::pki::tls::provider_for(crate::pki::tls::KeyExchange::Classical);
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(ca.cert_der().clone())
-            .map_err(|e| ProxyError::LocalTls(e.to_string()))?;
+            .map_err(StartError::LocalTls)?;
         let verifier =
             WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                 .build()
-                .map_err(|e| ProxyError::LocalTls(e.to_string()))?;
+                .map_err(|e| StartError::LocalTls(rustls::Error::General(e.to_string())))?;
         let (chain, key) = ca.server_cert(ips)?;
         let mut base = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|e| ProxyError::LocalTls(e.to_string()))?
+            .map_err(StartError::LocalTls)?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain, key)
-            .map_err(|e| ProxyError::LocalTls(e.to_string()))?;
+            .map_err(StartError::LocalTls)?;
         // One ticket per handshake, not rustls's two: Go's client (kubectl) keeps one session
         // per server, so a second ticket is work for both ends that is never used.
         base.send_tls13_tickets = 1;
@@ -283,6 +312,22 @@ impl LocalTls {
     }
 }
 
+/// A loopback address set for the loopback server certificate's SANs.
+pub fn loopback_names(listen: &[ListenAddr]) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = vec![
+        IpAddr::from([127, 0, 0, 1]),
+        IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+    ];
+    for l in listen {
+        if let ListenAddr::Tcp(a) = l {
+            if !ips.contains(&a.ip()) && !a.ip().is_unspecified() {
+                ips.push(a.ip());
+            }
+        }
+    }
+    ips
+}
+
 /// What one accept produced.
 enum Accepted {
     Unix(std::io::Result<UnixStream>),
@@ -334,7 +379,7 @@ static ACCEPT_ERROR_LOG: RateLimited = RateLimited::new(Duration::from_secs(10))
 /// peer is authenticated (UNIX: uid at once; TCP: after the loopback TLS handshake, which runs
 /// under the separate [`PREAUTH_BUDGET`] and [`PREAUTH_TIMEOUT`]).
 pub async fn accept_loop(
-    shared: Arc<Shared>,
+    shared: Arc<Clients>,
     listeners: Vec<Bound>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -373,7 +418,8 @@ pub async fn accept_loop(
                     let Some(stream) = handed_over(TcpStream::from_std(stream), "register") else {
                         return;
                     };
-                    let Some(preauth) = admit(&shared.preauth, &shared, &stream, peer) else {
+                    let Some(preauth) = admit(&shared.preauth, &shared.metrics, &stream, peer)
+                    else {
                         return;
                     };
                     handle_tcp(&shared, stream, peer, preauth).await
@@ -399,16 +445,16 @@ fn handed_over<S>(step: std::io::Result<S>, what: &str) -> Option<S> {
 /// Admits a loopback TCP connection by its peer's uid ([`super::admission`]), counting the
 /// connections shed for it. None when the stream has no addresses any more.
 pub(crate) fn admit(
-    gate: &Arc<super::admission::Admission>,
-    shared: &Shared,
+    gate: &Arc<Admission>,
+    metrics: &Metrics,
     stream: &TcpStream,
     peer: SocketAddr,
-) -> Option<super::admission::Ticket> {
+) -> Option<Ticket> {
     let local = stream.local_addr().ok()?;
     let uid = super::admission::tcp_peer_uid(peer, local);
     let (ticket, admitted) = gate.admit(uid);
     for _ in 0..admitted.shed {
-        shared.metrics.refused(Refusal::Busy);
+        metrics.refused(Refusal::Busy);
     }
     if admitted.shed > 0 {
         if let Some(suppressed) = BUSY_LOG.allow() {
@@ -442,7 +488,7 @@ fn refused(what: &str, detail: &dyn std::fmt::Display) {
     }
 }
 
-async fn handle_unix(shared: &Shared, mut stream: UnixStream) {
+async fn handle_unix(shared: &Clients, mut stream: UnixStream) {
     match check_peer(&stream, &shared.allowed_uids) {
         Ok(_) => {}
         Err(uid) => {
@@ -476,7 +522,10 @@ async fn handle_unix(shared: &Shared, mut stream: UnixStream) {
     } else {
         b"http/1.1"
     };
-    bridge::serve(shared, Box::new(stream), prefix, Some(alpn.to_vec())).await;
+    shared
+        .bridge
+        .serve(Box::new(stream), prefix, Some(alpn.to_vec()))
+        .await;
 }
 
 /// Reads just enough to tell the HTTP/2 preface from anything else.
@@ -497,12 +546,7 @@ async fn sniff(stream: &mut UnixStream) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-async fn handle_tcp(
-    shared: &Shared,
-    stream: TcpStream,
-    peer: SocketAddr,
-    preauth: super::admission::Ticket,
-) {
+async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preauth: Ticket) {
     let _ = stream.set_nodelay(true);
     let started = Instant::now();
     let handshake = async {
@@ -517,7 +561,7 @@ async fn handle_tcp(
             .alpn()
             .map(|list| list.map(<[u8]>::to_vec).collect())
             .unwrap_or_default();
-        let chosen = shared.upstream.choose_alpn(&offered);
+        let chosen = shared.bridge.upstream.choose_alpn(&offered);
         let config = shared.local_tls.config_for(chosen.as_deref());
         let tls = start.into_stream(config).await?;
         Ok::<_, std::io::Error>((Box::new(tls), chosen))
@@ -570,5 +614,5 @@ async fn handle_tcp(
     };
     let _active = shared.activity.enter();
     shared.metrics.local_handshake(started.elapsed());
-    bridge::serve(shared, tls, Vec::new(), alpn).await;
+    shared.bridge.serve(tls, Vec::new(), alpn).await;
 }

@@ -26,34 +26,43 @@ use rustls::pki_types::CertificateDer;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
-use super::{ProxyError, Shared};
+use super::error::StartError;
+use super::metrics::Metrics;
+use super::upstream::Upstream;
 use crate::pki::cert;
 use crate::stop::stopped;
 
-/// The files the reload task watches.
-#[derive(Debug, Clone, Default)]
-pub struct Watched {
+/// What the reload task needs: where the certificate and the CA bundle are, how often to
+/// look, and the upstream to install them in.
+pub struct Reloader {
+    /// The connector whose chain and trust are replaced.
+    pub upstream: Arc<Upstream>,
+    /// Reloads counted.
+    pub metrics: Arc<Metrics>,
     /// `--cert` (None: the chain stored with the key, reloaded on SIGHUP only).
     pub cert: Option<PathBuf>,
     /// `--upstream-ca` (None: the system roots, read once).
     pub upstream_ca: Option<PathBuf>,
+    /// How often the files are compared.
+    pub interval: Duration,
 }
 
-/// Runs until `stop`: reloads on SIGHUP and on changes of the watched files every `interval`.
+/// Runs until `stop`: reloads on SIGHUP and on changes of the watched files every
+/// `interval`.
 pub async fn watch(
-    shared: Arc<Shared>,
-    files: Watched,
-    interval: Duration,
+    shared: Arc<Reloader>,
     mut stop: watch::Receiver<bool>,
-) -> Result<(), ProxyError> {
-    let mut hup = signal(SignalKind::hangup()).map_err(|source| ProxyError::Signal {
+) -> Result<(), StartError> {
+    let mut hup = signal(SignalKind::hangup()).map_err(|source| StartError::Signal {
         name: "SIGHUP",
         source,
     })?;
-    let cert_path = files.cert;
+    let interval = shared.interval;
+    let cert_path = shared.cert.clone();
+    let upstream_ca = shared.upstream_ca.clone();
     let read = |p: &Option<PathBuf>| p.as_ref().and_then(|p| std::fs::read(p).ok());
     let mut last_seen = read(&cert_path);
-    let mut last_ca = read(&files.upstream_ca);
+    let mut last_ca = read(&upstream_ca);
     let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -65,7 +74,7 @@ pub async fn watch(
                 super::notify::reloading();
                 last_seen = read(&cert_path);
                 reload(&shared, cert_path.clone()).await;
-                if let Some(p) = &files.upstream_ca {
+                if let Some(p) = &upstream_ca {
                     last_ca = std::fs::read(p).ok();
                     reload_trust(&shared, p);
                 }
@@ -80,7 +89,7 @@ pub async fn watch(
                         reload(&shared, cert_path.clone()).await;
                     }
                 }
-                if let Some(p) = &files.upstream_ca {
+                if let Some(p) = &upstream_ca {
                     let now = std::fs::read(p).ok();
                     if now.is_some() && now != last_ca {
                         last_ca = now;
@@ -95,8 +104,8 @@ pub async fn watch(
 
 /// Loads the chain (file, or the one stored with the key) and installs it if it is for our key
 /// and not expired. Returns whether it was installed.
-pub async fn reload(shared: &Shared, cert_path: Option<PathBuf>) -> bool {
-    let key = shared.key();
+pub async fn reload(shared: &Reloader, cert_path: Option<PathBuf>) -> bool {
+    let key = shared.upstream.key();
     let loaded = tokio::task::spawn_blocking(move || {
         cert::chain_for_key(&key, cert_path.as_deref()).map_err(ReloadRefused::Load)
     })
@@ -119,7 +128,7 @@ pub async fn reload(shared: &Shared, cert_path: Option<PathBuf>) -> bool {
 
 /// Reads the upstream CA bundle again and trusts it for new connections; a bundle that does not
 /// load keeps the previous trust. Returns whether it was installed.
-pub fn reload_trust(shared: &Shared, path: &std::path::Path) -> bool {
+pub fn reload_trust(shared: &Reloader, path: &std::path::Path) -> bool {
     match crate::pki::tls::root_store(Some(path)) {
         Ok(roots) if !roots.is_empty() => {
             let count = roots.len();
@@ -141,7 +150,10 @@ pub fn reload_trust(shared: &Shared, path: &std::path::Path) -> bool {
     }
 }
 
-fn install(shared: &Shared, chain: Vec<CertificateDer<'static>>) -> Result<String, ReloadRefused> {
+fn install(
+    shared: &Reloader,
+    chain: Vec<CertificateDer<'static>>,
+) -> Result<String, ReloadRefused> {
     let leaf = chain.first().ok_or(ReloadRefused::Empty)?;
     let summary = cert::summarize(leaf).map_err(ReloadRefused::Load)?;
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -152,6 +164,7 @@ fn install(shared: &Shared, chain: Vec<CertificateDer<'static>>) -> Result<Strin
         });
     }
     shared
+        .upstream
         .install_chain(chain)
         .map_err(ReloadRefused::Install)?;
     Ok(summary.serial)

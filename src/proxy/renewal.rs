@@ -25,8 +25,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
-use super::metrics::RenewalFailure;
-use super::Shared;
+use super::error::UpstreamError;
+use super::metrics::{Metrics, RenewalFailure};
+use super::upstream::Upstream;
 use crate::backoff::Backoff;
 use crate::key::{Key, KeyUri};
 use crate::lifecycle::issued::{self, Issued, Target};
@@ -40,10 +41,38 @@ const FIRST_BACKOFF: Duration = Duration::from_secs(2);
 /// The longest pause between renewal attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5 * 60);
 
-/// What the renewal task needs besides [`Shared`].
+/// What the renewal task needs.
+pub struct Renewal {
+    /// The connector whose identity is renewed (and which the renewal's client uses).
+    pub upstream: Arc<Upstream>,
+    /// Renewals counted.
+    pub metrics: Arc<Metrics>,
+    /// The last failure, for `/healthz`.
+    pub status: Arc<RenewalStatus>,
+    /// The settings.
+    pub settings: RenewSettings,
+}
+
+/// The last renewal failure, cleared by a success: `/healthz` reports "degraded" when the
+/// certificate is also past 90 % of its lifetime.
+#[derive(Debug, Default)]
+pub struct RenewalStatus(std::sync::Mutex<Option<String>>);
+
+impl RenewalStatus {
+    fn set(&self, error: Option<String>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = error;
+    }
+
+    /// The last failure, if the last attempt failed.
+    pub fn last_error(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// What the renewal needs from the settings.
 #[derive(Debug, Clone)]
 pub struct RenewSettings {
-    /// The key in use (the CSR is for it, or for its successor with key rotation).
+    /// The configured key (with `--rotate-key`, the one never deleted).
     pub key: KeyUri,
     /// The `--cert` file (None: the key's store).
     pub cert: Option<PathBuf>,
@@ -93,10 +122,11 @@ async fn respect_floor(
 }
 
 /// Renews until `stop`.
-pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::Receiver<bool>) {
+pub async fn run(renewal: Arc<Renewal>, mut stop: watch::Receiver<bool>) {
+    let (shared, settings) = (&renewal, &renewal.settings);
     let mut last_request: Option<std::time::Instant> = None;
     loop {
-        let chain = shared.upstream.resolver().chain();
+        let chain = shared.upstream.chain();
         let wait = match chain.first().and_then(|leaf| validity(leaf)) {
             Some((not_before, not_after)) => {
                 let lifetime = (not_after - not_before).max(0) as f64;
@@ -118,7 +148,6 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
         loop {
             let lifetime = shared
                 .upstream
-                .resolver()
                 .chain()
                 .first()
                 .and_then(|leaf| validity(leaf))
@@ -128,13 +157,10 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
                 return;
             }
             last_request = Some(std::time::Instant::now());
-            match renew_once(&shared, &settings).await {
+            match renew_once(shared, settings).await {
                 Ok(issued) => {
                     shared.metrics.renewal_succeeded(now_unix());
-                    *shared
-                        .renewal_error
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = None;
+                    shared.status.set(None);
                     tracing::info!(
                         subject = %issued.subject,
                         serial = %issued.serial,
@@ -148,10 +174,7 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
                     if matches!(e, LifecycleError::NotLonger { .. }) {
                         tracing::warn!("the signer caps certificate lifetimes: renewing again will not extend this identity; ask for a signer CA that lives longer");
                     }
-                    *shared
-                        .renewal_error
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    shared.status.set(Some(e.to_string()));
                     let retry_in = backoff.next_delay();
                     tracing::error!(error = %e, retry_in_secs = retry_in.as_secs(), "certificate renewal failed; the current certificate stays in use");
                     tokio::select! {
@@ -168,11 +191,8 @@ pub async fn run(shared: Arc<Shared>, settings: RenewSettings, mut stop: watch::
 /// One renewal: sign, submit, wait, check, write, install, prove. With `--rotate-key`, the key
 /// made for it is deleted on every failure after it was made (a smart card fills up with
 /// orphans otherwise).
-async fn renew_once(
-    shared: &Arc<Shared>,
-    settings: &RenewSettings,
-) -> Result<Issued, LifecycleError> {
-    let current = shared.key();
+async fn renew_once(shared: &Renewal, settings: &RenewSettings) -> Result<Issued, LifecycleError> {
+    let current = shared.upstream.key();
     // With --rotate-key the request is for a fresh key made in the same device; it is still
     // authenticated with the current key and certificate.
     let key = if settings.rotate_key {
@@ -202,11 +222,11 @@ async fn renew_once(
 /// with the current certificate, and checks what is issued: a client certificate for `key`
 /// that expires later than the one in use.
 async fn request_certificate(
-    shared: &Arc<Shared>,
+    shared: &Renewal,
     settings: &RenewSettings,
     key: &Arc<Key>,
 ) -> Result<Issued, LifecycleError> {
-    let previous_chain = shared.upstream.resolver().chain();
+    let previous_chain = shared.upstream.chain();
     let leaf = previous_chain.first().ok_or(LifecycleError::Subject {
         problem: SubjectProblem::NoCertificate,
     })?;
@@ -269,12 +289,12 @@ async fn request_certificate(
 
 /// The part of [`renew_once`] after the key is chosen: request, install, prove.
 async fn request_and_install(
-    shared: &Arc<Shared>,
+    shared: &Renewal,
     settings: &RenewSettings,
     current: &Arc<Key>,
     key: &Arc<Key>,
 ) -> Result<Issued, LifecycleError> {
-    let previous_chain = shared.upstream.resolver().chain();
+    let previous_chain = shared.upstream.chain();
     let issued = request_certificate(shared, settings, key).await?;
     let target = match &settings.cert {
         Some(p) => Target::File(p.clone()),
@@ -291,7 +311,7 @@ async fn request_and_install(
     shared.metrics.reload(true);
     if Arc::ptr_eq(key, current) {
         // Use it now, without waiting for the file watch; then prove the API server takes it.
-        shared.install_chain(issued.chain.clone())?;
+        shared.upstream.install_chain(issued.chain.clone())?;
         if let Err(refused) = upstream_accepts(shared).await {
             roll_back(shared, &target, &previous_chain, None).await?;
             return Err(LifecycleError::RefusedUpstream {
@@ -302,7 +322,9 @@ async fn request_and_install(
     }
     // Key rotation: switch, prove the new key and certificate upstream, remember the new key
     // for restarts, and delete the previous key only if this rotation series made it.
-    shared.install_key(key.clone(), issued.chain.clone())?;
+    shared
+        .upstream
+        .install_key(key.clone(), issued.chain.clone())?;
     if let Err(refused) = upstream_accepts(shared).await {
         let old_target = match &settings.cert {
             Some(p) => Target::File(p.clone()),
@@ -355,7 +377,7 @@ async fn retire_previous_key(previous: &KeyUri, configured: &KeyUri, new: &KeyUr
 /// was emptied at install) and one request: any HTTP answer means the API server took the
 /// client certificate (TLS 1.3 reports a refused one only after the client's Finished, so the
 /// handshake alone proves nothing).
-async fn upstream_accepts(shared: &Shared) -> Result<(), Refused> {
+async fn upstream_accepts(shared: &Renewal) -> Result<(), Refused> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let attempt = async {
         let mut conn = shared.upstream.connect(Some(b"http/1.1")).await?;
@@ -386,7 +408,7 @@ const UPSTREAM_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
 #[derive(Debug, thiserror::Error)]
 enum Refused {
     #[error(transparent)]
-    Connect(#[from] super::ProxyError),
+    Connect(#[from] UpstreamError),
     #[error("{0}")]
     Send(#[source] std::io::Error),
     #[error("no answer to a request: {0}")]
@@ -400,14 +422,14 @@ enum Refused {
 /// Puts the previous certificate (and, after a key rotation, the previous key) back in use and
 /// where it was stored.
 async fn roll_back(
-    shared: &Shared,
+    shared: &Renewal,
     target: &Target,
     chain: &[rustls::pki_types::CertificateDer<'static>],
     key: Option<&Arc<Key>>,
 ) -> Result<(), LifecycleError> {
     match key {
-        Some(k) => shared.install_key(k.clone(), chain.to_vec())?,
-        None => shared.install_chain(chain.to_vec())?,
+        Some(k) => shared.upstream.install_key(k.clone(), chain.to_vec())?,
+        None => shared.upstream.install_chain(chain.to_vec())?,
     }
     let target = target.clone();
     let chain = chain.to_vec();

@@ -19,6 +19,13 @@
 //! Several API servers: see [`super::endpoints`] (round robin over the healthy ones, each with
 //! its own tickets; a failed connection is retried on the next one before the client sees it).
 //!
+//! The upstream also holds the proxy's identity: the hardware key in use and its certificate
+//! chain (in the [`HardwareCertResolver`]), and the certificate *epoch* connections are tied to
+//! ([`super::rotation`]). Installing a renewed chain, or a rotated key with its chain, is one
+//! operation here ([`Upstream::install_chain`], [`Upstream::install_key`]): the resolver, an
+//! empty session store (no resumed session presents the old certificate), a new epoch and the
+//! certificate metrics change together.
+//!
 //! Threads: `connect` runs on the connection's task. The hardware signature of a full
 //! handshake happens inside rustls on that task's worker thread, under `block_in_place` (see
 //! [`crate::key::tls`]), so other connections keep moving on the remaining workers.
@@ -28,18 +35,22 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use rustls::client::Resumption;
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, HandshakeKind, RootCertStore};
+use tokio::sync::watch;
 use tokio_rustls::client::TlsStream;
 
-use super::config::UpstreamTarget;
 use super::endpoints::{Endpoint, Endpoints, Generation};
+use super::error::{StartError, UpstreamError};
 use super::metrics::{Metrics, UpstreamStage};
 use super::readahead::ReadAhead;
+use super::rotation::{self, CertEpoch};
 use super::sessions::Warmup;
-use super::ProxyError;
+use super::settings::UpstreamSettings;
 use crate::egress::{Egress, EgressError, Tunnel};
-use crate::key::tls::HardwareCertResolver;
+use crate::endpoint::UpstreamTarget;
+use crate::key::tls::{HardwareCertResolver, HardwareSigningKey};
+use crate::key::{Key, KeyError};
 use crate::pki::tls::KeyExchange;
 
 /// The application protocols the proxy bridges (what kubectl, client-go and kubelet speak).
@@ -58,17 +69,12 @@ pub struct UpstreamConn {
     pub resumed: bool,
 }
 
-/// Where the upstream is and how connections get there.
-#[derive(Debug, Clone)]
-pub struct Route {
-    /// The API servers (at least one), tried round robin.
-    pub targets: Vec<UpstreamTarget>,
-    /// Straight, or through a forward proxy.
-    pub egress: Egress,
-    /// The TLS 1.3 key exchange offered.
-    pub key_exchange: KeyExchange,
-    /// How long one connection attempt (TCP, tunnel and TLS) to one API server may take.
-    pub attempt_timeout: Duration,
+/// The proxy's identity: the hardware key in use and the resolver presenting it with its chain.
+pub struct Identity {
+    /// The key (replaced by `--rotate-key`).
+    pub key: Arc<Key>,
+    /// Presents the key's chain and signs with it.
+    pub resolver: Arc<HardwareCertResolver>,
 }
 
 /// The upstream connector, shared by all connection tasks.
@@ -77,7 +83,9 @@ pub struct Upstream {
     egress: Egress,
     kx: KeyExchange,
     attempt_timeout: Duration,
+    key: RwLock<Arc<Key>>,
     resolver: Arc<HardwareCertResolver>,
+    epoch: watch::Sender<CertEpoch>,
     roots: RwLock<Arc<RootCertStore>>,
     versions: &'static [&'static rustls::SupportedProtocolVersion],
     refused_alpn: Mutex<HashSet<Vec<u8>>>,
@@ -93,46 +101,92 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    /// A connector along `route`, verifying each API server's certificate against `roots`
-    /// under `server_name` (default: that endpoint's host).
+    /// A connector to `settings`' API servers, verifying each one's certificate against
+    /// `roots` under the configured server name (default: that endpoint's host), presenting
+    /// `identity`.
     pub fn new(
-        route: Route,
-        server_name: Option<&str>,
-        resolver: Arc<HardwareCertResolver>,
+        settings: &UpstreamSettings,
+        identity: Identity,
         roots: RootCertStore,
         versions: &'static [&'static rustls::SupportedProtocolVersion],
         metrics: Arc<Metrics>,
-    ) -> Result<Upstream, ProxyError> {
-        let Route {
-            targets,
-            egress,
-            key_exchange: kx,
-            attempt_timeout,
-        } = route;
-        let mut list = Vec::with_capacity(targets.len());
-        for target in targets {
-            let name = server_name.unwrap_or(&target.host).to_string();
-            let server_name =
-                ServerName::try_from(name.clone()).map_err(|_| ProxyError::InvalidServerName {
-                    given: name.clone(),
-                })?;
+    ) -> Result<Upstream, StartError> {
+        let mut list = Vec::with_capacity(settings.targets.len());
+        for target in &settings.targets {
+            let name = settings
+                .tls_server_name
+                .as_deref()
+                .unwrap_or(&target.host)
+                .to_string();
+            let server_name = ServerName::try_from(name.clone())
+                .map_err(|_| StartError::InvalidServerName { given: name })?;
             let m = metrics.endpoint(&target.authority());
-            list.push(Endpoint::new(target, server_name, m));
+            list.push(Endpoint::new(target.clone(), server_name, m));
         }
-        if list.is_empty() {
-            return Err(ProxyError::NoUpstream);
-        }
+        let chain = identity.resolver.chain();
+        metrics.certificate(rotation::not_after_unix(&chain));
         Ok(Upstream {
             endpoints: Endpoints::new(list),
-            egress,
-            kx,
-            attempt_timeout,
-            resolver,
+            egress: settings.egress.clone(),
+            kx: settings.key_exchange,
+            attempt_timeout: settings.handshake_timeout,
+            key: RwLock::new(identity.key),
+            resolver: identity.resolver,
+            epoch: rotation::first(&chain),
             roots: RwLock::new(Arc::new(roots)),
             versions,
             refused_alpn: Mutex::new(HashSet::new()),
             metrics,
         })
+    }
+
+    /// The hardware key in use now.
+    pub fn key(&self) -> Arc<Key> {
+        self.key.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The certificate chain in use now.
+    pub fn chain(&self) -> Vec<CertificateDer<'static>> {
+        self.resolver.chain()
+    }
+
+    /// The certificate generation in use now.
+    pub fn epoch(&self) -> CertEpoch {
+        *self.epoch.borrow()
+    }
+
+    /// Follows the certificate generations (a connection ends when its own is retired).
+    pub fn epochs(&self) -> watch::Receiver<CertEpoch> {
+        self.epoch.subscribe()
+    }
+
+    /// Installs a chain for new connections: the resolver's chain, an empty session store (no
+    /// resumed session presents the old certificate), a new epoch (connections opened before
+    /// end per `--rotation-close`), and the certificate metrics.
+    pub fn install_chain(&self, chain: Vec<CertificateDer<'static>>) -> Result<(), KeyError> {
+        self.resolver.replace_chain(chain.clone())?;
+        self.installed(&chain);
+        Ok(())
+    }
+
+    /// Switches to another key and its chain (`--rotate-key`), as one step: a handshake never
+    /// pairs a key with another key's certificate.
+    pub fn install_key(
+        &self,
+        key: Arc<Key>,
+        chain: Vec<CertificateDer<'static>>,
+    ) -> Result<(), KeyError> {
+        self.resolver
+            .replace_key(HardwareSigningKey::new(key.clone()), chain.clone())?;
+        *self.key.write().unwrap_or_else(|p| p.into_inner()) = key;
+        self.installed(&chain);
+        Ok(())
+    }
+
+    fn installed(&self, chain: &[CertificateDer<'static>]) {
+        self.reset_sessions();
+        rotation::advance(&self.epoch, chain);
+        self.metrics.certificate(rotation::not_after_unix(chain));
     }
 
     /// The first API server (the one renewals and messages name).
@@ -159,14 +213,12 @@ impl Upstream {
     }
 
     /// Opens a stream to `target`: straight, or through the forward proxy.
-    pub async fn dial(&self, target: &UpstreamTarget) -> Result<Tunnel, ProxyError> {
+    pub async fn dial(&self, target: &UpstreamTarget) -> Result<Tunnel, UpstreamError> {
         let addr = target.authority();
         match self.egress.dial(&target.host, target.port).await {
             Ok(t) => Ok(t),
-            Err(EgressError::Direct { source, .. }) => {
-                Err(ProxyError::UpstreamConnect { addr, source })
-            }
-            Err(source) => Err(ProxyError::UpstreamVia { addr, source }),
+            Err(EgressError::Direct { source, .. }) => Err(UpstreamError::Connect { addr, source }),
+            Err(source) => Err(UpstreamError::Via { addr, source }),
         }
     }
 
@@ -205,7 +257,7 @@ impl Upstream {
     /// Connects to an API server offering exactly `alpn`: the endpoints in
     /// [`Endpoints::order`], each attempt within the attempt timeout; an endpoint that fails
     /// is marked down and the next one is tried. Fails with the last endpoint's error.
-    pub async fn connect(&self, alpn: Option<&[u8]>) -> Result<UpstreamConn, ProxyError> {
+    pub async fn connect(&self, alpn: Option<&[u8]>) -> Result<UpstreamConn, UpstreamError> {
         let mut last = None;
         for i in self.endpoints.order() {
             let endpoint = &self.endpoints.list[i];
@@ -220,7 +272,7 @@ impl Upstream {
                 Ok(Err(e)) => e,
                 Err(_) => {
                     self.metrics.upstream_error(UpstreamStage::Timeout);
-                    ProxyError::UpstreamTimeout {
+                    UpstreamError::Timeout {
                         addr: endpoint.target.authority(),
                         after: self.attempt_timeout,
                     }
@@ -229,7 +281,7 @@ impl Upstream {
             endpoint.failed(&error);
             last = Some(error);
         }
-        Err(last.unwrap_or(ProxyError::NoUpstream))
+        Err(last.unwrap_or(UpstreamError::NoEndpoint))
     }
 
     /// One attempt: TCP (or a tunnel) and the TLS handshake with `endpoint`.
@@ -237,7 +289,7 @@ impl Upstream {
         &self,
         endpoint: &Endpoint,
         alpn: Option<&[u8]>,
-    ) -> Result<UpstreamConn, ProxyError> {
+    ) -> Result<UpstreamConn, UpstreamError> {
         let addr = endpoint.target.authority();
         let tcp = match self.dial(&endpoint.target).await {
             Ok(t) => t,
@@ -289,19 +341,19 @@ impl Upstream {
         addr: String,
         alpn: Option<&[u8]>,
         source: std::io::Error,
-    ) -> ProxyError {
+    ) -> UpstreamError {
         let text = crate::error_chain::error_chain(&source);
         if let (Some(p), true) = (alpn, text.contains("NoApplicationProtocol")) {
             self.refuse_alpn(p);
             self.metrics.upstream_error(UpstreamStage::Alpn);
-            return ProxyError::UpstreamAlpn {
+            return UpstreamError::Alpn {
                 addr,
                 asked: String::from_utf8_lossy(p).into_owned(),
                 got: "a no_application_protocol alert".into(),
             };
         }
         self.metrics.upstream_error(UpstreamStage::Handshake);
-        ProxyError::UpstreamHandshake { addr, source }
+        UpstreamError::Handshake { addr, source }
     }
 
     /// RFC 7301: a server that answers without any protocol simply does not do ALPN, and such
@@ -312,7 +364,7 @@ impl Upstream {
         addr: &str,
         asked: Option<&[u8]>,
         got: Option<&[u8]>,
-    ) -> Result<(), ProxyError> {
+    ) -> Result<(), UpstreamError> {
         let Some(asked) = asked else { return Ok(()) };
         let no_alpn_http1 = got.is_none() && asked == b"http/1.1";
         if got == Some(asked) || no_alpn_http1 {
@@ -320,7 +372,7 @@ impl Upstream {
         }
         self.refuse_alpn(asked);
         self.metrics.upstream_error(UpstreamStage::Alpn);
-        Err(ProxyError::UpstreamAlpn {
+        Err(UpstreamError::Alpn {
             addr: addr.to_string(),
             asked: String::from_utf8_lossy(asked).into_owned(),
             got: got
@@ -349,7 +401,7 @@ impl Upstream {
         generation: &Generation,
         alpn: Option<&[u8]>,
         addr: &str,
-    ) -> Result<Arc<ClientConfig>, ProxyError> {
+    ) -> Result<Arc<ClientConfig>, UpstreamError> {
         let mut configs = generation.configs.lock().unwrap_or_else(|p| p.into_inner());
         let key = alpn.map(<[u8]>::to_vec);
         if let Some(c) = configs.get(&key) {
@@ -358,7 +410,7 @@ impl Upstream {
         let roots = self.roots.read().unwrap_or_else(|p| p.into_inner()).clone();
         let mut config =
             crate::pki::tls::client_config(self.versions, roots, self.resolver.clone(), self.kx)
-                .map_err(|e| ProxyError::UpstreamTls {
+                .map_err(|e| UpstreamError::Tls {
                     addr: addr.to_string(),
                     source: e,
                 })?;
@@ -374,12 +426,10 @@ impl Upstream {
 /// tried): TCP, the tunnel or the TLS handshake. A protocol the upstream refused is not the
 /// endpoint's fault, nor is a hardware signature that failed (another endpoint would only ask
 /// the hardware again).
-fn endpoint_failure(e: &ProxyError) -> bool {
+fn endpoint_failure(e: &UpstreamError) -> bool {
     match e {
-        ProxyError::UpstreamConnect { .. } | ProxyError::UpstreamVia { .. } => true,
-        ProxyError::UpstreamHandshake { source, .. } => {
-            !crate::key::tls::is_signature_failure(source)
-        }
+        UpstreamError::Connect { .. } | UpstreamError::Via { .. } => true,
+        UpstreamError::Handshake { source, .. } => !crate::key::tls::is_signature_failure(source),
         _ => false,
     }
 }

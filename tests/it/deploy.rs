@@ -12,11 +12,12 @@ use support::{hwkey, run_ok, temp_dir};
 #[test]
 fn the_example_kubelet_config_is_a_valid_proxy_config() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubelet.toml.example");
-    let config = hwkey::proxy::FileConfig::load(std::path::Path::new(path))
+    let config = hwkey::proxy::SettingsInput::from_file(std::path::Path::new(path))
         .unwrap_or_else(|e| panic!("{path}: {e}"));
     assert!(matches!(config.key, Some(hwkey::key::KeyUri::Tpm(_))));
     assert_eq!(config.listen.len(), 2);
     assert!(!config.upstream.is_empty() && config.upstream_ca.is_some());
+    config.resolve().unwrap_or_else(|e| panic!("{path}: {e}"));
 }
 
 /// `deploy/proxy.example.toml` parses, and documents every flag of `hwkey proxy` that a file
@@ -24,7 +25,7 @@ fn the_example_kubelet_config_is_a_valid_proxy_config() {
 #[test]
 fn the_annotated_example_config_parses_and_covers_every_flag() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/proxy.example.toml");
-    let config = hwkey::proxy::FileConfig::load(std::path::Path::new(path))
+    let config = hwkey::proxy::SettingsInput::from_file(std::path::Path::new(path))
         .unwrap_or_else(|e| panic!("{path}: {e}"));
     assert!(matches!(config.key, Some(hwkey::key::KeyUri::Pkcs11(_))));
     assert_eq!(config.listen.len(), 2);

@@ -246,7 +246,7 @@ fn config_files_never_panic() {
                 .join(format!("c{n}.{}", if yaml { "yaml" } else { "toml" }));
             std::fs::write(&path, text.replace(" = ", if yaml { ": " } else { " = " }))
                 .expect("write");
-            let _ = hwkey::proxy::FileConfig::load(&path);
+            let _ = hwkey::proxy::SettingsInput::from_file(&path);
             Ok(())
         })
         .expect("property");

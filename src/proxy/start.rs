@@ -1,0 +1,416 @@
+//! Starting the proxy: open the key, bind every socket, build each component from the handles
+//! it uses, run until a stop cause, drain.
+//!
+//! The key is opened on the calling thread, before any runtime exists (a PIN prompt or a slow
+//! token never stalls a runtime). [`run`] builds every runtime itself, all multi-thread, so a
+//! current-thread runtime (where `block_in_place` is impossible) cannot happen: the main runtime
+//! (one worker: accept, control, admin, reload, renewal) and the connection threads
+//! ([`super::threads`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use super::admin::{self, Admin};
+use super::admission::Admission;
+use super::bridge::Bridge;
+use super::control::{self, Control};
+use super::error::StartError;
+use super::lifetime::{self, Activity, StopReason};
+use super::listener::{self, Bound, Clients, LocalTls};
+use super::metrics::Metrics;
+use super::reload::{self, Reloader};
+use super::renewal::{self, RenewSettings, Renewal, RenewalStatus};
+use super::settings::Settings;
+use super::threads::{ConnectionThreads, Spawner};
+use super::upstream::{Identity, Upstream};
+use super::{limits, notify};
+use crate::endpoint::ListenAddr;
+use crate::key::tls::{HardwareCertResolver, HardwareSigningKey};
+use crate::key::Key;
+use crate::pki::cert;
+use crate::pki::loopback_ca::LoopbackCa;
+
+/// Runs the proxy until a stop cause (signal, lock owner gone, idle), then drains and returns
+/// why it stopped.
+pub fn run(settings: Settings) -> Result<StopReason, StartError> {
+    let opened = open(&settings)?;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let connections = ConnectionThreads::new(cores).map_err(StartError::Runtime)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("hwkey-proxy")
+        .enable_all()
+        .build()
+        .map_err(StartError::Runtime)?;
+    let result = runtime.block_on(serve(settings, opened, connections.spawner()));
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    connections.shutdown(Duration::from_secs(1));
+    result
+}
+
+/// What is opened before any runtime exists.
+struct Opened {
+    identity: Identity,
+    versions: &'static [&'static rustls::SupportedProtocolVersion],
+    roots: rustls::RootCertStore,
+    ca: LoopbackCa,
+}
+
+/// Opens the key in use (with `--rotate-key`, the one a rotation left), its chain, the
+/// upstream trust and the loopback CA; refuses, in words, a key that cannot sign any handshake
+/// the upstream could accept.
+fn open(settings: &Settings) -> Result<Opened, StartError> {
+    let mut uri = settings.key.uri.clone();
+    if settings.renewal.as_ref().is_some_and(|r| r.rotate_key) {
+        uri = renewal::current_key(&uri, &settings.state_dir);
+        renewal::next_key_uri(&uri).map_err(StartError::RotateKey)?;
+    }
+    let key = Arc::new(Key::open(&uri)?);
+    key.require_non_extractable(settings.key.require_non_extractable)?;
+    let versions = crate::key::tls::protocol_versions(&key, settings.key.allow_tls12_fallback)?;
+    let chain = cert::chain_for_key(&key, settings.key.cert.as_deref())?;
+    cert::ensure_matches(&chain[0], &key)?;
+    let resolver = Arc::new(HardwareCertResolver::new(
+        HardwareSigningKey::new(key.clone()),
+        chain,
+    )?);
+    Ok(Opened {
+        identity: Identity { key, resolver },
+        versions,
+        roots: crate::pki::tls::root_store(settings.upstream.ca.as_deref())
+            .map_err(StartError::UpstreamCa)?,
+        ca: LoopbackCa::load_or_create(&settings.state_dir)?,
+    })
+}
+
+/// The tasks of a running proxy: awaited at the stop, but the reloader, which is aborted.
+struct Running {
+    tasks: Vec<JoinHandle<()>>,
+    reloader: JoinHandle<Result<(), StartError>>,
+}
+
+async fn serve(
+    settings: Settings,
+    opened: Opened,
+    connections: Spawner,
+) -> Result<StopReason, StartError> {
+    let metrics = Arc::new(Metrics::default());
+    let key = opened.identity.key.clone();
+    let upstream = Arc::new(Upstream::new(
+        &settings.upstream,
+        opened.identity,
+        opened.roots,
+        opened.versions,
+        metrics.clone(),
+    )?);
+    // Bound before announcing readiness; the socket files go when `sockets` drops (any early
+    // return, and the stop, before draining).
+    let mut sockets = SocketFiles::default();
+    let bound = BoundSet::bind(&settings, &mut sockets)?;
+    let activity = Arc::new(Activity::new(metrics.clone()));
+    let parts = Parts {
+        upstream,
+        metrics,
+        activity: activity.clone(),
+        connections,
+        versions: opened.versions,
+        ca: opened.ca,
+    };
+    let (stop_tx, stop) = watch::channel(false);
+    let announced = bound.addrs();
+    let running = spawn(&settings, parts, bound, &stop)?;
+    let lock = match settings.lifetime.lock_file.as_ref() {
+        Some(p) => Some((p.clone(), lifetime::open_lock_file(p)?)),
+        None => None,
+    };
+    announce_ready(&settings, &announced, &key);
+    let reason = lifetime::wait_for_stop(activity.clone(), lock, settings.lifetime.idle_exit).await;
+    notify::stopping();
+    let _ = stop_tx.send(true);
+    drop(sockets);
+    for t in running.tasks {
+        let _ = t.await;
+    }
+    running.reloader.abort();
+    let reason = reason?;
+    drain(&activity, settings.lifetime.drain_timeout, &reason).await;
+    Ok(reason)
+}
+
+/// What the components are built from.
+struct Parts {
+    upstream: Arc<Upstream>,
+    metrics: Arc<Metrics>,
+    activity: Arc<Activity>,
+    connections: Spawner,
+    versions: &'static [&'static rustls::SupportedProtocolVersion],
+    ca: LoopbackCa,
+}
+
+/// Builds each component from the handles it uses and starts its task: the client accept
+/// loop, the control socket, the admin listener, the renewal (`--renew`) and the reloader.
+fn spawn(
+    settings: &Settings,
+    parts: Parts,
+    bound: BoundSet,
+    stop: &watch::Receiver<bool>,
+) -> Result<Running, StartError> {
+    let addrs = bound.client_addrs();
+    let clients = clients(settings, &parts, &addrs)?;
+    let status = Arc::new(RenewalStatus::default());
+    let admin = admin_of(settings, &parts, status.clone());
+    let renewal = renewal_of(settings, &parts, status);
+    let reloader = Reloader {
+        upstream: parts.upstream.clone(),
+        metrics: parts.metrics.clone(),
+        cert: settings.key.cert.clone(),
+        upstream_ca: settings.upstream.ca.clone(),
+        interval: settings.reload.interval,
+    };
+    let control = control(settings, parts, &addrs);
+    let mut tasks = vec![
+        tokio::spawn(listener::accept_loop(
+            Arc::new(clients),
+            bound.clients,
+            stop.clone(),
+        )),
+        tokio::spawn(control::serve(
+            Arc::new(control),
+            bound.control,
+            stop.clone(),
+        )),
+    ];
+    if let Some(a) = bound.admin {
+        tasks.push(tokio::spawn(admin::serve(Arc::new(admin), a, stop.clone())));
+    }
+    if let Some(r) = renewal {
+        tasks.push(tokio::spawn(renewal::run(Arc::new(r), stop.clone())));
+    }
+    let reloader = tokio::spawn(reload::watch(Arc::new(reloader), stop.clone()));
+    Ok(Running { tasks, reloader })
+}
+
+/// The client connections' component (and the bridge they use).
+fn clients(
+    settings: &Settings,
+    parts: &Parts,
+    bound: &[ListenAddr],
+) -> Result<Clients, StartError> {
+    let c = &settings.clients;
+    Ok(Clients {
+        local_tls: LocalTls::new(&parts.ca, &listener::loopback_names(bound))?,
+        preauth: Admission::new(
+            listener::PREAUTH_BUDGET,
+            listener::PREAUTH_RESERVED,
+            privileged_uids(&c.allow_uids),
+        ),
+        slots: Arc::new(Semaphore::new(limits::fit_connections(
+            c.max_connections.max(1),
+            parts.connections.threads() + 1,
+        ))),
+        allowed_uids: c.allow_uids.clone(),
+        handshake_timeout: c.handshake_timeout,
+        metrics: parts.metrics.clone(),
+        activity: parts.activity.clone(),
+        connections: parts.connections.clone(),
+        bridge: Bridge {
+            upstream: parts.upstream.clone(),
+            metrics: parts.metrics.clone(),
+            idle_timeout: c.idle_timeout,
+            rotation_close: c.rotation_close,
+        },
+    })
+}
+
+/// The control socket's component: the loopback CA it mints with, and what it announces (the
+/// first loopback TLS listener's URL and the UNIX sockets).
+fn control(settings: &Settings, parts: Parts, bound: &[ListenAddr]) -> Control {
+    let loopback_url = bound.iter().find_map(|a| match a {
+        ListenAddr::Tcp(s) => Some(format!("https://{s}")),
+        ListenAddr::Unix(_) => None,
+    });
+    let unix_sockets = bound
+        .iter()
+        .filter_map(|a| match a {
+            ListenAddr::Unix(p) => Some(p.clone()),
+            ListenAddr::Tcp(_) => None,
+        })
+        .collect();
+    Control {
+        ca: parts.ca,
+        credential_validity: settings.clients.credential_validity,
+        loopback_url,
+        unix_sockets,
+        allowed_uids: settings.clients.allow_uids.clone(),
+        activity: parts.activity,
+        metrics: parts.metrics,
+        upstream: parts.upstream,
+    }
+}
+
+fn admin_of(settings: &Settings, parts: &Parts, renewal: Arc<RenewalStatus>) -> Admin {
+    Admin {
+        upstream: parts.upstream.clone(),
+        metrics: parts.metrics.clone(),
+        health: admin::HealthState::default(),
+        admission: Admission::new(
+            admin::ADMIN_MAX_CONNECTIONS,
+            admin::ADMIN_RESERVED,
+            privileged_uids(&settings.clients.allow_uids),
+        ),
+        allowed_uids: settings.clients.allow_uids.clone(),
+        renewal,
+    }
+}
+
+fn renewal_of(settings: &Settings, parts: &Parts, status: Arc<RenewalStatus>) -> Option<Renewal> {
+    let r = settings.renewal.as_ref()?;
+    Some(Renewal {
+        upstream: parts.upstream.clone(),
+        metrics: parts.metrics.clone(),
+        status,
+        settings: RenewSettings {
+            key: settings.key.uri.clone(),
+            cert: settings.key.cert.clone(),
+            // The first API server; the others serve the proxied traffic just the same.
+            server: settings
+                .upstream
+                .targets
+                .first()
+                .map(|u| format!("https://{}", u.authority()))
+                .unwrap_or_default(),
+            upstream_ca: settings.upstream.ca.clone(),
+            tls_server_name: settings.upstream.tls_server_name.clone(),
+            versions: parts.versions,
+            rotate_key: r.rotate_key,
+            attest: r.attest,
+            state_dir: settings.state_dir.clone(),
+        },
+    })
+}
+
+/// Waits for open connections to finish, at most `timeout`, and says how the proxy stopped.
+async fn drain(activity: &Activity, timeout: Duration, reason: &StopReason) {
+    tracing::info!(%reason, open = activity.open(), "stopping: draining open connections");
+    if lifetime::drain(activity, timeout).await {
+        eprintln!("hwkey proxy: stopped ({reason})");
+    } else {
+        eprintln!(
+            "hwkey proxy: stopped ({reason}); {} connection(s) still open after {timeout:?} were closed",
+            activity.open(),
+        );
+    }
+}
+
+/// The ready line (tests and supervisors wait for it; it holds no secret), the log line and
+/// systemd's READY=1.
+fn announce_ready(settings: &Settings, bound: &Announced, key: &Key) {
+    let listen_text: Vec<String> = bound.clients.iter().map(ToString::to_string).collect();
+    let via = settings
+        .upstream
+        .targets
+        .first()
+        .and_then(|u| settings.upstream.egress.proxy_for(&u.host, u.port))
+        .map(|p| format!(" via={p}"))
+        .unwrap_or_default();
+    let upstreams = settings.upstream_text();
+    eprintln!(
+        "hwkey proxy: ready: listen={} control=unix:{} admin={} upstream={}{via} key={}",
+        listen_text.join(","),
+        settings.state_dir.control_socket().display(),
+        bound
+            .admin
+            .as_ref()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "none".into()),
+        upstreams,
+        key.describe(),
+    );
+    tracing::info!(listen = %listen_text.join(","), upstream = %upstreams, "proxy ready");
+    notify::ready();
+}
+
+/// Every socket the proxy listens on, bound.
+struct BoundSet {
+    clients: Vec<Bound>,
+    control: tokio::net::UnixListener,
+    admin: Option<Bound>,
+}
+
+/// What the ready line names.
+struct Announced {
+    clients: Vec<ListenAddr>,
+    admin: Option<ListenAddr>,
+}
+
+impl BoundSet {
+    fn bind(settings: &Settings, sockets: &mut SocketFiles) -> Result<BoundSet, StartError> {
+        let unsafe_listen = settings.clients.unsafe_listen;
+        let mut clients = Vec::new();
+        for addr in &settings.clients.listen {
+            clients.push(sockets.track(listener::bind(addr, unsafe_listen)?));
+        }
+        let control_path = settings.state_dir.control_socket();
+        let control = listener::bind_unix(&control_path)?;
+        sockets.0.push(control_path);
+        let admin = match &settings.admin {
+            Some(a) => Some(sockets.track(listener::bind(&a.listen, unsafe_listen)?)),
+            None => None,
+        };
+        Ok(BoundSet {
+            clients,
+            control,
+            admin,
+        })
+    }
+
+    /// The client listeners' addresses (ports resolved).
+    fn client_addrs(&self) -> Vec<ListenAddr> {
+        self.clients.iter().map(Bound::addr).collect()
+    }
+
+    fn addrs(&self) -> Announced {
+        Announced {
+            clients: self.client_addrs(),
+            admin: self.admin.as_ref().map(Bound::addr),
+        }
+    }
+}
+
+/// The UNIX socket files the proxy created, removed when this is dropped (so no exit path
+/// leaves a socket file that nobody answers on).
+#[derive(Default)]
+struct SocketFiles(Vec<PathBuf>);
+
+impl SocketFiles {
+    /// Remembers `bound`'s socket file, if it has one.
+    fn track(&mut self, bound: Bound) -> Bound {
+        if let Some(p) = bound.socket_path() {
+            self.0.push(p.to_path_buf());
+        }
+        bound
+    }
+}
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            if let Err(e) = std::fs::remove_file(p) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %p.display(), error = %e, "cannot remove socket");
+                }
+            }
+        }
+    }
+}
+
+/// The proxy's own uid and the `--allow-uid` ones: never turned away by other uids' floods.
+fn privileged_uids(allowed: &[u32]) -> Vec<u32> {
+    let mut uids = vec![listener::own_uid()];
+    uids.extend_from_slice(allowed);
+    uids
+}
