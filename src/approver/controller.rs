@@ -106,6 +106,22 @@ struct Writing {
 type WriteFuture = Pin<Box<dyn Future<Output = (String, Result<Recorded, ApproverError>)> + Send>>;
 type Refresh = Pin<Box<dyn Future<Output = Result<(), ApproverError>> + Send>>;
 
+/// What the loop does after one watcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Start a new watcher (a full list).
+    Resync,
+    /// Stop.
+    End,
+}
+
+/// What the loop has in flight besides the watcher.
+struct InFlight {
+    writes: FuturesUnordered<WriteFuture>,
+    refresh: Option<Refresh>,
+    tick: tokio::time::Interval,
+}
+
 /// Whether the loop follows the requests until stopped, or decides the listed ones and ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -191,76 +207,93 @@ impl Controller {
         mut leading: watch::Receiver<bool>,
         mut stop: watch::Receiver<bool>,
     ) -> Round {
-        let mut writes: FuturesUnordered<WriteFuture> = FuturesUnordered::new();
-        let mut refresh: Option<Refresh> = None;
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        'resync: loop {
-            let mut stream =
-                std::pin::pin!(
-                    watcher::watcher(self.api.clone(), self.watcher_config()).default_backoff()
-                );
-            let resync_at = tokio::time::Instant::now() + RESYNC;
-            let mut listening = true;
-            loop {
-                let may_write = *leading.borrow() && self.listing.is_none() && self.listed_once;
-                if may_write {
-                    self.dispatch(&mut writes, &mut refresh);
-                }
-                if mode == Mode::Once
-                    && self.listed_once
-                    && self.queue.is_empty()
-                    && writes.is_empty()
-                {
-                    break 'resync;
-                }
-                // Requests a full lane left out come back as soon as there is room for them.
-                if mode == Mode::Follow
-                    && self.deferred
-                    && self.listing.is_none()
-                    && self.queue.len() < LANE_MAX / 2
-                {
-                    self.deferred = false;
-                    continue 'resync;
-                }
-                let next_due = self.queue.next_due();
-                tokio::select! {
-                    _ = crate::stop::stopped(&mut stop) => break 'resync,
-                    event = stream.next(), if listening => match event {
-                        Some(event) => {
-                            self.on_event(event);
-                            if mode == Mode::Once && self.listed_once && self.listing.is_none() {
-                                listening = false;
-                            }
-                        }
-                        None => continue 'resync,
-                    },
-                    Some((uid, result)) = writes.next(), if !writes.is_empty() => {
-                        self.on_written(&uid, result, mode);
-                    }
-                    result = async { refresh.as_mut().expect("guarded").await }, if refresh.is_some() => {
-                        refresh = None;
-                        if let Err(e) = result {
-                            tracing::warn!(error = %e, "cannot read the trust source to settle requests; retrying");
-                            self.trust_retry_at = Some(Instant::now() + TRUST_RETRY);
-                            if mode == Mode::Once {
-                                self.fail_waiting_settles(e);
-                            }
-                        }
-                    }
-                    _ = sleep_until(next_due), if next_due.is_some() => {}
-                    changed = leading.changed() => if changed.is_err() { break 'resync },
-                    _ = tokio::time::sleep_until(resync_at), if mode == Mode::Follow => continue 'resync,
-                    _ = tick.tick() => self.housekeeping(),
-                }
-            }
-        }
+        let mut io = InFlight {
+            writes: FuturesUnordered::new(),
+            refresh: None,
+            tick: tokio::time::interval(Duration::from_secs(1)),
+        };
+        while self.one_watch(mode, &mut leading, &mut stop, &mut io).await == Next::Resync {}
         // Writes already sent finish before the loop ends.
-        while let Some((uid, result)) = writes.next().await {
+        while let Some((uid, result)) = io.writes.next().await {
             self.on_written(&uid, result, mode);
         }
         Round {
             decisions: std::mem::take(&mut self.decided),
             failures: std::mem::take(&mut self.failures),
+        }
+    }
+
+    /// One watcher, from its list to a resync or the end.
+    async fn one_watch(
+        &mut self,
+        mode: Mode,
+        leading: &mut watch::Receiver<bool>,
+        stop: &mut watch::Receiver<bool>,
+        io: &mut InFlight,
+    ) -> Next {
+        let mut stream = std::pin::pin!(
+            watcher::watcher(self.api.clone(), self.watcher_config()).default_backoff()
+        );
+        let resync_at = tokio::time::Instant::now() + RESYNC;
+        let mut listening = true;
+        loop {
+            if let Some(next) = self.before_waiting(mode, *leading.borrow(), io) {
+                return next;
+            }
+            let next_due = self.queue.next_due();
+            let refreshing = io.refresh.is_some();
+            tokio::select! {
+                _ = crate::stop::stopped(stop) => return Next::End,
+                event = stream.next(), if listening => match event {
+                    Some(event) => {
+                        self.on_event(event);
+                        listening = mode == Mode::Follow || !self.listed_once || self.listing.is_some();
+                    }
+                    None => return Next::Resync,
+                },
+                Some((uid, result)) = io.writes.next(), if !io.writes.is_empty() => {
+                    self.on_written(&uid, result, mode);
+                }
+                Some(result) = futures::future::OptionFuture::from(io.refresh.as_mut()), if refreshing => {
+                    io.refresh = None;
+                    self.refreshed(result, mode);
+                }
+                _ = sleep_until(next_due), if next_due.is_some() => {}
+                changed = leading.changed() => if changed.is_err() { return Next::End },
+                _ = tokio::time::sleep_until(resync_at), if mode == Mode::Follow => return Next::Resync,
+                _ = io.tick.tick() => self.housekeeping(),
+            }
+        }
+    }
+
+    /// What happens before the loop waits: writes start while leading; `--once` ends when the
+    /// list is decided; requests a full lane left out come back once there is room for them.
+    fn before_waiting(&mut self, mode: Mode, leading: bool, io: &mut InFlight) -> Option<Next> {
+        if leading && self.listing.is_none() && self.listed_once {
+            self.dispatch(&mut io.writes, &mut io.refresh);
+        }
+        if mode == Mode::Once && self.listed_once && self.queue.is_empty() && io.writes.is_empty() {
+            return Some(Next::End);
+        }
+        if mode == Mode::Follow
+            && self.deferred
+            && self.listing.is_none()
+            && self.queue.len() < LANE_MAX / 2
+        {
+            self.deferred = false;
+            return Some(Next::Resync);
+        }
+        None
+    }
+
+    /// A trust reading for waiting settlements ended.
+    fn refreshed(&mut self, result: Result<(), ApproverError>, mode: Mode) {
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "cannot read the trust source to settle requests; retrying");
+            self.trust_retry_at = Some(Instant::now() + TRUST_RETRY);
+            if mode == Mode::Once {
+                self.fail_waiting_settles(e);
+            }
         }
     }
 
@@ -414,21 +447,27 @@ impl Controller {
                     (seen, decision, granted)
                 }
             };
-            self.writing.insert(
-                uid.clone(),
-                Writing {
-                    decision: decision.clone(),
-                    granted,
-                },
-            );
-            writes.push(write(
-                self.api.clone(),
-                self.validity.clone(),
-                uid,
-                *seen,
-                decision,
-            ));
+            writes.push(self.start_write(uid, *seen, decision, granted));
         }
+    }
+
+    /// Remembers what is being written (to give the evidence back if the write fails) and
+    /// returns the write.
+    fn start_write(
+        &mut self,
+        uid: String,
+        seen: Seen,
+        decision: Decision,
+        granted: Option<Box<Candidate>>,
+    ) -> WriteFuture {
+        self.writing.insert(
+            uid.clone(),
+            Writing {
+                decision: decision.clone(),
+                granted,
+            },
+        );
+        write(self.api.clone(), self.validity.clone(), uid, seen, decision)
     }
 
     fn start_refresh(&mut self, refresh: &mut Option<Refresh>) {

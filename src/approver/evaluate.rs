@@ -23,13 +23,22 @@ use k8s_openapi::api::certificates::v1::{
 };
 
 use super::policy::{self, Reason, Violation};
-use super::OnMissingEvidence;
 use crate::pki::attestation::{self, Attested};
 use crate::pki::request::Request;
 
 /// How far a node's clock may run ahead of the API server's: evidence made up to this long
 /// after its request was created is still fresh.
 pub const CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
+
+/// What to do with a request that carries no evidence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnMissingEvidence {
+    /// Deny it (`NoEvidence`): only attested keys get in.
+    #[default]
+    Deny,
+    /// Leave it to other approvers.
+    Ignore,
+}
 
 /// The rules a decision applies beyond the signer's policy.
 #[derive(Debug, Clone)]

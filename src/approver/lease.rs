@@ -136,26 +136,7 @@ impl Elector {
             .await
             .map_err(|e| self.error(e))?;
         let Some(mut lease) = current else {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(self.config.name.clone()),
-                    namespace: Some(self.config.namespace.clone()),
-                    ..Default::default()
-                },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(self.config.identity.clone()),
-                    lease_duration_seconds: Some(duration),
-                    acquire_time: Some(now.clone()),
-                    renew_time: Some(now),
-                    lease_transitions: Some(0),
-                    ..Default::default()
-                }),
-            };
-            return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-                Err(e) => Err(self.error(e)),
-            };
+            return self.create(now, duration).await;
         };
         let version = lease.metadata.resource_version.clone().unwrap_or_default();
         let first_seen = match &self.observed {
@@ -187,6 +168,30 @@ impl Elector {
             .replace(&self.config.name, &PostParams::default(), &lease)
             .await
         {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// Takes a Lease nobody created yet: true when this candidate made it (409: another did).
+    async fn create(&self, now: MicroTime, duration: i32) -> Result<bool, ApproverError> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.config.name.clone()),
+                namespace: Some(self.config.namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.config.identity.clone()),
+                lease_duration_seconds: Some(duration),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        };
+        match self.api.create(&PostParams::default(), &lease).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
             Err(e) => Err(self.error(e)),
@@ -282,32 +287,7 @@ pub async fn hold(
         }
         // A leader's attempt may take only what is left of its deadline; a standby's, one
         // renew deadline.
-        let bound = last_renewal
-            .map(|at| renew_deadline.saturating_sub(at.elapsed()))
-            .unwrap_or(renew_deadline)
-            .max(Duration::from_millis(1));
-        let attempt = match tokio::time::timeout(bound, elector.try_acquire_or_renew()).await {
-            Ok(result) => result,
-            Err(_) => Err(ApproverError::LeaseTimeout {
-                namespace: elector.config.namespace.clone(),
-                name: elector.config.name.clone(),
-                bound,
-            }),
-        };
-        let now_leading = match attempt {
-            Ok(true) => {
-                let now = Instant::now();
-                last_renewal = Some(now);
-                validity.set(Some(now));
-                true
-            }
-            Ok(false) => false,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot take or renew the lease");
-                // Still the leader until the renew deadline has passed without a renewal.
-                last_renewal.is_some_and(|at| at.elapsed() < renew_deadline)
-            }
-        };
+        let now_leading = attempt(&mut elector, &mut last_renewal, &validity).await;
         if !now_leading {
             last_renewal = None;
             validity.set(None);
@@ -321,13 +301,52 @@ pub async fn hold(
     validity.set(None);
     if *leading.borrow() {
         leading.send_replace(false);
-        match tokio::time::timeout(renew_deadline, elector.release()).await {
-            Ok(Ok(())) => tracing::info!("released the lease"),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot release the lease; it expires by itself")
-            }
-            Err(_) => tracing::warn!("no answer releasing the lease; it expires by itself"),
+        release(&mut elector, renew_deadline).await;
+    }
+}
+
+/// One attempt to take or renew the Lease, bounded: a leader's attempt may take only what is
+/// left of its renew deadline, a standby's one renew deadline. Whether this replica leads
+/// after it (a leader whose call failed still leads until its deadline has passed).
+async fn attempt(
+    elector: &mut Elector,
+    last_renewal: &mut Option<Instant>,
+    validity: &Validity,
+) -> bool {
+    let renew_deadline = elector.config.renew_deadline;
+    let bound = last_renewal
+        .map(|at| renew_deadline.saturating_sub(at.elapsed()))
+        .unwrap_or(renew_deadline)
+        .max(Duration::from_millis(1));
+    let result = match tokio::time::timeout(bound, elector.try_acquire_or_renew()).await {
+        Ok(result) => result,
+        Err(_) => Err(ApproverError::LeaseTimeout {
+            namespace: elector.config.namespace.clone(),
+            name: elector.config.name.clone(),
+            bound,
+        }),
+    };
+    match result {
+        Ok(true) => {
+            let now = Instant::now();
+            *last_renewal = Some(now);
+            validity.set(Some(now));
+            true
         }
+        Ok(false) => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot take or renew the lease");
+            last_renewal.is_some_and(|at| at.elapsed() < renew_deadline)
+        }
+    }
+}
+
+/// Gives the Lease up at the stop, within the renew deadline.
+async fn release(elector: &mut Elector, renew_deadline: Duration) {
+    match tokio::time::timeout(renew_deadline, elector.release()).await {
+        Ok(Ok(())) => tracing::info!("released the lease"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot release the lease; it expires by itself"),
+        Err(_) => tracing::warn!("no answer releasing the lease; it expires by itself"),
     }
 }
 

@@ -34,23 +34,13 @@ use tokio::sync::watch;
 
 pub use self::controller::{Decision, Mode, Round, Settings};
 pub use self::error::ApproverError;
-pub use self::evaluate::Rules;
+pub use self::evaluate::{OnMissingEvidence, Rules};
 pub use self::policy::{Reason, SignerPolicy};
 
 use self::controller::Controller;
 use self::lease::{Elector, LeaseConfig, Validity};
 use self::metrics::ApproverMetrics;
 use self::trust::{Trust, TrustSource};
-
-/// What to do with a request that carries no evidence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnMissingEvidence {
-    /// Deny it (`NoEvidence`): only attested keys get in.
-    #[default]
-    Deny,
-    /// Leave it to other approvers.
-    Ignore,
-}
 
 /// The approver's settings.
 #[derive(Debug, Clone)]

@@ -251,12 +251,6 @@ fn check_attributes(request: &Request) -> Result<(), Violation> {
 /// Requested extensions: key usage (digital signature, key encipherment at most) and extended
 /// key usage (client auth only); a SAN of any kind, a second copy or anything else is refused.
 fn check_extensions(request: &Request) -> Result<(), Violation> {
-    let malformed = |e: yasna::ASN1Error| {
-        violation(
-            Reason::MalformedRequest,
-            format!("a requested extension does not parse: {e}"),
-        )
-    };
     let oid = ObjectIdentifier::from_slice;
     let mut seen = Vec::new();
     for extension in &request.extensions {
@@ -277,40 +271,57 @@ fn check_extensions(request: &Request) -> Result<(), Violation> {
                 ),
             ));
         } else if *id == oid(OID_KEY_USAGE) {
-            let (bytes, _) =
-                yasna::parse_der(&extension.value, |r| r.read_bitvec_bytes()).map_err(malformed)?;
-            // Bit 0 digitalSignature (0x80 of the first byte), bit 2 keyEncipherment (0x20).
-            let extra = bytes
-                .iter()
-                .enumerate()
-                .any(|(i, b)| if i == 0 { b & !0xa0 != 0 } else { *b != 0 });
-            if extra {
-                return Err(violation(
-                    Reason::UsagesNotAllowed,
-                    "the requested key usage has bits beyond digital signature and key encipherment",
-                ));
-            }
+            check_key_usage(&extension.value)?;
         } else if *id == oid(OID_EXT_KEY_USAGE) {
-            let purposes = yasna::parse_der(&extension.value, |r| {
-                r.collect_sequence_of(|r| r.read_oid())
-            })
-            .map_err(malformed)?;
-            if purposes != [oid(&[1, 3, 6, 1, 5, 5, 7, 3, 2])] {
-                let names: Vec<String> = purposes.iter().map(|p| p.to_string()).collect();
-                return Err(violation(
-                    Reason::UsagesNotAllowed,
-                    format!(
-                        "the requested extended key usage is [{}], not client auth alone",
-                        names.join(", ")
-                    ),
-                ));
-            }
+            check_extended_key_usage(&extension.value)?;
         } else {
             return Err(violation(
                 Reason::ExtensionNotAllowed,
                 format!("the request asks for extension {id}: only key usage and extended key usage are allowed"),
             ));
         }
+    }
+    Ok(())
+}
+
+fn malformed_extension(e: yasna::ASN1Error) -> Violation {
+    violation(
+        Reason::MalformedRequest,
+        format!("a requested extension does not parse: {e}"),
+    )
+}
+
+/// A requested key usage: digital signature and key encipherment at most.
+fn check_key_usage(value: &[u8]) -> Result<(), Violation> {
+    let (bytes, _) =
+        yasna::parse_der(value, |r| r.read_bitvec_bytes()).map_err(malformed_extension)?;
+    // Bit 0 digitalSignature (0x80 of the first byte), bit 2 keyEncipherment (0x20).
+    let extra = bytes
+        .iter()
+        .enumerate()
+        .any(|(i, b)| if i == 0 { b & !0xa0 != 0 } else { *b != 0 });
+    if extra {
+        return Err(violation(
+            Reason::UsagesNotAllowed,
+            "the requested key usage has bits beyond digital signature and key encipherment",
+        ));
+    }
+    Ok(())
+}
+
+/// A requested extended key usage: client auth alone.
+fn check_extended_key_usage(value: &[u8]) -> Result<(), Violation> {
+    let purposes = yasna::parse_der(value, |r| r.collect_sequence_of(|r| r.read_oid()))
+        .map_err(malformed_extension)?;
+    if purposes != [ObjectIdentifier::from_slice(&[1, 3, 6, 1, 5, 5, 7, 3, 2])] {
+        let names: Vec<String> = purposes.iter().map(|p| p.to_string()).collect();
+        return Err(violation(
+            Reason::UsagesNotAllowed,
+            format!(
+                "the requested extended key usage is [{}], not client auth alone",
+                names.join(", ")
+            ),
+        ));
     }
     Ok(())
 }

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::emit;
 use crate::key::{Key, KeyUri};
 use crate::pki::csr::{self, CsrRequest};
 
@@ -70,4 +69,20 @@ pub fn run(args: CsrArgs) -> anyhow::Result<()> {
         }
     };
     emit(args.out.as_deref(), &text)
+}
+
+/// Writes output to `--out` atomically, or to stdout.
+fn emit(out: Option<&std::path::Path>, text: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    match out {
+        Some(path) => crate::atomic_file::write_atomic(path, text.as_bytes(), 0o644)
+            .with_context(|| format!("cannot write {}", path.display())),
+        None => {
+            use std::io::Write;
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(text.as_bytes())?;
+            stdout.flush()?;
+            Ok(())
+        }
+    }
 }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Args, CommandFactory};
+use clap::Args;
 
 #[cfg(all(feature = "pkcs11", feature = "tpm"))]
 macro_rules! backends {
@@ -59,19 +59,18 @@ pub struct CompletionsArgs {
     shell: clap_complete::Shell,
 }
 
-/// Writes the man pages.
-pub fn man(args: ManArgs) -> anyhow::Result<()> {
+/// Writes the man pages of `cli` (the whole command line, from its definition).
+pub fn man(args: ManArgs, cli: clap::Command) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
-    clap_mangen::generate_to(super::Cli::command(), &args.out)
+    clap_mangen::generate_to(cli, &args.out)
         .with_context(|| format!("cannot write the man pages to {}", args.out.display()))?;
     eprintln!("wrote the man pages to {}", args.out.display());
     Ok(())
 }
 
-/// Prints the completion script on stdout.
-pub fn completions(args: CompletionsArgs) -> anyhow::Result<()> {
-    let mut cmd = super::Cli::command();
+/// Prints the completion script of `cli` on stdout.
+pub fn completions(args: CompletionsArgs, mut cmd: clap::Command) -> anyhow::Result<()> {
     clap_complete::generate(args.shell, &mut cmd, "hwkey", &mut std::io::stdout());
     Ok(())
 }

@@ -95,8 +95,8 @@ pub fn main() -> ExitCode {
         Command::Bootstrap(a) => bootstrap::run(a),
         Command::Attest(c) => attest::run(c),
         Command::Approver(a) => approver::run(a),
-        Command::Man(a) => manual::man(a),
-        Command::Completions(a) => manual::completions(a),
+        Command::Man(a) => manual::man(a, <Cli as clap::CommandFactory>::command()),
+        Command::Completions(a) => manual::completions(a, <Cli as clap::CommandFactory>::command()),
     };
     exit_code(result)
 }
@@ -239,19 +239,3 @@ fn init_logging(format: LogFormat) {
 
 pub(crate) use crate::key::KeyPolicy;
 pub(crate) use crate::key::KeyUriParser;
-
-/// Writes output to `--out` atomically, or to stdout.
-fn emit(out: Option<&std::path::Path>, text: &str) -> anyhow::Result<()> {
-    use anyhow::Context;
-    match out {
-        Some(path) => crate::atomic_file::write_atomic(path, text.as_bytes(), 0o644)
-            .with_context(|| format!("cannot write {}", path.display())),
-        None => {
-            use std::io::Write;
-            let mut stdout = std::io::stdout().lock();
-            stdout.write_all(text.as_bytes())?;
-            stdout.flush()?;
-            Ok(())
-        }
-    }
-}

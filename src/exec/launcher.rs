@@ -122,7 +122,7 @@ fn start(
             source,
         })
     };
-    let exe = super::proxy_binary().map_err(fail)?;
+    let exe = proxy_binary().map_err(fail)?;
     let mut log = OpenOptions::new()
         .create(true)
         .append(true)
@@ -306,4 +306,19 @@ fn last_log_line(path: &Path) -> String {
         .find(|l| !l.is_empty() && !l.starts_with("---"))
         .map(|l| format!(": {l} (log: {})", path.display()))
         .unwrap_or_default()
+}
+
+/// The binary that runs `hwkey proxy`: this one, or the `hwkey` installed next to
+/// `hwkey-credential`.
+pub fn proxy_binary() -> Result<PathBuf, StartProblem> {
+    let exe = std::env::current_exe().map_err(StartProblem::NoExe)?;
+    if !crate::kubeconfig::is_plugin_binary(&exe) {
+        return Ok(exe);
+    }
+    let hwkey = exe.with_file_name("hwkey");
+    if hwkey.is_file() {
+        Ok(hwkey)
+    } else {
+        Err(StartProblem::NoHwkey(hwkey))
+    }
 }

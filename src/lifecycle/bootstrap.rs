@@ -101,7 +101,7 @@ pub fn bootstrap(options: &BootstrapOptions) -> Result<Bootstrapped, LifecycleEr
 /// with the bootstrap token). When it cannot be read, `v1beta1`: every client-go since 1.11
 /// understands it.
 fn cluster_exec_api_version(config: &kube::Config) -> ExecApiVersion {
-    let version = super::runtime().ok().and_then(|rt| {
+    let version = super::client::runtime().ok().and_then(|rt| {
         rt.block_on(async {
             let client = client::build(config, client::Identity::Config).ok()?;
             client.apiserver_version().await.ok()
@@ -230,7 +230,7 @@ fn read_bootstrap_kubeconfig(
         }
         (None, None) => return Err(bad(KubeconfigProblem::NoCa)),
     };
-    let runtime = super::runtime()?;
+    let runtime = super::client::runtime()?;
     let config = runtime
         .block_on(kube::Config::from_custom_kubeconfig(
             kubeconfig,

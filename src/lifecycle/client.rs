@@ -279,3 +279,12 @@ fn software_identity(
     })?;
     Ok(Some((chain, key)))
 }
+
+/// A multi-thread runtime for the API calls (block_in_place needs one).
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, LifecycleError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(LifecycleError::Runtime)
+}

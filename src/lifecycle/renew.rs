@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use super::csr_api::{self, Outcome, Submission};
 use super::issued::{self, Issued, Target};
-use super::{client, default_signer, LifecycleError, CLIENT_USAGES};
+use super::{client, LifecycleError};
 use crate::key::tls::{HardwareCertResolver, HardwareSigningKey};
 use crate::key::{Key, KeyUri};
 use crate::pki::cert;
 use crate::pki::csr::{self, CsrRequest};
+use crate::pki::csr::{CLIENT_SIGNER, KUBELET_SIGNER};
 use crate::pki::name::Name;
 
 /// What `hwkey renew` needs.
@@ -207,7 +208,7 @@ pub(crate) fn request_and_install(
     // Signed in the hardware, on this thread, before any runtime exists.
     let submission = prepare(key, ask)?;
     let server = config.cluster_url.to_string();
-    let runtime = super::runtime()?;
+    let runtime = super::client::runtime()?;
     let mut notes = Vec::new();
     let (csr_name, pem) = runtime.block_on(async {
         let client = client::build(config, identity)?;
@@ -287,6 +288,22 @@ fn k8s_name_part(text: &str) -> String {
         "client".into()
     } else {
         trimmed
+    }
+}
+
+/// The usages of a client-certificate request. kube-controller-manager 1.20's auto-approver
+/// accepts a kubelet client CSR only with exactly these three (EC keys included); newer servers
+/// also accept it without key encipherment.
+pub const CLIENT_USAGES: [&str; 3] = ["digital signature", "key encipherment", "client auth"];
+
+/// The signer for a subject: kubelet's when it is a node identity (`CN=system:node:NAME`,
+/// `O=system:nodes`), the generic client signer otherwise.
+pub fn default_signer(common_name: &str, organizations: &[String]) -> &'static str {
+    if common_name.starts_with("system:node:") && organizations.iter().any(|o| o == "system:nodes")
+    {
+        KUBELET_SIGNER
+    } else {
+        CLIENT_SIGNER
     }
 }
 

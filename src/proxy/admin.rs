@@ -123,69 +123,98 @@ pub async fn serve(shared: Arc<Admin>, bound: Bound, mut stop: watch::Receiver<b
     });
     let name = bound.addr().to_string();
     loop {
-        let (conn, admitted): (Box<dyn super::bridge::ClientIo>, Admitted) = match &bound {
-            Bound::Tcp { listener, .. } => tokio::select! {
-                biased;
-                _ = stopped(&mut stop) => break,
-                r = listener.accept() => match r {
-                    Ok((s, peer)) => {
-                        let Some(ticket) = admit(&shared.admission, &shared.metrics, &s, peer) else {
-                            continue;
-                        };
-                        (Box::new(s), Admitted::ByUid(ticket))
-                    }
-                    Err(e) => { accept_error(&name, e).await; continue }
-                },
-            },
-            Bound::Unix { listener, .. } => tokio::select! {
-                biased;
-                _ = stopped(&mut stop) => break,
-                r = listener.accept() => match r {
-                    Ok((s, _)) => {
-                        if check_peer(&s, &shared.allowed_uids).is_err() {
-                            if let Some(suppressed) = REFUSED_LOG.allow() {
-                                tracing::warn!(suppressed, "refused an admin client of another user");
-                            }
-                            continue;
-                        }
-                        // Only allowed uids reach this socket: a plain cap.
-                        let Some(permit) = endpoint.admit() else {
-                            if let Some(suppressed) = BUSY_LOG.allow() {
-                                tracing::warn!(
-                                    suppressed,
-                                    "{ADMIN_MAX_CONNECTIONS} admin connections are open; closed a new one"
-                                );
-                            }
-                            continue;
-                        };
-                        (Box::new(s), Admitted::Permit(permit))
-                    }
-                    Err(e) => { accept_error(&name, e).await; continue }
-                },
-            },
+        let accepted = tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => break,
+            r = accept(&bound) => r,
         };
-        let shared = shared.clone();
-        let endpoint = endpoint.clone();
-        tokio::spawn(async move {
-            let handler = {
-                let shared = shared.clone();
-                move |req| {
-                    let shared = shared.clone();
-                    async move { route(&shared, req).await }
-                }
-            };
-            match &admitted {
-                Admitted::ByUid(ticket) => {
-                    tokio::select! {
-                        _ = endpoint.serve(conn, handler) => {}
-                        _ = ticket.shed() => {}
-                    }
-                }
-                Admitted::Permit(_) => endpoint.serve(conn, handler).await,
+        let admitted = match accepted {
+            Ok(a) => shared.admit(a, &endpoint),
+            Err(e) => {
+                accept_error(&name, e).await;
+                continue;
             }
-            drop(admitted);
-        });
+        };
+        if let Some((conn, admitted)) = admitted {
+            tokio::spawn(serve_one(shared.clone(), endpoint.clone(), conn, admitted));
+        }
     }
+}
+
+/// A connection accepted on the admin listener.
+enum Accepted {
+    Tcp(tokio::net::TcpStream, std::net::SocketAddr),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(bound: &Bound) -> std::io::Result<Accepted> {
+    match bound {
+        Bound::Tcp { listener, .. } => listener
+            .accept()
+            .await
+            .map(|(s, peer)| Accepted::Tcp(s, peer)),
+        Bound::Unix { listener, .. } => listener.accept().await.map(|(s, _)| Accepted::Unix(s)),
+    }
+}
+
+impl Admin {
+    /// Admits a connection: loopback TCP by its peer's uid, a UNIX-socket peer if its uid is
+    /// allowed and a place is free. None: closed.
+    fn admit(
+        &self,
+        accepted: Accepted,
+        endpoint: &crate::http_serve::Endpoint,
+    ) -> Option<(Box<dyn super::bridge::ClientIo>, Admitted)> {
+        match accepted {
+            Accepted::Tcp(s, peer) => {
+                let ticket = admit(&self.admission, &self.metrics, &s, peer)?;
+                Some((Box::new(s), Admitted::ByUid(ticket)))
+            }
+            Accepted::Unix(s) => {
+                if check_peer(&s, &self.allowed_uids).is_err() {
+                    if let Some(suppressed) = REFUSED_LOG.allow() {
+                        tracing::warn!(suppressed, "refused an admin client of another user");
+                    }
+                    return None;
+                }
+                // Only allowed uids reach this socket: a plain cap.
+                let Some(permit) = endpoint.admit() else {
+                    if let Some(suppressed) = BUSY_LOG.allow() {
+                        tracing::warn!(
+                            suppressed,
+                            "{ADMIN_MAX_CONNECTIONS} admin connections are open; closed a new one"
+                        );
+                    }
+                    return None;
+                };
+                Some((Box::new(s), Admitted::Permit(permit)))
+            }
+        }
+    }
+}
+
+/// Serves one admin connection; a loopback one ends early when it is shed for the proxy's own
+/// uid.
+async fn serve_one(
+    shared: Arc<Admin>,
+    endpoint: crate::http_serve::Endpoint,
+    conn: Box<dyn super::bridge::ClientIo>,
+    admitted: Admitted,
+) {
+    let handler = move |req| {
+        let shared = shared.clone();
+        async move { route(&shared, req).await }
+    };
+    match &admitted {
+        Admitted::ByUid(ticket) => {
+            tokio::select! {
+                _ = endpoint.serve(conn, handler) => {}
+                _ = ticket.shed() => {}
+            }
+        }
+        Admitted::Permit(_) => endpoint.serve(conn, handler).await,
+    }
+    drop(admitted);
 }
 
 /// What holds an admin connection's place.

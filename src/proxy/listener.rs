@@ -577,26 +577,8 @@ async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preau
             return;
         }
     };
-    let (tls, alpn) = match outcome {
-        Ok(Ok(done)) => done,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
-            shared.metrics.refused(Refusal::HandshakeTimeout);
-            refused("loopback client sent no ClientHello in time; closed", &peer);
-            return;
-        }
-        Ok(Err(e)) => {
-            shared.metrics.refused(Refusal::ClientAuth);
-            refused(
-                "refused a loopback client: TLS handshake failed (a client certificate from the loopback CA is required)",
-                &format!("{peer}: {e}"),
-            );
-            return;
-        }
-        Err(_) => {
-            shared.metrics.refused(Refusal::HandshakeTimeout);
-            refused("loopback TLS handshake timed out; closed", &peer);
-            return;
-        }
+    let Some((tls, alpn)) = handshake_outcome(&shared.metrics, outcome, peer) else {
+        return;
     };
     // A resumed session carries the certificate of the handshake it resumes: check it is still
     // valid, so a session outliving its short-lived loopback credential gets nothing.
@@ -615,4 +597,34 @@ async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preau
     let _active = shared.activity.enter();
     shared.metrics.local_handshake(started.elapsed());
     shared.bridge.serve(tls, Vec::new(), alpn).await;
+}
+
+/// What a loopback handshake's outcome means: the stream and protocol, or a refusal counted and
+/// logged (None).
+fn handshake_outcome<T>(
+    metrics: &Metrics,
+    outcome: Result<std::io::Result<T>, tokio::time::error::Elapsed>,
+    peer: SocketAddr,
+) -> Option<T> {
+    match outcome {
+        Ok(Ok(done)) => Some(done),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+            metrics.refused(Refusal::HandshakeTimeout);
+            refused("loopback client sent no ClientHello in time; closed", &peer);
+            None
+        }
+        Ok(Err(e)) => {
+            metrics.refused(Refusal::ClientAuth);
+            refused(
+                "refused a loopback client: TLS handshake failed (a client certificate from the loopback CA is required)",
+                &format!("{peer}: {e}"),
+            );
+            None
+        }
+        Err(_) => {
+            metrics.refused(Refusal::HandshakeTimeout);
+            refused("loopback TLS handshake timed out; closed", &peer);
+            None
+        }
+    }
 }

@@ -228,6 +228,57 @@ impl Default for Metrics {
     }
 }
 
+/// Registers `metric` under `name` and returns it (a handle to the same series).
+fn register<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// The client connections' metrics: accepted, open, refused, bytes bridged.
+#[allow(clippy::type_complexity, reason = "four handles, named by the caller")]
+fn connection_metrics(
+    r: &mut Registry,
+) -> (
+    ByLabel<ListenerKind, Counter>,
+    Gauge,
+    ByLabel<Refusal, Counter>,
+    ByLabel<Direction, Counter>,
+) {
+    let connections = ByLabel::register(
+        r,
+        "hwkey_connections",
+        "Client connections accepted, by listener (refused ones included)",
+        "listener",
+        Counter::default,
+    );
+    let connections_active = register(
+        r,
+        "hwkey_connections_active",
+        "Client connections open now (handshaking or bridging)",
+        Gauge::default(),
+    );
+    let refused = ByLabel::register(
+        r,
+        "hwkey_connections_refused",
+        "Local clients turned away before any upstream connection, by reason",
+        "reason",
+        Counter::default,
+    );
+    let bytes = ByLabel::register(
+        r,
+        "hwkey_bytes",
+        "Bytes bridged, by direction (up: client to API server)",
+        "direction",
+        Counter::default,
+    );
+    (connections, connections_active, refused, bytes)
+}
+
 impl Metrics {
     /// Registers every metric once, with every label value it can take already present (at
     /// zero), so dashboards and alerts see a series before its first event.
@@ -237,45 +288,19 @@ impl Metrics {
         registry.register_collector(Box::new(ScrapeTimeCollector(scrape_time.clone())));
         let r = &mut registry;
         let (upstream_handshakes, upstream_errors, upstream_latency) = upstream_metrics(r);
-        let local_latency = latency_histogram();
-        r.register(
+        let local_latency = register(
+            r,
             "hwkey_local_handshake_seconds",
             "Loopback TLS handshake latency with local clients",
-            local_latency.clone(),
+            latency_histogram(),
         );
-        let connections = ByLabel::register(
-            r,
-            "hwkey_connections",
-            "Client connections accepted, by listener (refused ones included)",
-            "listener",
-            Counter::default,
-        );
-        let connections_active = Gauge::default();
-        r.register(
-            "hwkey_connections_active",
-            "Client connections open now (handshaking or bridging)",
-            connections_active.clone(),
-        );
-        let refused = ByLabel::register(
-            r,
-            "hwkey_connections_refused",
-            "Local clients turned away before any upstream connection, by reason",
-            "reason",
-            Counter::default,
-        );
-        let bytes = ByLabel::register(
-            r,
-            "hwkey_bytes",
-            "Bytes bridged, by direction (up: client to API server)",
-            "direction",
-            Counter::default,
-        );
+        let (connections, connections_active, refused, bytes) = connection_metrics(r);
         let (reloads, trust_reloads) = reload_metrics(r);
-        let credentials_issued = Counter::default();
-        r.register(
+        let credentials_issued = register(
+            r,
             "hwkey_loopback_credentials_issued",
             "Loopback client credentials handed out on the control socket",
-            credentials_issued.clone(),
+            Counter::default(),
         );
         let (renewals, renewal_failures, renewal_last_success) = renewal_metrics(r);
         let endpoints = endpoint_metrics(r);
@@ -566,6 +591,11 @@ impl Collector for ScrapeTimeCollector {
                 "Signature attempts the hardware key failed (device gone, session lost, PIN refused)",
                 s.signature_failures.load(Ordering::Relaxed),
             ),
+            (
+                "hwkey_copy_buffer_allocations",
+                "Copy and read-ahead buffers allocated (zero-filled) since start; a buffer taken again from a thread's pool is not counted",
+                super::buffers::buffers_allocated(),
+            ),
         ];
         for (name, help, value) in counters {
             let counter = ConstCounter::new(value);
@@ -576,47 +606,38 @@ impl Collector for ScrapeTimeCollector {
                 counter.metric_type(),
             )?)?;
         }
-        let allocations = ConstCounter::new(super::buffers::buffers_allocated());
-        allocations.encode(encoder.encode_descriptor(
-            "hwkey_copy_buffer_allocations",
-            "Copy and read-ahead buffers allocated (zero-filled) since start; a buffer taken again from a thread's pool is not counted",
-            None,
-            allocations.metric_type(),
-        )?)?;
-        let buffers = ConstGauge::new(super::buffers::buffers_in_use());
-        buffers.encode(encoder.encode_descriptor(
+        let mut gauges = vec![(
             "hwkey_copy_buffers",
             "Copy and read-ahead buffers held by connections now (16-64 KiB each; an idle connection holds none)",
-            None,
-            buffers.metric_type(),
-        )?)?;
-        let not_after = s.not_after.load(Ordering::Relaxed);
-        if not_after != i64::MIN {
-            let now = time::OffsetDateTime::now_utc().unix_timestamp();
-            let gauges = [
-                (
-                    "hwkey_certificate_not_after_timestamp_seconds",
-                    "NotAfter of the client certificate in use (Unix time)",
-                    not_after,
-                ),
-                (
-                    "hwkey_certificate_remaining_seconds",
-                    "Seconds until the client certificate in use expires (negative: expired)",
-                    not_after - now,
-                ),
-            ];
-            for (name, help, value) in gauges {
-                let gauge = ConstGauge::new(value);
-                gauge.encode(encoder.encode_descriptor(
-                    name,
-                    help,
-                    None,
-                    gauge.metric_type(),
-                )?)?;
-            }
+            super::buffers::buffers_in_use(),
+        )];
+        gauges.extend(certificate_gauges(s.not_after.load(Ordering::Relaxed)));
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(value);
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
         }
         Ok(())
     }
+}
+
+/// The certificate's expiry gauges, when a certificate is known (`not_after` set).
+fn certificate_gauges(not_after: i64) -> Vec<(&'static str, &'static str, i64)> {
+    if not_after == i64::MIN {
+        return Vec::new();
+    }
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    vec![
+        (
+            "hwkey_certificate_not_after_timestamp_seconds",
+            "NotAfter of the client certificate in use (Unix time)",
+            not_after,
+        ),
+        (
+            "hwkey_certificate_remaining_seconds",
+            "Seconds until the client certificate in use expires (negative: expired)",
+            not_after - now,
+        ),
+    ]
 }
 
 #[cfg(test)]

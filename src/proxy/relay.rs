@@ -77,22 +77,7 @@ impl Direction {
         loop {
             // Write what is pending first.
             if self.pos < self.cap {
-                let Some(buf) = &self.buf else {
-                    return Poll::Ready(Err(io::Error::other(
-                        "relay: pending bytes without a buffer",
-                    )));
-                };
-                let n = ready!(writer
-                    .as_mut()
-                    .poll_write(cx, &buf.bytes()[self.pos..self.cap]))?;
-                if n == 0 {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        "the peer accepted no more bytes",
-                    )));
-                }
-                self.pos += n;
-                self.need_flush = true;
+                ready!(self.poll_write_pending(cx, writer.as_mut()))?;
                 continue;
             }
             if self.read_done {
@@ -101,41 +86,75 @@ impl Direction {
                 self.done = true;
                 return Poll::Ready(Ok(self.copied));
             }
-            if self.buf.as_ref().is_some_and(|b| b.len() < self.size) {
-                self.buf = None; // drained, and a bigger one is due
-            }
-            let size = self.size;
-            let buf = self.buf.get_or_insert_with(|| Buffer::new(size));
-            let mut read = ReadBuf::new(buf.bytes_mut());
-            match reader.as_mut().poll_read(cx, &mut read) {
-                Poll::Ready(Ok(())) => {
-                    let n = read.filled().len();
-                    buf.filled(n);
-                    if n == 0 {
-                        self.read_done = true;
-                        self.buf = None;
-                    } else {
-                        if n == buf.len() && self.size < MAX_COPY_BUFFER {
-                            self.size *= 2;
-                        }
-                        self.pos = 0;
-                        self.cap = n;
-                        self.copied += n as u64;
-                    }
+            if self.poll_fill(cx, reader.as_mut())?.is_pending() {
+                // Nothing in flight and nothing to read: give the buffer back, and push out
+                // what was written so far.
+                self.buf = None;
+                if self.need_flush {
+                    ready!(writer.as_mut().poll_flush(cx))?;
+                    self.need_flush = false;
                 }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => {
-                    // Nothing in flight and nothing to read: give the buffer back, and push
-                    // out what was written so far.
-                    self.buf = None;
-                    if self.need_flush {
-                        ready!(writer.as_mut().poll_flush(cx))?;
-                        self.need_flush = false;
-                    }
-                    return Poll::Pending;
-                }
+                return Poll::Pending;
             }
         }
+    }
+
+    /// Writes (some of) the pending bytes.
+    #[inline]
+    fn poll_write_pending<W: AsyncWrite + ?Sized>(
+        &mut self,
+        cx: &mut Context<'_>,
+        writer: Pin<&mut W>,
+    ) -> Poll<io::Result<()>> {
+        let Some(buf) = &self.buf else {
+            return Poll::Ready(Err(io::Error::other(
+                "relay: pending bytes without a buffer",
+            )));
+        };
+        let n = ready!(writer.poll_write(cx, &buf.bytes()[self.pos..self.cap]))?;
+        if n == 0 {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "the peer accepted no more bytes",
+            )));
+        }
+        self.pos += n;
+        self.need_flush = true;
+        Poll::Ready(Ok(()))
+    }
+
+    /// Reads into the buffer (taken from the pool, grown after a full read): Ok(Ready) when
+    /// bytes or the end came, Ok(Pending) when nothing is to be read now.
+    #[inline]
+    fn poll_fill<R: AsyncRead + ?Sized>(
+        &mut self,
+        cx: &mut Context<'_>,
+        reader: Pin<&mut R>,
+    ) -> io::Result<Poll<()>> {
+        if self.buf.as_ref().is_some_and(|b| b.len() < self.size) {
+            self.buf = None; // drained, and a bigger one is due
+        }
+        let size = self.size;
+        let buf = self.buf.get_or_insert_with(|| Buffer::new(size));
+        let mut read = ReadBuf::new(buf.bytes_mut());
+        match reader.poll_read(cx, &mut read) {
+            Poll::Pending => return Ok(Poll::Pending),
+            Poll::Ready(r) => r?,
+        }
+        let n = read.filled().len();
+        buf.filled(n);
+        if n == 0 {
+            self.read_done = true;
+            self.buf = None;
+        } else {
+            if n == buf.len() && self.size < MAX_COPY_BUFFER {
+                self.size *= 2;
+            }
+            self.pos = 0;
+            self.cap = n;
+            self.copied += n as u64;
+        }
+        Ok(Poll::Ready(()))
     }
 }
 

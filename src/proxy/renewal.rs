@@ -123,18 +123,9 @@ async fn respect_floor(
 
 /// Renews until `stop`.
 pub async fn run(renewal: Arc<Renewal>, mut stop: watch::Receiver<bool>) {
-    let (shared, settings) = (&renewal, &renewal.settings);
     let mut last_request: Option<std::time::Instant> = None;
     loop {
-        let chain = shared.upstream.chain();
-        let wait = match chain.first().and_then(|leaf| validity(leaf)) {
-            Some((not_before, not_after)) => {
-                let lifetime = (not_after - not_before).max(0) as f64;
-                let at = not_before as f64 + lifetime * jitter();
-                Duration::from_secs_f64((at - now_unix()).max(0.0))
-            }
-            None => Duration::ZERO,
-        };
+        let wait = renewal.next_renewal();
         tracing::info!(
             in_secs = wait.as_secs(),
             "next certificate renewal scheduled"
@@ -144,45 +135,79 @@ pub async fn run(renewal: Arc<Renewal>, mut stop: watch::Receiver<bool>) {
             _ = stopped(&mut stop) => return,
             _ = tokio::time::sleep(wait) => {}
         }
+        if !renewal.until_renewed(&mut last_request, &mut stop).await {
+            return;
+        }
+    }
+}
+
+impl Renewal {
+    /// How long until the next renewal: a random point in 70–90 % of the lifetime of the
+    /// certificate in use (now, when it cannot be read).
+    fn next_renewal(&self) -> Duration {
+        match self
+            .upstream
+            .chain()
+            .first()
+            .and_then(|leaf| validity(leaf))
+        {
+            Some((not_before, not_after)) => {
+                let lifetime = (not_after - not_before).max(0) as f64;
+                let at = not_before as f64 + lifetime * jitter();
+                Duration::from_secs_f64((at - now_unix()).max(0.0))
+            }
+            None => Duration::ZERO,
+        }
+    }
+
+    /// The lifetime of the certificate in use.
+    fn lifetime(&self) -> Duration {
+        self.upstream
+            .chain()
+            .first()
+            .and_then(|leaf| validity(leaf))
+            .map(|(from, to)| Duration::from_secs(u64::try_from(to - from).unwrap_or(0)))
+            .unwrap_or_default()
+    }
+
+    /// Renews, retrying with backoff (never closer than the floor) until it works; false when
+    /// stopped first.
+    async fn until_renewed(
+        &self,
+        last_request: &mut Option<std::time::Instant>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> bool {
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
         loop {
-            let lifetime = shared
-                .upstream
-                .chain()
-                .first()
-                .and_then(|leaf| validity(leaf))
-                .map(|(from, to)| Duration::from_secs(u64::try_from(to - from).unwrap_or(0)))
-                .unwrap_or_default();
-            if !respect_floor(last_request, renewal_floor(lifetime), &mut stop).await {
-                return;
+            if !respect_floor(*last_request, renewal_floor(self.lifetime()), stop).await {
+                return false;
             }
-            last_request = Some(std::time::Instant::now());
-            match renew_once(shared, settings).await {
+            *last_request = Some(std::time::Instant::now());
+            let failed = match renew_once(self, &self.settings).await {
                 Ok(issued) => {
-                    shared.metrics.renewal_succeeded(now_unix());
-                    shared.status.set(None);
+                    self.metrics.renewal_succeeded(now_unix());
+                    self.status.set(None);
                     tracing::info!(
                         subject = %issued.subject,
                         serial = %issued.serial,
                         not_after = %issued.not_after,
                         "certificate renewed and installed; new connections use it"
                     );
-                    break;
+                    return true;
                 }
-                Err(e) => {
-                    shared.metrics.renewal_failed(reason_label(&e));
-                    if matches!(e, LifecycleError::NotLonger { .. }) {
-                        tracing::warn!("the signer caps certificate lifetimes: renewing again will not extend this identity; ask for a signer CA that lives longer");
-                    }
-                    shared.status.set(Some(e.to_string()));
-                    let retry_in = backoff.next_delay();
-                    tracing::error!(error = %e, retry_in_secs = retry_in.as_secs(), "certificate renewal failed; the current certificate stays in use");
-                    tokio::select! {
-                        biased;
-                        _ = stopped(&mut stop) => return,
-                        _ = tokio::time::sleep(retry_in) => {}
-                    }
-                }
+                Err(e) => e,
+            };
+            self.metrics.renewal_failed(reason_label(&failed));
+            if matches!(failed, LifecycleError::NotLonger { .. }) {
+                tracing::warn!("the signer caps certificate lifetimes: renewing again will not extend this identity; ask for a signer CA that lives longer");
+            }
+            self.status.set(Some(failed.to_string()));
+            let retry_in = backoff.next_delay();
+            tracing::error!(error = %failed, retry_in_secs = retry_in.as_secs(), "certificate renewal failed; the current certificate stays in use");
+            tokio::select! {
+                biased;
+                _ = stopped(stop) => return false,
+                _ = tokio::time::sleep(retry_in) => {}
             }
         }
     }
@@ -251,19 +276,7 @@ async fn request_certificate(
         task: "the CSR signature",
         source,
     })??;
-    let config = client::config_for(
-        &settings.server,
-        settings.upstream_ca.as_deref(),
-        settings.tls_server_name.clone(),
-    )?;
-    let client = client::build_via(
-        &config,
-        client::Identity::Hardware {
-            resolver: shared.upstream.resolver().clone(),
-            versions: settings.versions,
-        },
-        Some(shared.upstream.egress().clone()),
-    )?;
+    let client = api_client(shared, settings)?;
     let mut notes = Vec::new();
     let (name, pem) = submit(
         &client,
@@ -285,6 +298,24 @@ async fn request_certificate(
         }
     }
     Ok(issued)
+}
+
+/// A client for the CSR API over the proxy's own way to the API server, authenticated with the
+/// certificate in use (the handshake signed in the hardware).
+fn api_client(shared: &Renewal, settings: &RenewSettings) -> Result<kube::Client, LifecycleError> {
+    let config = client::config_for(
+        &settings.server,
+        settings.upstream_ca.as_deref(),
+        settings.tls_server_name.clone(),
+    )?;
+    client::build_via(
+        &config,
+        client::Identity::Hardware {
+            resolver: shared.upstream.resolver().clone(),
+            versions: settings.versions,
+        },
+        Some(shared.upstream.egress().clone()),
+    )
 }
 
 /// The part of [`renew_once`] after the key is chosen: request, install, prove.

@@ -430,27 +430,7 @@ impl SettingsInput {
     /// Applies the defaults and checks every value and combination.
     pub fn resolve(self) -> Result<Settings, SettingsError> {
         self.check_ranges()?;
-        let key = self.key.clone().ok_or(SettingsError::NoKey)?;
-        if self.upstream.is_empty() {
-            return Err(SettingsError::NoUpstream);
-        }
-        if self.listen.is_empty() {
-            return Err(SettingsError::NoListener);
-        }
-        for addr in self.listen.iter().chain(self.admin.iter()) {
-            if !addr.is_local() && !self.unsafe_listen {
-                return Err(SettingsError::NonLoopbackListen { addr: addr.clone() });
-            }
-        }
-        if self.rotate_key && !self.renew {
-            return Err(SettingsError::RotateKeyNeedsRenew);
-        }
-        if self.attest && !self.renew {
-            return Err(SettingsError::AttestNeedsRenew);
-        }
-        if self.attest && !matches!(key, KeyUri::Tpm(_)) {
-            return Err(SettingsError::AttestNeedsTpm);
-        }
+        let key = self.check_combinations()?;
         let handshake_timeout = positive("handshake-timeout", self.handshake_timeout)?
             .unwrap_or(DEFAULT_HANDSHAKE_TIMEOUT);
         Ok(Settings {
@@ -500,6 +480,32 @@ impl SettingsInput {
                 None => StateDir::proxy_default(),
             },
         })
+    }
+
+    /// What must be given, and what must go together; the key.
+    fn check_combinations(&self) -> Result<KeyUri, SettingsError> {
+        let key = self.key.clone().ok_or(SettingsError::NoKey)?;
+        if self.upstream.is_empty() {
+            return Err(SettingsError::NoUpstream);
+        }
+        if self.listen.is_empty() {
+            return Err(SettingsError::NoListener);
+        }
+        for addr in self.listen.iter().chain(self.admin.iter()) {
+            if !addr.is_local() && !self.unsafe_listen {
+                return Err(SettingsError::NonLoopbackListen { addr: addr.clone() });
+            }
+        }
+        if self.rotate_key && !self.renew {
+            return Err(SettingsError::RotateKeyNeedsRenew);
+        }
+        if self.attest && !self.renew {
+            return Err(SettingsError::AttestNeedsRenew);
+        }
+        if self.attest && !matches!(key, KeyUri::Tpm(_)) {
+            return Err(SettingsError::AttestNeedsTpm);
+        }
+        Ok(key)
     }
 
     fn egress(&self) -> Result<Egress, SettingsError> {

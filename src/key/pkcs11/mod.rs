@@ -20,6 +20,7 @@ mod keygen;
 mod module;
 mod objects;
 mod pool;
+mod rv;
 mod sign;
 mod token;
 
@@ -56,24 +57,6 @@ pub struct Pkcs11Key {
     pool: SessionPool,
     /// `CKA_ALWAYS_AUTHENTICATE`: every signature re-authenticates (PIN always).
     always_auth: bool,
-}
-
-/// Formats a cryptoki error the way PKCS#11 documentation names it (`CKR_PIN_INCORRECT`).
-pub(crate) fn ckr(e: &CkError) -> String {
-    match e {
-        CkError::Pkcs11(rv, function) => {
-            let name = format!("{rv:?}");
-            let mut snake = String::from("CKR");
-            for ch in name.chars() {
-                if ch.is_ascii_uppercase() {
-                    snake.push('_');
-                }
-                snake.push(ch.to_ascii_uppercase());
-            }
-            format!("{snake} from {function}")
-        }
-        other => other.to_string(),
-    }
 }
 
 /// True when a failure (from the token, or from logging in / opening a session on it) means the

@@ -42,7 +42,7 @@ pub(crate) fn load(path: &Path) -> Result<Pkcs11, KeyError> {
         Err(e) => {
             return Err(KeyError::ModuleLoad {
                 path: path.to_path_buf(),
-                reason: format!("C_Initialize failed: {}", super::ckr(&e)),
+                reason: format!("C_Initialize failed: {}", super::rv::ckr(&e)),
             })
         }
     }
@@ -68,7 +68,7 @@ pub(crate) fn reinitialize(path: &Path, ctx: &Pkcs11) -> bool {
     }
     last.insert(path.to_path_buf(), std::time::Instant::now());
     if let Err(e) = ctx.clone().finalize() {
-        tracing::warn!(module = %path.display(), error = %super::ckr(&e), "C_Finalize failed");
+        tracing::warn!(module = %path.display(), error = %super::rv::ckr(&e), "C_Finalize failed");
     }
     match ctx.initialize(CInitializeArgs::new(CInitializeFlags::OS_LOCKING_OK)) {
         Ok(()) | Err(CkError::Pkcs11(RvError::CryptokiAlreadyInitialized, _)) => {
@@ -76,7 +76,7 @@ pub(crate) fn reinitialize(path: &Path, ctx: &Pkcs11) -> bool {
             true
         }
         Err(e) => {
-            tracing::error!(module = %path.display(), error = %super::ckr(&e), "C_Initialize failed after C_Finalize");
+            tracing::error!(module = %path.display(), error = %super::rv::ckr(&e), "C_Initialize failed after C_Finalize");
             false
         }
     }

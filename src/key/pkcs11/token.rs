@@ -16,7 +16,7 @@ use cryptoki::session::{Session, SessionState, UserType};
 use cryptoki::slot::{Limit, Slot};
 use cryptoki::types::AuthPin;
 
-use super::ckr;
+use super::rv::ckr;
 use crate::key::pin::PinSource;
 use crate::key::pin_memory::{self, Record};
 use crate::key::{KeyError, Pkcs11Uri};

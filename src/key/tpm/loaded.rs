@@ -235,7 +235,7 @@ impl LoadedKey {
             return Ok(KeyHandle::from(self.handle.load(Ordering::Relaxed)));
         }
         let handle = match &self.source {
-            Source::File(file) => super::load_key_file(&mut conn.ctx, file)?,
+            Source::File(file) => load_key_file(&mut conn.ctx, file)?,
             Source::Persistent { handle, public } => {
                 let (mut object, now) =
                     super::persistent::open_persistent(&mut conn.ctx, *handle, self.tpm.tcti())?;
@@ -286,4 +286,15 @@ impl Drop for LoadedKey {
             }
         });
     }
+}
+
+/// Loads a key file's key under its parent; the parent is flushed before this returns.
+pub(super) fn load_key_file(ctx: &mut Context, file: &Tss2Key) -> Result<KeyHandle, KeyError> {
+    super::primary::with_parent(ctx, file.parent, |ctx, parent| {
+        ctx.execute_with_session(
+            Some(tss_esapi::interface_types::session_handles::AuthSession::Password),
+            |ctx| ctx.load(parent, file.private.clone(), file.public.clone()),
+        )
+        .map_err(super::primary::load_error(file.parent))
+    })
 }

@@ -27,6 +27,7 @@ mod files;
 mod handles;
 mod keygen;
 mod loaded;
+mod names;
 mod persistent;
 mod primary;
 mod public;
@@ -39,9 +40,7 @@ use std::fs;
 use std::io;
 
 use tss_esapi::handles::KeyHandle;
-use tss_esapi::interface_types::session_handles::AuthSession;
 use tss_esapi::structures::Public;
-use tss_esapi::Context;
 
 use super::{
     KeyAlgorithm, KeyBackend, KeyError, KeyListing, KeyUri, SignScheme, TpmUri, Tss2Problem,
@@ -51,6 +50,7 @@ use crate::key::pin_memory::Record;
 use crate::key::uri::TpmKeyLocation;
 use context::Tpm;
 use loaded::{KeyAuth, LoadedKey, Source};
+use names::location_desc;
 use public::KeyInfo;
 use tss2_pem::Tss2Key;
 
@@ -60,18 +60,6 @@ pub struct TpmKey {
     loaded: LoadedKey,
     location: TpmKeyLocation,
     info: KeyInfo,
-}
-
-/// "TPM key file /k.pem" / "TPM persistent key 0x81000101".
-fn location_desc(location: &TpmKeyLocation) -> String {
-    match location {
-        TpmKeyLocation::Path(p) => format!("TPM key file {}", p.display()),
-        TpmKeyLocation::Handle(h) => format!("TPM persistent key {h:#010x}"),
-    }
-}
-
-fn tpm_place(tcti: &str) -> String {
-    format!("the TPM at TCTI '{tcti}'")
 }
 
 /// Opens the key a URI names and loads it into the TPM.
@@ -92,7 +80,7 @@ pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
             };
             let tpm = connect(uri)?;
             let (handle, generation) = tpm.with_conn(|conn| {
-                let handle = load_key_file(&mut conn.ctx, &file)?;
+                let handle = loaded::load_key_file(&mut conn.ctx, &file)?;
                 Ok::<_, KeyError>((handle, conn.generation()))
             })?;
             Ok(TpmKey {
@@ -472,14 +460,4 @@ impl KeyBackend for TpmKey {
             public::PssMethod::Tpm | public::PssMethod::NotRsa => crate::key::SigningPath::Native,
         }
     }
-}
-
-/// Loads a key file's key under its parent; the parent is flushed before this returns.
-fn load_key_file(ctx: &mut Context, file: &Tss2Key) -> Result<KeyHandle, KeyError> {
-    primary::with_parent(ctx, file.parent, |ctx, parent| {
-        ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
-            ctx.load(parent, file.private.clone(), file.public.clone())
-        })
-        .map_err(primary::load_error(file.parent))
-    })
 }

@@ -14,8 +14,9 @@ use tss_esapi::structures::Public;
 use tss_esapi::Context;
 
 use super::handles::persistent_handles;
+use super::names::{location_desc, tpm_place};
 use super::public::KeyInfo;
-use super::{keygen, location_desc, rc, tpm_place};
+use super::{keygen, rc};
 use crate::key::uri::TpmKeyLocation;
 use crate::key::{KeyAlgorithm, KeyError};
 

@@ -1,0 +1,175 @@
+//! An opened hardware key: the backend behind it, and the counters every signature updates.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::backend::{KeyBackend, SessionStats};
+use super::{
+    attestation, backends, der, KeyAlgorithm, KeyError, KeyUri, Protection, SignScheme, SigningPath,
+};
+
+/// An opened hardware key, ready to sign from any thread.
+#[derive(Debug)]
+pub struct Key {
+    uri: KeyUri,
+    backend: Box<dyn KeyBackend>,
+    signatures: AtomicU64,
+    failures: AtomicU64,
+    /// The error of the latest signature attempt, if it failed (None after a success): health
+    /// checks must see a key that stopped working, not only one that once worked.
+    last_error: std::sync::Mutex<Option<String>>,
+    /// Whether `last_error` holds an error (read without the lock).
+    failing: AtomicBool,
+}
+
+impl Key {
+    /// Opens the key a URI names. The PIN (if any) is read and used once, here.
+    pub fn open(uri: &KeyUri) -> Result<Key, KeyError> {
+        Ok(Key::from_backend(uri.clone(), backends::open(uri)?))
+    }
+
+    /// Creates a new key on the device and opens it. Refuses if the name is taken.
+    pub fn create(uri: &KeyUri, algorithm: KeyAlgorithm) -> Result<Key, KeyError> {
+        Ok(Key::from_backend(
+            uri.clone(),
+            backends::create(uri, algorithm)?,
+        ))
+    }
+
+    fn from_backend(uri: KeyUri, backend: Box<dyn KeyBackend>) -> Key {
+        Key {
+            uri,
+            backend,
+            signatures: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            last_error: std::sync::Mutex::new(None),
+            failing: AtomicBool::new(false),
+        }
+    }
+
+    /// The URI the key was opened with.
+    pub fn uri(&self) -> &KeyUri {
+        &self.uri
+    }
+
+    /// The key pair's algorithm.
+    pub fn algorithm(&self) -> KeyAlgorithm {
+        self.backend.algorithm()
+    }
+
+    /// The DER SubjectPublicKeyInfo.
+    pub fn spki_der(&self) -> &[u8] {
+        self.backend.spki_der()
+    }
+
+    /// The public key as a PEM `PUBLIC KEY` block.
+    pub fn public_key_pem(&self) -> String {
+        der::to_pem("PUBLIC KEY", self.spki_der())
+    }
+
+    /// A short description for logs and messages.
+    pub fn describe(&self) -> String {
+        self.backend.describe()
+    }
+
+    /// How this key's signatures are made (native, software PSS over raw RSA, PKCS#1 only).
+    pub fn signing_path(&self) -> SigningPath {
+        self.backend.signing_path()
+    }
+
+    /// The schemes this key can sign with, in order of preference: the algorithm's schemes
+    /// that its signing path can make (a PKCS#1-only token offers no RSA-PSS).
+    pub fn schemes(&self) -> Vec<SignScheme> {
+        let path = self.signing_path();
+        self.algorithm()
+            .schemes()
+            .iter()
+            .copied()
+            .filter(|s| path.offers(*s))
+            .collect()
+    }
+
+    /// Signs inside the hardware. Blocking; safe to call from many threads at once.
+    pub fn sign(&self, scheme: SignScheme, message: &[u8]) -> Result<Vec<u8>, KeyError> {
+        let algorithm = self.algorithm();
+        if !algorithm.schemes().contains(&scheme) || !self.signing_path().offers(scheme) {
+            return Err(KeyError::UnsupportedScheme {
+                key: self.describe(),
+                algorithm: algorithm.to_string(),
+                scheme: scheme.to_string(),
+            });
+        }
+        let result = self.backend.sign(scheme, message);
+        // The error slot is locked only when it changes: signing threads share this key, and a
+        // lock taken on every signature made them queue behind each other.
+        match &result {
+            Ok(_) => {
+                self.signatures.fetch_add(1, Ordering::Relaxed);
+                if self.failing.load(Ordering::Relaxed) {
+                    let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+                    *last = None;
+                    self.failing.store(false, Ordering::Relaxed);
+                }
+            }
+            Err(e) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+                *last = Some(e.to_string());
+                self.failing.store(true, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    /// How many signature attempts failed since the key was opened.
+    pub fn signature_failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// The error of the latest signature attempt when it failed; None when it succeeded (or
+    /// none was made).
+    pub fn last_signature_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// How many signatures this key has made since it was opened.
+    pub fn signatures(&self) -> u64 {
+        self.signatures.load(Ordering::Relaxed)
+    }
+
+    /// Session pool counters (PKCS#11 only).
+    pub fn session_stats(&self) -> Option<SessionStats> {
+        self.backend.session_stats()
+    }
+
+    /// The certificate chain stored with the key (DER, leaf first), if any.
+    pub fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError> {
+        self.backend.stored_chain()
+    }
+
+    /// TPM2_Certify evidence for this key (TPM keys only), bound to `qualifying_data`.
+    pub fn certify(
+        &self,
+        ak_handle: u32,
+        qualifying_data: &[u8],
+    ) -> Result<attestation::TpmEvidence, KeyError> {
+        self.backend.certify(ak_handle, qualifying_data)
+    }
+
+    /// What the device says about whether the private key can leave it.
+    pub fn protection(&self) -> Result<Protection, KeyError> {
+        self.backend.protection()
+    }
+
+    /// The `--require-non-extractable` policy: fails, naming the reasons, when the device says
+    /// the private key could leave it (or may exist outside it). Does nothing when `required`
+    /// is false.
+    pub fn require_non_extractable(&self, required: bool) -> Result<(), KeyError> {
+        if !required {
+            return Ok(());
+        }
+        self.protection()?.require_non_extractable(&self.describe())
+    }
+}
