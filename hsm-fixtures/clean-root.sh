@@ -3,8 +3,8 @@
 #
 # A minimal Debian 12 root (mmdebstrap's "apt" variant: the Essential packages and apt, no
 # compiler, no -dev package, no Rust) as a tarball, for the test that installs hwkey's .deb into
-# it (tests/it/packaging.rs). Made once per machine and cached outside the clone, like the kube
-# binaries: a minute or two the first time, nothing after. Needs root and Debian's mirror
+# it (tests/it/shipping/clean_root.rs). Made once per machine and cached outside the clone, like
+# the kube binaries: a minute or two the first time, nothing after. Needs root and Debian's mirror
 # (HWKEY_DEBIAN_MIRROR, default http://deb.debian.org).
 set -euo pipefail
 MIRROR=${HWKEY_DEBIAN_MIRROR:-http://deb.debian.org}

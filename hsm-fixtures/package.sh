@@ -9,7 +9,7 @@
 # and prints their paths. Push the image with
 #   skopeo copy oci:target/package/hwkey-approver:VERSION docker://REGISTRY/hwkey-approver:VERSION
 # The tests that install the package into a clean Debian root and run the image under runc
-# (tests/it/clean_root.rs, tests/it/approver_image.rs) use these files; hsm-fixtures/test.sh runs
+# (tests/it/shipping/clean_root.rs, tests/it/shipping/approver_image.rs) use these files; hsm-fixtures/test.sh runs
 # this script first.
 set -euo pipefail
 cd "$(dirname "$0")/.."

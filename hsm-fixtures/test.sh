@@ -14,7 +14,7 @@ HWKEY_KUBE_BIN=$(hsm-fixtures/build-kube.sh)
 export HWKEY_KUBE_BIN
 status=0
 # The Debian package and the approver's OCI image (release build, cargo deb, lintian, umoci),
-# which tests/it/clean_root.rs installs into a clean Debian 12 root and tests/it/approver_image.rs
+# which tests/it/shipping/clean_root.rs installs into a clean Debian 12 root and tests/it/shipping/approver_image.rs
 # runs under runc against the real kube-apiserver.
 hsm-fixtures/package.sh >&2 || status=1
 # Dependency policy (deny.toml): licenses, duplicate crates, sources.
@@ -42,13 +42,18 @@ fi
 # Structure (docs/ARCHITECTURE.md): the layering of src/, no import cycles, no function over 80
 # lines, no Result<_, String>, fewer than 20 `reason: String` fields. Prints the counts.
 python3 hsm-fixtures/structure.py || status=1
+# Tests leave nothing running: every process a test starts inherits HWKEY_TEST_RUN, and
+# hsm-fixtures/outlived.sh names, stops and fails on whatever still carries it after cargo.
+RUN="$$-$(date +%s%N)"
 # Everything, with both backends (the default build).
-cargo test --locked --all-targets --no-fail-fast "$@" || status=1
+HWKEY_TEST_RUN=$RUN cargo test --locked --all-targets --no-fail-fast "$@" || status=1
+hsm-fixtures/outlived.sh "$RUN" || status=1
 # Each backend alone (Cargo features `pkcs11` and `tpm`): the integration tests compiled for that
 # build, including the check that a PKCS#11-only binary links no TSS2 library.
 for backend in pkcs11 tpm; do
     echo "== tests of the ${backend}-only build" >&2
-    cargo test --locked --no-default-features --features "$backend" --test it --no-fail-fast "$@" \
-        || status=1
+    HWKEY_TEST_RUN=$RUN cargo test --locked --no-default-features --features "$backend" --test it \
+        --no-fail-fast "$@" || status=1
+    hsm-fixtures/outlived.sh "$RUN" || status=1
 done
 exit "$status"

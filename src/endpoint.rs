@@ -206,7 +206,7 @@ mod tests {
         assert_eq!(d.port, 443);
         assert!("http://x:1".parse::<UpstreamTarget>().is_err());
         assert!("https://x:1/api".parse::<UpstreamTarget>().is_err());
-        // Issue 22, finding 10: out-of-range ports were read as "no port" (443).
+        // An out-of-range port is refused, never read as "no port" (443).
         for bad in [
             "https://127.0.0.1:99999",
             "https://127.0.0.1:0",

@@ -236,7 +236,7 @@ fn wait_until_ready(settings: &Settings, child: &mut std::process::Child) -> Res
         }
         if let Ok(Some(status)) = child.try_wait() {
             if status.code() == Some(i32::from(crate::key::pin::EXIT_PIN_REFUSED)) {
-                // Typed, so the plugin exits with the PIN-refused code too (issue 22, 14).
+                // Typed, so the plugin exits with the PIN-refused code too.
                 return Err(Waited::PinRefused);
             }
             return Err(Waited::Failed(StartProblem::Exited(status)));

@@ -70,7 +70,7 @@ pub fn check(name: &str, pem_chain: &[u8], key: &Key) -> Result<Issued, Lifecycl
     }
     // What `cert import` checks: a client certificate the API server will take (valid now,
     // digitalSignature, clientAuth, not a CA). A signer that returns a serverAuth-only or CA
-    // certificate must not get it installed (issue 22, finding 5).
+    // certificate must not get it installed.
     cert::check_for_import(&chain, &[]).map_err(|e| bad(IssuedProblem::NotForImport(e)))?;
     let (_, parsed) = x509_parser::parse_x509_certificate(leaf)
         .map_err(|e| bad(IssuedProblem::Unreadable(e.into())))?;

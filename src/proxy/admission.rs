@@ -4,7 +4,7 @@
 //! loopback TLS handshake, or an admin request), a connection costs the proxy a descriptor and
 //! a task, so their number is bounded. A bound that closes the *new* connection when full lets
 //! another uid switch kubectl and kubelet off: keep the budget full with idle connections that
-//! reconnect when closed (issue 22). So admission is by uid, which the kernel knows for a
+//! reconnect when closed. So admission is by uid, which the kernel knows for a
 //! connection between two local sockets ([`tcp_peer_uid`], `NETLINK_SOCK_DIAG` by 4-tuple, as
 //! `ss -e` asks it):
 //!

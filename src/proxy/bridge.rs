@@ -22,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use super::metrics::Metrics;
 use super::rotation::RotationClose;
 use super::upstream::Upstream;
+use super::write_through::write_through;
 
 /// A local client's stream: loopback TLS or a UNIX socket.
 pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -52,7 +53,7 @@ async fn serve(shared: &Bridge, client: Box<dyn ClientIo>, prefix: Vec<u8>, alpn
     // races it, the connection is attributed to the older one and ends earlier, never later).
     let epoch = shared.upstream.epoch();
     // Boxed: the connect and handshake state lives on the heap only while it runs, not in this
-    // task's state for the connection's whole life (issue 12: memory per idle connection).
+    // task's state for the connection's whole life (memory per idle connection, docs/BENCHMARKS.md).
     // Each attempt (one per API server, at most) has the handshake timeout.
     let connected = Box::pin(shared.upstream.connect(alpn.as_deref())).await;
     let upstream = match connected {
@@ -179,20 +180,4 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
+write_through!(Tracked<S>, inner);

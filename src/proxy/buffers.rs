@@ -1,18 +1,17 @@
 //! The copy and read-ahead buffers of the data path, and a small per-thread pool of them.
 //!
 //! A connection holds a buffer only while bytes are in flight (the relay and the read-ahead
-//! give theirs back as soon as a read returns `Pending`), so idle connections hold none. Before
-//! the pool, every burst therefore allocated a fresh 16–64 KiB buffer and the allocator
-//! zero-filled it, on every poll that found nothing to read too: on a stream of small
-//! keep-alive requests that `memset` was 39 % of the proxy's CPU samples (docs/BENCHMARKS.md,
-//! issue 27). Now a buffer given back goes to its thread's
-//! free list (at most [`KEPT_PER_SIZE`] of each size) and the next burst on that thread takes
+//! give theirs back as soon as a read returns `Pending`), so idle connections hold none. Without
+//! a pool every burst would allocate a fresh 16–64 KiB buffer that the allocator zero-fills, on
+//! every poll that finds nothing to read too: on a stream of small keep-alive requests that
+//! `memset` dominates the proxy's profile (docs/BENCHMARKS.md). So a buffer given back goes to
+//! its thread's free list (at most [`KEPT_PER_SIZE`] of each size) and the next burst on that thread takes
 //! it again: in steady state a request allocates nothing and zero-fills nothing.
 //!
 //! A buffer goes back to the pool with the bytes it held wiped (only those: a 200-byte request
 //! costs a 200-byte wipe, not 64 KiB), so API responses never linger in the free list, and a
-//! reader only ever sees what it read itself. (A buffer the full pool frees is not wiped, as no
-//! buffer was before the pool.) [`buffers_in_use`] counts buffers held by
+//! reader only ever sees what it read itself. (A buffer the full pool frees goes back to the
+//! allocator unwiped, as any freed memory does.) [`buffers_in_use`] counts buffers held by
 //! connections (`hwkey_copy_buffers`), [`buffers_allocated`] the fresh allocations since start
 //! (`hwkey_copy_buffer_allocations_total`), which is how the tests see the pool work.
 

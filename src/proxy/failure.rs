@@ -26,6 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::Notify;
 
 use super::error::UpstreamError;
+use super::write_through::write_through;
 
 /// How long an HTTP/2 connection keeps answering after its first 502 (requests client-go sent at
 /// once on it get the same answer), and the most it is served at all.
@@ -142,20 +143,4 @@ impl<C: AsyncRead + Unpin> AsyncRead for Replay<C> {
     }
 }
 
-impl<C: AsyncWrite + Unpin> AsyncWrite for Replay<C> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
+write_through!(Replay<C>, inner);

@@ -569,7 +569,7 @@ async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preau
     let limit = shared.handshake_timeout.min(PREAUTH_TIMEOUT);
     // Boxed, and the stream it yields too: the handshake's state lives on the heap only while
     // it runs, and the stream's moves to the relay cost a pointer each, not a slot of 1 KiB in
-    // this task for the connection's whole life (issue 12: memory per idle connection).
+    // this task for the connection's whole life (memory per idle connection, docs/BENCHMARKS.md).
     let outcome = tokio::select! {
         r = Box::pin(tokio::time::timeout(limit, handshake)) => r,
         _ = preauth.shed() => {

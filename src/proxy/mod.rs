@@ -49,6 +49,7 @@ pub mod settings;
 pub mod start;
 pub mod threads;
 pub mod upstream;
+mod write_through;
 
 pub use error::{StartError, UpstreamError};
 pub use lifetime::StopReason;

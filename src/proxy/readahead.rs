@@ -11,15 +11,16 @@
 //! is taken for a read and given back as soon as it is drained and the socket has nothing more
 //! (`Pending`), so an idle connection holds none. It comes from the per-thread pool of
 //! [`super::buffers`] and is counted in `hwkey_copy_buffers`.
-//! Writes pass through untouched (rustls writes whole records with `writev`).
+//! Writes pass through untouched (rustls writes whole records with `writev`): [`super::write_through`].
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 
 use super::buffers::Buffer;
+use super::write_through::write_through;
 
 /// The largest read from the socket: four maximum-size TLS records.
 pub const READ_AHEAD: usize = 64 * 1024;
@@ -85,35 +86,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
+write_through!(ReadAhead<S>, inner);
 
 #[cfg(test)]
 mod tests {

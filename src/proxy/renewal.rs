@@ -11,11 +11,10 @@
 //! valid (and after, in case the signer comes back); the proxy never exits because a renewal
 //! failed. Two requests are never closer than [`renewal_floor`] (a minute, and 10 % of the
 //! lifetime), whatever the signer returns: a signer that caps NotAfter, or returns the same
-//! certificate, made the old code submit a CSR after every answer. A certificate that expires no
+//! certificate, would otherwise get a CSR after every answer. A certificate that expires no
 //! later than the one in use is not installed (a failure, with a warning). An installed
 //! certificate must complete one upstream handshake and request, else the previous one is put
-//! back (issue 22, finding 5). Task: one renewal task; the CSR signature and writes to a token run on blocking
-//! threads.
+//! back. Task: one renewal task; the CSR signature and writes to a token run on blocking threads.
 //!
 //! [`HardwareCertResolver`]: crate::key::tls::HardwareCertResolver
 

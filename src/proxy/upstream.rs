@@ -61,7 +61,7 @@ pub struct UpstreamConn {
     /// The TLS stream to the API server (its socket read in large reads). Boxed: the
     /// connection's task moves it a few times on its way to the relay, and each move of a
     /// 1 KiB value would otherwise keep its own slot in the task's state for the connection's
-    /// whole life (issue 12, memory per idle connection).
+    /// whole life (memory per idle connection, docs/BENCHMARKS.md).
     pub stream: Box<TlsStream<ReadAhead<Tunnel>>>,
     /// The protocol the upstream agreed to (None: no ALPN).
     pub alpn: Option<Vec<u8>>,

@@ -18,6 +18,9 @@ pub fn require_kubectl() {
 
 /// One user's kubectl, pointed at `server` through hwkey.
 pub struct KubectlUser {
+    // Dropped first (fields drop in order): the proxy is stopped while its state directory,
+    // which names its pid, still exists.
+    proxy: PluginProxy,
     dir: TempDir,
     kubeconfig: PathBuf,
     state: PathBuf,
@@ -72,6 +75,7 @@ impl KubectlUser {
         KubectlUser {
             dir,
             kubeconfig,
+            proxy: PluginProxy::in_state_dir(&state),
             state,
             envs,
         }
@@ -100,11 +104,7 @@ impl KubectlUser {
 
     /// The proxy the plugin started, if one runs.
     pub fn proxy_pid(&self) -> Option<i32> {
-        std::fs::read_to_string(self.state.join("proxy.pid"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        self.proxy.pid()
     }
 
     /// What the proxies the plugin started wrote.
@@ -114,15 +114,45 @@ impl KubectlUser {
 
     /// Stops the proxy the plugin started (the next kubectl starts a new one).
     pub fn stop_proxy(&self) {
-        if let Some(pid) = self.proxy_pid() {
+        self.proxy.stop();
+    }
+}
+
+/// The proxy an exec plugin started in a state directory, stopped on Drop. A test that runs
+/// kubectl with a kubeconfig of its own holds one for each state directory, so no proxy it
+/// started outlives it (hsm-fixtures/test.sh fails the run when one does).
+pub struct PluginProxy {
+    state: PathBuf,
+}
+
+impl PluginProxy {
+    /// The proxy (if any) that a plugin starts in `state`.
+    pub fn in_state_dir(state: &Path) -> PluginProxy {
+        PluginProxy {
+            state: state.to_path_buf(),
+        }
+    }
+
+    /// Its pid, while `proxy.pid` names one.
+    pub fn pid(&self) -> Option<i32> {
+        std::fs::read_to_string(self.state.join("proxy.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Stops it now (the next kubectl starts a new one).
+    pub fn stop(&self) {
+        if let Some(pid) = self.pid() {
             stop_pid(pid);
         }
     }
 }
 
-impl Drop for KubectlUser {
+impl Drop for PluginProxy {
     fn drop(&mut self) {
-        self.stop_proxy();
+        self.stop();
     }
 }
 

@@ -23,6 +23,7 @@ pub mod session_limit;
 pub mod softhsm;
 pub mod strace;
 pub mod swtpm;
+pub mod terminal;
 pub mod tools;
 pub mod upstream;
 

@@ -194,8 +194,11 @@ impl Identity {
             &String::from_utf8(csr.stdout).expect("CSR is UTF-8"),
             validity,
         );
-        std::fs::write(&self.cert, pem)
-            .unwrap_or_else(|e| panic!("write {}: {e}", self.cert.display()));
+        // Atomically, so a proxy watching the file never reads half of it.
+        let tmp = self.cert.with_extension("short-lived");
+        std::fs::write(&tmp, pem).unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
+        std::fs::rename(&tmp, &self.cert)
+            .unwrap_or_else(|e| panic!("rename to {}: {e}", self.cert.display()));
     }
 
     /// A CSR signed in the hardware for `subject`, signed by the test CA into `out`.
@@ -261,6 +264,16 @@ pub struct ProxyOptions<'a> {
     pub cert: Option<&'a Path>,
     /// Another `--upstream-ca` than the identity's CA.
     pub upstream_ca: Option<&'a Path>,
+}
+
+impl ProxyOptions<'_> {
+    /// Only extra command-line arguments: `ProxyOptions::args(&["--idle-exit", "6s"])`.
+    pub fn args(args: &[&str]) -> Self {
+        ProxyOptions {
+            args: args.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        }
+    }
 }
 
 impl ProxyProcess {
@@ -392,6 +405,25 @@ impl ProxyProcess {
         (status, body)
     }
 
+    /// Polls `/healthz` (at most 30 s) until it answers `status`; returns the body. The answer
+    /// is cached for `--health-cache` unless a failure came since, so a change shows within
+    /// that time.
+    pub fn wait_for_health(&self, status: u16) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (got, body) = self.admin_get("/healthz");
+            if got == status {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "/healthz never answered {status} (last: {got} {body}):\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// The `/metrics` text.
     pub fn metrics(&self) -> String {
         let (status, body) = self.admin_get("/metrics");
@@ -406,7 +438,6 @@ impl ProxyProcess {
         metric_in(&text, series)
     }
 
-    /// `hwkey_signatures_total`.
     /// Waits (at most 20 s) until the metric `series` reaches `value`.
     pub fn wait_for_metric(&self, series: &str, value: f64) {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -420,6 +451,28 @@ impl ProxyProcess {
         }
     }
 
+    /// Replaces `id`'s certificate with one valid for `validity` from now, has this proxy reload
+    /// it (SIGHUP) and waits until it is the one in use; returns its NotAfter (Unix seconds) as
+    /// the proxy reports it. A test of expiry starts with a normal certificate and swaps, so the
+    /// proxy's start-up never eats into the short lifetime.
+    pub fn swap_in_short_lived_cert(&self, id: &Identity, validity: Duration) -> i64 {
+        const NOT_AFTER: &str = "hwkey_certificate_not_after_timestamp_seconds";
+        let before = self.metric(NOT_AFTER);
+        id.short_lived_cert(validity);
+        self.signal(libc::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.metric(NOT_AFTER) == before {
+            assert!(
+                Instant::now() < deadline,
+                "the short-lived certificate was never reloaded:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.metric(NOT_AFTER) as i64
+    }
+
+    /// `hwkey_signatures_total`.
     pub fn signatures(&self) -> u64 {
         self.metric("hwkey_signatures_total") as u64
     }

@@ -31,7 +31,7 @@ use cryptoki::mechanism::MechanismType;
 use cryptoki::object::{Attribute, AttributeType, CertificateType, ObjectClass, ObjectHandle};
 use cryptoki::session::UserType;
 
-use self::objects::KeyIdent;
+use self::objects::{Access, FoundKey, KeyIdent};
 use self::pool::SessionPool;
 use self::sign::SignError;
 use self::token::Token;
@@ -108,13 +108,11 @@ fn session_lost(e: &CkError) -> bool {
 
 /// Opens the key a URI names: finds the token, logs in once, finds the key and its public key.
 pub fn open(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
-    let token = Token::find(uri)?;
-    let session = token
-        .try_open_session()?
-        .ok_or_else(|| KeyError::SessionLimit {
-            token: token.place(),
-        })?;
-    let handle = objects::find_private_key(&token, &session, uri)?;
+    let FoundKey {
+        token,
+        session,
+        handle,
+    } = objects::find_key(uri, Access::Read)?;
     let ident = objects::ident(&token, &session, handle)?;
     let algorithm = objects::algorithm(&token, &session, handle)?;
     let spki = objects::public_spki(&token, &session, handle, &ident, algorithm)?;
@@ -290,15 +288,14 @@ pub fn list(uri: &Pkcs11Uri) -> Result<Vec<KeyListing>, KeyError> {
 
 /// Deletes the private key, its public key and its certificates.
 pub fn delete(uri: &Pkcs11Uri) -> Result<Vec<String>, KeyError> {
-    let token = Token::find(uri)?;
-    let session = token.open_session(true)?;
-    let private = objects::find_private_key(&token, &session, uri)?;
+    let FoundKey {
+        token,
+        session,
+        handle: private,
+    } = objects::find_key(uri, Access::Write)?;
     let ident = objects::ident(&token, &session, private)?;
     let mut doomed = vec![(private, format!("private key {}", ident.describe()))];
-    for public in session
-        .find_objects(&ident.template(ObjectClass::PUBLIC_KEY))
-        .map_err(|e| token.err("C_FindObjects", &e))?
-    {
+    for public in objects::public_keys(&token, &session, &ident)? {
         doomed.push((public, format!("public key {}", ident.describe())));
     }
     for (cert, _) in objects::certificates(&token, &session, &ident)? {
@@ -317,9 +314,11 @@ pub fn delete(uri: &Pkcs11Uri) -> Result<Vec<String>, KeyError> {
 /// Stores certificates as `CKO_CERTIFICATE` objects sharing the key's id and label. The new
 /// objects are written before the old ones are removed, so a failure leaves the old chain.
 pub fn store_chain(uri: &Pkcs11Uri, chain: &[Vec<u8>]) -> Result<String, KeyError> {
-    let token = Token::find(uri)?;
-    let session = token.open_session(true)?;
-    let private = objects::find_private_key(&token, &session, uri)?;
+    let FoundKey {
+        token,
+        session,
+        handle: private,
+    } = objects::find_key(uri, Access::Write)?;
     let ident = objects::ident(&token, &session, private)?;
     let old = objects::certificates(&token, &session, &ident)?;
     let mut created = Vec::new();
@@ -559,13 +558,11 @@ impl KeyBackend for Pkcs11Key {
 /// `CKA_SENSITIVE`, `CKA_EXTRACTABLE`, `CKA_NEVER_EXTRACTABLE`, `CKA_ALWAYS_SENSITIVE`, and
 /// whether `CKA_VALUE` was readable. `hwkey key show` prints them; tests assert on them.
 pub fn protection(uri: &Pkcs11Uri) -> Result<Vec<(&'static str, bool)>, KeyError> {
-    let token = Token::find(uri)?;
-    let session = token
-        .try_open_session()?
-        .ok_or_else(|| KeyError::SessionLimit {
-            token: token.place(),
-        })?;
-    let handle = objects::find_private_key(&token, &session, uri)?;
+    let FoundKey {
+        token,
+        session,
+        handle,
+    } = objects::find_key(uri, Access::Read)?;
     let attrs = session
         .get_attributes(
             handle,

@@ -54,6 +54,53 @@ pub(crate) fn private_key_template(uri: &Pkcs11Uri) -> Result<Vec<Attribute>, Ke
     Ok(t)
 }
 
+/// Whether a lookup only reads the token or changes objects on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    Read,
+    Write,
+}
+
+/// A private key found on its token, with the logged-in session that found it.
+pub(crate) struct FoundKey {
+    pub(crate) token: Token,
+    pub(crate) session: Session,
+    pub(crate) handle: ObjectHandle,
+}
+
+/// Finds the token a URI names, opens a logged-in session on it and finds exactly one private
+/// key: how every operation on a named key starts. A read takes a session only if the token has
+/// one to spare (else [`KeyError::SessionLimit`], naming the token); a write opens a read-write
+/// session.
+pub(crate) fn find_key(uri: &Pkcs11Uri, access: Access) -> Result<FoundKey, KeyError> {
+    let token = Token::find(uri)?;
+    let session = match access {
+        Access::Read => token
+            .try_open_session()?
+            .ok_or_else(|| KeyError::SessionLimit {
+                token: token.place(),
+            })?,
+        Access::Write => token.open_session(true)?,
+    };
+    let handle = find_private_key(&token, &session, uri)?;
+    Ok(FoundKey {
+        token,
+        session,
+        handle,
+    })
+}
+
+/// The public-key objects tied to a key.
+pub(crate) fn public_keys(
+    token: &Token,
+    session: &Session,
+    ident: &KeyIdent,
+) -> Result<Vec<ObjectHandle>, KeyError> {
+    session
+        .find_objects(&ident.template(ObjectClass::PUBLIC_KEY))
+        .map_err(|e| token.err("C_FindObjects", &e))
+}
+
 /// Finds exactly one private key for the URI.
 pub(crate) fn find_private_key(
     token: &Token,
@@ -191,9 +238,7 @@ pub(crate) fn public_spki(
     ident: &KeyIdent,
     alg: KeyAlgorithm,
 ) -> Result<Vec<u8>, KeyError> {
-    let publics = session
-        .find_objects(&ident.template(ObjectClass::PUBLIC_KEY))
-        .map_err(|e| token.err("C_FindObjects", &e))?;
+    let publics = public_keys(token, session, ident)?;
     if let Some(public) = publics.first() {
         return spki_from_key_object(token, session, *public, alg);
     }

@@ -251,7 +251,7 @@ mod tests {
         }
     }
 
-    /// Issue 21: a key file is outside input too; mutated, cut or random DER is refused, never
+    /// A key file is outside input too; mutated, cut or random DER is refused, never
     /// a panic (fixed seed and case count, like the other property tests).
     #[test]
     fn mutated_key_files_never_panic() {

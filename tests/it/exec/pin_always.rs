@@ -199,6 +199,7 @@ fn kubectl_with_a_pin_always_key_needs_the_pin_rarely() {
     let id = Identity::of_existing_key(Backend::SoftHsm(hsm), plain, temp_dir());
     let upstream = TestUpstream::start(&id.ca);
     let kubeconfig = work.path().join("kubeconfig");
+    let _proxy = support::kubectl::PluginProxy::in_state_dir(&work.path().join("state"));
     run_ok(
         hwkey()
             .envs(envs.clone())

@@ -355,21 +355,16 @@ fn kubeconfig_for(id: &Identity, upstream: &TestUpstream, uri: &str, dir: &Path)
     kubeconfig
 }
 
-/// The plugin under a terminal (`script`), typing the PIN after the prompt.
+/// The plugin under a terminal, typing the PIN once the prompt appears.
 fn prompted_credential(id: &Identity, info: &str) -> String {
-    require_tool("script", "bsdutils");
-    let shell = format!(
-        "(sleep 1; printf '{USER_PIN}\\r') | script -qec '{} credential' /dev/null",
-        env!("CARGO_BIN_EXE_hwkey")
-    );
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(&shell)
-        .envs(id.envs())
-        .env("KUBERNETES_EXEC_INFO", info)
-        .output()
-        .expect("script");
-    stdout(&out)
+    let mut envs = id.envs();
+    envs.push(("KUBERNETES_EXEC_INFO".into(), info.to_string()));
+    support::terminal::answer_prompt(
+        &format!("{} credential", env!("CARGO_BIN_EXE_hwkey")),
+        envs,
+        "PIN for token",
+        USER_PIN,
+    )
 }
 
 /// A proxy killed with SIGKILL leaves control.sock behind; the next interactive run still asks

@@ -6,7 +6,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::proxy::{Backend, Identity, ProxyProcess, RawHttp};
+use support::proxy::{Backend, Identity, ProxyOptions, ProxyProcess, RawHttp};
 use support::upstream::TestUpstream;
 use support::{output_text, require_tool};
 
@@ -15,7 +15,17 @@ fn a_stalled_tpm_does_not_stall_established_connections() {
     require_tool("curl", "curl");
     let id = Identity::tpm();
     let upstream = TestUpstream::start(&id.ca);
-    let proxy = ProxyProcess::start(&id, &upstream);
+    // The handshakes wait as long as the TPM is frozen (no timeout ends them first), and the
+    // debug log says when a connection stops waiting for a ticket and goes to the signer.
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions {
+            args: vec!["--handshake-timeout".into(), "120s".into()],
+            envs: vec![("HWKEY_LOG".into(), "debug".into())],
+            ..Default::default()
+        },
+    );
     let Backend::Tpm(tpm) = &id.backend else {
         unreachable!("Identity::tpm has a TPM backend")
     };
@@ -32,11 +42,7 @@ fn a_stalled_tpm_does_not_stall_established_connections() {
     // Forget the session tickets (a reload does), so the next connection must sign; then
     // freeze the TPM and start that connection.
     proxy.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while proxy.metric("hwkey_cert_reloads_total{result=\"ok\"}") < 1.0 && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
     let signatures_before = proxy.signatures();
     let before = upstream.stats().tcp_connections;
     let paused = tpm.pause();
@@ -54,8 +60,8 @@ fn a_stalled_tpm_does_not_stall_established_connections() {
                 .expect("curl")
         })
         .collect();
-    // Wait until they reach the upstream (TCP), then past the ticket gate's wait, so that all
-    // three are inside the (frozen) signer.
+    // Wait until they reach the upstream (TCP), then until the two that waited for the first
+    // one's ticket give up waiting, so that all three are inside the (frozen) signer.
     let deadline = Instant::now() + Duration::from_secs(30);
     while upstream.stats().tcp_connections < before + 3 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -67,7 +73,15 @@ fn a_stalled_tpm_does_not_stall_established_connections() {
         upstream.stats().tcp_connections,
         proxy.log()
     );
-    std::thread::sleep(hwkey::proxy::sessions::WARMUP_WAIT + Duration::from_millis(500));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while proxy.log().matches("no session ticket within").count() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the waiting handshakes never went to the signer:\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // While the TPM is frozen, the established watch delivers every event.
     for _ in 0..5 {

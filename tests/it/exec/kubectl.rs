@@ -194,7 +194,9 @@ fn kubectl_works_with_only_the_generated_kubeconfig_tpm() {
 #[cfg(feature = "pkcs11")]
 #[test]
 fn watch_streams_survives_a_killed_kubectl_and_idle_exit_ends_the_proxy() {
-    let c = Cluster::new(Identity::softhsm, "5s");
+    // An idle period long enough for the next kubectl to reach the proxy after the kill, however
+    // slowly it starts; the exit afterwards is waited for, not timed.
+    let c = Cluster::new(Identity::softhsm, "15s");
     let mut watch = c
         .kubectl()
         .args([
@@ -248,7 +250,7 @@ fn watch_streams_survives_a_killed_kubectl_and_idle_exit_ends_the_proxy() {
     run_ok(c.kubectl().args(["get", "--raw", "/version"]));
     assert_eq!(c.proxy_pid(), Some(pid));
     assert_eq!(c.proxy_starts(), 1);
-    // Without clients, --idle-exit (5s here) ends it.
+    // Without clients, --idle-exit (15s here) ends it.
     let deadline = Instant::now() + Duration::from_secs(60);
     while alive(pid) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
@@ -570,20 +572,15 @@ fn interactive_sessions_are_prompted_for_a_missing_pin() {
         "spec": {"interactive": true, "cluster": {"server": c.server(), "config": ext}},
     })
     .to_string();
-    // `script` gives the plugin a terminal; the PIN is typed after the prompt appears.
-    let shell = format!(
-        "(sleep 1; printf '{}\\r') | script -qec '{} credential' /dev/null",
+    // The plugin under a terminal; the PIN is typed once the prompt appears.
+    let mut envs = c.id.envs();
+    envs.push(("KUBERNETES_EXEC_INFO".into(), info));
+    let text = support::terminal::answer_prompt(
+        &format!("{} credential", env!("CARGO_BIN_EXE_hwkey")),
+        envs,
+        "PIN for token",
         support::USER_PIN,
-        env!("CARGO_BIN_EXE_hwkey")
     );
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(&shell)
-        .envs(c.id.envs())
-        .env("KUBERNETES_EXEC_INFO", &info)
-        .output()
-        .expect("script");
-    let text = stdout(&out);
     assert!(text.contains("PIN for token 'kube'"), "{text}");
     let before_json = text.split('{').next().unwrap_or_default();
     assert!(

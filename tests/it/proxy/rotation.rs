@@ -38,15 +38,12 @@ fn immediate_closes_connections_of_a_replaced_certificate() {
     let proxy = ProxyProcess::start_with(
         &id,
         &upstream,
-        ProxyOptions {
-            args: vec![
-                "--rotation-close".into(),
-                "immediate".into(),
-                "--reload-interval".into(),
-                "100ms".into(),
-            ],
-            ..Default::default()
-        },
+        ProxyOptions::args(&[
+            "--rotation-close",
+            "immediate",
+            "--reload-interval",
+            "100ms",
+        ]),
     );
     let mut watch = RawHttp::connect(&proxy.socket);
     watch.send(WATCH);
@@ -74,10 +71,10 @@ fn immediate_closes_connections_of_a_replaced_certificate() {
 #[test]
 fn a_connection_never_outlives_its_certificate() {
     let id = Identity::softhsm();
-    // A certificate that expires in a few seconds.
-    id.short_lived_cert(Duration::from_secs(8));
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
+    // A certificate that expires in a few seconds, in use before the watch opens.
+    proxy.swap_in_short_lived_cert(&id, Duration::from_secs(10));
     let mut watch = RawHttp::connect(&proxy.socket);
     watch.send(WATCH);
     assert_eq!(watch.read_head().0, 200);
@@ -100,14 +97,7 @@ fn a_failing_renewal_near_expiry_is_reported_as_degraded() {
     // NotBefore is backdated 5 minutes: 30 s left is past 90 % of the lifetime.
     id.short_lived_cert(Duration::from_secs(30));
     let upstream = TestUpstream::start(&id.ca);
-    let proxy = ProxyProcess::start_with(
-        &id,
-        &upstream,
-        ProxyOptions {
-            args: vec!["--renew".into()],
-            ..Default::default()
-        },
-    );
+    let proxy = ProxyProcess::start_with(&id, &upstream, ProxyOptions::args(&["--renew"]));
     let deadline = Instant::now() + Duration::from_secs(20);
     let body = loop {
         let (status, body) = proxy.admin_get("/healthz");

@@ -16,11 +16,11 @@ use support::kube::{Approval, KubeCluster};
 use support::proxy::Identity;
 use support::*;
 
-use crate::approver::{
+use crate::approver::kit::{
     decisions_on, deployment, install_approver, lease_holder, stop_bootstrap_proxy,
     submit_software_request, wait_until, KUBELET_SIGNER,
 };
-use crate::lifecycle::{bootstrap_attested, csr_field, enroll_node, wait_for_csr};
+use crate::lifecycle::kit::{bootstrap_attested, csr_field, enroll_node, wait_for_csr};
 
 /// The image's OCI layout directory and tag, as package.sh names them.
 fn built_image() -> (PathBuf, String) {

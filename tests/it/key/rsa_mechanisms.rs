@@ -226,10 +226,7 @@ fn a_pkcs1_only_token_is_refused_clearly_and_works_over_tls12_with_the_flag() {
     let proxy = ProxyProcess::start_with(
         &id,
         &upstream,
-        ProxyOptions {
-            args: vec!["--allow-tls12-fallback".into()],
-            ..Default::default()
-        },
+        ProxyOptions::args(&["--allow-tls12-fallback"]),
     );
     let v = kubectl_whoami(&proxy);
     assert_eq!(v["status"]["userInfo"]["username"], "alice", "{v}");

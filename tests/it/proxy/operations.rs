@@ -16,7 +16,6 @@ use support::*;
 proxy_tests_on_both_backends!(
     reload_installs_a_renewed_cert_and_refuses_another_key,
     upstream_outage_fails_cleanly_and_recovers,
-    idle_connections_hold_no_copy_buffers,
 );
 
 fn version(proxy: &ProxyProcess) -> serde_json::Value {
@@ -51,10 +50,7 @@ fn reload_installs_a_renewed_cert_and_refuses_another_key(identity: fn() -> Iden
     let proxy = ProxyProcess::start_with(
         &id,
         &upstream,
-        ProxyOptions {
-            args: vec!["--reload-interval".into(), "200ms".into()],
-            ..Default::default()
-        },
+        ProxyOptions::args(&["--reload-interval", "200ms"]),
     );
     let first = serial_of(&id.cert);
     assert_eq!(version(&proxy)["serial"], first.as_str());
@@ -185,8 +181,7 @@ fn upstream_outage_fails_cleanly_and_recovers(identity: fn() -> Identity) {
         "{text} {}",
         output_text(&out)
     );
-    let (code, body) = proxy.admin_get("/healthz");
-    assert_eq!(code, 503, "{body}");
+    let body = proxy.wait_for_health(503);
     assert!(body.contains("upstream"), "{body}");
 
     // Back on the same port: the proxy recovers without a restart.
@@ -194,7 +189,7 @@ fn upstream_outage_fails_cleanly_and_recovers(identity: fn() -> Identity) {
     assert_eq!(version(&proxy)["user"], "alice");
     let out = proxy.curl_tls(&cred, &["--fail"], "/version");
     assert!(out.status.success(), "{}", output_text(&out));
-    assert_eq!(proxy.admin_get("/healthz").0, 200);
+    proxy.wait_for_health(200);
     assert_eq!(upstream.stats().connections.len(), 2);
 }
 
@@ -316,244 +311,29 @@ fn exits_after_idle_exit_without_connections() {
         &id,
         &upstream,
         ProxyOptions {
-            args: vec!["--idle-exit".into(), "1s".into()],
+            // Long enough that the watch is open before the idle period can end, however slow
+            // the start.
+            args: vec!["--idle-exit".into(), "6s".into()],
             ..Default::default()
         },
     );
-    // An open connection keeps it alive past the idle limit.
+    // An open connection keeps it alive past the idle limit...
     let mut watch = RawHttp::connect(&proxy.socket);
     watch.send(
         "GET /api/v1/namespaces/default/configmaps?watch=1 HTTP/1.1\r\nHost: localhost\r\n\r\n",
     );
     assert_eq!(watch.read_head().0, 200);
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_secs(7));
     assert!(
         proxy.guard.try_wait().is_none(),
         "exited with a connection open"
     );
+    // ...and that connection still carries events.
+    let n = upstream.emit_watch_event();
+    watch.read_watch_event(n);
     drop(watch);
     let status = proxy.wait_exit(Duration::from_secs(15));
     assert!(status.success(), "{status}:\n{}", proxy.log());
     assert!(proxy.log().contains("no connection for"), "{}", proxy.log());
 }
 
-#[cfg(feature = "pkcs11")]
-#[test]
-fn handshake_timeout_idle_timeout_and_connection_limit() {
-    use std::io::{Read, Write};
-    let id = Identity::softhsm();
-    let upstream = TestUpstream::start(&id.ca);
-    let proxy = ProxyProcess::start_with(
-        &id,
-        &upstream,
-        ProxyOptions {
-            args: vec![
-                "--handshake-timeout".into(),
-                "1s".into(),
-                "--idle-timeout".into(),
-                "1500ms".into(),
-                "--max-connections".into(),
-                "1".into(),
-            ],
-            ..Default::default()
-        },
-    );
-
-    // A loopback client that never sends a ClientHello is cut off after the handshake timeout.
-    let mut silent =
-        std::net::TcpStream::connect(("127.0.0.1", proxy.tcp_port)).expect("connect tcp");
-    silent.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let mut buf = [0u8; 16];
-    assert_eq!(silent.read(&mut buf).unwrap_or(0), 0, "expected a close");
-    assert_eq!(
-        proxy.metric("hwkey_connections_refused_total{reason=\"handshake_timeout\"}"),
-        1.0
-    );
-    drop(silent);
-
-    // One slot: while a watch holds it, a second client is not served...
-    let mut watch = RawHttp::connect(&proxy.socket);
-    watch.send(
-        "GET /api/v1/namespaces/default/configmaps?watch=1 HTTP/1.1\r\nHost: localhost\r\n\r\n",
-    );
-    assert_eq!(watch.read_head().0, 200);
-    let mut waiting = std::os::unix::net::UnixStream::connect(&proxy.socket).expect("connect");
-    waiting
-        .write_all(b"GET /version HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .expect("write");
-    waiting
-        .set_read_timeout(Some(Duration::from_millis(700)))
-        .ok();
-    assert!(
-        waiting.read(&mut buf).is_err(),
-        "served beyond --max-connections"
-    );
-    // ...until the idle timeout closes the quiet watch, which frees the slot.
-    let mut rest = Vec::new();
-    let n = std::io::Read::read_to_end(&mut watch.reader, &mut rest).unwrap_or(0);
-    assert_eq!(n, 0, "the idle watch should just be closed");
-    waiting.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let mut response = String::new();
-    waiting.read_to_string(&mut response).expect("response");
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    assert!(response.contains("\"user\":\"alice\""), "{response}");
-}
-
-/// Waits (at most 10 s) until the proxy's connections hold no copy buffer.
-fn wait_until_no_copy_buffers(proxy: &ProxyProcess) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while proxy.metric("hwkey_copy_buffers") != 0.0 {
-        assert!(
-            Instant::now() < deadline,
-            "idle connections still hold {} copy buffers",
-            proxy.metric("hwkey_copy_buffers")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Idle streams hold no copy buffers (issue 12): with 20 watches open through the proxy and
-/// waiting for events, `hwkey_copy_buffers` is 0. A download whose client stops reading keeps
-/// its bytes in flight, so the gauge does rise: it counts what it says.
-fn idle_connections_hold_no_copy_buffers(identity: fn() -> Identity) {
-    let id = identity();
-    let upstream = TestUpstream::start(&id.ca);
-    let proxy = ProxyProcess::start(&id, &upstream);
-    let watches: Vec<RawHttp> = (0..20)
-        .map(|_| {
-            let mut w = RawHttp::connect(&proxy.socket);
-            w.send("GET /api/v1/namespaces/default/configmaps?watch=1 HTTP/1.1\r\nHost: localhost\r\n\r\n");
-            let (status, _) = w.read_head();
-            assert_eq!(status, 200, "{}", proxy.log());
-            w
-        })
-        .collect();
-    assert_eq!(proxy.metric("hwkey_connections_active"), 20.0);
-    wait_until_no_copy_buffers(&proxy);
-
-    // A client that asks for 64 MiB and reads nothing: the proxy holds the bytes it could not
-    // write yet.
-    let mut stalled = RawHttp::connect(&proxy.socket);
-    stalled.send("GET /bytes?n=67108864 HTTP/1.1\r\nHost: localhost\r\n\r\n");
-    proxy.wait_for_metric("hwkey_copy_buffers", 1.0);
-    drop(stalled);
-    drop(watches);
-}
-
-/// Issue 27: a keep-alive request allocates no buffer. Each request takes a copy buffer in
-/// each direction and a read-ahead buffer for the upstream's answer, and gives them back once
-/// answered; they used to be allocated (and zero-filled: 11.5 % of the proxy's CPU on small
-/// requests) every time, about three per request. Now they come back from the thread's pool:
-/// 2,000 requests on 8 connections allocate at most what fills each worker thread's pool once
-/// (3 sizes × 4 buffers), however many requests follow; and idle, the connections hold none.
-#[cfg(feature = "pkcs11")]
-#[test]
-fn keep_alive_requests_reuse_pooled_buffers_instead_of_allocating() {
-    let id = Identity::softhsm();
-    let upstream = TestUpstream::start(&id.ca);
-    let proxy = ProxyProcess::start(&id, &upstream);
-    let request = "GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n";
-    let mut conns: Vec<RawHttp> = (0..8).map(|_| RawHttp::connect(&proxy.socket)).collect();
-    let ask = |c: &mut RawHttp| {
-        c.send(request);
-        let (status, _) = c.read_response();
-        assert_eq!(status, 200, "{}", proxy.log());
-    };
-    // Each connection's upstream handshake and first request.
-    for c in conns.iter_mut() {
-        ask(c);
-    }
-    let allocations = "hwkey_copy_buffer_allocations_total";
-    let before = proxy.metric(allocations);
-    for i in 0..2000 {
-        ask(&mut conns[i % 8]);
-    }
-    let allocated = proxy.metric(allocations) - before;
-    let workers = std::fs::read_dir(format!("/proc/{}/task", proxy.guard.id()))
-        .expect("the proxy's threads")
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|name| name.starts_with("hwkey-proxy"))
-        .count();
-    assert!(workers >= 2, "no worker threads found");
-    let bound = (3 * hwkey::proxy::buffers::KEPT_PER_SIZE * workers) as f64;
-    assert!(
-        allocated <= bound,
-        "2,000 keep-alive requests allocated {allocated} buffers (at most {bound}: each of {workers} worker threads fills its pool once)"
-    );
-    wait_until_no_copy_buffers(&proxy);
-}
-
-/// Issue 27: a keep-alive request wakes no other thread of the proxy. On one multi-thread
-/// runtime, the worker that saw several connections' requests at once woke a parked worker to
-/// steal some (a futex wake-up: 0.36 per request in the 8-connection benchmark, ~2 µs each on
-/// this virtual machine). Each connection now lives on one single-worker runtime
-/// (`proxy::threads`), which has no other worker to wake: 2,000 requests on 8 connections, 8
-/// in flight at a time, make (almost) no futex call. Counted with strace on every thread of
-/// the proxy: a count, not a clock.
-#[cfg(feature = "pkcs11")]
-#[test]
-fn keep_alive_requests_wake_no_other_proxy_thread() {
-    let id = Identity::softhsm();
-    let upstream = TestUpstream::start(&id.ca);
-    let proxy = ProxyProcess::start(&id, &upstream);
-    let request = "GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n";
-    let mut conns: Vec<RawHttp> = (0..8).map(|_| RawHttp::connect(&proxy.socket)).collect();
-    let round = |conns: &mut Vec<RawHttp>| {
-        for c in conns.iter_mut() {
-            c.send(request);
-        }
-        for c in conns.iter_mut() {
-            let (status, _) = c.read_response();
-            assert_eq!(status, 200, "{}", proxy.log());
-        }
-    };
-    round(&mut conns); // the upstream handshakes
-    let strace = support::strace::Strace::attach(proxy.guard.id(), "futex");
-    for _ in 0..250 {
-        round(&mut conns);
-    }
-    let futex = strace.stop();
-    assert!(
-        futex <= 20,
-        "2,000 keep-alive requests made {futex} futex calls in the proxy (a thread waking another; at most 20 expected)"
-    );
-}
-
-/// What an idle connection costs the proxy (issue 12: ≤ 16 KiB each beyond the kernel's
-/// buffers, 1,000 of them in ≤ 32 MiB). After 100 connections have warmed the allocator, 500 more
-/// keep-alive connections, each after one request and so with its upstream TLS connection open,
-/// may add at most 12 KiB of RSS apiece. The connection's task used to keep every move of the
-/// upstream TLS stream in its own slot of its state (5.8 KiB per task; 13.8–14.3 KiB per
-/// connection in all, in this test's debug build); boxing the stream and the handshake futures
-/// took it to 10.4–10.8 KiB.
-#[cfg(feature = "pkcs11")]
-#[test]
-fn an_idle_connection_costs_the_proxy_at_most_12_kib() {
-    let id = Identity::softhsm();
-    let upstream = TestUpstream::start(&id.ca);
-    let proxy = ProxyProcess::start(&id, &upstream);
-    let open = |n: usize| -> Vec<RawHttp> {
-        (0..n)
-            .map(|_| {
-                let mut c = RawHttp::connect(&proxy.socket);
-                c.send("GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n");
-                let (status, _) = c.read_response();
-                assert_eq!(status, 200, "{}", proxy.log());
-                c
-            })
-            .collect()
-    };
-    let rss = || rss_kib(proxy.guard.id());
-    let _warm = open(100);
-    std::thread::sleep(Duration::from_millis(300));
-    let before = rss();
-    let more = open(500);
-    std::thread::sleep(Duration::from_millis(300));
-    let after = rss();
-    assert_eq!(proxy.metric("hwkey_connections_active"), 600.0);
-    let per = after.saturating_sub(before) as f64 / more.len() as f64;
-    assert!(
-        per <= 12.0,
-        "each idle connection added {per:.1} KiB of proxy RSS ({before} → {after} KiB for 500)"
-    );
-}

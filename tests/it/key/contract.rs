@@ -71,7 +71,7 @@ impl Device {
         match self {
             #[cfg(feature = "pkcs11")]
             Device::SoftHsm { prefix } => {
-                crate::pkcs11_key::hsm().key_uri("contract", &format!("{prefix}-{name}"))
+                crate::key::pkcs11::hsm().key_uri("contract", &format!("{prefix}-{name}"))
             }
             #[cfg(feature = "tpm")]
             Device::Tpm { tpm, dir } => format!(
@@ -86,7 +86,7 @@ impl Device {
     fn envs(&self) -> Vec<(String, String)> {
         match self {
             #[cfg(feature = "pkcs11")]
-            Device::SoftHsm { .. } => crate::pkcs11_key::hsm().envs(),
+            Device::SoftHsm { .. } => crate::key::pkcs11::hsm().envs(),
             #[cfg(feature = "tpm")]
             Device::Tpm { .. } => Vec::new(),
         }
