@@ -26,6 +26,7 @@ use super::listener::{accept_error, admit, check_peer, Bound};
 use super::metrics::Metrics;
 use super::ratelimit::RateLimited;
 use super::renewal::RenewalStatus;
+use super::settings::AdminSettings;
 use super::upstream::Upstream;
 use crate::endpoint::UpstreamTarget;
 use crate::stop::stopped;
@@ -40,8 +41,9 @@ pub struct Admin {
     pub health: HealthState,
     /// Loopback TCP admin connections, admitted by uid ([`ADMIN_MAX_CONNECTIONS`]).
     pub admission: Arc<Admission>,
-    /// UNIX-socket peers allowed besides the proxy's own uid.
-    pub allowed_uids: Vec<u32>,
+    /// Its section of the settings: the listen address and the uids admitted like the proxy's
+    /// own.
+    pub settings: AdminSettings,
     /// The last renewal failure (`--renew`): `/healthz` says "degraded" with it.
     pub renewal: Arc<RenewalStatus>,
 }
@@ -171,7 +173,7 @@ impl Admin {
                 Some((Box::new(s), Admitted::ByUid(ticket)))
             }
             Accepted::Unix(s) => {
-                if check_peer(&s, &self.allowed_uids).is_err() {
+                if check_peer(&s, &self.settings.allow_uids).is_err() {
                     if let Some(suppressed) = REFUSED_LOG.allow() {
                         tracing::warn!(suppressed, "refused an admin client of another user");
                     }

@@ -288,6 +288,8 @@ pub struct ClientSettings {
 pub struct AdminSettings {
     /// Where `/healthz` and `/metrics` are served.
     pub listen: ListenAddr,
+    /// Peers admitted like the proxy's own uid (`--allow-uid`).
+    pub allow_uids: Vec<u32>,
 }
 
 /// The lifetime section.
@@ -459,7 +461,10 @@ impl SettingsInput {
                     .unwrap_or(DEFAULT_CREDENTIAL_VALIDITY),
                 rotation_close: self.rotation_close.unwrap_or_default(),
             },
-            admin: self.admin.clone().map(|listen| AdminSettings { listen }),
+            admin: self.admin.clone().map(|listen| AdminSettings {
+                listen,
+                allow_uids: self.allow_uid.clone(),
+            }),
             lifetime: LifetimeSettings {
                 lock_file: self.lock_file.clone(),
                 idle_exit: self.idle_exit,

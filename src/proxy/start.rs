@@ -24,7 +24,7 @@ use super::listener::{self, Bound, Clients, LocalTls};
 use super::metrics::Metrics;
 use super::reload::{self, Reloader};
 use super::renewal::{self, RenewSettings, Renewal, RenewalStatus};
-use super::settings::Settings;
+use super::settings::{AdminSettings, Settings};
 use super::threads::{ConnectionThreads, Spawner};
 use super::upstream::{Identity, Upstream};
 use super::{limits, notify};
@@ -162,7 +162,10 @@ fn spawn(
     let addrs = bound.client_addrs();
     let clients = clients(settings, &parts, &addrs)?;
     let status = Arc::new(RenewalStatus::default());
-    let admin = admin_of(settings, &parts, status.clone());
+    let admin = settings
+        .admin
+        .as_ref()
+        .map(|section| admin_of(section, &parts, status.clone()));
     let renewal = renewal_of(settings, &parts, status);
     let reloader = Reloader {
         upstream: parts.upstream.clone(),
@@ -184,7 +187,7 @@ fn spawn(
             stop.clone(),
         )),
     ];
-    if let Some(a) = bound.admin {
+    if let (Some(a), Some(admin)) = (bound.admin, admin) {
         tasks.push(tokio::spawn(admin::serve(Arc::new(admin), a, stop.clone())));
     }
     if let Some(r) = renewal {
@@ -252,7 +255,7 @@ fn control(settings: &Settings, parts: Parts, bound: &[ListenAddr]) -> Control {
     }
 }
 
-fn admin_of(settings: &Settings, parts: &Parts, renewal: Arc<RenewalStatus>) -> Admin {
+fn admin_of(section: &AdminSettings, parts: &Parts, renewal: Arc<RenewalStatus>) -> Admin {
     Admin {
         upstream: parts.upstream.clone(),
         metrics: parts.metrics.clone(),
@@ -260,9 +263,9 @@ fn admin_of(settings: &Settings, parts: &Parts, renewal: Arc<RenewalStatus>) -> 
         admission: Admission::new(
             admin::ADMIN_MAX_CONNECTIONS,
             admin::ADMIN_RESERVED,
-            privileged_uids(&settings.clients.allow_uids),
+            privileged_uids(&section.allow_uids),
         ),
-        allowed_uids: settings.clients.allow_uids.clone(),
+        settings: section.clone(),
         renewal,
     }
 }
