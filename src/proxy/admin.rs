@@ -5,7 +5,11 @@
 //! `/healthz` is 200 when the key can sign and the upstream accepts TCP connections, else 503
 //! with the reasons. "Can sign" is proved by handshake signatures made since the last check;
 //! only when there were none does the check make one test signature (on a blocking thread),
-//! and its result is reused for [`KEY_CHECK_TTL`], so probes do not wear a slow TPM.
+//! and its result is reused for [`KEY_CHECK_TTL`], so probes do not wear a slow TPM. A whole
+//! answer stands for `--health-cache` (5 s), unless a signature or an upstream connection
+//! failed since: probes within it cost nothing, and when it gives way, probes arriving
+//! together share one check. So no number of probes makes the key sign or the proxy dial the
+//! API server more than once per period, and a cached "ok" never hides a failure.
 //!
 //! Tasks: one accept loop task, one task per admin connection (hyper HTTP/1.1). Another local
 //! user can reach a loopback TCP admin listener, so connections are capped, idle ones reaped
@@ -41,8 +45,8 @@ pub struct Admin {
     pub health: HealthState,
     /// Loopback TCP admin connections, admitted by uid ([`ADMIN_MAX_CONNECTIONS`]).
     pub admission: Arc<Admission>,
-    /// Its section of the settings: the listen address and the uids admitted like the proxy's
-    /// own.
+    /// Its section of the settings: the listen address, the uids admitted like the proxy's
+    /// own, and what `/healthz` may cost.
     pub settings: AdminSettings,
     /// The last renewal failure (`--renew`): `/healthz` says "degraded" with it.
     pub renewal: Arc<RenewalStatus>,
@@ -53,10 +57,50 @@ pub const KEY_CHECK_TTL: Duration = Duration::from_secs(30);
 /// How long `/healthz` waits for the upstream's TCP accept.
 const UPSTREAM_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Remembers what the last key check found.
+/// Remembers what the last key check found, and the last `/healthz` answer.
 #[derive(Debug, Default)]
 pub struct HealthState {
     last: Mutex<Option<KeyCheck>>,
+    answer: Mutex<Option<Answer>>,
+    /// Held while a check runs: probes arriving meanwhile wait for its answer.
+    checking: tokio::sync::Mutex<()>,
+}
+
+/// One `/healthz` answer, when it was made, and the failures counted by then.
+#[derive(Debug, Clone)]
+struct Answer {
+    at: Instant,
+    failures: Failures,
+    status: StatusCode,
+    body: String,
+}
+
+/// Failed signatures and failed upstream connections since start. A failure after an answer
+/// is news: that answer no longer stands, so a cached "ok" never hides a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Failures {
+    signatures: u64,
+    upstream: u64,
+}
+
+impl Failures {
+    fn now(shared: &Admin) -> Failures {
+        Failures {
+            signatures: shared.upstream.key().signature_failures(),
+            upstream: shared.metrics.upstream_errors(),
+        }
+    }
+}
+
+impl HealthState {
+    /// The last answer, if it is younger than `stands` and no failure came since.
+    fn fresh(&self, stands: Duration, failures: Failures) -> Option<Answer> {
+        self.answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .filter(|a| a.at.elapsed() < stands && a.failures == failures)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -246,34 +290,65 @@ async fn route(shared: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
             )
         }
         ("GET", "/healthz") => {
-            let mut problems = Vec::new();
-            if let Err(e) = key_check(shared).await {
-                problems.push(format!("key: {e}"));
-            }
-            if let Err(e) = upstream_check(shared).await {
-                problems.push(format!("upstream: {e}"));
-            }
-            if let Err(e) = certificate_check(shared) {
-                problems.push(format!("certificate: {e}"));
-            }
-            if problems.is_empty() {
-                match renewal_degraded(shared) {
-                    Some(why) => text(StatusCode::OK, "text/plain", format!("degraded: {why}\n")),
-                    None => text(StatusCode::OK, "text/plain", "ok\n".into()),
-                }
-            } else {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    format!("unhealthy: {}\n", problems.join("; ")),
-                )
-            }
+            let answer = healthz(shared).await;
+            text(answer.status, "text/plain", answer.body)
         }
         _ => text(
             StatusCode::NOT_FOUND,
             "text/plain",
             "not found: try /healthz or /metrics\n".into(),
         ),
+    }
+}
+
+/// The `/healthz` answer: the last one while it stands, else one new check shared by every
+/// probe waiting for it.
+async fn healthz(shared: &Admin) -> Answer {
+    let stands = shared.settings.health_cache;
+    if let Some(a) = shared.health.fresh(stands, Failures::now(shared)) {
+        return a;
+    }
+    let _one_check = shared.health.checking.lock().await;
+    if let Some(a) = shared.health.fresh(stands, Failures::now(shared)) {
+        return a;
+    }
+    let (status, body) = check(shared).await;
+    // Counted after the check, so the check's own failed test signature is not news.
+    let failures = Failures::now(shared);
+    let answer = Answer {
+        at: Instant::now(),
+        failures,
+        status,
+        body,
+    };
+    *shared
+        .health
+        .answer
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = Some(answer.clone());
+    answer
+}
+
+/// Checks the key, the upstream and the certificate: 200 with "ok" or "degraded: …", or 503
+/// with every problem found.
+async fn check(shared: &Admin) -> (StatusCode, String) {
+    let mut problems = Vec::new();
+    if let Err(e) = key_check(shared).await {
+        problems.push(format!("key: {e}"));
+    }
+    if let Err(e) = upstream_check(shared).await {
+        problems.push(format!("upstream: {e}"));
+    }
+    if let Err(e) = certificate_check(shared) {
+        problems.push(format!("certificate: {e}"));
+    }
+    if !problems.is_empty() {
+        let body = format!("unhealthy: {}\n", problems.join("; "));
+        return (StatusCode::SERVICE_UNAVAILABLE, body);
+    }
+    match renewal_degraded(shared) {
+        Some(why) => (StatusCode::OK, format!("degraded: {why}\n")),
+        None => (StatusCode::OK, "ok\n".into()),
     }
 }
 

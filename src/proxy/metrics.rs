@@ -369,6 +369,15 @@ impl Metrics {
         self.upstream_errors.get(stage).inc();
     }
 
+    /// Failed upstream connections since start, every step together: news `/healthz` must not
+    /// hide behind an answer it gave before.
+    pub fn upstream_errors(&self) -> u64 {
+        UpstreamStage::ALL
+            .iter()
+            .map(|s| self.upstream_errors.get(*s).get())
+            .sum()
+    }
+
     /// Observes a loopback TLS handshake's latency.
     pub fn local_handshake(&self, took: Duration) {
         self.local_latency.observe(took.as_secs_f64());

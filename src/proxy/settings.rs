@@ -42,6 +42,8 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Default `--reload-interval` (how often the cert file is compared).
 pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+/// Default `--health-cache`: how long one `/healthz` answer stands.
+pub const DEFAULT_HEALTH_CACHE: Duration = Duration::from_secs(5);
 /// Default `--credential-validity`: loopback credential lifetime when the client asks for none.
 pub const DEFAULT_CREDENTIAL_VALIDITY: Duration = Duration::from_secs(600);
 
@@ -102,6 +104,11 @@ pub struct SettingsInput {
     #[arg(long, env = "HWKEY_ADMIN")]
     #[serde(default, deserialize_with = "crate::serde_text::option::deserialize")]
     pub admin: Option<ListenAddr>,
+    /// How long one /healthz answer stands (default 5s, 1s to 1h): probes within it get that
+    /// answer at no cost, and when it runs out concurrent probes share one new check.
+    #[arg(long, env = "HWKEY_HEALTH_CACHE", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
+    pub health_cache: Option<Duration>,
     /// Directory for the loopback CA and the control socket (default:
     /// $XDG_STATE_HOME/hwkey or ~/.local/state/hwkey).
     #[arg(long, env = "HWKEY_STATE_DIR")]
@@ -290,6 +297,8 @@ pub struct AdminSettings {
     pub listen: ListenAddr,
     /// Peers admitted like the proxy's own uid (`--allow-uid`).
     pub allow_uids: Vec<u32>,
+    /// How long one `/healthz` answer stands.
+    pub health_cache: Duration,
 }
 
 /// The lifetime section.
@@ -464,6 +473,7 @@ impl SettingsInput {
             admin: self.admin.clone().map(|listen| AdminSettings {
                 listen,
                 allow_uids: self.allow_uid.clone(),
+                health_cache: self.health_cache.unwrap_or(DEFAULT_HEALTH_CACHE),
             }),
             lifetime: LifetimeSettings {
                 lock_file: self.lock_file.clone(),
@@ -544,6 +554,12 @@ impl SettingsInput {
                 s(DAY),
             ),
             ("reload-interval", self.reload_interval, ms(100), s(DAY)),
+            (
+                "health-cache",
+                positive("health-cache", self.health_cache)?,
+                s(1),
+                s(3600),
+            ),
         ] {
             if let Some(d) = given.filter(|d| !d.is_zero() && (*d < min || *d > max)) {
                 return Err(SettingsError::OutOfRange {
@@ -756,6 +772,11 @@ mod tests {
                 "cannot work",
             ),
             (|s| s.max_connections = Some(0), "1 or more"),
+            (|s| s.health_cache = Some(Duration::ZERO), "more than 0"),
+            (
+                |s| s.health_cache = Some(Duration::from_secs(7200)),
+                "cannot work",
+            ),
             (
                 |s| s.listen = vec!["tcp:0.0.0.0:1".parse().expect("addr")],
                 "not a loopback",

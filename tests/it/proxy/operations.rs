@@ -337,3 +337,57 @@ fn exits_after_idle_exit_without_connections() {
     assert!(proxy.log().contains("no connection for"), "{}", proxy.log());
 }
 
+/// `/healthz` costs the key and the API server at most one check per `--health-cache` period,
+/// however many probes arrive: 24 at once (another local user can send them) make at most one
+/// test signature and one upstream connection between them, and 24 more within the period
+/// make none. Counted, not timed: the signatures the key made and the connections the upstream
+/// accepted.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn healthz_probes_share_one_check_per_health_cache_period() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions::args(&["--health-cache", "1h"]),
+    );
+    let (signatures, dials) = (proxy.signatures(), upstream.stats().tcp_connections);
+    let answers: Vec<(u16, String)> = std::thread::scope(|s| {
+        let probes: Vec<_> = (0..24)
+            .map(|_| s.spawn(|| proxy.admin_get("/healthz")))
+            .collect();
+        probes
+            .into_iter()
+            .map(|p| p.join().expect("probe"))
+            .collect()
+    });
+    for (status, body) in &answers {
+        assert_eq!((*status, body.trim_end()), (200, "ok"), "{}", proxy.log());
+    }
+    assert!(
+        proxy.signatures() <= signatures + 1,
+        "24 probes at once made {} signatures",
+        proxy.signatures() - signatures
+    );
+    let after_burst = upstream.stats().tcp_connections;
+    assert!(
+        after_burst <= dials + 1,
+        "24 probes at once dialled the API server {} times",
+        after_burst - dials
+    );
+    let signatures = proxy.signatures();
+    for _ in 0..24 {
+        assert_eq!(proxy.admin_get("/healthz").0, 200);
+    }
+    assert_eq!(
+        proxy.signatures(),
+        signatures,
+        "probes within the period signed"
+    );
+    assert_eq!(
+        upstream.stats().tcp_connections,
+        after_burst,
+        "probes within the period dialled the API server"
+    );
+}
