@@ -18,7 +18,7 @@ PACKAGES=(
   opensc nginx-light clang pkg-config openssl curl ca-certificates build-essential
   python3 python3-prometheus-client p11-kit p11-kit-modules tpm2-abrmd libtss2-tcti-tabrmd0 dbus
   libtpm2-pkcs11-1 libtpm2-pkcs11-tools libp11-kit-dev squid dante-server iptables man-db
-  lintian umoci runc mmdebstrap bash-completion strace
+  lintian umoci runc mmdebstrap bash-completion strace systemd
 )
 
 is_installed() {

@@ -184,7 +184,8 @@ fn check(path: &Path, meta: &fs::Metadata, want_dir: bool) -> io::Result<()> {
         return refuse(format!("{} is not a directory", path.display()));
     }
     let me = own_uid();
-    if meta.uid() != me {
+    if meta.uid() != me && !(me == 0 && root_may_trust(path, meta.uid())) {
+        // Root trusts one other owner, in one place: see root_may_trust.
         return refuse(format!(
             "{} belongs to uid {}, not to uid {me} who runs hwkey: use a state directory of your own (--state-dir), or `chown` it if it really is yours",
             path.display(),
@@ -199,6 +200,59 @@ fn check(path: &Path, meta: &fs::Metadata, want_dir: bool) -> io::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Whether root may use `path` although it belongs to `owner`: systemd's `StateDirectory=` gives
+/// `/var/lib/hwkey/INSTANCE` to the proxy unit's system user, and root's exec plugin (kubelet's)
+/// talks to that proxy. Acceptable only when `owner` is that service user ([`SERVICE_USER`]: the
+/// proxy itself, whose state it is) and the ownership chain ends at root: every directory above
+/// `path` up to the first one root owns belongs to `owner`, and none of them (that root-owned
+/// one included) is writable by anyone else. Any other user's directory stays refused (it could
+/// hold a loopback CA of that user's making).
+fn root_may_trust(path: &Path, owner: u32) -> bool {
+    if service_uid() != Some(owner) {
+        return false;
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Ok(mut dir) = fs::canonicalize(parent) else {
+        return false;
+    };
+    loop {
+        let Ok(meta) = fs::symlink_metadata(&dir) else {
+            return false;
+        };
+        if !meta.is_dir() || meta.mode() & 0o022 != 0 {
+            return false;
+        }
+        if meta.uid() == 0 {
+            return true;
+        }
+        if meta.uid() != owner || !dir.pop() {
+            return false;
+        }
+    }
+}
+
+/// The system user `hwkey-proxy@.service` runs as; the package makes it.
+pub const SERVICE_USER: &str = "hwkey";
+
+/// The uid of the service user (`HWKEY_SERVICE_USER` names another, for hosts that run the unit
+/// as a user of their own), from `/etc/passwd` (system users are local).
+fn service_uid() -> Option<u32> {
+    let name = std::env::var("HWKEY_SERVICE_USER")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| SERVICE_USER.to_string());
+    let passwd = fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next()? == name)
+            .then(|| fields.nth(1)?.parse().ok())
+            .flatten()
+    })
 }
 
 /// Reads a file of a state directory without following symbolic links, after checking its

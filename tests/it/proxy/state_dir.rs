@@ -193,3 +193,51 @@ fn the_plugin_refuses_another_users_control_socket() {
     drop(proxy);
     let _ = ProxyProcess::start; // the proxy above is a plain ChildGuard: killed on drop
 }
+
+/// `hwkey kubeconfig` on an existing state directory (it reads the loopback CA there).
+fn kubeconfig_on(id: &Identity, upstream: &TestUpstream, state: &Path) -> Command {
+    let mut cmd = hwkey();
+    cmd.envs(id.envs())
+        .args(["kubeconfig", "--name", "again", "--key", &id.key_uri])
+        .args(["--server", &upstream.url(), "--ca"])
+        .arg(id.ca.ca_path())
+        .arg("--out")
+        .arg(state.with_file_name("kubeconfig-again"))
+        .arg("--state-dir")
+        .arg(state);
+    cmd
+}
+
+/// Root (kubelet's exec plugin) uses the state of the proxy unit's service user when root gave
+/// it (the owners' chain ends at a root-owned directory no one else may write), as systemd's
+/// `StateDirectory=` does: the same directory is refused when it belongs to any other user, or
+/// when the directory above it may be written by others.
+#[test]
+fn root_trusts_the_service_users_state_only_where_root_gave_it() {
+    require_root();
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let (dir, state) = state_with_ca(&id, &upstream);
+    run_ok(
+        Command::new("chown")
+            .args(["-R", "65534:65534"])
+            .arg(&state),
+    );
+    // nobody (65534) as the service user: trusted.
+    run_ok(kubeconfig_on(&id, &upstream, &state).env("HWKEY_SERVICE_USER", "nobody"));
+    // Not the service user: refused, as before.
+    let out = run_fail(&mut kubeconfig_on(&id, &upstream, &state));
+    assert!(
+        output_text(&out).contains("belongs to uid 65534"),
+        "{}",
+        output_text(&out)
+    );
+    // The service user's, but under a directory others may write: refused.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let out = run_fail(kubeconfig_on(&id, &upstream, &state).env("HWKEY_SERVICE_USER", "nobody"));
+    assert!(
+        output_text(&out).contains("belongs to uid 65534"),
+        "{}",
+        output_text(&out)
+    );
+}

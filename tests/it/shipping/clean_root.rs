@@ -148,11 +148,19 @@ fn the_package_installs_into_a_clean_debian_root_and_the_main_job_runs_there() {
     );
     let linked = root.run_ok("ldd", "ldd /usr/bin/hwkey /usr/bin/hwkey-credential");
     assert!(!linked.contains("not found"), "{linked}");
+    // Root's, writable by no one else: what lets root's exec plugin trust an instance directory
+    // systemd gives to the unit's user; traversable by that user.
     let state = root.run_ok("stat /var/lib/hwkey", "stat -c '%a %U %G' /var/lib/hwkey");
     assert_eq!(
         state.trim(),
-        "700 root root",
+        "755 root root",
         "the proxy's state-dir check needs this"
+    );
+    // The system user the proxy unit runs as.
+    let user = root.run_ok("getent passwd hwkey", "getent passwd hwkey");
+    assert!(
+        user.starts_with("hwkey:") && user.trim_end().ends_with(":/usr/sbin/nologin"),
+        "{user}"
     );
     let files = root.run_ok("dpkg -L hwkey", "dpkg -L hwkey");
     for shipped in [
