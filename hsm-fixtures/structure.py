@@ -40,7 +40,7 @@ LAYERS = {
     "pki": 2,
     # What the exec plugin and the proxy share: the kubeconfig (its hwkey extension, written by
     # the generator) and the control socket's protocol.
-    "kubeconfig": 3, "control_api": 3, "egress": 3,
+    "kubeconfig": 3, "control_api": 3, "egress": 3, "signer": 3,
     "exec": 4,
     "lifecycle": 5, "approver": 5,
     "proxy": 6, "probe": 6,

@@ -34,6 +34,7 @@ pub mod pki;
 pub mod probe;
 pub mod proxy;
 pub mod serde_text;
+pub mod signer;
 pub mod small_file;
 pub mod state_dir;
 pub mod stop;

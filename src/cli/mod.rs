@@ -76,6 +76,12 @@ enum Command {
     Man(manual::ManArgs),
     /// Print a shell completion script (bash, zsh, fish, …).
     Completions(manual::CompletionsArgs),
+    /// (internal) The signer's supervisor, which `hwkey proxy` starts.
+    #[command(name = "signer-supervisor", hide = true)]
+    SignerSupervisor,
+    /// (internal) A signer, which the supervisor starts.
+    #[command(hide = true)]
+    Signer,
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -83,6 +89,10 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let result = match cli.command {
+        Command::SignerSupervisor => {
+            return ExitCode::from(crate::signer::supervisor::supervisor_main())
+        }
+        Command::Signer => return ExitCode::from(crate::signer::supervisor::signer_main()),
         Command::Key(c) => key::run(c),
         Command::Csr(a) => csr::run(a),
         Command::Cert(c) => cert::run(c),
@@ -153,6 +163,7 @@ fn pin_refused(e: &anyhow::Error) -> bool {
                 | KeyError::PinRemembered { .. }
                 | KeyError::PinFinalTry { .. }
                 | KeyError::PinLocked { .. }
+                | KeyError::SignerPinRefused { .. }
         )
     };
     let in_pki = |p: &PkiError| matches!(p, PkiError::Key(k) if is_pin(k));

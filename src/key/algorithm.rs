@@ -9,7 +9,8 @@ use std::str::FromStr;
 use super::KeyError;
 
 /// The kind of key pair a hardware key holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum KeyAlgorithm {
     /// ECDSA on NIST P-256 (secp256r1).
     EcP256,
@@ -164,7 +165,8 @@ impl HashAlg {
 /// Every scheme signs the whole message (the backend hashes it). ECDSA signatures come back
 /// DER-encoded (`Ecdsa-Sig-Value`), as TLS and X.509 want them; RSA signatures are the raw
 /// big-endian integer of the modulus length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum SignScheme {
     /// ECDSA on P-256 with SHA-256.
     EcdsaP256Sha256,

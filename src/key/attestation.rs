@@ -7,6 +7,24 @@
 
 use super::{KeyError, Malformation};
 
+/// The qualifying data that binds evidence to a request's subject and key, and to the time it
+/// was made (`made_at`, Unix seconds): what TPM2_Certify signs as `extraData`.
+pub fn qualifying_data(subject_der: &[u8], spki_der: &[u8], made_at: u64) -> Vec<u8> {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(subject_der);
+    ctx.update(spki_der);
+    ctx.update(&made_at.to_be_bytes());
+    ctx.finish().as_ref().to_vec()
+}
+
+/// Now, in Unix seconds: the `madeAt` of new evidence.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 /// TPM2_Certify output for one key, plus what a verifier needs to check it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TpmEvidence {

@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-use super::{attestation, KeyAlgorithm, KeyError, KeyUri, Protection, SignScheme, SigningPath};
+use super::{
+    attestation, KeyAlgorithm, KeyError, KeyUri, Protection, Purpose, SignScheme, SigningPath,
+};
 
 /// What a hardware backend provides. One job: sign inside the device.
 pub trait KeyBackend: Send + Sync + fmt::Debug {
@@ -16,6 +18,59 @@ pub trait KeyBackend: Send + Sync + fmt::Debug {
     /// Signs `message` (the whole message; the backend hashes) with `scheme`, which the caller
     /// has checked is one of `algorithm().schemes()`. ECDSA results are DER.
     fn sign(&self, scheme: SignScheme, message: &[u8]) -> Result<Vec<u8>, KeyError>;
+
+    /// Signs `message` for `purpose`. A backend in this process signs any message (its caller
+    /// is this process's own code); the signer's remote key passes the purpose on, and the
+    /// signer refuses a message that does not have that purpose's shape.
+    fn sign_for(
+        &self,
+        purpose: Purpose,
+        scheme: SignScheme,
+        message: &[u8],
+    ) -> Result<Vec<u8>, KeyError> {
+        let _ = purpose;
+        self.sign(scheme, message)
+    }
+
+    /// TPM2_Certify evidence for a request with the DER subject `subject_der` made at `made_at`
+    /// (Unix seconds): the qualifying data binds both and this key's public key
+    /// ([`attestation::qualifying_data`]). Computed here in this process; a signer computes it
+    /// itself after checking that the subject is its identity's and the time is now.
+    fn certify_request(
+        &self,
+        ak_handle: u32,
+        subject_der: &[u8],
+        made_at: u64,
+    ) -> Result<attestation::TpmEvidence, KeyError> {
+        let binding = attestation::qualifying_data(subject_der, self.spki_der(), made_at);
+        self.certify(ak_handle, &binding)
+    }
+
+    /// Stores `chain` (DER, leaf first) with this key, `uri`: PKCS#11 certificate objects, or
+    /// `NAME.crt.pem` beside a TPM key file. Says where.
+    fn store_chain(&self, uri: &KeyUri, chain: &[Vec<u8>]) -> Result<String, KeyError> {
+        super::backends::store_chain(uri, chain)
+    }
+
+    /// Deletes this key, `uri`, from its device (with its public key and certificates); says
+    /// what was removed.
+    fn destroy(&self, uri: &KeyUri) -> Result<Vec<String>, KeyError> {
+        super::backends::delete(uri)
+    }
+
+    /// Creates the next key of the rotation series of this key, `uri`, on the same device
+    /// ([`super::rotation`]), with the same algorithm.
+    fn create_next(&self, uri: &KeyUri) -> Result<(KeyUri, Box<dyn KeyBackend>), KeyError> {
+        let next = super::rotation::next_key_uri(uri)?;
+        let backend = super::backends::create(&next, self.algorithm())?;
+        Ok((next, backend))
+    }
+
+    /// This key is the one in use from now on (after a rotation): a signer then never deletes
+    /// it. Nothing to do in this process.
+    fn mark_in_use(&self) -> Result<(), KeyError> {
+        Ok(())
+    }
 
     /// A short human description ("PKCS#11 token 'kube', object 'alice'").
     fn describe(&self) -> String;

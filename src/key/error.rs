@@ -221,6 +221,15 @@ pub enum KeyError {
     #[error("{0}")]
     Unsupported(String),
 
+    #[error("the signer refused to sign: {reason} (the key signs only TLS handshakes, requests for its own identity and health checks)")]
+    SignerRefused { reason: String },
+
+    #[error("{message}")]
+    SignerPinRefused { message: String },
+
+    #[error("{message}")]
+    Signer { message: String },
+
     #[error("{key} could leave its device: {reasons}. A hardware identity needs a key that cannot (create one with `hwkey key create`); to use this key anyway, pass --require-non-extractable=false")]
     Extractable { key: String, reasons: String },
 

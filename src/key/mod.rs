@@ -24,7 +24,9 @@ pub mod pin_memory;
 pub mod pkcs11;
 pub mod protection;
 pub(crate) mod pss;
+pub mod purpose;
 pub mod rcgen_signer;
+pub mod rotation;
 pub mod signing_path;
 pub mod tls;
 #[cfg(feature = "tpm")]
@@ -37,6 +39,7 @@ pub use backend::{KeyBackend, KeyListing, SessionStats};
 pub use error::{Cause, KeyError, Malformation, ParentProblem, Tss2Problem, Unusable};
 pub use opened::Key;
 pub use protection::{KeyPolicy, Protection};
+pub use purpose::{Purpose, HEALTH_CHECK_MESSAGE};
 pub use signing_path::SigningPath;
 pub use uri::{KeyUri, KeyUriParser, Pkcs11Uri, TpmKeyLocation, TpmUri};
 

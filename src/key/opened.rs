@@ -4,7 +4,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::backend::{KeyBackend, SessionStats};
 use super::{
-    attestation, backends, der, KeyAlgorithm, KeyError, KeyUri, Protection, SignScheme, SigningPath,
+    attestation, backends, der, KeyAlgorithm, KeyError, KeyUri, Protection, Purpose, SignScheme,
+    SigningPath,
 };
 
 /// An opened hardware key, ready to sign from any thread.
@@ -35,7 +36,8 @@ impl Key {
         ))
     }
 
-    fn from_backend(uri: KeyUri, backend: Box<dyn KeyBackend>) -> Key {
+    /// A key served by `backend` (the signer's remote key, or a device backend).
+    pub fn from_backend(uri: KeyUri, backend: Box<dyn KeyBackend>) -> Key {
         Key {
             uri,
             backend,
@@ -88,8 +90,28 @@ impl Key {
             .collect()
     }
 
-    /// Signs inside the hardware. Blocking; safe to call from many threads at once.
+    /// Signs inside the hardware. Blocking; safe to call from many threads at once. A key
+    /// served by a signer process signs only through [`Key::sign_for`].
     pub fn sign(&self, scheme: SignScheme, message: &[u8]) -> Result<Vec<u8>, KeyError> {
+        self.check_scheme(scheme)?;
+        let result = self.backend.sign(scheme, message);
+        self.count(result)
+    }
+
+    /// Signs `message` for `purpose` (see [`Purpose`]): what every signature the proxy and the
+    /// lifecycle make goes through, so a signer can refuse anything else. Blocking.
+    pub fn sign_for(
+        &self,
+        purpose: Purpose,
+        scheme: SignScheme,
+        message: &[u8],
+    ) -> Result<Vec<u8>, KeyError> {
+        self.check_scheme(scheme)?;
+        let result = self.backend.sign_for(purpose, scheme, message);
+        self.count(result)
+    }
+
+    fn check_scheme(&self, scheme: SignScheme) -> Result<(), KeyError> {
         let algorithm = self.algorithm();
         if !algorithm.schemes().contains(&scheme) || !self.signing_path().offers(scheme) {
             return Err(KeyError::UnsupportedScheme {
@@ -98,7 +120,11 @@ impl Key {
                 scheme: scheme.to_string(),
             });
         }
-        let result = self.backend.sign(scheme, message);
+        Ok(())
+    }
+
+    /// Counts a signature attempt and remembers its error.
+    fn count(&self, result: Result<Vec<u8>, KeyError>) -> Result<Vec<u8>, KeyError> {
         // The error slot is locked only when it changes: signing threads share this key, and a
         // lock taken on every signature made them queue behind each other.
         match &result {
@@ -147,6 +173,41 @@ impl Key {
     /// The certificate chain stored with the key (DER, leaf first), if any.
     pub fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError> {
         self.backend.stored_chain()
+    }
+
+    /// Stores `chain` (DER, leaf first) with the key; says where.
+    pub fn store_chain(&self, chain: &[Vec<u8>]) -> Result<String, KeyError> {
+        self.backend.store_chain(&self.uri, chain)
+    }
+
+    /// Deletes the key from its device (with its public key and certificates); says what was
+    /// removed.
+    pub fn destroy(&self) -> Result<Vec<String>, KeyError> {
+        self.backend.destroy(&self.uri)
+    }
+
+    /// Marks this key as the one in use (after a rotation): a signer never deletes it.
+    /// Blocking (a round trip to a signer).
+    pub fn mark_in_use(&self) -> Result<(), KeyError> {
+        self.backend.mark_in_use()
+    }
+
+    /// Creates and opens the next key of this key's rotation series (`--rotate-key`).
+    pub fn create_next(&self) -> Result<Key, KeyError> {
+        let (uri, backend) = self.backend.create_next(&self.uri)?;
+        Ok(Key::from_backend(uri, backend))
+    }
+
+    /// TPM2_Certify evidence for this key (TPM keys only) for a request with the DER subject
+    /// `subject_der` made at `made_at` (see [`KeyBackend::certify_request`]).
+    pub fn certify_request(
+        &self,
+        ak_handle: u32,
+        subject_der: &[u8],
+        made_at: u64,
+    ) -> Result<attestation::TpmEvidence, KeyError> {
+        self.backend
+            .certify_request(ak_handle, subject_der, made_at)
     }
 
     /// TPM2_Certify evidence for this key (TPM keys only), bound to `qualifying_data`.

@@ -47,9 +47,11 @@ impl rcgen::PublicKeyData for RcgenSigner {
 
 impl rcgen::SigningKey for RcgenSigner {
     fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
-        self.key.sign(self.scheme, msg).map_err(|e| {
-            tracing::error!("signing with {} failed: {e}", self.key.describe());
-            rcgen::Error::RemoteKeyError
-        })
+        self.key
+            .sign_for(super::Purpose::CertificateRequest, self.scheme, msg)
+            .map_err(|e| {
+                tracing::error!("signing with {} failed: {e}", self.key.describe());
+                rcgen::Error::RemoteKeyError
+            })
     }
 }

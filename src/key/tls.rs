@@ -144,7 +144,11 @@ struct HardwareSigner {
 
 impl Signer for HardwareSigner {
     fn sign(&self, message: &[u8]) -> Result<Vec<u8>, rustls::Error> {
-        let result = run_blocking(|| self.key.key.sign(self.scheme, message));
+        let result = run_blocking(|| {
+            self.key
+                .key
+                .sign_for(super::Purpose::Handshake, self.scheme, message)
+        });
         match result {
             Ok(sig) => {
                 *self

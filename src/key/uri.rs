@@ -447,6 +447,19 @@ impl KeyUri {
             other => other.clone(),
         }
     }
+
+    /// The PIN itself when the URI carries it in memory (`pin-value`, or a PIN read from a
+    /// pipe): the one PIN source the URI's text never shows, which a signer is handed apart.
+    pub fn pin_value(&self) -> Option<Zeroizing<String>> {
+        let pin = match self {
+            KeyUri::Pkcs11(u) => u.pin.as_ref(),
+            KeyUri::Tpm(u) => u.pin.as_ref(),
+        };
+        match pin {
+            Some(PinSource::Value(v)) => Some(v.clone()),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for KeyUri {

@@ -68,7 +68,7 @@ pub enum Bootstrapped {
 pub fn bootstrap(options: &BootstrapOptions) -> Result<Bootstrapped, LifecycleError> {
     check_node_name(&options.node_name)?;
     let subject = format!("CN=system:node:{},O=system:nodes", options.node_name);
-    let key = open_or_create(&options.key, options.create_key)?;
+    let key = std::sync::Arc::new(open_or_create(&options.key, options.create_key)?);
     key.require_non_extractable(options.require_non_extractable)?;
     let (config, ca_file) = read_bootstrap_kubeconfig(options)?;
 
@@ -78,7 +78,7 @@ pub fn bootstrap(options: &BootstrapOptions) -> Result<Bootstrapped, LifecycleEr
     }
     let target = match &options.cert {
         Some(p) => Target::File(p.clone()),
-        None => Target::KeyStore(Box::new(options.key.clone())),
+        None => Target::KeyStore(key.clone()),
     };
     let renewed = request_and_install(
         &key,

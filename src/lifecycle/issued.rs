@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use rustls::pki_types::CertificateDer;
 
 use super::LifecycleError;
-use crate::key::{Key, KeyUri};
+use crate::key::Key;
 use crate::pki::cert;
 
 /// A certificate that passed the checks.
@@ -96,15 +96,16 @@ pub fn check(name: &str, pem_chain: &[u8], key: &Key) -> Result<Issued, Lifecycl
 pub enum Target {
     /// A PEM file (the proxy's `--cert`).
     File(PathBuf),
-    /// The key's own store (PKCS#11 certificate objects, or `NAME.crt.pem` beside a TPM key).
-    KeyStore(Box<KeyUri>),
+    /// The key's own store (PKCS#11 certificate objects, or `NAME.crt.pem` beside a TPM key),
+    /// written through the key (a signer's key stores through the signer).
+    KeyStore(std::sync::Arc<crate::key::Key>),
 }
 
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Target::File(p) => write!(f, "{}", p.display()),
-            Target::KeyStore(uri) => write!(f, "the store of {uri}"),
+            Target::KeyStore(key) => write!(f, "the store of {}", key.uri().without_pin()),
         }
     }
 }
@@ -133,9 +134,9 @@ pub fn install_chain(
                 })?;
             Ok(path.display().to_string())
         }
-        Target::KeyStore(uri) => {
+        Target::KeyStore(key) => {
             let chain: Vec<Vec<u8>> = chain.iter().map(|c| c.to_vec()).collect();
-            Ok(crate::key::store_chain(uri, &chain)?)
+            Ok(key.store_chain(&chain)?)
         }
     }
 }

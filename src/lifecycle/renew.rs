@@ -90,7 +90,7 @@ pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
     )?);
     let target = match &options.cert {
         Some(path) => Target::File(path.clone()),
-        None => Target::KeyStore(Box::new(options.key.clone())),
+        None => Target::KeyStore(key.clone()),
     };
     request_and_install(
         &key,

@@ -87,8 +87,7 @@ pub fn build_attested(
 ) -> Result<Vec<u8>, PkiError> {
     let subject = yasna::construct_der(|w| request.subject.write_der(w));
     let made_at = super::attestation::unix_now();
-    let qualifying = super::attestation::qualifying_data(&subject, key.spki_der(), made_at);
-    let mut evidence = key.certify(ak_handle, &qualifying)?;
+    let mut evidence = key.certify_request(ak_handle, &subject, made_at)?;
     evidence.made_at = Some(made_at);
     build_with_evidence(key, request, &evidence)
 }
@@ -144,7 +143,7 @@ fn build_with(
             });
         })
     });
-    let signature = key.sign(scheme, &info)?;
+    let signature = key.sign_for(crate::key::Purpose::CertificateRequest, scheme, &info)?;
     Ok(yasna::construct_der(|w| {
         w.write_sequence(|w| {
             w.next().write_der(&info);

@@ -424,9 +424,13 @@ async fn key_check(shared: &Admin) -> Result<(), Unhealthy> {
     let key = shared.upstream.key();
     let result = tokio::task::spawn_blocking(move || {
         let scheme = key.schemes().first().copied().ok_or(Unhealthy::NoScheme)?;
-        key.sign(scheme, b"hwkey proxy health check")
-            .map(|_| ())
-            .map_err(|e| Unhealthy::Sign(Arc::new(e)))
+        key.sign_for(
+            crate::key::Purpose::HealthCheck,
+            scheme,
+            crate::key::HEALTH_CHECK_MESSAGE,
+        )
+        .map(|_| ())
+        .map_err(|e| Unhealthy::Sign(Arc::new(e)))
     })
     .await
     .unwrap_or_else(|e| Err(Unhealthy::Panicked(e.to_string())));

@@ -21,7 +21,10 @@ pub enum StartError {
     Settings(#[from] super::settings::SettingsError),
 
     #[error("--rotate-key: {0}")]
-    RotateKey(#[source] crate::lifecycle::LifecycleError),
+    RotateKey(#[source] crate::key::KeyError),
+
+    #[error("{0}")]
+    Signer(#[source] crate::signer::SignerError),
 
     #[error("invalid --tls-server-name '{given}': not a DNS name or IP address")]
     InvalidServerName { given: String },

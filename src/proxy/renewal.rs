@@ -32,7 +32,7 @@ use crate::key::{Key, KeyUri};
 use crate::lifecycle::issued::{self, Issued, Target};
 use crate::lifecycle::renew::{prepare, subject_text, submit, Ask, SubjectProblem};
 use crate::lifecycle::{client, LifecycleError, DEFAULT_WAIT};
-use crate::state_dir::{StateDir, CURRENT_KEY_FILE};
+use crate::state_dir::CURRENT_KEY_FILE;
 use crate::stop::stopped;
 
 /// First retry delay after a failed renewal; doubles up to [`MAX_BACKOFF`].
@@ -220,9 +220,8 @@ async fn renew_once(shared: &Renewal, settings: &RenewSettings) -> Result<Issued
     // With --rotate-key the request is for a fresh key made in the same device; it is still
     // authenticated with the current key and certificate.
     let key = if settings.rotate_key {
-        let uri = next_key_uri(current.uri())?;
-        let algorithm = current.algorithm();
-        let created = tokio::task::spawn_blocking(move || Key::create(&uri, algorithm))
+        let from = current.clone();
+        let created = tokio::task::spawn_blocking(move || from.create_next())
             .await
             .map_err(|source| LifecycleError::Panicked {
                 task: "creating the key",
@@ -237,7 +236,7 @@ async fn renew_once(shared: &Renewal, settings: &RenewSettings) -> Result<Issued
     let result = request_and_install(shared, settings, &current, &key).await;
     if result.is_err() && rotated {
         tracing::info!(key = %key.describe(), "deleting the key made for the failed renewal");
-        discard_key(key.uri().clone()).await;
+        discard_key(key).await;
     }
     result
 }
@@ -328,7 +327,7 @@ async fn request_and_install(
     let issued = request_certificate(shared, settings, key).await?;
     let target = match &settings.cert {
         Some(p) => Target::File(p.clone()),
-        None => Target::KeyStore(Box::new(key.uri().clone())),
+        None => Target::KeyStore(key.clone()),
     };
     let to_install = issued.clone();
     let install_target = target.clone();
@@ -350,17 +349,30 @@ async fn request_and_install(
         }
         return Ok(issued);
     }
-    // Key rotation: switch, prove the new key and certificate upstream, remember the new key
-    // for restarts, and delete the previous key only if this rotation series made it.
+    switch_key(shared, settings, current, key, &issued, &previous_chain).await?;
+    Ok(issued)
+}
+
+/// Key rotation: switch, prove the new key and certificate upstream, remember the new key for
+/// restarts, and delete the previous key only if this rotation series made it.
+async fn switch_key(
+    shared: &Renewal,
+    settings: &RenewSettings,
+    current: &Arc<Key>,
+    key: &Arc<Key>,
+    issued: &Issued,
+    previous_chain: &[rustls::pki_types::CertificateDer<'static>],
+) -> Result<(), LifecycleError> {
     shared
         .upstream
         .install_key(key.clone(), issued.chain.clone())?;
+    mark_in_use(key).await;
     if let Err(refused) = upstream_accepts(shared).await {
         let old_target = match &settings.cert {
             Some(p) => Target::File(p.clone()),
-            None => Target::KeyStore(Box::new(current.uri().clone())),
+            None => Target::KeyStore(current.clone()),
         };
-        roll_back(shared, &old_target, &previous_chain, Some(current)).await?;
+        roll_back(shared, &old_target, previous_chain, Some(current)).await?;
         return Err(LifecycleError::RefusedUpstream {
             source: Box::new(refused),
         });
@@ -375,24 +387,24 @@ async fn request_and_install(
         path: pointer,
         source,
     })?;
-    retire_previous_key(current.uri(), &settings.key, key.uri()).await;
-    Ok(issued)
+    retire_previous_key(current, &settings.key, key.uri()).await;
+    Ok(())
 }
 
 /// Deletes the key a rotation replaced, unless it is the configured key (`--key`, which other
 /// proxies, `renew --kubeconfig` and `doctor` may name): a rotation deletes only keys a
 /// rotation made.
-async fn retire_previous_key(previous: &KeyUri, configured: &KeyUri, new: &KeyUri) {
-    if previous.without_pin().to_string() == configured.without_pin().to_string() {
+async fn retire_previous_key(previous: &Arc<Key>, configured: &KeyUri, new: &KeyUri) {
+    if previous.uri().without_pin().to_string() == configured.without_pin().to_string() {
         tracing::warn!(
-            kept = %previous.without_pin(),
+            kept = %previous.uri().without_pin(),
             now = %new.without_pin(),
             "the configured key is kept (other proxies or kubeconfigs may use it); this proxy signs with the new key, recorded in {CURRENT_KEY_FILE}: update --key (and kubeconfigs naming the old key) to the new one, then delete the old key by hand"
         );
         return;
     }
     let old = previous.clone();
-    match tokio::task::spawn_blocking(move || crate::key::delete(&old)).await {
+    match tokio::task::spawn_blocking(move || old.destroy()).await {
         Ok(Ok(removed)) => {
             tracing::info!(removed = ?removed, "deleted the previous hardware key (--rotate-key)")
         }
@@ -458,7 +470,10 @@ async fn roll_back(
     key: Option<&Arc<Key>>,
 ) -> Result<(), LifecycleError> {
     match key {
-        Some(k) => shared.upstream.install_key(k.clone(), chain.to_vec())?,
+        Some(k) => {
+            shared.upstream.install_key(k.clone(), chain.to_vec())?;
+            mark_in_use(k).await;
+        }
         None => shared.upstream.install_chain(chain.to_vec())?,
     }
     let target = target.clone();
@@ -475,75 +490,20 @@ async fn roll_back(
     Ok(())
 }
 
-/// The key the proxy should use: the one a rotation left in `STATE/current-key`, with the
-/// configured PIN source, else `configured`.
-pub fn current_key(configured: &KeyUri, state_dir: &StateDir) -> KeyUri {
-    let Ok(text) = std::fs::read_to_string(state_dir.current_key()) else {
-        return configured.clone();
-    };
-    match text.trim().parse::<KeyUri>() {
-        Ok(KeyUri::Pkcs11(mut u)) => {
-            if let KeyUri::Pkcs11(c) = configured {
-                u.pin = c.pin.clone();
-            }
-            tracing::info!(key = %u, "using the key the last rotation left in {CURRENT_KEY_FILE}");
-            KeyUri::Pkcs11(u)
-        }
-        Ok(other) => {
-            tracing::info!(key = %other, "using the key the last rotation left in {CURRENT_KEY_FILE}");
-            other
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "ignoring an unreadable {CURRENT_KEY_FILE}");
-            configured.clone()
-        }
-    }
-}
-
-/// The URI of the next key of a rotation: the label (PKCS#11) or file name (TPM) with a
-/// `-r<unix time>` suffix in place of the previous one.
-pub fn next_key_uri(current: &KeyUri) -> Result<KeyUri, LifecycleError> {
-    let stamp = now_unix() as u64;
-    let base = |name: &str| -> String {
-        match name.rsplit_once("-r") {
-            Some((b, n)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => b.to_string(),
-            _ => name.to_string(),
-        }
-    };
-    match current {
-        KeyUri::Pkcs11(u) => {
-            let label = u.object.as_deref().ok_or_else(|| {
-                LifecycleError::Kubelet(
-                    "--rotate-key needs a key named by object= (its label)".into(),
-                )
-            })?;
-            Ok(KeyUri::Pkcs11(
-                u.with_key(Some(format!("{}-r{stamp}", base(label))), None),
-            ))
-        }
-        KeyUri::Tpm(t) => match &t.key {
-            Some(crate::key::TpmKeyLocation::Path(p)) => {
-                let file = p.file_name().and_then(|f| f.to_str()).unwrap_or("key");
-                let stem = file
-                    .strip_suffix(".tpm.pem")
-                    .or_else(|| file.strip_suffix(".pem"))
-                    .unwrap_or(file);
-                let mut t = t.clone();
-                t.key = Some(crate::key::TpmKeyLocation::Path(
-                    p.with_file_name(format!("{}-r{stamp}.tpm.pem", base(stem))),
-                ));
-                Ok(KeyUri::Tpm(t))
-            }
-            _ => Err(LifecycleError::Kubelet(
-                "--rotate-key needs a TPM key file (tpm:path=…), not a persistent handle".into(),
-            )),
-        },
+/// Tells the key's signer it is the key in use (so it is never deleted); off the runtime, as
+/// every call to the signer.
+async fn mark_in_use(key: &Arc<Key>) {
+    let key = key.clone();
+    match tokio::task::spawn_blocking(move || key.mark_in_use()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "cannot tell the signer which key is in use"),
+        Err(e) => tracing::error!(error = %e, "telling the signer which key is in use panicked"),
     }
 }
 
 /// Deletes a key made for a rotation whose request failed.
-async fn discard_key(uri: KeyUri) {
-    let _ = tokio::task::spawn_blocking(move || crate::key::delete(&uri)).await;
+async fn discard_key(key: Arc<Key>) {
+    let _ = tokio::task::spawn_blocking(move || key.destroy()).await;
 }
 
 /// A short label for the failures metric.

@@ -33,6 +33,8 @@ use crate::key::tls::{HardwareCertResolver, HardwareSigningKey};
 use crate::key::Key;
 use crate::pki::cert;
 use crate::pki::loopback_ca::LoopbackCa;
+use crate::signer::remote::SignerLink;
+use crate::signer::{SignerConfig, Supervisor};
 
 /// Runs the proxy until a stop cause (signal, lock owner gone, idle), then drains and returns
 /// why it stopped.
@@ -64,13 +66,22 @@ struct Opened {
 /// upstream trust and the loopback CA; refuses, in words, a key that cannot sign any handshake
 /// the upstream could accept.
 fn open(settings: &Settings) -> Result<Opened, StartError> {
-    let mut uri = settings.key.uri.clone();
-    if settings.renewal.as_ref().is_some_and(|r| r.rotate_key) {
-        uri = renewal::current_key(&uri, &settings.state_dir);
-        renewal::next_key_uri(&uri).map_err(StartError::RotateKey)?;
+    let rotation = settings.renewal.as_ref().is_some_and(|r| r.rotate_key);
+    if rotation {
+        let uri = crate::key::rotation::current_key(&settings.key.uri, &settings.state_dir);
+        crate::key::rotation::next_key_uri(&uri).map_err(StartError::RotateKey)?;
     }
-    let key = Arc::new(Key::open(&uri)?);
-    key.require_non_extractable(settings.key.require_non_extractable)?;
+    // The key lives in a signer process, started before any network input.
+    let supervisor = Supervisor::start(&SignerConfig {
+        key: settings.key.uri.clone(),
+        rotation_state: rotation.then(|| settings.state_dir.path().to_path_buf()),
+        cert: settings.key.cert.clone(),
+        tls12: true,
+        require_non_extractable: settings.key.require_non_extractable,
+    })
+    .map_err(StartError::Signer)?;
+    let (_link, key) = SignerLink::open(supervisor)?;
+    let key = Arc::new(key);
     let versions = crate::key::tls::protocol_versions(&key, settings.key.allow_tls12_fallback)?;
     let chain = cert::chain_for_key(&key, settings.key.cert.as_deref())?;
     cert::ensure_matches(&chain[0], &key)?;

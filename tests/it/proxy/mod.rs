@@ -23,6 +23,8 @@ mod rotation;
 #[cfg(feature = "pkcs11")]
 mod several_apiservers;
 #[cfg(feature = "pkcs11")]
+mod signer;
+#[cfg(feature = "pkcs11")]
 mod state_dir;
 mod stress;
 #[cfg(feature = "tpm")]

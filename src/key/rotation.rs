@@ -1,0 +1,176 @@
+//! The keys of a rotation series (`hwkey proxy --rotate-key`): how the next key is named, which
+//! key a proxy restarted mid-series uses, and which keys belong to a series at all. A signer
+//! creates and deletes keys only within the series of the key it was configured with, so a
+//! compromised network side cannot make it open, replace or destroy any other key.
+//!
+//! A series key is the configured key's label (PKCS#11, same token and module) or file name
+//! (TPM, same directory and TPM) with a `-r<unix time>` suffix.
+
+use std::path::Path;
+
+use super::{KeyError, KeyUri, TpmKeyLocation};
+use crate::state_dir::{StateDir, CURRENT_KEY_FILE};
+
+/// The URI of the next key of a rotation after `current`: its label or file name with a fresh
+/// `-r<unix time>` suffix in place of any previous one.
+pub fn next_key_uri(current: &KeyUri) -> Result<KeyUri, KeyError> {
+    let stamp = super::attestation::unix_now();
+    match current {
+        KeyUri::Pkcs11(u) => {
+            let label = u.object.as_deref().ok_or_else(|| {
+                KeyError::Unsupported(
+                    "--rotate-key needs a key named by object= (its label)".into(),
+                )
+            })?;
+            Ok(KeyUri::Pkcs11(
+                u.with_key(Some(format!("{}-r{stamp}", base(label))), None),
+            ))
+        }
+        KeyUri::Tpm(t) => match &t.key {
+            Some(TpmKeyLocation::Path(p)) => {
+                let mut t = t.clone();
+                t.key = Some(TpmKeyLocation::Path(
+                    p.with_file_name(format!("{}-r{stamp}.tpm.pem", base(stem(p)))),
+                ));
+                Ok(KeyUri::Tpm(t))
+            }
+            _ => Err(KeyError::Unsupported(
+                "--rotate-key needs a TPM key file (tpm:path=…), not a persistent handle".into(),
+            )),
+        },
+    }
+}
+
+/// Whether `candidate` belongs to the rotation series of `configured`: the same device (token
+/// and module; TPM and directory) and the configured name with a `-r<digits>` suffix, or the
+/// configured key itself.
+pub fn in_series(configured: &KeyUri, candidate: &KeyUri) -> bool {
+    match (configured, candidate) {
+        (KeyUri::Pkcs11(c), KeyUri::Pkcs11(k)) => {
+            let device = |u: &super::Pkcs11Uri| {
+                KeyUri::Pkcs11(u.with_key(None, None))
+                    .without_pin()
+                    .to_string()
+            };
+            let same_device = device(c) == device(k);
+            match (c.object.as_deref(), k.object.as_deref()) {
+                (Some(cl), Some(kl)) => same_device && k.id.is_none() && named_in(cl, kl),
+                _ => false,
+            }
+        }
+        (KeyUri::Tpm(c), KeyUri::Tpm(k)) => match (&c.key, &k.key) {
+            (Some(TpmKeyLocation::Path(cp)), Some(TpmKeyLocation::Path(kp))) => {
+                c.tcti == k.tcti
+                    && cp.parent() == kp.parent()
+                    && (kp == cp || named_in(stem(cp), stem(kp)))
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// The key a proxy uses: the one a rotation left in `STATE/current-key` (with the configured
+/// PIN source) when it belongs to the configured key's series, else `configured`.
+pub fn current_key(configured: &KeyUri, state_dir: &StateDir) -> KeyUri {
+    let Ok(text) = std::fs::read_to_string(state_dir.current_key()) else {
+        return configured.clone();
+    };
+    let left = match text.trim().parse::<KeyUri>() {
+        Ok(uri) => uri,
+        Err(e) => {
+            tracing::error!(error = %e, "ignoring an unreadable {CURRENT_KEY_FILE}");
+            return configured.clone();
+        }
+    };
+    if !in_series(configured, &left) {
+        tracing::error!(key = %left.without_pin(), configured = %configured.without_pin(), "ignoring {CURRENT_KEY_FILE}: it names a key outside the configured key's rotation series");
+        return configured.clone();
+    }
+    let uri = match (left, configured) {
+        (KeyUri::Pkcs11(mut u), KeyUri::Pkcs11(c)) => {
+            u.pin = c.pin.clone();
+            KeyUri::Pkcs11(u)
+        }
+        (other, _) => other,
+    };
+    tracing::info!(key = %uri.without_pin(), "using the key the last rotation left in {CURRENT_KEY_FILE}");
+    uri
+}
+
+/// `name` without a `-r<digits>` suffix.
+fn base(name: &str) -> &str {
+    match name.rsplit_once("-r") {
+        Some((b, n)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => b,
+        _ => name,
+    }
+}
+
+/// Whether `name` is `configured`'s base name, with or without a `-r<digits>` suffix.
+fn named_in(configured: &str, name: &str) -> bool {
+    base(name) == base(configured)
+}
+
+/// A TPM key file's name without `.tpm.pem` / `.pem`.
+fn stem(path: &Path) -> &str {
+    let file = path.file_name().and_then(|f| f.to_str()).unwrap_or("key");
+    file.strip_suffix(".tpm.pem")
+        .or_else(|| file.strip_suffix(".pem"))
+        .unwrap_or(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uri(s: &str) -> KeyUri {
+        s.parse().expect("URI")
+    }
+
+    #[test]
+    fn the_series_is_the_configured_name_with_a_rotation_suffix_on_the_same_device() {
+        let c = uri("pkcs11:token=kube;object=alice?module-path=/m.so");
+        assert!(in_series(&c, &c));
+        assert!(in_series(
+            &c,
+            &uri("pkcs11:token=kube;object=alice-r123?module-path=/m.so")
+        ));
+        for outside in [
+            "pkcs11:token=kube;object=bob-r123?module-path=/m.so",
+            "pkcs11:token=kube;object=alice-rx?module-path=/m.so",
+            "pkcs11:token=other;object=alice-r123?module-path=/m.so",
+            "pkcs11:token=kube;object=alice-r123?module-path=/other.so",
+            "pkcs11:token=kube;object=alice-r123;id=%01?module-path=/m.so",
+            "tpm:path=/k/alice-r1.tpm.pem",
+        ] {
+            assert!(!in_series(&c, &uri(outside)), "{outside}");
+        }
+        let t = uri("tpm:path=/k/node.tpm.pem?tcti=device:/dev/tpmrm0");
+        assert!(in_series(
+            &t,
+            &uri("tpm:path=/k/node-r5.tpm.pem?tcti=device:/dev/tpmrm0")
+        ));
+        assert!(!in_series(
+            &t,
+            &uri("tpm:path=/other/node-r5.tpm.pem?tcti=device:/dev/tpmrm0")
+        ));
+        assert!(!in_series(
+            &t,
+            &uri("tpm:path=/k/nodes-r5.tpm.pem?tcti=device:/dev/tpmrm0")
+        ));
+        assert!(!in_series(
+            &t,
+            &uri("tpm:path=/k/node-r5.tpm.pem?tcti=swtpm:port=1")
+        ));
+    }
+
+    #[test]
+    fn the_next_key_stays_in_the_series() {
+        let c = uri("pkcs11:token=kube;object=alice-r9?module-path=/m.so");
+        let next = next_key_uri(&c).expect("next");
+        assert!(in_series(
+            &uri("pkcs11:token=kube;object=alice?module-path=/m.so"),
+            &next
+        ));
+    }
+}

@@ -1,0 +1,481 @@
+//! The network side's end of the signer: a [`KeyBackend`] whose every operation is a request
+//! over the signer's socket. A [`Key`] made from it is used exactly like a key opened in this
+//! process (the rustls and rcgen adapters, renewal, health), so the proxy's code does not know
+//! where the key lives; it just cannot ask for anything the signer's policy refuses.
+//!
+//! One reader thread takes the replies off the socket and hands each to the thread waiting for
+//! it (by id), so signatures from many connection threads are in flight at once. When the signer
+//! goes away every waiting call fails at once ([`SignerError::Gone`]); the [`SignerLink`] asks
+//! the supervisor for a new signer on the next call (with backoff: 200 ms doubling to 5 s), as
+//! the key layer reconnects a TPM or re-finds a token. A new signer opens the same key again
+//! (the key in use after a rotation: the state directory's pointer, within the series); calls
+//! find their key in it by its public key. A signer that refuses the PIN is never asked again.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use super::error::SignerError;
+use super::protocol::{self, KeyInfo, RemoteError, RemoteKind, Reply, Request, VERSION};
+use super::supervisor::Supervisor;
+use crate::backoff::Backoff;
+use crate::key::attestation::TpmEvidence;
+use crate::key::{
+    Key, KeyAlgorithm, KeyBackend, KeyError, KeyUri, Protection, Purpose, SignScheme, SigningPath,
+};
+
+/// A connection to one signer process.
+#[derive(Debug)]
+pub struct SignerClient {
+    socket: Arc<OwnedFd>,
+    waiting: Arc<Mutex<Waiting>>,
+    next_id: AtomicU64,
+}
+
+/// Calls waiting for their replies, and why the signer is gone once it is.
+#[derive(Debug, Default)]
+struct Waiting {
+    calls: HashMap<u64, mpsc::SyncSender<Result<Reply, SignerError>>>,
+    gone: Option<String>,
+}
+
+impl SignerClient {
+    /// Takes the signer's greeting from `socket` and starts reading replies. The greeting's
+    /// `Failed` becomes the error the signer reported (a refused PIN stays recognisable).
+    pub fn connect(socket: OwnedFd) -> Result<(Arc<SignerClient>, KeyInfo), KeyError> {
+        let hello = protocol::recv::<Reply>(socket.as_fd())
+            .map_err(|e| signer_error(&e))?
+            .ok_or_else(|| KeyError::Signer {
+                message: "the signer exited before it opened the key".into(),
+            })?;
+        let info = match hello.body {
+            Reply::Hello { version, key } if version == VERSION => key,
+            Reply::Hello { version, .. } => {
+                return Err(signer_error(&SignerError::Version {
+                    theirs: version,
+                    ours: VERSION,
+                }))
+            }
+            Reply::Failed { error, .. } | Reply::Error { error } => return Err(key_error(error)),
+            _ => return Err(signer_error(&SignerError::Unexpected("no greeting"))),
+        };
+        let client = Arc::new(SignerClient {
+            socket: Arc::new(socket),
+            waiting: Arc::new(Mutex::new(Waiting::default())),
+            next_id: AtomicU64::new(1),
+        });
+        let (socket, waiting) = (client.socket.clone(), client.waiting.clone());
+        std::thread::Builder::new()
+            .name("hwkey-signer-replies".into())
+            .spawn(move || read_replies(&socket, &waiting))
+            .map_err(|source| {
+                signer_error(&SignerError::Start {
+                    what: "the reply reader thread",
+                    source,
+                })
+            })?;
+        Ok((client, info))
+    }
+
+    /// Whether the signer is gone (its socket closed or broke).
+    pub fn is_gone(&self) -> bool {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .gone
+            .is_some()
+    }
+
+    /// One request and its reply. Blocking: a signature waits as long as the device takes (a
+    /// stalled TPM stalls only the handshakes that need it, as in-process).
+    fn call(&self, request: &Request) -> Result<Reply, KeyError> {
+        self.call_raw(request).and_then(|reply| match reply {
+            Reply::Error { error } => Err(key_error(error)),
+            other => Ok(other),
+        })
+    }
+
+    fn call_raw(&self, request: &Request) -> Result<Reply, KeyError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::sync_channel(1);
+        {
+            let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(why) = &waiting.gone {
+                return Err(signer_error(&SignerError::Gone {
+                    why: Some(why.clone()),
+                }));
+            }
+            waiting.calls.insert(id, tx);
+        }
+        if let Err(e) = protocol::send(self.socket.as_fd(), id, request) {
+            self.waiting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .calls
+                .remove(&id);
+            return Err(signer_error(&e));
+        }
+        match rx.recv() {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => Err(signer_error(&e)),
+            Err(_) => Err(signer_error(&SignerError::Gone { why: None })),
+        }
+    }
+}
+
+impl Drop for SignerClient {
+    fn drop(&mut self) {
+        // The reader thread holds the socket too: shutting it down ends that thread, and the
+        // signer, which serves until its socket closes.
+        let _ = rustix::net::shutdown(self.socket.as_fd(), rustix::net::Shutdown::Both);
+    }
+}
+
+/// Hands each reply to its caller until the socket closes; then fails every waiting call.
+fn read_replies(socket: &OwnedFd, waiting: &Mutex<Waiting>) {
+    let why = loop {
+        match protocol::recv::<Reply>(socket.as_fd()) {
+            Ok(Some(reply)) => {
+                let caller = waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .calls
+                    .remove(&reply.id);
+                if let Some(caller) = caller {
+                    let _ = caller.send(Ok(reply.body));
+                }
+            }
+            Ok(None) => break "its socket closed".to_string(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    tracing::error!(why = %why, "the signer is gone: signatures fail until it is back");
+    let mut waiting = waiting.lock().unwrap_or_else(|p| p.into_inner());
+    waiting.gone = Some(why.clone());
+    for (_, caller) in waiting.calls.drain() {
+        let _ = caller.send(Err(SignerError::Gone {
+            why: Some(why.clone()),
+        }));
+    }
+}
+
+/// The network side's way to its signer, across restarts of the signer.
+#[derive(Debug)]
+pub struct SignerLink {
+    supervisor: Supervisor,
+    state: RwLock<LinkState>,
+    restart: Mutex<Restart>,
+}
+
+/// The signer in use and the ids of its keys, by public key.
+#[derive(Debug)]
+struct LinkState {
+    client: Arc<SignerClient>,
+    ids: HashMap<Vec<u8>, u32>,
+}
+
+/// When the next restart may be tried, and whether the PIN was refused (then never).
+#[derive(Debug)]
+struct Restart {
+    backoff: Backoff,
+    not_before: Option<Instant>,
+    pin_refused: Option<String>,
+}
+
+impl SignerLink {
+    /// Starts the first signer through `supervisor` and returns the link and the key it opened.
+    pub fn open(supervisor: Supervisor) -> Result<(Arc<SignerLink>, Key), KeyError> {
+        let socket = supervisor.spawn_signer().map_err(|e| signer_error(&e))?;
+        let (client, info) = SignerClient::connect(socket)?;
+        let link = Arc::new(SignerLink {
+            supervisor,
+            state: RwLock::new(LinkState {
+                client,
+                ids: HashMap::from([(info.spki.clone(), info.id)]),
+            }),
+            restart: Mutex::new(Restart {
+                backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(5)),
+                not_before: None,
+                pin_refused: None,
+            }),
+        });
+        let key = link.key(info)?;
+        Ok((link, key))
+    }
+
+    /// The supervisor's pid (the signer side's root).
+    pub fn supervisor_pid(&self) -> u32 {
+        self.supervisor.pid()
+    }
+
+    fn key(self: &Arc<Self>, info: KeyInfo) -> Result<Key, KeyError> {
+        let uri: KeyUri = info.uri.parse()?;
+        Ok(Key::from_backend(
+            uri,
+            Box::new(RemoteKey {
+                link: self.clone(),
+                path: info.signing_path.to_path(),
+                info,
+            }),
+        ))
+    }
+
+    /// A request about the key whose public key is `spki`, to the signer in use (restarted
+    /// first when it is gone).
+    fn call(&self, spki: &[u8], request: impl Fn(u32) -> Request) -> Result<Reply, KeyError> {
+        let (client, id) = self.current(spki)?;
+        client.call(&request(id))
+    }
+
+    /// The signer in use and this key's id in it, restarting the signer if it is gone.
+    fn current(&self, spki: &[u8]) -> Result<(Arc<SignerClient>, u32), KeyError> {
+        {
+            let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+            if !state.client.is_gone() {
+                return state.id(spki).map(|id| (state.client.clone(), id));
+            }
+        }
+        self.restart()?;
+        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        state.id(spki).map(|id| (state.client.clone(), id))
+    }
+
+    /// Starts a new signer, unless one was started meanwhile, the backoff says not yet, or the
+    /// PIN was refused.
+    fn restart(&self) -> Result<(), KeyError> {
+        let mut restart = self.restart.lock().unwrap_or_else(|p| p.into_inner());
+        if !self
+            .state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .client
+            .is_gone()
+        {
+            return Ok(());
+        }
+        if let Some(message) = &restart.pin_refused {
+            return Err(KeyError::SignerPinRefused {
+                message: message.clone(),
+            });
+        }
+        if restart.not_before.is_some_and(|t| Instant::now() < t) {
+            return Err(KeyError::Signer {
+                message: "the signer is gone; it is being restarted".into(),
+            });
+        }
+        let started = self
+            .supervisor
+            .spawn_signer()
+            .map_err(|e| signer_error(&e))
+            .and_then(SignerClient::connect);
+        match started {
+            Ok((client, info)) => {
+                tracing::info!(key = %info.describe, "a new signer is serving the key");
+                restart.backoff.reset();
+                restart.not_before = None;
+                *self.state.write().unwrap_or_else(|p| p.into_inner()) = LinkState {
+                    client,
+                    ids: HashMap::from([(info.spki, info.id)]),
+                };
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, KeyError::SignerPinRefused { .. }) {
+                    restart.pin_refused = Some(e.to_string());
+                } else {
+                    restart.not_before = Some(Instant::now() + restart.backoff.next_delay());
+                }
+                tracing::error!(error = %e, "cannot restart the signer");
+                Err(e)
+            }
+        }
+    }
+
+    /// Remembers a key the signer created, by its public key.
+    fn learn(&self, info: &KeyInfo) {
+        self.state
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .insert(info.spki.clone(), info.id);
+    }
+}
+
+impl LinkState {
+    fn id(&self, spki: &[u8]) -> Result<u32, KeyError> {
+        self.ids.get(spki).copied().ok_or_else(|| KeyError::Signer {
+            message: "the signer serves another key since it restarted".into(),
+        })
+    }
+}
+
+/// A key that lives in the signer process.
+#[derive(Debug)]
+struct RemoteKey {
+    link: Arc<SignerLink>,
+    info: KeyInfo,
+    path: SigningPath,
+}
+
+impl RemoteKey {
+    fn expect<T>(
+        &self,
+        reply: Reply,
+        want: &'static str,
+        f: impl FnOnce(Reply) -> Option<T>,
+    ) -> Result<T, KeyError> {
+        f(reply).ok_or_else(|| signer_error(&SignerError::Unexpected(want)))
+    }
+}
+
+impl KeyBackend for RemoteKey {
+    fn algorithm(&self) -> KeyAlgorithm {
+        self.info.algorithm
+    }
+
+    fn spki_der(&self) -> &[u8] {
+        &self.info.spki
+    }
+
+    fn sign(&self, _scheme: SignScheme, _message: &[u8]) -> Result<Vec<u8>, KeyError> {
+        Err(KeyError::SignerRefused {
+            reason: "a signature without a stated purpose".into(),
+        })
+    }
+
+    fn sign_for(
+        &self,
+        purpose: Purpose,
+        scheme: SignScheme,
+        message: &[u8],
+    ) -> Result<Vec<u8>, KeyError> {
+        let reply = self.link.call(&self.info.spki, |key| Request::Sign {
+            key,
+            purpose,
+            scheme,
+            message: message.to_vec(),
+        })?;
+        self.expect(reply, "a signature", |r| match r {
+            Reply::Signature { signature } => Some(signature),
+            _ => None,
+        })
+    }
+
+    fn describe(&self) -> String {
+        self.info.describe.clone()
+    }
+
+    fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError> {
+        let reply = self
+            .link
+            .call(&self.info.spki, |key| Request::StoredChain { key })?;
+        self.expect(reply, "a chain", |r| match r {
+            Reply::Chain { chain } => Some(chain),
+            _ => None,
+        })
+    }
+
+    fn protection(&self) -> Result<Protection, KeyError> {
+        Err(KeyError::Unsupported(
+            "the signer checked the key's protection when it opened it".into(),
+        ))
+    }
+
+    fn certify(&self, _ak_handle: u32, _qualifying_data: &[u8]) -> Result<TpmEvidence, KeyError> {
+        Err(KeyError::SignerRefused {
+            reason: "a certification of data the signer cannot read (it certifies requests)".into(),
+        })
+    }
+
+    fn certify_request(
+        &self,
+        ak_handle: u32,
+        subject_der: &[u8],
+        made_at: u64,
+    ) -> Result<TpmEvidence, KeyError> {
+        let reply = self
+            .link
+            .call(&self.info.spki, |key| Request::CertifyRequest {
+                key,
+                ak_handle,
+                subject: subject_der.to_vec(),
+                made_at,
+            })?;
+        self.expect(reply, "evidence", |r| match r {
+            Reply::Evidence { evidence } => Some(evidence.into()),
+            _ => None,
+        })
+    }
+
+    fn signing_path(&self) -> SigningPath {
+        self.path.clone()
+    }
+
+    fn store_chain(&self, _uri: &KeyUri, chain: &[Vec<u8>]) -> Result<String, KeyError> {
+        let reply = self.link.call(&self.info.spki, |key| Request::StoreChain {
+            key,
+            chain: chain.to_vec(),
+        })?;
+        self.expect(reply, "a place", |r| match r {
+            Reply::Stored { place } => Some(place),
+            _ => None,
+        })
+    }
+
+    fn destroy(&self, _uri: &KeyUri) -> Result<Vec<String>, KeyError> {
+        let reply = self
+            .link
+            .call(&self.info.spki, |key| Request::Destroy { key })?;
+        self.expect(reply, "what was removed", |r| match r {
+            Reply::Destroyed { removed } => Some(removed),
+            _ => None,
+        })
+    }
+
+    fn create_next(&self, _uri: &KeyUri) -> Result<(KeyUri, Box<dyn KeyBackend>), KeyError> {
+        let reply = self.link.call(&self.info.spki, |_| Request::CreateNext)?;
+        let info = self.expect(reply, "a new key", |r| match r {
+            Reply::Created { key } => Some(key),
+            _ => None,
+        })?;
+        self.link.learn(&info);
+        let uri: KeyUri = info.uri.parse()?;
+        Ok((
+            uri,
+            Box::new(RemoteKey {
+                link: self.link.clone(),
+                path: info.signing_path.to_path(),
+                info,
+            }),
+        ))
+    }
+
+    fn mark_in_use(&self) -> Result<(), KeyError> {
+        let reply = self
+            .link
+            .call(&self.info.spki, |key| Request::Use { key })?;
+        self.expect(reply, "done", |r| matches!(r, Reply::Done).then_some(()))
+    }
+}
+
+fn key_error(error: RemoteError) -> KeyError {
+    match error.kind {
+        RemoteKind::Refused => KeyError::SignerRefused {
+            reason: error.message,
+        },
+        RemoteKind::PinRefused => KeyError::SignerPinRefused {
+            message: error.message,
+        },
+        RemoteKind::Failed => KeyError::Signer {
+            message: error.message,
+        },
+    }
+}
+
+fn signer_error(e: &SignerError) -> KeyError {
+    KeyError::Signer {
+        message: e.to_string(),
+    }
+}

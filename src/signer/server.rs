@@ -1,0 +1,400 @@
+//! The signer process: opens the key (the only process that loads the PKCS#11 module or the TSS
+//! libraries, reads the PIN source and holds sessions), greets with its public facts, then
+//! answers requests on its socket until the other side closes it.
+//!
+//! Requests are served by a few threads (a PKCS#11 token signs on several sessions at once; a
+//! TPM serialises on its context), each sending its reply when done. Every signature is checked
+//! against its purpose first ([`super::policy`]); a refusal is answered, logged and counted.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
+
+use super::policy::{Policy, Refusal};
+use super::protocol::{
+    self, Envelope, KeyInfo, PathWire, RemoteError, RemoteKind, Reply, Request, FIRST_KEY, VERSION,
+};
+use crate::key::{Key, KeyError, KeyUri};
+
+/// Threads serving requests at once.
+const WORKERS: usize = 8;
+
+/// What a signer serves: decided by the process that started it, before any network input.
+#[derive(Debug, Clone)]
+pub struct SignerConfig {
+    /// The configured key (`--key`, with its PIN source): the root of the rotation series,
+    /// never deleted.
+    pub key: KeyUri,
+    /// With `--rotate-key`, the state directory whose `current-key` names the key the last
+    /// rotation left (used when it belongs to the configured key's series).
+    pub rotation_state: Option<PathBuf>,
+    /// Where the identity's certificate is (else the chain stored with the key).
+    pub cert: Option<PathBuf>,
+    /// Sign TLS 1.2 handshakes too.
+    pub tls12: bool,
+    /// Refuse a key the device says could leave it.
+    pub require_non_extractable: bool,
+}
+
+/// [`SignerConfig`] as the supervisor and the signers receive it: the key's URI as text (which
+/// never shows a PIN value) and the PIN value apart, when it is held in memory.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct SignerConfigWire {
+    key: String,
+    pin_value: Option<zeroize::Zeroizing<String>>,
+    rotation_state: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    tls12: bool,
+    require_non_extractable: bool,
+}
+
+impl From<&SignerConfig> for SignerConfigWire {
+    fn from(c: &SignerConfig) -> SignerConfigWire {
+        SignerConfigWire {
+            key: c.key.to_string(),
+            pin_value: c.key.pin_value(),
+            rotation_state: c.rotation_state.clone(),
+            cert: c.cert.clone(),
+            tls12: c.tls12,
+            require_non_extractable: c.require_non_extractable,
+        }
+    }
+}
+
+impl TryFrom<SignerConfigWire> for SignerConfig {
+    type Error = super::SignerError;
+
+    fn try_from(w: SignerConfigWire) -> Result<SignerConfig, super::SignerError> {
+        let bad = |_| {
+            super::SignerError::Unexpected("a key URI in the configuration that does not parse")
+        };
+        let mut key: KeyUri = w.key.parse().map_err(bad)?;
+        if let Some(pin) = w.pin_value {
+            key = key.with_pin_value(pin);
+        }
+        Ok(SignerConfig {
+            key,
+            rotation_state: w.rotation_state,
+            cert: w.cert,
+            tls12: w.tls12,
+            require_non_extractable: w.require_non_extractable,
+        })
+    }
+}
+
+/// The keys this signer holds, by id, and the one in use.
+struct Keys {
+    keys: RwLock<Vec<Option<Arc<Key>>>>,
+    in_use: AtomicU32,
+}
+
+impl Keys {
+    fn get(&self, id: u32) -> Result<Arc<Key>, RemoteError> {
+        self.keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id as usize)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| refused(format!("no key {id} in this signer")))
+    }
+}
+
+/// The signer's state shared by its threads.
+struct Signer {
+    config: SignerConfig,
+    policy: Policy,
+    keys: Keys,
+    refused: AtomicU64,
+}
+
+/// Opens the key, greets on `socket`, and serves until the other side closes it. Returns the
+/// process exit code: 0 after a close, 77 when the PIN was refused, 1 for any other failure to
+/// open (after telling the other side in words).
+pub fn serve(socket: OwnedFd, config: SignerConfig) -> u8 {
+    let signer = match open(config) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            let exit_code = if pin_refused(&e) {
+                crate::key::pin::EXIT_PIN_REFUSED
+            } else {
+                1
+            };
+            let reply = Reply::Failed {
+                error: remote_error(&e),
+                exit_code,
+            };
+            let _ = protocol::send(socket.as_fd(), 0, &reply);
+            return exit_code;
+        }
+    };
+    let hello = match signer.keys.get(FIRST_KEY) {
+        Ok(key) => Reply::Hello {
+            version: VERSION,
+            key: info(FIRST_KEY, &key),
+        },
+        Err(error) => Reply::Error { error },
+    };
+    if protocol::send(socket.as_fd(), 0, &hello).is_err() {
+        return 1;
+    }
+    let socket = Arc::new(socket);
+    let (work, queue) = mpsc::channel::<Envelope<Request>>();
+    let queue = Arc::new(Mutex::new(queue));
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|n| {
+            let (signer, socket, queue) = (signer.clone(), socket.clone(), queue.clone());
+            std::thread::Builder::new()
+                .name(format!("hwkey-signer-{n}"))
+                .spawn(move || loop {
+                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok(request) = next else { return };
+                    let reply = signer.answer(request.body);
+                    let _ = protocol::send(socket.as_fd(), request.id, &reply);
+                })
+        })
+        .collect();
+    loop {
+        match protocol::recv::<Request>(socket.as_fd()) {
+            Ok(Some(request)) => {
+                if work.send(request).is_err() {
+                    break;
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                tracing::error!(error = %e, "the signer's socket sent something that is not a request; closing");
+                break;
+            }
+        }
+    }
+    drop(work);
+    for w in workers.into_iter().flatten() {
+        let _ = w.join();
+    }
+    0
+}
+
+/// Opens the configured key and the identity it serves.
+fn open(config: SignerConfig) -> Result<Signer, KeyError> {
+    let uri = match &config.rotation_state {
+        Some(dir) => {
+            crate::key::rotation::current_key(&config.key, &crate::state_dir::StateDir::new(dir))
+        }
+        None => config.key.clone(),
+    };
+    let key = Arc::new(Key::open(&uri)?);
+    key.require_non_extractable(config.require_non_extractable)?;
+    let chain = crate::pki::cert::chain_for_key(&key, config.cert.as_deref())
+        .map_err(|e| KeyError::Unsupported(format!("the signer cannot read the identity: {e}")))?;
+    let leaf = chain
+        .first()
+        .ok_or_else(|| KeyError::Unsupported("the identity has no certificate".into()))?;
+    let policy = Policy::for_certificate(leaf, config.tls12)
+        .map_err(|r| KeyError::Unsupported(r.to_string()))?;
+    Ok(Signer {
+        config,
+        policy,
+        keys: Keys {
+            keys: RwLock::new(vec![Some(key)]),
+            in_use: AtomicU32::new(FIRST_KEY),
+        },
+        refused: AtomicU64::new(0),
+    })
+}
+
+impl Signer {
+    fn answer(&self, request: Request) -> Reply {
+        let result = match request {
+            Request::Sign {
+                key,
+                purpose,
+                scheme,
+                message,
+            } => self.sign(key, purpose, scheme, &message),
+            Request::CertifyRequest {
+                key,
+                ak_handle,
+                subject,
+                made_at,
+            } => self.certify(key, ak_handle, &subject, made_at),
+            Request::StoredChain { key } => self
+                .keys
+                .get(key)
+                .and_then(|k| k.stored_chain().map_err(|e| remote_error(&e)))
+                .map(|chain| Reply::Chain { chain }),
+            Request::StoreChain { key, chain } => self.store_chain(key, &chain),
+            Request::CreateNext => self.create_next(),
+            Request::Destroy { key } => self.destroy(key),
+            Request::Use { key } => self.keys.get(key).map(|_| {
+                self.keys.in_use.store(key, Ordering::SeqCst);
+                Reply::Done
+            }),
+        };
+        result.unwrap_or_else(|error| Reply::Error { error })
+    }
+
+    fn sign(
+        &self,
+        id: u32,
+        purpose: crate::key::Purpose,
+        scheme: crate::key::SignScheme,
+        message: &[u8],
+    ) -> Result<Reply, RemoteError> {
+        let key = self.keys.get(id)?;
+        if let Err(why) = self.policy.check(purpose, scheme, message, key.spki_der()) {
+            return Err(self.refuse(crate::metric_labels::LabelValue::as_str(purpose), why.0));
+        }
+        key.sign(scheme, message)
+            .map(|signature| Reply::Signature { signature })
+            .map_err(|e| remote_error(&e))
+    }
+
+    fn certify(
+        &self,
+        id: u32,
+        ak_handle: u32,
+        subject: &[u8],
+        made_at: u64,
+    ) -> Result<Reply, RemoteError> {
+        let key = self.keys.get(id)?;
+        let now = crate::key::attestation::unix_now();
+        if let Err(why) = self.policy.check_certify(subject, made_at, now) {
+            return Err(self.refuse("certify", why.0));
+        }
+        key.certify_request(ak_handle, subject, made_at)
+            .map(|e| Reply::Evidence { evidence: e.into() })
+            .map_err(|e| remote_error(&e))
+    }
+
+    fn store_chain(&self, id: u32, chain: &[Vec<u8>]) -> Result<Reply, RemoteError> {
+        let key = self.keys.get(id)?;
+        let leaf = chain
+            .first()
+            .ok_or_else(|| refused("an empty chain".into()))?;
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf)
+            .map_err(|e| refused(format!("the leaf does not parse: {e}")))?;
+        if cert.public_key().raw != key.spki_der() {
+            return Err(self.refuse("store_chain", "a chain for another key".into()));
+        }
+        if let Err(why) = self.policy_allows_leaf(leaf) {
+            return Err(self.refuse("store_chain", why.0));
+        }
+        key.store_chain(chain)
+            .map(|place| Reply::Stored { place })
+            .map_err(|e| remote_error(&e))
+    }
+
+    /// A stored certificate must name the identity: the network side cannot make the key carry
+    /// another identity's chain.
+    fn policy_allows_leaf(&self, leaf: &[u8]) -> Result<(), Refusal> {
+        let other = Policy::for_certificate(leaf, self.policy.tls12)?;
+        if other.identity == self.policy.identity {
+            Ok(())
+        } else {
+            Err(Refusal::from(
+                "a certificate for another subject than the identity's",
+            ))
+        }
+    }
+
+    fn create_next(&self) -> Result<Reply, RemoteError> {
+        let current = self.keys.get(self.keys.in_use.load(Ordering::SeqCst))?;
+        let created = Arc::new(current.create_next().map_err(|e| remote_error(&e))?);
+        if !crate::key::rotation::in_series(&self.config.key, created.uri()) {
+            let _ = created.destroy();
+            return Err(refused("the next key left the rotation series".into()));
+        }
+        let mut keys = self.keys.keys.write().unwrap_or_else(|p| p.into_inner());
+        let id = u32::try_from(keys.len()).map_err(|_| refused("too many keys".into()))?;
+        let reply = Reply::Created {
+            key: info(id, &created),
+        };
+        keys.push(Some(created));
+        Ok(reply)
+    }
+
+    fn destroy(&self, id: u32) -> Result<Reply, RemoteError> {
+        let key = self.keys.get(id)?;
+        let same =
+            |a: &KeyUri, b: &KeyUri| a.without_pin().to_string() == b.without_pin().to_string();
+        if id == self.keys.in_use.load(Ordering::SeqCst) {
+            return Err(self.refuse("destroy", "the key in use is never deleted".into()));
+        }
+        if same(key.uri(), &self.config.key) {
+            return Err(self.refuse("destroy", "the configured key is never deleted".into()));
+        }
+        if !crate::key::rotation::in_series(&self.config.key, key.uri()) {
+            return Err(self.refuse(
+                "destroy",
+                "only keys of the rotation series are deleted".into(),
+            ));
+        }
+        let removed = key.destroy().map_err(|e| remote_error(&e))?;
+        if let Some(slot) = self
+            .keys
+            .keys
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(id as usize)
+        {
+            *slot = None;
+        }
+        Ok(Reply::Destroyed { removed })
+    }
+
+    /// Counts and logs a refusal (the first ten, then one in a thousand: a compromised network
+    /// side must not fill the log).
+    fn refuse(&self, what: &str, why: String) -> RemoteError {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed);
+        if n < 10 || n.is_multiple_of(1000) {
+            tracing::warn!(
+                purpose = what,
+                refused = n + 1,
+                "the signer refused a request: {why}"
+            );
+        }
+        refused(why)
+    }
+}
+
+/// The public facts of `key`, as key `id`.
+fn info(id: u32, key: &Key) -> KeyInfo {
+    KeyInfo {
+        id,
+        uri: key.uri().without_pin().to_string(),
+        algorithm: key.algorithm(),
+        spki: key.spki_der().to_vec(),
+        describe: key.describe(),
+        signing_path: PathWire::from(&key.signing_path()),
+    }
+}
+
+fn refused(message: String) -> RemoteError {
+    RemoteError {
+        kind: RemoteKind::Refused,
+        message,
+    }
+}
+
+fn remote_error(e: &KeyError) -> RemoteError {
+    RemoteError {
+        kind: if pin_refused(e) {
+            RemoteKind::PinRefused
+        } else {
+            RemoteKind::Failed
+        },
+        message: e.to_string(),
+    }
+}
+
+fn pin_refused(e: &KeyError) -> bool {
+    matches!(
+        e,
+        KeyError::PinIncorrect { .. }
+            | KeyError::PinRemembered { .. }
+            | KeyError::PinFinalTry { .. }
+            | KeyError::PinLocked { .. }
+    )
+}

@@ -1,0 +1,239 @@
+//! The signer's supervisor: a small process started before the network side reads any byte,
+//! holding the signer's configuration, which starts a signer whenever the network side asks
+//! (at start, and after a signer died) and hands back a socket to it.
+//!
+//! Why a separate process: the network side is confined (no `execve`, and nothing it says can
+//! choose a key), yet a signer killed by a crashing module must come back without a restart of
+//! the service. The supervisor gets its configuration once, from the process that started it
+//! before any network input; afterwards the network side can only say "a signer, please" and
+//! receive a socket (`SCM_RIGHTS`). Each process of the signer side runs this same executable
+//! (`hwkey signer-supervisor`, `hwkey signer`) with its socket as standard input and its
+//! configuration as the first message on it, and ends when that socket closes: when the
+//! network side exits, the whole signer side does.
+
+use std::io::IoSlice;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+
+use super::error::SignerError;
+use super::protocol;
+use super::server::{self, SignerConfig, SignerConfigWire};
+
+/// The hidden subcommand that runs the supervisor.
+pub const SUPERVISOR_COMMAND: &str = "signer-supervisor";
+/// The hidden subcommand that runs a signer.
+pub const SIGNER_COMMAND: &str = "signer";
+
+/// The network side's handle on its signer supervisor.
+#[derive(Debug)]
+pub struct Supervisor {
+    control: OwnedFd,
+    child: std::process::Child,
+}
+
+impl Supervisor {
+    /// Starts the supervisor (this executable, `hwkey signer-supervisor`) with `config`.
+    pub fn start(config: &SignerConfig) -> Result<Supervisor, SignerError> {
+        let (ours, theirs) = socket_pair()?;
+        let child = spawn(SUPERVISOR_COMMAND, theirs)?;
+        protocol::send(ours.as_fd(), 0, &SignerConfigWire::from(config))?;
+        Ok(Supervisor {
+            control: ours,
+            child,
+        })
+    }
+
+    /// The supervisor's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Asks for a new signer; returns the socket to it (its greeting comes first).
+    pub fn spawn_signer(&self) -> Result<OwnedFd, SignerError> {
+        rustix::net::send(self.control.as_fd(), b"s", SendFlags::NOSIGNAL)
+            .map_err(SignerError::Send)?;
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+        let mut byte = [0u8; 1];
+        let got = rustix::net::recvmsg(
+            self.control.as_fd(),
+            &mut [std::io::IoSliceMut::new(&mut byte)],
+            &mut ancillary,
+            RecvFlags::CMSG_CLOEXEC,
+        )
+        .map_err(SignerError::Recv)?;
+        if got.bytes == 0 {
+            return Err(SignerError::Gone {
+                why: Some("the signer supervisor exited".into()),
+            });
+        }
+        for message in ancillary.drain() {
+            if let RecvAncillaryMessage::ScmRights(mut fds) = message {
+                if let Some(fd) = fds.next() {
+                    return Ok(fd);
+                }
+            }
+        }
+        Err(SignerError::Unexpected("no socket from the supervisor"))
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        // Closing the control socket ends the supervisor (once its signers' sockets close too);
+        // it is reaped if it is already gone, never waited for: a stop must not hang on it.
+        let _ = rustix::net::shutdown(self.control.as_fd(), rustix::net::Shutdown::Both);
+        let _ = self.child.try_wait();
+    }
+}
+
+/// `hwkey signer-supervisor`: reads its configuration from standard input (a socket), then
+/// starts a signer per request until the socket closes. Returns the exit code.
+pub fn supervisor_main() -> u8 {
+    let control = match stdin_socket() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("hwkey signer-supervisor: {e}");
+            return 2;
+        }
+    };
+    let config = match read_config(&control) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("hwkey signer-supervisor: {e}");
+            return 2;
+        }
+    };
+    let mut byte = [0u8; 1];
+    let mut signers: Vec<std::process::Child> = Vec::new();
+    while let Ok((1, _)) = rustix::net::recv(control.as_fd(), &mut byte, RecvFlags::empty()) {
+        signers.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
+        match start_signer(&config) {
+            Ok((child, socket)) => {
+                signers.push(child);
+                if send_socket(&control, socket).is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start a signer");
+                break;
+            }
+        }
+    }
+    for mut c in signers {
+        let _ = c.wait();
+    }
+    0
+}
+
+/// `hwkey signer`: reads its configuration from standard input (a socket), then serves on it.
+pub fn signer_main() -> u8 {
+    let socket = match stdin_socket() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("hwkey signer: {e}");
+            return 2;
+        }
+    };
+    match read_config(&socket) {
+        Ok(config) => server::serve(socket, config),
+        Err(e) => {
+            eprintln!("hwkey signer: {e}");
+            2
+        }
+    }
+}
+
+/// A signer process and the network side's end of its socket.
+fn start_signer(config: &SignerConfig) -> Result<(std::process::Child, OwnedFd), SignerError> {
+    let (for_network, for_signer) = socket_pair()?;
+    let child = spawn(SIGNER_COMMAND, for_signer)?;
+    protocol::send(for_network.as_fd(), 0, &SignerConfigWire::from(config))?;
+    Ok((child, for_network))
+}
+
+fn send_socket(control: &OwnedFd, socket: OwnedFd) -> Result<(), SignerError> {
+    let fds = [socket.as_fd()];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut ancillary = SendAncillaryBuffer::new(&mut space);
+    ancillary.push(SendAncillaryMessage::ScmRights(&fds));
+    rustix::net::sendmsg(
+        control.as_fd(),
+        &[IoSlice::new(b"s")],
+        &mut ancillary,
+        SendFlags::NOSIGNAL,
+    )
+    .map_err(SignerError::Send)?;
+    Ok(())
+}
+
+/// Runs this executable's `subcommand` with `socket` as its standard input (the way a socket
+/// reaches a child without an inherited descriptor table to manage).
+fn spawn(subcommand: &str, socket: OwnedFd) -> Result<std::process::Child, SignerError> {
+    Command::new(executable()?)
+        .arg(subcommand)
+        .stdin(Stdio::from(socket))
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|source| SignerError::Start {
+            what: "a signer-side process",
+            source,
+        })
+}
+
+/// This executable, or `HWKEY_SIGNER_BIN` (the network side's own binary links no hardware
+/// library: it names the full `hwkey` that does).
+fn executable() -> Result<PathBuf, SignerError> {
+    if let Some(p) = std::env::var_os("HWKEY_SIGNER_BIN").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    std::env::current_exe().map_err(|source| SignerError::Start {
+        what: "finding this executable",
+        source,
+    })
+}
+
+/// Standard input as a socket.
+fn stdin_socket() -> Result<OwnedFd, SignerError> {
+    let fd = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| SignerError::Start {
+            what: "standard input",
+            source,
+        })?;
+    match rustix::net::sockopt::socket_type(fd.as_fd()) {
+        Ok(SocketType::SEQPACKET) => Ok(fd),
+        _ => Err(SignerError::Unexpected(
+            "standard input is not the signer's socket (this command is started by `hwkey proxy`)",
+        )),
+    }
+}
+
+fn read_config(socket: &OwnedFd) -> Result<SignerConfig, SignerError> {
+    let message = protocol::recv::<SignerConfigWire>(socket.as_fd())?.ok_or(SignerError::Gone {
+        why: Some("no configuration arrived".into()),
+    })?;
+    message.body.try_into()
+}
+
+fn socket_pair() -> Result<(OwnedFd, OwnedFd), SignerError> {
+    rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| SignerError::Start {
+        what: "a socket pair",
+        source: e.into(),
+    })
+}

@@ -1,0 +1,378 @@
+//! The signer: the key in a process of its own that signs only handshakes, requests for its own
+//! identity and health checks. These tests play a compromised network side: they start the
+//! signer side exactly as `hwkey proxy` does (`hwkey signer-supervisor` with its socket as
+//! standard input and the configuration as the first message), then send forged requests over
+//! the signer's socket; and they kill a running proxy's signer to see it come back.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hwkey::key::{Purpose, SignScheme};
+use hwkey::signer::protocol::{self, Envelope, KeyInfo, RemoteKind, Reply, Request};
+use hwkey::signer::server::{SignerConfig, SignerConfigWire};
+use support::proxy::{Identity, ProxyProcess};
+use support::upstream::TestUpstream;
+use support::*;
+
+/// The signer side of `id`'s key, started as the proxy starts it, and the socket to one signer.
+struct SignerSide {
+    supervisor: std::process::Child,
+    _control: OwnedFd,
+    socket: OwnedFd,
+    key: KeyInfo,
+    next_id: u64,
+}
+
+impl SignerSide {
+    fn start(id: &Identity) -> SignerSide {
+        let (control, theirs) = pair();
+        let supervisor = hwkey()
+            .envs(id.envs())
+            .arg("signer-supervisor")
+            .stdin(Stdio::from(theirs))
+            .spawn()
+            .expect("start the supervisor");
+        let config = SignerConfig {
+            key: id.key_uri.parse().expect("URI"),
+            rotation_state: None,
+            cert: Some(id.cert.clone()),
+            tls12: false,
+            require_non_extractable: true,
+        };
+        protocol::send(control.as_fd(), 0, &SignerConfigWire::from(&config)).expect("config");
+        let supervisor_handle = SupervisorSocket(&control);
+        let socket = supervisor_handle.spawn();
+        let hello: Envelope<Reply> = protocol::recv(socket.as_fd())
+            .expect("greeting")
+            .expect("a greeting");
+        let Reply::Hello { key, .. } = hello.body else {
+            panic!("the signer did not greet: {:?}", hello.body)
+        };
+        SignerSide {
+            supervisor,
+            _control: control,
+            socket,
+            key,
+            next_id: 1,
+        }
+    }
+
+    fn ask(&mut self, request: Request) -> Reply {
+        self.next_id += 1;
+        protocol::send(self.socket.as_fd(), self.next_id, &request).expect("send");
+        let reply: Envelope<Reply> = protocol::recv(self.socket.as_fd())
+            .expect("recv")
+            .expect("a reply");
+        assert_eq!(reply.id, self.next_id);
+        reply.body
+    }
+
+    fn sign(&mut self, purpose: Purpose, message: &[u8]) -> Reply {
+        self.ask(Request::Sign {
+            key: self.key.id,
+            purpose,
+            scheme: SignScheme::EcdsaP256Sha256,
+            message: message.to_vec(),
+        })
+    }
+}
+
+impl Drop for SignerSide {
+    fn drop(&mut self) {
+        let _ = self.supervisor.kill();
+        let _ = self.supervisor.wait();
+    }
+}
+
+/// Asks the supervisor for a signer over `control` (as the proxy's network side does).
+struct SupervisorSocket<'a>(&'a OwnedFd);
+
+impl SupervisorSocket<'_> {
+    fn spawn(&self) -> OwnedFd {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendFlags};
+        rustix::net::send(self.0.as_fd(), b"s", SendFlags::NOSIGNAL).expect("ask");
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+        let mut byte = [0u8; 1];
+        rustix::net::recvmsg(
+            self.0.as_fd(),
+            &mut [std::io::IoSliceMut::new(&mut byte)],
+            &mut ancillary,
+            RecvFlags::CMSG_CLOEXEC,
+        )
+        .expect("the supervisor's answer");
+        for message in ancillary.drain() {
+            if let RecvAncillaryMessage::ScmRights(mut fds) = message {
+                return fds.next().expect("a socket");
+            }
+        }
+        panic!("the supervisor sent no socket");
+    }
+}
+
+fn pair() -> (OwnedFd, OwnedFd) {
+    rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .expect("socketpair")
+}
+
+/// A TLS 1.3 client CertificateVerify content with a SHA-256 transcript hash.
+fn certificate_verify(context: &[u8]) -> Vec<u8> {
+    let mut m = vec![0x20; 64];
+    m.extend_from_slice(context);
+    m.push(0);
+    m.extend_from_slice(&[0x5a; 32]);
+    m
+}
+
+fn refused(reply: &Reply) -> bool {
+    matches!(reply, Reply::Error { error } if error.kind == RemoteKind::Refused)
+}
+
+/// A compromised network side gets handshakes signed and nothing else: a JWT, arbitrary data,
+/// a server's CertificateVerify, a CSR for another name (or with another key, or with a SAN),
+/// a health check of other data, TPM evidence for another subject, a chain for another
+/// identity, and deleting the configured key are all refused; the signature it did get
+/// verifies with the key's public key.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_signer_refuses_forged_requests_and_signs_handshakes() {
+    let id = Identity::softhsm();
+    let mut signer = SignerSide::start(&id);
+
+    let good = certificate_verify(b"TLS 1.3, client CertificateVerify");
+    let Reply::Signature { signature } = signer.sign(Purpose::Handshake, &good) else {
+        panic!("a client CertificateVerify was not signed")
+    };
+    use x509_parser::prelude::FromDer as _;
+    let (_, spki) =
+        x509_parser::x509::SubjectPublicKeyInfo::from_der(&signer.key.spki).expect("SPKI");
+    let point = spki.subject_public_key.data.to_vec();
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_ASN1, point)
+        .verify(&good, &signature)
+        .expect("the signature verifies with the key's public key");
+
+    let jwt = b"eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJhZG1pbiJ9";
+    let forged: Vec<(&str, Reply)> = vec![
+        ("a JWT as a handshake", signer.sign(Purpose::Handshake, jwt)),
+        (
+            "arbitrary data",
+            signer.sign(Purpose::Handshake, &[0x42; 98]),
+        ),
+        (
+            "a server CertificateVerify",
+            signer.sign(
+                Purpose::Handshake,
+                &certificate_verify(b"TLS 1.3, server CertificateVerify"),
+            ),
+        ),
+        (
+            "a TLS 1.2 transcript while TLS 1.2 is off",
+            signer.sign(
+                Purpose::Handshake,
+                &[1, 0, 0, 2, 3, 3, 2, 0, 0, 0, 16, 0, 0, 0],
+            ),
+        ),
+        (
+            "a health check of other data",
+            signer.sign(Purpose::HealthCheck, b"hwkey proxy health check!"),
+        ),
+        (
+            "a CSR for another name",
+            signer.sign(
+                Purpose::CertificateRequest,
+                &request_info("CN=admin,O=system:masters", &signer.key.spki.clone()),
+            ),
+        ),
+        (
+            "a CSR for another key",
+            signer.sign(
+                Purpose::CertificateRequest,
+                &request_info("CN=alice,O=devs", &other_spki()),
+            ),
+        ),
+        (
+            "a handshake message as a CSR",
+            signer.sign(Purpose::CertificateRequest, &good),
+        ),
+    ];
+    for (what, reply) in &forged {
+        assert!(refused(reply), "{what}: {reply:?}");
+    }
+    let destroy = signer.ask(Request::Destroy { key: signer.key.id });
+    assert!(refused(&destroy), "deleting the key in use: {destroy:?}");
+    let certify = signer.ask(Request::CertifyRequest {
+        key: signer.key.id,
+        ak_handle: 0x8101_0002,
+        subject: subject_der("CN=admin"),
+        made_at: hwkey::pki::attestation::unix_now(),
+    });
+    assert!(
+        refused(&certify),
+        "evidence for another subject: {certify:?}"
+    );
+
+    // The CSR renewal needs: the identity's subject and the key's own public key.
+    let own = request_info("CN=alice,O=devs", &signer.key.spki.clone());
+    assert!(
+        matches!(
+            signer.sign(Purpose::CertificateRequest, &own),
+            Reply::Signature { .. }
+        ),
+        "the identity's own request was refused"
+    );
+    // The key still works after all that.
+    assert!(matches!(
+        signer.sign(Purpose::Handshake, &good),
+        Reply::Signature { .. }
+    ));
+}
+
+/// A DER `CertificationRequestInfo` for `subject` and `spki`, with no attributes.
+fn request_info(subject: &str, spki: &[u8]) -> Vec<u8> {
+    let subject = subject_der(subject);
+    yasna::construct_der(|w| {
+        w.write_sequence(|w| {
+            w.next().write_u8(0);
+            w.next().write_der(&subject);
+            w.next().write_der(spki);
+            w.next()
+                .write_tagged_implicit(yasna::Tag::context(0), |w| w.write_set(|_| {}));
+        })
+    })
+}
+
+fn subject_der(text: &str) -> Vec<u8> {
+    let request =
+        hwkey::pki::csr::CsrRequest::parse(text, &[], &[]).expect("a subject hwkey writes");
+    yasna::construct_der(|w| request.subject.write_der(w))
+}
+
+/// Another P-256 public key (software).
+fn other_spki() -> Vec<u8> {
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = ring::signature::EcdsaKeyPair::generate_pkcs8(
+        &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
+        &rng,
+    )
+    .expect("key");
+    let pair = ring::signature::EcdsaKeyPair::from_pkcs8(
+        &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
+        pkcs8.as_ref(),
+        &rng,
+    )
+    .expect("pair");
+    use ring::signature::KeyPair as _;
+    let point = pair.public_key().as_ref().to_vec();
+    // SubjectPublicKeyInfo for id-ecPublicKey, prime256v1.
+    yasna::construct_der(|w| {
+        w.write_sequence(|w| {
+            w.next().write_sequence(|w| {
+                w.next()
+                    .write_oid(&yasna::models::ObjectIdentifier::from_slice(&[
+                        1, 2, 840, 10045, 2, 1,
+                    ]));
+                w.next()
+                    .write_oid(&yasna::models::ObjectIdentifier::from_slice(&[
+                        1, 2, 840, 10045, 3, 1, 7,
+                    ]));
+            });
+            w.next().write_bitvec_bytes(&point, point.len() * 8);
+        })
+    })
+}
+
+/// The pids of `pid`'s children.
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|t| std::fs::read_to_string(t.path().join("children")).unwrap_or_default())
+        .collect::<Vec<String>>()
+        .join(" ")
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The proxy's signer process (its supervisor's child).
+fn signer_pid(proxy: &ProxyProcess) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let supervisors = children(proxy.guard.id());
+        if let Some(signer) = supervisors.iter().flat_map(|s| children(*s)).next() {
+            return signer;
+        }
+        assert!(Instant::now() < deadline, "no signer under the proxy");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The network side maps no PKCS#11 module; the signer does. A signer killed (as a crashing
+/// module would) comes back at the next signature, same proxy process. With its supervisor gone
+/// too, no signer can come back: requests that need a signature get a 502 naming the signer,
+/// and `/healthz` says so.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_key_lives_in_the_signer_which_comes_back_after_a_kill() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let mut proxy = ProxyProcess::start(&id, &upstream);
+    let version = || proxy.curl_unix(&["-s", "-o", "/dev/null", "-w", "%{http_code}"], "/version");
+    let code = |out: std::process::Output| String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(code(version()), "200", "{}", proxy.log());
+    let maps = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let signer = signer_pid(&proxy);
+    assert!(
+        maps(signer).contains("libsofthsm2"),
+        "the signer has no module mapped"
+    );
+    assert!(
+        !maps(proxy.guard.id()).contains("libsofthsm2"),
+        "the network side maps the PKCS#11 module"
+    );
+
+    run_ok(Command::new("kill").args(["-KILL", &signer.to_string()]));
+    // No resumed session: the next connection needs a signature.
+    proxy.signal(libc::SIGHUP);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while code(version()) != "200" {
+        assert!(
+            Instant::now() < deadline,
+            "no new signer within 30 s:\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let again = signer_pid(&proxy);
+    assert_ne!(again, signer, "the same signer?");
+    assert!(
+        proxy.log().contains("a new signer is serving the key"),
+        "{}",
+        proxy.log()
+    );
+    assert!(proxy.guard.try_wait().is_none(), "the proxy exited");
+
+    for pid in children(proxy.guard.id()) {
+        run_ok(Command::new("kill").args(["-KILL", &pid.to_string()]));
+    }
+    run_ok(Command::new("kill").args(["-KILL", &again.to_string()]));
+    proxy.signal(libc::SIGHUP);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 2.0);
+    let out = proxy.curl_unix(&["-s", "-w", "\n%{http_code}"], "/version");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.ends_with("\n502") && text.contains("signer"),
+        "{text}\n{}",
+        proxy.log()
+    );
+    let body = proxy.wait_for_health(503);
+    assert!(body.contains("signer"), "{body}");
+}
