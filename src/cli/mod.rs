@@ -136,6 +136,39 @@ pub fn credential_main() -> ExitCode {
     exit_code(credential::run(cli.args))
 }
 
+/// The `hwkey-net` binary: the proxy's network side, which `hwkey proxy` becomes once it has
+/// started the signer side (same arguments). It links no PKCS#11 or TSS code.
+pub fn net_main() -> ExitCode {
+    #[derive(Parser)]
+    #[command(
+        name = "hwkey-net",
+        version,
+        about = "The network side of `hwkey proxy` (started by it, with the signer's supervisor on standard input)"
+    )]
+    struct NetCli {
+        /// Log format on stderr.
+        #[arg(
+            long,
+            global = true,
+            value_enum,
+            default_value = "text",
+            env = "HWKEY_LOG_FORMAT"
+        )]
+        log_format: LogFormat,
+        #[command(subcommand)]
+        command: NetCommand,
+    }
+    #[derive(Subcommand)]
+    enum NetCommand {
+        /// The proxy (the same arguments as `hwkey proxy`).
+        Proxy(Box<proxy::ProxyArgs>),
+    }
+    let cli = NetCli::parse();
+    init_logging(cli.log_format);
+    let NetCommand::Proxy(args) = cli.command;
+    exit_code(proxy::run_network_side(*args))
+}
+
 /// Prints the error on one line and picks the exit code: the PIN-refused code when a PIN was
 /// rejected anywhere in the chain, else 1.
 fn exit_code(result: anyhow::Result<()>) -> ExitCode {

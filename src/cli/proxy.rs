@@ -1,13 +1,18 @@
 //! `hwkey proxy`: the settings from flags, environment and `--config` file
-//! ([`proxy::settings`]: merged and checked once), then [`proxy::run`].
+//! ([`proxy::settings`]: merged and checked once); the signer side started with what it serves
+//! ([`crate::signer`]); then this process becomes the network side, `hwkey-net`, which links
+//! no PKCS#11 or TSS code and never sees the PIN ([`proxy::run`]).
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
+use std::process::{Command, Stdio};
 
-use anyhow::Context;
+use anyhow::{anyhow, Context};
 use clap::Args;
 use merge::Merge;
 
-use crate::proxy::{self, SettingsInput};
+use crate::proxy::{self, Settings, SettingsInput};
+use crate::signer::Supervisor;
 
 #[derive(Debug, Args)]
 #[command(
@@ -27,19 +32,71 @@ pub struct ProxyArgs {
     pin_stdin: bool,
 }
 
-pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
-    // The proxy holds a logged-in session and maybe a PIN: keep other processes out of it.
-    crate::key::pin::protect_process();
-    let mut given = args.settings;
-    if let Some(path) = &args.config {
-        given.merge(SettingsInput::from_file(path)?);
+impl ProxyArgs {
+    /// The settings, merged and checked.
+    fn settings(&self) -> anyhow::Result<Settings> {
+        let mut given = self.settings.clone();
+        if let Some(path) = &self.config {
+            given.merge(SettingsInput::from_file(path)?);
+        }
+        Ok(given.resolve()?)
     }
-    let mut settings = given.resolve()?;
+}
+
+/// `hwkey proxy`: starts the signer side, then becomes `hwkey-net` (same pid, same arguments,
+/// standard input the supervisor's socket, the PIN's environment variables removed).
+pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    // The PIN (read below) and the signer side's socket: keep other processes out.
+    crate::key::pin::protect_process();
+    let mut settings = args.settings()?;
     if args.pin_stdin {
         let pin = crate::key::pin::read_pin_line(std::io::stdin().lock())?;
         settings.key.uri = settings.key.uri.with_pin_value(pin);
     }
+    let config = proxy::signer_config(&settings)?;
+    let supervisor = Supervisor::start(&config)?;
+    let network = network_side()?;
+    let control = supervisor
+        .into_control()
+        .ok_or_else(|| anyhow!("the signer supervisor has no socket"))?;
+    let mut command = Command::new(&network);
+    command
+        .args(std::env::args_os().skip(1))
+        .stdin(Stdio::from(control));
+    for var in settings.key.uri.pin_env_vars() {
+        command.env_remove(var);
+    }
+    command.env_remove("HWKEY_PIN_STDIN");
+    let error = command.exec();
+    Err(anyhow!(
+        "cannot run the proxy's network side {}: {error} (it is installed with hwkey: /usr/libexec/hwkey/hwkey-net; HWKEY_NET_BIN names another)",
+        network.display()
+    ))
+}
+
+/// `hwkey-net proxy …`: the network side, with the signer supervisor on standard input.
+pub fn run_network_side(args: ProxyArgs) -> anyhow::Result<()> {
+    crate::key::pin::protect_process();
+    let settings = args.settings()?;
+    let supervisor = Supervisor::from_stdin().context(
+        "hwkey-net is the network side of `hwkey proxy` and is started by it; run `hwkey proxy`",
+    )?;
     let upstream = settings.upstream_text();
-    proxy::run(settings).with_context(|| format!("proxy to {upstream}"))?;
+    proxy::run(settings, supervisor).with_context(|| format!("proxy to {upstream}"))?;
     Ok(())
+}
+
+/// Where `hwkey-net` is: `HWKEY_NET_BIN`, else beside this executable, else where the package
+/// installs it.
+fn network_side() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("HWKEY_NET_BIN").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let beside = std::env::current_exe()
+        .context("finding this executable")?
+        .with_file_name("hwkey-net");
+    if beside.is_file() {
+        return Ok(beside);
+    }
+    Ok(PathBuf::from("/usr/libexec/hwkey/hwkey-net"))
 }

@@ -448,6 +448,23 @@ impl KeyUri {
         }
     }
 
+    /// The environment variables the URI's PIN sources read (`pin-source=env:VAR`, and a TPM
+    /// URI's `owner-pin-source=env:VAR`): a process that must not see the PIN starts without them.
+    pub fn pin_env_vars(&self) -> Vec<String> {
+        let sources = match self {
+            KeyUri::Pkcs11(u) => vec![u.pin.as_ref()],
+            KeyUri::Tpm(u) => vec![u.pin.as_ref(), u.owner_pin.as_ref()],
+        };
+        sources
+            .into_iter()
+            .flatten()
+            .filter_map(|s| match s {
+                PinSource::Env(var) => Some(var.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The PIN itself when the URI carries it in memory (`pin-value`, or a PIN read from a
     /// pipe): the one PIN source the URI's text never shows, which a signer is handed apart.
     pub fn pin_value(&self) -> Option<Zeroizing<String>> {

@@ -54,4 +54,4 @@ mod write_through;
 pub use error::{StartError, UpstreamError};
 pub use lifetime::StopReason;
 pub use settings::{Settings, SettingsError, SettingsInput};
-pub use start::run;
+pub use start::{run, signer_config};

@@ -37,9 +37,10 @@ use crate::signer::remote::SignerLink;
 use crate::signer::{SignerConfig, Supervisor};
 
 /// Runs the proxy until a stop cause (signal, lock owner gone, idle), then drains and returns
-/// why it stopped.
-pub fn run(settings: Settings) -> Result<StopReason, StartError> {
-    let opened = open(&settings)?;
+/// why it stopped. Its key is served by the signer side behind `supervisor`
+/// ([`signer_config`] says what it serves).
+pub fn run(settings: Settings, supervisor: Supervisor) -> Result<StopReason, StartError> {
+    let opened = open(&settings, supervisor)?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let connections = ConnectionThreads::new(cores).map_err(StartError::Runtime)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -65,21 +66,7 @@ struct Opened {
 /// Opens the key in use (with `--rotate-key`, the one a rotation left), its chain, the
 /// upstream trust and the loopback CA; refuses, in words, a key that cannot sign any handshake
 /// the upstream could accept.
-fn open(settings: &Settings) -> Result<Opened, StartError> {
-    let rotation = settings.renewal.as_ref().is_some_and(|r| r.rotate_key);
-    if rotation {
-        let uri = crate::key::rotation::current_key(&settings.key.uri, &settings.state_dir);
-        crate::key::rotation::next_key_uri(&uri).map_err(StartError::RotateKey)?;
-    }
-    // The key lives in a signer process, started before any network input.
-    let supervisor = Supervisor::start(&SignerConfig {
-        key: settings.key.uri.clone(),
-        rotation_state: rotation.then(|| settings.state_dir.path().to_path_buf()),
-        cert: settings.key.cert.clone(),
-        tls12: true,
-        require_non_extractable: settings.key.require_non_extractable,
-    })
-    .map_err(StartError::Signer)?;
+fn open(settings: &Settings, supervisor: Supervisor) -> Result<Opened, StartError> {
     let (_link, key) = SignerLink::open(supervisor)?;
     let key = Arc::new(key);
     let versions = crate::key::tls::protocol_versions(&key, settings.key.allow_tls12_fallback)?;
@@ -95,6 +82,26 @@ fn open(settings: &Settings) -> Result<Opened, StartError> {
         roots: crate::pki::tls::root_store(settings.upstream.ca.as_deref())
             .map_err(StartError::UpstreamCa)?,
         ca: LoopbackCa::load_or_create(&settings.state_dir)?,
+    })
+}
+
+/// What the proxy's signer serves: its key (with `--rotate-key`, the one the last rotation
+/// left, within the series), its identity's certificate, and the key policy. Checks that a
+/// rotation can name a next key before anything starts.
+pub fn signer_config(settings: &Settings) -> Result<SignerConfig, StartError> {
+    let rotation = settings.renewal.as_ref().is_some_and(|r| r.rotate_key);
+    if rotation {
+        let uri = crate::key::rotation::current_key(&settings.key.uri, &settings.state_dir);
+        crate::key::rotation::next_key_uri(&uri).map_err(StartError::RotateKey)?;
+    }
+    Ok(SignerConfig {
+        key: settings.key.uri.clone(),
+        rotation_state: rotation.then(|| settings.state_dir.path().to_path_buf()),
+        cert: settings.key.cert.clone(),
+        // The proxy offers TLS 1.2 too (servers without 1.3); its transcripts are signed only
+        // in their own shape.
+        tls12: true,
+        require_non_extractable: settings.key.require_non_extractable,
     })
 }
 

@@ -205,11 +205,6 @@ impl SignerLink {
         Ok((link, key))
     }
 
-    /// The supervisor's pid (the signer side's root).
-    pub fn supervisor_pid(&self) -> u32 {
-        self.supervisor.pid()
-    }
-
     fn key(self: &Arc<Self>, info: KeyInfo) -> Result<Key, KeyError> {
         let uri: KeyUri = info.uri.parse()?;
         Ok(Key::from_backend(

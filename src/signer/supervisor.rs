@@ -34,8 +34,8 @@ pub const SIGNER_COMMAND: &str = "signer";
 /// The network side's handle on its signer supervisor.
 #[derive(Debug)]
 pub struct Supervisor {
-    control: OwnedFd,
-    child: std::process::Child,
+    control: Option<OwnedFd>,
+    child: Option<std::process::Child>,
 }
 
 impl Supervisor {
@@ -45,25 +45,43 @@ impl Supervisor {
         let child = spawn(SUPERVISOR_COMMAND, theirs)?;
         protocol::send(ours.as_fd(), 0, &SignerConfigWire::from(config))?;
         Ok(Supervisor {
-            control: ours,
-            child,
+            control: Some(ours),
+            child: Some(child),
         })
     }
 
-    /// The supervisor's pid.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    /// The supervisor started by the process this one replaced (`hwkey proxy` before it became
+    /// `hwkey-net`): its socket is standard input.
+    pub fn from_stdin() -> Result<Supervisor, SignerError> {
+        Ok(Supervisor {
+            control: Some(stdin_socket()?),
+            child: None,
+        })
+    }
+
+    /// The socket to the supervisor, for a process that replaces this one (`exec`): the
+    /// supervisor stays, serving whatever runs next with this socket.
+    pub fn into_control(mut self) -> Option<OwnedFd> {
+        self.child = None;
+        self.control.take()
+    }
+
+    fn control(&self) -> Result<std::os::fd::BorrowedFd<'_>, SignerError> {
+        self.control
+            .as_ref()
+            .map(|c| c.as_fd())
+            .ok_or(SignerError::Gone { why: None })
     }
 
     /// Asks for a new signer; returns the socket to it (its greeting comes first).
     pub fn spawn_signer(&self) -> Result<OwnedFd, SignerError> {
-        rustix::net::send(self.control.as_fd(), b"s", SendFlags::NOSIGNAL)
-            .map_err(SignerError::Send)?;
+        let control = self.control()?;
+        rustix::net::send(control, b"s", SendFlags::NOSIGNAL).map_err(SignerError::Send)?;
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut ancillary = RecvAncillaryBuffer::new(&mut space);
         let mut byte = [0u8; 1];
         let got = rustix::net::recvmsg(
-            self.control.as_fd(),
+            control,
             &mut [std::io::IoSliceMut::new(&mut byte)],
             &mut ancillary,
             RecvFlags::CMSG_CLOEXEC,
@@ -89,14 +107,19 @@ impl Drop for Supervisor {
     fn drop(&mut self) {
         // Closing the control socket ends the supervisor (once its signers' sockets close too);
         // it is reaped if it is already gone, never waited for: a stop must not hang on it.
-        let _ = rustix::net::shutdown(self.control.as_fd(), rustix::net::Shutdown::Both);
-        let _ = self.child.try_wait();
+        if let Some(control) = &self.control {
+            let _ = rustix::net::shutdown(control.as_fd(), rustix::net::Shutdown::Both);
+        }
+        if let Some(child) = &mut self.child {
+            let _ = child.try_wait();
+        }
     }
 }
 
 /// `hwkey signer-supervisor`: reads its configuration from standard input (a socket), then
 /// starts a signer per request until the socket closes. Returns the exit code.
 pub fn supervisor_main() -> u8 {
+    crate::key::pin::protect_process();
     let control = match stdin_socket() {
         Ok(s) => s,
         Err(e) => {
@@ -136,6 +159,7 @@ pub fn supervisor_main() -> u8 {
 
 /// `hwkey signer`: reads its configuration from standard input (a socket), then serves on it.
 pub fn signer_main() -> u8 {
+    crate::key::pin::protect_process();
     let socket = match stdin_socket() {
         Ok(s) => s,
         Err(e) => {

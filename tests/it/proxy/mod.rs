@@ -22,7 +22,6 @@ mod resumption;
 mod rotation;
 #[cfg(feature = "pkcs11")]
 mod several_apiservers;
-#[cfg(feature = "pkcs11")]
 mod signer;
 #[cfg(feature = "pkcs11")]
 mod state_dir;

@@ -4,6 +4,9 @@
 //! standard input and the configuration as the first message), then send forged requests over
 //! the signer's socket; and they kill a running proxy's signer to see it come back.
 
+// Tests here need one backend or the other; in a single-backend build some helpers are unused.
+#![cfg_attr(not(all(feature = "pkcs11", feature = "tpm")), allow(unused))]
+
 use std::os::fd::{AsFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -333,10 +336,13 @@ fn the_key_lives_in_the_signer_which_comes_back_after_a_kill() {
         maps(signer).contains("libsofthsm2"),
         "the signer has no module mapped"
     );
-    assert!(
-        !maps(proxy.guard.id()).contains("libsofthsm2"),
-        "the network side maps the PKCS#11 module"
-    );
+    let network = maps(proxy.guard.id());
+    for library in ["libsofthsm2", "libtss2", "libcrypto"] {
+        assert!(
+            !network.contains(library),
+            "the network side maps {library}:\n{network}"
+        );
+    }
 
     run_ok(Command::new("kill").args(["-KILL", &signer.to_string()]));
     // No resumed session: the next connection needs a signature.
@@ -375,4 +381,32 @@ fn the_key_lives_in_the_signer_which_comes_back_after_a_kill() {
     );
     let body = proxy.wait_for_health(503);
     assert!(body.contains("signer"), "{body}");
+}
+
+/// With a TPM key the network side maps none of the TSS libraries and no TCTI; the signer holds
+/// the TPM connection.
+#[cfg(feature = "tpm")]
+#[test]
+fn a_tpm_proxys_network_side_maps_no_tss_library() {
+    let id = Identity::tpm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let out = proxy.curl_unix(&["-s", "-o", "/dev/null", "-w", "%{http_code}"], "/version");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "200",
+        "{}",
+        proxy.log()
+    );
+    let maps = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let network = maps(proxy.guard.id());
+    assert!(
+        !network.contains("libtss2"),
+        "the network side maps TSS:\n{network}"
+    );
+    let signer = maps(signer_pid(&proxy));
+    assert!(
+        signer.contains("libtss2-esys") && signer.contains("libtss2-tcti-swtpm"),
+        "the signer has no TPM connection:\n{signer}"
+    );
 }
