@@ -45,6 +45,9 @@ python3 hsm-fixtures/structure.py || status=1
 # Tests leave nothing running: every process a test starts inherits HWKEY_TEST_RUN, and
 # hsm-fixtures/outlived.sh names, stops and fails on whatever still carries it after cargo.
 RUN="$$-$(date +%s%N)"
+# Every proxy the suite starts (directly, or through kubectl's exec plugin) confines its network
+# side fully or refuses to start: a test that needs a hole in the sandbox fails.
+export HWKEY_SANDBOX=required
 # Everything, with both backends (the default build).
 HWKEY_TEST_RUN=$RUN cargo test --locked --all-targets --no-fail-fast "$@" || status=1
 hsm-fixtures/outlived.sh "$RUN" || status=1

@@ -20,6 +20,8 @@ pub struct Key {
     last_error: std::sync::Mutex<Option<String>>,
     /// Whether `last_error` holds an error (read without the lock).
     failing: AtomicBool,
+    /// Signatures a signer refused, by purpose (see [`Purpose`]).
+    refused: [AtomicU64; 3],
 }
 
 impl Key {
@@ -45,6 +47,7 @@ impl Key {
             failures: AtomicU64::new(0),
             last_error: std::sync::Mutex::new(None),
             failing: AtomicBool::new(false),
+            refused: Default::default(),
         }
     }
 
@@ -108,6 +111,12 @@ impl Key {
     ) -> Result<Vec<u8>, KeyError> {
         self.check_scheme(scheme)?;
         let result = self.backend.sign_for(purpose, scheme, message);
+        if matches!(result, Err(KeyError::SignerRefused { .. })) {
+            use crate::metric_labels::LabelValue as _;
+            if let Some(n) = self.refused.get(purpose.index()) {
+                n.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         self.count(result)
     }
 
@@ -144,6 +153,21 @@ impl Key {
             }
         }
         result
+    }
+
+    /// Signatures a signer refused since the key was opened, by purpose.
+    pub fn signer_refusals(&self) -> Vec<(Purpose, u64)> {
+        use crate::metric_labels::LabelValue as _;
+        Purpose::ALL
+            .iter()
+            .map(|p| {
+                let n = self
+                    .refused
+                    .get(p.index())
+                    .map_or(0, |n| n.load(Ordering::Relaxed));
+                (*p, n)
+            })
+            .collect()
     }
 
     /// How many signature attempts failed since the key was opened.

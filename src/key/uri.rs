@@ -465,6 +465,29 @@ impl KeyUri {
             .collect()
     }
 
+    /// The files only a signer may read: the PIN file (`pin-source=file:`, and a TPM URI's
+    /// owner PIN file) and the PKCS#11 module (`module-path=`). The network side checks it
+    /// cannot read them once confined.
+    pub fn secret_files(&self) -> Vec<std::path::PathBuf> {
+        let mut files = Vec::new();
+        let mut source = |pin: Option<&PinSource>| {
+            if let Some(PinSource::File(p)) = pin {
+                files.push(p.clone());
+            }
+        };
+        match self {
+            KeyUri::Pkcs11(u) => {
+                source(u.pin.as_ref());
+                files.extend(u.module_path.clone());
+            }
+            KeyUri::Tpm(u) => {
+                source(u.pin.as_ref());
+                source(u.owner_pin.as_ref());
+            }
+        }
+        files
+    }
+
     /// The PIN itself when the URI carries it in memory (`pin-value`, or a PIN read from a
     /// pipe): the one PIN source the URI's text never shows, which a signer is handed apart.
     pub fn pin_value(&self) -> Option<Zeroizing<String>> {

@@ -280,9 +280,11 @@ async fn route(shared: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
     match (req.method().as_str(), req.uri().path()) {
         ("GET", "/metrics") => {
             let key = shared.upstream.key();
-            let body = shared
-                .metrics
-                .render(key.signatures(), key.signature_failures());
+            let body = shared.metrics.render(
+                key.signatures(),
+                key.signature_failures(),
+                &key.signer_refusals(),
+            );
             text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",

@@ -26,6 +26,9 @@ pub enum StartError {
     #[error("{0}")]
     Signer(#[source] crate::signer::SignerError),
 
+    #[error(transparent)]
+    Sandbox(#[from] super::sandbox::SandboxError),
+
     #[error("invalid --tls-server-name '{given}': not a DNS name or IP address")]
     InvalidServerName { given: String },
 

@@ -20,7 +20,6 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -125,82 +124,6 @@ impl Bound {
             Bound::Tcp { .. } => None,
         }
     }
-}
-
-/// Binds a listener. Refuses non-loopback TCP addresses unless `unsafe_listen`.
-pub fn bind(addr: &ListenAddr, unsafe_listen: bool) -> Result<Bound, StartError> {
-    match addr {
-        ListenAddr::Tcp(a) => {
-            if !a.ip().is_loopback() && !unsafe_listen {
-                return Err(StartError::NonLoopbackListen { addr: addr.clone() });
-            }
-            let std = std::net::TcpListener::bind(a).map_err(|source| StartError::Bind {
-                addr: addr.clone(),
-                source,
-            })?;
-            std.set_nonblocking(true)
-                .map_err(|source| StartError::Bind {
-                    addr: addr.clone(),
-                    source,
-                })?;
-            let listener = TcpListener::from_std(std).map_err(|source| StartError::Bind {
-                addr: addr.clone(),
-                source,
-            })?;
-            let bound = listener.local_addr().map_err(|source| StartError::Bind {
-                addr: addr.clone(),
-                source,
-            })?;
-            Ok(Bound::Tcp {
-                listener,
-                addr: bound,
-            })
-        }
-        ListenAddr::Unix(path) => {
-            let listener = bind_unix(path)?;
-            Ok(Bound::Unix {
-                listener,
-                path: path.clone(),
-            })
-        }
-    }
-}
-
-/// Binds a UNIX socket with mode 0600, replacing a stale socket file but never a live one.
-///
-/// Between bind and chmod the file briefly has the umask's mode; the peer-uid check closes
-/// that window, so a foreign peer still gets nothing.
-pub fn bind_unix(path: &Path) -> Result<UnixListener, StartError> {
-    let addr = ListenAddr::Unix(path.to_path_buf());
-    let bind_err = |source: std::io::Error| StartError::Bind {
-        addr: addr.clone(),
-        source,
-    };
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(StartError::NotASocket {
-                path: path.to_path_buf(),
-            });
-        }
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(StartError::SocketInUse {
-                path: path.to_path_buf(),
-            });
-        }
-        std::fs::remove_file(path).map_err(bind_err)?;
-    }
-    if let Some(parent) = path.parent() {
-        if !parent.as_os_str().is_empty() && !parent.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)
-                .map_err(bind_err)?;
-        }
-    }
-    let listener = UnixListener::bind(path).map_err(bind_err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
-    Ok(listener)
 }
 
 /// The effective uid of this process: UNIX-socket peers must match it (or be allowed).

@@ -177,6 +177,18 @@ where
     }
 }
 
+label_values! {
+    /// A layer of the network side's confinement.
+    pub enum SandboxLayer {
+        /// Landlock: files, TCP ports, signals.
+        Landlock => "landlock",
+        /// The seccomp filter.
+        Seccomp => "seccomp",
+        /// `no_new_privs`.
+        NoNewPrivs => "no_new_privs",
+    }
+}
+
 /// All of the proxy's metrics, each label value's handle taken when it was registered.
 #[derive(Debug)]
 pub struct Metrics {
@@ -196,6 +208,10 @@ pub struct Metrics {
     renewal_failures: ByLabel<RenewalFailure, Counter>,
     renewal_last_success: Gauge,
     endpoints: EndpointFamilies,
+    sandbox: ByLabel<SandboxLayer, Gauge>,
+    signer_refused: ByLabel<crate::key::Purpose, Counter>,
+    /// Serialises bringing `signer_refused` up to the key's counts at a scrape.
+    signer_refused_sync: std::sync::Mutex<()>,
     scrape_time: Arc<ScrapeTime>,
 }
 
@@ -304,6 +320,20 @@ impl Metrics {
         );
         let (renewals, renewal_failures, renewal_last_success) = renewal_metrics(r);
         let endpoints = endpoint_metrics(r);
+        let sandbox = ByLabel::register(
+            r,
+            "hwkey_sandbox_enforced",
+            "1 when the layer confines the network side (Landlock, the seccomp filter, no_new_privs)",
+            "layer",
+            Gauge::default,
+        );
+        let signer_refused = ByLabel::register(
+            r,
+            "hwkey_signer_refused",
+            "Signatures the signer refused: the message did not have its purpose's shape",
+            "purpose",
+            Counter::default,
+        );
         Metrics {
             registry,
             connections,
@@ -321,8 +351,25 @@ impl Metrics {
             renewal_failures,
             renewal_last_success,
             endpoints,
+            sandbox,
+            signer_refused,
+            signer_refused_sync: std::sync::Mutex::new(()),
             scrape_time,
         }
+    }
+
+    /// Records which layers of the sandbox are enforced.
+    pub fn sandbox(&self, report: &super::sandbox::Report) {
+        let on = |b: bool| i64::from(b);
+        self.sandbox
+            .get(SandboxLayer::Landlock)
+            .set(on(report.landlock.is_some()));
+        self.sandbox
+            .get(SandboxLayer::Seccomp)
+            .set(on(report.seccomp));
+        self.sandbox
+            .get(SandboxLayer::NoNewPrivs)
+            .set(on(report.no_new_privs));
     }
 
     /// Counts a client connection accepted on a listener (refused ones included).
@@ -440,7 +487,22 @@ impl Metrics {
 
     /// The OpenMetrics text exposition, with the key's counters as of now (the key in use can
     /// change at run time, so they are passed in rather than registered).
-    pub fn render(&self, signatures: u64, signature_failures: u64) -> String {
+    pub fn render(
+        &self,
+        signatures: u64,
+        signature_failures: u64,
+        signer_refused: &[(crate::key::Purpose, u64)],
+    ) -> String {
+        {
+            let _one = self
+                .signer_refused_sync
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for (purpose, count) in signer_refused {
+                let counter = self.signer_refused.get(*purpose);
+                counter.inc_by(count.saturating_sub(counter.get()));
+            }
+        }
         self.scrape_time
             .signatures
             .store(signatures, Ordering::Relaxed);
@@ -668,7 +730,7 @@ mod tests {
         m.upstream_handshake(true, Duration::from_millis(2));
         m.upstream_handshake(true, Duration::from_millis(3));
         m.certificate(Some(4_000_000_000));
-        let text = m.render(1, 0);
+        let text = m.render(1, 0, &[]);
         assert!(text.contains("hwkey_signatures_total 1\n"), "{text}");
         assert!(
             text.contains("hwkey_signature_failures_total 0\n"),

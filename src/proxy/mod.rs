@@ -27,6 +27,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod bind;
 pub mod bridge;
 pub mod buffers;
 pub mod control;
@@ -44,6 +45,7 @@ pub mod relay;
 pub mod reload;
 pub mod renewal;
 pub mod rotation;
+pub mod sandbox;
 pub mod sessions;
 pub mod settings;
 pub mod start;

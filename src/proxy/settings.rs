@@ -27,6 +27,7 @@ use merge::Merge;
 use serde::Deserialize;
 
 use super::rotation::RotationClose;
+use super::sandbox::SandboxMode;
 use crate::duration::parse_duration;
 use crate::egress::Egress;
 use crate::endpoint::{ListenAddr, UpstreamTarget};
@@ -193,6 +194,11 @@ pub struct SettingsInput {
     /// true).
     #[arg(long, env = "HWKEY_REQUIRE_NON_EXTRACTABLE", action = clap::ArgAction::Set, value_name = "true|false")]
     pub require_non_extractable: Option<bool>,
+    /// How the network side confines itself (Landlock and a seccomp filter): auto (as far as
+    /// the kernel allows, saying what is not enforced; the default), required (refuse to start
+    /// without both), off (debugging).
+    #[arg(long, value_enum, env = "HWKEY_SANDBOX")]
+    pub sandbox: Option<SandboxMode>,
 }
 
 /// serde: an optional persistent TPM handle, written as text (`"0x81010002"`) or a number.
@@ -237,6 +243,8 @@ pub struct Settings {
     pub reload: ReloadSettings,
     /// The loopback CA and the control socket.
     pub state_dir: StateDir,
+    /// How the network side confines itself.
+    pub sandbox: SandboxMode,
 }
 
 /// The key section.
@@ -494,6 +502,7 @@ impl SettingsInput {
                 Some(dir) => StateDir::new(dir),
                 None => StateDir::proxy_default(),
             },
+            sandbox: self.sandbox.unwrap_or_default(),
         })
     }
 

@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 
 use super::admin::{self, Admin};
 use super::admission::Admission;
+use super::bind::{self, StdBound};
 use super::bridge::Bridge;
 use super::control::{self, Control};
 use super::error::StartError;
@@ -27,7 +28,7 @@ use super::renewal::{self, RenewSettings, Renewal, RenewalStatus};
 use super::settings::{AdminSettings, Settings};
 use super::threads::{ConnectionThreads, Spawner};
 use super::upstream::{Identity, Upstream};
-use super::{limits, notify};
+use super::{limits, notify, sandbox};
 use crate::endpoint::ListenAddr;
 use crate::key::tls::{HardwareCertResolver, HardwareSigningKey};
 use crate::key::Key;
@@ -40,8 +41,8 @@ use crate::signer::{SignerConfig, Supervisor};
 /// why it stopped. Its key is served by the signer side behind `supervisor`
 /// ([`signer_config`] says what it serves).
 pub fn run(settings: Settings, supervisor: Supervisor) -> Result<StopReason, StartError> {
-    let opened = open(&settings, supervisor)?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let prepared = prepare(&settings, supervisor)?;
     let connections = ConnectionThreads::new(cores).map_err(StartError::Runtime)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -49,10 +50,85 @@ pub fn run(settings: Settings, supervisor: Supervisor) -> Result<StopReason, Sta
         .enable_all()
         .build()
         .map_err(StartError::Runtime)?;
-    let result = runtime.block_on(serve(settings, opened, connections.spawner()));
+    let result = runtime.block_on(serve(settings, prepared, connections.spawner()));
     runtime.shutdown_timeout(Duration::from_secs(1));
     connections.shutdown(Duration::from_secs(1));
     result
+}
+
+/// Everything made on the main thread before any other thread exists.
+struct Prepared {
+    opened: Opened,
+    bound: BoundSet,
+    sockets: SocketFiles,
+    lock: Option<(PathBuf, std::fs::File)>,
+    sandbox: sandbox::Report,
+}
+
+/// Binds every socket, opens the lock file, greets the signer and reads the chain, the trust
+/// and the loopback CA; then confines this process ([`sandbox`]) and only then starts the
+/// signer's reply reader, the first thread besides this one.
+fn prepare(settings: &Settings, supervisor: Supervisor) -> Result<Prepared, StartError> {
+    let mut sockets = SocketFiles::default();
+    let bound = BoundSet::bind(settings, &mut sockets)?;
+    let lock = match settings.lifetime.lock_file.as_ref() {
+        Some(p) => Some((p.clone(), lifetime::open_lock_file(p)?)),
+        None => None,
+    };
+    let (link, opened) = open(settings, supervisor)?;
+    let sandbox = sandbox::confine(settings.sandbox, &sandbox_plan(settings, &bound))?;
+    link.start_readers()?;
+    Ok(Prepared {
+        opened,
+        bound,
+        sockets,
+        lock,
+        sandbox,
+    })
+}
+
+/// What the network side may touch once confined: the certificate's and the CA's directories
+/// (reloads replace files there) and the system's name-resolution and CA files to read; the
+/// state directory, the listeners' directories (their socket files go at the stop) and, with
+/// `--renew`, the certificate's directory to write; the API servers', the forward proxies' and
+/// DNS's ports to connect to. It must not read the PIN file or the PKCS#11 module (checked).
+fn sandbox_plan(settings: &Settings, bound: &BoundSet) -> sandbox::Plan {
+    let dir_of = |p: &std::path::Path| match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut read: Vec<PathBuf> = [
+        "/etc/hosts",
+        "/etc/resolv.conf",
+        "/etc/nsswitch.conf",
+        "/etc/gai.conf",
+        "/etc/host.conf",
+        "/run/systemd/resolve",
+        "/etc/ssl/certs",
+        "/usr/share/ca-certificates",
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .collect();
+    read.extend(settings.key.cert.as_deref().map(dir_of));
+    read.extend(settings.upstream.ca.as_deref().map(dir_of));
+    let mut write = vec![settings.state_dir.path().to_path_buf()];
+    if settings.renewal.is_some() {
+        write.extend(settings.key.cert.as_deref().map(dir_of));
+    }
+    write.extend(bound.socket_paths().into_iter().map(|p| dir_of(&p)));
+    let egress = &settings.upstream.egress;
+    let mut connect: Vec<u16> = vec![53];
+    for t in &settings.upstream.targets {
+        connect.push(t.port);
+        connect.extend(egress.proxy_for(&t.host, t.port).map(|p| p.port));
+    }
+    sandbox::Plan {
+        read,
+        write,
+        connect,
+        forbidden: settings.key.uri.secret_files(),
+    }
 }
 
 /// What is opened before any runtime exists.
@@ -66,8 +142,11 @@ struct Opened {
 /// Opens the key in use (with `--rotate-key`, the one a rotation left), its chain, the
 /// upstream trust and the loopback CA; refuses, in words, a key that cannot sign any handshake
 /// the upstream could accept.
-fn open(settings: &Settings, supervisor: Supervisor) -> Result<Opened, StartError> {
-    let (_link, key) = SignerLink::open(supervisor)?;
+fn open(
+    settings: &Settings,
+    supervisor: Supervisor,
+) -> Result<(Arc<SignerLink>, Opened), StartError> {
+    let (link, key) = SignerLink::open(supervisor)?;
     let key = Arc::new(key);
     let versions = crate::key::tls::protocol_versions(&key, settings.key.allow_tls12_fallback)?;
     let chain = cert::chain_for_key(&key, settings.key.cert.as_deref())?;
@@ -76,13 +155,14 @@ fn open(settings: &Settings, supervisor: Supervisor) -> Result<Opened, StartErro
         HardwareSigningKey::new(key.clone()),
         chain,
     )?);
-    Ok(Opened {
+    let opened = Opened {
         identity: Identity { key, resolver },
         versions,
         roots: crate::pki::tls::root_store(settings.upstream.ca.as_deref())
             .map_err(StartError::UpstreamCa)?,
         ca: LoopbackCa::load_or_create(&settings.state_dir)?,
-    })
+    };
+    Ok((link, opened))
 }
 
 /// What the proxy's signer serves: its key (with `--rotate-key`, the one the last rotation
@@ -113,10 +193,18 @@ struct Running {
 
 async fn serve(
     settings: Settings,
-    opened: Opened,
+    prepared: Prepared,
     connections: Spawner,
 ) -> Result<StopReason, StartError> {
+    let Prepared {
+        opened,
+        bound,
+        sockets,
+        lock,
+        sandbox,
+    } = prepared;
     let metrics = Arc::new(Metrics::default());
+    metrics.sandbox(&sandbox);
     let key = opened.identity.key.clone();
     let upstream = Arc::new(Upstream::new(
         &settings.upstream,
@@ -127,8 +215,7 @@ async fn serve(
     )?);
     // Bound before announcing readiness; the socket files go when `sockets` drops (any early
     // return, and the stop, before draining).
-    let mut sockets = SocketFiles::default();
-    let bound = BoundSet::bind(&settings, &mut sockets)?;
+    let bound = bound.into_tokio()?;
     let activity = Arc::new(Activity::new(metrics.clone()));
     let parts = Parts {
         upstream,
@@ -141,10 +228,6 @@ async fn serve(
     let (stop_tx, stop) = watch::channel(false);
     let announced = bound.addrs();
     let running = spawn(&settings, parts, bound, &stop)?;
-    let lock = match settings.lifetime.lock_file.as_ref() {
-        Some(p) => Some((p.clone(), lifetime::open_lock_file(p)?)),
-        None => None,
-    };
     announce_ready(&settings, &announced, &key);
     let reason = lifetime::wait_for_stop(activity.clone(), lock, settings.lifetime.idle_exit).await;
     notify::stopping();
@@ -174,7 +257,7 @@ struct Parts {
 fn spawn(
     settings: &Settings,
     parts: Parts,
-    bound: BoundSet,
+    bound: Listeners,
     stop: &watch::Receiver<bool>,
 ) -> Result<Running, StartError> {
     let addrs = bound.client_addrs();
@@ -355,8 +438,15 @@ fn announce_ready(settings: &Settings, bound: &Announced, key: &Key) {
     notify::ready();
 }
 
-/// Every socket the proxy listens on, bound.
+/// Every socket the proxy listens on, bound before any thread exists.
 struct BoundSet {
+    clients: Vec<StdBound>,
+    control: std::os::unix::net::UnixListener,
+    admin: Option<StdBound>,
+}
+
+/// The same sockets, in the runtime.
+struct Listeners {
     clients: Vec<Bound>,
     control: tokio::net::UnixListener,
     admin: Option<Bound>,
@@ -373,13 +463,13 @@ impl BoundSet {
         let unsafe_listen = settings.clients.unsafe_listen;
         let mut clients = Vec::new();
         for addr in &settings.clients.listen {
-            clients.push(sockets.track(listener::bind(addr, unsafe_listen)?));
+            clients.push(sockets.track(bind::bind(addr, unsafe_listen)?));
         }
         let control_path = settings.state_dir.control_socket();
-        let control = listener::bind_unix(&control_path)?;
+        let control = bind::bind_unix(&control_path)?;
         sockets.0.push(control_path);
         let admin = match &settings.admin {
-            Some(a) => Some(sockets.track(listener::bind(&a.listen, unsafe_listen)?)),
+            Some(a) => Some(sockets.track(bind::bind(&a.listen, unsafe_listen)?)),
             None => None,
         };
         Ok(BoundSet {
@@ -389,6 +479,42 @@ impl BoundSet {
         })
     }
 
+    /// The UNIX socket files of the client and admin listeners.
+    fn socket_paths(&self) -> Vec<PathBuf> {
+        self.clients
+            .iter()
+            .chain(self.admin.iter())
+            .filter_map(|b| b.socket_path().map(std::path::Path::to_path_buf))
+            .collect()
+    }
+
+    /// The listeners for the runtime this is called in.
+    fn into_tokio(self) -> Result<Listeners, StartError> {
+        let control_addr = ListenAddr::Unix(PathBuf::new());
+        self.control
+            .set_nonblocking(true)
+            .map_err(|source| StartError::Bind {
+                addr: control_addr.clone(),
+                source,
+            })?;
+        Ok(Listeners {
+            clients: self
+                .clients
+                .into_iter()
+                .map(StdBound::into_tokio)
+                .collect::<Result<_, _>>()?,
+            control: tokio::net::UnixListener::from_std(self.control).map_err(|source| {
+                StartError::Bind {
+                    addr: control_addr,
+                    source,
+                }
+            })?,
+            admin: self.admin.map(StdBound::into_tokio).transpose()?,
+        })
+    }
+}
+
+impl Listeners {
     /// The client listeners' addresses (ports resolved).
     fn client_addrs(&self) -> Vec<ListenAddr> {
         self.clients.iter().map(Bound::addr).collect()
@@ -409,7 +535,7 @@ struct SocketFiles(Vec<PathBuf>);
 
 impl SocketFiles {
     /// Remembers `bound`'s socket file, if it has one.
-    fn track(&mut self, bound: Bound) -> Bound {
+    fn track(&mut self, bound: StdBound) -> StdBound {
         if let Some(p) = bound.socket_path() {
             self.0.push(p.to_path_buf());
         }

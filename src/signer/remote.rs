@@ -32,6 +32,11 @@ pub struct SignerClient {
     socket: Arc<OwnedFd>,
     waiting: Arc<Mutex<Waiting>>,
     next_id: AtomicU64,
+    /// Whether the reply reader runs; before, a call reads its own reply (the network side
+    /// makes its first calls on its one thread, before the sandbox, which must come before any
+    /// other thread).
+    reading: std::sync::atomic::AtomicBool,
+    direct: Mutex<()>,
 }
 
 /// Calls waiting for their replies, and why the signer is gone once it is.
@@ -65,18 +70,47 @@ impl SignerClient {
             socket: Arc::new(socket),
             waiting: Arc::new(Mutex::new(Waiting::default())),
             next_id: AtomicU64::new(1),
+            reading: std::sync::atomic::AtomicBool::new(false),
+            direct: Mutex::new(()),
         });
-        let (socket, waiting) = (client.socket.clone(), client.waiting.clone());
+        Ok((client, info))
+    }
+
+    /// Starts the reply reader: from now on calls from many threads are in flight at once.
+    pub fn start_reader(&self) -> Result<(), KeyError> {
+        if self.reading.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let (socket, waiting) = (self.socket.clone(), self.waiting.clone());
         std::thread::Builder::new()
             .name("hwkey-signer-replies".into())
             .spawn(move || read_replies(&socket, &waiting))
+            .map(|_| ())
             .map_err(|source| {
                 signer_error(&SignerError::Start {
                     what: "the reply reader thread",
                     source,
                 })
-            })?;
-        Ok((client, info))
+            })
+    }
+
+    /// A call before the reader runs: send, then read the reply here.
+    fn call_direct(&self, request: &Request) -> Result<Reply, KeyError> {
+        let _one = self.direct.lock().unwrap_or_else(|p| p.into_inner());
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        protocol::send(self.socket.as_fd(), id, request).map_err(|e| signer_error(&e))?;
+        loop {
+            match protocol::recv::<Reply>(self.socket.as_fd()) {
+                Ok(Some(reply)) if reply.id == id => return Ok(reply.body),
+                Ok(Some(_)) => continue,
+                Ok(None) => {
+                    self.waiting.lock().unwrap_or_else(|p| p.into_inner()).gone =
+                        Some("its socket closed".into());
+                    return Err(signer_error(&SignerError::Gone { why: None }));
+                }
+                Err(e) => return Err(signer_error(&e)),
+            }
+        }
     }
 
     /// Whether the signer is gone (its socket closed or broke).
@@ -98,6 +132,9 @@ impl SignerClient {
     }
 
     fn call_raw(&self, request: &Request) -> Result<Reply, KeyError> {
+        if !self.reading.load(Ordering::SeqCst) {
+            return self.call_direct(request);
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::sync_channel(1);
         {
@@ -167,6 +204,8 @@ pub struct SignerLink {
     supervisor: Supervisor,
     state: RwLock<LinkState>,
     restart: Mutex<Restart>,
+    /// Whether replies are read by a reader thread (set once the sandbox is up).
+    readers: std::sync::atomic::AtomicBool,
 }
 
 /// The signer in use and the ids of its keys, by public key.
@@ -200,9 +239,21 @@ impl SignerLink {
                 not_before: None,
                 pin_refused: None,
             }),
+            readers: std::sync::atomic::AtomicBool::new(false),
         });
         let key = link.key(info)?;
         Ok((link, key))
+    }
+
+    /// Starts reading replies on a thread of their own (and does for every later signer): call
+    /// this once this process may start threads, i.e. after its sandbox is up.
+    pub fn start_readers(&self) -> Result<(), KeyError> {
+        self.readers.store(true, Ordering::SeqCst);
+        self.state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .client
+            .start_reader()
     }
 
     fn key(self: &Arc<Self>, info: KeyInfo) -> Result<Key, KeyError> {
@@ -267,6 +318,9 @@ impl SignerLink {
             .and_then(SignerClient::connect);
         match started {
             Ok((client, info)) => {
+                if self.readers.load(Ordering::SeqCst) {
+                    client.start_reader()?;
+                }
                 tracing::info!(key = %info.describe, "a new signer is serving the key");
                 restart.backoff.reset();
                 restart.not_before = None;

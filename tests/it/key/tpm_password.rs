@@ -117,7 +117,9 @@ fn a_key_with_a_password_signs_and_a_wrong_password_reaches_the_tpm_once() {
 fn a_key_with_a_password_serves_through_the_proxy() {
     let tpm = Swtpm::start();
     let dir = temp_dir();
-    let password = dir.path().join("password");
+    // Out of the certificate's directory, which the proxy's network side may read.
+    let secrets = temp_dir();
+    let password = secrets.path().join("password");
     write_private(&password, b"s3cret");
     let key_uri = uri(&dir.path().join("alice.tpm.pem"), &tpm, &password);
     run_ok(
@@ -142,7 +144,9 @@ fn a_key_with_a_password_serves_through_the_proxy() {
 fn with_kubectl_a_wrong_password_reaches_the_tpm_once_across_proxy_restarts() {
     let tpm = Swtpm::start();
     let dir = temp_dir();
-    let password = dir.path().join("password");
+    // Out of the certificate's directory, which the proxy's network side may read.
+    let secrets = temp_dir();
+    let password = secrets.path().join("password");
     write_private(&password, b"s3cret");
     let key_path = dir.path().join("alice.tpm.pem");
     let key_uri = uri(&key_path, &tpm, &password);
@@ -151,7 +155,7 @@ fn with_kubectl_a_wrong_password_reaches_the_tpm_once_across_proxy_restarts() {
             .envs(tpm.envs())
             .args(["key", "create", "--key", &key_uri]),
     );
-    let wrong = dir.path().join("wrong");
+    let wrong = secrets.path().join("wrong");
     write_private(&wrong, b"not it");
     let wrong_uri = uri(&key_path, &tpm, &wrong);
     let id = Identity::of_existing_key(Backend::Tpm(tpm), key_uri.clone(), dir);

@@ -21,6 +21,8 @@ mod resumption;
 #[cfg(feature = "pkcs11")]
 mod rotation;
 #[cfg(feature = "pkcs11")]
+mod sandbox;
+#[cfg(feature = "pkcs11")]
 mod several_apiservers;
 mod signer;
 #[cfg(feature = "pkcs11")]

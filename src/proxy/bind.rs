@@ -1,0 +1,135 @@
+//! Binding the proxy's sockets before any thread exists: the sandbox ([`super::sandbox`]) is
+//! set up on the main thread after binding and before the runtimes start, so the listeners are
+//! bound as std sockets here and handed to the runtime later ([`StdBound::into_tokio`]).
+
+use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use super::error::StartError;
+use super::listener::Bound;
+use crate::endpoint::ListenAddr;
+
+/// A listener bound outside any runtime.
+#[derive(Debug)]
+pub enum StdBound {
+    /// A UNIX socket (removed on exit).
+    Unix {
+        /// The bound socket.
+        listener: std::os::unix::net::UnixListener,
+        /// Its path.
+        path: PathBuf,
+    },
+    /// A TCP socket (loopback TLS).
+    Tcp {
+        /// The bound socket.
+        listener: std::net::TcpListener,
+        /// The address it got (port 0 resolved).
+        addr: SocketAddr,
+    },
+}
+
+impl StdBound {
+    /// What it listens on, with the real port when port 0 was asked for.
+    pub fn addr(&self) -> ListenAddr {
+        match self {
+            StdBound::Unix { path, .. } => ListenAddr::Unix(path.clone()),
+            StdBound::Tcp { addr, .. } => ListenAddr::Tcp(*addr),
+        }
+    }
+
+    /// The socket file to remove at exit, if any.
+    pub fn socket_path(&self) -> Option<&Path> {
+        match self {
+            StdBound::Unix { path, .. } => Some(path),
+            StdBound::Tcp { .. } => None,
+        }
+    }
+
+    /// The listener for the runtime this is called in.
+    pub fn into_tokio(self) -> Result<Bound, StartError> {
+        let addr = self.addr();
+        let err = |source| StartError::Bind {
+            addr: addr.clone(),
+            source,
+        };
+        match self {
+            StdBound::Unix { listener, path } => {
+                listener.set_nonblocking(true).map_err(err)?;
+                Ok(Bound::Unix {
+                    listener: tokio::net::UnixListener::from_std(listener).map_err(err)?,
+                    path,
+                })
+            }
+            StdBound::Tcp { listener, addr: a } => {
+                listener.set_nonblocking(true).map_err(err)?;
+                Ok(Bound::Tcp {
+                    listener: tokio::net::TcpListener::from_std(listener).map_err(err)?,
+                    addr: a,
+                })
+            }
+        }
+    }
+}
+
+/// Binds a listener. Refuses non-loopback TCP addresses unless `unsafe_listen`.
+pub fn bind(addr: &ListenAddr, unsafe_listen: bool) -> Result<StdBound, StartError> {
+    let err = |source| StartError::Bind {
+        addr: addr.clone(),
+        source,
+    };
+    match addr {
+        ListenAddr::Tcp(a) => {
+            if !a.ip().is_loopback() && !unsafe_listen {
+                return Err(StartError::NonLoopbackListen { addr: addr.clone() });
+            }
+            let listener = std::net::TcpListener::bind(a).map_err(err)?;
+            let bound = listener.local_addr().map_err(err)?;
+            Ok(StdBound::Tcp {
+                listener,
+                addr: bound,
+            })
+        }
+        ListenAddr::Unix(path) => Ok(StdBound::Unix {
+            listener: bind_unix(path)?,
+            path: path.clone(),
+        }),
+    }
+}
+
+/// Binds a UNIX socket with mode 0600, replacing a stale socket file but never a live one.
+///
+/// Between bind and chmod the file briefly has the umask's mode; the peer-uid check closes
+/// connections from other users anyway.
+pub fn bind_unix(path: &Path) -> Result<std::os::unix::net::UnixListener, StartError> {
+    let addr = ListenAddr::Unix(path.to_path_buf());
+    let bind_err = |source: std::io::Error| StartError::Bind {
+        addr: addr.clone(),
+        source,
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(StartError::NotASocket {
+                path: path.to_path_buf(),
+            });
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(StartError::SocketInUse {
+                path: path.to_path_buf(),
+            });
+        }
+        std::fs::remove_file(path).map_err(bind_err)?;
+    }
+    if let Some(parent) = path.parent() {
+        if !parent.as_os_str().is_empty() && !parent.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(bind_err)?;
+        }
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
+    Ok(listener)
+}

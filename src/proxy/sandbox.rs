@@ -1,0 +1,284 @@
+//! The network side confines itself before it reads any network byte: Landlock (the files it
+//! reads and writes, the TCP ports it connects to, no execution, no signals or abstract sockets
+//! outside its domain) and a seccomp filter (no `execve`, `ptrace`, `process_vm_*`, mounts,
+//! kernel modules, keyrings, BPF…), with `no_new_privs`.
+//!
+//! Best effort by default, as ghostunnel does: on a kernel without Landlock the proxy runs and
+//! says so (`hwkey_sandbox_enforced{layer}` 0, one log line naming the ABI and what is
+//! restricted). `--sandbox=required` refuses to start without both layers; `--sandbox=off`
+//! turns it off (for debugging; named in the log). After confining itself the proxy checks the
+//! result: it tries to read the PIN file and the PKCS#11 module, which must fail; under
+//! `required` a hole stops the start.
+//!
+//! Landlock restricts the calling thread and the threads it starts: [`confine`] runs on the
+//! main thread before any other thread exists (the runtimes, the signer's reply reader).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
+
+/// Why `--sandbox=required` refused to start.
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum SandboxError {
+    #[error("--sandbox=required, but the network side cannot be confined: {missing} is missing (use a kernel with Landlock, or --sandbox=auto to run confined as far as possible)")]
+    Missing { missing: String },
+
+    #[error("--sandbox=required, but the network side could still read {files}, which only the signer may read: keep PIN files out of the certificate's and the CA bundle's directories (the network side reads those for reloads)")]
+    Hole { files: String },
+}
+
+/// How the network side confines itself (`--sandbox`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SandboxMode {
+    /// Confine as far as the kernel allows, and say what is not enforced.
+    #[default]
+    Auto,
+    /// Refuse to start unless Landlock and the seccomp filter are both enforced and the
+    /// self-check finds no hole.
+    Required,
+    /// No confinement (debugging).
+    Off,
+}
+
+/// What the network side may touch once confined.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// Files and directories it reads (beneath a directory: everything in it).
+    pub read: Vec<PathBuf>,
+    /// Directories it writes in (files made, replaced and removed there).
+    pub write: Vec<PathBuf>,
+    /// TCP ports it connects to.
+    pub connect: Vec<u16>,
+    /// Files it must not be able to read once confined: the self-check.
+    pub forbidden: Vec<PathBuf>,
+}
+
+/// What was enforced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Landlock's ABI when it is enforced (fully or partly), else None.
+    pub landlock: Option<i32>,
+    /// Whether every Landlock restriction asked for is enforced.
+    pub landlock_full: bool,
+    /// Whether the seccomp filter is installed.
+    pub seccomp: bool,
+    /// Whether `no_new_privs` is set.
+    pub no_new_privs: bool,
+}
+
+/// The system calls the network side never makes; a call answers `EPERM`.
+fn denied_syscalls() -> Vec<i64> {
+    [
+        libc::SYS_execve,
+        libc::SYS_execveat,
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_chroot,
+        libc::SYS_move_mount,
+        libc::SYS_open_tree,
+        libc::SYS_fsopen,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_mount_setattr,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_keyctl,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_setns,
+        libc::SYS_unshare,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_reboot,
+        libc::SYS_acct,
+        libc::SYS_quotactl,
+    ]
+    .into_iter()
+    .collect()
+}
+
+/// Confines this process as `plan` says, per `mode`, and checks the result.
+pub fn confine(mode: SandboxMode, plan: &Plan) -> Result<Report, SandboxError> {
+    if mode == SandboxMode::Off {
+        tracing::warn!("sandbox off (--sandbox=off): the network side is not confined");
+        let holes = self_check(plan);
+        if !holes.is_empty() {
+            tracing::warn!(readable = ?holes, "sandbox off: the network side can read what only the signer needs");
+        }
+        return Ok(Report::default());
+    }
+    let mut report = Report::default();
+    match landlock(plan) {
+        Ok((status, abi)) => {
+            report.no_new_privs = status.no_new_privs;
+            report.landlock_full = status.ruleset == RulesetStatus::FullyEnforced;
+            if status.ruleset != RulesetStatus::NotEnforced {
+                report.landlock = Some(abi);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "Landlock could not be set up"),
+    }
+    match seccomp() {
+        Ok(()) => report.seccomp = true,
+        Err(e) => tracing::warn!(error = %e, "the seccomp filter could not be installed"),
+    }
+    let holes = if report.landlock.is_some() {
+        self_check(plan)
+    } else {
+        Vec::new()
+    };
+    announce(plan, &report, &holes);
+    if mode == SandboxMode::Required {
+        let mut missing = Vec::new();
+        if report.landlock.is_none() {
+            missing.push(
+                "Landlock (kernel 5.13 or later, with landlock in the lsm= list)".to_string(),
+            );
+        }
+        if !report.seccomp {
+            missing.push("the seccomp filter".to_string());
+        }
+        if !missing.is_empty() {
+            return Err(SandboxError::Missing {
+                missing: missing.join(" and "),
+            });
+        }
+        if !holes.is_empty() {
+            return Err(SandboxError::Hole {
+                files: holes
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+    }
+    Ok(report)
+}
+
+/// The Landlock ruleset: read and write where the plan says, connect to its ports, no
+/// execution anywhere, signals and abstract sockets scoped to the sandbox.
+fn landlock(plan: &Plan) -> Result<(landlock::RestrictionStatus, i32), landlock::RulesetError> {
+    let abi = ABI::V6;
+    let all = AccessFs::from_all(abi);
+    let read = AccessFs::from_read(abi);
+    let write = all & !AccessFs::Execute;
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(all)?
+        .handle_access(AccessNet::from_all(abi))?
+        .scope(Scope::from_all(abi))?
+        .create()?;
+    for (paths, access) in [(&plan.read, read), (&plan.write, write)] {
+        for path in paths {
+            // A path that does not exist (an optional DNS file) is simply not allowed.
+            if let Ok(fd) = PathFd::new(path) {
+                let access = if path.is_dir() {
+                    access
+                } else {
+                    access & AccessFs::from_file(abi)
+                };
+                ruleset = ruleset.add_rule(PathBeneath::new(fd, access))?;
+            }
+        }
+    }
+    for port in &plan.connect {
+        ruleset = ruleset.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
+    }
+    let status = ruleset.no_new_privs(true).restrict_self()?;
+    let abi = match status.landlock {
+        landlock::LandlockStatus::Available { effective_abi, .. } => effective_abi as i32,
+        _ => 0,
+    };
+    Ok((status, abi))
+}
+
+/// The seccomp filter: every call in [`denied_syscalls`] answers `EPERM`, on every thread.
+fn seccomp() -> Result<(), seccompiler::Error> {
+    let arch = match std::env::consts::ARCH {
+        "aarch64" => TargetArch::aarch64,
+        "riscv64" => TargetArch::riscv64,
+        _ => TargetArch::x86_64,
+    };
+    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> = denied_syscalls()
+        .into_iter()
+        .map(|nr| (nr, Vec::new()))
+        .collect();
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )?;
+    let program: seccompiler::BpfProgram = filter.try_into()?;
+    seccompiler::apply_filter_all_threads(&program)
+}
+
+/// The forbidden files this process can still read (none, when confinement works).
+fn self_check(plan: &Plan) -> Vec<PathBuf> {
+    plan.forbidden
+        .iter()
+        .filter(|p| readable(p))
+        .cloned()
+        .collect()
+}
+
+fn readable(path: &Path) -> bool {
+    std::fs::File::open(path).is_ok()
+}
+
+/// One log line: what is enforced and what is not.
+fn announce(plan: &Plan, report: &Report, holes: &[PathBuf]) {
+    let list = |paths: &[PathBuf]| {
+        paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let landlock = match report.landlock {
+        Some(abi) if report.landlock_full => format!("Landlock ABI {abi} enforced"),
+        Some(abi) => format!("Landlock ABI {abi} partly enforced (an older kernel)"),
+        None => "Landlock NOT enforced (kernel without Landlock)".to_string(),
+    };
+    let ports = plan
+        .connect
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    tracing::info!(
+        read = %list(&plan.read),
+        write = %list(&plan.write),
+        connect = %ports,
+        seccomp = report.seccomp,
+        no_new_privs = report.no_new_privs,
+        "sandbox: {landlock}; no execution, no signals outside; seccomp {}",
+        if report.seccomp { "filter on (no execve, ptrace, mounts, modules, keyrings, BPF)" } else { "NOT on" }
+    );
+    if !holes.is_empty() {
+        tracing::error!(readable = %list(holes), "sandbox self-check: the network side can still read what only the signer needs");
+    }
+}
