@@ -67,7 +67,28 @@ ldd target/release/hwkey | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {
     real=$(readlink -f "$lib")
     install -D -m "$(stat -c %a "$real")" "$real" "$ROOTFS$lib"
   done
-install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$ROOTFS/etc/ssl/certs/ca-certificates.crt"
+# The CA certificates come from a pinned Debian package (version and checksum below), not from
+# whatever this build host has: the same image from any machine. Downloaded once per machine.
+CA_DEB_VERSION=20250419~deb12u2
+CA_DEB_SHA256=b9f76b5271a7ac373fd5e7e1b5b826a71ddd702b42a0d104955ecb1acfffc94b
+CA_CACHE=${HWKEY_CACHE:-/var/cache/hwkey}/ca-certificates
+CA_DEB="$CA_CACHE/ca-certificates_${CA_DEB_VERSION}_all.deb"
+if [[ ! -f "$CA_DEB" ]] || ! echo "$CA_DEB_SHA256  $CA_DEB" | sha256sum -c --quiet - 2>/dev/null; then
+  mkdir -p "$CA_CACHE"
+  (cd "$CA_CACHE" && apt-get download "ca-certificates=$CA_DEB_VERSION" >&2) || {
+    echo "package.sh: cannot download ca-certificates $CA_DEB_VERSION: update CA_DEB_VERSION and CA_DEB_SHA256 in $0 to the version Debian 12 carries now" >&2
+    exit 1
+  }
+  echo "$CA_DEB_SHA256  $CA_DEB" | sha256sum -c --quiet - || {
+    echo "package.sh: $CA_DEB does not have the pinned checksum" >&2
+    exit 1
+  }
+fi
+CA_X=$(mktemp -d)
+dpkg-deb -x "$CA_DEB" "$CA_X"
+find "$CA_X/usr/share/ca-certificates/mozilla" -name '*.crt' -print0 | sort -z | xargs -0 cat >"$CA_X/bundle.crt"
+install -D -m 0644 "$CA_X/bundle.crt" "$ROOTFS/etc/ssl/certs/ca-certificates.crt"
+rm -rf "$CA_X"
 printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$ROOTFS/etc/passwd"
 printf 'root:x:0:\nnonroot:x:65532:\n' >"$ROOTFS/etc/group"
 chmod 0644 "$ROOTFS/etc/passwd" "$ROOTFS/etc/group"

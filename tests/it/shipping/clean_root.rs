@@ -146,6 +146,12 @@ fn the_package_installs_into_a_clean_debian_root_and_the_main_job_runs_there() {
         this_commit(),
         "the package was built from another commit: rerun hsm-fixtures/package.sh"
     );
+    // The proxy's network side links no TSS (the key is in the signer process).
+    let net = root.run_ok("ldd hwkey-net", "ldd /usr/libexec/hwkey/hwkey-net");
+    assert!(
+        !net.contains("libtss2") && !net.contains("not found"),
+        "{net}"
+    );
     let linked = root.run_ok("ldd", "ldd /usr/bin/hwkey /usr/bin/hwkey-credential");
     assert!(!linked.contains("not found"), "{linked}");
     // Root's, writable by no one else: what lets root's exec plugin trust an instance directory
@@ -165,6 +171,7 @@ fn the_package_installs_into_a_clean_debian_root_and_the_main_job_runs_there() {
     let files = root.run_ok("dpkg -L hwkey", "dpkg -L hwkey");
     for shipped in [
         "/usr/lib/systemd/system/hwkey-proxy@.service",
+        "/usr/libexec/hwkey/hwkey-net",
         "/usr/lib/systemd/system/hwkey-approver.service",
         "/usr/share/doc/hwkey/examples/proxy.example.toml",
         "/usr/share/zsh/vendor-completions/_hwkey",

@@ -140,3 +140,36 @@ fn the_shipped_units_score_at_most_2_0_in_systemd_analyze_security() {
         assert!(score <= 2.0, "{unit} scores {score}:\n{text}");
     }
 }
+
+/// The approver's Deployment as shipped: replicas only on control-plane nodes (a worker's
+/// kubelet could take the service-account token and approve node certificates for other
+/// names), non-root with no privilege, the runtime's default seccomp profile, a read-only root.
+#[test]
+fn the_approver_runs_only_on_control_plane_nodes_and_confined() {
+    use serde::Deserialize as _;
+    let manifest = include_str!("../../../deploy/approver.yaml");
+    let deployment = serde_yaml_ng::Deserializer::from_str(manifest)
+        .map(|doc| serde_yaml_ng::Value::deserialize(doc).expect("YAML"))
+        .find(|v| v["kind"] == "Deployment")
+        .expect("a Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"]["node-role.kubernetes.io/control-plane"], "",
+        "{pod:?}"
+    );
+    assert!(
+        pod["tolerations"].as_sequence().is_some_and(|t| t
+            .iter()
+            .any(|t| t["key"] == "node-role.kubernetes.io/control-plane")),
+        "{pod:?}"
+    );
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let container = &pod["containers"][0]["securityContext"];
+    assert_eq!(container["allowPrivilegeEscalation"], false);
+    assert_eq!(container["readOnlyRootFilesystem"], true);
+    assert_eq!(container["capabilities"]["drop"][0], "ALL");
+}
