@@ -1,17 +1,68 @@
-//! Reading the small files hwkey is pointed at (certificates, CA bundles, config files) with a
-//! size bound: a path such as `/dev/zero` or a runaway file must fail with a clear error, not
-//! read until memory runs out.
+//! Reading the small files hwkey is pointed at (certificates, CA bundles, config files): regular
+//! files only, with a size bound. A path such as `/dev/zero`, a FIFO swapped in where a file
+//! was, or a runaway file must fail at once with a clear error — not read until memory runs
+//! out, not block the caller for good (a FIFO is opened without waiting for a writer).
 
 use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 /// The largest certificate chain, CA bundle or config file hwkey reads: far above any real one
 /// (a CA bundle of every public root is about 250 KiB).
 pub const MAX_SMALL_FILE: u64 = 4 * 1024 * 1024;
 
-/// Reads `path` whole, failing with `InvalidData` when it is longer than [`MAX_SMALL_FILE`].
+/// Reads `path` whole: a regular file (symbolic links followed) no longer than
+/// [`MAX_SMALL_FILE`]; anything else fails with `InvalidData` saying what it is.
 pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
-    let file = std::fs::File::open(path)?;
+    read_checked(path, |_| Ok(()))
+}
+
+/// [`read`] for a file a running proxy reads again (its certificate, its CA bundle), which must
+/// also belong to this user or root and be writable by no one else: what is trusted must not
+/// be replaceable by another local user.
+pub fn read_watched(path: &Path) -> std::io::Result<Vec<u8>> {
+    read_checked(path, |meta| {
+        let me = crate::state_dir::own_uid();
+        if meta.uid() != me && meta.uid() != 0 {
+            return Err(invalid(format!(
+                "belongs to uid {}, not to uid {me} or root",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(invalid(format!(
+                "is writable by other users (mode {:o}): chmod go-w it",
+                meta.mode() & 0o777
+            )));
+        }
+        Ok(())
+    })
+}
+
+fn invalid(what: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what)
+}
+
+fn read_checked(
+    path: &Path,
+    check: impl Fn(&std::fs::Metadata) -> std::io::Result<()>,
+) -> std::io::Result<Vec<u8>> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        let kind = if meta.is_dir() {
+            "a directory"
+        } else if meta.file_type().is_symlink() {
+            "a symbolic link"
+        } else {
+            "not a regular file (a FIFO, socket or device)"
+        };
+        return Err(invalid(format!("is {kind}: point it at a file")));
+    }
+    check(&meta)?;
     let mut bytes = Vec::new();
     file.take(MAX_SMALL_FILE + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_SMALL_FILE {
@@ -37,9 +88,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_endless_file_is_refused() {
-        let e = read(Path::new("/dev/zero")).expect_err("/dev/zero never ends");
+    fn a_device_is_refused_without_reading_it() {
+        let e = read(Path::new("/dev/zero")).expect_err("/dev/zero is no file");
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
-        assert!(e.to_string().contains("longer than 4 MiB"), "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn a_fifo_is_refused_at_once() {
+        let dir = tempfile::tempdir().expect("dir");
+        let fifo = dir.path().join("ca.pem");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        let e = read(&fifo).expect_err("a FIFO is no file");
+        assert!(e.to_string().contains("FIFO"), "{e}");
     }
 }

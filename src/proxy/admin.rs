@@ -348,8 +348,14 @@ async fn check(shared: &Admin) -> (StatusCode, String) {
         let body = format!("unhealthy: {}\n", problems.join("; "));
         return (StatusCode::SERVICE_UNAVAILABLE, body);
     }
-    match renewal_degraded(shared) {
-        Some(why) => (StatusCode::OK, format!("degraded: {why}\n")),
+    if let Some(why) = renewal_degraded(shared) {
+        return (StatusCode::OK, format!("degraded: {why}\n"));
+    }
+    match shared.upstream.trust_problem() {
+        Some(why) => (
+            StatusCode::OK,
+            format!("degraded: the upstream CA bundle was not reloaded ({why}); the previous trust is in use\n"),
+        ),
         None => (StatusCode::OK, "ok\n".into()),
     }
 }

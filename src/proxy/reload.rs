@@ -60,9 +60,8 @@ pub async fn watch(
     let interval = shared.interval;
     let cert_path = shared.cert.clone();
     let upstream_ca = shared.upstream_ca.clone();
-    let read = |p: &Option<PathBuf>| p.as_ref().and_then(|p| std::fs::read(p).ok());
-    let mut last_seen = read(&cert_path);
-    let mut last_ca = read(&upstream_ca);
+    let mut last_seen = snapshot(cert_path.as_ref()).await;
+    let mut last_ca = snapshot(upstream_ca.as_ref()).await;
     let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -72,17 +71,17 @@ pub async fn watch(
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: reloading the certificate and the upstream CA bundle");
                 super::notify::reloading();
-                last_seen = read(&cert_path);
+                last_seen = snapshot(cert_path.as_ref()).await;
                 reload(&shared, cert_path.clone()).await;
                 if let Some(p) = &upstream_ca {
-                    last_ca = std::fs::read(p).ok();
-                    reload_trust(&shared, p);
+                    last_ca = snapshot(Some(p)).await;
+                    reload_trust_off_runtime(&shared, p).await;
                 }
                 super::notify::ready();
             }
             _ = tick.tick() => {
                 if let Some(p) = &cert_path {
-                    let now = std::fs::read(p).ok();
+                    let now = snapshot(Some(p)).await;
                     if now.is_some() && now != last_seen {
                         last_seen = now;
                         tracing::info!(file = %p.display(), "certificate file changed: reloading");
@@ -90,16 +89,39 @@ pub async fn watch(
                     }
                 }
                 if let Some(p) = &upstream_ca {
-                    let now = std::fs::read(p).ok();
+                    let now = snapshot(Some(p)).await;
                     if now.is_some() && now != last_ca {
                         last_ca = now;
                         tracing::info!(file = %p.display(), "upstream CA bundle changed: reloading");
-                        reload_trust(&shared, p);
+                        reload_trust_off_runtime(&shared, p).await;
                     }
                 }
             }
         }
     }
+}
+
+/// What a watched file holds now: read off the runtime, a regular file of this user or root
+/// that no one else may write, within the size bound; None when it is not that (a FIFO swapped
+/// in must not stall the runtime, a device must not be read a gigabyte at a time).
+async fn snapshot(path: Option<&PathBuf>) -> Option<Vec<u8>> {
+    let path = path?.clone();
+    tokio::task::spawn_blocking(move || match crate::small_file::read_watched(&path) {
+        Ok(bytes) => Some(bytes),
+        Err(e) => {
+            tracing::debug!(file = %path.display(), error = %e, "watched file unreadable");
+            None
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// [`reload_trust`] on a blocking thread.
+async fn reload_trust_off_runtime(shared: &Arc<Reloader>, path: &std::path::Path) {
+    let (shared, path) = (shared.clone(), path.to_path_buf());
+    let _ = tokio::task::spawn_blocking(move || reload_trust(&shared, &path)).await;
 }
 
 /// Loads the chain (file, or the one stored with the key) and installs it if it is for our key
@@ -129,6 +151,14 @@ pub async fn reload(shared: &Reloader, cert_path: Option<PathBuf>) -> bool {
 /// Reads the upstream CA bundle again and trusts it for new connections; a bundle that does not
 /// load keeps the previous trust. Returns whether it was installed.
 pub fn reload_trust(shared: &Reloader, path: &std::path::Path) -> bool {
+    if let Err(e) = crate::small_file::read_watched(path) {
+        shared.metrics.trust_reload(false);
+        shared
+            .upstream
+            .set_trust_problem(Some(format!("{}: {e}", path.display())));
+        tracing::error!(file = %path.display(), error = %e, "the upstream CA bundle is refused; keeping the previous trust");
+        return false;
+    }
     match crate::pki::tls::root_store(Some(path)) {
         Ok(roots) if !roots.is_empty() => {
             let count = roots.len();
@@ -139,11 +169,15 @@ pub fn reload_trust(shared: &Reloader, path: &std::path::Path) -> bool {
         }
         Ok(_) => {
             shared.metrics.trust_reload(false);
+            shared
+                .upstream
+                .set_trust_problem(Some(format!("{} holds no certificate", path.display())));
             tracing::error!(file = %path.display(), "the upstream CA bundle holds no certificate; keeping the previous trust");
             false
         }
         Err(e) => {
             shared.metrics.trust_reload(false);
+            shared.upstream.set_trust_problem(Some(e.to_string()));
             tracing::error!(file = %path.display(), error = %e, "the upstream CA bundle does not load; keeping the previous trust");
             false
         }

@@ -89,6 +89,9 @@ pub struct Upstream {
     roots: RwLock<Arc<RootCertStore>>,
     versions: &'static [&'static rustls::SupportedProtocolVersion],
     refused_alpn: Mutex<HashSet<Vec<u8>>>,
+    /// Why the last reload of the CA bundle was refused (the previous trust stays); None once
+    /// one loads.
+    trust_problem: Mutex<Option<String>>,
     metrics: Arc<Metrics>,
 }
 
@@ -136,6 +139,7 @@ impl Upstream {
             roots: RwLock::new(Arc::new(roots)),
             versions,
             refused_alpn: Mutex::new(HashSet::new()),
+            trust_problem: Mutex::new(None),
             metrics,
         })
     }
@@ -238,7 +242,22 @@ impl Upstream {
     /// Connections already open are not touched.
     pub fn set_roots(&self, roots: RootCertStore) {
         *self.roots.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(roots);
+        self.set_trust_problem(None);
         self.reset_sessions();
+    }
+
+    /// Records why a CA bundle was not loaded (the previous trust stays in use): `/healthz`
+    /// says "degraded" until one loads.
+    pub fn set_trust_problem(&self, problem: Option<String>) {
+        *self.trust_problem.lock().unwrap_or_else(|p| p.into_inner()) = problem;
+    }
+
+    /// Why the last CA bundle was not loaded, if it was not.
+    pub fn trust_problem(&self) -> Option<String> {
+        self.trust_problem
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Picks the protocol for a client that offered `offered` (its preference order): the
