@@ -11,6 +11,11 @@
 //! together share one check. So no number of probes makes the key sign or the proxy dial the
 //! API server more than once per period, and a cached "ok" never hides a failure.
 //!
+//! Who gets what: the proxy's own uid, root, `--allow-uid` and `--admin-allow-uid` (a
+//! monitoring agent) get `/healthz` with its reasons and `/metrics`. Any other local user
+//! (who can reach a loopback port) gets only the last health status in one word, never causes
+//! a check (so never a signature), and no metrics.
+//!
 //! Tasks: one accept loop task, one task per admin connection (hyper HTTP/1.1). Another local
 //! user can reach a loopback TCP admin listener, so connections are capped, idle ones reaped
 //! (header and connection timeouts) and refusals logged at a bounded rate.
@@ -93,6 +98,22 @@ impl Failures {
 }
 
 impl HealthState {
+    /// The last answer's status in one word, whatever its age ("unknown", 503, before the
+    /// first check): what other local users see, at no cost.
+    fn last_word(&self) -> (StatusCode, &'static str) {
+        let last = self
+            .answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match last {
+            None => (StatusCode::SERVICE_UNAVAILABLE, "unknown"),
+            Some(a) if a.status != StatusCode::OK => (a.status, "unhealthy"),
+            Some(a) if a.body.starts_with("degraded") => (a.status, "degraded"),
+            Some(a) => (a.status, "ok"),
+        }
+    }
+
     /// The last answer, if it is younger than `stands` and no failure came since.
     fn fresh(&self, stands: Duration, failures: Failures) -> Option<Answer> {
         self.answer
@@ -187,6 +208,15 @@ pub async fn serve(shared: Arc<Admin>, bound: Bound, mut stop: watch::Receiver<b
     }
 }
 
+/// The uids that get the admin port's details and an admin place first: the proxy's own, root,
+/// `--allow-uid` and `--admin-allow-uid`.
+pub fn privileged_uids(section: &AdminSettings) -> Vec<u32> {
+    let mut uids = vec![super::listener::own_uid(), 0];
+    uids.extend_from_slice(&section.allow_uids);
+    uids.extend_from_slice(&section.monitor_uids);
+    uids
+}
+
 /// A connection accepted on the admin listener.
 enum Accepted {
     Tcp(tokio::net::TcpStream, std::net::SocketAddr),
@@ -247,9 +277,14 @@ async fn serve_one(
     conn: Box<dyn super::bridge::ClientIo>,
     admitted: Admitted,
 ) {
+    // UNIX-socket peers passed the uid check; loopback ones are privileged or not.
+    let privileged = match &admitted {
+        Admitted::ByUid(ticket) => ticket.privileged,
+        Admitted::Permit(_) => true,
+    };
     let handler = move |req| {
         let shared = shared.clone();
-        async move { route(&shared, req).await }
+        async move { route(&shared, req, privileged).await }
     };
     match &admitted {
         Admitted::ByUid(ticket) => {
@@ -276,8 +311,17 @@ enum Admitted {
     ),
 }
 
-async fn route(shared: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn route(shared: &Admin, req: Request<Incoming>, privileged: bool) -> Response<Full<Bytes>> {
     match (req.method().as_str(), req.uri().path()) {
+        ("GET", "/healthz") if !privileged => {
+            let (status, word) = shared.health.last_word();
+            text(status, "text/plain", format!("{word}\n"))
+        }
+        ("GET", "/metrics") if !privileged => text(
+            StatusCode::FORBIDDEN,
+            "text/plain",
+            "forbidden: /metrics is for the proxy's user, root and --admin-allow-uid\n".into(),
+        ),
         ("GET", "/metrics") => {
             let key = shared.upstream.key();
             let body = shared.metrics.render(

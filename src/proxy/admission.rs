@@ -227,6 +227,12 @@ fn parse_answer(answer: &[u8], sport: u16, dport: u16) -> Option<u32> {
         return None;
     }
     let uid = answer.get(80..84)?;
+    let inode = answer.get(84..88)?;
+    // A socket its owner has already closed (orphaned, or in TIME_WAIT) reports uid 0 and
+    // inode 0: that is nobody's answer, not root's.
+    if inode == [0, 0, 0, 0] {
+        return None;
+    }
     Some(u32::from_ne_bytes([uid[0], uid[1], uid[2], uid[3]]))
 }
 
@@ -256,6 +262,21 @@ mod tests {
             tcp_peer_uid(peer, local),
             Some(rustix::process::geteuid().as_raw())
         );
+        // A peer that has closed its socket is nobody, not root (uid 0 with inode 0).
+        let closed =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server2, peer2) = listener.accept().expect("accept");
+        drop(closed);
+        let local2 = server2.local_addr().expect("local");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while tcp_peer_uid(peer2, local2).is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a closed peer is still somebody: {:?}",
+                tcp_peer_uid(peer2, local2)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         // A 4-tuple nobody holds.
         let nobody = SocketAddr::from(([127, 0, 0, 1], 1));
         assert_eq!(tcp_peer_uid(nobody, local), None);

@@ -105,6 +105,17 @@ pub struct SettingsInput {
     #[arg(long, env = "HWKEY_ADMIN")]
     #[serde(default, deserialize_with = "crate::serde_text::option::deserialize")]
     pub admin: Option<ListenAddr>,
+    /// Also give this uid the admin port's details (repeatable; comma-separated in the
+    /// environment): `/healthz` with reasons and `/metrics`, as the proxy's own uid and root
+    /// get them. Other local users get only the last health status, and never cause a check.
+    #[arg(
+        long = "admin-allow-uid",
+        env = "HWKEY_ADMIN_ALLOW_UID",
+        value_delimiter = ','
+    )]
+    #[serde(default)]
+    #[merge(strategy = merge::vec::overwrite_empty)]
+    pub admin_allow_uid: Vec<u32>,
     /// How long one /healthz answer stands (default 5s, 1s to 1h): probes within it get that
     /// answer at no cost, and when it runs out concurrent probes share one new check.
     #[arg(long, env = "HWKEY_HEALTH_CACHE", value_parser = parse_duration)]
@@ -305,6 +316,8 @@ pub struct AdminSettings {
     pub listen: ListenAddr,
     /// Peers admitted like the proxy's own uid (`--allow-uid`).
     pub allow_uids: Vec<u32>,
+    /// Monitoring uids that get the details (`--admin-allow-uid`).
+    pub monitor_uids: Vec<u32>,
     /// How long one `/healthz` answer stands.
     pub health_cache: Duration,
 }
@@ -481,6 +494,7 @@ impl SettingsInput {
             admin: self.admin.clone().map(|listen| AdminSettings {
                 listen,
                 allow_uids: self.allow_uid.clone(),
+                monitor_uids: self.admin_allow_uid.clone(),
                 health_cache: self.health_cache.unwrap_or(DEFAULT_HEALTH_CACHE),
             }),
             lifetime: LifetimeSettings {

@@ -364,7 +364,7 @@ fn admin_of(section: &AdminSettings, parts: &Parts, renewal: Arc<RenewalStatus>)
         admission: Admission::new(
             admin::ADMIN_MAX_CONNECTIONS,
             admin::ADMIN_RESERVED,
-            privileged_uids(&section.allow_uids),
+            admin::privileged_uids(section),
         ),
         settings: section.clone(),
         renewal,

@@ -554,3 +554,72 @@ fn unix_now() -> i64 {
         .expect("clock")
         .as_secs() as i64
 }
+
+/// `GET path` on the admin port as user nobody (curl under setpriv): (status, body).
+fn admin_get_as_nobody(port: u16, path: &str) -> (String, String) {
+    require_tool("setpriv", "util-linux");
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .args(["curl", "-sS", "--max-time", "20", "-w", "\n%{http_code}"])
+        .arg(format!("http://127.0.0.1:{port}{path}"))
+        .output()
+        .expect("curl as nobody");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.to_string(), body.trim_end().to_string())
+}
+
+/// Another local user's `/healthz` probes never make the key sign: they get the last status in
+/// one word ("unknown" before any check), without the reasons, and no `/metrics`; a monitoring
+/// uid named by `--admin-allow-uid` gets both. (Before: 24 probes from nobody made 18
+/// signatures, and the error text of the key showed.)
+#[test]
+fn another_users_health_probes_cost_no_signature_and_show_no_details() {
+    require_root();
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions::args(&["--health-cache", "1s"]),
+    );
+    let port = proxy.admin_port;
+    let signatures = proxy.signatures();
+    for _ in 0..8 {
+        let (code, body) = admin_get_as_nobody(port, "/healthz");
+        assert_eq!(
+            (code.as_str(), body.as_str()),
+            ("503", "unknown"),
+            "{}",
+            proxy.log()
+        );
+    }
+    assert_eq!(
+        proxy.signatures(),
+        signatures,
+        "another user's probes made the key sign"
+    );
+    let (code, _) = admin_get_as_nobody(port, "/metrics");
+    assert_eq!(code, "403");
+    // The proxy's own user checks (one signature at most); nobody then sees the word only.
+    assert_eq!(proxy.admin_get("/healthz"), (200, "ok\n".to_string()));
+    std::thread::sleep(Duration::from_millis(1100));
+    for _ in 0..8 {
+        assert_eq!(
+            admin_get_as_nobody(port, "/healthz"),
+            ("200".into(), "ok".into())
+        );
+    }
+    assert!(proxy.signatures() <= signatures + 1);
+
+    let monitored = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions::args(&["--admin-allow-uid", "65534"]),
+    );
+    let (code, body) = admin_get_as_nobody(monitored.admin_port, "/healthz");
+    assert_eq!((code.as_str(), body.as_str()), ("200", "ok"));
+    let (code, body) = admin_get_as_nobody(monitored.admin_port, "/metrics");
+    assert_eq!(code, "200");
+    assert!(body.contains("hwkey_signatures_total"), "{body}");
+}
