@@ -22,7 +22,7 @@ pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
 /// be replaceable by another local user.
 pub fn read_watched(path: &Path) -> std::io::Result<Vec<u8>> {
     read_checked(path, |meta| {
-        let me = crate::state_dir::own_uid();
+        let me = rustix::process::geteuid().as_raw();
         if meta.uid() != me && meta.uid() != 0 {
             return Err(invalid(format!(
                 "belongs to uid {}, not to uid {me} or root",
