@@ -37,11 +37,27 @@ pub struct ProbeArgs {
     /// TLS 1.3 key exchange offered: hybrid (X25519MLKEM768, then X25519) or classical.
     #[arg(long, value_enum, default_value = "hybrid")]
     key_exchange: crate::pki::tls::KeyExchange,
+    /// Give up when the whole exchange (connection, forward proxy, handshake, answer) takes
+    /// longer: a server or proxy that accepts and then says nothing must not hang a script.
+    #[arg(
+        long,
+        env = "HWKEY_PROBE_TIMEOUT",
+        default_value = "30s",
+        value_parser = crate::duration::parse_duration
+    )]
+    timeout: std::time::Duration,
     /// The URL to GET, e.g. https://127.0.0.1:6443/version
     url: String,
 }
 
 pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
+    // Every argument is checked before the hardware is touched (no PIN is presented for a
+    // command that cannot run).
+    let egress = crate::proxy::settings::egress(
+        args.proxy_url.as_deref(),
+        args.proxy_auth.as_deref(),
+        None,
+    )?;
     let key = Arc::new(Key::open(&args.key)?);
     let chain = cert::chain_for_key(&key, args.cert.as_deref())?;
     cert::ensure_matches(&chain[0], &key)?;
@@ -50,18 +66,26 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         ca: args.ca,
         server_name: args.tls_server_name,
         allow_tls12_fallback: args.allow_tls12_fallback,
-        egress: crate::proxy::settings::egress(
-            args.proxy_url.as_deref(),
-            args.proxy_auth.as_deref(),
-            None,
-        )?,
+        egress,
         key_exchange: args.key_exchange,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let report = runtime.block_on(probe::probe(key.clone(), chain, &options))?;
+    let url = options.url.clone();
+    let answer = runtime.block_on(async {
+        tokio::time::timeout(args.timeout, probe::probe(key.clone(), chain, &options)).await
+    });
+    // A hardware call still running (a stalled device) gets a moment to finish; the
+    // process does not wait for it for good.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    let report = answer.map_err(|_| {
+        anyhow::anyhow!(
+            "no answer from {url} within {} (something accepts the connection but does not complete TLS or HTTP: check the URL, the forward proxy and the server; --timeout waits longer)",
+            humantime::format_duration(args.timeout)
+        )
+    })??;
     eprintln!("tls: {} {}", report.tls_version, report.cipher_suite);
     eprintln!(
         "key exchange: {}{}",

@@ -10,7 +10,8 @@
 pub enum CredentialProblem {
     #[error("{0}")]
     Unreadable(String),
-    #[error("'{0}' is not file:/absolute/path or env:VAR")]
+    /// Why the text is not a source, in words that never repeat it (see `PinSource::why_not`).
+    #[error("{0}")]
     Source(String),
     #[error("it must hold user:password")]
     NoColon,

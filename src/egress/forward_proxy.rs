@@ -39,7 +39,7 @@ impl ProxyCredentials {
     /// Parses a credentials source: `file:PATH` (or an absolute path) or `env:VAR`.
     pub fn source(text: &str) -> Result<PinSource, EgressError> {
         PinSource::parse(text).ok_or_else(|| EgressError::Credentials {
-            problem: CredentialProblem::Source(text.to_string()),
+            problem: CredentialProblem::Source(PinSource::why_not(text)),
         })
     }
 

@@ -37,6 +37,28 @@ impl PinSource {
             .then(|| PinSource::File(PathBuf::from(path)))
     }
 
+    /// Why `value` is not a source, in words that never repeat it: a PIN or a password typed
+    /// where its source belongs would otherwise land in a log or a terminal's scroll-back.
+    /// Only the shape is described (its length, and which prefix it lacks or misuses).
+    pub fn why_not(value: &str) -> String {
+        const FORMS: &str = "file:/absolute/path, an absolute path, or env:VAR";
+        if value.strip_prefix("env:").is_some() {
+            return format!("'env:' names no variable (write env:VAR; forms: {FORMS})");
+        }
+        if value.starts_with("file:") {
+            return format!(
+                "a file: source must name an absolute path ({} characters after 'file:' do not start with '/'; forms: {FORMS})",
+                value.len() - "file:".len()
+            );
+        }
+        format!(
+            "it is not a source: a value of {} characters that starts with neither 'file:', 'env:' nor '/' \
+             (not repeated here, in case it is the secret itself: put a secret in a file only you can read \
+             and write file:/path, or in an environment variable and write env:VAR; forms: {FORMS})",
+            value.chars().count()
+        )
+    }
+
     /// Reads the PIN. The result is wiped from memory when dropped.
     pub fn read(&self) -> Result<Zeroizing<String>, KeyError> {
         match self {

@@ -117,7 +117,7 @@ impl FromStr for KeyUri {
 fn invalid(uri: &str, reason: impl Into<String>) -> KeyError {
     // The reason may quote a piece of the URI that a pin-value ran into: hide those too.
     let mut reason = reason.into();
-    for secret in pin_values(uri) {
+    for secret in secrets(uri) {
         reason = reason.replace(&secret, "<redacted>");
     }
     KeyError::InvalidUri {
@@ -126,27 +126,53 @@ fn invalid(uri: &str, reason: impl Into<String>) -> KeyError {
     }
 }
 
-/// The values of every `pin-value` attribute in `uri`, as written (see [`redact`]).
-fn pin_values(uri: &str) -> Vec<String> {
-    uri.split(['?', '&', ';', ':'])
+/// The values of every `pin-value` attribute in `uri`, and of every `pin-source` that is not a
+/// source (the secret itself, typed in the wrong place), as written (see [`redact`]).
+fn secrets(uri: &str) -> Vec<String> {
+    let mut found: Vec<String> = uri
+        .split(['?', '&', ';', ':'])
         .filter_map(|part| part.split_once('='))
         .filter(|(name, value)| is_pin_value(name) && !value.is_empty())
         .map(|(_, value)| value.to_string())
-        .collect()
+        .collect();
+    for part in uri.split(['?', '&', ';']) {
+        let Some((name, value)) = part.split_once('=') else {
+            continue;
+        };
+        let name = name.rsplit(':').next().unwrap_or(name);
+        if is_source_name(name) && !value.is_empty() && !is_valid_source(value) {
+            found.push(value.to_string());
+            found.push(percent_decode_str(value).decode_utf8_lossy().into_owned());
+        }
+    }
+    found
 }
 
-/// Hides every `pin-value` (whatever its case or percent-encoding) so a URI can appear in an
-/// error message.
+/// Hides every `pin-value`, and every `pin-source` or `owner-pin-source` that is not a source
+/// (whatever their case or percent-encoding), so a URI can appear in an error message.
 pub fn redact(uri: &str) -> String {
     let mut out = String::with_capacity(uri.len());
     let mut rest = uri;
     loop {
         let end = rest.find(['?', '&', ';', ':']).unwrap_or(rest.len());
-        let (part, tail) = rest.split_at(end);
+        let (part, mut tail) = rest.split_at(end);
         match part.split_once('=') {
             Some((name, _)) if is_pin_value(name) => {
                 out.push_str(name);
                 out.push_str("=<redacted>");
+            }
+            Some((name, value)) if is_source_name(name) => {
+                // A source's value runs to the next attribute (`file:/p` holds a ':').
+                let more = tail.find(['?', '&', ';']).unwrap_or(tail.len());
+                let whole = format!("{value}{}", &tail[..more]);
+                tail = &tail[more..];
+                out.push_str(name);
+                out.push('=');
+                if is_valid_source(&whole) {
+                    out.push_str(&whole);
+                } else {
+                    out.push_str("<redacted>");
+                }
             }
             _ => out.push_str(part),
         }
@@ -156,6 +182,18 @@ pub fn redact(uri: &str) -> String {
         out.push(sep);
         rest = &tail[sep.len_utf8()..];
     }
+}
+
+/// True for an attribute name that names where a secret comes from.
+fn is_source_name(name: &str) -> bool {
+    let name = percent_decode_str(name).decode_utf8_lossy();
+    let name = name.trim();
+    name.eq_ignore_ascii_case("pin-source") || name.eq_ignore_ascii_case("owner-pin-source")
+}
+
+/// True when `value` (as written, percent-encoded or not) is a source, not a secret.
+fn is_valid_source(value: &str) -> bool {
+    PinSource::parse(&percent_decode_str(value).decode_utf8_lossy()).is_some()
 }
 
 /// True for an attribute name that means `pin-value`.
@@ -234,7 +272,7 @@ fn parse_pkcs11(uri: &str, rest: &str) -> Result<Pkcs11Uri, KeyError> {
                         "give either pin-source or pin-value, not both",
                     ));
                 }
-                out.pin = Some(parse_pin_source(uri, &decode(uri, k, v)?)?)
+                out.pin = Some(parse_pin_source(uri, k, &decode(uri, k, v)?)?)
             }
             "pin-value" => {
                 if out.pin.is_some() {
@@ -271,15 +309,9 @@ fn parse_pkcs11(uri: &str, rest: &str) -> Result<Pkcs11Uri, KeyError> {
     Ok(out)
 }
 
-fn parse_pin_source(uri: &str, value: &str) -> Result<PinSource, KeyError> {
-    PinSource::parse(value).ok_or_else(|| {
-        invalid(
-            uri,
-            format!(
-                "pin-source '{value}' must be file:/absolute/path, an absolute path, or env:VAR"
-            ),
-        )
-    })
+fn parse_pin_source(uri: &str, name: &str, value: &str) -> Result<PinSource, KeyError> {
+    PinSource::parse(value)
+        .ok_or_else(|| invalid(uri, format!("{name}: {}", PinSource::why_not(value))))
 }
 
 /// A persistent handle written in hex (`0x81000101`).
@@ -332,7 +364,7 @@ fn parse_tpm(uri: &str, rest: &str) -> Result<TpmUri, KeyError> {
                 if out.pin.is_some() {
                     return Err(invalid(uri, "'pin-source' is given twice"));
                 }
-                out.pin = Some(parse_pin_source(uri, &decode(uri, k, v)?)?)
+                out.pin = Some(parse_pin_source(uri, k, &decode(uri, k, v)?)?)
             }
             "parent" => {
                 if out.parent.is_some() {
@@ -344,7 +376,7 @@ fn parse_tpm(uri: &str, rest: &str) -> Result<TpmUri, KeyError> {
                 if out.owner_pin.is_some() {
                     return Err(invalid(uri, "'owner-pin-source' is given twice"));
                 }
-                out.owner_pin = Some(parse_pin_source(uri, &decode(uri, k, v)?)?)
+                out.owner_pin = Some(parse_pin_source(uri, k, &decode(uri, k, v)?)?)
             }
             other => {
                 return Err(invalid(

@@ -632,9 +632,11 @@ pub fn egress(
     let egress = Egress::explicit_or_env(proxy).map_err(wrap("HTTPS_PROXY"))?;
     Ok(match auth {
         Some(source) => {
-            let source = ProxyCredentials::source(source).map_err(wrap("upstream-proxy-auth"))?;
+            let source = ProxyCredentials::source(source)
+                .map_err(wrap("--upstream-proxy-auth (hwkey probe: --proxy-auth)"))?;
             egress.with_credentials(
-                ProxyCredentials::read(&source).map_err(wrap("upstream-proxy-auth"))?,
+                ProxyCredentials::read(&source)
+                    .map_err(wrap("--upstream-proxy-auth (hwkey probe: --proxy-auth)"))?,
             )
         }
         None => egress,

@@ -483,3 +483,34 @@ fn a_private_key_without_a_public_key_object_still_works() {
         s.certify(&uri, &format!("{label}-again"));
     }
 }
+
+/// Issue 35, finding "`hwkey probe` has no timeout": a server that accepts the connection and
+/// never answers made `hwkey probe` wait for good (on 1e6941c it still ran after 20 s). Now the
+/// whole exchange has a limit (`--timeout`, `HWKEY_PROBE_TIMEOUT`, default 30 s) and the error
+/// says what did not answer and what to check.
+#[test]
+fn probe_gives_up_on_a_server_that_never_answers() {
+    let id = support::proxy::Identity::softhsm();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "https://127.0.0.1:{}/version",
+        silent.local_addr().expect("addr").port()
+    );
+    let out = support::run_fail_within(
+        support::hwkey()
+            .envs(id.envs())
+            .env("HWKEY_PROBE_TIMEOUT", "2s")
+            .args(["probe", "--key", &id.key_uri, "--cert"])
+            .arg(&id.cert)
+            .arg("--ca")
+            .arg(id.ca.ca_path())
+            .arg(&url),
+        std::time::Duration::from_secs(20),
+    );
+    let text = output_text(&out);
+    assert!(
+        text.contains(&format!("no answer from {url} within 2s")) && text.contains("--timeout"),
+        "{text}"
+    );
+    drop(silent);
+}
