@@ -29,6 +29,7 @@ use super::metrics::{Metrics, RenewalFailure};
 use super::upstream::Upstream;
 use crate::backoff::Backoff;
 use crate::key::{Key, KeyUri};
+use crate::lifecycle::csr_api::Submission;
 use crate::lifecycle::issued::{self, Issued, Target};
 use crate::lifecycle::renew::{prepare, subject_text, submit, Ask, SubjectProblem};
 use crate::lifecycle::{client, LifecycleError, DEFAULT_WAIT};
@@ -75,8 +76,6 @@ pub struct RenewSettings {
     pub key: KeyUri,
     /// The `--cert` file (None: the key's store).
     pub cert: Option<PathBuf>,
-    /// `https://HOST:PORT` of the API server.
-    pub server: String,
     /// The API server's CA bundle.
     pub upstream_ca: Option<PathBuf>,
     /// The name the API server's certificate is checked against.
@@ -274,16 +273,7 @@ async fn request_certificate(
         task: "the CSR signature",
         source,
     })??;
-    let client = api_client(shared, settings)?;
-    let mut notes = Vec::new();
-    let (name, pem) = submit(
-        &client,
-        &settings.server,
-        &submission,
-        DEFAULT_WAIT,
-        &mut notes,
-    )
-    .await?;
+    let (name, pem) = submit_to_one(shared, settings, &submission).await?;
     let issued = issued::check(&name, &pem, key)?;
     if let Some(current) = current_not_after {
         if issued.not_after_unix <= current {
@@ -298,11 +288,48 @@ async fn request_certificate(
     Ok(issued)
 }
 
-/// A client for the CSR API over the proxy's own way to the API server, authenticated with the
+/// Submits the request to the API servers in the proxy's order (the ones up first), moving
+/// on only while the request could not be created because a server was unreachable (never
+/// after one answered: a second request for one renewal is never made on purpose). An
+/// unreachable server is marked down for traffic too.
+async fn submit_to_one(
+    shared: &Renewal,
+    settings: &RenewSettings,
+    submission: &Submission,
+) -> Result<(String, Vec<u8>), LifecycleError> {
+    let mut last = None;
+    for (i, server) in shared.upstream.renewal_servers() {
+        let client = api_client(shared, settings, &server)?;
+        let mut notes = Vec::new();
+        match submit(&client, &server, submission, DEFAULT_WAIT, &mut notes).await {
+            Err(e) if unreachable(&e) => {
+                tracing::warn!(%server, error = %e, "renewal: API server unreachable; trying the next");
+                shared.upstream.renewal_failed(i, &e);
+                last = Some(e);
+            }
+            other => return other,
+        }
+    }
+    Err(last.unwrap_or(LifecycleError::InvalidServer {
+        url: String::new(),
+        problem: "no API server is configured",
+    }))
+}
+
+/// True when creating the request failed before any API server answered it.
+fn unreachable(e: &LifecycleError) -> bool {
+    matches!(e, LifecycleError::Create { source, .. } if !matches!(source, kube::Error::Api(_)))
+}
+
+/// A client for the CSR API over the proxy's own way to `server`, authenticated with the
 /// certificate in use (the handshake signed in the hardware).
-fn api_client(shared: &Renewal, settings: &RenewSettings) -> Result<kube::Client, LifecycleError> {
+fn api_client(
+    shared: &Renewal,
+    settings: &RenewSettings,
+    server: &str,
+) -> Result<kube::Client, LifecycleError> {
     let config = client::config_for(
-        &settings.server,
+        server,
         settings.upstream_ca.as_deref(),
         settings.tls_server_name.clone(),
     )?;

@@ -380,13 +380,6 @@ fn renewal_of(settings: &Settings, parts: &Parts, status: Arc<RenewalStatus>) ->
         settings: RenewSettings {
             key: settings.key.uri.clone(),
             cert: settings.key.cert.clone(),
-            // The first API server; the others serve the proxied traffic just the same.
-            server: settings
-                .upstream
-                .targets
-                .first()
-                .map(|u| format!("https://{}", u.authority()))
-                .unwrap_or_default(),
             upstream_ca: settings.upstream.ca.clone(),
             tls_server_name: settings.upstream.tls_server_name.clone(),
             versions: parts.versions,

@@ -198,6 +198,29 @@ impl Upstream {
         &self.endpoints.list[0].target
     }
 
+    /// The API servers a renewal tries, in the order a new connection would (the ones that
+    /// are up first): index and `https://HOST:PORT`.
+    pub fn renewal_servers(&self) -> Vec<(usize, String)> {
+        self.endpoints
+            .order()
+            .into_iter()
+            .map(|i| {
+                (
+                    i,
+                    format!("https://{}", self.endpoints.list[i].target.authority()),
+                )
+            })
+            .collect()
+    }
+
+    /// A renewal could not reach endpoint `i`: it is marked down like a failed connection,
+    /// so traffic and the next attempt go to the others.
+    pub fn renewal_failed(&self, i: usize, error: &dyn std::fmt::Display) {
+        if let Some(endpoint) = self.endpoints.list.get(i) {
+            endpoint.failed(error);
+        }
+    }
+
     /// Every API server, in the order given.
     pub fn targets(&self) -> impl Iterator<Item = &UpstreamTarget> {
         self.endpoints.list.iter().map(|e| &e.target)

@@ -175,3 +175,55 @@ fn an_upstream_with_an_untrusted_certificate_is_never_used() {
         )) >= 1.0
     );
 }
+
+/// Issue 35, finding "renewal uses only the first --upstream": with the first API server gone
+/// for good, the proxied traffic went to the second but every renewal went to the first and
+/// failed until the certificate expired (on 1e6941c: no renewal in 60 s, each attempt
+/// "cannot connect"). Now a renewal tries the servers in the order traffic does and is issued
+/// by the one that answers; the unreachable one is marked down.
+#[test]
+fn renewal_goes_to_an_api_server_that_answers() {
+    let id = Identity::softhsm();
+    let cluster = KubeCluster::start(&id.ca, "10m");
+    let work = temp_dir();
+    // A node certificate an hour into its lifetime with 150 s left: renewal is due at once.
+    let csr = support::run_ok(support::hwkey().envs(id.envs()).args([
+        "csr",
+        "--key",
+        &id.key_uri,
+        "--subject",
+        "CN=system:node:node-r,O=system:nodes",
+    ]));
+    let pem = id.ca.sign_csr_pem_window(
+        &String::from_utf8(csr.stdout).expect("UTF-8"),
+        Duration::from_secs(3600),
+        Duration::from_secs(150),
+    );
+    let cert = work.path().join("node-r.pem");
+    std::fs::write(&cert, &pem).expect("write cert");
+    let gone = format!("https://127.0.0.1:{}", support::free_port());
+    let proxy = ProxyProcess::start_to(
+        &id,
+        &gone,
+        ProxyOptions {
+            args: vec!["--upstream".into(), cluster.url(), "--renew".into()],
+            cert: Some(&cert),
+            ..Default::default()
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while proxy.metric("hwkey_renewals_total{result=\"ok\"}") < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no renewal in 60 s with one of two API servers up:\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_ne!(
+        std::fs::read_to_string(&cert).expect("cert"),
+        pem,
+        "the renewed certificate is written in place:\n{}",
+        proxy.log()
+    );
+}
