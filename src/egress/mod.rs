@@ -16,6 +16,7 @@ pub mod connector;
 pub mod error;
 pub mod forward_proxy;
 mod http_connect;
+mod idna;
 pub mod no_proxy;
 pub mod route;
 mod socks5;

@@ -10,16 +10,26 @@
 //! Matching is on the parsed host (lower case, brackets of IPv6 literals removed), never on the
 //! URL as text. Like Go, `localhost` and loopback addresses are never proxied through the
 //! environment's proxy (an explicit `proxy-url` is another matter: it proxies everything).
+//!
+//! Every decision is Go's, detail for detail (IPv4-mapped IPv6 addresses are IPv4, a trailing
+//! dot makes another name, non-ASCII names are compared in their IDNA form, a domain entry is
+//! also matched against an IP host's text): a request client-go would send direct must not
+//! reach a forward proxy through hwkey, and the other way round. The differential test
+//! `proxy::no_proxy_oracle` compares thousands of decisions with Go's own.
 
 use std::net::IpAddr;
 
-/// One `NO_PROXY` entry.
+/// One `NO_PROXY` entry, as Go's `httpproxy` keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Entry {
-    Ip(IpAddr, Option<u16>),
+    /// An address (IPv4-mapped IPv6 kept as IPv4, as Go's `IP.Equal` compares) and the port
+    /// as written ("" for any port).
+    Ip(IpAddr, String),
+    /// A network in Go's reading of it (see [`go_network`]); no port.
     Cidr(IpAddr, u8),
-    /// A domain (lower case, no leading dot) and whether the domain itself matches too.
-    Domain(String, bool, Option<u16>),
+    /// `.domain` (lower case, with the leading dot, in ASCII where IDNA can write it), whether
+    /// `domain` itself matches too, and the port as written ("" for any port).
+    Domain(String, bool, String),
 }
 
 /// A parsed `NO_PROXY` list.
@@ -30,112 +40,157 @@ pub struct NoProxy {
 }
 
 impl NoProxy {
-    /// Parses a `NO_PROXY` value; entries that are none of the forms above are ignored, as Go
-    /// ignores them.
+    /// Parses a `NO_PROXY` value entry by entry as Go's `httpproxy.config.init` does
+    /// (differentially tested against Go: `tests/it/proxy/no_proxy_oracle.rs`).
     pub fn parse(list: &str) -> NoProxy {
         let mut out = NoProxy::default();
         for raw in list.split(',') {
-            let item = raw.trim().to_ascii_lowercase();
+            let item = raw.trim().to_lowercase();
             if item.is_empty() {
                 continue;
             }
             if item == "*" {
                 out.all = true;
+                return out;
+            }
+            if let Some(net) = parse_cidr(&item) {
+                out.entries.push(net);
                 continue;
             }
-            if let Some((net, bits)) = item.split_once('/') {
-                if let (Ok(ip), Ok(bits)) = (net.parse::<IpAddr>(), bits.parse::<u8>()) {
-                    let max = if ip.is_ipv4() { 32 } else { 128 };
-                    if bits <= max {
-                        out.entries.push(Entry::Cidr(ip, bits));
+            let (host, port) = match split_host_port(&item) {
+                Some((h, p)) => {
+                    if h.is_empty() {
+                        continue;
                     }
+                    let h = h
+                        .strip_prefix('[')
+                        .and_then(|h| h.strip_suffix(']'))
+                        .unwrap_or(h);
+                    (h.to_string(), p.to_string())
                 }
-                continue;
-            }
-            let (host, port) = split_port(&item);
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            if let Ok(ip) = host.parse::<IpAddr>() {
-                out.entries.push(Entry::Ip(ip, port));
-                continue;
-            }
-            // `*.example.com` is written by many as `.example.com`; Go treats both alike.
-            let (domain, itself) = match host.strip_prefix("*.").or(host.strip_prefix('.')) {
-                Some(d) => (d, false),
-                None => (host, true),
+                None => (item.clone(), String::new()),
             };
-            if !domain.is_empty() {
-                out.entries
-                    .push(Entry::Domain(domain.to_string(), itself, port));
+            if let Ok(ip) = host.parse::<IpAddr>() {
+                out.entries.push(Entry::Ip(ip.to_canonical(), port));
+                continue;
             }
+            if host.is_empty() {
+                continue;
+            }
+            let host = host
+                .strip_prefix('*')
+                .filter(|h| h.starts_with('.'))
+                .unwrap_or(&host);
+            let (dotted, itself) = match host.starts_with('.') {
+                true => (host.to_string(), false),
+                false => (format!(".{host}"), true),
+            };
+            let dotted = super::idna::to_ascii(&dotted).unwrap_or(dotted);
+            out.entries.push(Entry::Domain(dotted, itself, port));
         }
         out
     }
 
-    /// Whether a connection to `host`:`port` goes direct (`host` as parsed from the URL).
+    /// Whether a connection to `host`:`port` goes direct, as Go's `httpproxy.config.useProxy`
+    /// decides (`host` as parsed from the URL, brackets of an IPv6 literal removed or not).
     pub fn excludes(&self, host: &str, port: u16) -> bool {
         if self.all {
             return true;
         }
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .trim_end_matches('.')
-            .to_ascii_lowercase();
-        let ip = host.parse::<IpAddr>().ok();
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let ip = host.parse::<IpAddr>().ok().map(|ip| ip.to_canonical());
+        let host = host.trim().to_lowercase();
+        let port = port.to_string();
+        let port_ok = |want: &String| want.is_empty() || *want == port;
         self.entries.iter().any(|e| match e {
-            Entry::Ip(want, p) => ip == Some(*want) && port_ok(*p, port),
-            Entry::Cidr(net, bits) => ip.is_some_and(|ip| in_cidr(ip, *net, *bits)),
-            Entry::Domain(d, itself, p) => {
-                ip.is_none()
-                    && port_ok(*p, port)
-                    && ((*itself && host == *d)
-                        || host
-                            .strip_suffix(d.as_str())
-                            .is_some_and(|rest| rest.ends_with('.')))
+            Entry::Ip(want, p) => ip == Some(*want) && port_ok(p),
+            Entry::Cidr(net, bits) => ip.is_some_and(|ip| in_network(ip, *net, *bits)),
+            Entry::Domain(dotted, itself, p) => {
+                (host.ends_with(dotted.as_str()) || (*itself && host == dotted[1..])) && port_ok(p)
             }
         })
     }
 }
 
-/// Go never sends requests for these through the environment's proxy.
+/// Go never sends requests for these through the environment's proxy: the host `localhost`
+/// exactly as written, and loopback addresses (IPv4-mapped ones included).
 pub fn is_local(host: &str) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.eq_ignore_ascii_case("localhost") {
+    if host == "localhost" {
         return true;
     }
-    host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host.parse::<IpAddr>()
+        .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
-fn port_ok(want: Option<u16>, port: u16) -> bool {
-    want.is_none_or(|w| w == port)
+/// Go's `net.SplitHostPort`: `host:port` or `[host]:port` (the brackets kept for the caller);
+/// None when there is no port or the host has a colon outside brackets.
+fn split_host_port(item: &str) -> Option<(&str, &str)> {
+    let colon = item.rfind(':')?;
+    let (host, port) = (&item[..colon], &item[colon + 1..]);
+    if let Some(inner) = host.strip_prefix('[') {
+        let inner = inner.strip_suffix(']')?;
+        if inner.contains(['[', ']']) {
+            return None;
+        }
+        return Some((host, port));
+    }
+    if host.contains([':', '[', ']']) || port.contains(['[', ']']) {
+        return None;
+    }
+    Some((host, port))
 }
 
-/// `host:port` → (host, Some(port)); a bare IPv6 address is all host.
-fn split_port(item: &str) -> (&str, Option<u16>) {
-    if let Some(rest) = item.strip_prefix('[') {
-        if let Some((host, tail)) = rest.split_once(']') {
-            return (host, tail.strip_prefix(':').and_then(|p| p.parse().ok()));
+/// Go's `net.ParseCIDR` and the network it keeps (see [`go_network`]).
+fn parse_cidr(item: &str) -> Option<Entry> {
+    let (addr, bits) = item.split_once('/')?;
+    // Go's dtoi: decimal digits only (no sign), leading zeros allowed.
+    if bits.is_empty() || !bits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let bits = bits.bytes().try_fold(0u32, |n, b| {
+        n.checked_mul(10)?.checked_add(u32::from(b - b'0'))
+    })?;
+    let bits = u8::try_from(bits).ok()?;
+    let ip: IpAddr = addr.parse().ok()?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    if bits > max {
+        return None;
+    }
+    let (net, bits) = go_network(ip, bits);
+    Some(Entry::Cidr(net, bits))
+}
+
+/// The network Go's `IPNet.Contains` compares with: the address masked; an IPv6 network that
+/// is IPv4-mapped after masking (possible from /96 up) is the IPv4 network of the mask's
+/// last 32 bits.
+fn go_network(ip: IpAddr, bits: u8) -> (IpAddr, u8) {
+    match ip {
+        IpAddr::V4(v4) => (IpAddr::V4(mask4(v4.into(), bits).into()), bits),
+        IpAddr::V6(v6) => {
+            let masked = std::net::Ipv6Addr::from(mask6(v6.into(), bits));
+            match masked.to_ipv4_mapped() {
+                Some(v4) => (IpAddr::V4(v4), bits.saturating_sub(96)),
+                None => (IpAddr::V6(masked), bits),
+            }
         }
     }
-    match item.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') => match port.parse() {
-            Ok(p) => (host, Some(p)),
-            Err(_) => (item, None),
-        },
-        _ => (item, None),
-    }
 }
 
-fn in_cidr(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
+fn mask4(a: u32, bits: u8) -> u32 {
+    a & u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0)
+}
+
+fn mask6(a: u128, bits: u8) -> u128 {
+    a & u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0)
+}
+
+/// `ip` (IPv4-mapped already made IPv4) in the network of [`go_network`]; families differ:
+/// never.
+fn in_network(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
     match (ip, net) {
-        (IpAddr::V4(a), IpAddr::V4(b)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
-            u32::from(a) & mask == u32::from(b) & mask
-        }
-        (IpAddr::V6(a), IpAddr::V6(b)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
-            u128::from(a) & mask == u128::from(b) & mask
-        }
+        (IpAddr::V4(a), IpAddr::V4(b)) => mask4(a.into(), bits) == u32::from(b),
+        (IpAddr::V6(a), IpAddr::V6(b)) => mask6(a.into(), bits) == u128::from(b),
         _ => false,
     }
 }
@@ -149,7 +204,9 @@ mod tests {
         let n = NoProxy::parse(" Example.com, .corp.local ,10.0.0.0/8, 192.168.1.7, api.x:8443, [::1]:6443, fd00::/8, bogus/99");
         // A domain matches itself and its subdomains, not a lookalike suffix.
         assert!(n.excludes("example.com", 443));
-        assert!(n.excludes("API.example.com.", 443));
+        assert!(n.excludes("API.example.com", 443));
+        // Go keeps a trailing dot: it is another name.
+        assert!(!n.excludes("api.example.com.", 443));
         assert!(!n.excludes("badexample.com", 443));
         // A leading dot: subdomains only.
         assert!(n.excludes("k8s.corp.local", 6443));
@@ -166,6 +223,8 @@ mod tests {
         assert!(!n.excludes("api.x", 6443));
         assert!(n.excludes("[::1]", 6443));
         assert!(!n.excludes("::1", 443));
+        // IPv4-mapped IPv6 is the IPv4 address, for entries and for networks.
+        assert!(n.excludes("::ffff:10.9.9.9", 1) && n.excludes("::ffff:192.168.1.7", 1));
         assert!(!NoProxy::parse("").excludes("example.com", 443));
         assert!(NoProxy::parse("a, *").excludes("anything", 1));
         assert!(NoProxy::parse("*.b.example").excludes("a.b.example", 1));
@@ -175,5 +234,6 @@ mod tests {
     fn loopback_and_localhost_are_local() {
         assert!(is_local("localhost") && is_local("127.0.0.2") && is_local("[::1]"));
         assert!(!is_local("10.0.0.1") && !is_local("localhost.example"));
+        assert!(is_local("::ffff:127.0.0.1") && !is_local("LOCALHOST"));
     }
 }

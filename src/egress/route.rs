@@ -38,11 +38,16 @@ impl Egress {
     /// `HTTPS_PROXY` (or `https_proxy`), a bare `host:port` taken as `http://`, except for the
     /// hosts `NO_PROXY` (or `no_proxy`) excludes and for localhost/loopback.
     pub fn from_env() -> Result<Egress, EgressError> {
+        Egress::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`Egress::from_env`] with the variables from `lookup`: the differential test against
+    /// Go asks thousands of environments in one process this way.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Egress, EgressError> {
         let var = |upper: &str, lower: &str| {
-            std::env::var(upper)
-                .ok()
+            lookup(upper)
                 .filter(|v| !v.is_empty())
-                .or_else(|| std::env::var(lower).ok().filter(|v| !v.is_empty()))
+                .or_else(|| lookup(lower).filter(|v| !v.is_empty()))
         };
         let env = match var("HTTPS_PROXY", "https_proxy") {
             None => None,

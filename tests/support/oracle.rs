@@ -110,31 +110,7 @@ fn go() -> PathBuf {
 impl GoOracle {
     /// Builds `hsm-fixtures/csr-oracle.go` (standard library only; nothing is fetched).
     pub fn build() -> GoOracle {
-        let dir = temp_dir();
-        let bin = dir.path().join("csr-oracle");
-        let source =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../hsm-fixtures/csr-oracle.go");
-        let cache = std::env::var_os("GOCACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| std::env::temp_dir().join("hwkey-go-cache"));
-        let out = Command::new(go())
-            .arg("build")
-            .arg("-o")
-            .arg(&bin)
-            .arg(&source)
-            .env("GOCACHE", cache)
-            .env("GOFLAGS", "")
-            .env("GOPROXY", "off")
-            .env("GOTOOLCHAIN", "local")
-            .env("GO111MODULE", "off")
-            .output()
-            .expect("run go build");
-        assert!(
-            out.status.success(),
-            "go build {} failed:\n{}",
-            source.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (bin, dir) = build_go("csr-oracle");
         GoOracle { bin, _dir: dir }
     }
 
@@ -188,4 +164,35 @@ impl GoOracle {
         assert_eq!(readings.len(), inputs.len(), "one reading per request");
         readings
     }
+}
+
+/// Builds `hsm-fixtures/NAME.go` (standard library only; nothing is fetched) into a temporary
+/// directory: the binary and the directory that holds it.
+pub fn build_go(name: &str) -> (PathBuf, TempDir) {
+    let dir = temp_dir();
+    let bin = dir.path().join(name);
+    let source =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../hsm-fixtures/{name}.go"));
+    let cache = std::env::var_os("GOCACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("hwkey-go-cache"));
+    let out = Command::new(go())
+        .arg("build")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&source)
+        .env("GOCACHE", cache)
+        .env("GOFLAGS", "")
+        .env("GOPROXY", "off")
+        .env("GOTOOLCHAIN", "local")
+        .env("GO111MODULE", "off")
+        .output()
+        .expect("run go build");
+    assert!(
+        out.status.success(),
+        "go build {} failed:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (bin, dir)
 }
