@@ -33,6 +33,10 @@ pub struct ProxyInfo {
     /// clients compare by upstream only then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_uri: Option<String>,
+    /// How its connections to each API server leave ([`crate::egress::Egress::routes`]).
+    /// Absent from proxies of hwkey before it was reported: clients do not compare it then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<String>,
     /// The proxy's process id (to tell the user which process to stop).
     pub pid: u32,
     /// The loopback CA (PEM) that signs the proxy's loopback server certificate.
@@ -79,6 +83,7 @@ mod tests {
             upstream: "api.example:6443".into(),
             key: "PKCS#11 token 'kube', object 'alice'".into(),
             key_uri: Some("pkcs11:token=kube;object=alice".into()),
+            egress: Some("api.example:6443 direct".into()),
             pid: 42,
             certificate_authority_pem: "CA".into(),
             certificate_chain_pem: "CHAIN".into(),

@@ -37,13 +37,18 @@ enum Entry {
 pub struct NoProxy {
     all: bool,
     entries: Vec<Entry>,
+    /// The list as given (for [`NoProxy::as_written`]).
+    text: String,
 }
 
 impl NoProxy {
     /// Parses a `NO_PROXY` value entry by entry as Go's `httpproxy.config.init` does
     /// (differentially tested against Go: `tests/it/proxy/no_proxy_oracle.rs`).
     pub fn parse(list: &str) -> NoProxy {
-        let mut out = NoProxy::default();
+        let mut out = NoProxy {
+            text: list.to_string(),
+            ..NoProxy::default()
+        };
         for raw in list.split(',') {
             let item = raw.trim().to_lowercase();
             if item.is_empty() {
@@ -89,6 +94,11 @@ impl NoProxy {
             out.entries.push(Entry::Domain(dotted, itself, port));
         }
         out
+    }
+
+    /// The list as it was given.
+    pub fn as_written(&self) -> &str {
+        &self.text
     }
 
     /// Whether a connection to `host`:`port` goes direct, as Go's `httpproxy.config.useProxy`

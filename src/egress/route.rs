@@ -7,6 +7,7 @@ use super::error::EgressError;
 use super::forward_proxy::{ForwardProxy, ProxyCredentials};
 use super::no_proxy::{self, NoProxy};
 use super::tunnel::{self, Tunnel};
+use crate::endpoint::UpstreamTarget;
 
 /// How connections to the API server leave this host.
 #[derive(Debug, Clone, Default)]
@@ -88,6 +89,22 @@ impl Egress {
             *p = Arc::new(proxy);
         }
         self
+    }
+
+    /// How connections to each of `targets` leave, in words without credentials:
+    /// `HOST:PORT direct` or `HOST:PORT through URL`, comma-separated. The exec plugin compares
+    /// a running proxy's with its own before reusing that proxy: a proxy started from another
+    /// shell's environment (HTTPS_PROXY, NO_PROXY) must not carry this one's traffic another
+    /// way, while a difference that changes no route (a loopback API server) is no reason to
+    /// refuse it.
+    pub fn routes<'a>(&self, targets: impl Iterator<Item = &'a UpstreamTarget>) -> String {
+        targets
+            .map(|t| match self.proxy_for(&t.host, t.port) {
+                Some(p) => format!("{} through {p}", t.authority()),
+                None => format!("{} direct", t.authority()),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// The proxy a connection to `host`:`port` goes through, if any.

@@ -66,7 +66,7 @@ pub enum ExecError {
         problem: control_client::ControlProblem,
     },
 
-    #[error("the hwkey proxy for state directory {state_dir} serves {running}, but this kubeconfig asks for {wanted}: stop that proxy (kill {pid}, the pid it reports) or give this context its own state directory (`hwkey kubeconfig --state-dir`)")]
+    #[error("the hwkey proxy for state directory {state_dir} serves {running}, but this kubectl (its kubeconfig and its environment: HTTPS_PROXY, NO_PROXY) asks for {wanted}: stop that proxy (kill {pid}, the pid it reports) or give this context its own state directory (`hwkey kubeconfig --state-dir`)")]
     ProxyMismatch {
         state_dir: PathBuf,
         running: String,

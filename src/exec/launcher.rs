@@ -93,16 +93,45 @@ fn same_proxy(settings: &Settings, info: &ProxyInfo) -> Result<(), ExecError> {
     let running_upstream = info.upstream.as_str();
     // A proxy of an older hwkey does not report its key URI: compare what it reports.
     let running_key = info.key_uri.as_deref().unwrap_or(&wanted_key);
-    if running_upstream == wanted_upstream && running_key == wanted_key {
+    // The forward proxy it was started with (this kubectl's environment, or the cluster's
+    // proxy-url) must be the one this kubectl would use.
+    let wanted_egress = wanted_egress(settings);
+    let running_egress = info.egress.as_deref().unwrap_or(&wanted_egress);
+    if running_upstream == wanted_upstream
+        && running_key == wanted_key
+        && running_egress == wanted_egress
+    {
         return Ok(());
     }
     // The pid from the proxy's own answer: proxy.pid may be another proxy's, long gone.
     Err(ExecError::ProxyMismatch {
         state_dir: settings.state_dir.to_path_buf(),
-        running: format!("upstream {running_upstream}, key {running_key}"),
-        wanted: format!("upstream {wanted_upstream}, key {wanted_key}"),
+        running: format!(
+            "upstream {running_upstream}, key {running_key}, connecting {running_egress}"
+        ),
+        wanted: format!("upstream {wanted_upstream}, key {wanted_key}, connecting {wanted_egress}"),
         pid: info.pid.to_string(),
     })
+}
+
+/// How a proxy started now would connect (see [`start`]: the cluster's proxy-url is handed
+/// over as `HWKEY_UPSTREAM_PROXY`, else it inherits this environment), in the words of
+/// [`crate::egress::Egress::routes`].
+fn wanted_egress(settings: &Settings) -> String {
+    use crate::egress::{Egress, ForwardProxy};
+    let explicit = settings.upstream_proxy.clone().or_else(|| {
+        std::env::var("HWKEY_UPSTREAM_PROXY")
+            .ok()
+            .filter(|v| !v.is_empty())
+    });
+    let egress = match explicit {
+        Some(url) => ForwardProxy::parse(&url).map(Egress::through),
+        None => Egress::from_env(),
+    };
+    match egress {
+        Ok(e) => e.routes(std::iter::once(&settings.upstream)),
+        Err(e) => format!("nowhere ({e})"),
+    }
 }
 
 fn start(

@@ -126,6 +126,7 @@ fn info(shared: &Control, kind: &str) -> ProxyInfo {
         upstream: shared.upstream.describe(),
         key: shared.upstream.key().describe(),
         key_uri: Some(shared.upstream.key().uri().without_pin().to_string()),
+        egress: Some(shared.upstream.egress().routes(shared.upstream.targets())),
         pid: std::process::id(),
         certificate_authority_pem: shared.ca.cert_pem().to_string(),
         certificate_chain_pem: crate::pki::cert::chain_to_pem(&shared.upstream.chain()),

@@ -464,6 +464,57 @@ fn a_proxy_for_other_settings_is_not_reused() {
     stop_proxy(&state);
 }
 
+/// Issue 35, finding "an auto-started proxy keeps the first kubectl's proxy environment": a
+/// kubectl whose HTTPS_PROXY sends this API server through a forward proxy reused the proxy a
+/// kubectl without one had started (on 1e6941c the second credential was handed out, and its
+/// traffic went direct). Now the running proxy reports its route per API server and a
+/// different route is refused like another upstream; an environment that changes no route
+/// (NO_PROXY names the server) still reuses it.
+#[test]
+fn a_proxy_started_from_another_proxy_environment_is_not_reused() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let kubeconfig = kubeconfig_for(&id, &upstream, &id.key_uri, dir.path());
+    let state = dir.path().join("state");
+    // An API server the environment's proxy applies to (not loopback); the plugin does not
+    // connect to it.
+    let mut ext = extension(&kubeconfig);
+    ext["upstream"] = "https://203.0.113.7:6443".into();
+    let info = exec_info(&server_of(&kubeconfig), &ext, false);
+    let credential = |proxy_env: &[(&str, &str)]| {
+        let mut cmd = hwkey();
+        cmd.envs(id.envs()).env("KUBERNETES_EXEC_INFO", &info);
+        for var in [
+            "HTTPS_PROXY",
+            "https_proxy",
+            "NO_PROXY",
+            "no_proxy",
+            "HWKEY_UPSTREAM_PROXY",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(proxy_env.iter().copied()).arg("credential");
+        cmd
+    };
+    let first = run_ok(&mut credential(&[]));
+    assert!(stdout(&first).contains("ExecCredential"));
+    let same_route = run_ok(&mut credential(&[
+        ("HTTPS_PROXY", "http://127.0.0.1:9"),
+        ("NO_PROXY", "203.0.113.7"),
+    ]));
+    assert!(stdout(&same_route).contains("ExecCredential"));
+    let out = run_fail(&mut credential(&[("HTTPS_PROXY", "http://127.0.0.1:9")]));
+    assert!(out.stdout.is_empty(), "stdout: {}", stdout(&out));
+    let text = output_text(&out);
+    assert!(
+        text.contains("connecting 203.0.113.7:6443 direct")
+            && text.contains("connecting 203.0.113.7:6443 through http://127.0.0.1:9"),
+        "{text}"
+    );
+    stop_proxy(&state);
+}
+
 /// A `pin-value` never appears in an error, whatever its spelling and however many there are:
 /// clap's own "invalid value" message used to echo the raw `--key`, and only the first,
 /// lower-case `pin-value` was redacted.
