@@ -53,6 +53,10 @@ pub struct Clients {
     pub local_tls: LocalTls,
     /// Unauthenticated loopback handshakes in flight, admitted by uid ([`PREAUTH_BUDGET`]).
     pub preauth: Arc<Admission>,
+    /// Accepted connections whose peer is not yet admitted ([`AWAITING_ADMISSION`]): when
+    /// they are all taken the accept loop stops accepting, and new connections wait in the
+    /// kernel's backlog instead of in this process's descriptors and memory.
+    pub awaiting: Arc<Semaphore>,
     /// `--max-connections` slots, taken once a peer is authenticated.
     pub slots: Arc<Semaphore>,
     /// UNIX-socket peers allowed besides the proxy's own uid.
@@ -283,6 +287,9 @@ fn poll_any(listeners: &[Bound], first: usize, cx: &mut Context<'_>) -> Poll<(us
 /// authenticated clients. Admission is by uid ([`super::admission`]): the proxy's own uid and
 /// `--allow-uid` are never turned away by another uid.
 pub const PREAUTH_BUDGET: usize = 128;
+/// How many accepted connections may wait for their admission at once (the connection
+/// threads are busy, a flood arrives faster than the kernel answers who is calling).
+pub const AWAITING_ADMISSION: usize = 256;
 /// Places of [`PREAUTH_BUDGET`] other uids can never take.
 pub const PREAUTH_RESERVED: usize = 32;
 /// How long an unauthenticated peer may take to complete the loopback TLS handshake (a real
@@ -311,6 +318,13 @@ pub async fn accept_loop(
     }
     let mut first = 0;
     loop {
+        // A place among the connections awaiting admission before the next accept.
+        let waiting = tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => break,
+            p = shared.awaiting.clone().acquire_owned() => p,
+        };
+        let Ok(waiting) = waiting else { break };
         let (i, accepted) = tokio::select! {
             biased;
             _ = stopped(&mut stop) => break,
@@ -325,6 +339,8 @@ pub async fn accept_loop(
                 };
                 let task_shared = shared.clone();
                 shared.connections.spawn(move || async move {
+                    // The peer's uid is checked in this same poll, before any await.
+                    drop(waiting);
                     if let Some(stream) = handed_over(UnixStream::from_std(stream), "register") {
                         handle_unix(&task_shared, stream).await
                     }
@@ -341,8 +357,9 @@ pub async fn accept_loop(
                     let Some(stream) = handed_over(TcpStream::from_std(stream), "register") else {
                         return;
                     };
-                    let Some(preauth) = admit(&shared.preauth, &shared.metrics, &stream, peer)
-                    else {
+                    let admitted = admit(&shared.preauth, &shared.metrics, &stream, peer);
+                    drop(waiting);
+                    let Some(preauth) = admitted else {
                         return;
                     };
                     handle_tcp(&shared, stream, peer, preauth).await

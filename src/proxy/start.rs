@@ -306,6 +306,7 @@ fn clients(
 ) -> Result<Clients, StartError> {
     let c = &settings.clients;
     Ok(Clients {
+        awaiting: Arc::new(Semaphore::new(listener::AWAITING_ADMISSION)),
         local_tls: LocalTls::new(&parts.ca, &listener::loopback_names(bound))?,
         preauth: Admission::new(
             listener::PREAUTH_BUDGET,
