@@ -32,7 +32,7 @@ use cryptoki::object::{Attribute, AttributeType, CertificateType, ObjectClass, O
 use cryptoki::session::UserType;
 
 use self::objects::{Access, FoundKey, KeyIdent};
-use self::pool::SessionPool;
+use self::pool::{PooledSession, SessionPool};
 use self::sign::SignError;
 use self::token::Token;
 use super::{
@@ -50,7 +50,10 @@ pub struct Pkcs11Key {
     token: Token,
     uri: Pkcs11Uri,
     ident: KeyIdent,
-    handle: RwLock<ObjectHandle>,
+    /// The private key's handle and the module generation it was found in: a
+    /// re-initialisation (see `module`) makes every handle stale, and one may then name
+    /// another object, so the key is found again before its next signature.
+    handle: RwLock<(ObjectHandle, u64)>,
     algorithm: KeyAlgorithm,
     spki: Vec<u8>,
     path: SigningPath,
@@ -113,6 +116,8 @@ pub fn open(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
         session,
         handle,
     } = objects::find_key(uri, Access::Read)?;
+    let calls = token.enter();
+    let generation = token.calls.generation();
     let ident = objects::ident(&token, &session, handle)?;
     let algorithm = objects::algorithm(&token, &session, handle)?;
     let spki = objects::public_spki(&token, &session, handle, &ident, algorithm)?;
@@ -127,11 +132,12 @@ pub fn open(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
     });
     // The first session stays open in the pool, which keeps this process logged in.
     pool.adopt(session);
+    drop(calls);
     Ok(Pkcs11Key {
         token,
         uri: uri.clone(),
         ident,
-        handle: RwLock::new(handle),
+        handle: RwLock::new((handle, generation)),
         algorithm,
         spki,
         path,
@@ -149,6 +155,7 @@ fn check_reauthentication(
 ) -> Result<(), KeyError> {
     // A token that cannot list its mechanisms is given the benefit of the doubt (its C_SignInit
     // then says what is missing).
+    let _calls = token.enter();
     let Ok(offered) = token.ctx.get_mechanism_list(token.slot()) else {
         return Ok(());
     };
@@ -176,6 +183,7 @@ fn signing_path(token: &Token, algorithm: KeyAlgorithm) -> SigningPath {
     if !matches!(algorithm, KeyAlgorithm::Rsa { .. }) {
         return SigningPath::Native;
     }
+    let _calls = token.enter();
     let mechanisms = match token.ctx.get_mechanism_list(token.slot()) {
         Ok(m) => m,
         Err(e) => {
@@ -218,6 +226,7 @@ pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, Key
         });
     };
     let token = Token::find(uri)?;
+    let calls = token.enter();
     let session = token.open_session(true)?;
     for (_, existing) in objects::private_keys(&token, &session)? {
         let same_label = existing.label.as_deref() == Some(label.as_str());
@@ -244,6 +253,7 @@ pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, Key
     };
     keygen::generate(&token, &session, algorithm, &ident)?;
     drop(session);
+    drop(calls);
     let uri = uri.with_key(ident.label.clone(), Some(ident.id.clone()));
     open(&uri)
 }
@@ -251,6 +261,7 @@ pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, Key
 /// Lists the private keys on the token the URI names.
 pub fn list(uri: &Pkcs11Uri) -> Result<Vec<KeyListing>, KeyError> {
     let token = Token::find(uri)?;
+    let _calls = token.enter();
     let session = token
         .try_open_session()?
         .ok_or_else(|| KeyError::SessionLimit {
@@ -293,6 +304,7 @@ pub fn delete(uri: &Pkcs11Uri) -> Result<Vec<String>, KeyError> {
         session,
         handle: private,
     } = objects::find_key(uri, Access::Write)?;
+    let _calls = token.enter();
     let ident = objects::ident(&token, &session, private)?;
     let mut doomed = vec![(private, format!("private key {}", ident.describe()))];
     for public in objects::public_keys(&token, &session, &ident)? {
@@ -319,6 +331,7 @@ pub fn store_chain(uri: &Pkcs11Uri, chain: &[Vec<u8>]) -> Result<String, KeyErro
         session,
         handle: private,
     } = objects::find_key(uri, Access::Write)?;
+    let _calls = token.enter();
     let ident = objects::ident(&token, &session, private)?;
     let old = objects::certificates(&token, &session, &ident)?;
     let mut created = Vec::new();
@@ -379,7 +392,7 @@ impl Pkcs11Key {
         message: &[u8],
     ) -> Result<Vec<u8>, (Option<CkError>, KeyError)> {
         let session = self.pool.get(&self.token).map_err(|e| (None, e))?;
-        let handle = *self.handle.read().unwrap_or_else(|p| p.into_inner());
+        let handle = self.current_handle(&session).map_err(|e| (None, e))?;
         let signed = if self.always_auth {
             let attempt = self.token.prepare_context_login().map_err(|e| (None, e))?;
             sign::sign_reauthenticated(session.session(), handle, scheme, message, || {
@@ -444,12 +457,12 @@ impl Pkcs11Key {
     fn reattach(&self) -> Result<(), KeyError> {
         self.pool.discard_idle();
         if self.token.relocate().is_err() {
-            module::reinitialize(&self.token.module, &self.token.ctx);
+            module::reinitialize(&self.token.module, &self.token.ctx, &self.token.calls);
             self.token.relocate()?;
         }
         self.recover()?;
         let session = self.pool.get(&self.token)?;
-        let handle = *self.handle.read().unwrap_or_else(|p| p.into_inner());
+        let handle = self.current_handle(&session)?;
         let spki = objects::public_spki(
             &self.token,
             session.session(),
@@ -473,8 +486,23 @@ impl Pkcs11Key {
         self.pool.note_recovered();
         let session = self.pool.get(&self.token)?;
         let handle = objects::find_private_key(&self.token, session.session(), &self.uri)?;
-        *self.handle.write().unwrap_or_else(|p| p.into_inner()) = handle;
+        *self.handle.write().unwrap_or_else(|p| p.into_inner()) =
+            (handle, self.token.calls.generation());
         Ok(())
+    }
+
+    /// The key's handle in the module's current generation (found again after a
+    /// re-initialisation). `session` keeps this thread inside the module's gate, so the
+    /// generation cannot move while the handle is used.
+    fn current_handle(&self, session: &PooledSession<'_>) -> Result<ObjectHandle, KeyError> {
+        let generation = self.token.calls.generation();
+        let (handle, found_in) = *self.handle.read().unwrap_or_else(|p| p.into_inner());
+        if found_in == generation {
+            return Ok(handle);
+        }
+        let handle = objects::find_private_key(&self.token, session.session(), &self.uri)?;
+        *self.handle.write().unwrap_or_else(|p| p.into_inner()) = (handle, generation);
+        Ok(handle)
     }
 }
 
@@ -563,6 +591,7 @@ pub fn protection(uri: &Pkcs11Uri) -> Result<Vec<(&'static str, bool)>, KeyError
         session,
         handle,
     } = objects::find_key(uri, Access::Read)?;
+    let _calls = token.enter();
     let attrs = session
         .get_attributes(
             handle,

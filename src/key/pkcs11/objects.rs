@@ -7,7 +7,7 @@
 use cryptoki::object::{Attribute, AttributeType, KeyType, ObjectClass, ObjectHandle};
 use cryptoki::session::Session;
 
-use super::token::Token;
+use super::token::{Token, TokenSession};
 use crate::key::{der, KeyAlgorithm, KeyError, Pkcs11Uri};
 
 /// What identifies a key object on a token.
@@ -64,7 +64,7 @@ pub(crate) enum Access {
 /// A private key found on its token, with the logged-in session that found it.
 pub(crate) struct FoundKey {
     pub(crate) token: Token,
-    pub(crate) session: Session,
+    pub(crate) session: TokenSession,
     pub(crate) handle: ObjectHandle,
 }
 
@@ -74,6 +74,7 @@ pub(crate) struct FoundKey {
 /// session.
 pub(crate) fn find_key(uri: &Pkcs11Uri, access: Access) -> Result<FoundKey, KeyError> {
     let token = Token::find(uri)?;
+    let _calls = token.enter();
     let session = match access {
         Access::Read => token
             .try_open_session()?

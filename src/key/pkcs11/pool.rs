@@ -16,7 +16,8 @@ use std::sync::{Condvar, Mutex};
 
 use cryptoki::session::Session;
 
-use super::token::Token;
+use super::module::CallGuard;
+use super::token::{Token, TokenSession};
 use crate::key::{KeyError, SessionStats};
 
 /// The sessions of one key.
@@ -32,14 +33,16 @@ pub(crate) struct SessionPool {
 
 #[derive(Debug, Default)]
 struct PoolState {
-    idle: Vec<Session>,
+    idle: Vec<TokenSession>,
     in_use: usize,
 }
 
-/// A session borrowed from the pool; it goes back when dropped unless discarded.
+/// A session borrowed from the pool; it goes back when dropped unless discarded. The borrower
+/// is inside the module's gate for as long as it holds the session.
 pub(crate) struct PooledSession<'a> {
     pool: &'a SessionPool,
-    session: Option<Session>,
+    session: Option<TokenSession>,
+    _calls: CallGuard,
 }
 
 impl SessionPool {
@@ -56,7 +59,7 @@ impl SessionPool {
     }
 
     /// Puts an already open, logged-in session into the pool.
-    pub(crate) fn adopt(&self, session: Session) {
+    pub(crate) fn adopt(&self, session: TokenSession) {
         let mut state = self.lock();
         self.opened.fetch_add(1, Ordering::Relaxed);
         state.idle.push(session);
@@ -65,14 +68,21 @@ impl SessionPool {
 
     /// Borrows a session: an idle one, else a new one while under the cap, else waits.
     pub(crate) fn get(&self, token: &Token) -> Result<PooledSession<'_>, KeyError> {
+        let calls = token.enter();
         let mut state = self.lock();
         loop {
             if let Some(session) = state.idle.pop() {
+                if !session.is_current() {
+                    // Opened before the module was re-initialised: dead (and forgotten).
+                    drop(session);
+                    continue;
+                }
                 state.in_use += 1;
                 self.note_peak(state.in_use);
                 return Ok(PooledSession {
                     pool: self,
                     session: Some(session),
+                    _calls: calls,
                 });
             }
             if state.in_use + state.idle.len() < self.max() {
@@ -86,6 +96,7 @@ impl SessionPool {
                         return Ok(PooledSession {
                             pool: self,
                             session: Some(session),
+                            _calls: calls,
                         });
                     }
                     Ok(None) => {
@@ -167,7 +178,7 @@ impl PooledSession<'_> {
     pub(crate) fn session(&self) -> &Session {
         // Invariant: `session` is Some until drop or discard, which consume self.
         self.session
-            .as_ref()
+            .as_deref()
             .unwrap_or_else(|| unreachable!("a pooled session is present until dropped"))
     }
 

@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use cryptoki::context::Pkcs11;
 use cryptoki::error::{Error as CkError, RvError};
@@ -16,6 +17,7 @@ use cryptoki::session::{Session, SessionState, UserType};
 use cryptoki::slot::{Limit, Slot};
 use cryptoki::types::AuthPin;
 
+use super::module::{CallGuard, Calls};
 use super::rv::ckr;
 use crate::key::pin::PinSource;
 use crate::key::pin_memory::{self, Record};
@@ -25,6 +27,8 @@ use crate::key::{KeyError, Pkcs11Uri};
 #[derive(Debug)]
 pub(crate) struct Token {
     pub(crate) ctx: Pkcs11,
+    /// The module's gate: every call into the module runs inside it (see `module`).
+    pub(crate) calls: Arc<Calls>,
     /// The slot id; it can change when the token is removed and comes back
     /// ([`Token::relocate`]).
     slot: std::sync::Mutex<Slot>,
@@ -45,21 +49,26 @@ impl Token {
     /// Finds the token a URI selects (by `token=`, `serial=` or `slot-id=`).
     pub(crate) fn find(uri: &Pkcs11Uri) -> Result<Token, KeyError> {
         let module = uri.module()?;
-        let ctx = super::module::load(&module)?;
+        let (ctx, calls) = super::module::load(&module)?;
         // A token the module did not list may still be there: SoftHSM lists none when, during
         // its C_Initialize, another process was rewriting the token's file (a failed login does
         // that). After a moment for that write, the module is initialised again once, as for a
         // token that came back.
-        let mut found = locate(&ctx, uri, &module);
+        let mut found = {
+            let _calls = calls.enter();
+            locate(&ctx, uri, &module)
+        };
         if matches!(found, Err(KeyError::TokenNotFound { .. })) {
             std::thread::sleep(std::time::Duration::from_millis(200));
-            if super::module::reinitialize(&module, &ctx) {
+            if super::module::reinitialize(&module, &ctx, &calls) {
+                let _calls = calls.enter();
                 found = locate(&ctx, uri, &module);
             }
         }
         let (slot, label, serial, login_required) = found?;
         Ok(Token {
             ctx,
+            calls,
             slot: std::sync::Mutex::new(slot),
             selector: uri.clone(),
             label,
@@ -81,7 +90,11 @@ impl Token {
     /// back, possibly in another slot; the module must have been re-initialised if it only
     /// scans tokens at C_Initialize (SoftHSM).
     pub(crate) fn relocate(&self) -> Result<(), KeyError> {
-        let (slot, _, serial, _) = locate(&self.ctx, &self.selector, &self.module)?;
+        let found = {
+            let _calls = self.enter();
+            locate(&self.ctx, &self.selector, &self.module)
+        };
+        let (slot, _, serial, _) = found?;
         if serial != self.serial {
             tracing::warn!(
                 token = %self.label,
@@ -94,23 +107,34 @@ impl Token {
         Ok(())
     }
 
+    /// Enters the module's gate: calls made while the guard lives never overlap a
+    /// re-initialisation of the module.
+    pub(crate) fn enter(&self) -> CallGuard {
+        self.calls.enter()
+    }
+
     /// Opens a session and makes sure the user is logged in on it.
-    pub(crate) fn open_session(&self, read_write: bool) -> Result<Session, KeyError> {
+    pub(crate) fn open_session(&self, read_write: bool) -> Result<TokenSession, KeyError> {
+        let _calls = self.enter();
+        let generation = self.calls.generation();
         let session = if read_write {
             self.ctx.open_rw_session(self.slot())
         } else {
             self.ctx.open_ro_session(self.slot())
         }
         .map_err(|e| self.err("C_OpenSession", &e))?;
+        let session = TokenSession::new(session, generation, &self.calls);
         self.ensure_login(&session)?;
         Ok(session)
     }
 
     /// Like [`Token::open_session`] (read-only), but a token that has no session left for this
     /// application (`CKR_SESSION_COUNT`) is `Ok(None)`: the session pool then shrinks to fit.
-    pub(crate) fn try_open_session(&self) -> Result<Option<Session>, KeyError> {
+    pub(crate) fn try_open_session(&self) -> Result<Option<TokenSession>, KeyError> {
+        let _calls = self.enter();
+        let generation = self.calls.generation();
         let session = match self.ctx.open_ro_session(self.slot()) {
-            Ok(s) => s,
+            Ok(s) => TokenSession::new(s, generation, &self.calls),
             Err(CkError::Pkcs11(RvError::SessionCount, _)) => return Ok(None),
             Err(e) => return Err(self.err("C_OpenSession", &e)),
         };
@@ -120,6 +144,7 @@ impl Token {
 
     /// How many sessions the token allows one application (`ulMaxSessionCount`), if it says.
     pub(crate) fn session_limit(&self) -> Option<usize> {
+        let _calls = self.enter();
         match self
             .ctx
             .get_token_info(self.slot())
@@ -228,6 +253,7 @@ impl Token {
     /// Refuses to spend a token's last PIN attempt unless the user allowed it, and warns when
     /// the token has seen wrong PINs.
     fn check_pin_attempts(&self) -> Result<(), KeyError> {
+        let _calls = self.enter();
         let Ok(info) = self.ctx.get_token_info(self.slot()) else {
             return Ok(());
         };
@@ -255,6 +281,56 @@ impl Token {
     /// Where this token is, for messages.
     pub(crate) fn place(&self) -> String {
         format!("token '{}' in {}", self.label, self.module.display())
+    }
+}
+
+/// A session of a token, tied to the module generation it was opened in: once the module was
+/// re-initialised its handle is dead and may name a session opened since (another key's), so
+/// it is forgotten, never closed. Closing happens inside the module's gate.
+#[derive(Debug)]
+pub(crate) struct TokenSession {
+    session: Option<Session>,
+    generation: u64,
+    calls: Arc<Calls>,
+}
+
+impl TokenSession {
+    fn new(session: Session, generation: u64, calls: &Arc<Calls>) -> TokenSession {
+        TokenSession {
+            session: Some(session),
+            generation,
+            calls: calls.clone(),
+        }
+    }
+
+    /// Whether the module was not re-initialised since this session was opened.
+    pub(crate) fn is_current(&self) -> bool {
+        self.generation == self.calls.generation()
+    }
+}
+
+impl std::ops::Deref for TokenSession {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        // Invariant: `session` is Some until drop.
+        self.session
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("a token session is present until dropped"))
+    }
+}
+
+impl Drop for TokenSession {
+    fn drop(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        let _calls = self.calls.enter();
+        if self.is_current() {
+            drop(session);
+        } else {
+            std::mem::forget(session);
+        }
     }
 }
 

@@ -97,6 +97,15 @@ fn limited_key(object: &str, limit: u32, report: bool) -> (Key, LimitedModule, t
 /// in 30). Before the fix, opening the key here failed the same way every time.
 #[test]
 fn a_token_missing_from_the_first_listing_is_found_after_reinitialising() {
+    // A re-initialisation finalises SoftHSM for the whole process: in a child process, so the
+    // other tests' raw cryptoki sessions (outside hwkey's gate) are not in this one.
+    in_child(
+        "key::pkcs11::a_token_missing_from_the_first_listing_is_found_after_reinitialising",
+        found_after_reinitialising,
+    );
+}
+
+fn found_after_reinitialising() {
     let dir = support::temp_dir();
     let module = LimitedModule::hiding_first_listings(dir.path(), 1);
     let plain = hsm().key_uri("limited", "hidden");
@@ -111,6 +120,27 @@ fn a_token_missing_from_the_first_listing_is_found_after_reinitialising() {
         .sign(SignScheme::EcdsaP256Sha256, b"found")
         .expect("sign");
     verify(&key, SignScheme::EcdsaP256Sha256, b"found", &sig);
+    println!("child: done");
+}
+
+/// Runs `body` in a child process of this test binary (the test `name` again, with
+/// `HWKEY_TEST_CHILD` set), and fails unless it finished: a re-initialisation of SoftHSM
+/// affects the whole process, and a corrupted heap must fail one test, not the run.
+fn in_child(name: &str, body: fn()) {
+    if std::env::var_os("HWKEY_TEST_CHILD").is_some() {
+        return body();
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env("HWKEY_TEST_CHILD", "1")
+        .output()
+        .expect("run the child");
+    let text = support::output_text(&out);
+    assert!(
+        out.status.success() && text.contains("child: done"),
+        "{:?}\n{text}",
+        out.status
+    );
 }
 
 /// Eight threads sign `each` messages at once through the key; all signatures verify.
@@ -347,4 +377,80 @@ fn rcgen_builds_a_certificate_and_a_csr_signed_inside_the_token() {
             "the certificate holds the token key's public key"
         );
     }
+}
+
+/// Found by the suite (issue 35 stop): the module was finalised and initialised again (to
+/// find a token that is not listed) while other threads of the same process were inside
+/// PKCS#11 calls. For SoftHSM that is a use after free: the CI run aborted with "malloc():
+/// smallbin double linked list corrupted", and two object files with garbage names appeared
+/// in the working directory. The signer process signs on several threads while it may open
+/// another key (rotation), so it could do the same. Now every call runs inside the module's
+/// gate and the re-initialisation waits to be alone; sessions and key handles from before it
+/// are never used or closed after it.
+///
+/// Run in child processes of this test binary ([`in_child`]): four threads sign and verify without pause while the main thread asks for a
+/// token that is not there, which re-initialises the module once per process. Every
+/// signature must be made and verify, in every round.
+#[test]
+fn signatures_stay_right_while_another_thread_reinitialises_the_module() {
+    if std::env::var_os("HWKEY_TEST_CHILD").is_some() {
+        return reinit_child();
+    }
+    // Four processes: one re-initialisation each (they are rate-limited per process).
+    for _ in 0..4 {
+        in_child(
+            "key::pkcs11::signatures_stay_right_while_another_thread_reinitialises_the_module",
+            reinit_child,
+        );
+    }
+}
+
+/// The child's half of the test above (its own SoftHSM directory: a fresh process).
+fn reinit_child() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let hsm = support::SoftHsm::new();
+    hsm.init_token("reinit");
+    // Safe here: one thread, before the module is loaded.
+    std::env::set_var("SOFTHSM2_CONF", hsm.conf_path());
+    let uri: KeyUri = hsm.key_uri("reinit", "k").parse().expect("URI");
+    let key = Arc::new(Key::create(&uri, KeyAlgorithm::EcP256).expect("create"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let signed = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (key, stop, signed) = (key.clone(), stop.clone(), signed.clone());
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let message = format!("thread {t} message {i}");
+                    let sig = key
+                        .sign(SignScheme::EcdsaP256Sha256, message.as_bytes())
+                        .unwrap_or_else(|e| panic!("signature {i} of thread {t} failed: {e}"));
+                    verify(&key, SignScheme::EcdsaP256Sha256, message.as_bytes(), &sig);
+                    signed.fetch_add(1, Ordering::SeqCst);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    while signed.load(Ordering::SeqCst) < 200 {
+        std::thread::yield_now();
+    }
+    let absent: KeyUri = hsm.key_uri("absent", "k").parse().expect("URI");
+    assert!(matches!(
+        Key::open(&absent),
+        Err(KeyError::TokenNotFound { .. })
+    ));
+    let after = signed.load(Ordering::SeqCst);
+    while signed.load(Ordering::SeqCst) < after + 200 {
+        std::thread::yield_now();
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().expect("a signing thread failed");
+    }
+    println!(
+        "child: every signature verified ({} signatures); child: done",
+        signed.load(Ordering::SeqCst)
+    );
 }
