@@ -209,6 +209,11 @@ pub struct SharedTpm {
 impl SharedTpm {
     /// Starts a session bus, swtpm and tpm2-abrmd in front of it; waits until the broker answers.
     pub fn start() -> SharedTpm {
+        SharedTpm::start_with(&[])
+    }
+
+    /// [`SharedTpm::start`] with more tpm2-abrmd arguments (e.g. `--max-connections 1`).
+    pub fn start_with(abrmd_args: &[&str]) -> SharedTpm {
         require_tool("dbus-daemon", "dbus");
         require_tool("tpm2-abrmd", "tpm2-abrmd");
         require_tool("tpm2_getrandom", "tpm2-tools");
@@ -232,6 +237,7 @@ impl SharedTpm {
             Command::new("tpm2-abrmd")
                 .env("DBUS_SESSION_BUS_ADDRESS", &bus)
                 .args(["--session", "--allow-root"])
+                .args(abrmd_args)
                 .arg(format!("--tcti={}", swtpm.tcti())),
             "tpm2-abrmd",
             &dir.path().join("abrmd.log"),

@@ -150,7 +150,7 @@ impl Conn {
 fn open_context(tcti: &str, conf: TctiNameConf) -> Result<Context, KeyError> {
     Context::new(conf).map_err(|e| KeyError::TpmConnect {
         tcti: tcti.to_string(),
-        reason: rc::describe(&e),
+        reason: rc::connect_reason(tcti, &e),
         source: Some(Box::new(e)),
     })
 }

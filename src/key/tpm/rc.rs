@@ -133,8 +133,14 @@ fn hint(kind: Tss2ResponseCodeKind) -> &'static str {
              cleared, or a different parent template)"
         }
         K::Lockout => {
-            "; the TPM is in dictionary-attack lockout: wait, or reset it with \
-             `tpm2_dictionarylockout --clear-lockout`"
+            "; the TPM is in dictionary-attack lockout, so it refuses every password, the \
+             right one too (hwkey keeps this one: it was not found wrong). The lockout is the \
+             whole TPM's: wrong passwords from any process that can reach it count, another \
+             user's through tpm2-abrmd too. Wait for it to recover (`tpm2_getcap \
+             properties-variable`: TPM2_PT_LOCKOUT_COUNTER and TPM2_PT_LOCKOUT_INTERVAL), or \
+             reset it with the lockout authorization (`tpm2_dictionarylockout --clear-lockout`); \
+             on a node, give hwkey the kernel's resource manager (device:/dev/tpmrm0, which \
+             only the tss group opens), not a TPM other users reach (docs/SECURITY.md)"
         }
         K::AuthFail | K::BadAuth => {
             "; the authorization value is wrong (a key's password comes from pin-source= on \
@@ -173,6 +179,23 @@ pub(crate) fn describe(err: &Error) -> String {
             layer_name(layer)
         ),
     }
+}
+
+/// Why a connection through `tcti` failed, in words an operator can act on: tpm2-abrmd's
+/// "no connection" is also what a full daemon answers, and any local user can fill it.
+pub(crate) fn connect_reason(tcti: &str, err: &Error) -> String {
+    let reason = describe(err);
+    let tcti_failed = raw_rc(err).is_some_and(|raw| (raw >> 16) & 0xff == LAYER_TCTI);
+    if tcti_failed && tcti.trim_start().starts_with("tabrmd") {
+        return format!(
+            "{reason}; tpm2-abrmd did not take the connection: it is not running (systemctl \
+             status tpm2-abrmd), or every connection it serves is taken (its --max-connections, \
+             27 by default), which any local user can do. A node's identity should not depend \
+             on a daemon others can fill: use the kernel's resource manager, \
+             tcti=device:/dev/tpmrm0 (docs/SECURITY.md)"
+        );
+    }
+    reason
 }
 
 /// The generic mapping: a TPM operation failed.

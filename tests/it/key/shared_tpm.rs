@@ -183,3 +183,73 @@ fn two_proxies_serve_while_other_processes_use_the_same_tpm() {
         assert!(out.status.success(), "{}", output_text(&out));
     }
 }
+
+/// Issue 35, finding "a shared TPM through tpm2-abrmd can be denied by any local uid": another
+/// process holding tpm2-abrmd's connections (here its only one) made hwkey say "TCTI no
+/// connection … check that the TPM is running", which sends an operator to the wrong place.
+/// Now the error names the daemon's limit, that any local user can fill it, and the kernel's
+/// resource manager a node should use instead (on 1e6941c none of that was said).
+#[test]
+fn a_full_tpm2_abrmd_is_named_as_the_cause() {
+    let shared = support::SharedTpm::start_with(&["--max-connections", "1"]);
+    let dir = support::temp_dir();
+    let key = format!(
+        "tpm:path={}?tcti={}",
+        dir.path().join("k.tpm.pem").display(),
+        shared.tcti()
+    );
+    // Another local user's process holds the daemon's only connection while it waits for a
+    // password on its standard input.
+    let hold = || {
+        Command::new("tpm2_dictionarylockout")
+            .envs(shared.envs())
+            .args(["-T", &shared.tcti(), "--clear-lockout", "-p", "file:-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run tpm2_dictionarylockout")
+    };
+    let connection_free = || {
+        Command::new("tpm2_getrandom")
+            .envs(shared.envs())
+            .args(["-T", &shared.tcti(), "8"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("tpm2_getrandom")
+            .success()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut holder = hold();
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        if let Ok(Some(_)) = holder.try_wait() {
+            // It lost the only connection to this test's own probe: again.
+            holder = hold();
+            continue;
+        }
+        if !connection_free() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the holder never connected"
+        );
+    }
+    let out = support::run_fail(
+        hwkey()
+            .envs(shared.envs())
+            .args(["key", "create", "--key", &key]),
+    );
+    let text = output_text(&out);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(
+        text.contains("tpm2-abrmd did not take the connection")
+            && text.contains("--max-connections")
+            && text.contains("any local user")
+            && text.contains("device:/dev/tpmrm0"),
+        "{text}"
+    );
+}

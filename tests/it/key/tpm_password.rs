@@ -291,3 +291,76 @@ fn eight_processes_at_once_present_a_new_wrong_password_once() {
         "the wrong password reached the TPM more than once"
     );
 }
+
+/// Issue 35, finding "a lockout triggered by another uid refuses the right password": wrong
+/// passwords for another key of the same TPM (another user's) put the whole TPM into
+/// dictionary-attack lockout, and then hwkey's key with the right password is refused too.
+/// The error now says so (every password is refused, the right one too; any process that
+/// reaches the TPM counts; how to recover; the kernel's resource manager for a node), and the
+/// right password is not remembered as wrong: once the lockout is cleared, the same command
+/// signs (on 1e6941c the error did not say the password was right or who caused it).
+#[test]
+fn a_lockout_caused_by_another_key_is_named_and_keeps_the_right_password() {
+    let tpm = Swtpm::start();
+    let dir = temp_dir();
+    let records = dir.path().join("records");
+    let password = dir.path().join("password");
+    write_private(&password, b"correct horse");
+    let ours = uri(&dir.path().join("ours.tpm.pem"), &tpm, &password);
+    run_ok(
+        hwkey()
+            .envs(tpm.envs())
+            .env("HWKEY_PIN_STATE_DIR", &records)
+            .args(["key", "create", "--key", &ours]),
+    );
+    let theirs_password = dir.path().join("theirs");
+    write_private(&theirs_password, b"their secret");
+    let theirs_path = dir.path().join("theirs.tpm.pem");
+    run_ok(
+        hwkey()
+            .envs(tpm.envs())
+            .env("HWKEY_PIN_STATE_DIR", dir.path().join("their-records"))
+            .args([
+                "key",
+                "create",
+                "--key",
+                &uri(&theirs_path, &tpm, &theirs_password),
+            ]),
+    );
+    // The other user guesses: each guess from a fresh memory of refused passwords, as another
+    // uid's processes would, until the TPM locks out.
+    let mut locked = false;
+    for guess in 0..12 {
+        let wrong = dir.path().join(format!("guess-{guess}"));
+        write_private(&wrong, format!("guess {guess}").as_bytes());
+        let out = csr(
+            &tpm,
+            &uri(&theirs_path, &tpm, &wrong),
+            &dir.path().join(format!("their-records-{guess}")),
+        );
+        assert!(!out.status.success());
+        if output_text(&out).contains("is in dictionary-attack lockout") {
+            locked = true;
+            break;
+        }
+    }
+    assert!(locked, "the TPM never locked out");
+    let refused = csr(&tpm, &ours, &records);
+    assert!(!refused.status.success());
+    let text = output_text(&refused);
+    assert!(
+        text.contains("refuses every password, the right one too")
+            && text.contains("hwkey keeps this one")
+            && text.contains("another user's")
+            && text.contains("device:/dev/tpmrm0"),
+        "{text}"
+    );
+    run_ok(
+        Command::new("tpm2_dictionarylockout")
+            .envs(tpm.envs())
+            .arg("--clear-lockout"),
+    );
+    let signed = csr(&tpm, &ours, &records);
+    assert!(signed.status.success(), "{}", output_text(&signed));
+    verified(&signed.stdout, dir.path());
+}

@@ -173,3 +173,42 @@ fn the_approver_runs_only_on_control_plane_nodes_and_confined() {
     assert_eq!(container["readOnlyRootFilesystem"], true);
     assert_eq!(container["capabilities"]["drop"][0], "ALL");
 }
+
+/// Issue 35, tpm2-abrmd finding: a node's identity must not depend on a broker any local user
+/// can fill or lock out. The shipped kubelet deployment reaches the TPM through the kernel's
+/// resource manager only: the example's key names `device:/dev/tpmrm0`, the unit may open
+/// that device and no other TPM device (not the raw `/dev/tpm0`, which bypasses the resource
+/// manager), is not ordered to need tpm2-abrmd, and the package puts the `hwkey` user in
+/// group `tss`, which `/dev/tpmrm0` is restricted to.
+#[test]
+fn the_kubelet_deployment_reaches_the_tpm_through_the_kernel_resource_manager() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);
+    let example = read("deploy/kubelet.toml.example");
+    let key = example
+        .lines()
+        .find_map(|l| l.strip_prefix("key = "))
+        .expect("the example names a key");
+    assert!(key.contains("tcti=device:/dev/tpmrm0"), "{key}");
+    assert!(!example.contains("tabrmd"), "{example}");
+    let unit = read("deploy/hwkey-proxy@.service");
+    let devices: Vec<&str> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("DeviceAllow="))
+        .collect();
+    assert_eq!(devices, ["/dev/tpmrm0 rw"], "{unit}");
+    assert!(unit.lines().any(|l| l == "DevicePolicy=closed"), "{unit}");
+    for line in unit.lines() {
+        if line.starts_with("Requires=")
+            || line.starts_with("Wants=")
+            || line.starts_with("BindsTo=")
+        {
+            assert!(!line.contains("abrmd"), "{line}");
+        }
+    }
+    let postinst = read("debian/postinst");
+    assert!(
+        postinst.contains("for group in tss softhsm") && postinst.contains("adduser"),
+        "{postinst}"
+    );
+}
