@@ -83,6 +83,71 @@ pub(crate) async fn handshakes(f: &Fixture) -> Vec<Row> {
     ]
 }
 
+/// Issue 35: a full upstream handshake now crosses a process boundary (the network side asks
+/// the signer process over a socketpair). The proxy's connector with no session to resume,
+/// signing in the same SoftHSM key either in this process (as before the split) or through a
+/// signer side started exactly as `hwkey proxy` starts it (supervisor and signer, the release
+/// binary), in interleaved rounds; target ≥ 0.9× (and every signature counted by the signer).
+pub(crate) async fn signer_handshakes(f: &Fixture) -> Vec<Row> {
+    const AREA: &str = "handshakes";
+    let uri: KeyUri = f.id.key_uri.parse().expect("URI");
+    let local = Arc::new(Key::open(&uri).expect("open key"));
+    std::env::set_var("HWKEY_SIGNER_BIN", support::hwkey_bin());
+    let supervisor = hwkey::signer::Supervisor::start(&hwkey::signer::SignerConfig {
+        key: uri,
+        rotation_state: None,
+        cert: Some(f.id.cert.clone()),
+        tls12: false,
+        require_non_extractable: false,
+    })
+    .expect("start the signer supervisor");
+    let (link, remote) = hwkey::signer::remote::SignerLink::open(supervisor).expect("signer");
+    link.start_readers().expect("signer reader");
+    let remote = Arc::new(remote);
+    let in_process = connector(f, &local, &f.upstream.url(), KeyExchange::Hybrid);
+    let through_signer = connector(f, &remote, &f.upstream.url(), KeyExchange::Hybrid);
+    let n = pick(200, 40);
+    let rounds = pick(5, 3);
+    let mut buf = vec![0u8; 16 * 1024];
+    let remote_before = remote.signatures();
+    let mut results = vec![Vec::new(); 2];
+    let mut resumed = 0usize;
+    for series in schedule(rounds, 2) {
+        let connector = if series == 0 {
+            &in_process
+        } else {
+            &through_signer
+        };
+        let start = Instant::now();
+        for _ in 0..n {
+            connector.reset_sessions();
+            let mut c = connector
+                .connect(Some(b"http/1.1"))
+                .await
+                .expect("connector");
+            http1_get(&mut c.stream, "/version", &mut buf).await;
+            resumed += usize::from(c.resumed);
+        }
+        results[series].push(n as f64 / start.elapsed().as_secs_f64());
+    }
+    let remote_signatures = remote.signatures() - remote_before;
+    vec![at_least(
+        ratio_row(
+            AREA,
+            "full handshake + GET, signing through the signer process (issue 35)",
+            "conn/s",
+            &results[1],
+            "the same connector signing in this process (before the split)",
+            &results[0],
+        ),
+        0.9,
+    )
+    .note(format!(
+        "SoftHSM P-256; {resumed} of {} handshakes resumed; signatures through the signer: {remote_signatures}",
+        2 * n * rounds
+    ))]
+}
+
 /// The proxy's connector to `url`, signing with `key`, offering `kx`.
 fn connector(f: &Fixture, key: &Arc<Key>, url: &str, kx: KeyExchange) -> Upstream {
     connector_via(f, key, url, kx, Egress::direct())

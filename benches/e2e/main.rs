@@ -103,6 +103,8 @@ fn main() {
     if wanted("handshakes") {
         step("handshakes");
         rows.extend(rt.block_on(handshakes(&f)));
+        step("through the signer process");
+        rows.extend(rt.block_on(signer_handshakes(&f)));
         step("through the proxy");
         rows.extend(rt.block_on(through_proxy(&f)));
     }

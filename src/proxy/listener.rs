@@ -331,46 +331,58 @@ pub async fn accept_loop(
             r = std::future::poll_fn(|cx| poll_any(&listeners, first, cx)) => r,
         };
         first = (i + 1) % listeners.len();
-        match accepted {
-            Accepted::Unix(Ok(stream)) => {
-                shared.metrics.connection_accepted(ListenerKind::Unix);
-                let Some(stream) = handed_over(stream.into_std(), "hand over") else {
-                    continue;
-                };
-                let task_shared = shared.clone();
-                shared.connections.spawn(move || async move {
-                    // The peer's uid is checked in this same poll, before any await.
-                    drop(waiting);
-                    if let Some(stream) = handed_over(UnixStream::from_std(stream), "register") {
-                        handle_unix(&task_shared, stream).await
-                    }
-                });
-            }
-            Accepted::Tcp(Ok((stream, peer))) => {
-                shared.metrics.connection_accepted(ListenerKind::Tcp);
-                let Some(stream) = handed_over(stream.into_std(), "hand over") else {
-                    continue;
-                };
-                let task_shared = shared.clone();
-                shared.connections.spawn(move || async move {
-                    let shared = task_shared;
-                    let Some(stream) = handed_over(TcpStream::from_std(stream), "register") else {
-                        return;
-                    };
-                    let admitted = admit(&shared.preauth, &shared.metrics, &stream, peer);
-                    drop(waiting);
-                    let Some(preauth) = admitted else {
-                        return;
-                    };
-                    handle_tcp(&shared, stream, peer, preauth).await
-                });
-            }
-            Accepted::Unix(Err(e)) | Accepted::Tcp(Err(e)) => {
-                accept_error(&listeners[i].addr().to_string(), e).await
-            }
+        if let Err(e) = spawn_connection(&shared, accepted, waiting) {
+            accept_error(&listeners[i].addr().to_string(), e).await
         }
     }
     tracing::debug!("stopped accepting");
+}
+
+/// Hands an accepted connection to a connection thread, where its peer is admitted (and
+/// `waiting`, its place among the connections awaiting admission, is given back) before
+/// anything else. The accept's own error is returned for the caller to report.
+fn spawn_connection(
+    shared: &Arc<Clients>,
+    accepted: Accepted,
+    waiting: tokio::sync::OwnedSemaphorePermit,
+) -> std::io::Result<()> {
+    match accepted {
+        Accepted::Unix(Ok(stream)) => {
+            shared.metrics.connection_accepted(ListenerKind::Unix);
+            let Some(stream) = handed_over(stream.into_std(), "hand over") else {
+                return Ok(());
+            };
+            let task_shared = shared.clone();
+            shared.connections.spawn(move || async move {
+                // The peer's uid is checked in this same poll, before any await.
+                drop(waiting);
+                if let Some(stream) = handed_over(UnixStream::from_std(stream), "register") {
+                    handle_unix(&task_shared, stream).await
+                }
+            });
+        }
+        Accepted::Tcp(Ok((stream, peer))) => {
+            shared.metrics.connection_accepted(ListenerKind::Tcp);
+            let Some(stream) = handed_over(stream.into_std(), "hand over") else {
+                return Ok(());
+            };
+            let task_shared = shared.clone();
+            shared.connections.spawn(move || async move {
+                let shared = task_shared;
+                let Some(stream) = handed_over(TcpStream::from_std(stream), "register") else {
+                    return;
+                };
+                let admitted = admit(&shared.preauth, &shared.metrics, &stream, peer);
+                drop(waiting);
+                let Some(preauth) = admitted else {
+                    return;
+                };
+                handle_tcp(&shared, stream, peer, preauth).await
+            });
+        }
+        Accepted::Unix(Err(e)) | Accepted::Tcp(Err(e)) => return Err(e),
+    }
+    Ok(())
 }
 
 /// An accepted socket leaves the accept loop's runtime for a connection thread's
