@@ -224,6 +224,9 @@ fn one_thread_uses_one_session() {
 fn foreign_session(token: &str) -> cryptoki::session::Session {
     let ctx = Pkcs11::new(support::SOFTHSM_MODULE).expect("load module");
     let _ = ctx.initialize(CInitializeArgs::new(CInitializeFlags::OS_LOCKING_OK));
+    // Never finalised: dropping the last handle of a context that initialised the module would
+    // finalise it under every key of this process.
+    std::mem::forget(ctx.clone());
     let slot = ctx
         .get_slots_with_token()
         .expect("slots")
