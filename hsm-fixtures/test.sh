@@ -45,6 +45,10 @@ python3 hsm-fixtures/structure.py || status=1
 # Tests leave nothing running: every process a test starts inherits HWKEY_TEST_RUN, and
 # hsm-fixtures/outlived.sh names, stops and fails on whatever still carries it after cargo.
 RUN="$$-$(date +%s%N)"
+# Tests write only in their own temporary directories: a file that appears in the checkout
+# during the run (a SoftHSM object file with a garbage name once did, from a use after free)
+# fails the run, named.
+UNTRACKED_BEFORE=$(git status --porcelain --untracked-files=all 2>/dev/null | grep '^??' || true)
 # Every proxy the suite starts (directly, or through kubectl's exec plugin) confines its network
 # side fully or refuses to start: a test that needs a hole in the sandbox fails.
 export HWKEY_SANDBOX=required
@@ -59,4 +63,11 @@ for backend in pkcs11 tpm; do
         --no-fail-fast "$@" || status=1
     hsm-fixtures/outlived.sh "$RUN" || status=1
 done
+UNTRACKED_AFTER=$(git status --porcelain --untracked-files=all 2>/dev/null | grep '^??' || true)
+NEW_FILES=$(comm -13 <(sort <<<"$UNTRACKED_BEFORE") <(sort <<<"$UNTRACKED_AFTER") | sed '/^$/d')
+if [[ -n "$NEW_FILES" ]]; then
+    echo "test.sh: the tests left files in the checkout (a test wrote outside its temporary directory):" >&2
+    sed 's/^/  /' <<<"$NEW_FILES" >&2
+    status=1
+fi
 exit "$status"
