@@ -268,24 +268,32 @@ pub fn send<T: Serialize>(fd: BorrowedFd<'_>, id: u64, body: &T) -> Result<(), S
 pub fn recv<T: for<'de> Deserialize<'de>>(
     fd: impl AsFd,
 ) -> Result<Option<Envelope<T>>, SignerError> {
-    // The next datagram's length first (PEEK | TRUNC), so a reply of 100 bytes costs 100 bytes.
-    let mut probe = [0u8; 0];
-    let (_, full) = rustix::net::recv(fd.as_fd(), &mut probe, RecvFlags::PEEK | RecvFlags::TRUNC)
-        .map_err(SignerError::Recv)?;
-    if full == 0 {
-        // The other side closed (an empty datagram, which no side sends, counts as a close).
-        return Ok(None);
+    // One system call per message, into this thread's buffer (wiped after each message): the
+    // read is whole or nothing, so several threads may read one socket at once (each gets
+    // whole datagrams), and a message costs one call, not a peek and a read.
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    if full > MAX_MESSAGE {
-        let _ = rustix::net::recv(fd.as_fd(), &mut probe, RecvFlags::TRUNC);
-        return Err(SignerError::TooLarge { len: full });
-    }
-    let mut buf = zeroize::Zeroizing::new(vec![0u8; full]);
-    let (len, _) = rustix::net::recv(fd.as_fd(), buf.as_mut_slice(), RecvFlags::empty())
-        .map_err(SignerError::Recv)?;
-    serde_json::from_slice(&buf[..len])
-        .map(Some)
-        .map_err(SignerError::Decode)
+    BUF.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        if buf.len() < MAX_MESSAGE + 1 {
+            buf.resize(MAX_MESSAGE + 1, 0);
+        }
+        let (len, full) = rustix::net::recv(fd.as_fd(), buf.as_mut_slice(), RecvFlags::TRUNC)
+            .map_err(SignerError::Recv)?;
+        let result = if full == 0 {
+            // The other side closed (an empty datagram, which no side sends, counts as a close).
+            Ok(None)
+        } else if full > MAX_MESSAGE {
+            Err(SignerError::TooLarge { len: full })
+        } else {
+            serde_json::from_slice(&buf[..len])
+                .map(Some)
+                .map_err(SignerError::Decode)
+        };
+        zeroize::Zeroize::zeroize(&mut buf[..len.min(MAX_MESSAGE + 1)]);
+        result
+    })
 }
 
 /// Bytes as standard base64 text.

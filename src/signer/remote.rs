@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use super::error::SignerError;
@@ -30,19 +30,22 @@ use crate::key::{
 #[derive(Debug)]
 pub struct SignerClient {
     socket: Arc<OwnedFd>,
-    waiting: Arc<Mutex<Waiting>>,
+    waiting: Mutex<Waiting>,
+    /// Wakes callers when a reply arrived, the reading turn is free, or the signer is gone.
+    changed: Condvar,
     next_id: AtomicU64,
-    /// Whether the reply reader runs; before, a call reads its own reply (the network side
-    /// makes its first calls on its one thread, before the sandbox, which must come before any
-    /// other thread).
-    reading: std::sync::atomic::AtomicBool,
-    direct: Mutex<()>,
 }
 
-/// Calls waiting for their replies, and why the signer is gone once it is.
+/// Calls waiting for their replies (None until answered), whether a caller is reading the
+/// socket, and why the signer is gone once it is.
+///
+/// No reader thread: the caller whose turn it is reads one reply and hands it to whoever it
+/// belongs to, so a lone call reads its own reply on its own thread (one wake-up less per
+/// signature than a reader thread handing it over), and concurrent calls take turns.
 #[derive(Debug, Default)]
 struct Waiting {
-    calls: HashMap<u64, mpsc::SyncSender<Result<Reply, SignerError>>>,
+    calls: HashMap<u64, Option<Reply>>,
+    reading: bool,
     gone: Option<String>,
 }
 
@@ -68,49 +71,17 @@ impl SignerClient {
         };
         let client = Arc::new(SignerClient {
             socket: Arc::new(socket),
-            waiting: Arc::new(Mutex::new(Waiting::default())),
+            waiting: Mutex::new(Waiting::default()),
+            changed: Condvar::new(),
             next_id: AtomicU64::new(1),
-            reading: std::sync::atomic::AtomicBool::new(false),
-            direct: Mutex::new(()),
         });
         Ok((client, info))
     }
 
-    /// Starts the reply reader: from now on calls from many threads are in flight at once.
+    /// Kept for the network side's start-up order: replies are read by the calling threads
+    /// themselves (see [`Waiting`]), so no thread is started, before the sandbox or after.
     pub fn start_reader(&self) -> Result<(), KeyError> {
-        if self.reading.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        let (socket, waiting) = (self.socket.clone(), self.waiting.clone());
-        std::thread::Builder::new()
-            .name("hwkey-signer-replies".into())
-            .spawn(move || read_replies(&socket, &waiting))
-            .map(|_| ())
-            .map_err(|source| {
-                signer_error(&SignerError::Start {
-                    what: "the reply reader thread",
-                    source,
-                })
-            })
-    }
-
-    /// A call before the reader runs: send, then read the reply here.
-    fn call_direct(&self, request: &Request) -> Result<Reply, KeyError> {
-        let _one = self.direct.lock().unwrap_or_else(|p| p.into_inner());
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        protocol::send(self.socket.as_fd(), id, request).map_err(|e| signer_error(&e))?;
-        loop {
-            match protocol::recv::<Reply>(self.socket.as_fd()) {
-                Ok(Some(reply)) if reply.id == id => return Ok(reply.body),
-                Ok(Some(_)) => continue,
-                Ok(None) => {
-                    self.waiting.lock().unwrap_or_else(|p| p.into_inner()).gone =
-                        Some("its socket closed".into());
-                    return Err(signer_error(&SignerError::Gone { why: None }));
-                }
-                Err(e) => return Err(signer_error(&e)),
-            }
-        }
+        Ok(())
     }
 
     /// Whether the signer is gone (its socket closed or broke).
@@ -132,33 +103,72 @@ impl SignerClient {
     }
 
     fn call_raw(&self, request: &Request) -> Result<Reply, KeyError> {
-        if !self.reading.load(Ordering::SeqCst) {
-            return self.call_direct(request);
-        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::sync_channel(1);
         {
-            let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            let mut waiting = self.lock();
             if let Some(why) = &waiting.gone {
                 return Err(signer_error(&SignerError::Gone {
                     why: Some(why.clone()),
                 }));
             }
-            waiting.calls.insert(id, tx);
+            waiting.calls.insert(id, None);
         }
         if let Err(e) = protocol::send(self.socket.as_fd(), id, request) {
-            self.waiting
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .calls
-                .remove(&id);
+            let mut waiting = self.lock();
+            waiting.calls.remove(&id);
+            self.mark_gone(&mut waiting, e.to_string());
             return Err(signer_error(&e));
         }
-        match rx.recv() {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(e)) => Err(signer_error(&e)),
-            Err(_) => Err(signer_error(&SignerError::Gone { why: None })),
+        let mut waiting = self.lock();
+        loop {
+            if let Some(Some(_)) = waiting.calls.get(&id) {
+                return match waiting.calls.remove(&id).flatten() {
+                    Some(reply) => Ok(reply),
+                    None => Err(signer_error(&SignerError::Gone { why: None })),
+                };
+            }
+            if let Some(why) = &waiting.gone {
+                let why = why.clone();
+                waiting.calls.remove(&id);
+                return Err(signer_error(&SignerError::Gone { why: Some(why) }));
+            }
+            if waiting.reading {
+                waiting = self
+                    .changed
+                    .wait(waiting)
+                    .unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            // This caller's turn to read one reply (its own or another's).
+            waiting.reading = true;
+            drop(waiting);
+            let read = protocol::recv::<Reply>(self.socket.as_fd());
+            waiting = self.lock();
+            waiting.reading = false;
+            match read {
+                Ok(Some(reply)) => {
+                    if let Some(slot) = waiting.calls.get_mut(&reply.id) {
+                        *slot = Some(reply.body);
+                    }
+                }
+                Ok(None) => self.mark_gone(&mut waiting, "its socket closed".into()),
+                Err(e) => self.mark_gone(&mut waiting, e.to_string()),
+            }
+            self.changed.notify_all();
         }
+    }
+
+    /// The signer is gone: every waiting call fails (it asks again through a new signer).
+    fn mark_gone(&self, waiting: &mut Waiting, why: String) {
+        if waiting.gone.is_none() {
+            tracing::error!(why = %why, "the signer is gone: signatures fail until it is back");
+            waiting.gone = Some(why);
+        }
+        self.changed.notify_all();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -167,34 +177,6 @@ impl Drop for SignerClient {
         // The reader thread holds the socket too: shutting it down ends that thread, and the
         // signer, which serves until its socket closes.
         let _ = rustix::net::shutdown(self.socket.as_fd(), rustix::net::Shutdown::Both);
-    }
-}
-
-/// Hands each reply to its caller until the socket closes; then fails every waiting call.
-fn read_replies(socket: &OwnedFd, waiting: &Mutex<Waiting>) {
-    let why = loop {
-        match protocol::recv::<Reply>(socket.as_fd()) {
-            Ok(Some(reply)) => {
-                let caller = waiting
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .calls
-                    .remove(&reply.id);
-                if let Some(caller) = caller {
-                    let _ = caller.send(Ok(reply.body));
-                }
-            }
-            Ok(None) => break "its socket closed".to_string(),
-            Err(e) => break e.to_string(),
-        }
-    };
-    tracing::error!(why = %why, "the signer is gone: signatures fail until it is back");
-    let mut waiting = waiting.lock().unwrap_or_else(|p| p.into_inner());
-    waiting.gone = Some(why.clone());
-    for (_, caller) in waiting.calls.drain() {
-        let _ = caller.send(Err(SignerError::Gone {
-            why: Some(why.clone()),
-        }));
     }
 }
 
@@ -272,7 +254,17 @@ impl SignerLink {
     /// first when it is gone).
     fn call(&self, spki: &[u8], request: impl Fn(u32) -> Request) -> Result<Reply, KeyError> {
         let (client, id) = self.current(spki)?;
-        client.call(&request(id))
+        let first = request(id);
+        let answer = client.call(&first);
+        // A signer found dead by this call (it died while nothing was asked): a signature, or
+        // a read, is asked again of the new one; a change (a key made or deleted, a chain
+        // stored) is not repeated blindly.
+        let repeatable = matches!(first, Request::Sign { .. } | Request::StoredChain { .. });
+        if answer.is_err() && repeatable && client.is_gone() {
+            let (client, id) = self.current(spki)?;
+            return client.call(&request(id));
+        }
+        answer
     }
 
     /// The signer in use and this key's id in it, restarting the signer if it is gone.

@@ -9,11 +9,11 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use super::policy::{Policy, Refusal};
 use super::protocol::{
-    self, Envelope, KeyInfo, PathWire, RemoteError, RemoteKind, Reply, Request, FIRST_KEY, VERSION,
+    self, KeyInfo, PathWire, RemoteError, RemoteKind, Reply, Request, FIRST_KEY, VERSION,
 };
 use crate::key::{Key, KeyError, KeyUri};
 
@@ -139,41 +139,40 @@ pub fn serve(socket: OwnedFd, config: SignerConfig) -> u8 {
     if protocol::send(socket.as_fd(), 0, &hello).is_err() {
         return 1;
     }
+    // Every worker reads requests itself (one whole request per datagram and per read, see
+    // `protocol::recv`): no hand-over from a reader thread, one wake-up less per signature.
     let socket = Arc::new(socket);
-    let (work, queue) = mpsc::channel::<Envelope<Request>>();
-    let queue = Arc::new(Mutex::new(queue));
     let workers: Vec<_> = (0..WORKERS)
         .map(|n| {
-            let (signer, socket, queue) = (signer.clone(), socket.clone(), queue.clone());
+            let (signer, socket) = (signer.clone(), socket.clone());
             std::thread::Builder::new()
                 .name(format!("hwkey-signer-{n}"))
-                .spawn(move || loop {
-                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    let Ok(request) = next else { return };
-                    let reply = signer.answer(request.body);
-                    let _ = protocol::send(socket.as_fd(), request.id, &reply);
-                })
+                .spawn(move || serve_requests(&signer, &socket))
         })
         .collect();
-    loop {
-        match protocol::recv::<Request>(socket.as_fd()) {
-            Ok(Some(request)) => {
-                if work.send(request).is_err() {
-                    break;
-                }
-            }
-            Ok(None) => break,
-            Err(e) => {
-                tracing::error!(error = %e, "the signer's socket sent something that is not a request; closing");
-                break;
-            }
-        }
-    }
-    drop(work);
     for w in workers.into_iter().flatten() {
         let _ = w.join();
     }
     0
+}
+
+/// One worker: reads a request, answers it, until the socket closes. Anything that is not a
+/// request closes the socket for every worker (the network side is not speaking the protocol).
+fn serve_requests(signer: &Signer, socket: &OwnedFd) {
+    loop {
+        match protocol::recv::<Request>(socket.as_fd()) {
+            Ok(Some(request)) => {
+                let reply = signer.answer(request.body);
+                let _ = protocol::send(socket.as_fd(), request.id, &reply);
+            }
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "the signer's socket sent something that is not a request; closing");
+                let _ = rustix::net::shutdown(socket.as_fd(), rustix::net::Shutdown::Both);
+                return;
+            }
+        }
+    }
 }
 
 /// Opens the configured key and the identity it serves.
