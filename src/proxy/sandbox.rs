@@ -11,7 +11,7 @@
 //! `required` a hole stops the start.
 //!
 //! Landlock restricts the calling thread and the threads it starts: [`confine`] runs on the
-//! main thread before any other thread exists (the runtimes, the signer's reply reader).
+//! main thread before any other thread exists (the runtimes, the connection threads).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

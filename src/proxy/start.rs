@@ -66,8 +66,8 @@ struct Prepared {
 }
 
 /// Binds every socket, opens the lock file, greets the signer and reads the chain, the trust
-/// and the loopback CA; then confines this process ([`sandbox`]) and only then starts the
-/// signer's reply reader, the first thread besides this one.
+/// and the loopback CA; then confines this process ([`sandbox`]) before any other thread
+/// exists.
 fn prepare(settings: &Settings, supervisor: Supervisor) -> Result<Prepared, StartError> {
     let mut sockets = SocketFiles::default();
     let bound = BoundSet::bind(settings, &mut sockets)?;

@@ -3,8 +3,9 @@
 //! process (the rustls and rcgen adapters, renewal, health), so the proxy's code does not know
 //! where the key lives; it just cannot ask for anything the signer's policy refuses.
 //!
-//! One reader thread takes the replies off the socket and hands each to the thread waiting for
-//! it (by id), so signatures from many connection threads are in flight at once. When the signer
+//! The calling threads read the replies themselves, taking turns: the one reading hands each
+//! reply to the thread waiting for it (by id), so signatures from many connection threads are
+//! in flight at once and a lone one costs no thread hand-off. When the signer
 //! goes away every waiting call fails at once ([`SignerError::Gone`]); the [`SignerLink`] asks
 //! the supervisor for a new signer on the next call (with backoff: 200 ms doubling to 5 s), as
 //! the key layer reconnects a TPM or re-finds a token. A new signer opens the same key again
@@ -174,8 +175,7 @@ impl SignerClient {
 
 impl Drop for SignerClient {
     fn drop(&mut self) {
-        // The reader thread holds the socket too: shutting it down ends that thread, and the
-        // signer, which serves until its socket closes.
+        // Shutting the socket down ends the signer, which serves until its socket closes.
         let _ = rustix::net::shutdown(self.socket.as_fd(), rustix::net::Shutdown::Both);
     }
 }
@@ -186,7 +186,8 @@ pub struct SignerLink {
     supervisor: Supervisor,
     state: RwLock<LinkState>,
     restart: Mutex<Restart>,
-    /// Whether replies are read by a reader thread (set once the sandbox is up).
+    /// Whether the sandbox is up (kept for [`SignerClient::start_reader`], which starts
+    /// nothing now that callers read their own replies).
     readers: std::sync::atomic::AtomicBool,
 }
 

@@ -2,8 +2,9 @@
 //! libraries, reads the PIN source and holds sessions), greets with its public facts, then
 //! answers requests on its socket until the other side closes it.
 //!
-//! Requests are served by a few threads (a PKCS#11 token signs on several sessions at once; a
-//! TPM serialises on its context), each sending its reply when done. Every signature is checked
+//! Requests are served by a few threads, each reading its next request off the socket itself
+//! (a PKCS#11 token signs on several sessions at once; a TPM serialises on its context) and
+//! sending its reply when done. Every signature is checked
 //! against its purpose first ([`super::policy`]); a refusal is answered, logged and counted.
 
 use std::os::fd::{AsFd, OwnedFd};
