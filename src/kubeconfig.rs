@@ -79,6 +79,11 @@ pub struct HwkeyExtension {
         skip_serializing_if = "Option::is_none"
     )]
     pub idle_exit: Option<Duration>,
+    /// A proxy started by the plugin renews its certificate through the CSR API before it
+    /// expires (`hwkey proxy --renew`): a person's identity stays valid while they work, with
+    /// an approver's self-renewal policy and no human step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub renew: bool,
 }
 
 impl HwkeyExtension {
@@ -230,6 +235,8 @@ pub struct Request {
     pub state_dir: PathBuf,
     /// `--idle-exit` of a proxy the plugin starts (None: the plugin's default).
     pub idle_exit: Option<Duration>,
+    /// The started proxy renews its certificate (`hwkey proxy --renew`).
+    pub renew: bool,
     /// Absolute path of the binary the exec block runs: `hwkey-credential`, or `hwkey` (then
     /// with the argument `credential`).
     pub command: PathBuf,
@@ -251,6 +258,7 @@ impl Request {
             upstream_proxy: self.upstream_proxy.clone(),
             state_dir: Some(self.state_dir.clone()),
             idle_exit: self.idle_exit,
+            renew: self.renew,
         }
     }
 }

@@ -36,9 +36,10 @@ use super::evaluate::{self, Candidate, Evaluated, Rules, Seen};
 use super::evidence_index::{Claim, EvidenceIndex};
 use super::lease::Validity;
 use super::metrics::ApproverMetrics;
+use super::person::{self, PersonCandidate, PersonProof};
 use super::policy::{Reason, Violation};
 use super::queue::{Queued, WorkQueue, LANE_MAX};
-use super::trust::{Trust, FRESH_FOR};
+use super::trust::{Registry, Trust, FRESH_FOR};
 use crate::metric_labels::LabelValue;
 use crate::pki::attestation;
 use crate::pki::request::Request;
@@ -87,13 +88,20 @@ enum Work {
     Deny(Box<Seen>, Violation),
     /// To be settled against the trust and the evidence index.
     Settle(Box<Seen>, Box<Candidate>),
+    /// A person's request, to be settled against the people trust.
+    Person(Box<Seen>, Box<PersonCandidate>),
 }
 
 impl Work {
     fn seen(&self) -> &Seen {
         match self {
-            Work::Deny(s, _) | Work::Settle(s, _) => s,
+            Work::Deny(s, _) | Work::Settle(s, _) | Work::Person(s, _) => s,
         }
+    }
+
+    /// Whether writing it needs a fresh reading of a trust source.
+    fn settles(&self) -> bool {
+        !matches!(self, Work::Deny(..))
     }
 }
 
@@ -135,7 +143,10 @@ pub enum Mode {
 pub struct Controller {
     api: Api<CertificateSigningRequest>,
     settings: Settings,
-    trust: Trust,
+    /// The registered nodes (None: no kubelet signer decided).
+    trust: Option<Trust>,
+    /// The people trust (None: no people policy).
+    people: Option<Trust>,
     index: EvidenceIndex,
     queue: WorkQueue<Work>,
     writing: std::collections::HashMap<String, Writing>,
@@ -162,11 +173,12 @@ pub struct Round {
 }
 
 impl Controller {
-    /// A loop over `client`'s requests for `settings`' signers, deciding with `trust`.
+    /// A loop over `client`'s requests for `settings`' signers, deciding with `[nodes, people]`
+    /// trusts.
     pub fn new(
         client: &kube::Client,
         settings: Settings,
-        trust: Trust,
+        [trust, people]: [Option<Trust>; 2],
         metrics: Arc<ApproverMetrics>,
         validity: Option<Validity>,
     ) -> Controller {
@@ -174,6 +186,7 @@ impl Controller {
             api: Api::all(client.clone()),
             settings,
             trust,
+            people,
             index: EvidenceIndex::default(),
             queue: WorkQueue::default(),
             writing: Default::default(),
@@ -388,6 +401,17 @@ impl Controller {
                 );
                 Work::Settle(Box::new(seen), c)
             }
+            Evaluated::Person(p) => {
+                if let PersonProof::Attested(c) = &p.proof {
+                    self.index.waiting(
+                        c.attested.evidence_digest,
+                        c.attested.made_at,
+                        c.rank.clone(),
+                        &seen.name,
+                    );
+                }
+                Work::Person(Box::new(seen), p)
+            }
         };
         let (uid, requester) = (work.seen().uid.clone(), work.seen().requester.clone());
         if self.queue.put(&uid, &requester, work) == Queued::LaneFull {
@@ -405,12 +429,17 @@ impl Controller {
         refresh: &mut Option<Refresh>,
     ) {
         while writes.len() < IN_FLIGHT {
-            let nodes = self.trust.now().fresh(FRESH_FOR);
+            let fresh = |t: &Option<Trust>| t.as_ref().and_then(|t| t.now().fresh(FRESH_FOR));
+            let (nodes, people) = (fresh(&self.trust), fresh(&self.people));
             // A settlement passed over for want of a fresh reading starts one at once (denials
             // in other lanes do not wait for it, nor it for them).
             let passed_over = std::cell::Cell::new(false);
             let waits = |w: &Work| {
-                let waits = nodes.is_none() && matches!(w, Work::Settle(..));
+                let waits = match w {
+                    Work::Deny(..) => false,
+                    Work::Settle(..) => nodes.is_none(),
+                    Work::Person(..) => people.is_none(),
+                };
                 passed_over.set(passed_over.get() || waits);
                 waits
             };
@@ -443,7 +472,15 @@ impl Controller {
                         self.queue.retry(&uid, Instant::now());
                         continue;
                     };
-                    let (decision, granted) = self.settle(&seen, candidate, nodes);
+                    let (decision, granted) = self.settle(&seen, candidate, &nodes.aks, "node");
+                    (seen, decision, granted)
+                }
+                Work::Person(seen, candidate) => {
+                    let Some(people) = &people else {
+                        self.queue.retry(&uid, Instant::now());
+                        continue;
+                    };
+                    let (decision, granted) = self.settle_person(&seen, candidate, people);
                     (seen, decision, granted)
                 }
             };
@@ -474,23 +511,23 @@ impl Controller {
         if self.trust_retry_at.is_some_and(|at| Instant::now() < at) {
             return;
         }
-        let trust = self.trust.clone();
+        let trusts: Vec<Trust> = [&self.trust, &self.people]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
         *refresh = Some(Box::pin(async move {
-            trust
-                .refresh(FRESH_FOR)
-                .await
-                .map(|_| ())
-                .map_err(ApproverError::from)
+            for trust in trusts {
+                trust.refresh(FRESH_FOR).await?;
+            }
+            Ok(())
         }));
     }
 
     /// `--once` with no trust to settle on: the waiting requests cannot be decided.
     fn fail_waiting_settles(&mut self, error: ApproverError) {
         let mut failed = false;
-        while let Some((uid, _)) = self
-            .queue
-            .take(Instant::now(), |w| !matches!(w, Work::Settle(..)))
-        {
+        while let Some((uid, _)) = self.queue.take(Instant::now(), |w| !w.settles()) {
             self.queue.done(&uid);
             failed = true;
         }
@@ -506,6 +543,7 @@ impl Controller {
         seen: &Seen,
         candidate: Box<Candidate>,
         nodes: &[crate::pki::registration::RegisteredAk],
+        what: &str,
     ) -> (Decision, Option<Box<Candidate>>) {
         let deny = |reason: Reason, message: String| Decision {
             name: seen.name.clone(),
@@ -520,14 +558,14 @@ impl Controller {
             self.index.forget(&digest, &seen.uid);
             return (deny(Reason::EvidenceStale, format!("the evidence is {age} s old now (at most {lifetime} s): the request waited too long for a decision; make a new request on the node")), None);
         }
-        let admitted = match attestation::admit(candidate.attested.clone(), &candidate.node, nodes)
-        {
-            Ok(a) => a,
-            Err(r) => {
-                self.index.forget(&digest, &seen.uid);
-                return (deny(Reason::of(r.refusal), r.message), None);
-            }
-        };
+        let admitted =
+            match attestation::admit_as(candidate.attested.clone(), &candidate.node, nodes, what) {
+                Ok(a) => a,
+                Err(r) => {
+                    self.index.forget(&digest, &seen.uid);
+                    return (deny(Reason::of(r.refusal), r.message), None);
+                }
+            };
         match self.index.claim(&digest, &seen.uid) {
             Claim::HeldBy(other) => {
                 self.index.forget(&digest, &seen.uid);
@@ -545,12 +583,54 @@ impl Controller {
                     approved: true,
                     reason: Reason::AttestedTpmKey,
                     message: format!(
-                        "the key is in the TPM of node '{}' (attestation key {})",
+                        "the key is in the TPM of {what} '{}' (attestation key {})",
                         admitted.node, admitted.ak_name
                     ),
                 },
                 Some(candidate),
             ),
+        }
+    }
+
+    /// The decision for a person's request that passed every check of its own: the allow list
+    /// admits the requester; a TPM key is then settled like a node's, against the AKs
+    /// registered per user.
+    fn settle_person(
+        &mut self,
+        seen: &Seen,
+        candidate: Box<PersonCandidate>,
+        people: &Registry,
+    ) -> (Decision, Option<Box<Candidate>>) {
+        if let Err(v) = person::settle(&candidate, people.allow.as_deref()) {
+            if let PersonProof::Attested(c) = &candidate.proof {
+                self.index.forget(&c.attested.evidence_digest, &seen.uid);
+            }
+            let decision = Decision {
+                name: seen.name.clone(),
+                approved: false,
+                reason: v.reason,
+                message: v.message,
+            };
+            return (decision, None);
+        }
+        match candidate.proof {
+            PersonProof::SameKey(held) => {
+                let until = time::OffsetDateTime::from_unix_timestamp(held.not_after)
+                    .map(|t| t.to_string())
+                    .unwrap_or_else(|_| held.not_after.to_string());
+                let decision = Decision {
+                    name: seen.name.clone(),
+                    approved: true,
+                    reason: Reason::SameKeyRenewal,
+                    message: format!(
+                        "'{}' renews with the key of the certificate they hold (serial {}, valid until {until})",
+                        super::policy::bounded(&candidate.user),
+                        held.serial
+                    ),
+                };
+                (decision, None)
+            }
+            PersonProof::Attested(c) => self.settle(seen, c, &people.aks, "user"),
         }
     }
 

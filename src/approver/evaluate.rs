@@ -22,9 +22,12 @@ use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
 };
 
+use super::person::{self, PeopleRules, PersonCandidate, PersonProof};
 use super::policy::{self, Reason, Violation};
 use crate::pki::attestation::{self, Attested};
+use crate::pki::csr::CLIENT_SIGNER;
 use crate::pki::request::Request;
+use crate::pki::same_key::{self, Proof};
 
 /// How far a node's clock may run ahead of the API server's: evidence made up to this long
 /// after its request was created is still fresh.
@@ -49,6 +52,8 @@ pub struct Rules {
     pub bootstrap_groups: Vec<String>,
     /// How old evidence may be when its request is created.
     pub evidence_max_age: Duration,
+    /// The people policy (`kubernetes.io/kube-apiserver-client`), when configured.
+    pub people: Option<PeopleRules>,
 }
 
 /// A request's identity and state, without its bytes: all the approver keeps of it.
@@ -145,15 +150,69 @@ pub enum Evaluated {
     Deny(Violation),
     /// Approved if its node's AK is registered and no better-ranked request holds its evidence.
     Candidate(Box<Candidate>),
+    /// A person's request: approved if the people trust's allow list admits the requester (and,
+    /// for a TPM key, its AK is registered for them and the evidence is its own).
+    Person(Box<PersonCandidate>),
 }
 
 /// Judges an open request of ours. `now` is the approver's clock (Unix seconds).
 pub fn evaluate(csr: &CertificateSigningRequest, rules: &Rules, now: i64) -> Evaluated {
+    if csr.spec.signer_name == CLIENT_SIGNER {
+        if let Some(people) = &rules.people {
+            return match judge_person(csr, rules, people, now) {
+                Ok(Some(p)) => Evaluated::Person(Box::new(p)),
+                Ok(None) => Evaluated::Ignore,
+                Err(v) => Evaluated::Deny(v),
+            };
+        }
+    }
     match judge(csr, rules, now) {
         Ok(Some(c)) => Evaluated::Candidate(Box::new(c)),
         Ok(None) => Evaluated::Ignore,
         Err(v) => Evaluated::Deny(v),
     }
+}
+
+/// A person's request: [`person::check_request`], then its proof of the key.
+fn judge_person(
+    csr: &CertificateSigningRequest,
+    rules: &Rules,
+    people: &PeopleRules,
+    now: i64,
+) -> Result<Option<PersonCandidate>, Violation> {
+    let request = Request::from_pem(&csr.spec.request.0)?;
+    let proof = same_key::proof_of(&request);
+    if proof == Proof::Missing && rules.on_missing_evidence == OnMissingEvidence::Ignore {
+        return Ok(None);
+    }
+    let (user, groups, orgs) = person::check_request(csr, &request, people)?;
+    let proof = match proof {
+        Proof::Missing => {
+            return Err(deny(
+                Reason::NoEvidence,
+                "the request carries neither the requester's current certificate (a renewal with the same key: hwkey renew) nor TPM evidence (a new key: --attest)",
+            ))
+        }
+        Proof::Unreadable(m) => return Err(deny(Reason::EvidenceInvalid, m)),
+        Proof::CurrentCertificate(cert) => PersonProof::SameKey(
+            same_key::verify(&request, &cert, &people.client_cas, now)
+                .map_err(|r| deny(Reason::of(r.refusal), r.message))?,
+        ),
+        Proof::TpmCertify => PersonProof::Attested(Box::new(attested(
+            csr,
+            &request,
+            user.clone(),
+            0,
+            rules,
+            now,
+        )?)),
+    };
+    Ok(Some(PersonCandidate {
+        user,
+        groups,
+        orgs,
+        proof,
+    }))
 }
 
 fn deny(reason: Reason, message: impl Into<String>) -> Violation {
@@ -178,7 +237,20 @@ fn judge(
     let identity = policy::check_node_client(&request, Some(&usages))?;
     let class = check_requester(csr, &identity.node, &rules.bootstrap_groups)
         .map_err(|r| deny(Reason::RequesterNotAllowed, r.to_string()))?;
-    let attested = attestation::verify_evidence(&request)
+    attested(csr, &request, identity.node, class, rules, now).map(Some)
+}
+
+/// The TPM evidence of `request` verified and fresh: a candidate for `name` (a node, or a
+/// person registered by user name) of requester `class`.
+fn attested(
+    csr: &CertificateSigningRequest,
+    request: &Request,
+    name: String,
+    class: u8,
+    rules: &Rules,
+    now: i64,
+) -> Result<Candidate, Violation> {
+    let attested = attestation::verify_evidence(request)
         .map_err(|r| deny(Reason::of(r.refusal), r.message))?;
     let created = created_at(csr)
         .ok_or_else(|| deny(Reason::EvidenceStale, NotFresh::NoCreationTime.to_string()))?;
@@ -191,8 +263,8 @@ fn judge(
         .as_deref()
         .and_then(|v| v.parse().ok())
         .unwrap_or(u64::MAX);
-    Ok(Some(Candidate {
-        node: identity.node,
+    Ok(Candidate {
+        node: name,
         attested,
         rank: Rank {
             class,
@@ -200,7 +272,7 @@ fn judge(
             revision,
             uid,
         },
-    }))
+    })
 }
 
 /// When a request was created (Unix seconds), as the API server stamped it.

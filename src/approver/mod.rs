@@ -24,6 +24,7 @@ pub mod evaluate;
 pub mod evidence_index;
 pub mod lease;
 pub mod metrics;
+pub mod person;
 pub mod policy;
 pub mod queue;
 pub mod trust;
@@ -40,23 +41,72 @@ pub use self::policy::{Reason, SignerPolicy};
 use self::controller::Controller;
 use self::lease::{Elector, LeaseConfig, Validity};
 use self::metrics::ApproverMetrics;
-use self::trust::{Trust, TrustSource};
+use self::trust::{Trust, TrustKind, TrustSource};
 
 /// The approver's settings.
 #[derive(Debug, Clone)]
 pub struct ApproverOptions {
     /// The signers decided for and the rules.
     pub settings: Settings,
-    /// The registered nodes (`hwkey attest enroll` output, one entry per node).
-    pub trust: TrustSource,
+    /// The registered nodes (`hwkey attest enroll` output, one entry per node); needed to
+    /// decide for the kubelet signer.
+    pub trust: Option<TrustSource>,
+    /// The people trust: the allow list (`_allow`) and AKs registered per user; needed to
+    /// decide for `kubernetes.io/kube-apiserver-client`.
+    pub people: Option<TrustSource>,
 }
 
-/// Checks that every signer has a policy: the approver refuses to start otherwise.
-pub fn check_signers(signer_names: &[String]) -> Result<(), ApproverError> {
+/// Checks that every signer has a policy (`people`: whether a people trust is configured): the
+/// approver refuses to start otherwise.
+pub fn check_signers(signer_names: &[String], people: bool) -> Result<(), ApproverError> {
     for signer in signer_names {
-        SignerPolicy::for_signer(signer)?;
+        SignerPolicy::for_signer(signer, people)?;
     }
     Ok(())
+}
+
+/// Reads both trust sources once (each that is configured).
+async fn load_trusts(
+    options: &ApproverOptions,
+    client: &kube::Client,
+    metrics: &Arc<ApproverMetrics>,
+) -> Result<(Option<Trust>, Option<Trust>), ApproverError> {
+    let mut loaded = [None, None];
+    for (slot, source, kind) in [
+        (0, &options.trust, TrustKind::Nodes),
+        (1, &options.people, TrustKind::People),
+    ] {
+        if let Some(source) = source {
+            loaded[slot] = Some(Trust::load(source.clone(), kind, client, metrics.clone()).await?);
+        }
+    }
+    let [nodes, people] = loaded;
+    Ok((nodes, people))
+}
+
+/// Whether the API server keeps `spec.expirationSeconds` (1.22 and later); said in the log
+/// when it does not, since then the signer's duration decides a person's lifetime.
+async fn learn_lifetime_support(client: &kube::Client, settings: &mut Settings) {
+    let Some(people) = &mut settings.rules.people else {
+        return;
+    };
+    match client.apiserver_version().await {
+        Ok(info) => {
+            let minor: u32 = info
+                .minor
+                .trim_end_matches(|c: char| !c.is_ascii_digit())
+                .parse()
+                .unwrap_or(0);
+            people.expiration_known = info.major != "1" || minor >= 22;
+            if !people.expiration_known {
+                tracing::warn!(server = %info.git_version, "this API server ignores spec.expirationSeconds: a person's certificate lives for kube-controller-manager's --cluster-signing-duration, not --people-max-lifetime");
+            }
+        }
+        Err(e) => {
+            people.expiration_known = true;
+            tracing::warn!(error = %e, "cannot read the API server's version: people's requests must ask for a lifetime (spec.expirationSeconds)");
+        }
+    }
 }
 
 /// Decides the requests open now and returns (`hwkey approver --once`): no election.
@@ -65,9 +115,11 @@ pub async fn decide_once(
     options: ApproverOptions,
     metrics: Arc<ApproverMetrics>,
 ) -> Result<Round, ApproverError> {
-    check_signers(&options.settings.signer_names)?;
-    let trust = Trust::load(options.trust, client, metrics.clone()).await?;
-    let mut controller = Controller::new(client, options.settings, trust, metrics, None);
+    check_signers(&options.settings.signer_names, options.people.is_some())?;
+    let (trust, people) = load_trusts(&options, client, &metrics).await?;
+    let mut settings = options.settings;
+    learn_lifetime_support(client, &mut settings).await;
+    let mut controller = Controller::new(client, settings, [trust, people], metrics, None);
     let (_leading_tx, leading) = watch::channel(true);
     let (_stop_tx, stop) = watch::channel(false);
     Ok(controller.run(Mode::Once, leading, stop).await)
@@ -82,9 +134,15 @@ pub async fn run(
     metrics: Arc<ApproverMetrics>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), ApproverError> {
-    check_signers(&options.settings.signer_names)?;
-    let trust = Trust::load(options.trust, client, metrics.clone()).await?;
-    let follower = tokio::spawn(trust.clone().follow());
+    check_signers(&options.settings.signer_names, options.people.is_some())?;
+    let (trust, people) = load_trusts(&options, client, &metrics).await?;
+    let followers: Vec<_> = [&trust, &people]
+        .into_iter()
+        .flatten()
+        .map(|t| tokio::spawn(t.clone().follow()))
+        .collect();
+    let mut settings = options.settings;
+    learn_lifetime_support(client, &mut settings).await;
     let (leading_tx, leading) = watch::channel(election.is_none());
     let validity = election
         .as_ref()
@@ -105,10 +163,12 @@ pub async fn run(
     };
     let gauge = tokio::spawn(follow_leadership(leading.clone(), metrics.clone()));
     let mut controller =
-        Controller::new(client, options.settings, trust, metrics.clone(), validity);
+        Controller::new(client, settings, [trust, people], metrics.clone(), validity);
     controller.run(Mode::Follow, leading, stop).await;
     metrics.leader.set(0);
-    follower.abort();
+    for follower in followers {
+        follower.abort();
+    }
     gauge.abort();
     if let Some(holder) = holder {
         holder.await.map_err(|source| ApproverError::Panicked {

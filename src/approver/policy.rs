@@ -15,7 +15,7 @@ use yasna::models::ObjectIdentifier;
 use crate::label_values;
 use crate::metric_labels::LabelValue;
 use crate::pki::attestation::OID_EVIDENCE;
-use crate::pki::csr::KUBELET_SIGNER;
+use crate::pki::csr::{CLIENT_SIGNER, KUBELET_SIGNER};
 use crate::pki::request::{
     Malformed, Request, OID_COMMON_NAME, OID_EXTENSION_REQUEST, OID_EXT_KEY_USAGE, OID_KEY_USAGE,
     OID_ORGANIZATION, OID_SUBJECT_ALT_NAME,
@@ -24,8 +24,12 @@ use crate::pki::request::{
 label_values! {
     /// Why a request was approved or denied: the condition's `reason`, and a metric label.
     pub enum Reason {
-        /// Approved: the key is in the TPM registered for the node it asks to be.
+        /// Approved: the key is in the TPM registered for the node (or person) it asks to be.
         AttestedTpmKey => "AttestedTPMKey",
+        /// Approved: a person renews with the key of the certificate they hold now.
+        SameKeyRenewal => "SameKeyRenewal",
+        /// A person's request asks for no lifetime, or a longer one than allowed.
+        LifetimeNotAllowed => "LifetimeNotAllowed",
         /// `spec.request` is not exactly one well-formed CERTIFICATE REQUEST (or is too large).
         MalformedRequest => "MalformedRequest",
         /// The subject is not exactly `CN=system:node:NODE, O=system:nodes`.
@@ -58,7 +62,7 @@ label_values! {
 impl Reason {
     /// Whether this reason approves.
     pub fn approves(self) -> bool {
-        self == Reason::AttestedTpmKey
+        self == Reason::AttestedTpmKey || self == Reason::SameKeyRenewal
     }
 
     /// The reason for an evidence refusal.
@@ -98,7 +102,7 @@ pub fn bounded(value: &str) -> String {
     }
 }
 
-fn violation(reason: Reason, message: impl Into<String>) -> Violation {
+pub(super) fn violation(reason: Reason, message: impl Into<String>) -> Violation {
     Violation {
         reason,
         message: message.into(),
@@ -113,7 +117,7 @@ impl From<Malformed> for Violation {
 
 /// An approver asked to decide for a signer hwkey has no policy for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("hwkey has no approval policy for signer '{signer}': it approves only {KUBELET_SIGNER} (node client certificates, checked like Kubernetes' ValidateKubeletClientCSR); approving another signer's requests would issue identities no policy checked")]
+#[error("hwkey has no approval policy for signer '{signer}': it approves only {KUBELET_SIGNER} (node client certificates, checked like Kubernetes' ValidateKubeletClientCSR) and, with --people-trust or --people-trust-configmap, {CLIENT_SIGNER} (people renewing their own identity); approving another signer's requests would issue identities no policy checked")]
 pub struct NoPolicy {
     /// The signer asked for (escaped).
     pub signer: String,
@@ -124,13 +128,20 @@ pub struct NoPolicy {
 pub enum SignerPolicy {
     /// `kubernetes.io/kube-apiserver-client-kubelet`: node client certificates.
     KubeletClient,
+    /// `kubernetes.io/kube-apiserver-client`: people renewing their own identity
+    /// ([`super::person`]), only when a people trust is configured.
+    PersonClient,
 }
 
 impl SignerPolicy {
-    /// The policy for `signer`, or why the approver must not start for it.
-    pub fn for_signer(signer: &str) -> Result<SignerPolicy, NoPolicy> {
+    /// The policy for `signer` (`people`: whether a people trust is configured), or why the
+    /// approver must not start for it.
+    pub fn for_signer(signer: &str, people: bool) -> Result<SignerPolicy, NoPolicy> {
         if signer == KUBELET_SIGNER {
             return Ok(SignerPolicy::KubeletClient);
+        }
+        if signer == CLIENT_SIGNER && people {
+            return Ok(SignerPolicy::PersonClient);
         }
         Err(NoPolicy {
             signer: signer.escape_debug().to_string(),
@@ -203,7 +214,7 @@ fn check_node_subject(request: &Request) -> Result<String, Violation> {
 }
 
 /// Up to four values, bounded, for a message.
-fn list(values: &[&str]) -> String {
+pub(super) fn list(values: &[&str]) -> String {
     let shown: Vec<String> = values.iter().take(4).map(|v| bounded(v)).collect();
     format!(
         "[{}{}]",
@@ -214,7 +225,7 @@ fn list(values: &[&str]) -> String {
 
 /// The request's attributes: at most one extension request and one evidence attribute, each
 /// with exactly one value.
-fn check_attributes(request: &Request) -> Result<(), Violation> {
+pub(super) fn check_attributes(request: &Request) -> Result<(), Violation> {
     let (ext, evidence) = (
         ObjectIdentifier::from_slice(OID_EXTENSION_REQUEST),
         ObjectIdentifier::from_slice(OID_EVIDENCE),
@@ -250,7 +261,7 @@ fn check_attributes(request: &Request) -> Result<(), Violation> {
 
 /// Requested extensions: key usage (digital signature, key encipherment at most) and extended
 /// key usage (client auth only); a SAN of any kind, a second copy or anything else is refused.
-fn check_extensions(request: &Request) -> Result<(), Violation> {
+pub(super) fn check_extensions(request: &Request) -> Result<(), Violation> {
     let oid = ObjectIdentifier::from_slice;
     let mut seen = Vec::new();
     for extension in &request.extensions {
@@ -373,17 +384,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_kubelet_client_signer_has_a_policy() {
+    fn only_the_kubelet_client_signer_has_a_policy_without_a_people_trust() {
         assert_eq!(
-            SignerPolicy::for_signer("kubernetes.io/kube-apiserver-client-kubelet"),
+            SignerPolicy::for_signer("kubernetes.io/kube-apiserver-client-kubelet", false),
             Ok(SignerPolicy::KubeletClient)
+        );
+        assert_eq!(
+            SignerPolicy::for_signer("kubernetes.io/kube-apiserver-client", true),
+            Ok(SignerPolicy::PersonClient)
         );
         for other in [
             "kubernetes.io/kube-apiserver-client",
             "kubernetes.io/kubelet-serving",
             "example.com/anything",
         ] {
-            let e = SignerPolicy::for_signer(other)
+            let e = SignerPolicy::for_signer(other, false)
                 .expect_err(other)
                 .to_string();
             assert!(e.contains("no approval policy"), "{e}");

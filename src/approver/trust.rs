@@ -119,13 +119,32 @@ impl std::fmt::Display for TrustSource {
     }
 }
 
+/// What a source holds: the registered AKs (per node, or per user for the people policy) and,
+/// for the people policy, its allow list's text.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    /// The usable registrations.
+    pub aks: Vec<RegisteredAk>,
+    /// The `_allow` entry's text, if any.
+    pub allow: Option<String>,
+}
+
+/// Whose registrations a source holds: it decides the words and the metrics of a reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrustKind {
+    /// Nodes (`--trust`, `--trust-configmap`): the node metrics follow it.
+    Nodes,
+    /// People (`--people-trust`, `--people-trust-configmap`): an allow list and AKs per user.
+    People,
+}
+
 /// The trust as the approver knows it now.
 #[derive(Debug, Clone)]
 pub enum TrustNow {
-    /// The registered nodes (possibly none), and when they were read.
+    /// What the source holds (possibly nothing), and when it was read.
     Known {
-        /// The usable registrations.
-        nodes: Arc<Vec<RegisteredAk>>,
+        /// The usable registrations and the allow list.
+        registry: Arc<Registry>,
         /// When the source was last read (or its watch reported it).
         read_at: Instant,
     },
@@ -134,11 +153,11 @@ pub enum TrustNow {
 }
 
 impl TrustNow {
-    /// The nodes, when known and read within `within`.
-    pub fn fresh(&self, within: Duration) -> Option<Arc<Vec<RegisteredAk>>> {
+    /// What the source holds, when known and read within `within`.
+    pub fn fresh(&self, within: Duration) -> Option<Arc<Registry>> {
         match self {
-            TrustNow::Known { nodes, read_at } if read_at.elapsed() <= within => {
-                Some(nodes.clone())
+            TrustNow::Known { registry, read_at } if read_at.elapsed() <= within => {
+                Some(registry.clone())
             }
             _ => None,
         }
@@ -147,7 +166,7 @@ impl TrustNow {
 
 #[derive(Default)]
 struct State {
-    known: Option<(Arc<Vec<RegisteredAk>>, Instant)>,
+    known: Option<(Arc<Registry>, Instant)>,
     /// What was last reported as wrong, so a report is made once per change.
     reported: Vec<String>,
 }
@@ -156,6 +175,7 @@ struct State {
 #[derive(Clone)]
 pub struct Trust {
     source: TrustSource,
+    kind: TrustKind,
     client: kube::Client,
     metrics: Arc<ApproverMetrics>,
     state: Arc<RwLock<State>>,
@@ -174,11 +194,13 @@ impl Trust {
     /// a mistake to report, not a state to wait in).
     pub async fn load(
         source: TrustSource,
+        kind: TrustKind,
         client: &kube::Client,
         metrics: Arc<ApproverMetrics>,
     ) -> Result<Trust, TrustError> {
         let trust = Trust {
             source,
+            kind,
             client: client.clone(),
             metrics,
             state: Arc::default(),
@@ -197,7 +219,7 @@ impl Trust {
             .read()
             .ok()
             .and_then(|s| s.known.clone())
-            .map(|(nodes, read_at)| TrustNow::Known { nodes, read_at })
+            .map(|(registry, read_at)| TrustNow::Known { registry, read_at })
             .unwrap_or(TrustNow::Unavailable)
     }
 
@@ -261,7 +283,9 @@ impl Trust {
             .write()
             .map(|mut s| s.known.take().is_some())
             .unwrap_or(false);
-        self.metrics.trust_available.set(0);
+        if self.kind == TrustKind::Nodes {
+            self.metrics.trust_available.set(0);
+        }
         if was_known {
             tracing::error!(trust = %self.source, problem = %problem, "the trust source cannot be read: requests that need it wait until it is back");
         }
@@ -291,11 +315,18 @@ impl Trust {
             })
             .collect();
         let mut problems: Vec<String> = invalid.into_iter().chain(duplicates).collect();
-        if read.nodes.is_empty() {
+        if read.nodes.is_empty() && self.kind == TrustKind::Nodes {
             problems.push(format!(
                 "{} holds no usable registration: no node is trusted",
                 self.source
             ));
+        }
+        if self.kind == TrustKind::People {
+            if let Some(problem) = allow_problem(read.allow.as_deref()) {
+                problems.push(format!("{}: {problem}", self.source));
+            }
+            self.install_registry(read, problems).await;
+            return;
         }
         self.metrics
             .trust_invalid_entries
@@ -307,9 +338,18 @@ impl Trust {
             .registered_nodes
             .set(i64::try_from(read.nodes.len()).unwrap_or(i64::MAX));
         self.metrics.trust_available.set(1);
+        self.install_registry(read, problems).await;
+    }
+
+    /// Keeps what a reading holds and reports its problems once per change.
+    async fn install_registry(&self, read: TrustRead, problems: Vec<String>) {
+        let registry = Registry {
+            aks: read.nodes,
+            allow: read.allow,
+        };
         let changed = match self.state.write() {
             Ok(mut state) => {
-                state.known = Some((Arc::new(read.nodes), Instant::now()));
+                state.known = Some((Arc::new(registry), Instant::now()));
                 let changed = state.reported != problems;
                 state.reported = problems.clone();
                 changed
@@ -432,6 +472,22 @@ impl Trust {
         if let Err(e) = self.refresh(Duration::ZERO).await {
             tracing::warn!(error = %e, "reading the trust source again failed");
         }
+    }
+}
+
+/// What is wrong with a people trust's allow list, if anything (then nobody may renew).
+fn allow_problem(allow: Option<&str>) -> Option<String> {
+    match allow {
+        None => Some(format!(
+            "it has no '{}' entry: nobody may renew a person's certificate",
+            registration::ALLOW_ENTRY
+        )),
+        Some(text) => super::person::AllowList::parse(text).err().map(|e| {
+            format!(
+                "its '{}' entry is refused, so nobody may renew: {e}",
+                registration::ALLOW_ENTRY
+            )
+        }),
     }
 }
 

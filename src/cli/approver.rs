@@ -13,7 +13,9 @@ pub struct ApproverArgs {
     kubeconfig: Option<PathBuf>,
     /// A signerName whose requests this approver decides (repeatable). Only signers hwkey has a
     /// policy for are accepted: kubernetes.io/kube-apiserver-client-kubelet (node client
-    /// certificates); any other refuses to start.
+    /// certificates) and, with --people-trust or --people-trust-configmap,
+    /// kubernetes.io/kube-apiserver-client (people renewing their own identity); any other
+    /// refuses to start.
     #[arg(long = "signer-name", required = true)]
     signer_names: Vec<String>,
     /// A group whose bootstrap-token identities (system:bootstrap:*) may ask for a node's first
@@ -27,17 +29,34 @@ pub struct ApproverArgs {
     #[arg(long, default_value = "15m", value_parser = crate::duration::parse_duration)]
     evidence_max_age: Duration,
     /// The registered nodes: a directory with one file per node, named after it, holding
-    /// `hwkey attest enroll`'s output (a mounted ConfigMap works too).
-    #[arg(
-        long,
-        required_unless_present = "trust_configmap",
-        conflicts_with = "trust_configmap"
-    )]
+    /// `hwkey attest enroll`'s output (a mounted ConfigMap works too). Needed for the kubelet
+    /// signer.
+    #[arg(long, conflicts_with = "trust_configmap")]
     trust: Option<PathBuf>,
     /// The registered nodes as a ConfigMap, NAMESPACE/NAME, one entry per node (read through the
     /// API: a node added to it is admitted without a restart).
     #[arg(long, value_name = "NAMESPACE/NAME")]
     trust_configmap: Option<String>,
+    /// The people who may renew their own certificate (kubernetes.io/kube-apiserver-client): a
+    /// directory whose `_allow` file lists them (YAML: `users: [...]`, `groups: [...]`), plus
+    /// one file per user with a TPM AK registered for them (`hwkey attest enroll`'s output,
+    /// named after the user), for renewals with a new TPM key. Read again every second: a
+    /// person removed is refused from then on.
+    #[arg(long, conflicts_with = "people_trust_configmap")]
+    people_trust: Option<PathBuf>,
+    /// The people trust as a ConfigMap, NAMESPACE/NAME (entries as in --people-trust), read
+    /// through the API.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    people_trust_configmap: Option<String>,
+    /// The CA bundle of the cluster's client certificates (kube-controller-manager's
+    /// --cluster-signing-cert-file): a person renewing with the same key attaches a
+    /// certificate that must chain here. Needed with a people trust.
+    #[arg(long, value_name = "FILE")]
+    people_client_ca: Option<PathBuf>,
+    /// The longest lifetime a person's request may ask for (spec.expirationSeconds, API
+    /// servers 1.22 and later; older ones issue for their --cluster-signing-duration).
+    #[arg(long, default_value = "24h", value_parser = crate::duration::parse_duration)]
+    people_max_lifetime: Duration,
     /// Requests without TPM evidence: deny them (NoEvidence) or leave them to other approvers.
     #[arg(long, value_enum, default_value = "deny")]
     on_missing_evidence: OnMissing,
@@ -87,16 +106,44 @@ const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/
 /// policy) and the decision rules.
 #[cfg(feature = "tpm")]
 fn options(args: &ApproverArgs) -> anyhow::Result<crate::approver::ApproverOptions> {
+    use crate::approver::person::PeopleRules;
     use crate::approver::trust::TrustSource;
     use crate::approver::{self, ApproverOptions, Rules, Settings};
-    let trust = match (&args.trust, &args.trust_configmap) {
-        (Some(dir), _) => TrustSource::Dir(dir.clone()),
-        (None, Some(spec)) => {
-            TrustSource::config_map(spec).map_err(|e| anyhow::anyhow!("--trust-configmap: {e}"))?
-        }
-        (None, None) => anyhow::bail!("pass --trust DIR or --trust-configmap NAMESPACE/NAME"),
+    use crate::pki::csr::{CLIENT_SIGNER, KUBELET_SIGNER};
+    let source = |dir: &Option<PathBuf>, map: &Option<String>, flag: &str| match (dir, map) {
+        (Some(dir), _) => Ok(Some(TrustSource::Dir(dir.clone()))),
+        (None, Some(spec)) => TrustSource::config_map(spec)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--{flag}-configmap: {e}")),
+        (None, None) => Ok(None),
     };
-    approver::check_signers(&args.signer_names)?;
+    let trust = source(&args.trust, &args.trust_configmap, "trust")?;
+    let people = source(
+        &args.people_trust,
+        &args.people_trust_configmap,
+        "people-trust",
+    )?;
+    approver::check_signers(&args.signer_names, people.is_some())?;
+    let names = |signer: &str| args.signer_names.iter().any(|s| s == signer);
+    if names(KUBELET_SIGNER) && trust.is_none() {
+        anyhow::bail!("--signer-name {KUBELET_SIGNER} needs the registered nodes: pass --trust DIR or --trust-configmap NAMESPACE/NAME");
+    }
+    if people.is_some() && !names(CLIENT_SIGNER) {
+        anyhow::bail!("a people trust is given but --signer-name {CLIENT_SIGNER} is not: add it, or drop the people trust");
+    }
+    let people_rules = match (&people, &args.people_client_ca) {
+        (None, _) => None,
+        (Some(_), None) => anyhow::bail!("a people trust needs --people-client-ca FILE: the CA of the cluster's client certificates, which a same-key renewal's certificate must chain to"),
+        (Some(_), Some(path)) => Some(PeopleRules {
+            client_cas: crate::pki::same_key::ClientCas::from_pem_file(path)
+                .map_err(|e| anyhow::anyhow!("--people-client-ca: {e}"))?,
+            max_lifetime: args.people_max_lifetime,
+            expiration_known: true,
+        }),
+    };
+    if args.people_max_lifetime < Duration::from_secs(600) {
+        anyhow::bail!("--people-max-lifetime {:?} is below the 10 minutes Kubernetes accepts for spec.expirationSeconds", args.people_max_lifetime);
+    }
     if args.evidence_max_age > Duration::from_secs(50 * 60) || args.evidence_max_age.is_zero() {
         anyhow::bail!(
             "--evidence-max-age {:?} is out of range: use 1s to 50m (decided requests are kept an hour, and a reused copy must still find its original)",
@@ -113,9 +160,11 @@ fn options(args: &ApproverArgs) -> anyhow::Result<crate::approver::ApproverOptio
                 },
                 bootstrap_groups: args.bootstrap_groups.clone(),
                 evidence_max_age: args.evidence_max_age,
+                people: people_rules,
             },
         },
         trust,
+        people,
     })
 }
 

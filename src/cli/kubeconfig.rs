@@ -52,6 +52,11 @@ pub struct KubeconfigArgs {
     /// How long a proxy started by `hwkey credential` stays up without clients (default 30m).
     #[arg(long, value_parser = crate::duration::parse_duration)]
     idle_exit: Option<std::time::Duration>,
+    /// The proxy `hwkey credential` starts renews the certificate through the CSR API before
+    /// it expires (hwkey proxy --renew), while kubectl is used: with an approver's
+    /// self-renewal policy for people, nobody approves by hand.
+    #[arg(long)]
+    renew: bool,
 }
 
 fn absolute(
@@ -108,6 +113,7 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
         port: args.port,
         state_dir,
         idle_exit: args.idle_exit,
+        renew: args.renew,
         command,
         consumer: args.consumer,
         exec_api_version: args.exec_api_version,

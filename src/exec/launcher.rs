@@ -245,6 +245,9 @@ fn proxy_command(exe: PathBuf, settings: &Settings, pin_on_stdin: bool) -> Comma
     if pin_on_stdin {
         cmd.arg("--pin-stdin");
     }
+    if settings.renew {
+        cmd.arg("--renew");
+    }
     cmd
 }
 

@@ -68,6 +68,8 @@ pub struct Settings {
     pub idle_exit: Duration,
     /// Print only the hardware chain and `proxyConfig` (KEP-2718), no key.
     pub cert_only: bool,
+    /// The started proxy renews its certificate (the extension's `renew`).
+    pub renew: bool,
 }
 
 impl Settings {
@@ -127,6 +129,7 @@ impl Settings {
             server,
             idle_exit,
             cert_only: args.cert_only,
+            renew: ext.renew,
         })
     }
 

@@ -84,6 +84,7 @@ pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
         })?);
     }
     let versions = crate::key::tls::protocol_versions(&key, options.allow_tls12_fallback)?;
+    let current = chain[0].to_vec();
     let resolver = Arc::new(HardwareCertResolver::new(
         HardwareSigningKey::new(key.clone()),
         chain,
@@ -100,6 +101,7 @@ pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
             expiration_seconds: options.expiration_seconds,
             wait: options.wait,
             attest: options.attest,
+            current_certificate: Some(&current),
         },
         &config,
         client::Identity::Hardware { resolver, versions },
@@ -115,6 +117,10 @@ pub(crate) struct Ask<'a> {
     pub wait: Duration,
     /// Carry TPM2_Certify evidence by the attestation key at this persistent handle.
     pub attest: Option<u32>,
+    /// The certificate the signing key holds now (DER): carried in a request to the generic
+    /// client signer without `attest`, so an approver's self-renewal policy can see that the
+    /// key is the one this identity already holds.
+    pub current_certificate: Option<&'a [u8]>,
 }
 
 /// Signs a CSR for `ask.subject` with `key` (blocking: the signature is made in the device) and
@@ -137,16 +143,20 @@ pub(crate) fn prepare(key: &Key, ask: &Ask<'_>) -> Result<Submission, LifecycleE
         subject: name,
         ..Default::default()
     };
-    let csr_der = match ask.attest {
-        Some(ak_handle) => csr::build_attested(key, &request, ak_handle)?,
-        None => csr::build(key, &request)?,
+    let signer_name = ask
+        .signer_name
+        .map(str::to_string)
+        .unwrap_or_else(|| default_signer(&cn, &orgs).to_string());
+    let csr_der = match (ask.attest, ask.current_certificate) {
+        (Some(ak_handle), _) => csr::build_attested(key, &request, ak_handle)?,
+        (None, Some(cert)) if signer_name == CLIENT_SIGNER => {
+            csr::build_renewal(key, &request, cert)?
+        }
+        (None, _) => csr::build(key, &request)?,
     };
     Ok(Submission {
         csr_pem: csr::to_pem(&csr_der),
-        signer_name: ask
-            .signer_name
-            .map(str::to_string)
-            .unwrap_or_else(|| default_signer(&cn, &orgs).to_string()),
+        signer_name,
         usages: CLIENT_USAGES.iter().map(|u| u.to_string()).collect(),
         expiration_seconds: ask
             .expiration_seconds

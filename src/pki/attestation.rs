@@ -302,6 +302,18 @@ pub fn admit(
     node: &str,
     trusted: &[RegisteredAk],
 ) -> Result<Admitted, Refused> {
+    admit_as(attested, node, trusted, "node")
+}
+
+/// [`admit`] for registrations of `what` ("node", or "user" for the people policy's AKs
+/// registered per person), in the refusal's words.
+#[cfg(feature = "tpm")]
+pub fn admit_as(
+    attested: Attested,
+    node: &str,
+    trusted: &[RegisteredAk],
+    what: &str,
+) -> Result<Admitted, Refused> {
     let ak = hex::encode(&attested.ak_name);
     if !trusted
         .iter()
@@ -316,14 +328,14 @@ pub fn admit(
             refused(
                 Refusal::UnknownAttestationKey,
                 format!(
-                    "attestation key {ak} is not registered (register the node with what `hwkey attest enroll` prints)"
+                    "attestation key {ak} is not registered (register the {what} with what `hwkey attest enroll` prints)"
                 ),
             )
         } else {
             refused(
                 Refusal::SubjectMismatch,
                 format!(
-                    "the key is in the TPM registered as node {}, but the request asks for node '{node}'",
+                    "the key is in the TPM registered as {what} {}, but the request asks for {what} '{node}'",
                     owners.join(", ")
                 ),
             )

@@ -106,6 +106,16 @@ pub fn build_with_evidence(
     )
 }
 
+/// Like [`build`], carrying `current_cert` (DER), the certificate this very key holds now, so
+/// an approver can renew the identity without TPM evidence ([`super::same_key`]).
+pub fn build_renewal(
+    key: &Key,
+    request: &CsrRequest,
+    current_cert: &[u8],
+) -> Result<Vec<u8>, PkiError> {
+    build_with(key, request, Some(super::same_key::attribute(current_cert)))
+}
+
 fn build_with(
     key: &Key,
     request: &CsrRequest,

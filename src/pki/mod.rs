@@ -12,6 +12,7 @@ pub mod name;
 pub mod registration;
 pub mod request;
 pub mod request_pem;
+pub mod same_key;
 pub mod tls;
 
 pub use error::PkiError;

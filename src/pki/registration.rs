@@ -199,6 +199,11 @@ pub enum EntryProblem {
     Unreadable(#[source] Arc<std::io::Error>),
 }
 
+/// The entry of a people trust source that holds its allow list (`hwkey approver
+/// --people-trust`). No node or user entry can have this name: entry names start with a
+/// lowercase letter or digit.
+pub const ALLOW_ENTRY: &str = "_allow";
+
 /// What a trust source held: the usable registrations and the skipped entries.
 #[derive(Debug, Clone, Default)]
 pub struct TrustRead {
@@ -206,6 +211,9 @@ pub struct TrustRead {
     pub nodes: Vec<RegisteredAk>,
     /// The entries that did not.
     pub invalid: Vec<InvalidEntry>,
+    /// The text of the [`ALLOW_ENTRY`] entry, when there is one (read by the people policy;
+    /// a node trust ignores it).
+    pub allow: Option<String>,
 }
 
 impl TrustRead {
@@ -213,6 +221,10 @@ impl TrustRead {
     pub fn from_entries<'a>(entries: impl IntoIterator<Item = (&'a str, &'a str)>) -> TrustRead {
         let mut read = TrustRead::default();
         for (entry, text) in entries {
+            if entry == ALLOW_ENTRY {
+                read.allow = Some(text.to_string());
+                continue;
+            }
             match parse_registration(entry, text) {
                 Ok(ak) => read.nodes.push(ak),
                 Err(e) => read.invalid.push(InvalidEntry {

@@ -256,6 +256,8 @@ async fn request_certificate(
     let current_not_after = validity(leaf).map(|(_, to)| to);
     let signing_key = key.clone();
     let attest = settings.attest;
+    // The certificate in use proves the key only when the request is for that same key.
+    let same_key = Arc::ptr_eq(key, &shared.upstream.key()).then(|| leaf.to_vec());
     let submission = tokio::task::spawn_blocking(move || {
         prepare(
             &signing_key,
@@ -265,6 +267,7 @@ async fn request_certificate(
                 expiration_seconds: None,
                 wait: DEFAULT_WAIT,
                 attest,
+                current_certificate: same_key.as_deref(),
             },
         )
     })

@@ -129,7 +129,7 @@ impl Policy {
             return Err(Refusal::from("bytes after the subject"));
         }
         let pairs = name_pairs(&name)?;
-        if pairs != self.identity {
+        if same_name(&pairs) != same_name(&self.identity) {
             return Err(Refusal(format!(
                 "a request for another subject ({}) than the identity's ({})",
                 text(&pairs),
@@ -150,6 +150,22 @@ fn name_pairs(name: &x509_parser::x509::X509Name<'_>) -> Result<Vec<(String, Str
             Ok((a.attr_type().to_id_string(), value.to_string()))
         })
         .collect()
+}
+
+/// What decides whether two subjects are one identity, as Kubernetes reads a client
+/// certificate: the attributes as a set, except the CNs, whose order counts (the last is the
+/// user name). So a certificate issued as `CN=alice,O=devs` (most CAs' order) renews with
+/// hwkey's request for `O=devs,CN=alice` (Go's order).
+fn same_name(pairs: &[(String, String)]) -> (Vec<&(String, String)>, Vec<&str>) {
+    const CN: &str = "2.5.4.3";
+    let mut others: Vec<&(String, String)> = pairs.iter().filter(|(t, _)| t != CN).collect();
+    others.sort();
+    let cns = pairs
+        .iter()
+        .filter(|(t, _)| t == CN)
+        .map(|(_, v)| v.as_str())
+        .collect();
+    (others, cns)
 }
 
 fn text(pairs: &[(String, String)]) -> String {
@@ -336,5 +352,63 @@ mod tests {
         });
         assert!(p.check_certify(&subject, 1000, 1100).is_ok());
         assert!(p.check_certify(&subject, 1000, 1400).is_err());
+    }
+
+    fn name(pairs: &[(&[u64], &str)]) -> Vec<u8> {
+        yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                for (oid, value) in pairs {
+                    w.next().write_set(|w| {
+                        w.next().write_sequence(|w| {
+                            w.next()
+                                .write_oid(&yasna::models::ObjectIdentifier::from_slice(oid));
+                            w.next().write_utf8_string(value);
+                        })
+                    })
+                }
+            })
+        })
+    }
+
+    /// A certificate issued as CN=alice,O=devs (a CA's order) renews with hwkey's request for
+    /// O=devs,CN=alice (Go's order): the signer refused this before, so a person's
+    /// exec-started proxy never renewed. Another identity, or CNs in another order, still
+    /// are refused.
+    #[test]
+    fn the_identity_is_the_same_whatever_the_order_of_its_attributes_but_the_cns() {
+        const CN: &[u64] = &[2, 5, 4, 3];
+        const O: &[u64] = &[2, 5, 4, 10];
+        let p = Policy {
+            identity: vec![
+                ("2.5.4.3".into(), "alice".into()),
+                ("2.5.4.10".into(), "devs".into()),
+            ],
+            tls12: false,
+        };
+        assert!(p
+            .same_identity(&name(&[(O, "devs"), (CN, "alice")]))
+            .is_ok());
+        assert!(p
+            .same_identity(&name(&[(CN, "alice"), (O, "devs")]))
+            .is_ok());
+        assert!(p
+            .same_identity(&name(&[(O, "ops"), (CN, "alice")]))
+            .is_err());
+        assert!(p
+            .same_identity(&name(&[(O, "devs"), (O, "ops"), (CN, "alice")]))
+            .is_err());
+        let two = Policy {
+            identity: vec![
+                ("2.5.4.3".into(), "alice".into()),
+                ("2.5.4.3".into(), "bob".into()),
+            ],
+            tls12: false,
+        };
+        assert!(two
+            .same_identity(&name(&[(CN, "alice"), (CN, "bob")]))
+            .is_ok());
+        assert!(two
+            .same_identity(&name(&[(CN, "bob"), (CN, "alice")]))
+            .is_err());
     }
 }

@@ -208,31 +208,20 @@ impl TestCa {
         backdate: Duration,
         validity: Duration,
     ) -> String {
-        use x509_parser::prelude::{FromDer, ParsedExtension, X509CertificationRequest};
-        let block = pem::parse(csr_pem).expect("CSR is PEM");
-        assert!(
-            block.tag() == "CERTIFICATE REQUEST" || block.tag() == "NEW CERTIFICATE REQUEST",
-            "expected a CERTIFICATE REQUEST PEM block, got {}",
-            block.tag()
-        );
-        let (_, csr) = X509CertificationRequest::from_der(block.contents()).expect("parse CSR");
-        csr.verify_signature()
-            .expect("the CSR's self-signature must verify");
-        let info = &csr.certification_request_info;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = dn_from_x509(&info.subject);
-        if let Some(exts) = csr.requested_extensions() {
-            for ext in exts {
-                if let ParsedExtension::SubjectAlternativeName(san) = ext {
-                    params
-                        .subject_alt_names
-                        .extend(sans_from_x509(&san.general_names));
-                }
-            }
-        }
-        let spki = rcgen::SubjectPublicKeyInfo::from_der(info.subject_pki.raw)
-            .expect("CSR public key algorithm supported by rcgen");
+        let (params, spki) = params_from_csr(csr_pem);
         self.sign_params(params, &spki, backdate, validity)
+    }
+
+    /// Like [`TestCa::sign_csr_pem`], for a certificate that expired an hour ago.
+    pub fn sign_csr_pem_expired(&self, csr_pem: &str) -> String {
+        let (params, spki) = params_from_csr(csr_pem);
+        let now = time::OffsetDateTime::now_utc();
+        self.sign_params_between(
+            params,
+            &spki,
+            now - Duration::from_secs(7200),
+            now - Duration::from_secs(3600),
+        )
     }
 
     /// Signs the CSR file `csr` with `openssl x509 -req` and the extensions in `ext` (an
@@ -274,14 +263,26 @@ impl TestCa {
     /// Adds the client-certificate profile and validity to `params` and signs them for `key`.
     fn sign_params(
         &self,
-        mut params: CertificateParams,
+        params: CertificateParams,
         key: &impl rcgen::PublicKeyData,
         backdate: Duration,
         validity: Duration,
     ) -> String {
         let now = time::OffsetDateTime::now_utc();
-        params.not_before = now - backdate;
-        params.not_after = now + validity;
+        self.sign_params_between(params, key, now - backdate, now + validity)
+    }
+
+    /// Adds the client-certificate profile to `params`, valid `not_before..not_after`, and
+    /// signs them for `key`.
+    fn sign_params_between(
+        &self,
+        mut params: CertificateParams,
+        key: &impl rcgen::PublicKeyData,
+        not_before: time::OffsetDateTime,
+        not_after: time::OffsetDateTime,
+    ) -> String {
+        params.not_before = not_before;
+        params.not_after = not_after;
         params.serial_number = Some(random_serial());
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -292,4 +293,33 @@ impl TestCa {
             .expect("sign client certificate")
             .pem()
     }
+}
+
+/// The subject and SANs of a PEM CSR (whose self-signature must verify), and its public key.
+fn params_from_csr(csr_pem: &str) -> (CertificateParams, rcgen::SubjectPublicKeyInfo) {
+    use x509_parser::prelude::{FromDer, ParsedExtension, X509CertificationRequest};
+    let block = pem::parse(csr_pem).expect("CSR is PEM");
+    assert!(
+        block.tag() == "CERTIFICATE REQUEST" || block.tag() == "NEW CERTIFICATE REQUEST",
+        "expected a CERTIFICATE REQUEST PEM block, got {}",
+        block.tag()
+    );
+    let (_, csr) = X509CertificationRequest::from_der(block.contents()).expect("parse CSR");
+    csr.verify_signature()
+        .expect("the CSR's self-signature must verify");
+    let info = &csr.certification_request_info;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn_from_x509(&info.subject);
+    if let Some(exts) = csr.requested_extensions() {
+        for ext in exts {
+            if let ParsedExtension::SubjectAlternativeName(san) = ext {
+                params
+                    .subject_alt_names
+                    .extend(sans_from_x509(&san.general_names));
+            }
+        }
+    }
+    let spki = rcgen::SubjectPublicKeyInfo::from_der(info.subject_pki.raw)
+        .expect("CSR public key algorithm supported by rcgen");
+    (params, spki)
 }

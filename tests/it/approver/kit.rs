@@ -117,11 +117,33 @@ impl Replica {
 
     /// As [`Replica::start`], running `cmd` (another build of hwkey) with `leases`.
     pub(crate) fn start_with(
+        cmd: Command,
+        kubeconfig: &Path,
+        dir: &Path,
+        name: &str,
+        leases: Leases,
+    ) -> Replica {
+        Replica::spawn(cmd, kubeconfig, dir, name, leases, &[])
+    }
+
+    /// As [`Replica::start`], with `extra` arguments after the Deployment's (e.g. the people
+    /// policy's, as deploy/approver-people.yaml says to add them).
+    pub(crate) fn start_extra(
+        kubeconfig: &Path,
+        dir: &Path,
+        name: &str,
+        extra: &[String],
+    ) -> Replica {
+        Replica::spawn(hwkey(), kubeconfig, dir, name, Leases::Steady, extra)
+    }
+
+    fn spawn(
         mut cmd: Command,
         kubeconfig: &Path,
         dir: &Path,
         name: &str,
         leases: Leases,
+        extra: &[String],
     ) -> Replica {
         let port = free_port();
         for arg in deployment_args() {
@@ -133,7 +155,8 @@ impl Replica {
                 cmd.arg(arg);
             }
         }
-        cmd.arg("--kubeconfig")
+        cmd.args(extra)
+            .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(leases.args())
             .env("HWKEY_LOG", "info");

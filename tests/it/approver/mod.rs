@@ -1,9 +1,10 @@
 //! The attesting approver on a real kube-apiserver + kube-controller-manager: replicas and
-//! leadership, round one's attacks, round two's attacks, and the request reader against Go's
+//! leadership, round one's attacks, round two's attacks, people's self-renewal (issue 36), and the request reader against Go's
 //! crypto/x509 (oracle). `kit` holds what they (and the image test) share.
 
 mod attacks;
 pub(crate) mod kit;
 mod oracle;
+mod people;
 mod replicas;
 mod round_two;

@@ -1,0 +1,366 @@
+//! The self-renewal policy for people (`kubernetes.io/kube-apiserver-client`, opt-in with
+//! `--people-trust`): a person renews their own identity, with the key they already hold or a
+//! new key proven to be in a TPM registered for them, and nothing else.
+//!
+//! What the request alone decides ([`judge`]), in order:
+//!
+//! 1. `spec.usages` are a client certificate's;
+//! 2. the requester is a person: not `system:*` (service accounts, nodes, bootstrap tokens,
+//!    `system:anonymous`, control-plane components) and in none of the groups those carry;
+//! 3. the subject is the requester: exactly one CN equal to `spec.username`, every O one of
+//!    `spec.groups` and not a `system:` group (`system:masters` aside, settled against the allow
+//!    list), nothing else; no SAN; extensions and attributes as the node policy allows;
+//! 4. the lifetime: where the API server knows `spec.expirationSeconds` (1.22 and later) it is
+//!    required and at most `--people-max-lifetime`;
+//! 5. the proof: the requester's current certificate for exactly this subject and key, from
+//!    the cluster's client CA and valid now ([`crate::pki::same_key`]); or TPM evidence,
+//!    checked and kept fresh exactly as a node's.
+//!
+//! What the people trust decides when the decision is written ([`settle`]): the requester is
+//! in the allow list (a user, or one of their groups; `system:masters` only when listed by
+//! name), and a TPM key's AK is registered for that user. The trust is read again within two
+//! seconds before an approval, so a person removed from it is refused from then on.
+
+use std::time::Duration;
+
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use serde::Deserialize;
+use yasna::models::ObjectIdentifier;
+
+use super::evaluate::Candidate;
+use super::policy::{self, bounded, violation, Reason, Violation};
+use crate::pki::request::{Request, OID_COMMON_NAME, OID_ORGANIZATION};
+use crate::pki::same_key::{ClientCas, SameKey};
+
+/// The group that bypasses authorization: approved into a certificate only when the allow list
+/// names it.
+pub const MASTERS: &str = "system:masters";
+
+/// Groups that mark a requester as not a person, whatever its name.
+const NOT_PEOPLE: [&str; 4] = [
+    "system:serviceaccounts",
+    "system:nodes",
+    "system:bootstrappers",
+    "system:unauthenticated",
+];
+
+/// The people policy's settings.
+#[derive(Debug, Clone)]
+pub struct PeopleRules {
+    /// The CA(s) of the cluster's client certificates: a current certificate must chain here.
+    pub client_cas: ClientCas,
+    /// The longest lifetime asked for (`spec.expirationSeconds`) that is approved.
+    pub max_lifetime: Duration,
+    /// Whether the API server knows `spec.expirationSeconds` (1.22 and later): then a request
+    /// must ask for a lifetime within [`PeopleRules::max_lifetime`].
+    pub expiration_known: bool,
+}
+
+/// Who may renew (the people trust's `_allow` entry, YAML): users by name and groups.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowList {
+    /// Users who may renew their own identity.
+    #[serde(default)]
+    pub users: Vec<String>,
+    /// Groups whose members may (`system:masters` here also lets a certificate carry it).
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+impl AllowList {
+    /// Reads the `_allow` entry.
+    pub fn parse(text: &str) -> Result<AllowList, String> {
+        let list: AllowList = serde_yaml_ng::from_str(text)
+            .map_err(|e| format!("it is not YAML with 'users' and 'groups' lists: {e}"))?;
+        if let Some(empty) = list.users.iter().chain(&list.groups).find(|v| v.is_empty()) {
+            return Err(format!("it lists an empty name ('{empty}')"));
+        }
+        Ok(list)
+    }
+
+    /// Whether `user` (in `groups`) may renew.
+    pub fn admits(&self, user: &str, groups: &[String]) -> bool {
+        self.users.iter().any(|u| u == user) || groups.iter().any(|g| self.groups.contains(g))
+    }
+}
+
+/// How a person proved the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PersonProof {
+    /// The key of the certificate they hold now.
+    SameKey(SameKey),
+    /// A key in a TPM: settled as a node's evidence is, against the AKs registered for the
+    /// user.
+    Attested(Box<Candidate>),
+}
+
+/// A person's request that passed every check of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersonCandidate {
+    /// `spec.username` (= the CN).
+    pub user: String,
+    /// `spec.groups`.
+    pub groups: Vec<String>,
+    /// The O values asked for.
+    pub orgs: Vec<String>,
+    /// The proof of the key.
+    pub proof: PersonProof,
+}
+
+/// The requester, from the request object (set by the API server, not the requester).
+fn requester(csr: &CertificateSigningRequest) -> (String, Vec<String>) {
+    (
+        csr.spec.username.clone().unwrap_or_default(),
+        csr.spec.groups.clone().unwrap_or_default(),
+    )
+}
+
+/// A person, not a service account, node, bootstrap token, anonymous or a component.
+fn check_person(user: &str, groups: &[String]) -> Result<(), Violation> {
+    let refuse = |m: String| violation(Reason::RequesterNotAllowed, m);
+    if user.is_empty() || user.starts_with("system:") {
+        return Err(refuse(format!(
+            "'{}' is not a person (a system: identity: service account, node, bootstrap token, anonymous or component): only people renew through this policy",
+            bounded(user)
+        )));
+    }
+    if let Some(g) = groups.iter().find(|g| {
+        NOT_PEOPLE
+            .iter()
+            .any(|n| g.as_str() == *n || g.starts_with(&format!("{n}:")))
+    }) {
+        return Err(refuse(format!(
+            "'{}' is in group {}: not a person",
+            bounded(user),
+            bounded(g)
+        )));
+    }
+    Ok(())
+}
+
+/// Exactly one CN equal to the requester's name; each O one of the requester's groups and not
+/// a `system:` group other than `system:masters`; nothing else. Returns the O values.
+pub fn check_subject(
+    request: &Request,
+    user: &str,
+    groups: &[String],
+) -> Result<Vec<String>, Violation> {
+    let refuse = |m: String| violation(Reason::SubjectNotAllowed, m);
+    let (cn, o) = (
+        ObjectIdentifier::from_slice(OID_COMMON_NAME),
+        ObjectIdentifier::from_slice(OID_ORGANIZATION),
+    );
+    if let Some(other) = request.subject.iter().find(|a| a.oid != cn && a.oid != o) {
+        return Err(refuse(format!(
+            "the subject has attribute {} ('{}'): a person's subject is CN and O only",
+            other.oid,
+            bounded(&other.value)
+        )));
+    }
+    let cns = request.subject_values(OID_COMMON_NAME);
+    let [name] = cns.as_slice() else {
+        return Err(refuse(format!(
+            "the subject must have exactly one CN, not {} ({}): Kubernetes would take the last",
+            cns.len(),
+            policy::list(&cns)
+        )));
+    };
+    if *name != user {
+        return Err(violation(
+            Reason::RequesterNotAllowed,
+            format!(
+                "'{}' may not ask for CN={}: a person renews only their own identity",
+                bounded(user),
+                bounded(name)
+            ),
+        ));
+    }
+    let orgs = request.subject_values(OID_ORGANIZATION);
+    for org in &orgs {
+        if !groups.iter().any(|g| g == org) {
+            return Err(refuse(format!(
+                "O={} is not one of {}'s groups ({})",
+                bounded(org),
+                bounded(user),
+                bounded(&groups.join(", "))
+            )));
+        }
+        if org.starts_with("system:") && *org != MASTERS {
+            return Err(refuse(format!(
+                "O={} is a system group: a person's certificate does not carry it",
+                bounded(org)
+            )));
+        }
+    }
+    Ok(orgs.into_iter().map(str::to_string).collect())
+}
+
+/// `spec.expirationSeconds` where the API server knows it: required, and at most the maximum.
+fn check_lifetime(csr: &CertificateSigningRequest, rules: &PeopleRules) -> Result<(), Violation> {
+    if !rules.expiration_known {
+        return Ok(());
+    }
+    let max = rules.max_lifetime.as_secs();
+    match csr.spec.expiration_seconds {
+        None => Err(violation(
+            Reason::LifetimeNotAllowed,
+            format!("the request asks for no lifetime (spec.expirationSeconds): a person's certificate is asked for at most {max} s (hwkey renew --expiration-seconds)"),
+        )),
+        Some(s) if u64::try_from(s).map_or(true, |s| s > max) => Err(violation(
+            Reason::LifetimeNotAllowed,
+            format!("the request asks for {s} s: at most {max} s"),
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The checks the request alone decides, up to (not including) its proof of the key.
+pub fn check_request(
+    csr: &CertificateSigningRequest,
+    request: &Request,
+    rules: &PeopleRules,
+) -> Result<(String, Vec<String>, Vec<String>), Violation> {
+    policy::check_usages(&csr.spec.usages.clone().unwrap_or_default())?;
+    let (user, groups) = requester(csr);
+    check_person(&user, &groups)?;
+    let orgs = check_subject(request, &user, &groups)?;
+    policy::check_attributes(request)?;
+    policy::check_extensions(request)?;
+    check_lifetime(csr, rules)?;
+    Ok((user, groups, orgs))
+}
+
+/// What the allow list decides for a candidate: Ok, or the denial.
+pub fn settle(candidate: &PersonCandidate, allow: Option<&str>) -> Result<(), Violation> {
+    let refuse = |m: String| violation(Reason::RequesterNotAllowed, m);
+    let list = match allow.map(AllowList::parse) {
+        None => {
+            return Err(refuse(
+                "the people trust has no '_allow' entry: nobody may renew".into(),
+            ))
+        }
+        Some(Err(e)) => {
+            return Err(refuse(format!(
+                "the people trust's '_allow' entry is refused ({}): nobody may renew",
+                bounded(&e)
+            )))
+        }
+        Some(Ok(list)) => list,
+    };
+    if !list.admits(&candidate.user, &candidate.groups) {
+        return Err(refuse(format!(
+            "'{}' is not in the people allow list (neither the user nor one of their groups)",
+            bounded(&candidate.user)
+        )));
+    }
+    if candidate.orgs.iter().any(|o| o == MASTERS) && !list.groups.iter().any(|g| g == MASTERS) {
+        return Err(violation(
+            Reason::SubjectNotAllowed,
+            format!("O={MASTERS} is allowed only when the allow list names that group"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(subject: &[(rcgen::DnType, &str)]) -> Request {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::default();
+        let mut dn = rcgen::DistinguishedName::new();
+        for (t, v) in subject {
+            dn.push(t.clone(), *v);
+        }
+        params.distinguished_name = dn;
+        let der = params
+            .serialize_request(&key)
+            .expect("request")
+            .der()
+            .to_vec();
+        Request::from_der(der).expect("a well-formed request")
+    }
+
+    fn groups(list: &[&str]) -> Vec<String> {
+        list.iter().map(|g| g.to_string()).collect()
+    }
+
+    #[test]
+    fn a_person_asks_for_their_own_name_and_groups_only() {
+        use rcgen::DnType::*;
+        let alice = request(&[(CommonName, "alice"), (OrganizationName, "devs")]);
+        assert_eq!(
+            check_subject(&alice, "alice", &groups(&["devs", "system:authenticated"])),
+            Ok(vec!["devs".to_string()])
+        );
+        for (user, member_of, want) in [
+            ("bob", &["devs"][..], Reason::RequesterNotAllowed),
+            ("alice", &["ops"][..], Reason::SubjectNotAllowed),
+        ] {
+            let v = check_subject(&alice, user, &groups(member_of)).expect_err(user);
+            assert_eq!(v.reason, want, "{v}");
+        }
+        let ou = request(&[
+            (CommonName, "alice"),
+            (OrganizationalUnitName, "x"),
+            (OrganizationName, "devs"),
+        ]);
+        assert!(check_subject(&ou, "alice", &groups(&["devs"])).is_err());
+        let system = request(&[(CommonName, "alice"), (OrganizationName, "system:nodes")]);
+        assert!(check_subject(&system, "alice", &groups(&["system:nodes"])).is_err());
+        let masters = request(&[(CommonName, "alice"), (OrganizationName, MASTERS)]);
+        assert!(check_subject(&masters, "alice", &groups(&[MASTERS])).is_ok());
+    }
+
+    #[test]
+    fn system_identities_are_not_people() {
+        for (user, member_of) in [
+            (
+                "system:serviceaccount:default:x",
+                &["system:serviceaccounts"][..],
+            ),
+            ("system:node:n", &["system:nodes"]),
+            ("system:bootstrap:abcdef", &["system:bootstrappers"]),
+            ("system:anonymous", &["system:unauthenticated"]),
+            ("", &[]),
+            ("alice", &["system:serviceaccounts:default"]),
+        ] {
+            assert!(check_person(user, &groups(member_of)).is_err(), "{user}");
+        }
+        assert!(check_person("alice", &groups(&["devs", "system:authenticated"])).is_ok());
+    }
+
+    fn candidate(user: &str, member_of: &[&str], orgs: &[&str]) -> PersonCandidate {
+        PersonCandidate {
+            user: user.into(),
+            groups: groups(member_of),
+            orgs: groups(orgs),
+            proof: PersonProof::SameKey(SameKey {
+                serial: "01".into(),
+                not_after: 0,
+            }),
+        }
+    }
+
+    #[test]
+    fn the_allow_list_decides_and_names_masters_explicitly() {
+        let allow = "users: [alice]\ngroups: [devs]\n";
+        assert!(settle(&candidate("alice", &[], &[]), Some(allow)).is_ok());
+        assert!(settle(&candidate("carol", &["devs"], &["devs"]), Some(allow)).is_ok());
+        assert!(settle(&candidate("bob", &["ops"], &[]), Some(allow)).is_err());
+        assert!(settle(&candidate("alice", &[], &[]), None).is_err());
+        assert!(settle(&candidate("alice", &[], &[]), Some("users: alice\n")).is_err());
+        assert!(settle(&candidate("alice", &[], &[]), Some("user: [alice]\n")).is_err());
+        let v = settle(&candidate("alice", &[MASTERS], &[MASTERS]), Some(allow))
+            .expect_err("masters not named");
+        assert_eq!(v.reason, Reason::SubjectNotAllowed);
+        let with_masters = "users: [alice]\ngroups: [devs, system:masters]\n";
+        assert!(settle(
+            &candidate("alice", &[MASTERS], &[MASTERS]),
+            Some(with_masters)
+        )
+        .is_ok());
+    }
+}
