@@ -25,6 +25,9 @@ pub struct Submission {
     pub usages: Vec<String>,
     /// `spec.expirationSeconds` (honoured by API servers from 1.22 on).
     pub expiration_seconds: Option<i32>,
+    /// Whether the user asked for that lifetime (`--expiration-seconds`): only then is an
+    /// API server that ignores it worth a note.
+    pub expiration_asked: bool,
     /// `metadata.generateName`: the server appends a random suffix.
     pub name_prefix: String,
 }

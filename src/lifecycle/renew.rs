@@ -154,12 +154,19 @@ pub(crate) fn prepare(key: &Key, ask: &Ask<'_>) -> Result<Submission, LifecycleE
         }
         (None, _) => csr::build(key, &request)?,
     };
+    let for_a_person = signer_name == CLIENT_SIGNER;
     Ok(Submission {
         csr_pem: csr::to_pem(&csr_der),
         signer_name,
         usages: CLIENT_USAGES.iter().map(|u| u.to_string()).collect(),
+        expiration_asked: ask.expiration_seconds.is_some(),
         expiration_seconds: ask
             .expiration_seconds
+            .or_else(|| {
+                for_a_person
+                    .then(|| ask.current_certificate.and_then(person_lifetime))
+                    .flatten()
+            })
             .map(|s| i32::try_from(s).unwrap_or(i32::MAX)),
         name_prefix: format!("hwkey-{}-", k8s_name_part(&cn)),
     })
@@ -174,7 +181,7 @@ pub(crate) async fn submit(
     wait: Duration,
     notes: &mut Vec<String>,
 ) -> Result<(String, Vec<u8>), LifecycleError> {
-    if submission.expiration_seconds.is_some() {
+    if submission.expiration_asked {
         if let Ok(info) = client.apiserver_version().await {
             let minor: u32 = info
                 .minor
@@ -282,6 +289,16 @@ pub(crate) fn subject_text(cert_der: &[u8]) -> Result<String, LifecycleError> {
     Ok(parts.join(","))
 }
 
+/// The lifetime a person's renewal asks for when none is given: the current certificate's,
+/// between the 10 minutes Kubernetes accepts and a day (an approver's self-renewal policy
+/// requires a lifetime where the API server knows `spec.expirationSeconds`, and caps it).
+fn person_lifetime(cert_der: &[u8]) -> Option<u32> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
+    let v = cert.validity();
+    let lifetime = v.not_after.timestamp() - v.not_before.timestamp();
+    Some(u32::try_from(lifetime.clamp(600, 86_400)).unwrap_or(86_400))
+}
+
 /// A lowercase RFC 1123 fragment of `text` for `metadata.generateName`.
 fn k8s_name_part(text: &str) -> String {
     let mut out: String = text
@@ -320,6 +337,22 @@ pub fn default_signer(common_name: &str, organizations: &[String]) -> &'static s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_persons_renewal_asks_for_the_current_lifetime_within_ten_minutes_and_a_day() {
+        let cert = |hours: i64| {
+            let key = rcgen::KeyPair::generate().expect("key");
+            let mut params = rcgen::CertificateParams::default();
+            let now = time::OffsetDateTime::now_utc();
+            params.not_before = now;
+            params.not_after = now + time::Duration::hours(hours);
+            params.self_signed(&key).expect("cert").der().to_vec()
+        };
+        assert_eq!(person_lifetime(&cert(8)), Some(8 * 3600));
+        assert_eq!(person_lifetime(&cert(24 * 365)), Some(86_400));
+        assert_eq!(person_lifetime(&cert(0)), Some(600));
+        assert_eq!(person_lifetime(b"not a certificate"), None);
+    }
 
     #[test]
     fn generated_names_are_valid_kubernetes_names() {
