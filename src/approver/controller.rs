@@ -33,10 +33,11 @@ use tokio::sync::watch;
 
 use super::error::ApproverError;
 use super::evaluate::{self, Candidate, Evaluated, Rules, Seen};
+use super::evaluate::{PersonCandidate, PersonProof};
 use super::evidence_index::{Claim, EvidenceIndex};
 use super::lease::Validity;
 use super::metrics::ApproverMetrics;
-use super::person::{self, PersonCandidate, PersonProof};
+use super::person;
 use super::policy::{Reason, Violation};
 use super::queue::{Queued, WorkQueue, LANE_MAX};
 use super::trust::{Registry, Trust, FRESH_FOR};
@@ -393,22 +394,12 @@ impl Controller {
                 Work::Deny(Box::new(seen), v)
             }
             Evaluated::Candidate(c) => {
-                self.index.waiting(
-                    c.attested.evidence_digest,
-                    c.attested.made_at,
-                    c.rank.clone(),
-                    &seen.name,
-                );
+                self.index_waiting(&c, &seen.name);
                 Work::Settle(Box::new(seen), c)
             }
             Evaluated::Person(p) => {
                 if let PersonProof::Attested(c) = &p.proof {
-                    self.index.waiting(
-                        c.attested.evidence_digest,
-                        c.attested.made_at,
-                        c.rank.clone(),
-                        &seen.name,
-                    );
+                    self.index_waiting(c, &seen.name);
                 }
                 Work::Person(Box::new(seen), p)
             }
@@ -419,6 +410,16 @@ impl Controller {
             self.deferred = true;
             tracing::debug!(requester = %super::policy::bounded(&requester), "this requester has too many open requests queued; the rest wait for the next resync");
         }
+    }
+
+    /// Enters a candidate's evidence in the index, as waiting for its decision.
+    fn index_waiting(&mut self, c: &Candidate, name: &str) {
+        self.index.waiting(
+            c.attested.evidence_digest,
+            c.attested.made_at,
+            c.rank.clone(),
+            name,
+        );
     }
 
     /// Starts writes while there is room: in turn per requester; a settlement needs the trust
@@ -457,35 +458,43 @@ impl Controller {
                 self.queue.put_back(&uid, work);
                 return;
             }
-            let (seen, decision, granted) = match work {
-                Work::Deny(seen, v) => {
-                    let decision = Decision {
-                        name: seen.name.clone(),
-                        approved: false,
-                        reason: v.reason,
-                        message: v.message,
-                    };
-                    (seen, decision, None)
-                }
-                Work::Settle(seen, candidate) => {
-                    let Some(nodes) = &nodes else {
-                        self.queue.retry(&uid, Instant::now());
-                        continue;
-                    };
-                    let (decision, granted) = self.settle(&seen, candidate, &nodes.aks, "node");
-                    (seen, decision, granted)
-                }
-                Work::Person(seen, candidate) => {
-                    let Some(people) = &people else {
-                        self.queue.retry(&uid, Instant::now());
-                        continue;
-                    };
-                    let (decision, granted) = self.settle_person(&seen, candidate, people);
-                    (seen, decision, granted)
-                }
+            let Some((seen, decision, granted)) = self.decide(work, [&nodes, &people]) else {
+                self.queue.retry(&uid, Instant::now());
+                continue;
             };
             writes.push(self.start_write(uid, *seen, decision, granted));
         }
+    }
+
+    /// The decision for `work`, with the `[nodes, people]` trusts as read (None when the one
+    /// it needs is not fresh: it waits).
+    #[allow(clippy::type_complexity)]
+    fn decide(
+        &mut self,
+        work: Work,
+        [nodes, people]: [&Option<Arc<Registry>>; 2],
+    ) -> Option<(Box<Seen>, Decision, Option<Box<Candidate>>)> {
+        Some(match work {
+            Work::Deny(seen, v) => {
+                let decision = Decision {
+                    name: seen.name.clone(),
+                    approved: false,
+                    reason: v.reason,
+                    message: v.message,
+                };
+                (seen, decision, None)
+            }
+            Work::Settle(seen, candidate) => {
+                let nodes = nodes.as_ref()?;
+                let (decision, granted) = self.settle(&seen, candidate, &nodes.aks, "node");
+                (seen, decision, granted)
+            }
+            Work::Person(seen, candidate) => {
+                let people = people.as_ref()?;
+                let (decision, granted) = self.settle_person(&seen, *candidate, people);
+                (seen, decision, granted)
+            }
+        })
     }
 
     /// Remembers what is being written (to give the evidence back if the write fails) and
@@ -598,10 +607,16 @@ impl Controller {
     fn settle_person(
         &mut self,
         seen: &Seen,
-        candidate: Box<PersonCandidate>,
+        candidate: PersonCandidate,
         people: &Registry,
     ) -> (Decision, Option<Box<Candidate>>) {
-        if let Err(v) = person::settle(&candidate, people.allow.as_deref()) {
+        let allowed = person::settle(
+            &candidate.user,
+            &candidate.groups,
+            &candidate.orgs,
+            people.allow.as_deref(),
+        );
+        if let Err(v) = allowed {
             if let PersonProof::Attested(c) = &candidate.proof {
                 self.index.forget(&c.attested.evidence_digest, &seen.uid);
             }

@@ -22,11 +22,12 @@ use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
 };
 
-use super::person::{self, PeopleRules, PersonCandidate, PersonProof};
+use super::person::{self, PeopleRules};
 use super::policy::{self, Reason, Violation};
 use crate::pki::attestation::{self, Attested};
 use crate::pki::csr::CLIENT_SIGNER;
 use crate::pki::request::Request;
+use crate::pki::same_key::SameKey;
 use crate::pki::same_key::{self, Proof};
 
 /// How far a node's clock may run ahead of the API server's: evidence made up to this long
@@ -153,6 +154,29 @@ pub enum Evaluated {
     /// A person's request: approved if the people trust's allow list admits the requester (and,
     /// for a TPM key, its AK is registered for them and the evidence is its own).
     Person(Box<PersonCandidate>),
+}
+
+/// How a person proved the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PersonProof {
+    /// The key of the certificate they hold now.
+    SameKey(SameKey),
+    /// A key in a TPM: settled as a node's evidence is, against the AKs registered for the
+    /// user.
+    Attested(Box<Candidate>),
+}
+
+/// A person's request that passed every check of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersonCandidate {
+    /// `spec.username` (= the CN).
+    pub user: String,
+    /// `spec.groups`.
+    pub groups: Vec<String>,
+    /// The O values asked for.
+    pub orgs: Vec<String>,
+    /// The proof of the key.
+    pub proof: PersonProof,
 }
 
 /// Judges an open request of ours. `now` is the approver's clock (Unix seconds).

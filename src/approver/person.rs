@@ -27,10 +27,9 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use serde::Deserialize;
 use yasna::models::ObjectIdentifier;
 
-use super::evaluate::Candidate;
 use super::policy::{self, bounded, violation, Reason, Violation};
 use crate::pki::request::{Request, OID_COMMON_NAME, OID_ORGANIZATION};
-use crate::pki::same_key::{ClientCas, SameKey};
+use crate::pki::same_key::ClientCas;
 
 /// The group that bypasses authorization: approved into a certificate only when the allow list
 /// names it.
@@ -70,11 +69,10 @@ pub struct AllowList {
 
 impl AllowList {
     /// Reads the `_allow` entry.
-    pub fn parse(text: &str) -> Result<AllowList, String> {
-        let list: AllowList = serde_yaml_ng::from_str(text)
-            .map_err(|e| format!("it is not YAML with 'users' and 'groups' lists: {e}"))?;
-        if let Some(empty) = list.users.iter().chain(&list.groups).find(|v| v.is_empty()) {
-            return Err(format!("it lists an empty name ('{empty}')"));
+    pub fn parse(text: &str) -> Result<AllowList, AllowListError> {
+        let list: AllowList = serde_yaml_ng::from_str(text).map_err(AllowListError::Yaml)?;
+        if list.users.iter().chain(&list.groups).any(String::is_empty) {
+            return Err(AllowListError::EmptyName);
         }
         Ok(list)
     }
@@ -85,27 +83,17 @@ impl AllowList {
     }
 }
 
-/// How a person proved the key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PersonProof {
-    /// The key of the certificate they hold now.
-    SameKey(SameKey),
-    /// A key in a TPM: settled as a node's evidence is, against the AKs registered for the
-    /// user.
-    Attested(Box<Candidate>),
-}
-
-/// A person's request that passed every check of its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PersonCandidate {
-    /// `spec.username` (= the CN).
-    pub user: String,
-    /// `spec.groups`.
-    pub groups: Vec<String>,
-    /// The O values asked for.
-    pub orgs: Vec<String>,
-    /// The proof of the key.
-    pub proof: PersonProof,
+/// Why a people trust's `_allow` entry is refused (then nobody may renew).
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum AllowListError {
+    #[error("it is not YAML with 'users' and 'groups' lists: {0}")]
+    Yaml(#[source] serde_yaml_ng::Error),
+    #[error("it lists an empty name")]
+    EmptyName,
 }
 
 /// The requester, from the request object (set by the API server, not the requester).
@@ -231,8 +219,14 @@ pub fn check_request(
     Ok((user, groups, orgs))
 }
 
-/// What the allow list decides for a candidate: Ok, or the denial.
-pub fn settle(candidate: &PersonCandidate, allow: Option<&str>) -> Result<(), Violation> {
+/// What the allow list (the `_allow` entry's text) decides for `user` in `groups` asking for
+/// `orgs`: Ok, or the denial.
+pub fn settle(
+    user: &str,
+    groups: &[String],
+    orgs: &[String],
+    allow: Option<&str>,
+) -> Result<(), Violation> {
     let refuse = |m: String| violation(Reason::RequesterNotAllowed, m);
     let list = match allow.map(AllowList::parse) {
         None => {
@@ -243,18 +237,18 @@ pub fn settle(candidate: &PersonCandidate, allow: Option<&str>) -> Result<(), Vi
         Some(Err(e)) => {
             return Err(refuse(format!(
                 "the people trust's '_allow' entry is refused ({}): nobody may renew",
-                bounded(&e)
+                bounded(&e.to_string())
             )))
         }
         Some(Ok(list)) => list,
     };
-    if !list.admits(&candidate.user, &candidate.groups) {
+    if !list.admits(user, groups) {
         return Err(refuse(format!(
             "'{}' is not in the people allow list (neither the user nor one of their groups)",
-            bounded(&candidate.user)
+            bounded(user)
         )));
     }
-    if candidate.orgs.iter().any(|o| o == MASTERS) && !list.groups.iter().any(|g| g == MASTERS) {
+    if orgs.iter().any(|o| o == MASTERS) && !list.groups.iter().any(|g| g == MASTERS) {
         return Err(violation(
             Reason::SubjectNotAllowed,
             format!("O={MASTERS} is allowed only when the allow list names that group"),
@@ -332,35 +326,28 @@ mod tests {
         assert!(check_person("alice", &groups(&["devs", "system:authenticated"])).is_ok());
     }
 
-    fn candidate(user: &str, member_of: &[&str], orgs: &[&str]) -> PersonCandidate {
-        PersonCandidate {
-            user: user.into(),
-            groups: groups(member_of),
-            orgs: groups(orgs),
-            proof: PersonProof::SameKey(SameKey {
-                serial: "01".into(),
-                not_after: 0,
-            }),
-        }
+    fn decide(
+        user: &str,
+        member_of: &[&str],
+        orgs: &[&str],
+        allow: Option<&str>,
+    ) -> Result<(), Violation> {
+        settle(user, &groups(member_of), &groups(orgs), allow)
     }
 
     #[test]
     fn the_allow_list_decides_and_names_masters_explicitly() {
         let allow = "users: [alice]\ngroups: [devs]\n";
-        assert!(settle(&candidate("alice", &[], &[]), Some(allow)).is_ok());
-        assert!(settle(&candidate("carol", &["devs"], &["devs"]), Some(allow)).is_ok());
-        assert!(settle(&candidate("bob", &["ops"], &[]), Some(allow)).is_err());
-        assert!(settle(&candidate("alice", &[], &[]), None).is_err());
-        assert!(settle(&candidate("alice", &[], &[]), Some("users: alice\n")).is_err());
-        assert!(settle(&candidate("alice", &[], &[]), Some("user: [alice]\n")).is_err());
-        let v = settle(&candidate("alice", &[MASTERS], &[MASTERS]), Some(allow))
-            .expect_err("masters not named");
+        assert!(decide("alice", &[], &[], Some(allow)).is_ok());
+        assert!(decide("carol", &["devs"], &["devs"], Some(allow)).is_ok());
+        assert!(decide("bob", &["ops"], &[], Some(allow)).is_err());
+        assert!(decide("alice", &[], &[], None).is_err());
+        assert!(decide("alice", &[], &[], Some("users: alice\n")).is_err());
+        assert!(decide("alice", &[], &[], Some("user: [alice]\n")).is_err());
+        let v =
+            decide("alice", &[MASTERS], &[MASTERS], Some(allow)).expect_err("masters not named");
         assert_eq!(v.reason, Reason::SubjectNotAllowed);
         let with_masters = "users: [alice]\ngroups: [devs, system:masters]\n";
-        assert!(settle(
-            &candidate("alice", &[MASTERS], &[MASTERS]),
-            Some(with_masters)
-        )
-        .is_ok());
+        assert!(decide("alice", &[MASTERS], &[MASTERS], Some(with_masters)).is_ok());
     }
 }

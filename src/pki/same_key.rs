@@ -219,7 +219,9 @@ pub fn verify(
             )))
         }
     }
-    let certified = subject_pairs(&cert).map_err(invalid)?;
+    let certified = subject_pairs(&cert).ok_or_else(|| {
+        invalid("the attached certificate's subject has a value that is not a string".into())
+    })?;
     let asked = request_pairs(request);
     if certified != asked {
         return Err(refused(
@@ -242,22 +244,19 @@ pub fn verify(
     })
 }
 
-/// A name as sorted (dotted OID, value) pairs; a value that is not a string is refused.
-fn subject_pairs(cert: &X509Certificate<'_>) -> Result<Vec<(String, String)>, String> {
+/// A name as sorted (dotted OID, value) pairs; None when a value is not a string.
+fn subject_pairs(cert: &X509Certificate<'_>) -> Option<Vec<(String, String)>> {
     let mut pairs = cert
         .subject()
         .iter_attributes()
         .map(|a| {
             a.as_str()
+                .ok()
                 .map(|v| (a.attr_type().to_id_string(), v.to_string()))
-                .map_err(|_| {
-                    "the attached certificate's subject has a value that is not a string"
-                        .to_string()
-                })
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Option<Vec<_>>>()?;
     pairs.sort();
-    Ok(pairs)
+    Some(pairs)
 }
 
 fn request_pairs(request: &Request) -> Vec<(String, String)> {
