@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use crate::key::{Key, KeyUri};
+use crate::key::KeyUri;
 use crate::pki::cert;
 use crate::probe::{self, ProbeOptions};
 
@@ -58,7 +58,11 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         args.proxy_auth.as_deref(),
         None,
     )?;
-    let key = Arc::new(Key::open(&args.key)?);
+    // The key in a signer process of its own, as the proxy's: this process speaks to the
+    // network and never holds the module, the TSS libraries or the PIN.
+    let (_signer, key) =
+        crate::signer::open_key(&args.key, args.cert.as_deref(), false)?;
+    let key = Arc::new(key);
     let chain = cert::chain_for_key(&key, args.cert.as_deref())?;
     cert::ensure_matches(&chain[0], &key)?;
     let options = ProbeOptions {

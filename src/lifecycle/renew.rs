@@ -62,10 +62,15 @@ pub struct Renewed {
     pub notes: Vec<String>,
 }
 
-/// Renews the certificate of `options.key`.
+/// Renews the certificate of `options.key`. The key is opened in a signer process of its own
+/// (as the proxy's), which signs only the handshakes and a request for this identity.
 pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
-    let key = Arc::new(Key::open(&options.key)?);
-    key.require_non_extractable(options.require_non_extractable)?;
+    let (_signer, key) = crate::signer::open_key(
+        &options.key,
+        options.cert.as_deref(),
+        options.require_non_extractable,
+    )?;
+    let key = Arc::new(key);
     let chain = cert::chain_for_key(&key, options.cert.as_deref())?;
     cert::ensure_matches(&chain[0], &key)?;
     let subject = match &options.subject {

@@ -516,7 +516,7 @@ fn key_error(error: RemoteError) -> KeyError {
     }
 }
 
-fn signer_error(e: &SignerError) -> KeyError {
+pub(crate) fn signer_error(e: &SignerError) -> KeyError {
     KeyError::Signer {
         message: e.to_string(),
     }
