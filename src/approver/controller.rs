@@ -525,11 +525,13 @@ impl Controller {
             .flatten()
             .cloned()
             .collect();
+        // Each source on its own: one that cannot be read does not hold the other back.
         *refresh = Some(Box::pin(async move {
-            for trust in trusts {
-                trust.refresh(FRESH_FOR).await?;
+            let readings = futures::future::join_all(trusts.iter().map(|t| t.refresh(FRESH_FOR)));
+            match readings.await.into_iter().find_map(Result::err) {
+                Some(e) => Err(ApproverError::from(e)),
+                None => Ok(()),
             }
-            Ok(())
         }));
     }
 
@@ -629,6 +631,15 @@ impl Controller {
             return (decision, None);
         }
         match candidate.proof {
+            PersonProof::SameKey(held) if held.not_after < now_unix() => {
+                let decision = Decision {
+                    name: seen.name.clone(),
+                    approved: false,
+                    reason: Reason::EvidenceInvalid,
+                    message: "the attached certificate expired while the request waited: a person whose certificate expired enrols again".into(),
+                };
+                (decision, None)
+            }
             PersonProof::SameKey(held) => {
                 let until = time::OffsetDateTime::from_unix_timestamp(held.not_after)
                     .map(|t| t.to_string())

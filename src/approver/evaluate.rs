@@ -34,15 +34,7 @@ use crate::pki::same_key::{self, Proof};
 /// after its request was created is still fresh.
 pub const CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
 
-/// What to do with a request that carries no evidence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnMissingEvidence {
-    /// Deny it (`NoEvidence`): only attested keys get in.
-    #[default]
-    Deny,
-    /// Leave it to other approvers.
-    Ignore,
-}
+pub use super::policy::OnMissingEvidence;
 
 /// The rules a decision applies beyond the signer's policy.
 #[derive(Debug, Clone)]
@@ -206,7 +198,7 @@ fn judge_person(
 ) -> Result<Option<PersonCandidate>, Violation> {
     let request = Request::from_pem(&csr.spec.request.0)?;
     let proof = same_key::proof_of(&request);
-    if proof == Proof::Missing && rules.on_missing_evidence == OnMissingEvidence::Ignore {
+    if proof == Proof::Missing && people.on_missing_proof == OnMissingEvidence::Ignore {
         return Ok(None);
     }
     let (user, groups, orgs) = person::check_request(csr, &request, people)?;

@@ -53,6 +53,10 @@ pub struct PeopleRules {
     /// Whether the API server knows `spec.expirationSeconds` (1.22 and later): then a request
     /// must ask for a lifetime within [`PeopleRules::max_lifetime`].
     pub expiration_known: bool,
+    /// Requests that carry no proof of the key (an administrator enrolling someone, a
+    /// controller's own request): left to a human approver by default, since a denial is
+    /// final and would block every enrolment.
+    pub on_missing_proof: super::policy::OnMissingEvidence,
 }
 
 /// Who may renew (the people trust's `_allow` entry, YAML): users by name and groups.
@@ -77,9 +81,17 @@ impl AllowList {
         Ok(list)
     }
 
-    /// Whether `user` (in `groups`) may renew.
-    pub fn admits(&self, user: &str, groups: &[String]) -> bool {
-        self.users.iter().any(|u| u == user) || groups.iter().any(|g| self.groups.contains(g))
+    /// Whether `user` (in `groups`) may renew a certificate carrying the groups `orgs`. A
+    /// group admits only a certificate that does not carry it: a person authenticated by a
+    /// client certificate has its O values as groups, so a certificate's own groups would
+    /// vouch for themselves, renewal after renewal, after the person left the group in the
+    /// directory. Groups that count come from elsewhere (OIDC, a webhook); a person renewing
+    /// a certificate with its groups is listed by name.
+    pub fn admits(&self, user: &str, groups: &[String], orgs: &[String]) -> bool {
+        self.users.iter().any(|u| u == user)
+            || groups
+                .iter()
+                .any(|g| self.groups.contains(g) && !orgs.contains(g))
     }
 }
 
@@ -242,9 +254,9 @@ pub fn settle(
         }
         Some(Ok(list)) => list,
     };
-    if !list.admits(user, groups) {
+    if !list.admits(user, groups, orgs) {
         return Err(refuse(format!(
-            "'{}' is not in the people allow list (neither the user nor one of their groups)",
+            "'{}' is not in the people allow list (not by name, nor by a group that does not come from the certificate itself)",
             bounded(user)
         )));
     }
@@ -339,7 +351,9 @@ mod tests {
     fn the_allow_list_decides_and_names_masters_explicitly() {
         let allow = "users: [alice]\ngroups: [devs]\n";
         assert!(decide("alice", &[], &[], Some(allow)).is_ok());
-        assert!(decide("carol", &["devs"], &["devs"], Some(allow)).is_ok());
+        assert!(decide("carol", &["devs"], &[], Some(allow)).is_ok());
+        // devs vouching for a certificate that carries devs: not admitted by the group.
+        assert!(decide("carol", &["devs"], &["devs"], Some(allow)).is_err());
         assert!(decide("bob", &["ops"], &[], Some(allow)).is_err());
         assert!(decide("alice", &[], &[], None).is_err());
         assert!(decide("alice", &[], &[], Some("users: alice\n")).is_err());

@@ -83,6 +83,16 @@ impl std::fmt::Display for Reason {
     }
 }
 
+/// What to do with a request that carries no evidence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnMissingEvidence {
+    /// Deny it (`NoEvidence`): only attested keys get in.
+    #[default]
+    Deny,
+    /// Leave it to other approvers.
+    Ignore,
+}
+
 /// A request the policy refuses: the reason and exactly what did not hold.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}: {message}")]

@@ -57,6 +57,12 @@ pub struct ApproverArgs {
     /// servers 1.22 and later; older ones issue for their --cluster-signing-duration).
     #[arg(long, default_value = "24h", value_parser = crate::duration::parse_duration)]
     people_max_lifetime: Duration,
+    /// A person's request that carries no proof of the key (neither the current certificate
+    /// nor TPM evidence: an administrator enrolling someone, a controller's request): leave it
+    /// to a human approver (default: a denial is final and would block enrolment) or deny it
+    /// (NoEvidence).
+    #[arg(long, value_enum, default_value = "ignore")]
+    people_on_missing_proof: OnMissing,
     /// Requests without TPM evidence: deny them (NoEvidence) or leave them to other approvers.
     #[arg(long, value_enum, default_value = "deny")]
     on_missing_evidence: OnMissing,
@@ -139,8 +145,12 @@ fn options(args: &ApproverArgs) -> anyhow::Result<crate::approver::ApproverOptio
                 .map_err(|e| anyhow::anyhow!("--people-client-ca: {e}"))?,
             max_lifetime: args.people_max_lifetime,
             expiration_known: true,
+            on_missing_proof: on_missing(args.people_on_missing_proof),
         }),
     };
+    if trust.is_some() && trust == people {
+        anyhow::bail!("the people trust and the nodes' trust are one source: a user's AK entry would also register a node of that name; give the people their own directory or ConfigMap");
+    }
     if args.people_max_lifetime < Duration::from_secs(600) {
         anyhow::bail!("--people-max-lifetime {:?} is below the 10 minutes Kubernetes accepts for spec.expirationSeconds", args.people_max_lifetime);
     }
@@ -154,10 +164,7 @@ fn options(args: &ApproverArgs) -> anyhow::Result<crate::approver::ApproverOptio
         settings: Settings {
             signer_names: args.signer_names.clone(),
             rules: Rules {
-                on_missing_evidence: match args.on_missing_evidence {
-                    OnMissing::Deny => approver::OnMissingEvidence::Deny,
-                    OnMissing::Ignore => approver::OnMissingEvidence::Ignore,
-                },
+                on_missing_evidence: on_missing(args.on_missing_evidence),
                 bootstrap_groups: args.bootstrap_groups.clone(),
                 evidence_max_age: args.evidence_max_age,
                 people: people_rules,
@@ -166,6 +173,14 @@ fn options(args: &ApproverArgs) -> anyhow::Result<crate::approver::ApproverOptio
         trust,
         people,
     })
+}
+
+#[cfg(feature = "tpm")]
+fn on_missing(flag: OnMissing) -> crate::approver::OnMissingEvidence {
+    match flag {
+        OnMissing::Deny => crate::approver::OnMissingEvidence::Deny,
+        OnMissing::Ignore => crate::approver::OnMissingEvidence::Ignore,
+    }
 }
 
 #[cfg(feature = "tpm")]

@@ -89,6 +89,7 @@ pub fn bootstrap(options: &BootstrapOptions) -> Result<Bootstrapped, LifecycleEr
             wait: options.wait,
             attest: options.attest,
             current_certificate: None,
+            current_lifetime: None,
         },
         &config,
         client::Identity::Config,

@@ -107,6 +107,7 @@ pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
             wait: options.wait,
             attest: options.attest,
             current_certificate: Some(&current),
+            current_lifetime: person_lifetime(&current),
         },
         &config,
         client::Identity::Hardware { resolver, versions },
@@ -126,6 +127,9 @@ pub(crate) struct Ask<'a> {
     /// client signer without `attest`, so an approver's self-renewal policy can see that the
     /// key is the one this identity already holds.
     pub current_certificate: Option<&'a [u8]>,
+    /// The lifetime a person's request asks for when `expiration_seconds` is not given (see
+    /// [`person_lifetime`]), from the certificate in use, whichever key the request is for.
+    pub current_lifetime: Option<u32>,
 }
 
 /// Signs a CSR for `ask.subject` with `key` (blocking: the signature is made in the device) and
@@ -167,11 +171,7 @@ pub(crate) fn prepare(key: &Key, ask: &Ask<'_>) -> Result<Submission, LifecycleE
         expiration_asked: ask.expiration_seconds.is_some(),
         expiration_seconds: ask
             .expiration_seconds
-            .or_else(|| {
-                for_a_person
-                    .then(|| ask.current_certificate.and_then(person_lifetime))
-                    .flatten()
-            })
+            .or(ask.current_lifetime.filter(|_| for_a_person))
             .map(|s| i32::try_from(s).unwrap_or(i32::MAX)),
         name_prefix: format!("hwkey-{}-", k8s_name_part(&cn)),
     })
@@ -294,14 +294,17 @@ pub(crate) fn subject_text(cert_der: &[u8]) -> Result<String, LifecycleError> {
     Ok(parts.join(","))
 }
 
-/// The lifetime a person's renewal asks for when none is given: the current certificate's,
-/// between the 10 minutes Kubernetes accepts and a day (an approver's self-renewal policy
-/// requires a lifetime where the API server knows `spec.expirationSeconds`, and caps it).
-fn person_lifetime(cert_der: &[u8]) -> Option<u32> {
+/// The lifetime a person's renewal asks for when none is given: the current certificate's (at
+/// least the 10 minutes Kubernetes accepts), so the identity keeps its cadence; an approver's
+/// self-renewal policy requires a lifetime where the API server knows `spec.expirationSeconds`.
+/// None for a certificate that lives over a day: asking for less than it has left would have
+/// the proxy refuse each shorter certificate and ask again (the person passes
+/// `--expiration-seconds` once, with `hwkey renew`).
+pub(crate) fn person_lifetime(cert_der: &[u8]) -> Option<u32> {
     let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
     let v = cert.validity();
     let lifetime = v.not_after.timestamp() - v.not_before.timestamp();
-    Some(u32::try_from(lifetime.clamp(600, 86_400)).unwrap_or(86_400))
+    (lifetime <= 86_400).then(|| u32::try_from(lifetime.max(600)).unwrap_or(600))
 }
 
 /// A lowercase RFC 1123 fragment of `text` for `metadata.generateName`.
@@ -344,7 +347,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_persons_renewal_asks_for_the_current_lifetime_within_ten_minutes_and_a_day() {
+    fn a_persons_renewal_asks_for_the_current_lifetime_unless_it_is_over_a_day() {
         let cert = |hours: i64| {
             let key = rcgen::KeyPair::generate().expect("key");
             let mut params = rcgen::CertificateParams::default();
@@ -354,7 +357,7 @@ mod tests {
             params.self_signed(&key).expect("cert").der().to_vec()
         };
         assert_eq!(person_lifetime(&cert(8)), Some(8 * 3600));
-        assert_eq!(person_lifetime(&cert(24 * 365)), Some(86_400));
+        assert_eq!(person_lifetime(&cert(24 * 365)), None);
         assert_eq!(person_lifetime(&cert(0)), Some(600));
         assert_eq!(person_lifetime(b"not a certificate"), None);
     }

@@ -258,6 +258,7 @@ async fn request_certificate(
     let attest = settings.attest;
     // The certificate in use proves the key only when the request is for that same key.
     let same_key = Arc::ptr_eq(key, &shared.upstream.key()).then(|| leaf.to_vec());
+    let current_lifetime = crate::lifecycle::renew::person_lifetime(leaf);
     let submission = tokio::task::spawn_blocking(move || {
         prepare(
             &signing_key,
@@ -268,6 +269,7 @@ async fn request_certificate(
                 wait: DEFAULT_WAIT,
                 attest,
                 current_certificate: same_key.as_deref(),
+                current_lifetime,
             },
         )
     })

@@ -56,7 +56,9 @@ struct Scene {
     replica: Replica,
 }
 
-const ALLOW: &str = "users: [alice, mallory]\ngroups: [devs]\n";
+/// alice and bob by name; the group devs (which admits only certificates that do not carry it:
+/// a certificate's own groups cannot vouch for themselves).
+const ALLOW: &str = "users: [alice, bob, mallory]\ngroups: [devs]\n";
 
 impl Scene {
     fn new() -> Scene {
@@ -100,6 +102,9 @@ impl Scene {
                 format!("--signer-name={CLIENT_SIGNER}"),
                 "--people-trust-configmap=hwkey-system/hwkey-approver-people".into(),
                 format!("--people-client-ca={}", cluster.ca_path().display()),
+                // The attack "no certificate" is denied; the default leaves such a
+                // request to a human (an administrator enrolling someone).
+                "--people-on-missing-proof=deny".into(),
             ],
         );
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -304,13 +309,13 @@ fn people_renew_themselves_and_every_way_to_another_identity_is_denied() {
 
     alice_renews_with_hwkey(&s);
 
-    // Removal is revocation: bob leaves the allow list (devs is no longer allowed); his next
-    // renewal is refused within seconds, without a restart.
+    // Removal is revocation: bob leaves the allow list; his next renewal is refused within
+    // seconds, without a restart.
     let without_devs: Vec<(&str, String)> = s
         .entries
         .iter()
         .map(|(n, t)| match *n {
-            "_allow" => (*n, "users: [alice]\n".to_string()),
+            "_allow" => (*n, "users: [alice]\ngroups: [devs]\n".to_string()),
             _ => (*n, t.clone()),
         })
         .collect();
@@ -333,6 +338,53 @@ fn people_renew_themselves_and_every_way_to_another_identity_is_denied() {
     assert!(removed_at.elapsed() < Duration::from_secs(15));
 
     the_plugins_proxy_renews_while_kubectl_runs(&s);
+    an_administrators_enrolment_is_left_to_the_administrator(s);
+}
+
+/// By default a request with no proof of the key (an administrator enrolling erin) is left
+/// alone, so the administrator can approve it: a denial would be final.
+fn an_administrators_enrolment_is_left_to_the_administrator(s: Scene) {
+    let Scene {
+        id,
+        cluster,
+        dir,
+        replica,
+        ..
+    } = s;
+    assert_eq!(replica.terminate().code(), Some(0));
+    let key = SoftwareKey::generate();
+    let pem = request(&key, &[(O, "devs"), (CN, "erin")], vec![]);
+    let object = csr_object(&dir, "enrol-erin", &pem, CLIENT_SIGNER, USAGES);
+    cluster.kubectl_ok(&["create", "-f", &object.display().to_string()]);
+    let account = cluster.service_account_kubeconfig("hwkey-system", "hwkey-approver");
+    let once = run_ok(
+        hwkey()
+            .arg("approver")
+            .arg("--kubeconfig")
+            .arg(&account)
+            .args(["--signer-name", CLIENT_SIGNER])
+            .args([
+                "--people-trust-configmap",
+                "hwkey-system/hwkey-approver-people",
+            ])
+            .arg(format!("--people-client-ca={}", id.ca.ca_path().display()))
+            .arg("--once"),
+    );
+    assert!(
+        !output_text(&once).contains("enrol-erin"),
+        "{}",
+        output_text(&once)
+    );
+    assert_eq!(
+        csr_field(&cluster, "enrol-erin", "{.status.conditions[*].type}"),
+        ""
+    );
+    cluster.kubectl_ok(&["certificate", "approve", "enrol-erin"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while csr_field(&cluster, "enrol-erin", "{.status.certificate}").is_empty() {
+        assert!(Instant::now() < deadline, "enrol-erin is never issued");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// (name, creator, request, the reason it is denied with).
@@ -363,6 +415,11 @@ fn attacks(s: &Scene, alice: &Path, bob: &Path, carol: &Path, attested: &[u8]) -
     let carol_key = SoftwareKey::generate();
     let carol_subject: Subject<'_> = &[(O, "ops"), (CN, "carol")];
     let carol_cert = certificate(ca, &carol_key, carol_subject, false);
+    // dan is in devs only because his certificate says so: devs does not admit him.
+    let dan = s.person("dan", Some("devs"));
+    let dan_key = SoftwareKey::generate();
+    let dan_subject: Subject<'_> = &[(O, "devs"), (CN, "dan")];
+    let dan_cert = certificate(ca, &dan_key, dan_subject, false);
     let san = rq::extension_request(vec![rq::extension(
         rq::SAN,
         None,
@@ -478,6 +535,12 @@ fn attacks(s: &Scene, alice: &Path, bob: &Path, carol: &Path, attested: &[u8]) -
             as_(alice),
             attested.to_vec(),
             "EvidenceReused",
+        ),
+        (
+            "group-vouches-for-itself",
+            as_(&dan),
+            request(&dan_key, dan_subject, vec![same_key(&dan_cert)]),
+            "RequesterNotAllowed",
         ),
     ]
 }
