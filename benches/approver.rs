@@ -12,6 +12,9 @@
 //!   a few distinct ones: the first of each is approved, its copies denied `EvidenceReused`,
 //!   after the same checks.
 //!
+//! - **People** (issue 36): a person's same-key renewals decided per second through the API
+//!   server by the people policy, against the node policy's attested requests in the same run.
+//!
 //! Results go to target/hwkey-bench/approver.json; benches/report.rs puts them in
 //! docs/BENCHMARKS.md.
 
@@ -185,6 +188,51 @@ struct ApiBench<'a> {
     /// The node bench-0's own kubeconfig (its renewals come from it).
     as_node: std::path::PathBuf,
     baseline: Option<(std::path::PathBuf, String)>,
+    people: People,
+}
+
+/// A person for the people policy's row: benchp, allowed by name, with a same-key renewal.
+struct People {
+    /// benchp's kubeconfig (a software login certificate of the cluster CA).
+    login: std::path::PathBuf,
+    /// The people trust directory (`_allow` names benchp).
+    trust: std::path::PathBuf,
+    /// The cluster CA (the client CA).
+    ca: std::path::PathBuf,
+    /// A renewal request carrying its current certificate (PEM).
+    request: Vec<u8>,
+}
+
+impl People {
+    fn new(cluster: &KubeCluster, ca: &TestCa, dir: &std::path::Path) -> Result<People, String> {
+        use support::requests::{self as rq, Node, RequestTree, SoftwareKey};
+        let trust = dir.join("people");
+        std::fs::create_dir_all(&trust).map_err(|e| e.to_string())?;
+        std::fs::write(trust.join("_allow"), "users: [benchp]\n").map_err(|e| e.to_string())?;
+        cluster.apply("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: benchp-requests\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: system:node-bootstrapper\nsubjects:\n- apiGroup: rbac.authorization.k8s.io\n  kind: User\n  name: benchp\n");
+        let (cert, key) = ca.client_cert(dir, "benchp-login", "benchp", Some("devs"));
+        let login = cluster.cert_kubeconfig("benchp", &cert, &key);
+        let software = SoftwareKey::generate();
+        let subject = Node::seq(vec![
+            Node::rdn(rq::O, rq::tag::UTF8, "devs"),
+            Node::rdn(rq::CN, rq::tag::UTF8, "benchp"),
+        ]);
+        let signed = |attributes| {
+            let tree = RequestTree::new(subject.clone(), &software.spki(), attributes);
+            rq::pem(&tree.signed(|info| software.sign(info), &[]))
+        };
+        let current = ca.sign_csr_pem(&signed(vec![]), 1);
+        let current = pem::parse(current)
+            .map_err(|e| e.to_string())?
+            .into_contents();
+        let request = signed(vec![Node::Raw(hwkey::pki::same_key::attribute(&current))]);
+        Ok(People {
+            login,
+            trust,
+            ca: ca.ca_path(),
+            request: request.into_bytes(),
+        })
+    }
 }
 
 /// Which build runs.
@@ -221,6 +269,7 @@ impl<'a> ApiBench<'a> {
             Some("system:nodes"),
         );
         let as_node = cluster.cert_kubeconfig("bench-0", &cert, &key);
+        let people = People::new(&cluster, &ca, dir)?;
         let baseline = std::env::var_os("HWKEY_BENCH_BASELINE_BIN").map(|bin| {
             let label =
                 std::env::var("HWKEY_BENCH_BASELINE_REF").unwrap_or_else(|_| "baseline".into());
@@ -235,6 +284,7 @@ impl<'a> ApiBench<'a> {
             renewal_key,
             as_node,
             baseline,
+            people,
         })
     }
 
@@ -261,7 +311,11 @@ impl<'a> ApiBench<'a> {
     }
 
     fn rows(&self) -> Vec<Row> {
-        let mut rows = vec![self.decisions(), self.attested_vs_plain()];
+        let mut rows = vec![
+            self.decisions(),
+            self.attested_vs_plain(),
+            self.person_vs_node(),
+        ];
         rows.push(self.flood_at_start());
         rows.push(self.flood_while_running());
         rows.push(self.restart_with_large_requests());
@@ -276,13 +330,25 @@ impl<'a> ApiBench<'a> {
         count: usize,
         requests: &[Vec<u8>],
     ) {
+        self.create_for(SIGNER, kubeconfig, prefix, count, requests);
+    }
+
+    /// [`ApiBench::create`] for `signer`.
+    fn create_for(
+        &self,
+        signer: &str,
+        kubeconfig: &std::path::Path,
+        prefix: &str,
+        count: usize,
+        requests: &[Vec<u8>],
+    ) {
         use base64::Engine as _;
         let mut objects = String::new();
         for i in 0..count {
             let request =
                 base64::engine::general_purpose::STANDARD.encode(&requests[i % requests.len()]);
             objects.push_str(&format!(
-                "---\napiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {prefix}-{i:05}\nspec:\n  signerName: {SIGNER}\n  usages: [digital signature, key encipherment, client auth]\n  request: {request}\n"
+                "---\napiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {prefix}-{i:05}\nspec:\n  signerName: {signer}\n  usages: [digital signature, key encipherment, client auth]\n  request: {request}\n"
             ));
         }
         let file = self.dir.join(format!("{prefix}.yaml"));
@@ -380,6 +446,63 @@ impl<'a> ApiBench<'a> {
             "5,000 nodes would clear in {:.0} s at this rate; one pass each, so no spread",
             5000.0 / subject
         ))
+    }
+
+    /// The people policy (issue 36): a person's same-key renewals decided per second, against
+    /// the node policy's attested requests, alternating in the same cluster, this build.
+    fn person_vs_node(&self) -> Row {
+        let n = common::pick(1000, 200);
+        let rounds = common::pick(3, 1);
+        let (mut person, mut node) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            person.push(self.once_people(n));
+            node.push(self.once(Build::This, "attested", n, self.attested));
+        }
+        let ratio = Stat::of(&common::paired_ratios(&person, &node));
+        Row::new(
+            AREA,
+            &format!("{n} people's same-key renewals decided per second through kube-apiserver 1.20 (one --once pass each)"),
+            "CSRs/s",
+            Some(Stat::of(&person)),
+        )
+        .versus(
+            "the node policy's attested requests, same cluster, alternating",
+            Some(Stat::of(&node)),
+            Some(ratio),
+        )
+    }
+
+    /// `hwkey approver --once` with the people policy over `n` same-key renewals of benchp,
+    /// created as benchp: decisions per second.
+    fn once_people(&self, n: usize) -> f64 {
+        const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+        let people = &self.people;
+        self.create_for(
+            CLIENT_SIGNER,
+            &people.login,
+            "person",
+            n,
+            std::slice::from_ref(&people.request),
+        );
+        let start = Instant::now();
+        let out = run_ok(
+            hwkey()
+                .arg("approver")
+                .arg("--kubeconfig")
+                .arg(&self.cluster.admin_kubeconfig)
+                .args(["--signer-name", CLIENT_SIGNER, "--once", "--people-trust"])
+                .arg(&people.trust)
+                .arg("--people-client-ca")
+                .arg(&people.ca),
+        );
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let approved = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("SameKeyRenewal"))
+            .count();
+        assert_eq!(approved, n, "person: {approved} of {n} approved");
+        self.clear();
+        rate
     }
 
     /// A fresh attested renewal of bench-0, created as the node itself: its name.
