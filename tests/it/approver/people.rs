@@ -342,16 +342,29 @@ fn people_renew_themselves_and_every_way_to_another_identity_is_denied() {
 }
 
 /// By default a request with no proof of the key (an administrator enrolling erin) is left
-/// alone, so the administrator can approve it: a denial would be final.
+/// alone, so the administrator can approve it: a denial would be final. And a person's stale
+/// TPM evidence is refused as a node's is.
 fn an_administrators_enrolment_is_left_to_the_administrator(s: Scene) {
     let Scene {
         id,
         cluster,
         dir,
         replica,
+        alice_tcti,
         ..
     } = s;
     assert_eq!(replica.terminate().code(), Some(0));
+    // Stale evidence: alice's new TPM key, evidence made 3 s before the request, decided with a
+    // 2 s window.
+    let next = Tpm::with(None, alice_tcti, &dir, "alice-stale");
+    let stale = next.request("CN=alice,O=devs", &[]);
+    std::thread::sleep(Duration::from_secs(3));
+    let (cert, key) = id.ca.client_cert(&dir, "alice-late", "alice", Some("devs"));
+    let alice = cluster.cert_kubeconfig("alice-late", &cert, &key);
+    create_with(
+        &alice,
+        &csr_object(&dir, "stale", &stale, CLIENT_SIGNER, USAGES),
+    );
     let key = SoftwareKey::generate();
     let pem = request(&key, &[(O, "devs"), (CN, "erin")], vec![]);
     let object = csr_object(&dir, "enrol-erin", &pem, CLIENT_SIGNER, USAGES);
@@ -368,10 +381,11 @@ fn an_administrators_enrolment_is_left_to_the_administrator(s: Scene) {
                 "hwkey-system/hwkey-approver-people",
             ])
             .arg(format!("--people-client-ca={}", id.ca.ca_path().display()))
-            .arg("--once"),
+            .args(["--evidence-max-age", "2s", "--once"]),
     );
     assert!(
-        !output_text(&once).contains("enrol-erin"),
+        !output_text(&once).contains("enrol-erin")
+            && output_text(&once).contains("denied stale: EvidenceStale"),
         "{}",
         output_text(&once)
     );
