@@ -45,6 +45,7 @@ use support::proxy::{metric_in, Identity, ProxyOptions, ProxyProcess, RawHttp};
 use support::upstream::TestUpstream;
 use support::{hwkey, run_ok, temp_dir};
 
+mod baseline;
 mod clients;
 mod fixture;
 mod floor;
@@ -55,6 +56,7 @@ mod requests;
 mod tpm_stall;
 mod traffic;
 
+use baseline::*;
 use clients::*;
 use fixture::*;
 use floor::*;
@@ -137,6 +139,10 @@ fn main() {
         rows.extend(rt.block_on(memory(&f)));
         step("growth curve");
         rows.extend(rt.block_on(growth(&f)));
+    }
+    if wanted("baseline") {
+        step("against an earlier build");
+        rows.extend(rt.block_on(against_baseline(&f)));
     }
     if wanted("tpm-stall") {
         step("TPM stall");

@@ -29,7 +29,7 @@ enum Route {
 
 /// Whose CPU and context switches a trial counts.
 #[derive(Clone)]
-enum Whose {
+pub(crate) enum Whose {
     /// The calling thread: the client (the runtime is current-thread).
     Client,
     /// Every thread of a process (the proxy, ghostunnel).
@@ -173,9 +173,9 @@ fn thread_cpu_ns() -> u64 {
 
 /// One trial's figures.
 #[derive(Default, Clone)]
-struct Trial {
-    per_second: f64,
-    cpu_us: f64,
+pub(crate) struct Trial {
+    pub(crate) per_second: f64,
+    pub(crate) cpu_us: f64,
     p50: f64,
     p99: f64,
     /// The proxy's context switches per request (voluntary + involuntary, all its threads).
@@ -223,7 +223,7 @@ impl SyscallCount {
 }
 
 /// `total` requests spread over `conns`, all connections busy at once; `whose` CPU counts.
-async fn load(conns: &mut [Conn], total: usize, whose: &Whose) -> Trial {
+pub(crate) async fn load(conns: &mut [Conn], total: usize, whose: &Whose) -> Trial {
     let per_conn = total / conns.len();
     let cpu = || whose.cpu_ns();
     let switches = || whose.switches();

@@ -264,6 +264,8 @@ pub struct ProxyOptions<'a> {
     pub cert: Option<&'a Path>,
     /// Another `--upstream-ca` than the identity's CA.
     pub upstream_ca: Option<&'a Path>,
+    /// Another hwkey binary (an earlier build, for a benchmark's baseline).
+    pub bin: Option<&'a Path>,
 }
 
 impl ProxyOptions<'_> {
@@ -298,7 +300,10 @@ impl ProxyProcess {
             .unwrap_or_else(|| dir.path().join("state"));
         let tcp_port = free_port();
         let admin_port = free_port();
-        let mut cmd = hwkey();
+        let mut cmd = match opts.bin {
+            Some(bin) => Command::new(bin),
+            None => hwkey(),
+        };
         cmd.envs(id.envs()).env("HWKEY_LOG", "info").arg("proxy");
         if !opts.bare {
             cmd.args(["--key", opts.key.unwrap_or(&id.key_uri)])

@@ -1,0 +1,132 @@
+//! This build against an earlier one, in the same run (issue 35: "keep-alive requests and bulk
+//! unchanged (±5 %)" by the signer split). `HWKEY_BENCH_BASELINE_BIN` names the earlier hwkey
+//! (hsm-fixtures/baseline.sh REF builds it; `HWKEY_BENCH_BASELINE_REF` labels it): a second
+//! proxy of that build runs beside the fixture's, same SoftHSM key, same upstream, and the two
+//! alternate round by round: HTTP/1.1 keep-alive `GET /version` on 8 connections, and a 64 MiB
+//! download, both over the UNIX socket. CPU is each proxy's network-facing process (the signer
+//! signs nothing on an established connection).
+
+use super::*;
+
+/// The earlier build's binary and its label, when given.
+fn baseline_bin() -> Option<(PathBuf, String)> {
+    let bin = std::env::var_os("HWKEY_BENCH_BASELINE_BIN")?;
+    let label = std::env::var("HWKEY_BENCH_BASELINE_REF").unwrap_or_else(|_| "baseline".into());
+    Some((PathBuf::from(bin), label))
+}
+
+/// The rows, or one row saying why they are not measured.
+pub(crate) async fn against_baseline(f: &Fixture) -> Vec<Row> {
+    let Some((bin, label)) = baseline_bin() else {
+        return vec![Row::new(
+            "baseline",
+            "this build against an earlier one",
+            "—",
+            None,
+        )
+        .note("not measured: HWKEY_BENCH_BASELINE_BIN is not set (hsm-fixtures/bench.sh --baseline REF)")];
+    };
+    let other = ProxyProcess::start_with(
+        &f.id,
+        &f.upstream,
+        ProxyOptions {
+            bin: Some(&bin),
+            ..Default::default()
+        },
+    );
+    let proxies = [(&f.proxy.socket, f.proxy.guard.id()), (&other.socket, other.guard.id())];
+    let mut rows = keep_alive(&proxies, &label).await;
+    rows.extend(bulk(&proxies, &label).await);
+    drop(other);
+    rows
+}
+
+/// HTTP/1.1 keep-alive, 8 connections to each proxy: CPU per request and requests/s.
+async fn keep_alive(proxies: &[(&PathBuf, u32); 2], label: &str) -> Vec<Row> {
+    let (n, total, rounds) = (8, pick(40_000, 8_000), pick(5, 2));
+    let mut conns = Vec::new();
+    for (socket, _) in proxies {
+        let mut cs = Vec::new();
+        for _ in 0..n {
+            cs.push(Conn::Unix(UnixStream::connect(socket).await.expect("UNIX")));
+        }
+        load(&mut cs, n * 20, &Whose::Client).await;
+        conns.push(cs);
+    }
+    let mut trials: [Vec<Trial>; 2] = Default::default();
+    for series in schedule(rounds, 2) {
+        let whose = Whose::Process(proxies[series].1);
+        trials[series].push(load(&mut conns[series], total, &whose).await);
+    }
+    let field = |t: &[Trial], get: fn(&Trial) -> f64| t.iter().map(get).collect::<Vec<f64>>();
+    let versus = format!("hwkey of {label}, same key and upstream, alternating");
+    let within = |row: Row| {
+        let met = row.ratio.map(|r| (0.95..=1.05).contains(&r.median));
+        row.target("within ±5 % (issue 35)", met)
+    };
+    vec![
+        within(ratio_row(
+            "baseline",
+            "proxy CPU per request, HTTP/1.1 keep-alive, 8 connections, UNIX socket",
+            "µs",
+            &field(&trials[0], |t| t.cpu_us),
+            &versus,
+            &field(&trials[1], |t| t.cpu_us),
+        )),
+        within(ratio_row(
+            "baseline",
+            "requests/s, HTTP/1.1 keep-alive, 8 connections, UNIX socket",
+            "req/s",
+            &field(&trials[0], |t| t.per_second),
+            &versus,
+            &field(&trials[1], |t| t.per_second),
+        )),
+    ]
+}
+
+/// A 64 MiB download through each proxy: proxy CPU per GB and MB/s.
+async fn bulk(proxies: &[(&PathBuf, u32); 2], label: &str) -> Vec<Row> {
+    let size: u64 = pick(64, 16) << 20;
+    let rounds = pick(7, 3);
+    let path = format!("/bytes?n={size}");
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut conns = Vec::new();
+    for (socket, _) in proxies {
+        let mut c = Conn::Unix(UnixStream::connect(socket).await.expect("UNIX"));
+        c.get(&path, &mut buf).await;
+        conns.push(c);
+    }
+    let (mut cpu, mut rate): ([Vec<f64>; 2], [Vec<f64>; 2]) = Default::default();
+    for series in schedule(rounds, 2) {
+        let pid = proxies[series].1;
+        let before = process_cpu_ns(pid);
+        let start = Instant::now();
+        let got = conns[series].get(&path, &mut buf).await as f64;
+        rate[series].push(got / start.elapsed().as_secs_f64() / 1e6);
+        cpu[series].push((process_cpu_ns(pid) - before) as f64 / 1e9 / (got / 1e9));
+    }
+    let versus = format!("hwkey of {label}, same key and upstream, alternating");
+    let size_mib = size >> 20;
+    let within = |row: Row| {
+        let met = row.ratio.map(|r| (0.95..=1.05).contains(&r.median));
+        row.target("within ±5 % (issue 35)", met)
+    };
+    vec![
+        within(ratio_row(
+            "baseline",
+            &format!("proxy CPU per GB relayed, {size_mib} MiB download, UNIX socket"),
+            "s/GB",
+            &cpu[0],
+            &versus,
+            &cpu[1],
+        )),
+        within(ratio_row(
+            "baseline",
+            &format!("download {size_mib} MiB, UNIX socket"),
+            "MB/s",
+            &rate[0],
+            &versus,
+            &rate[1],
+        )),
+    ]
+}
