@@ -11,7 +11,8 @@
 # kube-apiserver stand-in and /usr/bin/kubectl, then writes docs/BENCHMARKS.md (benches/report.rs).
 #
 # --baseline REF: also measure hwkey as it was at git commit REF where a figure compares builds
-# (the approver's decisions; hsm-fixtures/baseline.sh builds it once per commit).
+# (the approver's decisions; the proxy's keep-alive requests and bulk download, e2e step
+# "baseline"; hsm-fixtures/baseline.sh builds it once per commit).
 #
 # --quick: few, short repetitions (under a minute once built), for development. The full run
 # takes a few minutes on 2 cores; run it when the machine is otherwise idle (`uptime`), since
