@@ -31,7 +31,7 @@ cargo bench --locked --no-run --bench e2e >&2
 # The proxy the benches start is a release build with its symbols stripped: profile one built
 # the same way with symbols and line tables kept (its own target directory), via HWKEY_BIN.
 CARGO_PROFILE_RELEASE_STRIP=none CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
-  cargo build --release --locked --bin hwkey --target-dir target/profiling >&2
+  cargo build --release --locked --bin hwkey --bin hwkey-net --target-dir target/profiling >&2
 export HWKEY_BIN=$PWD/target/profiling/release/hwkey
 bench=$(cargo bench --locked --no-run --bench e2e 2>&1 | sed -n 's/.*Executable .*(\(.*\))/\1/p' | tail -1)
 [[ -x "$bench" ]] || { echo "profile.sh: cannot find the e2e bench binary" >&2; exit 1; }
