@@ -80,7 +80,7 @@ impl Swtpm {
         let state = dir.join("state");
         fs::create_dir_all(&state).expect("create swtpm state dir");
         let log = dir.join("swtpm.log");
-        start_server("swtpm", &log, pick_port, |port| {
+        let (guard, port) = start_server("swtpm", &log, pick_port, |port| {
             let mut cmd = Command::new("swtpm");
             cmd.arg("socket")
                 .arg("--tpmstate")
@@ -92,7 +92,13 @@ impl Swtpm {
                 .arg(format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1))
                 .args(["--flags", "not-need-init,startup-clear"]);
             cmd
-        })
+        });
+        // Handed out only once it has answered a TPM command through the swtpm TCTI (which
+        // also opens the control port, to set the locality): twice in CI the first command of a
+        // TPM handed out when its command port accepted failed with "TCTI I/O error
+        // (0xa000a)" (approver::attacks, at the start of the busiest test run).
+        crate::ports::wait_for_port(port + 1, std::time::Duration::from_secs(10));
+        answers_a_command(guard, port, &log)
     }
 
     /// Kills swtpm and starts it again on the same ports and state (a TPM reset: transient objects are gone, persistent ones stay).
@@ -310,4 +316,49 @@ pub fn lockout_counter(envs: Vec<(String, String)>) -> u64 {
         .find_map(|l| l.strip_prefix("TPM2_PT_LOCKOUT_COUNTER:"))
         .unwrap_or_else(|| panic!("no TPM2_PT_LOCKOUT_COUNTER in:\n{text}"));
     u64::from_str_radix(value.trim().trim_start_matches("0x"), 16).expect("hex counter")
+}
+
+/// Waits until the swtpm on `port` answers `tpm2_getrandom` through the swtpm TCTI (10 s at
+/// most; it normally answers the first time); panics with its log if it exits or never does.
+fn answers_a_command(mut guard: ChildGuard, port: u16, log: &Path) -> (ChildGuard, u16) {
+    require_tool("tpm2_getrandom", "tpm2-tools");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut failures = Vec::new();
+    loop {
+        let out = Command::new("tpm2_getrandom")
+            .env(
+                "TPM2TOOLS_TCTI",
+                format!("swtpm:host=127.0.0.1,port={port}"),
+            )
+            .args(["1", "--hex"])
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {
+                if !failures.is_empty() {
+                    eprintln!(
+                        "swtpm on port {port} answered after {} failed attempt(s): {}",
+                        failures.len(),
+                        failures.join(" | ")
+                    );
+                }
+                return (guard, port);
+            }
+            Ok(o) => failures.push(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+            Err(e) => failures.push(e.to_string()),
+        }
+        let exited = guard.try_wait();
+        if exited.is_some() || std::time::Instant::now() >= deadline {
+            panic!(
+                "swtpm on port {port} {} without answering a command ({}):\n{}",
+                if exited.is_some() {
+                    "exited"
+                } else {
+                    "ran 10 s"
+                },
+                failures.join(" | "),
+                fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
