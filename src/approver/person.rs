@@ -271,23 +271,8 @@ pub fn settle(
 
 #[cfg(test)]
 mod tests {
+    use super::super::policy::tests::request;
     use super::*;
-
-    fn request(subject: &[(rcgen::DnType, &str)]) -> Request {
-        let key = rcgen::KeyPair::generate().expect("key");
-        let mut params = rcgen::CertificateParams::default();
-        let mut dn = rcgen::DistinguishedName::new();
-        for (t, v) in subject {
-            dn.push(t.clone(), *v);
-        }
-        params.distinguished_name = dn;
-        let der = params
-            .serialize_request(&key)
-            .expect("request")
-            .der()
-            .to_vec();
-        Request::from_der(der).expect("a well-formed request")
-    }
 
     fn groups(list: &[&str]) -> Vec<String> {
         list.iter().map(|g| g.to_string()).collect()

@@ -390,7 +390,7 @@ pub fn check_usages(usages: &[String]) -> Result<(), Violation> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -439,7 +439,9 @@ mod tests {
         }
     }
 
-    fn request(subject: &[(rcgen::DnType, &str)]) -> Request {
+    /// A well-formed request (rcgen, a fresh key) for `subject`: shared with the people
+    /// policy's tests.
+    pub(in crate::approver) fn request(subject: &[(rcgen::DnType, &str)]) -> Request {
         let key = rcgen::KeyPair::generate().expect("key");
         let mut params = rcgen::CertificateParams::default();
         let mut dn = rcgen::DistinguishedName::new();

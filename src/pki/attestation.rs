@@ -31,7 +31,7 @@ use crate::key::attestation::TpmEvidence;
 /// `id-aa-evidence` of the LAMPS draft: the attribute type of hwkey's evidence.
 pub const OID_EVIDENCE: &[u64] = &[1, 2, 840, 113549, 1, 9, 16, 2, 59];
 /// DER of hwkey's statement type, a UUID OID (2.25.…): the draft registers no TPM2_Certify type.
-const OID_TPM2_CERTIFY_DER: &[u8] = &[
+pub(crate) const OID_TPM2_CERTIFY_DER: &[u8] = &[
     0x06, 0x14, 0x69, 0x81, 0xd6, 0x9c, 0x97, 0xc3, 0xc9, 0xe0, 0xd2, 0xb1, 0xaf, 0x9a, 0x9b, 0x8f,
     0xe3, 0xe5, 0xe8, 0xa9, 0xf8, 0x21,
 ];

@@ -443,9 +443,19 @@ fn issued_subject(cluster: &KubeCluster, name: &str) -> Option<String> {
 
 /// The trust ConfigMap from `entries` (name → text), replacing what is there.
 pub(crate) fn apply_trust(cluster: &KubeCluster, dir: &Path, entries: &[(&str, String)]) {
-    let folder = dir.join(format!("trust-{}", entries.len()));
+    apply_config_map(cluster, dir, "hwkey-approver-trust", entries);
+}
+
+/// ConfigMap `hwkey-system/NAME` from `entries` (name → text), replacing what is there.
+pub(crate) fn apply_config_map(
+    cluster: &KubeCluster,
+    dir: &Path,
+    name: &str,
+    entries: &[(&str, String)],
+) {
+    let folder = dir.join(format!("{name}-{}", entries.len()));
     let _ = std::fs::remove_dir_all(&folder);
-    std::fs::create_dir(&folder).expect("trust folder");
+    std::fs::create_dir(&folder).expect("entries folder");
     for (name, text) in entries {
         std::fs::write(folder.join(name), text).expect("entry");
     }
@@ -454,13 +464,13 @@ pub(crate) fn apply_trust(cluster: &KubeCluster, dir: &Path, entries: &[(&str, S
         "hwkey-system",
         "create",
         "configmap",
-        "hwkey-approver-trust",
+        name,
         &format!("--from-file={}", folder.display()),
         "--dry-run=client",
         "-o",
         "yaml",
     ]);
-    let path = dir.join("trust.yaml");
+    let path = dir.join(format!("{name}.yaml"));
     std::fs::write(&path, &yaml.stdout).expect("write");
     cluster.kubectl_ok(&["apply", "-f", &path.display().to_string()]);
 }

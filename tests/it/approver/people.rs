@@ -17,8 +17,8 @@ use support::requests::{self as rq, Node, RequestTree, SoftwareKey};
 use support::*;
 
 use super::kit::{
-    apply_trust, assert_decided, create_as_bootstrap, create_with, csr_object, decided_as, Replica,
-    Tpm, MANIFEST,
+    apply_config_map, apply_trust, assert_decided, create_as_bootstrap, create_with, csr_object,
+    decided_as, Replica, Tpm, MANIFEST,
 };
 use crate::lifecycle::kit::csr_field;
 
@@ -148,26 +148,7 @@ impl Scene {
 
 /// The people trust ConfigMap from `entries` (name → text), replacing what is there.
 fn apply_people(cluster: &KubeCluster, dir: &Path, entries: &[(&str, String)]) {
-    let folder = dir.join(format!("people-{}", entries.len()));
-    let _ = std::fs::remove_dir_all(&folder);
-    std::fs::create_dir(&folder).expect("people folder");
-    for (name, text) in entries {
-        std::fs::write(folder.join(name), text).expect("entry");
-    }
-    let yaml = cluster.kubectl_ok(&[
-        "-n",
-        "hwkey-system",
-        "create",
-        "configmap",
-        "hwkey-approver-people",
-        &format!("--from-file={}", folder.display()),
-        "--dry-run=client",
-        "-o",
-        "yaml",
-    ]);
-    let path = dir.join("people.yaml");
-    std::fs::write(&path, &yaml.stdout).expect("write");
-    cluster.kubectl_ok(&["apply", "-f", &path.display().to_string()]);
+    apply_config_map(cluster, dir, "hwkey-approver-people", entries);
 }
 
 /// Who creates a request.
