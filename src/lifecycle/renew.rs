@@ -65,7 +65,7 @@ pub struct Renewed {
 /// Renews the certificate of `options.key`. The key is opened in a signer process of its own
 /// (as the proxy's), which signs only the handshakes and a request for this identity.
 pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
-    let (_signer, key) = crate::signer::open_key(
+    let key = crate::signer::open_key(
         &options.key,
         options.cert.as_deref(),
         options.require_non_extractable,

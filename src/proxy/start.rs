@@ -75,9 +75,8 @@ fn prepare(settings: &Settings, supervisor: Supervisor) -> Result<Prepared, Star
         Some(p) => Some((p.clone(), lifetime::open_lock_file(p)?)),
         None => None,
     };
-    let (link, opened) = open(settings, supervisor)?;
+    let opened = open(settings, supervisor)?;
     let sandbox = sandbox::confine(settings.sandbox, &sandbox_plan(settings, &bound))?;
-    link.start_readers()?;
     Ok(Prepared {
         opened,
         bound,
@@ -142,11 +141,9 @@ struct Opened {
 /// Opens the key in use (with `--rotate-key`, the one a rotation left), its chain, the
 /// upstream trust and the loopback CA; refuses, in words, a key that cannot sign any handshake
 /// the upstream could accept.
-fn open(
-    settings: &Settings,
-    supervisor: Supervisor,
-) -> Result<(Arc<SignerLink>, Opened), StartError> {
-    let (link, key) = SignerLink::open(supervisor)?;
+fn open(settings: &Settings, supervisor: Supervisor) -> Result<Opened, StartError> {
+    // The key holds the link to its signer (and its restarts) for as long as it is used.
+    let (_, key) = SignerLink::open(supervisor)?;
     let key = Arc::new(key);
     let versions = crate::key::tls::protocol_versions(&key, settings.key.allow_tls12_fallback)?;
     let chain = cert::chain_for_key(&key, settings.key.cert.as_deref())?;
@@ -162,7 +159,7 @@ fn open(
             .map_err(StartError::UpstreamCa)?,
         ca: LoopbackCa::load_or_create(&settings.state_dir)?,
     };
-    Ok((link, opened))
+    Ok(opened)
 }
 
 /// What the proxy's signer serves: its key (with `--rotate-key`, the one the last rotation

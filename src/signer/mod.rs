@@ -27,12 +27,12 @@ pub use supervisor::Supervisor;
 /// that sign with the identity (`hwkey probe`, `hwkey renew`), so the PKCS#11 module, the TSS
 /// libraries and the PIN are never in the process that speaks to the network, and the same
 /// policy decides what is signed. `cert` is the identity's certificate file (else the chain
-/// stored with the key). The link must live as long as the key is used.
+/// stored with the key). The key holds its link to the signer; the signer side ends with it.
 pub fn open_key(
     key: &crate::key::KeyUri,
     cert: Option<&std::path::Path>,
     require_non_extractable: bool,
-) -> Result<(std::sync::Arc<remote::SignerLink>, crate::key::Key), crate::key::KeyError> {
+) -> Result<crate::key::Key, crate::key::KeyError> {
     let config = SignerConfig {
         key: key.clone(),
         rotation_state: None,
@@ -42,7 +42,5 @@ pub fn open_key(
         require_non_extractable,
     };
     let supervisor = Supervisor::start(&config).map_err(|e| remote::signer_error(&e))?;
-    let (link, key) = remote::SignerLink::open(supervisor)?;
-    link.start_readers()?;
-    Ok((link, key))
+    remote::SignerLink::open(supervisor).map(|(_, key)| key)
 }

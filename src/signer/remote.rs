@@ -79,12 +79,6 @@ impl SignerClient {
         Ok((client, info))
     }
 
-    /// Kept for the network side's start-up order: replies are read by the calling threads
-    /// themselves (see [`Waiting`]), so no thread is started, before the sandbox or after.
-    pub fn start_reader(&self) -> Result<(), KeyError> {
-        Ok(())
-    }
-
     /// Whether the signer is gone (its socket closed or broke).
     pub fn is_gone(&self) -> bool {
         self.waiting
@@ -186,9 +180,6 @@ pub struct SignerLink {
     supervisor: Supervisor,
     state: RwLock<LinkState>,
     restart: Mutex<Restart>,
-    /// Whether the sandbox is up (kept for [`SignerClient::start_reader`], which starts
-    /// nothing now that callers read their own replies).
-    readers: std::sync::atomic::AtomicBool,
 }
 
 /// The signer in use and the ids of its keys, by public key.
@@ -222,21 +213,9 @@ impl SignerLink {
                 not_before: None,
                 pin_refused: None,
             }),
-            readers: std::sync::atomic::AtomicBool::new(false),
         });
         let key = link.key(info)?;
         Ok((link, key))
-    }
-
-    /// Starts reading replies on a thread of their own (and does for every later signer): call
-    /// this once this process may start threads, i.e. after its sandbox is up.
-    pub fn start_readers(&self) -> Result<(), KeyError> {
-        self.readers.store(true, Ordering::SeqCst);
-        self.state
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .client
-            .start_reader()
     }
 
     fn key(self: &Arc<Self>, info: KeyInfo) -> Result<Key, KeyError> {
@@ -311,9 +290,6 @@ impl SignerLink {
             .and_then(SignerClient::connect);
         match started {
             Ok((client, info)) => {
-                if self.readers.load(Ordering::SeqCst) {
-                    client.start_reader()?;
-                }
                 tracing::info!(key = %info.describe, "a new signer is serving the key");
                 restart.backoff.reset();
                 restart.not_before = None;
