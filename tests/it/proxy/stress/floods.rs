@@ -623,3 +623,120 @@ fn another_users_health_probes_cost_no_signature_and_show_no_details() {
     assert_eq!(code, "200");
     assert!(body.contains("hwkey_signatures_total"), "{body}");
 }
+
+/// The threads of process `pid` named `comm`, stopped where they are until this is dropped: a
+/// python helper seizes and interrupts each with ptrace (the process's other threads keep
+/// running) and detaches when its stdin closes, or when it is killed (the kernel detaches a dead
+/// tracer's tracees). A stand-in for connection threads too busy to take new work.
+struct StoppedThreads {
+    tracer: Child,
+    count: usize,
+}
+
+impl StoppedThreads {
+    fn stop(pid: u32, comm: &str) -> StoppedThreads {
+        let script = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+SEIZE, INTERRUPT, DETACH, WALL = 0x4206, 0x4207, 17, 0x40000000
+pid, comm = sys.argv[1], sys.argv[2]
+seized = []
+for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+        name = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+    except OSError:
+        continue
+    if name != comm:
+        continue
+    tid = int(tid)
+    if libc.ptrace(SEIZE, tid, None, None) != 0 or libc.ptrace(INTERRUPT, tid, None, None) != 0:
+        continue
+    os.waitpid(tid, WALL)
+    seized.append(tid)
+print("stopped", len(seized), flush=True)
+sys.stdin.read()
+for tid in seized:
+    libc.ptrace(DETACH, tid, None, 0)
+"#;
+        require_tool("python3", "python3");
+        let mut tracer = Command::new("python3")
+            .args(["-c", script, &pid.to_string(), comm])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run the ptrace helper");
+        let mut out = BufReader::new(tracer.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("read");
+        let count = line
+            .trim()
+            .strip_prefix("stopped ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected output {line:?}"));
+        StoppedThreads { tracer, count }
+    }
+}
+
+impl Drop for StoppedThreads {
+    fn drop(&mut self) {
+        drop(self.tracer.stdin.take());
+        if !matches!(self.tracer.wait(), Ok(s) if s.success()) {
+            let _ = self.tracer.kill();
+        }
+    }
+}
+
+/// Issue 35: connections between accept and admission were unbounded. While the connection
+/// threads cannot take new work (here stopped with ptrace; under a flood, busy), 350
+/// connections from another uid arrive: the proxy accepts at most 256 of them and leaves the
+/// rest in the kernel's backlog (128 here), instead of holding a descriptor and a queued task
+/// for each (the old code held all 350). Once the threads run again every waiting connection is
+/// accepted in turn, and the owner is served.
+#[test]
+fn connections_wait_in_the_kernel_while_the_connection_threads_cannot_take_them() {
+    require_root();
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let pid = proxy.guard.id();
+    assert!(proxy.curl_unix(&["--fail"], "/version").status.success());
+    let accepted = |p: &ProxyProcess| p.metric("hwkey_connections_total{listener=\"tcp\"}");
+    let accepted_before = accepted(&proxy);
+    let baseline = fd_count(pid);
+
+    let stopped = StoppedThreads::stop(pid, "hwkey-proxy-con");
+    assert!(stopped.count >= 1, "no connection thread found in {pid}");
+    let (mut flood, held) = hold_connections_as_nobody(proxy.tcp_port, 350);
+    assert!(held >= 340, "the flood holds only {held} connections");
+    // The accept loop stops at the bound: give it time to take more than it may.
+    let mut most = 0;
+    for _ in 0..20 {
+        most = most.max(fd_count(pid).saturating_sub(baseline));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        most <= 256 + 8,
+        "{most} descriptors taken by connections nobody admitted (bound 256)"
+    );
+    drop(stopped);
+
+    // Nothing was lost: the connections that waited in the backlog are accepted now.
+    proxy.wait_for_metric(
+        "hwkey_connections_total{listener=\"tcp\"}",
+        accepted_before + held as f64,
+    );
+    let out = proxy.curl_unix(&["--fail", "--max-time", "5"], "/version");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        output_text(&out),
+        proxy.log()
+    );
+    let _ = flood.kill();
+    let _ = flood.wait();
+    eprintln!(
+        "most descriptors held while the threads were stopped: {most}; accepted: {}",
+        accepted(&proxy) - accepted_before
+    );
+}
