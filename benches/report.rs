@@ -19,7 +19,7 @@ use common::{Results, Row, Stat};
 const MARKER: &str = "<!-- hand-written below this line: hsm-fixtures/bench.sh keeps it -->";
 
 /// The areas, in its order (one table each).
-const AREAS: [&str; 16] = [
+const AREAS: [&str; 17] = [
     "signing, raw",
     "handshakes",
     "key exchange",
@@ -28,6 +28,7 @@ const AREAS: [&str; 16] = [
     "throughput",
     "latency",
     "requests",
+    "against ghostunnel",
     "kubectl",
     "kubectl, real kube-apiserver",
     "exec",

@@ -4,6 +4,8 @@
 # Builds hwkey (release) as it was at git commit REF, for benchmarks that compare this build with
 # an earlier one in the same run (hsm-fixtures/bench.sh --baseline REF), and prints the binary's
 # path. The build is kept under target/baseline/<commit> and reused: a second run returns at once.
+# Since the signer split (issue 35) `hwkey proxy` execs `hwkey-net` from beside itself: a commit
+# that has it gets it built and copied too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ref=${1:?usage: hsm-fixtures/baseline.sh REF (a commit, tag or branch)}
@@ -12,7 +14,11 @@ commit=$(git rev-parse --verify "$ref^{commit}") || {
   exit 1
 }
 dest="target/baseline/$commit"
-if [[ -x "$dest/hwkey" ]]; then
+needs_net=0
+if git cat-file -e "$commit:src/bin/hwkey-net.rs" 2>/dev/null; then
+  needs_net=1
+fi
+if [[ -x "$dest/hwkey" ]] && { ((needs_net == 0)) || [[ -x "$dest/hwkey-net" ]]; }; then
   echo "$PWD/$dest/hwkey"
   exit 0
 fi
@@ -21,8 +27,14 @@ rm -rf "$src"
 mkdir -p "$src"
 git archive "$commit" | tar -x -C "$src"
 echo "baseline.sh: building hwkey at ${commit:0:12} (release; once per commit)" >&2
-(cd "$src" && CARGO_TARGET_DIR="$PWD/../target-$commit" cargo build --release --locked --bin hwkey >&2)
+bins=(hwkey)
+if ((needs_net == 1)); then
+  bins+=(hwkey-net)
+fi
+(cd "$src" && CARGO_TARGET_DIR="$PWD/../target-$commit" cargo build --release --locked "${bins[@]/#/--bin=}" >&2)
 mkdir -p "$dest"
-cp "target/baseline/target-$commit/release/hwkey" "$dest/hwkey"
+for bin in "${bins[@]}"; do
+  cp "target/baseline/target-$commit/release/$bin" "$dest/$bin"
+done
 rm -rf "$src" "target/baseline/target-$commit"
 echo "$PWD/$dest/hwkey"

@@ -8,6 +8,12 @@
 //!
 //! What the proxy spends above this floor is what its own code (TLS, runtime, bookkeeping)
 //! costs; the floor itself is the kernel's, and no relay built on `read`/`write` goes below it.
+//!
+//! The same relay in its TLS mode ([`FloorRelay::start_tls`], issue 38) is the floor of a relay
+//! that does the proxy's job: plain bytes from a UNIX client, TLS 1.3 to the upstream with
+//! rustls (the buffered API tokio-rustls uses, the same provider and cipher suite), still one
+//! thread, no runtime, no allocation per request. What the proxy spends above *it* is its
+//! runtime and bridge; what it spends above the bytes-only floor is TLS itself.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream as StdUnix};
@@ -28,14 +34,25 @@ pub(crate) struct FloorRelay {
     _dir: tempfile::TempDir,
 }
 
-/// One client and its upstream connection.
+/// One client and its upstream connection (with its TLS state in TLS mode).
 struct Pair {
     client: StdUnix,
     upstream: std::net::TcpStream,
+    tls: Option<rustls::ClientConnection>,
 }
 
 impl FloorRelay {
     pub(crate) fn start(upstream_port: u16) -> FloorRelay {
+        FloorRelay::spawn(upstream_port, None)
+    }
+
+    /// The relay in TLS mode: clients speak plain HTTP on its UNIX socket, and it speaks TLS
+    /// with `config` to the upstream (the handshake, done at accept, is not what is measured).
+    pub(crate) fn start_tls(upstream_port: u16, config: Arc<ClientConfig>) -> FloorRelay {
+        FloorRelay::spawn(upstream_port, Some(config))
+    }
+
+    fn spawn(upstream_port: u16, tls: Option<Arc<ClientConfig>>) -> FloorRelay {
         let dir = temp_dir();
         let socket = dir.path().join("floor.sock");
         let listener = UnixListener::bind(&socket).expect("floor relay socket");
@@ -49,7 +66,7 @@ impl FloorRelay {
                     rustix::thread::gettid().as_raw_nonzero().get(),
                     Ordering::SeqCst,
                 );
-                serve(listener, upstream_port, &s);
+                serve(listener, upstream_port, tls, &s);
             })
             .expect("floor relay thread");
         while tid.load(Ordering::SeqCst) == 0 {
@@ -83,7 +100,12 @@ impl Drop for FloorRelay {
 }
 
 /// The event loop: token 0 is the listener, 2i+1 client i, 2i+2 its upstream.
-fn serve(listener: UnixListener, upstream_port: u16, stop: &AtomicBool) {
+fn serve(
+    listener: UnixListener,
+    upstream_port: u16,
+    tls: Option<Arc<ClientConfig>>,
+    stop: &AtomicBool,
+) {
     let ep = epoll::create(epoll::CreateFlags::CLOEXEC).expect("epoll");
     let readable = epoll::EventFlags::IN;
     epoll::add(&ep, &listener, epoll::EventData::new_u64(0), readable).expect("epoll add");
@@ -106,9 +128,10 @@ fn serve(listener: UnixListener, upstream_port: u16, stop: &AtomicBool) {
             let token = event.data.u64() as usize;
             if token == 0 {
                 let (client, _) = listener.accept().expect("floor accept");
-                let upstream = std::net::TcpStream::connect(("127.0.0.1", upstream_port))
+                let mut upstream = std::net::TcpStream::connect(("127.0.0.1", upstream_port))
                     .expect("floor upstream");
                 upstream.set_nodelay(true).expect("nodelay");
+                let tls = tls.as_ref().map(|config| handshake(config, &mut upstream));
                 let i = pairs.len() as u64;
                 epoll::add(&ep, &client, epoll::EventData::new_u64(2 * i + 1), readable)
                     .expect("epoll add");
@@ -119,15 +142,24 @@ fn serve(listener: UnixListener, upstream_port: u16, stop: &AtomicBool) {
                     readable,
                 )
                 .expect("epoll add");
-                pairs.push(Some(Pair { client, upstream }));
+                pairs.push(Some(Pair {
+                    client,
+                    upstream,
+                    tls,
+                }));
                 continue;
             }
             let i = (token - 1) / 2;
             let Some(pair) = &mut pairs[i] else { continue };
-            let copied = if token % 2 == 1 {
-                copy_once(&mut pair.client, &mut pair.upstream, &mut buf)
-            } else {
-                copy_once(&mut pair.upstream, &mut pair.client, &mut buf)
+            let copied = match (&mut pair.tls, token % 2 == 1) {
+                (None, true) => copy_once(&mut pair.client, &mut pair.upstream, &mut buf),
+                (None, false) => copy_once(&mut pair.upstream, &mut pair.client, &mut buf),
+                (Some(tls), true) => {
+                    encrypt_once(&mut pair.client, tls, &mut pair.upstream, &mut buf)
+                }
+                (Some(tls), false) => {
+                    decrypt_once(&mut pair.upstream, tls, &mut pair.client, &mut buf)
+                }
             };
             if !copied {
                 pairs[i] = None; // closing both deregisters them
@@ -143,4 +175,75 @@ fn copy_once(from: &mut impl Read, to: &mut impl Write, buf: &mut [u8]) -> bool 
         Ok(0) | Err(_) => false,
         Ok(n) => to.write_all(&buf[..n]).is_ok(),
     }
+}
+
+/// A TLS client connection to the upstream, its handshake done (blocking).
+fn handshake(
+    config: &Arc<ClientConfig>,
+    upstream: &mut std::net::TcpStream,
+) -> rustls::ClientConnection {
+    let name = ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+    let mut tls = rustls::ClientConnection::new(config.clone(), name).expect("floor TLS");
+    while tls.is_handshaking() {
+        tls.complete_io(upstream).expect("floor TLS handshake");
+    }
+    tls
+}
+
+/// One read of the client's plain bytes (it is readable), sealed into records and written to
+/// the upstream; false at end of stream or on an error.
+fn encrypt_once(
+    client: &mut StdUnix,
+    tls: &mut rustls::ClientConnection,
+    upstream: &mut std::net::TcpStream,
+    buf: &mut [u8],
+) -> bool {
+    let n = match client.read(buf) {
+        Ok(0) | Err(_) => return false,
+        Ok(n) => n,
+    };
+    if tls.writer().write_all(&buf[..n]).is_err() {
+        return false;
+    }
+    flush_tls(tls, upstream)
+}
+
+/// One read of the upstream's records (it is readable), opened, their plain bytes written to
+/// the client; false at end of stream or on an error.
+fn decrypt_once(
+    upstream: &mut std::net::TcpStream,
+    tls: &mut rustls::ClientConnection,
+    client: &mut StdUnix,
+    buf: &mut [u8],
+) -> bool {
+    match tls.read_tls(upstream) {
+        Ok(0) | Err(_) => return false,
+        Ok(_) => {}
+    }
+    if tls.process_new_packets().is_err() {
+        return false;
+    }
+    loop {
+        match tls.reader().read(buf) {
+            Ok(0) => return false,
+            Ok(n) => {
+                if client.write_all(&buf[..n]).is_err() {
+                    return false;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(_) => return false,
+        }
+    }
+    flush_tls(tls, upstream)
+}
+
+/// Writes every pending record (one `writev` each time, as the proxy's stream does).
+fn flush_tls(tls: &mut rustls::ClientConnection, upstream: &mut std::net::TcpStream) -> bool {
+    while tls.wants_write() {
+        if tls.write_tls(upstream).is_err() {
+            return false;
+        }
+    }
+    true
 }

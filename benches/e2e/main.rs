@@ -52,6 +52,7 @@ mod floor;
 mod handshakes;
 mod kubectl;
 mod memory;
+mod peers;
 mod requests;
 mod tpm_stall;
 mod traffic;
@@ -63,6 +64,7 @@ use floor::*;
 use handshakes::*;
 use kubectl::*;
 use memory::*;
+use peers::*;
 use requests::*;
 use tpm_stall::*;
 use traffic::*;
@@ -129,6 +131,10 @@ fn main() {
     if wanted("requests") {
         step("keep-alive requests");
         rows.extend(rt.block_on(requests(&f)));
+    }
+    if wanted("peers") {
+        step("against ghostunnel");
+        rows.extend(rt.block_on(against_ghostunnel(&f)));
     }
     if wanted("kubectl") {
         step("kubectl and exec");

@@ -14,6 +14,8 @@ use super::*;
 struct Peers<'a> {
     ghost: Option<&'a Ghostunnel>,
     floor: &'a FloorRelay,
+    /// The floor relay in TLS mode: the proxy's job with no runtime (issue 38).
+    tls_floor: &'a FloorRelay,
 }
 
 /// Where the load goes.
@@ -25,6 +27,8 @@ enum Route {
     Ghostunnel,
     /// TLS from the client to the upstream through the floor relay ([`FloorRelay`]).
     Floor,
+    /// Plain HTTP to the floor relay in TLS mode ([`FloorRelay::start_tls`]).
+    TlsFloor,
 }
 
 /// Whose CPU and context switches a trial counts.
@@ -73,11 +77,13 @@ impl Whose {
             .sum()
     }
 
-    /// The process `perf` attaches to for the system call count (the proxy's, ghostunnel's).
-    fn pid(&self) -> Option<u32> {
+    /// What `perf` attaches to for the system call count: the proxy's or ghostunnel's
+    /// process (`-p`, all its threads), the floor relay's thread (`-t`).
+    fn perf_target(&self) -> Option<(&'static str, u32)> {
         match self {
-            Whose::Process(pid) => Some(*pid),
-            _ => None,
+            Whose::Process(pid) => Some(("-p", *pid)),
+            Whose::Task(dir) => Some(("-t", dir.file_name()?.to_str()?.parse().ok()?)),
+            Whose::Client => None,
         }
     }
 }
@@ -92,14 +98,14 @@ fn task_figure(dir: &Path, name: &str, parse: impl Fn(&str) -> Option<u64>) -> u
 
 /// ghostunnel in client mode on a UNIX socket in front of the fixture's upstream, signing with
 /// the same SoftHSM key; None when the binary is not on this machine.
-struct Ghostunnel {
-    guard: support::ChildGuard,
-    socket: PathBuf,
+pub(crate) struct Ghostunnel {
+    pub(crate) guard: support::ChildGuard,
+    pub(crate) socket: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Ghostunnel {
-    fn start(f: &Fixture) -> Option<Ghostunnel> {
+    pub(crate) fn start(f: &Fixture) -> Option<Ghostunnel> {
         let bin = std::env::var_os("GHOSTUNNEL")
             .map(PathBuf::from)
             .unwrap_or_else(|| {
@@ -162,6 +168,11 @@ async fn connect(f: &Fixture, p: &Peers<'_>, route: Route) -> Conn {
                 .expect("ghostunnel UNIX"),
         ),
         Route::Floor => Conn::TlsUnix(Box::new(tls_connect_unix(&f.direct, &p.floor.socket).await)),
+        Route::TlsFloor => Conn::Unix(
+            UnixStream::connect(&p.tls_floor.socket)
+                .await
+                .expect("TLS floor UNIX"),
+        ),
     }
 }
 
@@ -180,21 +191,39 @@ pub(crate) struct Trial {
     p99: f64,
     /// The proxy's context switches per request (voluntary + involuntary, all its threads).
     switches: f64,
-    /// The proxy's system calls per request, when `perf` can count them.
-    syscalls: Option<f64>,
+    /// System calls per request, in a counted trial ([`load_counted`]).
+    calls: Option<Calls>,
 }
 
-/// `perf stat` counting the system calls of `pid` until [`SyscallCount::stop`]; None when perf
-/// cannot (not installed, or not allowed). Only with `HWKEY_BENCH_SYSCALLS` set: the tracepoint
-/// slows every call, so the CPU figures of such a run are not the published ones.
+/// System calls per request, as `perf` counts them on a process or a thread: all of them, the
+/// waits for readiness (`epoll_wait`, `epoll_pwait`: how often a thread ran out of work) and
+/// `futex` (one thread waking or waiting for another).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Calls {
+    all: f64,
+    waits: f64,
+    futex: f64,
+}
+
+/// The tracepoints [`SyscallCount`] reads, in [`Calls`]' order (the two waits summed).
+const CALL_EVENTS: [&str; 4] = [
+    "raw_syscalls:sys_enter",
+    "syscalls:sys_enter_epoll_wait",
+    "syscalls:sys_enter_epoll_pwait",
+    "syscalls:sys_enter_futex",
+];
+
+/// `perf stat` counting the system calls of a process or thread until [`SyscallCount::stop`];
+/// None when perf cannot (not installed, or not allowed). The tracepoints slow every call, so
+/// a counted trial's CPU and rate are not published: only its counts.
 struct SyscallCount(std::process::Child, tempfile::NamedTempFile);
 
 impl SyscallCount {
-    fn start(pid: u32) -> Option<SyscallCount> {
+    fn start(target: (&str, u32)) -> Option<SyscallCount> {
         let out = tempfile::NamedTempFile::new().ok()?;
         let child = Command::new("perf")
-            .args(["stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p"])
-            .arg(pid.to_string())
+            .args(["stat", "-x,", "-e", &CALL_EVENTS.join(","), target.0])
+            .arg(target.1.to_string())
             .arg("-o")
             .arg(out.path())
             .stdout(Stdio::null())
@@ -205,7 +234,8 @@ impl SyscallCount {
         Some(SyscallCount(child, out))
     }
 
-    fn stop(mut self) -> Option<u64> {
+    /// The counts, per request of `done`.
+    fn stop(mut self, done: f64) -> Option<Calls> {
         rustix::process::kill_process(
             rustix::process::Pid::from_raw(self.0.id() as i32)?,
             rustix::process::Signal::INT,
@@ -213,24 +243,44 @@ impl SyscallCount {
         .ok()?;
         self.0.wait().ok()?;
         let text = std::fs::read_to_string(self.1.path()).ok()?;
-        text.lines()
-            .find(|l| l.contains("raw_syscalls:sys_enter"))?
-            .split(',')
-            .next()?
-            .parse()
-            .ok()
+        let count = |event: &str| -> Option<f64> {
+            text.lines()
+                .find(|l| l.split(',').nth(2) == Some(event))?
+                .split(',')
+                .next()?
+                .parse::<f64>()
+                .ok()
+                .map(|n| n / done)
+        };
+        Some(Calls {
+            all: count(CALL_EVENTS[0])?,
+            waits: count(CALL_EVENTS[1])? + count(CALL_EVENTS[2])?,
+            futex: count(CALL_EVENTS[3])?,
+        })
     }
 }
 
 /// `total` requests spread over `conns`, all connections busy at once; `whose` CPU counts.
 pub(crate) async fn load(conns: &mut [Conn], total: usize, whose: &Whose) -> Trial {
+    run_load(conns, total, whose, None).await
+}
+
+/// [`load`] with `whose` system calls counted by perf (None without perf). Only the counts
+/// mean anything: the tracepoints slow the calls they count.
+async fn load_counted(conns: &mut [Conn], total: usize, whose: &Whose) -> Option<Calls> {
+    let counter = SyscallCount::start(whose.perf_target()?)?;
+    run_load(conns, total, whose, Some(counter)).await.calls
+}
+
+async fn run_load(
+    conns: &mut [Conn],
+    total: usize,
+    whose: &Whose,
+    counter: Option<SyscallCount>,
+) -> Trial {
     let per_conn = total / conns.len();
     let cpu = || whose.cpu_ns();
     let switches = || whose.switches();
-    let counter = whose
-        .pid()
-        .filter(|_| std::env::var_os("HWKEY_BENCH_SYSCALLS").is_some());
-    let counter = counter.and_then(SyscallCount::start);
     let switches_before = switches();
     let cpu_before = cpu();
     let start = Instant::now();
@@ -253,9 +303,7 @@ pub(crate) async fn load(conns: &mut [Conn], total: usize, whose: &Whose) -> Tri
     let done = samples.len() as f64;
     let cpu_us = (cpu() - cpu_before) as f64 / 1e3 / done;
     let switches = (switches() - switches_before) as f64 / done;
-    let syscalls = counter
-        .and_then(SyscallCount::stop)
-        .map(|n| n as f64 / done);
+    let calls = counter.and_then(|c| c.stop(done));
     let (p50, p99) = p50_p99(&mut samples);
     Trial {
         per_second: done / elapsed,
@@ -263,16 +311,26 @@ pub(crate) async fn load(conns: &mut [Conn], total: usize, whose: &Whose) -> Tri
         p50,
         p99,
         switches,
-        syscalls,
+        calls,
+    }
+}
+
+/// Whose CPU and system calls a route's trial counts.
+fn whose_of(f: &Fixture, p: &Peers<'_>, route: Route) -> Whose {
+    match route {
+        Route::Direct => Whose::Client,
+        Route::Unix | Route::Loopback => Whose::Process(f.proxy.guard.id()),
+        Route::Ghostunnel => Whose::Process(p.ghost.expect("ghostunnel").guard.id()),
+        Route::Floor => Whose::Task(p.floor.task_dir()),
+        Route::TlsFloor => Whose::Task(p.tls_floor.task_dir()),
     }
 }
 
 /// HTTP/1.1 keep-alive on `n` connections per route; rows against the direct baseline and
 /// against ghostunnel.
 async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> Vec<Row> {
-    let g = p.ghost;
     let total = pick(40_000, 8_000);
-    let rounds = pick(3, 2);
+    let rounds = pick(5, 2);
     let mut conns = Vec::new();
     for &route in routes {
         let mut cs = Vec::new();
@@ -285,19 +343,43 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
     }
     let mut trials: Vec<Vec<Trial>> = vec![Vec::new(); routes.len()];
     for series in schedule(rounds, routes.len()) {
-        let whose = match routes[series] {
-            Route::Direct => Whose::Client,
-            Route::Unix | Route::Loopback => Whose::Process(f.proxy.guard.id()),
-            Route::Ghostunnel => Whose::Process(g.expect("ghostunnel").guard.id()),
-            Route::Floor => Whose::Task(p.floor.task_dir()),
-        };
+        let whose = whose_of(f, p, routes[series]);
         trials[series].push(load(&mut conns[series], total, &whose).await);
+    }
+    // Counted trials, apart from the timed ones: the system calls per request of the proxy
+    // (UNIX socket), the floor relay and ghostunnel, alternating.
+    let counted: Vec<usize> = routes
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            matches!(
+                r,
+                Route::Unix | Route::Floor | Route::TlsFloor | Route::Ghostunnel
+            )
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let mut calls: Vec<Vec<Calls>> = vec![Vec::new(); routes.len()];
+    for k in schedule(rounds, counted.len()) {
+        let series = counted[k];
+        let whose = whose_of(f, p, routes[series]);
+        let counted_total = pick(20_000, 4_000);
+        if let Some(c) = load_counted(&mut conns[series], counted_total, &whose).await {
+            calls[series].push(c);
+        }
     }
     let of = |route: Route| {
         routes
             .iter()
             .position(|&r| r == route)
             .map(|i| trials[i].clone())
+    };
+    let calls_of = |route: Route| {
+        routes
+            .iter()
+            .position(|&r| r == route)
+            .map(|i| calls[i].clone())
+            .unwrap_or_default()
     };
     let field = |t: &[Trial], get: fn(&Trial) -> f64| t.iter().map(get).collect::<Vec<f64>>();
     let direct = of(Route::Direct).expect("the direct baseline");
@@ -345,8 +427,61 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
                     "floor relay (bytes only, one thread)",
                     &field(&fl, |t| t.cpu_us),
                 )
+                .target("≤ 1.3× (issue 38)", Some(paired_median(&t, &fl, |t| t.cpu_us) <= 1.3))
                 .note(format!("floor: {}", latency_note(&fl))),
             );
+            rows.push(at_least(
+                ratio_row(
+                    "requests",
+                    &format!(
+                        "requests/s vs the relay floor, HTTP/1.1, {n} connections, UNIX socket"
+                    ),
+                    "req/s",
+                    &field(&t, |t| t.per_second),
+                    "floor relay (bytes only, one thread)",
+                    &field(&fl, |t| t.per_second),
+                ),
+                0.97,
+            ));
+            rows.extend(calls_row(
+                n,
+                &calls_of(Route::Unix),
+                &calls_of(Route::Floor),
+                &calls_of(Route::TlsFloor),
+                &calls_of(Route::Ghostunnel),
+            ));
+            if let Some(tf) = of(Route::TlsFloor) {
+                rows.push(
+                    ratio_row(
+                        "requests",
+                        &format!("proxy CPU per request vs the TLS floor relay, HTTP/1.1, {n} connections, UNIX socket"),
+                        "µs",
+                        &field(&t, |t| t.cpu_us),
+                        "TLS floor relay (rustls to the upstream, one thread, no runtime)",
+                        &field(&tf, |t| t.cpu_us),
+                    )
+                    .note(format!("what the proxy's runtime and bridge cost; TLS floor: {}", latency_note(&tf))),
+                );
+                rows.push(
+                    ratio_row(
+                        "requests",
+                        &format!("TLS floor relay CPU per request vs the bytes-only floor, HTTP/1.1, {n} connections"),
+                        "µs",
+                        &field(&tf, |t| t.cpu_us),
+                        "floor relay (bytes only, one thread)",
+                        &field(&fl, |t| t.cpu_us),
+                    )
+                    .note("what terminating TLS with rustls costs a relay that does nothing else: the least a proxy on rustls and read/write can spend above the bytes-only floor on this machine"),
+                );
+                rows.push(ratio_row(
+                    "requests",
+                    &format!("requests/s, TLS floor relay vs the bytes-only floor, HTTP/1.1, {n} connections"),
+                    "req/s",
+                    &field(&tf, |t| t.per_second),
+                    "floor relay (bytes only, one thread)",
+                    &field(&fl, |t| t.per_second),
+                ));
+            }
         }
         if let (Some(gt), Route::Unix) = (&ghost, route) {
             rows.push(
@@ -388,6 +523,59 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
     rows
 }
 
+/// System calls per request, the proxy's beside the floor relay's (and ghostunnel's, in the
+/// note); None when perf counted nothing.
+fn calls_row(
+    n: usize,
+    proxy: &[Calls],
+    floor: &[Calls],
+    tls_floor: &[Calls],
+    ghost: &[Calls],
+) -> Option<Row> {
+    if proxy.is_empty() || floor.is_empty() {
+        return None;
+    }
+    let all = |c: &[Calls]| c.iter().map(|c| c.all).collect::<Vec<f64>>();
+    let detail = |c: &[Calls]| {
+        format!(
+            "{:.2} waits (epoll_wait/epoll_pwait), {:.2} futex",
+            Stat::of(&c.iter().map(|c| c.waits).collect::<Vec<_>>()).median,
+            Stat::of(&c.iter().map(|c| c.futex).collect::<Vec<_>>()).median
+        )
+    };
+    let mut note = format!(
+        "counted by `perf stat` on tracepoints in separate trials (not the timed ones), {} requests each; per request, hwkey: {}; floor: {}",
+        pick(20_000, 4_000),
+        detail(proxy),
+        detail(floor)
+    );
+    if !tls_floor.is_empty() {
+        note += &format!(
+            "; TLS floor: {:.2} calls, {}",
+            Stat::of(&all(tls_floor)).median,
+            detail(tls_floor)
+        );
+    }
+    if !ghost.is_empty() {
+        note += &format!(
+            "; ghostunnel: {:.2} calls, {}",
+            Stat::of(&all(ghost)).median,
+            detail(ghost)
+        );
+    }
+    Some(
+        ratio_row(
+            "requests",
+            &format!("system calls per request vs the relay floor, HTTP/1.1, {n} connections, UNIX socket"),
+            "calls",
+            &all(proxy),
+            "floor relay (bytes only, one thread)",
+            &all(floor),
+        )
+        .note(note),
+    )
+}
+
 fn paired_median(a: &[Trial], b: &[Trial], get: fn(&Trial) -> f64) -> f64 {
     let a: Vec<f64> = a.iter().map(get).collect();
     let b: Vec<f64> = b.iter().map(get).collect();
@@ -401,10 +589,6 @@ fn latency_note(t: &[Trial]) -> String {
     let switches = Stat::of(&t.iter().map(|t| t.switches).collect::<Vec<_>>()).median;
     if switches > 0.0 {
         note += &format!(", {switches:.2} context switches per request");
-    }
-    let calls: Vec<f64> = t.iter().filter_map(|t| t.syscalls).collect();
-    if !calls.is_empty() {
-        note += &format!(", {:.2} system calls per request", Stat::of(&calls).median);
     }
     note
 }
@@ -441,7 +625,7 @@ async fn h2_load(
 /// socket (ghostunnel offers no ALPN upstream, so it has no h2 row).
 async fn h2_rows(f: &Fixture, streams: usize) -> Vec<Row> {
     let total = pick(40_000, 8_000);
-    let rounds = pick(3, 2);
+    let rounds = pick(5, 2);
     let senders = [
         h2_client(tls_connect(&f.direct_h2, f.upstream.port()).await).await,
         h2_client(UnixStream::connect(&f.proxy.socket).await.expect("UNIX")).await,
@@ -482,16 +666,24 @@ async fn h2_rows(f: &Fixture, streams: usize) -> Vec<Row> {
 pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
     let ghost = Ghostunnel::start(f);
     let floor = FloorRelay::start(f.upstream.port());
+    let tls_floor = FloorRelay::start_tls(f.upstream.port(), f.direct.clone());
     let p = Peers {
         ghost: ghost.as_ref(),
         floor: &floor,
+        tls_floor: &tls_floor,
     };
-    let mut routes = vec![Route::Direct, Route::Unix, Route::Loopback, Route::Floor];
+    let mut routes = vec![
+        Route::Direct,
+        Route::Unix,
+        Route::Loopback,
+        Route::Floor,
+        Route::TlsFloor,
+    ];
     if p.ghost.is_some() {
         routes.push(Route::Ghostunnel);
     }
     let mut rows = http1_rows(f, &p, 8, &routes).await;
-    let mut wide = vec![Route::Direct, Route::Unix, Route::Floor];
+    let mut wide = vec![Route::Direct, Route::Unix, Route::Floor, Route::TlsFloor];
     if p.ghost.is_some() {
         wide.push(Route::Ghostunnel);
     }
