@@ -34,6 +34,9 @@ pub(crate) struct FloorRelay {
     _dir: tempfile::TempDir,
 }
 
+/// The relay's read size: the proxy's largest copy buffer and read-ahead.
+const COPY: usize = 64 * 1024;
+
 /// One client and its upstream connection (with its TLS state in TLS mode).
 struct Pair {
     client: StdUnix,
@@ -59,8 +62,13 @@ impl FloorRelay {
         let tid = Arc::new(AtomicI32::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (t, s) = (tid.clone(), stop.clone());
+        let name = if tls.is_some() {
+            "tls-floor"
+        } else {
+            "floor-relay"
+        };
         let thread = std::thread::Builder::new()
-            .name("floor-relay".into())
+            .name(name.into())
             .spawn(move || {
                 t.store(
                     rustix::thread::gettid().as_raw_nonzero().get(),
@@ -111,7 +119,9 @@ fn serve(
     epoll::add(&ep, &listener, epoll::EventData::new_u64(0), readable).expect("epoll add");
     let mut pairs: Vec<Option<Pair>> = Vec::new();
     let mut events = Vec::with_capacity(64);
-    let mut buf = vec![0u8; 64 * 1024];
+    // Bytes mode copies through 64 KiB; TLS mode reads records into one half and plain bytes
+    // out of rustls into the other.
+    let mut buf = vec![0u8; 2 * COPY];
     let tick = rustix::time::Timespec {
         tv_sec: 0,
         tv_nsec: 100_000_000,
@@ -152,8 +162,8 @@ fn serve(
             let i = (token - 1) / 2;
             let Some(pair) = &mut pairs[i] else { continue };
             let copied = match (&mut pair.tls, token % 2 == 1) {
-                (None, true) => copy_once(&mut pair.client, &mut pair.upstream, &mut buf),
-                (None, false) => copy_once(&mut pair.upstream, &mut pair.client, &mut buf),
+                (None, true) => copy_once(&mut pair.client, &mut pair.upstream, &mut buf[..COPY]),
+                (None, false) => copy_once(&mut pair.upstream, &mut pair.client, &mut buf[..COPY]),
                 (Some(tls), true) => {
                     encrypt_once(&mut pair.client, tls, &mut pair.upstream, &mut buf)
                 }
@@ -208,31 +218,36 @@ fn encrypt_once(
     flush_tls(tls, upstream)
 }
 
-/// One read of the upstream's records (it is readable), opened, their plain bytes written to
-/// the client; false at end of stream or on an error.
+/// One read of the upstream's records (it is readable; up to 64 KiB, as the proxy's read-ahead
+/// takes them), handed to rustls from memory (it takes at most 4 KiB per `read_tls`), opened,
+/// and their plain bytes written to the client; false at end of stream or on an error.
 fn decrypt_once(
     upstream: &mut std::net::TcpStream,
     tls: &mut rustls::ClientConnection,
     client: &mut StdUnix,
     buf: &mut [u8],
 ) -> bool {
-    match tls.read_tls(upstream) {
+    let (ahead, plain) = buf.split_at_mut(buf.len() / 2);
+    let n = match upstream.read(ahead) {
         Ok(0) | Err(_) => return false,
-        Ok(_) => {}
-    }
-    if tls.process_new_packets().is_err() {
-        return false;
-    }
-    loop {
-        match tls.reader().read(buf) {
-            Ok(0) => return false,
-            Ok(n) => {
-                if client.write_all(&buf[..n]).is_err() {
-                    return false;
+        Ok(n) => n,
+    };
+    let mut records = &ahead[..n];
+    while !records.is_empty() {
+        if tls.read_tls(&mut records).is_err() || tls.process_new_packets().is_err() {
+            return false;
+        }
+        loop {
+            match tls.reader().read(plain) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    if client.write_all(&plain[..n]).is_err() {
+                        return false;
+                    }
                 }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => return false,
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(_) => return false,
         }
     }
     flush_tls(tls, upstream)
