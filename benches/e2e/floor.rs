@@ -12,8 +12,9 @@
 //! The same relay in its TLS mode ([`FloorRelay::start_tls`], issue 38) is the floor of a relay
 //! that does the proxy's job: plain bytes from a UNIX client, TLS 1.3 to the upstream with
 //! rustls (the buffered API tokio-rustls uses, the same provider and cipher suite), still one
-//! thread, no runtime, no allocation per request. What the proxy spends above *it* is its
-//! runtime and bridge; what it spends above the bytes-only floor is TLS itself.
+//! thread, no runtime, no buffer of its own per request (rustls allocates its records). What
+//! the proxy spends above *it* is its runtime and bridge; what it spends above the bytes-only
+//! floor is TLS itself.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream as StdUnix};
@@ -165,7 +166,7 @@ fn serve(
                 (None, true) => copy_once(&mut pair.client, &mut pair.upstream, &mut buf[..COPY]),
                 (None, false) => copy_once(&mut pair.upstream, &mut pair.client, &mut buf[..COPY]),
                 (Some(tls), true) => {
-                    encrypt_once(&mut pair.client, tls, &mut pair.upstream, &mut buf)
+                    encrypt_once(&mut pair.client, tls, &mut pair.upstream, &mut buf[..COPY])
                 }
                 (Some(tls), false) => {
                     decrypt_once(&mut pair.upstream, tls, &mut pair.client, &mut buf)

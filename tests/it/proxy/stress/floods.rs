@@ -641,7 +641,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 SEIZE, INTERRUPT, DETACH, WALL = 0x4206, 0x4207, 17, 0x40000000
 pid, comm = sys.argv[1], sys.argv[2]
-seized = []
+seized, failed = [], []
 for tid in os.listdir(f"/proc/{pid}/task"):
     try:
         name = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
@@ -650,11 +650,15 @@ for tid in os.listdir(f"/proc/{pid}/task"):
     if name != comm:
         continue
     tid = int(tid)
-    if libc.ptrace(SEIZE, tid, None, None) != 0 or libc.ptrace(INTERRUPT, tid, None, None) != 0:
+    if libc.ptrace(SEIZE, tid, None, None) != 0:
+        failed.append(f"{tid}: PTRACE_SEIZE {os.strerror(ctypes.get_errno())}")
+        continue
+    seized.append(tid)
+    if libc.ptrace(INTERRUPT, tid, None, None) != 0:
+        failed.append(f"{tid}: PTRACE_INTERRUPT {os.strerror(ctypes.get_errno())}")
         continue
     os.waitpid(tid, WALL)
-    seized.append(tid)
-print("stopped", len(seized), flush=True)
+print("stopped", len(seized) - len(failed), "failed", "; ".join(failed) or "none", flush=True)
 sys.stdin.read()
 for tid in seized:
     libc.ptrace(DETACH, tid, None, 0)
@@ -669,12 +673,27 @@ for tid in seized:
         let mut out = BufReader::new(tracer.stdout.take().expect("stdout"));
         let mut line = String::new();
         out.read_line(&mut line).expect("read");
-        let count = line
+        let (count, failed) = line
             .trim()
             .strip_prefix("stopped ")
-            .and_then(|n| n.parse().ok())
+            .and_then(|rest| rest.split_once(" failed "))
+            .and_then(|(n, failed)| Some((n.parse::<usize>().ok()?, failed.to_string())))
             .unwrap_or_else(|| panic!("unexpected output {line:?}"));
+        assert_eq!(
+            failed, "none",
+            "could not stop every {comm} thread of {pid} with ptrace (the test needs root with CAP_SYS_PTRACE): {failed}"
+        );
         StoppedThreads { tracer, count }
+    }
+}
+
+/// A load child (and what it reported), killed when dropped, also when the test panics.
+struct KillOnDrop(Child, usize);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -705,11 +724,32 @@ fn connections_wait_in_the_kernel_while_the_connection_threads_cannot_take_them(
     let accepted_before = accepted(&proxy);
     let baseline = fd_count(pid);
 
+    // One runtime per core, each with its worker thread (its blocking threads have the name too).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let stopped = StoppedThreads::stop(pid, "hwkey-proxy-con");
-    assert!(stopped.count >= 1, "no connection thread found in {pid}");
-    let (mut flood, held) = hold_connections_as_nobody(proxy.tcp_port, 350);
-    assert!(held >= 340, "the flood holds only {held} connections");
-    // The accept loop stops at the bound: give it time to take more than it may.
+    assert!(
+        stopped.count >= cores,
+        "stopped {} connection threads of {pid}, expected at least {cores}",
+        stopped.count
+    );
+    let flood = hold_connections_as_nobody(proxy.tcp_port, 350);
+    let flood = KillOnDrop(flood.0, flood.1);
+    assert!(
+        flood.1 >= 340,
+        "the flood holds only {} connections",
+        flood.1
+    );
+    // The accept loop takes connections up to the bound (else this tests nothing), then stops:
+    // give it time to take more than it may.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fd_count(pid).saturating_sub(baseline) < 250 {
+        assert!(
+            Instant::now() < deadline,
+            "the accept loop took only {} connections while the threads were stopped",
+            fd_count(pid).saturating_sub(baseline)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let mut most = 0;
     for _ in 0..20 {
         most = most.max(fd_count(pid).saturating_sub(baseline));
@@ -720,6 +760,7 @@ fn connections_wait_in_the_kernel_while_the_connection_threads_cannot_take_them(
         "{most} descriptors taken by connections nobody admitted (bound 256)"
     );
     drop(stopped);
+    let held = flood.1;
 
     // Nothing was lost: the connections that waited in the backlog are accepted now.
     proxy.wait_for_metric(
@@ -733,8 +774,7 @@ fn connections_wait_in_the_kernel_while_the_connection_threads_cannot_take_them(
         output_text(&out),
         proxy.log()
     );
-    let _ = flood.kill();
-    let _ = flood.wait();
+    drop(flood);
     eprintln!(
         "most descriptors held while the threads were stopped: {most}; accepted: {}",
         accepted(&proxy) - accepted_before
