@@ -96,7 +96,7 @@ fn reconnecting_flood_as_nobody(port: u16, count: usize, secs: u64) -> Child {
                 my $buf; my $r = sysread($s, $buf, 4096);
                 if (!$r) { $sel->remove($s); close $s; conn(); $reconnects++; }
             }
-            conn() while $sel->count < $n;
+            conn() while $sel->count < $n && time < $end;
         }
         print "reconnects $reconnects\n";
     "#;
