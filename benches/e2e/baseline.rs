@@ -85,25 +85,11 @@ async fn keep_alive(proxies: &[(&PathBuf, u32); 2], label: &str) -> Vec<Row> {
 
 /// A 64 MiB download through each proxy: proxy CPU per GB and MB/s.
 async fn bulk(proxies: &[(&PathBuf, u32); 2], label: &str) -> Vec<Row> {
-    let size: u64 = pick(64, 16) << 20;
-    let rounds = pick(11, 3);
-    let path = format!("/bytes?n={size}");
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut conns = Vec::new();
-    for (socket, _) in proxies {
-        let mut c = Conn::Unix(UnixStream::connect(socket).await.expect("UNIX"));
-        c.get(&path, &mut buf).await;
-        conns.push(c);
-    }
-    let (mut cpu, mut rate): ([Vec<f64>; 2], [Vec<f64>; 2]) = Default::default();
-    for series in schedule(rounds, 2) {
-        let pid = proxies[series].1;
-        let before = process_cpu_ns(pid);
-        let start = Instant::now();
-        let got = conns[series].get(&path, &mut buf).await as f64;
-        rate[series].push(got / start.elapsed().as_secs_f64() / 1e6);
-        cpu[series].push((process_cpu_ns(pid) - before) as f64 / 1e9 / (got / 1e9));
-    }
+    let sockets = [
+        (proxies[0].0.as_path(), proxies[0].1),
+        (proxies[1].0.as_path(), proxies[1].1),
+    ];
+    let (size, cpu, rate) = downloads(&sockets, pick(11, 3)).await;
     let versus = format!("hwkey of {label}, same key and upstream, alternating");
     let size_mib = size >> 20;
     vec![

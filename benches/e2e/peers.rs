@@ -94,51 +94,32 @@ async fn new_connections(f: &Fixture, peers: &[(PathBuf, u32); 2]) -> Vec<Row> {
 
 /// One keep-alive connection per proxy downloading 64 MiB per round.
 async fn bulk(peers: &[(PathBuf, u32); 2]) -> Vec<Row> {
-    let size: u64 = pick(64, 16) << 20;
-    let rounds = pick(7, 2);
-    let path = format!("/bytes?n={size}");
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut conns = Vec::new();
-    for (socket, _) in peers {
-        let mut c = Conn::Unix(UnixStream::connect(socket).await.expect("connect"));
-        c.get(&path, &mut buf).await;
-        conns.push(c);
-    }
-    let mut series = [Series::default(), Series::default()];
-    for i in schedule(rounds, 2) {
-        let pid = peers[i].1;
-        let cpu_before = process_cpu_ns(pid);
-        let start = Instant::now();
-        let got = conns[i].get(&path, &mut buf).await as f64;
-        series[i]
-            .rate
-            .push(got / start.elapsed().as_secs_f64() / 1e6);
-        series[i]
-            .cpu
-            .push((process_cpu_ns(pid) - cpu_before) as f64 / 1e9 / (got / 1e9));
-    }
-    let [hw, gt] = &series;
-    let cpu = ratio_row(
+    let sockets = [
+        (peers[0].0.as_path(), peers[0].1),
+        (peers[1].0.as_path(), peers[1].1),
+    ];
+    let (size, cpu, rate) = downloads(&sockets, pick(7, 2)).await;
+    let cpu_row = ratio_row(
         "against ghostunnel",
         &format!(
             "proxy CPU per GB relayed vs ghostunnel, {} MiB download, UNIX socket",
             size >> 20
         ),
         "s/GB",
-        &hw.cpu,
+        &cpu[0],
         "ghostunnel 1.11.1",
-        &gt.cpu,
+        &cpu[1],
     );
-    let met = cpu.ratio.map(|r| r.median <= 0.5);
+    let met = cpu_row.ratio.map(|r| r.median <= 0.5);
     vec![
-        cpu.target("≤ 0.5×", met),
+        cpu_row.target("≤ 0.5×", met),
         ratio_row(
             "against ghostunnel",
             &format!("download {} MiB vs ghostunnel, UNIX socket", size >> 20),
             "MB/s",
-            &hw.rate,
+            &rate[0],
             "ghostunnel 1.11.1",
-            &gt.rate,
+            &rate[1],
         ),
     ]
 }

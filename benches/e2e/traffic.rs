@@ -356,3 +356,32 @@ pub(crate) async fn latency(f: &Fixture) -> Vec<Row> {
     }
     rows
 }
+
+/// Alternating 64 MiB downloads over one keep-alive UNIX connection per `(socket, pid)`, for
+/// `rounds` rounds: per proxy, its CPU seconds per GB (the pid's CPU clock) and MB/s per round,
+/// with the download size.
+pub(crate) async fn downloads(
+    proxies: &[(&Path, u32)],
+    rounds: usize,
+) -> (u64, Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    let size: u64 = pick(64, 16) << 20;
+    let path = format!("/bytes?n={size}");
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut conns = Vec::new();
+    for (socket, _) in proxies {
+        let mut c = Conn::Unix(UnixStream::connect(socket).await.expect("UNIX"));
+        c.get(&path, &mut buf).await;
+        conns.push(c);
+    }
+    let mut cpu = vec![Vec::new(); proxies.len()];
+    let mut rate = vec![Vec::new(); proxies.len()];
+    for series in schedule(rounds, proxies.len()) {
+        let pid = proxies[series].1;
+        let before = process_cpu_ns(pid);
+        let start = Instant::now();
+        let got = conns[series].get(&path, &mut buf).await as f64;
+        rate[series].push(got / start.elapsed().as_secs_f64() / 1e6);
+        cpu[series].push((process_cpu_ns(pid) - before) as f64 / 1e9 / (got / 1e9));
+    }
+    (size, cpu, rate)
+}
