@@ -35,6 +35,18 @@ pub(crate) struct FloorRelay {
     _dir: tempfile::TempDir,
 }
 
+/// What the relay does with the bytes, and how it waits for them.
+enum Mode {
+    /// Copies them (epoll, `read`/`write`).
+    Bytes,
+    /// Speaks TLS to the upstream with this configuration (epoll, `read`/`write`).
+    Tls(Arc<ClientConfig>),
+    /// Copies them through an io_uring.
+    Uring,
+    /// Speaks TLS to the upstream through an io_uring.
+    UringTls(Arc<ClientConfig>),
+}
+
 /// The relay's read size: the proxy's largest copy buffer and read-ahead.
 const COPY: usize = 64 * 1024;
 
@@ -47,26 +59,46 @@ struct Pair {
 
 impl FloorRelay {
     pub(crate) fn start(upstream_port: u16) -> FloorRelay {
-        FloorRelay::spawn(upstream_port, None)
+        FloorRelay::spawn(upstream_port, Mode::Bytes)
+    }
+
+    /// The bytes floor on io_uring instead of epoll ([`super::uring_floor`]); None (said on
+    /// stderr) when this kernel gives no ring with the floor's flags.
+    pub(crate) fn start_uring(upstream_port: u16) -> Option<FloorRelay> {
+        if let Err(e) = super::uring_floor::ring() {
+            eprintln!("e2e: no io_uring here ({e}): the io_uring floor's rows are left out");
+            return None;
+        }
+        Some(FloorRelay::spawn(upstream_port, Mode::Uring))
+    }
+
+    /// The TLS floor on io_uring ([`super::uring_floor`]); None as for [`FloorRelay::start_uring`].
+    pub(crate) fn start_uring_tls(
+        upstream_port: u16,
+        config: Arc<ClientConfig>,
+    ) -> Option<FloorRelay> {
+        super::uring_floor::ring().ok()?;
+        Some(FloorRelay::spawn(upstream_port, Mode::UringTls(config)))
     }
 
     /// The relay in TLS mode: clients speak plain HTTP on its UNIX socket, and it speaks TLS
     /// with `config` to the upstream (the handshake, done at accept, is not what is measured).
     pub(crate) fn start_tls(upstream_port: u16, config: Arc<ClientConfig>) -> FloorRelay {
-        FloorRelay::spawn(upstream_port, Some(config))
+        FloorRelay::spawn(upstream_port, Mode::Tls(config))
     }
 
-    fn spawn(upstream_port: u16, tls: Option<Arc<ClientConfig>>) -> FloorRelay {
+    fn spawn(upstream_port: u16, mode: Mode) -> FloorRelay {
         let dir = temp_dir();
         let socket = dir.path().join("floor.sock");
         let listener = UnixListener::bind(&socket).expect("floor relay socket");
         let tid = Arc::new(AtomicI32::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (t, s) = (tid.clone(), stop.clone());
-        let name = if tls.is_some() {
-            "tls-floor"
-        } else {
-            "floor-relay"
+        let name = match mode {
+            Mode::Bytes => "floor-relay",
+            Mode::Tls(_) => "tls-floor",
+            Mode::Uring => "uring-floor",
+            Mode::UringTls(_) => "uring-tls-floor",
         };
         let thread = std::thread::Builder::new()
             .name(name.into())
@@ -75,7 +107,14 @@ impl FloorRelay {
                     rustix::thread::gettid().as_raw_nonzero().get(),
                     Ordering::SeqCst,
                 );
-                serve(listener, upstream_port, tls, &s);
+                match mode {
+                    Mode::Bytes => serve(listener, upstream_port, None, &s),
+                    Mode::Tls(config) => serve(listener, upstream_port, Some(config), &s),
+                    Mode::Uring => super::uring_floor::serve(listener, upstream_port, None, &s),
+                    Mode::UringTls(config) => {
+                        super::uring_floor::serve(listener, upstream_port, Some(config), &s)
+                    }
+                }
             })
             .expect("floor relay thread");
         while tid.load(Ordering::SeqCst) == 0 {
@@ -189,7 +228,7 @@ fn copy_once(from: &mut impl Read, to: &mut impl Write, buf: &mut [u8]) -> bool 
 }
 
 /// A TLS client connection to the upstream, its handshake done (blocking).
-fn handshake(
+pub(super) fn handshake(
     config: &Arc<ClientConfig>,
     upstream: &mut std::net::TcpStream,
 ) -> rustls::ClientConnection {

@@ -56,6 +56,7 @@ mod peers;
 mod requests;
 mod tpm_stall;
 mod traffic;
+mod uring_floor;
 
 use baseline::*;
 use clients::*;

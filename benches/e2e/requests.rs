@@ -16,6 +16,10 @@ struct Peers<'a> {
     floor: &'a FloorRelay,
     /// The floor relay in TLS mode: the proxy's job with no runtime (issue 38).
     tls_floor: &'a FloorRelay,
+    /// The bytes floor on io_uring (issue 38); None when this kernel refuses a ring.
+    uring_floor: Option<&'a FloorRelay>,
+    /// The TLS floor on io_uring; None as above.
+    uring_tls_floor: Option<&'a FloorRelay>,
 }
 
 /// Where the load goes.
@@ -29,6 +33,10 @@ enum Route {
     Floor,
     /// Plain HTTP to the floor relay in TLS mode ([`FloorRelay::start_tls`]).
     TlsFloor,
+    /// TLS from the client to the upstream through the io_uring floor ([`FloorRelay::start_uring`]).
+    UringFloor,
+    /// Plain HTTP to the io_uring floor in TLS mode ([`FloorRelay::start_uring_tls`]).
+    UringTlsFloor,
 }
 
 /// Whose CPU and context switches a trial counts.
@@ -172,6 +180,14 @@ async fn connect(f: &Fixture, p: &Peers<'_>, route: Route) -> Conn {
             UnixStream::connect(&p.tls_floor.socket)
                 .await
                 .expect("TLS floor UNIX"),
+        ),
+        Route::UringFloor => Conn::TlsUnix(Box::new(
+            tls_connect_unix(&f.direct, &p.uring_floor.expect("io_uring floor").socket).await,
+        )),
+        Route::UringTlsFloor => Conn::Unix(
+            UnixStream::connect(&p.uring_tls_floor.expect("io_uring TLS floor").socket)
+                .await
+                .expect("io_uring TLS floor UNIX"),
         ),
     }
 }
@@ -323,6 +339,10 @@ fn whose_of(f: &Fixture, p: &Peers<'_>, route: Route) -> Whose {
         Route::Ghostunnel => Whose::Process(p.ghost.expect("ghostunnel").guard.id()),
         Route::Floor => Whose::Task(p.floor.task_dir()),
         Route::TlsFloor => Whose::Task(p.tls_floor.task_dir()),
+        Route::UringFloor => Whose::Task(p.uring_floor.expect("io_uring floor").task_dir()),
+        Route::UringTlsFloor => {
+            Whose::Task(p.uring_tls_floor.expect("io_uring TLS floor").task_dir())
+        }
     }
 }
 
@@ -354,7 +374,12 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
         .filter(|(_, r)| {
             matches!(
                 r,
-                Route::Unix | Route::Floor | Route::TlsFloor | Route::Ghostunnel
+                Route::Unix
+                    | Route::Floor
+                    | Route::TlsFloor
+                    | Route::UringFloor
+                    | Route::UringTlsFloor
+                    | Route::Ghostunnel
             )
         })
         .map(|(i, _)| i)
@@ -483,6 +508,40 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
                 ));
             }
         }
+        if let (Some(fl), Some(uf), Route::Unix) = (of(Route::Floor), of(Route::UringFloor), route)
+        {
+            rows.extend(uring_rows(
+                n,
+                "",
+                &fl,
+                &uf,
+                &calls_of(Route::Floor),
+                &calls_of(Route::UringFloor),
+            ));
+        }
+        if let (Some(tf), Some(ut), Route::Unix) =
+            (of(Route::TlsFloor), of(Route::UringTlsFloor), route)
+        {
+            rows.extend(uring_rows(
+                n,
+                "TLS ",
+                &tf,
+                &ut,
+                &calls_of(Route::TlsFloor),
+                &calls_of(Route::UringTlsFloor),
+            ));
+            rows.push(
+                ratio_row(
+                    "requests",
+                    &format!("proxy CPU per request vs the io_uring TLS floor relay, HTTP/1.1, {n} connections, UNIX socket"),
+                    "µs",
+                    &field(&t, |t| t.cpu_us),
+                    "io_uring TLS floor relay (rustls to the upstream, one thread, no runtime)",
+                    &field(&ut, |t| t.cpu_us),
+                )
+                .note("what a proxy on epoll and tokio spends above a relay doing its job on io_uring"),
+            );
+        }
         if let (Some(gt), Route::Unix) = (&ghost, route) {
             rows.push(
                 ratio_row(
@@ -521,6 +580,67 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
         }
     }
     rows
+}
+
+/// The io_uring floor against the epoll floor: does io_uring lower a relay's CPU per request on
+/// this kernel (issue 38)? Its system calls are all `io_uring_enter`.
+fn uring_rows(
+    n: usize,
+    tls: &str,
+    floor: &[Trial],
+    uring: &[Trial],
+    floor_calls: &[Calls],
+    uring_calls: &[Calls],
+) -> Vec<Row> {
+    let field = |t: &[Trial], get: fn(&Trial) -> f64| t.iter().map(get).collect::<Vec<f64>>();
+    let all = |c: &[Calls]| Stat::of(&c.iter().map(|c| c.all).collect::<Vec<f64>>()).median;
+    let workers = io_wq_workers();
+    let mut note = format!(
+        "the epoll {tls}floor relay's work on an io_uring (SINGLE_ISSUER, DEFER_TASKRUN; a receive always pending per socket, sends as receives complete); io_uring {tls}floor: {}",
+        latency_note(uring)
+    );
+    if !uring_calls.is_empty() && !floor_calls.is_empty() {
+        note += &format!(
+            "; system calls per request (counted apart, as above): io_uring {tls}floor {:.2}, epoll {tls}floor {:.2}",
+            all(uring_calls),
+            all(floor_calls)
+        );
+    }
+    note += &format!(
+        "; io-wq worker threads in this process after the trials: {workers} (their CPU would not be in the floor's thread clock)"
+    );
+    vec![
+        ratio_row(
+            "requests",
+            &format!("io_uring {tls}floor relay CPU per request vs the epoll {tls}floor, HTTP/1.1, {n} connections"),
+            "µs",
+            &field(uring, |t| t.cpu_us),
+            &format!("{tls}floor relay (one thread, epoll)"),
+            &field(floor, |t| t.cpu_us),
+        )
+        .note(note),
+        ratio_row(
+            "requests",
+            &format!("requests/s, io_uring {tls}floor relay vs the epoll {tls}floor, HTTP/1.1, {n} connections"),
+            "req/s",
+            &field(uring, |t| t.per_second),
+            &format!("{tls}floor relay (one thread, epoll)"),
+            &field(floor, |t| t.per_second),
+        ),
+    ]
+}
+
+/// io_uring's worker threads (`iou-wrk-*`) in this process: work the ring handed to them runs
+/// outside the relay thread, where its CPU clock does not see it.
+fn io_wq_workers() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|comm| comm.starts_with("iou-wrk"))
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 /// System calls per request, the proxy's beside the floor relay's (and ghostunnel's, in the
@@ -667,10 +787,14 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
     let ghost = Ghostunnel::start(f);
     let floor = FloorRelay::start(f.upstream.port());
     let tls_floor = FloorRelay::start_tls(f.upstream.port(), f.direct.clone());
+    let uring_floor = FloorRelay::start_uring(f.upstream.port());
+    let uring_tls_floor = FloorRelay::start_uring_tls(f.upstream.port(), f.direct.clone());
     let p = Peers {
         ghost: ghost.as_ref(),
         floor: &floor,
         tls_floor: &tls_floor,
+        uring_floor: uring_floor.as_ref(),
+        uring_tls_floor: uring_tls_floor.as_ref(),
     };
     let mut routes = vec![
         Route::Direct,
@@ -679,11 +803,23 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
         Route::Floor,
         Route::TlsFloor,
     ];
+    if p.uring_floor.is_some() {
+        routes.push(Route::UringFloor);
+    }
+    if p.uring_tls_floor.is_some() {
+        routes.push(Route::UringTlsFloor);
+    }
     if p.ghost.is_some() {
         routes.push(Route::Ghostunnel);
     }
     let mut rows = http1_rows(f, &p, 8, &routes).await;
     let mut wide = vec![Route::Direct, Route::Unix, Route::Floor, Route::TlsFloor];
+    if p.uring_floor.is_some() {
+        wide.push(Route::UringFloor);
+    }
+    if p.uring_tls_floor.is_some() {
+        wide.push(Route::UringTlsFloor);
+    }
     if p.ghost.is_some() {
         wide.push(Route::Ghostunnel);
     }
