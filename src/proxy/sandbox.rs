@@ -1,7 +1,7 @@
 //! The network side confines itself before it reads any network byte: Landlock (the files it
 //! reads and writes, the TCP ports it connects to, no execution, no signals or abstract sockets
 //! outside its domain) and a seccomp filter (no `execve`, `ptrace`, `process_vm_*`, mounts,
-//! kernel modules, keyrings, BPF…), with `no_new_privs`.
+//! kernel modules, keyrings, BPF, io_uring…), with `no_new_privs`.
 //!
 //! Best effort by default, as ghostunnel does: on a kernel without Landlock the proxy runs and
 //! says so (`hwkey_sandbox_enforced{layer}` 0, one log line naming the ABI and what is
@@ -114,6 +114,14 @@ fn denied_syscalls() -> Vec<i64> {
         libc::SYS_reboot,
         libc::SYS_acct,
         libc::SYS_quotactl,
+        // The network side runs on epoll (tokio) and never makes a ring. A ring's operations are
+        // not seen by seccomp, and io_uring has been the kernel surface most used to escape
+        // sandboxes (Google turned it off in production; containerd's and Docker's default
+        // profiles deny it since 2023: containerd#9320, moby#46762). A compromised network side
+        // gets no ring.
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
     ]
     .into_iter()
     .collect()
@@ -217,6 +225,11 @@ fn landlock(plan: &Plan) -> Result<(landlock::RestrictionStatus, i32), landlock:
 
 /// The seccomp filter: every call in [`denied_syscalls`] answers `EPERM`, on every thread.
 fn seccomp() -> Result<(), seccompiler::Error> {
+    seccompiler::apply_filter_all_threads(&filter()?)
+}
+
+/// The filter's program: every call in [`denied_syscalls`] answers `EPERM`.
+fn filter() -> Result<seccompiler::BpfProgram, seccompiler::Error> {
     let arch = match std::env::consts::ARCH {
         "aarch64" => TargetArch::aarch64,
         "riscv64" => TargetArch::riscv64,
@@ -232,8 +245,7 @@ fn seccomp() -> Result<(), seccompiler::Error> {
         SeccompAction::Errno(libc::EPERM as u32),
         arch,
     )?;
-    let program: seccompiler::BpfProgram = filter.try_into()?;
-    seccompiler::apply_filter_all_threads(&program)
+    Ok(filter.try_into()?)
 }
 
 /// The forbidden files this process can still read (none, when confinement works).
@@ -276,9 +288,50 @@ fn announce(plan: &Plan, report: &Report, holes: &[PathBuf]) {
         seccomp = report.seccomp,
         no_new_privs = report.no_new_privs,
         "sandbox: {landlock}; no execution, no signals outside; seccomp {}",
-        if report.seccomp { "filter on (no execve, ptrace, mounts, modules, keyrings, BPF)" } else { "NOT on" }
+        if report.seccomp { "filter on (no execve, ptrace, mounts, modules, keyrings, BPF, io_uring)" } else { "NOT on" }
     );
     if !holes.is_empty() {
         tracing::error!(readable = %list(holes), "sandbox self-check: the network side can still read what only the signer needs");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The network side's filter refuses a ring (io_uring), and still allows what it needs.
+    /// The filter goes on one thread of the test process only (`apply_filter`, not the
+    /// all-threads variant the proxy uses), and the kernel must make rings for a thread
+    /// without it, or the test would prove nothing.
+    #[test]
+    fn the_filter_refuses_io_uring() {
+        let program = filter().expect("the filter compiles");
+        let unfiltered = std::thread::spawn(|| io_uring::IoUring::new(4).map(drop))
+            .join()
+            .expect("thread");
+        assert!(
+            unfiltered.is_ok(),
+            "this kernel makes no io_uring ring even without the filter ({unfiltered:?}): \
+             set kernel.io_uring_disabled=0 to run this test"
+        );
+        let filtered = std::thread::spawn(move || {
+            seccompiler::apply_filter(&program).expect("filter on this thread");
+            let ring = io_uring::IoUring::new(4).map(drop);
+            // What the network side does all day still works under the filter.
+            let socket = std::net::TcpListener::bind("127.0.0.1:0").map(drop);
+            (ring, socket)
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(
+            filtered.0.as_ref().map_err(std::io::Error::raw_os_error),
+            Err(Some(libc::EPERM)),
+            "io_uring_setup under the filter"
+        );
+        assert!(
+            filtered.1.is_ok(),
+            "a socket under the filter: {:?}",
+            filtered.1
+        );
     }
 }
