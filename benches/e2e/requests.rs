@@ -607,7 +607,7 @@ fn uring_rows(
         );
     }
     note += &format!(
-        "; io-wq worker threads in this process after the trials: {workers} (their CPU would not be in the floor's thread clock)"
+        "; io-wq worker threads in this process after the trials: {workers} (socket receives and sends are polled on the relay's thread, not handed to io-wq, whose CPU the floor's thread clock would not see)"
     );
     vec![
         ratio_row(

@@ -37,7 +37,9 @@ const SEND_CLIENT: u64 = 3;
 /// `sent` of them so far. One operation per direction is in flight at a time, so neither is
 /// touched while the kernel holds it.
 struct Direction {
-    buf: Box<[u8]>,
+    /// A `Vec`, not a `Box`: the kernel writes into it while Rust code holds the pair, and a
+    /// `Box` asserts unique access wherever it is moved.
+    buf: Vec<u8>,
     out: Vec<u8>,
     len: usize,
     sent: usize,
@@ -46,7 +48,7 @@ struct Direction {
 impl Direction {
     fn new() -> Direction {
         Direction {
-            buf: vec![0u8; COPY].into_boxed_slice(),
+            buf: vec![0u8; COPY],
             out: Vec::with_capacity(COPY + 1024),
             len: 0,
             sent: 0,
@@ -126,7 +128,7 @@ impl Pair {
                 dir.len = match &mut self.tls {
                     None => n,
                     Some(tls) if op == RECV_CLIENT => seal(tls, &dir.buf[..n], &mut dir.out)?,
-                    Some(tls) => open(tls, &dir.buf[..n], &mut dir.out, &self.upstream)?,
+                    Some(tls) => open(tls, &dir.buf[..n], &mut dir.out)?,
                 };
                 // A record not yet whole: receive the rest of it first.
                 Some(if dir.len == 0 { op } else { send })
@@ -157,13 +159,13 @@ fn seal(tls: &mut rustls::ClientConnection, plain: &[u8], out: &mut Vec<u8>) -> 
 }
 
 /// Opens the upstream's `records` (rustls takes at most 4 KiB per `read_tls`) into plain bytes
-/// in `out`; their length (0 when no record is whole yet). What rustls has to say back (rare:
-/// a key update) is written to the upstream at once.
+/// in `out`; their length (0 when no record is whole yet). None also when rustls has to answer
+/// (a key update): a send of the other direction may be in flight, and writing past it would
+/// reorder the stream, so the pair ends instead (the benchmark's keep-alive traffic never asks).
 fn open(
     tls: &mut rustls::ClientConnection,
     mut records: &[u8],
     out: &mut Vec<u8>,
-    mut upstream: &std::net::TcpStream,
 ) -> Option<usize> {
     use std::io::Read;
     out.clear();
@@ -176,8 +178,8 @@ fn open(
             Err(_) => return None,
         }
     }
-    while tls.wants_write() {
-        tls.write_tls(&mut upstream).ok()?;
+    if tls.wants_write() {
+        return None;
     }
     Some(out.len())
 }
@@ -189,10 +191,11 @@ fn open(
 )]
 fn push(ring: &mut IoUring, entry: &squeue::Entry) {
     loop {
-        // SAFETY: every entry points into a `Pair`'s boxed buffers (or at no buffer, for the
+        // SAFETY: every entry points into a `Pair`'s heap buffers (or at no buffer, for the
         // listener's poll); a pair and its sockets are dropped only when the kernel holds none
         // of its operations (`in_flight == 0`), and pairs still holding some at the end are
-        // leaked rather than freed. Boxed buffers do not move when `pairs` grows.
+        // leaked rather than freed. The buffers' heap memory does not move when `pairs` grows,
+        // and a direction's `out` is only rewritten when its own operation has completed.
         if unsafe { ring.submission().push(entry) }.is_ok() {
             return;
         }

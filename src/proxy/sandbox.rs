@@ -115,9 +115,9 @@ fn denied_syscalls() -> Vec<i64> {
         libc::SYS_acct,
         libc::SYS_quotactl,
         // The network side runs on epoll (tokio) and never makes a ring. A ring's operations are
-        // not seen by seccomp, and io_uring has been the kernel surface most used to escape
-        // sandboxes (Google turned it off in production; containerd's and Docker's default
-        // profiles deny it since 2023: containerd#9320, moby#46762). A compromised network side
+        // not seen by seccomp, and io_uring is a large kernel attack surface (60 % of the
+        // submissions to Google's kCTF VRP exploited it; containerd 2.0's and Docker 25's
+        // default profiles deny it: containerd#9320, moby#46762). A compromised network side
         // gets no ring.
         libc::SYS_io_uring_setup,
         libc::SYS_io_uring_enter,
@@ -302,18 +302,33 @@ mod tests {
     /// The network side's filter refuses a ring (io_uring), and still allows what it needs.
     /// The filter goes on one thread of the test process only (`apply_filter`, not the
     /// all-threads variant the proxy uses), and the kernel must make rings for a thread
-    /// without it, or the test would prove nothing.
+    /// without it, or the test would prove nothing: where it does not (`io_uring_disabled`, a
+    /// container's default seccomp profile), only the list is checked, said on stderr, and
+    /// under `CI` that is a failure.
     #[test]
     fn the_filter_refuses_io_uring() {
+        let denied = denied_syscalls();
+        for call in [
+            libc::SYS_io_uring_setup,
+            libc::SYS_io_uring_enter,
+            libc::SYS_io_uring_register,
+        ] {
+            assert!(denied.contains(&call), "system call {call} is not denied");
+        }
         let program = filter().expect("the filter compiles");
         let unfiltered = std::thread::spawn(|| io_uring::IoUring::new(4).map(drop))
             .join()
             .expect("thread");
-        assert!(
-            unfiltered.is_ok(),
-            "this kernel makes no io_uring ring even without the filter ({unfiltered:?}): \
-             set kernel.io_uring_disabled=0 to run this test"
-        );
+        if let Err(e) = unfiltered {
+            let why = format!(
+                "this kernel makes no io_uring ring even without the filter ({e}): the filter's \
+                 effect was not tried; set kernel.io_uring_disabled=0 (or run outside a \
+                 container whose seccomp profile denies io_uring) to try it"
+            );
+            assert!(std::env::var_os("CI").is_none(), "{why}");
+            eprintln!("{why}");
+            return;
+        }
         let filtered = std::thread::spawn(move || {
             seccompiler::apply_filter(&program).expect("filter on this thread");
             let ring = io_uring::IoUring::new(4).map(drop);
