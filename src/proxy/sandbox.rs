@@ -1,7 +1,7 @@
 //! The network side confines itself before it reads any network byte: Landlock (the files it
 //! reads and writes, the TCP ports it connects to, no execution, no signals or abstract sockets
 //! outside its domain) and a seccomp filter (no `execve`, `ptrace`, `process_vm_*`, mounts,
-//! kernel modules, keyrings, BPF, io_uring…), with `no_new_privs`.
+//! kernel modules, keyrings, BPF, io_uring, new namespaces…), with `no_new_privs`.
 //!
 //! Best effort by default, as ghostunnel does: on a kernel without Landlock the proxy runs and
 //! says so (`hwkey_sandbox_enforced{layer}` 0, one log line naming the ABI and what is
@@ -20,7 +20,10 @@ use landlock::{
     Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset,
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
-use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
+use seccompiler::{
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    TargetArch,
+};
 
 /// Why `--sandbox=required` refused to start.
 #[derive(Debug, thiserror::Error)]
@@ -223,29 +226,66 @@ fn landlock(plan: &Plan) -> Result<(landlock::RestrictionStatus, i32), landlock:
     Ok((status, abi))
 }
 
-/// The seccomp filter: every call in [`denied_syscalls`] answers `EPERM`, on every thread.
+/// The `clone` flags that make a new namespace. Denying `unshare` and `setns` alone left
+/// `clone(CLONE_NEWUSER)`: a new user namespace, where an unprivileged process holds every
+/// capability over the namespaced parts of the kernel (another large attack surface).
+const NEW_NAMESPACES: [libc::c_int; 7] = [
+    libc::CLONE_NEWNS,
+    libc::CLONE_NEWCGROUP,
+    libc::CLONE_NEWUTS,
+    libc::CLONE_NEWIPC,
+    libc::CLONE_NEWUSER,
+    libc::CLONE_NEWPID,
+    libc::CLONE_NEWNET,
+];
+
+/// The seccomp filters, on every thread.
 fn seccomp() -> Result<(), seccompiler::Error> {
-    seccompiler::apply_filter_all_threads(&filter()?)
+    for program in filters()? {
+        seccompiler::apply_filter_all_threads(&program)?;
+    }
+    Ok(())
 }
 
-/// The filter's program: every call in [`denied_syscalls`] answers `EPERM`.
-fn filter() -> Result<seccompiler::BpfProgram, seccompiler::Error> {
+/// The filters' programs. The first answers `EPERM` to every call in [`denied_syscalls`] and to
+/// a `clone` with any of [`NEW_NAMESPACES`] (its flags are its first argument on every
+/// architecture). The second answers `ENOSYS` to `clone3`, whose flags are in memory where
+/// seccomp cannot read them: on `ENOSYS` glibc falls back to `clone`, which the first checks
+/// (Docker's default profile does the same). Threads are still made that way.
+fn filters() -> Result<[seccompiler::BpfProgram; 2], seccompiler::Error> {
     let arch = match std::env::consts::ARCH {
         "aarch64" => TargetArch::aarch64,
         "riscv64" => TargetArch::riscv64,
         _ => TargetArch::x86_64,
     };
-    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> = denied_syscalls()
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied_syscalls()
         .into_iter()
         .map(|nr| (nr, Vec::new()))
         .collect();
-    let filter = SeccompFilter::new(
+    let mut clone = Vec::new();
+    for flag in NEW_NAMESPACES {
+        let flag = flag as u64;
+        clone.push(SeccompRule::new(vec![SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(flag),
+            flag,
+        )?])?);
+    }
+    rules.insert(libc::SYS_clone, clone);
+    let refused = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
         arch,
     )?;
-    Ok(filter.try_into()?)
+    let clone3 = SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )?;
+    Ok([refused.try_into()?, clone3.try_into()?])
 }
 
 /// The forbidden files this process can still read (none, when confinement works).
@@ -288,7 +328,7 @@ fn announce(plan: &Plan, report: &Report, holes: &[PathBuf]) {
         seccomp = report.seccomp,
         no_new_privs = report.no_new_privs,
         "sandbox: {landlock}; no execution, no signals outside; seccomp {}",
-        if report.seccomp { "filter on (no execve, ptrace, mounts, modules, keyrings, BPF, io_uring)" } else { "NOT on" }
+        if report.seccomp { "filter on (no execve, ptrace, mounts, modules, keyrings, BPF, io_uring, namespaces)" } else { "NOT on" }
     );
     if !holes.is_empty() {
         tracing::error!(readable = %list(holes), "sandbox self-check: the network side can still read what only the signer needs");
@@ -315,7 +355,7 @@ mod tests {
         ] {
             assert!(denied.contains(&call), "system call {call} is not denied");
         }
-        let program = filter().expect("the filter compiles");
+        let programs = filters().expect("the filters compile");
         let unfiltered = std::thread::spawn(|| io_uring::IoUring::new(4).map(drop))
             .join()
             .expect("thread");
@@ -330,7 +370,9 @@ mod tests {
             return;
         }
         let filtered = std::thread::spawn(move || {
-            seccompiler::apply_filter(&program).expect("filter on this thread");
+            for program in &programs {
+                seccompiler::apply_filter(program).expect("filter on this thread");
+            }
             let ring = io_uring::IoUring::new(4).map(drop);
             // What the network side does all day still works under the filter.
             let socket = std::net::TcpListener::bind("127.0.0.1:0").map(drop);
@@ -348,5 +390,98 @@ mod tests {
             "a socket under the filter: {:?}",
             filtered.1
         );
+    }
+}
+
+#[cfg(test)]
+mod namespaces {
+    use super::*;
+
+    /// `clone(2)` with `flags` and `SIGCHLD`, like a fork: a child that exits at once, reaped
+    /// here. Ok, or the errno.
+    #[allow(
+        unsafe_code,
+        reason = "a raw clone(2): no safe binding makes a process with namespace flags"
+    )]
+    fn clone_with(flags: libc::c_int) -> Result<(), i32> {
+        let flags = (flags | libc::SIGCHLD) as libc::c_ulong;
+        // SAFETY: without CLONE_VM the child runs on a copy of this thread's memory and stack;
+        // it only calls _exit (async-signal-safe). The parent waits for it.
+        let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+        if pid == 0 {
+            // SAFETY: the child ends here without running anything of the parent's.
+            unsafe { libc::_exit(0) };
+        }
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child made above, writing its status into a local.
+        unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+        Ok(())
+    }
+
+    /// `clone3(2)` with no arguments: its errno (the kernel refuses the empty arguments with
+    /// EINVAL, the filter answers before it with ENOSYS).
+    #[allow(
+        unsafe_code,
+        reason = "a raw clone3(2) with a null argument, which makes nothing"
+    )]
+    fn clone3_errno() -> i32 {
+        // SAFETY: a null pointer with size 0 is refused by the kernel (or the filter) before
+        // anything is read or made.
+        let r = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
+        assert_eq!(r, -1, "clone3 with no arguments made something");
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// Under the filters a thread cannot make a process in a new user or network namespace
+    /// (`unshare` was refused already; `clone` with the flags was not), `clone3` answers
+    /// ENOSYS, and threads are still made (glibc falls back to `clone`) as are plain
+    /// children. A thread without the filters must be able to make the user namespace, or
+    /// the test would prove nothing.
+    #[test]
+    fn the_filter_refuses_new_namespaces_and_threads_still_start() {
+        let unfiltered = std::thread::spawn(|| clone_with(libc::CLONE_NEWUSER))
+            .join()
+            .expect("thread");
+        if let Err(e) = unfiltered {
+            let why = format!(
+                "this system makes no user namespace even without the filter (errno {e}): the \
+                 filter's effect was not tried; allow unprivileged user namespaces \
+                 (kernel.unprivileged_userns_clone=1) or run as root to try it"
+            );
+            assert!(std::env::var_os("CI").is_none(), "{why}");
+            eprintln!("{why}");
+            return;
+        }
+        let programs = filters().expect("the filters compile");
+        let (user, net, plain, clone3, thread) = std::thread::spawn(move || {
+            for program in &programs {
+                seccompiler::apply_filter(program).expect("filter on this thread");
+            }
+            (
+                clone_with(libc::CLONE_NEWUSER),
+                clone_with(libc::CLONE_NEWNET),
+                clone_with(0),
+                clone3_errno(),
+                std::thread::spawn(|| 7).join().ok(),
+            )
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(
+            user,
+            Err(libc::EPERM),
+            "clone(CLONE_NEWUSER) under the filter"
+        );
+        assert_eq!(
+            net,
+            Err(libc::EPERM),
+            "clone(CLONE_NEWNET) under the filter"
+        );
+        assert_eq!(plain, Ok(()), "a plain child under the filter");
+        assert_eq!(clone3, libc::ENOSYS, "clone3 under the filter");
+        assert_eq!(thread, Some(7), "a thread made under the filter");
     }
 }
