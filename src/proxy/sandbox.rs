@@ -239,24 +239,62 @@ const NEW_NAMESPACES: [libc::c_int; 7] = [
     libc::CLONE_NEWNET,
 ];
 
+/// On x86_64 the kernel also takes a system call's number with this bit set (the x32 ABI,
+/// where it is built in and enabled), under the same architecture seccomp sees. seccompiler's
+/// rules compare whole numbers, so `execve | X32_SYSCALL_BIT` would pass them.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+/// Why the seccomp filters are not (all) on; only logged (`--sandbox=required` then refuses).
+#[derive(Debug, thiserror::Error)]
+enum FilterError {
+    #[error(
+        "no seccomp filter for the {0} architecture (there is one for x86_64, aarch64 and riscv64)"
+    )]
+    Architecture(&'static str),
+    #[error(transparent)]
+    Seccomp(#[from] seccompiler::Error),
+    #[error(transparent)]
+    Rules(#[from] seccompiler::BackendError),
+    #[error("only {installed} of the {total} seccomp filters are on: {error}")]
+    Partial {
+        installed: usize,
+        total: usize,
+        error: seccompiler::Error,
+    },
+}
+
 /// The seccomp filters, on every thread.
-fn seccomp() -> Result<(), seccompiler::Error> {
-    for program in filters()? {
-        seccompiler::apply_filter_all_threads(&program)?;
+fn seccomp() -> Result<(), FilterError> {
+    let programs = filters()?;
+    for (installed, program) in programs.iter().enumerate() {
+        if let Err(error) = seccompiler::apply_filter_all_threads(program) {
+            return Err(match installed {
+                0 => error.into(),
+                _ => FilterError::Partial {
+                    installed,
+                    total: programs.len(),
+                    error,
+                },
+            });
+        }
     }
     Ok(())
 }
 
-/// The filters' programs. The first answers `EPERM` to every call in [`denied_syscalls`] and to
-/// a `clone` with any of [`NEW_NAMESPACES`] (its flags are its first argument on every
-/// architecture). The second answers `ENOSYS` to `clone3`, whose flags are in memory where
-/// seccomp cannot read them: on `ENOSYS` glibc falls back to `clone`, which the first checks
-/// (Docker's default profile does the same). Threads are still made that way.
-fn filters() -> Result<[seccompiler::BpfProgram; 2], seccompiler::Error> {
+/// The filters' programs.
+/// - The first answers `EPERM` to every call in [`denied_syscalls`] and to a `clone` with any
+///   of [`NEW_NAMESPACES`] (its flags are its first argument on x86_64, aarch64 and riscv64,
+///   the architectures there is a filter for).
+/// - The second answers `ENOSYS` to `clone3`, whose flags are in memory where seccomp cannot
+///   read them: on `ENOSYS` glibc falls back to `clone`, which the first checks (Docker's
+///   default profile does the same). Threads are still made that way.
+/// - On x86_64 the third answers `EPERM` to every x32 call ([`X32_SYSCALL_BIT`]).
+fn filters() -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
     let arch = match std::env::consts::ARCH {
+        "x86_64" => TargetArch::x86_64,
         "aarch64" => TargetArch::aarch64,
         "riscv64" => TargetArch::riscv64,
-        _ => TargetArch::x86_64,
+        other => return Err(FilterError::Architecture(other)),
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied_syscalls()
         .into_iter()
@@ -285,7 +323,40 @@ fn filters() -> Result<[seccompiler::BpfProgram; 2], seccompiler::Error> {
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
     )?;
-    Ok([refused.try_into()?, clone3.try_into()?])
+    let mut programs = vec![refused.try_into()?, clone3.try_into()?];
+    if cfg!(target_arch = "x86_64") {
+        programs.push(x32_refused());
+    }
+    Ok(programs)
+}
+
+/// A program that answers `EPERM` to every call numbered with [`X32_SYSCALL_BIT`] (written by
+/// hand: seccompiler's rules match single numbers).
+fn x32_refused() -> seccompiler::BpfProgram {
+    use seccompiler::sock_filter;
+    let op = |code: u32, jt: u8, jf: u8, k: u32| sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    vec![
+        // A = seccomp_data.nr
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+        op(
+            libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K,
+            0,
+            1,
+            X32_SYSCALL_BIT,
+        ),
+        op(
+            libc::BPF_RET | libc::BPF_K,
+            0,
+            0,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]
 }
 
 /// The forbidden files this process can still read (none, when confinement works).
@@ -417,7 +488,12 @@ mod namespaces {
         }
         let mut status = 0;
         // SAFETY: waits for the child made above, writing its status into a local.
-        unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+        let waited = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+        assert_eq!(waited, pid as libc::pid_t, "waitpid");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child did not exit cleanly: {status:#x}"
+        );
         Ok(())
     }
 
@@ -442,12 +518,18 @@ mod namespaces {
     /// the test would prove nothing.
     #[test]
     fn the_filter_refuses_new_namespaces_and_threads_still_start() {
-        let unfiltered = std::thread::spawn(|| clone_with(libc::CLONE_NEWUSER))
-            .join()
-            .expect("thread");
-        if let Err(e) = unfiltered {
+        let unfiltered = std::thread::spawn(|| {
+            (
+                clone_with(libc::CLONE_NEWUSER).and(clone_with(libc::CLONE_NEWNET)),
+                clone3_errno(),
+            )
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(unfiltered.1, libc::EINVAL, "clone3 without the filter");
+        if let Err(e) = unfiltered.0 {
             let why = format!(
-                "this system makes no user namespace even without the filter (errno {e}): the \
+                "this system makes no user or network namespace even without the filter (errno {e}): the \
                  filter's effect was not tried; allow unprivileged user namespaces \
                  (kernel.unprivileged_userns_clone=1) or run as root to try it"
             );
@@ -483,5 +565,44 @@ mod namespaces {
         assert_eq!(plain, Ok(()), "a plain child under the filter");
         assert_eq!(clone3, libc::ENOSYS, "clone3 under the filter");
         assert_eq!(thread, Some(7), "a thread made under the filter");
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod x32 {
+    use super::*;
+
+    /// An x32 system call's errno (getpid, numbered with the x32 bit), or 0 when it ran.
+    #[allow(
+        unsafe_code,
+        reason = "a raw system call by number: no binding makes x32 calls"
+    )]
+    fn x32_getpid_errno() -> i32 {
+        // SAFETY: getpid takes no arguments and changes nothing, whichever ABI runs it.
+        let r = unsafe { libc::syscall(X32_SYSCALL_BIT as libc::c_long | libc::SYS_getpid) };
+        if r >= 0 {
+            return 0;
+        }
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// Under the filters an x32 call answers EPERM before the kernel looks at it; without them
+    /// it runs (x32 enabled) or answers ENOSYS (the usual kernel), never EPERM. Through x32,
+    /// `execve` or `clone` would otherwise pass rules that name their x86_64 numbers.
+    #[test]
+    fn the_filter_refuses_x32_calls() {
+        let unfiltered = std::thread::spawn(x32_getpid_errno).join().expect("thread");
+        assert_ne!(unfiltered, libc::EPERM, "an x32 call without the filter");
+        let programs = filters().expect("the filters compile");
+        let filtered = std::thread::spawn(move || {
+            for program in &programs {
+                seccompiler::apply_filter(program).expect("filter on this thread");
+            }
+            (x32_getpid_errno(), std::process::id())
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(filtered.0, libc::EPERM, "an x32 call under the filter");
+        assert_eq!(filtered.1, std::process::id(), "getpid under the filter");
     }
 }
