@@ -406,8 +406,40 @@ fn announce(plan: &Plan, report: &Report, holes: &[PathBuf]) {
     }
 }
 
+/// What the filter tests share: running a probe under the filters, and saying why a probe
+/// could not be tried.
+#[cfg(test)]
+mod try_filters {
+    use super::*;
+
+    /// Runs `probe` on a new thread that has the network side's filters (`apply_filter`: that
+    /// thread only, and the threads it makes, not the test process).
+    pub(super) fn on_a_filtered_thread<T: Send + 'static>(
+        probe: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let programs = filters().expect("the filters compile");
+        std::thread::spawn(move || {
+            for program in &programs {
+                seccompiler::apply_filter(program).expect("filter on this thread");
+            }
+            probe()
+        })
+        .join()
+        .expect("thread")
+    }
+
+    /// The system refuses what a probe needs even without the filters, so the filter's effect
+    /// cannot be tried here: said on stderr, and a failure under `CI`.
+    pub(super) fn untried(why: &str) {
+        let why = format!("{why}: the filter's effect was not tried");
+        assert!(std::env::var_os("CI").is_none(), "{why}");
+        eprintln!("{why}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::try_filters::*;
     use super::*;
 
     /// The network side's filter refuses a ring (io_uring), and still allows what it needs.
@@ -426,31 +458,22 @@ mod tests {
         ] {
             assert!(denied.contains(&call), "system call {call} is not denied");
         }
-        let programs = filters().expect("the filters compile");
         let unfiltered = std::thread::spawn(|| io_uring::IoUring::new(4).map(drop))
             .join()
             .expect("thread");
         if let Err(e) = unfiltered {
-            let why = format!(
-                "this kernel makes no io_uring ring even without the filter ({e}): the filter's \
-                 effect was not tried; set kernel.io_uring_disabled=0 (or run outside a \
-                 container whose seccomp profile denies io_uring) to try it"
-            );
-            assert!(std::env::var_os("CI").is_none(), "{why}");
-            eprintln!("{why}");
-            return;
+            return untried(&format!(
+                "this kernel makes no io_uring ring even without the filter ({e}); set \
+                 kernel.io_uring_disabled=0 (or run outside a container whose seccomp profile \
+                 denies io_uring) to try it"
+            ));
         }
-        let filtered = std::thread::spawn(move || {
-            for program in &programs {
-                seccompiler::apply_filter(program).expect("filter on this thread");
-            }
+        let filtered = on_a_filtered_thread(|| {
             let ring = io_uring::IoUring::new(4).map(drop);
             // What the network side does all day still works under the filter.
             let socket = std::net::TcpListener::bind("127.0.0.1:0").map(drop);
             (ring, socket)
-        })
-        .join()
-        .expect("thread");
+        });
         assert_eq!(
             filtered.0.as_ref().map_err(std::io::Error::raw_os_error),
             Err(Some(libc::EPERM)),
@@ -466,7 +489,7 @@ mod tests {
 
 #[cfg(test)]
 mod namespaces {
-    use super::*;
+    use super::try_filters::*;
 
     /// `clone(2)` with `flags` and `SIGCHLD`, like a fork: a child that exits at once, reaped
     /// here. Ok, or the errno.
@@ -528,20 +551,13 @@ mod namespaces {
         .expect("thread");
         assert_eq!(unfiltered.1, libc::EINVAL, "clone3 without the filter");
         if let Err(e) = unfiltered.0 {
-            let why = format!(
-                "this system makes no user or network namespace even without the filter (errno {e}): the \
-                 filter's effect was not tried; allow unprivileged user namespaces \
+            return untried(&format!(
+                "this system makes no user or network namespace even without the filter \
+                 (errno {e}); allow unprivileged user namespaces \
                  (kernel.unprivileged_userns_clone=1) or run as root to try it"
-            );
-            assert!(std::env::var_os("CI").is_none(), "{why}");
-            eprintln!("{why}");
-            return;
+            ));
         }
-        let programs = filters().expect("the filters compile");
-        let (user, net, plain, clone3, thread) = std::thread::spawn(move || {
-            for program in &programs {
-                seccompiler::apply_filter(program).expect("filter on this thread");
-            }
+        let (user, net, plain, clone3, thread) = on_a_filtered_thread(|| {
             (
                 clone_with(libc::CLONE_NEWUSER),
                 clone_with(libc::CLONE_NEWNET),
@@ -549,9 +565,7 @@ mod namespaces {
                 clone3_errno(),
                 std::thread::spawn(|| 7).join().ok(),
             )
-        })
-        .join()
-        .expect("thread");
+        });
         assert_eq!(
             user,
             Err(libc::EPERM),
@@ -570,6 +584,7 @@ mod namespaces {
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod x32 {
+    use super::try_filters::*;
     use super::*;
 
     /// An x32 system call's errno (getpid, numbered with the x32 bit), or 0 when it ran.
@@ -593,15 +608,7 @@ mod x32 {
     fn the_filter_refuses_x32_calls() {
         let unfiltered = std::thread::spawn(x32_getpid_errno).join().expect("thread");
         assert_ne!(unfiltered, libc::EPERM, "an x32 call without the filter");
-        let programs = filters().expect("the filters compile");
-        let filtered = std::thread::spawn(move || {
-            for program in &programs {
-                seccompiler::apply_filter(program).expect("filter on this thread");
-            }
-            (x32_getpid_errno(), std::process::id())
-        })
-        .join()
-        .expect("thread");
+        let filtered = on_a_filtered_thread(|| (x32_getpid_errno(), std::process::id()));
         assert_eq!(filtered.0, libc::EPERM, "an x32 call under the filter");
         assert_eq!(filtered.1, std::process::id(), "getpid under the filter");
     }
