@@ -19,7 +19,7 @@ use common::{Results, Row, Stat};
 const MARKER: &str = "<!-- hand-written below this line: hsm-fixtures/bench.sh keeps it -->";
 
 /// The issue's areas, in its order (one table each).
-const AREAS: [&str; 17] = [
+const AREAS: [&str; 18] = [
     "signing, raw",
     "handshakes",
     "key exchange",
@@ -28,6 +28,7 @@ const AREAS: [&str; 17] = [
     "throughput",
     "latency",
     "requests",
+    "rustls per record",
     "against ghostunnel",
     "kubectl",
     "kubectl, real kube-apiserver",
@@ -226,6 +227,12 @@ How the figures are taken:
   round by round (the order flips every round); the ratio is taken per round, then summarised.
   The client, the proxy and the upstream share the machine's cores, as kubectl, hwkey and a
   local API server would.
+- **rustls per record** (`benches/records.rs`, issue 38): rustls alone, one thread, memory
+  buffers, the proxy's provider. Timed is the client side (the proxy is the API server's TLS
+  client) of a small request/response pair and of a download's records, with the same buffered
+  rustls server answering every contender; the baseline is ring's AES-128-GCM on the same
+  records, and heap allocations are counted by a counting global allocator. Contenders run in
+  interleaved rounds whose order rotates.
 ";
 
 const NOT_MEASURED: &str = "## Not measured yet
@@ -248,6 +255,7 @@ fn main() {
     let sign = common::load("sign");
     let e2e = common::load("e2e");
     let providers = common::load("providers");
+    let records = common::load("records");
     let approver = common::load("approver");
     let apiserver = common::load("apiserver");
     let mut out = String::from(HEAD);
@@ -261,6 +269,7 @@ fn main() {
     let rows: Vec<&Row> = sign
         .iter()
         .chain(e2e.iter())
+        .chain(records.iter())
         .chain(providers.iter())
         .chain(approver.iter())
         .chain(apiserver.iter())

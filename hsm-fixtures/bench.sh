@@ -4,7 +4,7 @@
 # The benchmark suite: installs what it needs (hsm-fixtures/install-deps.sh, nothing more),
 # builds in release, runs the micro benchmarks (benches/sign.rs, criterion), the end-to-end
 # harness (benches/e2e/; HWKEY_BENCH_ONLY=memory,... picks figures), the crypto-provider
-# comparison (benches/providers.rs), the uid lookup of loopback admission (benches/admission.rs,
+# comparison (benches/providers.rs), rustls per small record (benches/records.rs), the uid lookup of loopback admission (benches/admission.rs,
 # printed), the approver's capacity (benches/approver.rs) and kubectl
 # against the real kube-apiserver (benches/kubectl_apiserver.rs; both use the API server
 # hsm-fixtures/build-kube.sh builds once per machine) on private SoftHSM tokens, swtpm, the
@@ -54,15 +54,16 @@ if [[ -n "$baseline" ]]; then
   export HWKEY_BENCH_BASELINE_BIN HWKEY_BENCH_BASELINE_REF
 fi
 # Results of an earlier run must not leak into this report.
-rm -f target/hwkey-bench/sign.json target/hwkey-bench/e2e.json target/hwkey-bench/providers.json target/hwkey-bench/approver.json target/hwkey-bench/apiserver.json
+rm -f target/hwkey-bench/sign.json target/hwkey-bench/e2e.json target/hwkey-bench/records.json target/hwkey-bench/providers.json target/hwkey-bench/approver.json target/hwkey-bench/apiserver.json
 
 echo "bench.sh: building (release)" >&2
-cargo bench --locked --no-run --bench sign --bench e2e --bench admission --bench approver --bench kubectl_apiserver --bench report
+cargo bench --locked --no-run --bench sign --bench e2e --bench admission --bench records --bench approver --bench kubectl_apiserver --bench report
 cargo bench --locked --no-run --features bench-aws-lc --bench providers
 echo "bench.sh: load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 cargo bench --locked --bench sign
 cargo bench --locked --bench e2e
 cargo bench --locked --bench admission
+cargo bench --locked --bench records
 cargo bench --locked --features bench-aws-lc --bench providers
 HWKEY_KUBE_BIN=$(hsm-fixtures/build-kube.sh) cargo bench --locked --bench approver
 HWKEY_KUBE_BIN=$(hsm-fixtures/build-kube.sh) cargo bench --locked --bench kubectl_apiserver

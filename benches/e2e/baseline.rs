@@ -85,11 +85,13 @@ async fn keep_alive(proxies: &[(&PathBuf, u32); 2], label: &str) -> Vec<Row> {
 
 /// A 64 MiB download through each proxy: proxy CPU per GB and MB/s.
 async fn bulk(proxies: &[(&PathBuf, u32); 2], label: &str) -> Vec<Row> {
-    let sockets = [
-        (proxies[0].0.as_path(), proxies[0].1),
-        (proxies[1].0.as_path(), proxies[1].1),
+    let mut relays = [
+        (unix_conn(proxies[0].0).await, Whose::Process(proxies[0].1)),
+        (unix_conn(proxies[1].0).await, Whose::Process(proxies[1].1)),
     ];
-    let (size, cpu, rate) = downloads(&sockets, pick(11, 3)).await;
+    let Downloads {
+        size, cpu, rate, ..
+    } = downloads(&mut relays, pick(11, 3)).await;
     let versus = format!("hwkey of {label}, same key and upstream, alternating");
     let size_mib = size >> 20;
     vec![

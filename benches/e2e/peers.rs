@@ -2,6 +2,13 @@
 //! rounds: new connections with 8 clients at once, and the proxy's CPU per GB of a bulk
 //! download. Both proxies listen on a UNIX socket in front of the same upstream and sign with
 //! the same SoftHSM key; the series alternate, and ratios are taken per round.
+//!
+//! The bulk figures are taken twice: as the scheduler places the processes on both cores,
+//! and with everything on one core ([`OneCore`]). On two cores the same download costs a
+//! relay up to twice the CPU in one round as in the next, depending on whether it ran beside
+//! its sender and receiver or took turns with them (docs/BENCHMARKS.md, issue 38 round
+//! three); on one core the figure is the work itself. Beside them, the bytes-only floor relay
+//! plus AES-GCM alone is the least any relay on `read`/`write` spends per GB here.
 
 use super::*;
 
@@ -16,7 +23,7 @@ pub(crate) async fn against_ghostunnel(f: &Fixture) -> Vec<Row> {
         (ghost.socket.clone(), ghost.guard.id()),
     ];
     let mut rows = new_connections(f, &peers).await;
-    rows.extend(bulk(&peers).await);
+    rows.extend(bulk(f, &peers).await);
     rows
 }
 
@@ -92,30 +99,119 @@ async fn new_connections(f: &Fixture, peers: &[(PathBuf, u32); 2]) -> Vec<Row> {
     ]
 }
 
-/// One keep-alive connection per proxy downloading 64 MiB per round.
-async fn bulk(peers: &[(PathBuf, u32); 2]) -> Vec<Row> {
-    let sockets = [
-        (peers[0].0.as_path(), peers[0].1),
-        (peers[1].0.as_path(), peers[1].1),
-    ];
-    let (size, cpu, rate) = downloads(&sockets, pick(7, 2)).await;
-    let cpu_row = ratio_row(
-        "against ghostunnel",
-        &format!(
-            "proxy CPU per GB relayed vs ghostunnel, {} MiB download, UNIX socket",
-            size >> 20
+/// One keep-alive connection per relay downloading 64 MiB per round: hwkey, ghostunnel and the
+/// bytes-only floor relay (the client does the TLS through it: what the kernel charges any
+/// relay on `read`/`write` for the same bytes), first as the scheduler places them on both
+/// cores, then all on one core ([`OneCore`]: the placement's effect removed).
+async fn bulk(f: &Fixture, peers: &[(PathBuf, u32); 2]) -> Vec<Row> {
+    let floor = FloorRelay::start(f.upstream.port());
+    let mut relays = [
+        (unix_conn(&peers[0].0).await, Whose::Process(peers[0].1)),
+        (unix_conn(&peers[1].0).await, Whose::Process(peers[1].1)),
+        (
+            Conn::TlsUnix(Box::new(tls_connect_unix(&f.direct, &floor.socket).await)),
+            Whose::Task(floor.task_dir()),
         ),
+    ];
+    let rounds = pick(15, 2);
+    let free = downloads(&mut relays, rounds).await;
+    let mut rows = bulk_rows(&free, "");
+    let Some(pinned) = OneCore::pin(&[peers[0].1, peers[1].1]) else {
+        return rows;
+    };
+    let one = downloads(&mut relays, rounds).await;
+    // AES-128-GCM alone on the same bytes, on the same core: what the bytes floor would add
+    // to do the TLS itself.
+    let aes: Vec<f64> = (0..rounds)
+        .map(|_| aead_seconds_per_gb(one.size, false))
+        .collect();
+    drop(pinned);
+    rows.extend(bulk_rows(&one, ", all on one core"));
+    rows.extend(least_any_relay(&one, &aes));
+    rows
+}
+
+/// The least a relay on `read`/`write` spends per GB here: the bytes floor's kernel work plus
+/// AES-GCM alone on the same bytes, per round. Against ghostunnel: where it is above 0.5×, so
+/// is every such design, and issue 38's CPU-per-GB goal is below what this machine allows
+/// (as issue 38 asks such a goal to be shown). Against hwkey: how far hwkey is from it.
+fn least_any_relay(one: &Downloads, aes: &[f64]) -> Vec<Row> {
+    let least: Vec<f64> = one.cpu[2].iter().zip(aes).map(|(k, a)| k + a).collect();
+    let median = |v: &[f64]| Stat::of(v).median;
+    let mib = one.size >> 20;
+    let parts = format!(
+        "bytes floor relay {:.3} s/GB (its thread's CPU: the kernel's copies and TCP work for both hops) + AES-128-GCM alone {:.3} s/GB (ring, 16 KiB records), per round",
+        median(&one.cpu[2]),
+        median(aes)
+    );
+    vec![
+        ratio_row(
+            "against ghostunnel",
+            &format!(
+                "least CPU per GB of any relay on read/write (bytes floor + AES-GCM) vs ghostunnel, {mib} MiB download, all on one core"
+            ),
+            "s/GB",
+            &least,
+            "ghostunnel 1.11.1",
+            &one.cpu[1],
+        )
+        .note(parts.clone()),
+        ratio_row(
+            "against ghostunnel",
+            &format!(
+                "proxy CPU per GB relayed vs the least of any relay on read/write, {mib} MiB download, all on one core"
+            ),
+            "s/GB",
+            &one.cpu[0],
+            "bytes floor + AES-GCM",
+            &least,
+        )
+        .note(parts),
+    ]
+}
+
+/// The rows of one set of downloads; `how` is added to each measure.
+fn bulk_rows(d: &Downloads, how: &str) -> Vec<Row> {
+    let Downloads {
+        size,
+        cpu,
+        rate,
+        switches,
+    } = d;
+    let mib = size >> 20;
+    let median = |v: &[f64]| Stat::of(v).median;
+    // Per round, how the CPU went with the context switches (on two cores the rounds' spread
+    // is wide, and the switches tell the placements apart).
+    for (who, (c, s)) in ["hwkey", "ghostunnel", "bytes floor"]
+        .iter()
+        .zip(cpu.iter().zip(switches))
+    {
+        let rounds: Vec<String> = c
+            .iter()
+            .zip(s)
+            .map(|(c, s)| format!("{c:.2} s/GB {s:.0}/MB"))
+            .collect();
+        eprintln!("e2e: downloads{how} through {who}: {}", rounds.join(", "));
+    }
+    let vs_ghost = ratio_row(
+        "against ghostunnel",
+        &format!("proxy CPU per GB relayed vs ghostunnel, {mib} MiB download, UNIX socket{how}"),
         "s/GB",
         &cpu[0],
         "ghostunnel 1.11.1",
         &cpu[1],
     );
-    let met = cpu_row.ratio.map(|r| r.median <= 0.5);
+    let met = vs_ghost.ratio.map(|r| r.median <= 0.5);
     vec![
-        cpu_row.target("≤ 0.5×", met),
+        vs_ghost.target("≤ 0.5×", met).note(format!(
+            "context switches per MB relayed: hwkey {:.0}, ghostunnel {:.0}, bytes floor relay {:.0} (medians)",
+            median(&switches[0]),
+            median(&switches[1]),
+            median(&switches[2])
+        )),
         ratio_row(
             "against ghostunnel",
-            &format!("download {} MiB vs ghostunnel, UNIX socket", size >> 20),
+            &format!("download {mib} MiB vs ghostunnel, UNIX socket{how}"),
             "MB/s",
             &rate[0],
             "ghostunnel 1.11.1",

@@ -51,7 +51,8 @@ pub(crate) enum Whose {
 }
 
 impl Whose {
-    fn cpu_ns(&self) -> u64 {
+    /// CPU time so far, ns.
+    pub(crate) fn cpu_ns(&self) -> u64 {
         match self {
             Whose::Client => thread_cpu_ns(),
             Whose::Process(pid) => process_cpu_ns(*pid),
@@ -62,7 +63,7 @@ impl Whose {
     }
 
     /// Context switches (voluntary and involuntary) so far; 0 for the client.
-    fn switches(&self) -> u64 {
+    pub(crate) fn switches(&self) -> u64 {
         let tasks: Vec<PathBuf> = match self {
             Whose::Client => return 0,
             Whose::Process(pid) => std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -318,7 +319,8 @@ async fn run_load(
     let elapsed = start.elapsed().as_secs_f64();
     let done = samples.len() as f64;
     let cpu_us = (cpu() - cpu_before) as f64 / 1e3 / done;
-    let switches = (switches() - switches_before) as f64 / done;
+    // A thread that exits during the trial takes its count with it: never below zero.
+    let switches = switches().saturating_sub(switches_before) as f64 / done;
     let calls = counter.and_then(|c| c.stop(done));
     let (p50, p99) = p50_p99(&mut samples);
     Trial {

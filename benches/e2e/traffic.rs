@@ -357,31 +357,125 @@ pub(crate) async fn latency(f: &Fixture) -> Vec<Row> {
     rows
 }
 
-/// Alternating 64 MiB downloads over one keep-alive UNIX connection per `(socket, pid)`, for
-/// `rounds` rounds: per proxy, its CPU seconds per GB (the pid's CPU clock) and MB/s per round,
-/// with the download size.
-pub(crate) async fn downloads(
-    proxies: &[(&Path, u32)],
-    rounds: usize,
-) -> (u64, Vec<Vec<f64>>, Vec<Vec<f64>>) {
+/// What [`downloads`] measured, per proxy and round.
+pub(crate) struct Downloads {
+    /// Bytes per download.
+    pub size: u64,
+    /// The proxy's CPU seconds per GB.
+    pub cpu: Vec<Vec<f64>>,
+    /// MB/s.
+    pub rate: Vec<Vec<f64>>,
+    /// The proxy's context switches per MB (all its threads): how often it slept and was
+    /// woken, which is what makes one round of the same download cost more than another.
+    pub switches: Vec<Vec<f64>>,
+}
+
+/// Alternating 64 MiB downloads over one keep-alive connection per `(conn, whose)`, for
+/// `rounds` rounds: per relay, its CPU seconds per GB (`whose`'s CPU clock: a process's, or a
+/// floor relay's thread's), MB/s and context switches per MB per round.
+pub(crate) async fn downloads(relays: &mut [(Conn, Whose)], rounds: usize) -> Downloads {
     let size: u64 = pick(64, 16) << 20;
     let path = format!("/bytes?n={size}");
     let mut buf = vec![0u8; 256 * 1024];
-    let mut conns = Vec::new();
-    for (socket, _) in proxies {
-        let mut c = Conn::Unix(UnixStream::connect(socket).await.expect("UNIX"));
+    for (c, _) in relays.iter_mut() {
         c.get(&path, &mut buf).await;
-        conns.push(c);
     }
-    let mut cpu = vec![Vec::new(); proxies.len()];
-    let mut rate = vec![Vec::new(); proxies.len()];
-    for series in schedule(rounds, proxies.len()) {
-        let pid = proxies[series].1;
-        let before = process_cpu_ns(pid);
+    let mut cpu = vec![Vec::new(); relays.len()];
+    let mut rate = vec![Vec::new(); relays.len()];
+    let mut switches = vec![Vec::new(); relays.len()];
+    for series in schedule(rounds, relays.len()) {
+        let (conn, whose) = &mut relays[series];
+        let switches_before = whose.switches();
+        let before = whose.cpu_ns();
         let start = Instant::now();
-        let got = conns[series].get(&path, &mut buf).await as f64;
+        let got = conn.get(&path, &mut buf).await as f64;
         rate[series].push(got / start.elapsed().as_secs_f64() / 1e6);
-        cpu[series].push((process_cpu_ns(pid) - before) as f64 / 1e9 / (got / 1e9));
+        cpu[series].push((whose.cpu_ns() - before) as f64 / 1e9 / (got / 1e9));
+        // A thread that exits during the round takes its count with it: never below zero.
+        let switched = whose.switches().saturating_sub(switches_before);
+        switches[series].push(switched as f64 / (got / 1e6));
     }
-    (size, cpu, rate)
+    Downloads {
+        size,
+        cpu,
+        rate,
+        switches,
+    }
+}
+
+/// A plain keep-alive connection to a relay's UNIX socket.
+pub(crate) async fn unix_conn(socket: &Path) -> Conn {
+    Conn::Unix(UnixStream::connect(socket).await.expect("UNIX"))
+}
+
+/// Every thread of some processes, and of the bench itself, kept on one CPU until dropped.
+///
+/// On two cores, a relay's CPU per GB depends on where the scheduler puts it: a relay that
+/// runs beside its sender and receiver without ever sleeping pulls every byte across cores,
+/// and one that sleeps and wakes on their core finds the bytes in its cache. The same
+/// download then costs twice the CPU in one round as in the next, for hwkey and ghostunnel
+/// alike (their context switches per MB tell the rounds apart). On one core every relay does
+/// the same work in the same cache, so the figure is the work itself.
+pub(crate) struct OneCore {
+    pids: Vec<u32>,
+    before: rustix::thread::CpuSet,
+}
+
+impl OneCore {
+    /// Pins `pids` (all their threads) and this process to the last CPU it may run on; None
+    /// (said on stderr) when affinity cannot be set here.
+    pub(crate) fn pin(pids: &[u32]) -> Option<OneCore> {
+        let before = match rustix::thread::sched_getaffinity(None) {
+            Ok(set) => set,
+            Err(e) => {
+                eprintln!("e2e: cannot read this process's CPU affinity ({e})");
+                return None;
+            }
+        };
+        let cpu = (0..rustix::thread::CpuSet::MAX_CPU)
+            .rev()
+            .find(|&c| before.is_set(c))?;
+        let mut one = rustix::thread::CpuSet::new();
+        one.set(cpu);
+        let mut pids = pids.to_vec();
+        pids.push(std::process::id());
+        for &pid in &pids {
+            if let Err(e) = set_affinity(pid, &one) {
+                eprintln!("e2e: cannot pin process {pid} to CPU {cpu} ({e})");
+                for &p in &pids {
+                    let _ = set_affinity(p, &before);
+                }
+                return None;
+            }
+        }
+        Some(OneCore { pids, before })
+    }
+}
+
+impl Drop for OneCore {
+    fn drop(&mut self) {
+        // Every thread, those started while pinned included, gets the CPUs it had before.
+        for &pid in &self.pids {
+            let _ = set_affinity(pid, &self.before);
+        }
+    }
+}
+
+/// Sets the affinity of every thread of `pid`.
+fn set_affinity(pid: u32, set: &rustix::thread::CpuSet) -> std::io::Result<()> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let tid = task?
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(tid) = tid {
+            // A thread that exited meanwhile is no error.
+            match rustix::thread::sched_setaffinity(Some(tid), set) {
+                Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
 }
