@@ -169,7 +169,10 @@ impl Buffered {
         let mut s = ServerConnection::new(server.clone()).expect("server");
         let mut buf = Vec::new();
         let mut back = Vec::new();
+        let mut flights = 0;
         while c.is_handshaking() || s.is_handshaking() || c.wants_write() {
+            flights += 1;
+            assert!(flights < 10, "the handshake stalled");
             buf.clear();
             while c.wants_write() {
                 c.write_tls(&mut buf).expect("client write_tls");
@@ -319,12 +322,17 @@ impl Unbuffered {
         assert_eq!(got, answer.len());
     }
 
-    /// Decrypts every record in the incoming buffer, handing each payload on.
+    /// Decrypts every record in the incoming buffer, handing each payload on. rustls gives one
+    /// record per call; what it has done with is skipped over (an offset), and what is left is
+    /// moved to the front once, at the end, as a relay moves a partial record before its next
+    /// read.
     fn read_all(&mut self) -> usize {
         let mut got = 0;
+        let mut start = 0;
         loop {
-            let UnbufferedStatus { mut discard, state } =
-                self.c.process_tls_records(&mut self.incoming[..self.used]);
+            let UnbufferedStatus { mut discard, state } = self
+                .c
+                .process_tls_records(&mut self.incoming[start..self.used]);
             let done = match state.expect("state") {
                 ConnectionState::ReadTraffic(mut r) => {
                     while let Some(record) = r.next_record() {
@@ -337,9 +345,10 @@ impl Unbuffered {
                 ConnectionState::WriteTraffic(_) => true,
                 other => panic!("unexpected state: {other:?}"),
             };
-            self.incoming.copy_within(discard..self.used, 0);
-            self.used -= discard;
+            start += discard;
             if done {
+                self.incoming.copy_within(start..self.used, 0);
+                self.used -= start;
                 return got;
             }
         }

@@ -91,7 +91,7 @@ async fn bulk(proxies: &[(&PathBuf, u32); 2], label: &str) -> Vec<Row> {
     ];
     let Downloads {
         size, cpu, rate, ..
-    } = downloads(&mut relays, pick(11, 3)).await;
+    } = downloads(&mut relays, pick(11, 3), None).await;
     let versus = format!("hwkey of {label}, same key and upstream, alternating");
     let size_mib = size >> 20;
     vec![

@@ -7,8 +7,8 @@
 //! and with everything on one core ([`OneCore`]). On two cores the same download costs a
 //! relay up to twice the CPU in one round as in the next, depending on whether it ran beside
 //! its sender and receiver or took turns with them (docs/BENCHMARKS.md, issue 38 round
-//! three); on one core the figure is the work itself. Beside them, the bytes-only floor relay
-//! plus AES-GCM alone is the least any relay on `read`/`write` spends per GB here.
+//! three); on one core the rounds agree. Beside them, the bytes-only floor relay plus AES-GCM
+//! alone is the least a relay on `read`/`write` spent per GB in the same rounds.
 
 use super::*;
 
@@ -100,9 +100,9 @@ async fn new_connections(f: &Fixture, peers: &[(PathBuf, u32); 2]) -> Vec<Row> {
 }
 
 /// One keep-alive connection per relay downloading 64 MiB per round: hwkey, ghostunnel and the
-/// bytes-only floor relay (the client does the TLS through it: what the kernel charges any
-/// relay on `read`/`write` for the same bytes), first as the scheduler places them on both
-/// cores, then all on one core ([`OneCore`]: the placement's effect removed).
+/// bytes-only floor relay (the client does the TLS through it), first as the scheduler places
+/// them on both cores, then all on one core ([`OneCore`]). Beside each, the least a relay on
+/// `read`/`write` spent here: the bytes floor's thread plus AES-GCM alone on the same bytes.
 async fn bulk(f: &Fixture, peers: &[(PathBuf, u32); 2]) -> Vec<Row> {
     let floor = FloorRelay::start(f.upstream.port());
     let mut relays = [
@@ -114,74 +114,37 @@ async fn bulk(f: &Fixture, peers: &[(PathBuf, u32); 2]) -> Vec<Row> {
         ),
     ];
     let rounds = pick(15, 2);
-    let free = downloads(&mut relays, rounds).await;
-    let mut rows = bulk_rows(&free, "");
+    let free = downloads(&mut relays, rounds, Some(2)).await;
+    let mut rows = bulk_rows(&free, "", None);
     let Some(pinned) = OneCore::pin(&[peers[0].1, peers[1].1]) else {
         return rows;
     };
-    let one = downloads(&mut relays, rounds).await;
-    // AES-128-GCM alone on the same bytes, on the same core: what the bytes floor would add
-    // to do the TLS itself.
-    let aes: Vec<f64> = (0..rounds)
-        .map(|_| aead_seconds_per_gb(one.size, false))
-        .collect();
+    let one = downloads(&mut relays, rounds, Some(2)).await;
+    let escaped = pinned.escaped();
     drop(pinned);
-    rows.extend(bulk_rows(&one, ", all on one core"));
-    rows.extend(least_any_relay(&one, &aes));
+    let note = format!(
+        "hwkey's two connection runtimes and ghostunnel's GOMAXPROCS were sized for two CPUs and \
+         share one; threads found off the core after the downloads: {escaped}"
+    );
+    rows.extend(bulk_rows(&one, ", all on one core", Some(note)));
     rows
 }
 
-/// The least a relay on `read`/`write` spends per GB here: the bytes floor's kernel work plus
-/// AES-GCM alone on the same bytes, per round. Against ghostunnel: where it is above 0.5×, so
-/// is every such design, and issue 38's CPU-per-GB goal is below what this machine allows
-/// (as issue 38 asks such a goal to be shown). Against hwkey: how far hwkey is from it.
-fn least_any_relay(one: &Downloads, aes: &[f64]) -> Vec<Row> {
-    let least: Vec<f64> = one.cpu[2].iter().zip(aes).map(|(k, a)| k + a).collect();
-    let median = |v: &[f64]| Stat::of(v).median;
-    let mib = one.size >> 20;
-    let parts = format!(
-        "bytes floor relay {:.3} s/GB (its thread's CPU: the kernel's copies and TCP work for both hops) + AES-128-GCM alone {:.3} s/GB (ring, 16 KiB records), per round",
-        median(&one.cpu[2]),
-        median(aes)
-    );
-    vec![
-        ratio_row(
-            "against ghostunnel",
-            &format!(
-                "least CPU per GB of any relay on read/write (bytes floor + AES-GCM) vs ghostunnel, {mib} MiB download, all on one core"
-            ),
-            "s/GB",
-            &least,
-            "ghostunnel 1.11.1",
-            &one.cpu[1],
-        )
-        .note(parts.clone()),
-        ratio_row(
-            "against ghostunnel",
-            &format!(
-                "proxy CPU per GB relayed vs the least of any relay on read/write, {mib} MiB download, all on one core"
-            ),
-            "s/GB",
-            &one.cpu[0],
-            "bytes floor + AES-GCM",
-            &least,
-        )
-        .note(parts),
-    ]
-}
-
-/// The rows of one set of downloads; `how` is added to each measure.
-fn bulk_rows(d: &Downloads, how: &str) -> Vec<Row> {
+/// The rows of one set of downloads; `how` is added to each measure. Issue 38's goal is judged
+/// on the one-core set (`one_core` holds its caveat): on two cores the figure follows the
+/// scheduler's placement more than the relay.
+fn bulk_rows(d: &Downloads, how: &str, one_core: Option<String>) -> Vec<Row> {
     let Downloads {
         size,
         cpu,
         rate,
         switches,
+        aes,
     } = d;
     let mib = size >> 20;
     let median = |v: &[f64]| Stat::of(v).median;
     // Per round, how the CPU went with the context switches (on two cores the rounds' spread
-    // is wide, and the switches tell the placements apart).
+    // is wide, and the switches tell the kinds of rounds apart).
     for (who, (c, s)) in ["hwkey", "ghostunnel", "bytes floor"]
         .iter()
         .zip(cpu.iter().zip(switches))
@@ -193,6 +156,12 @@ fn bulk_rows(d: &Downloads, how: &str) -> Vec<Row> {
             .collect();
         eprintln!("e2e: downloads{how} through {who}: {}", rounds.join(", "));
     }
+    let switches_note = format!(
+        "context switches per MB relayed: hwkey {:.0}, ghostunnel {:.0}, bytes floor relay {:.0} (medians)",
+        median(&switches[0]),
+        median(&switches[1]),
+        median(&switches[2])
+    );
     let vs_ghost = ratio_row(
         "against ghostunnel",
         &format!("proxy CPU per GB relayed vs ghostunnel, {mib} MiB download, UNIX socket{how}"),
@@ -201,14 +170,27 @@ fn bulk_rows(d: &Downloads, how: &str) -> Vec<Row> {
         "ghostunnel 1.11.1",
         &cpu[1],
     );
-    let met = vs_ghost.ratio.map(|r| r.median <= 0.5);
-    vec![
-        vs_ghost.target("≤ 0.5×", met).note(format!(
-            "context switches per MB relayed: hwkey {:.0}, ghostunnel {:.0}, bytes floor relay {:.0} (medians)",
-            median(&switches[0]),
-            median(&switches[1]),
-            median(&switches[2])
+    let vs_ghost = match &one_core {
+        Some(caveat) => {
+            let met = vs_ghost.ratio.map(|r| r.median <= 0.5);
+            vs_ghost
+                .target("≤ 0.5×", met)
+                .note(format!("{switches_note}; {caveat}"))
+        }
+        None => vs_ghost.note(format!(
+            "{switches_note}; issue 38's goal (≤ 0.5×) is judged on the one-core row: here the figure follows where the scheduler puts each relay"
         )),
+    };
+    // Per round: the bytes floor's thread (64 KiB reads, one thread, epoll, paced as here: its
+    // client decrypts) plus AES-GCM alone taken right after it.
+    let least: Vec<f64> = cpu[2].iter().zip(aes).map(|(k, a)| k + a).collect();
+    let parts = format!(
+        "bytes floor relay {:.3} s/GB (its thread's CPU: its reads and writes of the same bytes, in 64 KiB reads, one thread, epoll, as paced here) + AES-128-GCM alone {:.3} s/GB (ring, 16 KiB records, taken after each of its rounds)",
+        median(&cpu[2]),
+        median(aes)
+    );
+    vec![
+        vs_ghost,
         ratio_row(
             "against ghostunnel",
             &format!("download {mib} MiB vs ghostunnel, UNIX socket{how}"),
@@ -217,5 +199,27 @@ fn bulk_rows(d: &Downloads, how: &str) -> Vec<Row> {
             "ghostunnel 1.11.1",
             &rate[1],
         ),
+        ratio_row(
+            "against ghostunnel",
+            &format!(
+                "least CPU per GB of a relay on read/write (bytes floor + AES-GCM) vs ghostunnel, {mib} MiB download{how}"
+            ),
+            "s/GB",
+            &least,
+            "ghostunnel 1.11.1",
+            &cpu[1],
+        )
+        .note(parts.clone()),
+        ratio_row(
+            "against ghostunnel",
+            &format!(
+                "proxy CPU per GB relayed vs the least of a relay on read/write, {mib} MiB download{how}"
+            ),
+            "s/GB",
+            &cpu[0],
+            "bytes floor + AES-GCM",
+            &least,
+        )
+        .note(parts),
     ]
 }

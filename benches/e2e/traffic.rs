@@ -226,7 +226,9 @@ fn thread_cpu_seconds(work: impl FnOnce()) -> f64 {
 
 /// The CPU seconds per GB of the AEAD work a proxy must do at minimum: AES-128-GCM opening of
 /// `bytes` in 16 KiB records (the suite the upstream negotiates), and sealing them again when
-/// `reseal`. Timed with this thread's CPU clock.
+/// `reseal`. Timed with this thread's CPU clock; each record is restored from its sealed copy
+/// before it is opened again, and the time of those copies alone is taken apart and subtracted
+/// (a relay opens records where they arrived, with no such copy).
 pub(crate) fn aead_seconds_per_gb(bytes: u64, reseal: bool) -> f64 {
     use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
     let key = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &[7u8; 16]).expect("AES key"));
@@ -241,8 +243,15 @@ pub(crate) fn aead_seconds_per_gb(bytes: u64, reseal: bool) -> f64 {
         .expect("seal");
     sealed.extend_from_slice(tag.as_ref());
     let mut work = sealed.clone();
+    let records = bytes.div_ceil(record as u64);
+    let copies = thread_cpu_seconds(|| {
+        for _ in 0..records {
+            work.copy_from_slice(&sealed);
+            std::hint::black_box(&mut work);
+        }
+    });
     let seconds = thread_cpu_seconds(|| {
-        for _ in 0..bytes.div_ceil(record as u64) {
+        for _ in 0..records {
             work.copy_from_slice(&sealed);
             let plain = key
                 .open_in_place(
@@ -263,7 +272,7 @@ pub(crate) fn aead_seconds_per_gb(bytes: u64, reseal: bool) -> f64 {
             }
         }
     });
-    seconds / (bytes as f64 / 1e9)
+    (seconds - copies).max(0.0) / (bytes as f64 / 1e9)
 }
 
 /// p50 and p99 (µs) of `samples`.
@@ -365,15 +374,23 @@ pub(crate) struct Downloads {
     pub cpu: Vec<Vec<f64>>,
     /// MB/s.
     pub rate: Vec<Vec<f64>>,
-    /// The proxy's context switches per MB (all its threads): how often it slept and was
-    /// woken, which is what makes one round of the same download cost more than another.
+    /// Context switches per MB (all the relay's threads): how often it slept and was woken,
+    /// which tells apart rounds of the same download that cost different CPU.
     pub switches: Vec<Vec<f64>>,
+    /// AES-128-GCM alone on the download's bytes, s/GB ([`aead_seconds_per_gb`]), taken right
+    /// after each round of the relay `aes_after` names (empty when it names none).
+    pub aes: Vec<f64>,
 }
 
 /// Alternating 64 MiB downloads over one keep-alive connection per `(conn, whose)`, for
 /// `rounds` rounds: per relay, its CPU seconds per GB (`whose`'s CPU clock: a process's, or a
-/// floor relay's thread's), MB/s and context switches per MB per round.
-pub(crate) async fn downloads(relays: &mut [(Conn, Whose)], rounds: usize) -> Downloads {
+/// floor relay's thread's), MB/s and context switches per MB per round; after each round of
+/// relay `aes_after`, AES-GCM alone on the same bytes.
+pub(crate) async fn downloads(
+    relays: &mut [(Conn, Whose)],
+    rounds: usize,
+    aes_after: Option<usize>,
+) -> Downloads {
     let size: u64 = pick(64, 16) << 20;
     let path = format!("/bytes?n={size}");
     let mut buf = vec![0u8; 256 * 1024];
@@ -383,6 +400,7 @@ pub(crate) async fn downloads(relays: &mut [(Conn, Whose)], rounds: usize) -> Do
     let mut cpu = vec![Vec::new(); relays.len()];
     let mut rate = vec![Vec::new(); relays.len()];
     let mut switches = vec![Vec::new(); relays.len()];
+    let mut aes = Vec::new();
     for series in schedule(rounds, relays.len()) {
         let (conn, whose) = &mut relays[series];
         let switches_before = whose.switches();
@@ -394,12 +412,16 @@ pub(crate) async fn downloads(relays: &mut [(Conn, Whose)], rounds: usize) -> Do
         // A thread that exits during the round takes its count with it: never below zero.
         let switched = whose.switches().saturating_sub(switches_before);
         switches[series].push(switched as f64 / (got / 1e6));
+        if aes_after == Some(series) {
+            aes.push(aead_seconds_per_gb(size, false));
+        }
     }
     Downloads {
         size,
         cpu,
         rate,
         switches,
+        aes,
     }
 }
 
@@ -410,72 +432,125 @@ pub(crate) async fn unix_conn(socket: &Path) -> Conn {
 
 /// Every thread of some processes, and of the bench itself, kept on one CPU until dropped.
 ///
-/// On two cores, a relay's CPU per GB depends on where the scheduler puts it: a relay that
-/// runs beside its sender and receiver without ever sleeping pulls every byte across cores,
-/// and one that sleeps and wakes on their core finds the bytes in its cache. The same
-/// download then costs twice the CPU in one round as in the next, for hwkey and ghostunnel
-/// alike (their context switches per MB tell the rounds apart). On one core every relay does
-/// the same work in the same cache, so the figure is the work itself.
+/// On two cores a relay's CPU per GB depends on where the scheduler puts it: the same download
+/// cost hwkey and ghostunnel alike up to twice the CPU in one round as in the next, and their
+/// context switches per MB tell those rounds apart (docs/BENCHMARKS.md, issue 38 round three).
+/// On one core every relay takes turns with its sender and receiver, so the rounds agree. The
+/// relays keep the threads they sized for two CPUs (hwkey's two connection runtimes, Go's
+/// GOMAXPROCS), now sharing one.
 pub(crate) struct OneCore {
-    pids: Vec<u32>,
-    before: rustix::thread::CpuSet,
+    /// Each pinned process with the CPUs its first thread had before.
+    before: Vec<(u32, rustix::thread::CpuSet)>,
+    cpu: usize,
 }
 
 impl OneCore {
-    /// Pins `pids` (all their threads) and this process to the last CPU it may run on; None
-    /// (said on stderr) when affinity cannot be set here.
+    /// Pins `pids` (all their threads) and this process to the last CPU this thread may run
+    /// on; None (said on stderr) when affinity cannot be set here.
     pub(crate) fn pin(pids: &[u32]) -> Option<OneCore> {
-        let before = match rustix::thread::sched_getaffinity(None) {
+        let mine = match rustix::thread::sched_getaffinity(None) {
             Ok(set) => set,
             Err(e) => {
-                eprintln!("e2e: cannot read this process's CPU affinity ({e})");
+                eprintln!("e2e: cannot read this thread's CPU affinity ({e}): no one-core figures");
                 return None;
             }
         };
-        let cpu = (0..rustix::thread::CpuSet::MAX_CPU)
+        let Some(cpu) = (0..rustix::thread::CpuSet::MAX_CPU)
             .rev()
-            .find(|&c| before.is_set(c))?;
-        let mut one = rustix::thread::CpuSet::new();
-        one.set(cpu);
-        let mut pids = pids.to_vec();
-        pids.push(std::process::id());
-        for &pid in &pids {
-            if let Err(e) = set_affinity(pid, &one) {
-                eprintln!("e2e: cannot pin process {pid} to CPU {cpu} ({e})");
-                for &p in &pids {
-                    let _ = set_affinity(p, &before);
+            .find(|&c| mine.is_set(c))
+        else {
+            eprintln!("e2e: this thread may run on no CPU it can name: no one-core figures");
+            return None;
+        };
+        let mut before = Vec::new();
+        for pid in pids.iter().copied().chain([std::process::id()]) {
+            match rustix::process::Pid::from_raw(pid as i32)
+                .map(|p| rustix::thread::sched_getaffinity(Some(p)))
+            {
+                Some(Ok(set)) => before.push((pid, set)),
+                _ => {
+                    eprintln!("e2e: cannot read process {pid}'s CPU affinity: no one-core figures");
+                    return None;
                 }
-                return None;
             }
         }
-        Some(OneCore { pids, before })
+        let pinned = OneCore { before, cpu };
+        let mut one = rustix::thread::CpuSet::new();
+        one.set(cpu);
+        for (pid, _) in &pinned.before {
+            if let Err(e) = settle(*pid, one) {
+                eprintln!("e2e: cannot pin process {pid} to CPU {cpu} ({e}): no one-core figures");
+                return None; // dropping `pinned` restores what was pinned
+            }
+        }
+        Some(pinned)
+    }
+
+    /// Threads of the pinned processes that run elsewhere now (started by a thread not yet
+    /// pinned while the pinning went on); 0 is what the figures need.
+    pub(crate) fn escaped(&self) -> usize {
+        let mut out = 0;
+        for (pid, _) in &self.before {
+            for tid in tasks(*pid) {
+                match rustix::thread::sched_getaffinity(Some(tid)) {
+                    Ok(set) if set.count() == 1 && set.is_set(self.cpu) => {}
+                    Ok(_) => out += 1,
+                    Err(_) => {} // exited
+                }
+            }
+        }
+        out
     }
 }
 
 impl Drop for OneCore {
     fn drop(&mut self) {
-        // Every thread, those started while pinned included, gets the CPUs it had before.
-        for &pid in &self.pids {
-            let _ = set_affinity(pid, &self.before);
+        // Every thread, those started while pinned included, gets its process's CPUs back.
+        for (pid, set) in &self.before {
+            if let Err(e) = settle(*pid, *set) {
+                eprintln!("e2e: could not give process {pid} its CPUs back ({e})");
+            }
         }
     }
 }
 
-/// Sets the affinity of every thread of `pid`.
-fn set_affinity(pid: u32, set: &rustix::thread::CpuSet) -> std::io::Result<()> {
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let tid = task?
-            .file_name()
-            .to_str()
-            .and_then(|t| t.parse::<i32>().ok())
-            .and_then(rustix::process::Pid::from_raw);
-        if let Some(tid) = tid {
-            // A thread that exited meanwhile is no error.
-            match rustix::thread::sched_setaffinity(Some(tid), set) {
-                Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+/// The threads of `pid` now.
+fn tasks(pid: u32) -> Vec<rustix::process::Pid> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|t| {
+                let name = t.ok()?.file_name();
+                rustix::process::Pid::from_raw(name.to_str()?.parse().ok()?)
+            })
+            .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Gives every thread of `pid` the affinity `target`, again and again until a pass finds every
+/// thread already set (a thread started meanwhile by one not yet set is caught by the next
+/// pass); at most 20 passes.
+fn settle(pid: u32, target: rustix::thread::CpuSet) -> std::io::Result<()> {
+    for _ in 0..20 {
+        let mut changed = false;
+        for tid in tasks(pid) {
+            match rustix::thread::sched_getaffinity(Some(tid)) {
+                Ok(set) if set == target => continue,
+                Ok(_) => {}
+                Err(rustix::io::Errno::SRCH) => continue, // exited
+                Err(e) => return Err(e.into()),
+            }
+            match rustix::thread::sched_setaffinity(Some(tid), &target) {
+                Ok(()) => changed = true,
+                Err(rustix::io::Errno::SRCH) => {}
                 Err(e) => return Err(e.into()),
             }
         }
+        if !changed {
+            return Ok(());
+        }
     }
-    Ok(())
+    Err(std::io::Error::other(format!(
+        "process {pid} kept starting threads faster than they could be set"
+    )))
 }
