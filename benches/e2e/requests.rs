@@ -62,28 +62,31 @@ impl Whose {
         }
     }
 
-    /// Context switches (voluntary and involuntary) so far; 0 for the client.
-    pub(crate) fn switches(&self) -> u64 {
+    /// Context switches (voluntary and involuntary) so far, per thread; none for the client.
+    pub(crate) fn switches(&self) -> Switches {
         let tasks: Vec<PathBuf> = match self {
-            Whose::Client => return 0,
+            Whose::Client => return Switches::default(),
             Whose::Process(pid) => std::fs::read_dir(format!("/proc/{pid}/task"))
                 .map(|d| d.filter_map(|t| Some(t.ok()?.path())).collect())
                 .unwrap_or_default(),
             Whose::Task(dir) => vec![dir.clone()],
         };
-        tasks
-            .iter()
-            .map(|t| {
-                task_figure(t, "status", |text| {
-                    Some(
-                        text.lines()
-                            .filter(|l| l.contains("ctxt_switches:"))
-                            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                            .sum(),
-                    )
+        Switches(
+            tasks
+                .into_iter()
+                .map(|t| {
+                    let n = task_figure(&t, "status", |text| {
+                        Some(
+                            text.lines()
+                                .filter(|l| l.contains("ctxt_switches:"))
+                                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                                .sum(),
+                        )
+                    });
+                    (t, n)
                 })
-            })
-            .sum()
+                .collect(),
+        )
     }
 
     /// What `perf` attaches to for the system call count: the proxy's or ghostunnel's
@@ -94,6 +97,23 @@ impl Whose {
             Whose::Task(dir) => Some(("-t", dir.file_name()?.to_str()?.parse().ok()?)),
             Whose::Client => None,
         }
+    }
+}
+
+/// Context switches per thread (by `/proc` task directory) at one reading. A delta is summed
+/// thread by thread: a thread that exits between two readings loses only its own switches
+/// since the first, where a difference of two totals would lose its whole count (and wrap, or
+/// clamp to zero, when that was more than the others' switches in between).
+#[derive(Default)]
+pub(crate) struct Switches(std::collections::HashMap<PathBuf, u64>);
+
+impl Switches {
+    /// Switches since `before`: each thread's own difference (threads new since then from 0).
+    pub(crate) fn since(&self, before: &Switches) -> u64 {
+        self.0
+            .iter()
+            .map(|(t, n)| n.saturating_sub(before.0.get(t).copied().unwrap_or(0)))
+            .sum()
     }
 }
 
@@ -319,8 +339,7 @@ async fn run_load(
     let elapsed = start.elapsed().as_secs_f64();
     let done = samples.len() as f64;
     let cpu_us = (cpu() - cpu_before) as f64 / 1e3 / done;
-    // A thread that exits during the trial takes its count with it: never below zero.
-    let switches = switches().saturating_sub(switches_before) as f64 / done;
+    let switches = switches().since(&switches_before) as f64 / done;
     let calls = counter.and_then(|c| c.stop(done));
     let (p50, p99) = p50_p99(&mut samples);
     Trial {

@@ -409,8 +409,7 @@ pub(crate) async fn downloads(
         let got = conn.get(&path, &mut buf).await as f64;
         rate[series].push(got / start.elapsed().as_secs_f64() / 1e6);
         cpu[series].push((whose.cpu_ns() - before) as f64 / 1e9 / (got / 1e9));
-        // A thread that exits during the round takes its count with it: never below zero.
-        let switched = whose.switches().saturating_sub(switches_before);
+        let switched = whose.switches().since(&switches_before);
         switches[series].push(switched as f64 / (got / 1e6));
         if aes_after == Some(series) {
             aes.push(aead_seconds_per_gb(size, false));

@@ -161,6 +161,14 @@ pub struct Results {
     pub load_before: String,
     pub load_after: String,
     pub seconds: f64,
+    /// What the run measured: the checkout (`git describe --always --dirty` when it finished)
+    /// and, when `HWKEY_BIN` named another binary, that binary. The report names this, not the
+    /// commit it is written at, which may be a later one.
+    #[serde(default)]
+    pub measured: Option<String>,
+    /// When the run finished, in seconds since the Unix epoch (the report writes it as a date).
+    #[serde(default)]
+    pub finished_unix: Option<i64>,
     pub rows: Vec<Row>,
 }
 
@@ -181,9 +189,31 @@ pub fn finish(name: &str, load_before: String, started: std::time::Instant, rows
             load_before,
             load_after: loadavg(),
             seconds: started.elapsed().as_secs_f64(),
+            measured: Some(measured()),
+            finished_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()
+                .and_then(|d| i64::try_from(d.as_secs()).ok()),
             rows,
         },
     );
+}
+
+/// The checkout this run measured, and the binary when `HWKEY_BIN` names one.
+fn measured() -> String {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let commit = std::process::Command::new("git")
+        .args(["-C", root, "describe", "--always", "--dirty"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "unknown commit".into());
+    match std::env::var_os("HWKEY_BIN") {
+        Some(bin) => format!("{commit}, hwkey from HWKEY_BIN={}", bin.to_string_lossy()),
+        None => commit,
+    }
 }
 
 /// Writes `target/hwkey-bench/NAME.json`.
