@@ -39,7 +39,7 @@ fn main() {
         return;
     }
     let started = Instant::now();
-    let load_before = common::loadavg();
+    let load_before = common::before();
     let work = temp_dir();
     let dir = work.path();
 

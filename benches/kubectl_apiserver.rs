@@ -23,7 +23,7 @@ fn main() {
         return;
     }
     let started = Instant::now();
-    let load_before = common::loadavg();
+    let load_before = common::before();
     if std::env::var_os("HWKEY_KUBE_BIN").is_none() {
         let row = Row::new(AREA, "kubectl get through hwkey", "ms", None)
             .note("not measured: HWKEY_KUBE_BIN is not set (hsm-fixtures/bench.sh sets it)");

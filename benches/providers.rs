@@ -215,7 +215,7 @@ fn main() {
         return;
     }
     let started = Instant::now();
-    let load_before = common::loadavg();
+    let load_before = common::before();
     let pki = pki();
     let contenders = contenders();
     let configs: Vec<_> = contenders

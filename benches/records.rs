@@ -471,7 +471,7 @@ fn main() {
         return;
     }
     let started = Instant::now();
-    let load_before = common::loadavg();
+    let load_before = common::before();
     let (client, server) = configs();
     let rounds = common::pick(15, 4);
     let pairs = common::pick(20_000u32, 4_000);

@@ -121,9 +121,7 @@ fn machine(out: &mut String, runs: &[(&str, Option<&Results>)]) {
                     r.load_after,
                     r.measured.as_deref().unwrap_or("at an unrecorded commit"),
                     r.finished_unix
-                        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
-                        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-                        .unwrap_or_else(|| "at an unrecorded time".into()),
+                        .map_or_else(|| "at an unrecorded time".into(), common::utc),
                 );
             }
             None => {
@@ -270,18 +268,16 @@ fn main() {
     let apiserver = common::load("apiserver");
     let mut out = String::from(HEAD);
     out.push_str("\n## Machine\n\n");
-    machine(
-        &mut out,
-        &[
-            ("micro (sign)", sign.as_ref()),
-            ("end to end (e2e)", e2e.as_ref()),
-            ("rustls per record (records)", records.as_ref()),
-            ("crypto providers (providers)", providers.as_ref()),
-            ("approver (approver)", approver.as_ref()),
-            ("real kube-apiserver (apiserver)", apiserver.as_ref()),
-        ],
-    );
-    if sign.as_ref().is_some_and(|r| r.quick) || e2e.as_ref().is_some_and(|r| r.quick) {
+    let runs = [
+        ("micro (sign)", sign.as_ref()),
+        ("end to end (e2e)", e2e.as_ref()),
+        ("rustls per record (records)", records.as_ref()),
+        ("crypto providers (providers)", providers.as_ref()),
+        ("approver (approver)", approver.as_ref()),
+        ("real kube-apiserver (apiserver)", apiserver.as_ref()),
+    ];
+    machine(&mut out, &runs);
+    if runs.iter().any(|(_, r)| r.is_some_and(|r| r.quick)) {
         out.push_str(
             "\n**Quick mode**: few, short repetitions; use the full run for anything you quote.\n",
         );

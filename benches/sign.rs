@@ -446,7 +446,7 @@ fn main() {
         return;
     }
     let started = Instant::now();
-    let load_before = common::loadavg();
+    let load_before = common::before();
 
     let hsm = SoftHsm::new();
     hsm.init_token(TOKEN);

@@ -89,7 +89,7 @@ fn main() {
         return;
     }
     let started = Instant::now();
-    let load_before = common::loadavg();
+    let load_before = common::before();
     raise_fd_limit();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

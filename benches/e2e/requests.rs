@@ -83,7 +83,17 @@ impl Whose {
                                 .sum(),
                         )
                     });
-                    (t, n)
+                    // Field 22 of `stat`, after the parenthesised name: when the thread started,
+                    // so a thread id reused between two readings is another key.
+                    let started = task_figure(&t, "stat", |text| {
+                        text.rsplit_once(')')?
+                            .1
+                            .split_whitespace()
+                            .nth(19)?
+                            .parse()
+                            .ok()
+                    });
+                    ((t, started), n)
                 })
                 .collect(),
         )
@@ -100,12 +110,12 @@ impl Whose {
     }
 }
 
-/// Context switches per thread (by `/proc` task directory) at one reading. A delta is summed
+/// Context switches per thread (by `/proc` task directory and start time) at one reading. A delta is summed
 /// thread by thread: a thread that exits between two readings loses only its own switches
 /// since the first, where a difference of two totals would lose its whole count (and wrap, or
 /// clamp to zero, when that was more than the others' switches in between).
 #[derive(Default)]
-pub(crate) struct Switches(std::collections::HashMap<PathBuf, u64>);
+pub(crate) struct Switches(std::collections::HashMap<(PathBuf, u64), u64>);
 
 impl Switches {
     /// Switches since `before`: each thread's own difference (threads new since then from 0).

@@ -42,6 +42,7 @@ use super::metrics::{ListenerKind, Metrics, Refusal};
 use super::ratelimit::RateLimited;
 use super::readahead::ReadAhead;
 use super::threads::Spawner;
+use super::unix_client::ClientUnixStream;
 use crate::endpoint::ListenAddr;
 use crate::pki::loopback_ca::LoopbackCa;
 use crate::stop::stopped;
@@ -135,11 +136,11 @@ pub fn own_uid() -> u32 {
     crate::state_dir::own_uid()
 }
 
-/// Checks a UNIX-socket peer's uid; Err(uid) when it must be refused.
-pub fn check_peer(stream: &UnixStream, allowed: &[u32]) -> Result<u32, Option<u32>> {
-    match stream.peer_cred() {
-        Ok(cred) if cred.uid() == own_uid() || allowed.contains(&cred.uid()) => Ok(cred.uid()),
-        Ok(cred) => Err(Some(cred.uid())),
+/// Checks a UNIX-socket peer's uid (`SO_PEERCRED`); Err(uid) when it must be refused.
+pub fn check_peer(stream: &impl std::os::fd::AsFd, allowed: &[u32]) -> Result<u32, Option<u32>> {
+    match rustix::net::sockopt::socket_peercred(stream).map(|cred| cred.uid.as_raw()) {
+        Ok(uid) if uid == own_uid() || allowed.contains(&uid) => Ok(uid),
+        Ok(uid) => Err(Some(uid)),
         Err(_) => Err(None),
     }
 }
@@ -356,7 +357,7 @@ fn spawn_connection(
             shared.connections.spawn(move || async move {
                 // The peer's uid is checked in this same poll, before any await.
                 drop(waiting);
-                if let Some(stream) = handed_over(UnixStream::from_std(stream), "register") {
+                if let Some(stream) = handed_over(ClientUnixStream::new(stream), "register") {
                     handle_unix(&task_shared, stream).await
                 }
             });
@@ -440,8 +441,11 @@ fn refused(what: &str, detail: &dyn std::fmt::Display) {
     }
 }
 
-async fn handle_unix(shared: &Clients, mut stream: UnixStream) {
-    match check_peer(&stream, &shared.allowed_uids) {
+async fn handle_unix(shared: &Clients, mut stream: ClientUnixStream) {
+    let Some(socket) = stream.socket() else {
+        return;
+    };
+    match check_peer(socket, &shared.allowed_uids) {
         Ok(_) => {}
         Err(uid) => {
             shared.metrics.refused(Refusal::PeerUid);
@@ -481,7 +485,7 @@ async fn handle_unix(shared: &Clients, mut stream: UnixStream) {
 }
 
 /// Reads just enough to tell the HTTP/2 preface from anything else.
-async fn sniff(stream: &mut UnixStream) -> std::io::Result<Vec<u8>> {
+async fn sniff(stream: &mut ClientUnixStream) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; H2_PREFACE.len()];
     let mut len = 0;
     while len < buf.len() {

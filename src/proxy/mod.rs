@@ -50,6 +50,7 @@ pub mod sessions;
 pub mod settings;
 pub mod start;
 pub mod threads;
+pub mod unix_client;
 pub mod upstream;
 mod write_through;
 

@@ -7,6 +7,8 @@
 
 use std::path::PathBuf;
 
+use std::fmt::Write as _;
+
 use serde::{Deserialize, Serialize};
 
 /// True when `HWKEY_BENCH_QUICK` is set (`hsm-fixtures/bench.sh --quick`): fewer and shorter
@@ -179,17 +181,38 @@ pub fn loadavg() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// What a run starts from, taken before anything runs: the load average and what it measures.
+pub struct Before {
+    load: String,
+    measured: String,
+}
+
+/// The load average and the checkout (and binaries) as a run starts.
+pub fn before() -> Before {
+    Before {
+        load: loadavg(),
+        measured: measured(),
+    }
+}
+
 /// Saves a benchmark binary's rows with the run's facts: quick mode, the load average before
-/// (taken at `started`) and now, and the seconds the run took.
-pub fn finish(name: &str, load_before: String, started: std::time::Instant, rows: Vec<Row>) {
+/// (taken at `started`) and now, the seconds the run took, what it measured (said twice when
+/// the checkout changed during the run: a commit made meanwhile) and when it finished.
+pub fn finish(name: &str, before: Before, started: std::time::Instant, rows: Vec<Row>) {
+    let now = measured();
+    let measured = if now == before.measured {
+        now
+    } else {
+        format!("{} as it started, {now} as it finished", before.measured)
+    };
     save(
         name,
         &Results {
             quick: quick(),
-            load_before,
+            load_before: before.load,
             load_after: loadavg(),
             seconds: started.elapsed().as_secs_f64(),
-            measured: Some(measured()),
+            measured: Some(measured),
             finished_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .ok()
@@ -199,9 +222,11 @@ pub fn finish(name: &str, load_before: String, started: std::time::Instant, rows
     );
 }
 
-/// The checkout this run measured, and the binary when `HWKEY_BIN` names one.
+/// The checkout (`git describe --always --dirty`), and each binary named by `HWKEY_BIN` or
+/// `HWKEY_BENCH_BASELINE_BIN` with its size and modification time (a path alone does not say
+/// which build it held).
 fn measured() -> String {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let root = env!("CARGO_MANIFEST_DIR");
     let commit = std::process::Command::new("git")
         .args(["-C", root, "describe", "--always", "--dirty"])
         .output()
@@ -209,10 +234,39 @@ fn measured() -> String {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| "unknown commit".into());
-    match std::env::var_os("HWKEY_BIN") {
-        Some(bin) => format!("{commit}, hwkey from HWKEY_BIN={}", bin.to_string_lossy()),
-        None => commit,
+        .unwrap_or_else(|| "an unknown commit".into());
+    let mut text = format!("at {commit}");
+    for var in ["HWKEY_BIN", "HWKEY_BENCH_BASELINE_BIN"] {
+        if let Some(bin) = std::env::var_os(var) {
+            let path = std::fs::canonicalize(&bin).unwrap_or_else(|_| bin.into());
+            let _ = write!(text, "; {var}={}", path.display());
+            if let Ok(meta) = std::fs::metadata(&path) {
+                let modified = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .and_then(|d| i64::try_from(d.as_secs()).ok())
+                    .map_or_else(|| "unknown".into(), utc);
+                let _ = write!(text, " ({} bytes, modified {modified})", meta.len());
+            }
+        }
+    }
+    text
+}
+
+/// Unix seconds as an ISO 8601 UTC time.
+pub fn utc(unix: i64) -> String {
+    match time::OffsetDateTime::from_unix_timestamp(unix) {
+        Ok(t) => format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second()
+        ),
+        Err(_) => format!("{unix} (Unix time)"),
     }
 }
 

@@ -134,6 +134,41 @@ fn keep_alive_requests_wake_no_other_proxy_thread() {
     );
 }
 
+/// Issue 38: a client reading its response does not wake the proxy. tokio registers every
+/// socket for writability too (edge-triggered), and the kernel signals a UNIX stream socket
+/// writable each time its peer reads from it, so each response a UNIX-socket client read woke
+/// the connection's runtime once more, for an event nobody waited for. The client's socket is
+/// now registered for reading only, and for writing only while a write waits for room
+/// (`proxy::unix_client`). Counted with strace: one connection, 200 requests, the client
+/// pausing after each response so that every wake-up is an `epoll_wait` of its own. A request
+/// needs two (the client's request, the upstream's answer); the old registration made three.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_client_reading_its_response_does_not_wake_the_proxy() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let mut conn = RawHttp::connect(&proxy.socket);
+    let mut ask = || {
+        conn.send("GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        let (status, _) = conn.read_response();
+        assert_eq!(status, 200, "{}", proxy.log());
+    };
+    ask(); // the upstream handshake
+    let requests = 200;
+    let strace = support::strace::Strace::attach(proxy.guard.id(), "epoll_wait");
+    for _ in 0..requests {
+        ask();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let waits = strace.stop();
+    let per_request = waits as f64 / requests as f64;
+    assert!(
+        (1.5..=2.3).contains(&per_request),
+        "{waits} epoll_wait calls for {requests} requests ({per_request:.2} each): 2 expected (the request, the answer), 3 when the client's reads wake the proxy"
+    );
+}
+
 /// What an idle connection costs the proxy (issue 12: ≤ 16 KiB each beyond the kernel's
 /// buffers, 1,000 of them in ≤ 32 MiB). After 100 connections have warmed the allocator, 500 more
 /// keep-alive connections, each after one request and so with its upstream TLS connection open,

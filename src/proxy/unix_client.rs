@@ -1,0 +1,279 @@
+//! A UNIX-socket client's stream, registered with the runtime for readability only.
+//!
+//! tokio registers every socket for reading *and* writing, edge-triggered. On a UNIX stream
+//! socket the kernel signals "writable" each time the peer reads what was written to it
+//! (`unix_write_space` runs as the peer consumes each buffer), where TCP does so only after a
+//! write found the send buffer full. So with tokio's `UnixStream`, every keep-alive response a
+//! client reads woke the connection's runtime once more, for an event no task was waiting for:
+//! a third wake-up per request beside the request's and the upstream answer's (kubelet's path:
+//! its UNIX socket). Here the socket is registered for reading, and for writing only while a
+//! write is waiting for room: a write that would block switches the registration to both
+//! interests, and a flush after writes that never blocked switches it back. A direction that
+//! keeps meeting back-pressure (a bulk download to a slow reader) keeps both interests, so
+//! the switch costs two `epoll_ctl` calls per burst, not per write.
+//!
+//! Reads follow tokio's own stream: a read that returns fewer bytes than asked clears the
+//! readiness, so the next read waits for the next edge instead of calling `recv` for an
+//! `EAGAIN`.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+
+/// A client's UNIX stream whose registration asks for writability only while a write waits.
+pub struct ClientUnixStream {
+    /// `None` only while the registration is being replaced (or after that failed).
+    io: Option<AsyncFd<UnixStream>>,
+    /// The registration includes writability.
+    writable: bool,
+    /// A write would have blocked since the last flush.
+    blocked: bool,
+}
+
+impl ClientUnixStream {
+    /// Registers `stream` (made non-blocking here) with the current runtime, for reading.
+    pub fn new(stream: UnixStream) -> io::Result<ClientUnixStream> {
+        stream.set_nonblocking(true)?;
+        Ok(ClientUnixStream {
+            io: Some(register(stream, Interest::READABLE)?),
+            writable: false,
+            blocked: false,
+        })
+    }
+
+    /// The connected socket (for the peer's credentials).
+    pub fn socket(&self) -> Option<&UnixStream> {
+        self.io.as_ref().map(AsyncFd::get_ref)
+    }
+
+    fn io(&self) -> io::Result<&AsyncFd<UnixStream>> {
+        self.io
+            .as_ref()
+            .ok_or_else(|| io::Error::other("the client socket lost its registration"))
+    }
+
+    /// Whether the registration asks for writability (what the tests check).
+    #[cfg(test)]
+    fn registered_for_writing(&self) -> bool {
+        self.writable
+    }
+
+    /// Registers the socket again with `writable` or without it. Wakers registered with the old
+    /// registration are dropped with it, so the task is woken to register them again.
+    fn reregister(&mut self, writable: bool, cx: &mut Context<'_>) -> io::Result<()> {
+        let interest = if writable {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        let stream = self
+            .io
+            .take()
+            .map(AsyncFd::into_inner)
+            .ok_or_else(|| io::Error::other("the client socket lost its registration"))?;
+        self.io = Some(register(stream, interest)?);
+        self.writable = writable;
+        cx.waker().wake_by_ref();
+        Ok(())
+    }
+
+    /// Writes with `write` (one buffer or several), waiting for room through the registration
+    /// once a write has found none.
+    fn poll_write_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: impl Fn(&UnixStream) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            if !self.writable {
+                match write(self.io()?.get_ref()) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.blocked = true;
+                        self.reregister(true, cx)?;
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    r => return Poll::Ready(r),
+                }
+            }
+            let io = self.io()?;
+            let mut guard = ready!(io.poll_write_ready(cx))?;
+            match guard.try_io(|s| write(s.get_ref())) {
+                Ok(r) => return Poll::Ready(r),
+                Err(_would_block) => self.blocked = true,
+            }
+        }
+    }
+}
+
+/// Registers `stream` with the current runtime for `interest`.
+#[allow(unsafe_code)]
+fn register(stream: UnixStream, interest: Interest) -> io::Result<AsyncFd<UnixStream>> {
+    // SAFETY: `register_with_interest` asks that the descriptor stay open and the same while
+    // registered. A `UnixStream` owns its descriptor and closes it only when dropped, and the
+    // `AsyncFd` owns the stream: it is dropped, or taken back with `into_inner` (which
+    // deregisters first), never closed or replaced while registered.
+    Ok(unsafe { AsyncFd::register_with_interest(stream, interest) }?)
+}
+
+impl AsyncRead for ClientUnixStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let io = self.io()?;
+        loop {
+            let mut guard = ready!(io.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            let wanted = unfilled.len();
+            match guard.try_io(|s| s.get_ref().read(unfilled)) {
+                Ok(Ok(n)) => {
+                    if n > 0 && n < wanted {
+                        // Drained: the next read waits for the next edge.
+                        guard.clear_ready();
+                    }
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for ClientUnixStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .poll_write_with(cx, |mut s: &UnixStream| s.write(buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .poll_write_with(cx, |mut s: &UnixStream| s.write_vectored(bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    /// Nothing is buffered here; a flush after writes that all found room gives the
+    /// registration's writability back.
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.writable && !this.blocked {
+            this.reregister(false, cx)?;
+        }
+        this.blocked = false;
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.io()?.get_ref().shutdown(Shutdown::Write))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The kernel fact this module rests on: a UNIX stream socket registered for writability
+    /// (edge-triggered, as tokio registers) is signalled writable again each time its peer
+    /// reads, with room to spare all along; one registered for reading only is not woken.
+    #[test]
+    fn a_peer_reading_signals_writability_on_a_unix_socket() {
+        use rustix::event::epoll;
+        let now = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let ready = |ep: &std::os::fd::OwnedFd| {
+            let mut events = Vec::with_capacity(4);
+            epoll::wait(ep, rustix::buffer::spare_capacity(&mut events), Some(&now)).unwrap();
+            events.len()
+        };
+        let events_after_peer_reads = |flags: epoll::EventFlags| {
+            let (a, mut b) = UnixStream::pair().unwrap();
+            let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+            epoll::add(&ep, &a, epoll::EventData::new_u64(1), flags).unwrap();
+            ready(&ep); // the registration's own first report
+            (&a).write_all(b"response").unwrap();
+            assert_eq!(ready(&ep), 0, "nothing new before the peer reads");
+            let mut got = [0u8; 8];
+            b.read_exact(&mut got).unwrap();
+            ready(&ep)
+        };
+        let both = epoll::EventFlags::IN | epoll::EventFlags::OUT | epoll::EventFlags::ET;
+        let read_only = epoll::EventFlags::IN | epoll::EventFlags::ET;
+        assert_eq!(events_after_peer_reads(both), 1, "signalled writable again");
+        assert_eq!(events_after_peer_reads(read_only), 0, "not woken");
+    }
+
+    /// Small writes never register for writing; a write that finds the socket full does, the
+    /// bytes all arrive once the peer reads, and the flush after a burst that no longer blocks
+    /// gives the interest back.
+    #[tokio::test]
+    async fn writability_is_asked_for_only_while_a_write_waits() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut client = ClientUnixStream::new(a).unwrap();
+        b.set_nonblocking(false).unwrap();
+        let mut peer = b;
+
+        client.write_all(b"small response").await.unwrap();
+        client.flush().await.unwrap();
+        assert!(!client.registered_for_writing());
+        let mut got = [0u8; 14];
+        peer.read_exact(&mut got).unwrap();
+
+        // More than the socket holds: the writer must wait for the peer to read.
+        let big: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+        let expect = big.clone();
+        let reader = std::thread::spawn(move || {
+            let mut all = vec![0u8; expect.len()];
+            peer.read_exact(&mut all).unwrap();
+            assert!(all == expect, "the bytes arrived in order");
+            peer
+        });
+        client.write_all(&big).await.unwrap();
+        assert!(client.registered_for_writing(), "a write waited for room");
+        client.flush().await.unwrap();
+        assert!(client.registered_for_writing(), "the burst blocked: kept");
+        let mut peer = reader.join().unwrap();
+
+        client.write_all(b"next").await.unwrap();
+        client.flush().await.unwrap();
+        assert!(
+            !client.registered_for_writing(),
+            "a burst without back-pressure gives it back"
+        );
+        let mut next = [0u8; 4];
+        peer.read_exact(&mut next).unwrap();
+        assert_eq!(&next, b"next");
+
+        // Reads still work after the switches, and a half-close reaches the peer.
+        std::io::Write::write_all(&mut peer, b"request").unwrap();
+        let mut req = [0u8; 7];
+        client.read_exact(&mut req).await.unwrap();
+        assert_eq!(&req, b"request");
+        client.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        peer.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+    }
+}
