@@ -2,8 +2,9 @@
 //! unchanged (±5 %)" by the signer split). `HWKEY_BENCH_BASELINE_BIN` names the earlier hwkey
 //! (hsm-fixtures/baseline.sh REF builds it; `HWKEY_BENCH_BASELINE_REF` labels it): a second
 //! proxy of that build runs beside the fixture's, same SoftHSM key, same upstream, and the two
-//! alternate round by round: HTTP/1.1 keep-alive `GET /version` on 8 connections, and a 64 MiB
-//! download, both over the UNIX socket. CPU is each proxy's network-facing process (the signer
+//! alternate round by round: HTTP/1.1 keep-alive `GET /version` on 8 connections, the same
+//! request paced (one connection, 1 ms after each answer), and a 64 MiB download, all over the
+//! UNIX socket. CPU is each proxy's network-facing process (the signer
 //! signs nothing on an established connection).
 
 use super::*;
@@ -39,6 +40,7 @@ pub(crate) async fn against_baseline(f: &Fixture) -> Vec<Row> {
         (&other.socket, other.guard.id()),
     ];
     let mut rows = keep_alive(&proxies, &label).await;
+    rows.push(paced(&proxies, &label).await);
     rows.extend(bulk(&proxies, &label).await);
     drop(other);
     rows
@@ -81,6 +83,42 @@ async fn keep_alive(proxies: &[(&PathBuf, u32); 2], label: &str) -> Vec<Row> {
             &field(&trials[1], |t| t.per_second),
         )),
     ]
+}
+
+/// Requests at a client's pace rather than as fast as the proxy answers: one connection to
+/// each proxy, a pause of 1 ms after each answer, as kubelet's rate-limited requests come. The
+/// proxy sleeps between requests here, so what it pays per request includes waking up, which
+/// the closed-loop rows above mostly do not see (the proxy is busy when the next event comes).
+async fn paced(proxies: &[(&PathBuf, u32); 2], label: &str) -> Row {
+    let (requests, rounds) = (pick(1_000, 200), pick(5, 2));
+    let mut conns = Vec::new();
+    for (socket, _) in proxies {
+        let mut c = Conn::Unix(UnixStream::connect(socket).await.expect("UNIX"));
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..20 {
+            c.get("/version", &mut buf).await;
+        }
+        conns.push(c);
+    }
+    let mut cpu: [Vec<f64>; 2] = Default::default();
+    let mut buf = vec![0u8; 4096];
+    for series in schedule(rounds, 2) {
+        let whose = Whose::Process(proxies[series].1);
+        let before = whose.cpu_ns();
+        for _ in 0..requests {
+            conns[series].get("/version", &mut buf).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        cpu[series].push((whose.cpu_ns() - before) as f64 / 1e3 / requests as f64);
+    }
+    no_more_cpu(ratio_row(
+        "against an earlier build",
+        "proxy CPU per request, paced (1 connection, 1 ms between requests), UNIX socket",
+        "µs",
+        &cpu[0],
+        &format!("hwkey of {label}, same key and upstream, alternating"),
+        &cpu[1],
+    ))
 }
 
 /// A 64 MiB download through each proxy: proxy CPU per GB and MB/s.
