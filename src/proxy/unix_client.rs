@@ -8,9 +8,13 @@
 //! a third wake-up per request beside the request's and the upstream answer's (kubelet's path:
 //! its UNIX socket). Here the socket is registered for reading, and for writing only while a
 //! write is waiting for room: a write that would block switches the registration to both
-//! interests, and a flush after writes that never blocked switches it back. A direction that
-//! keeps meeting back-pressure (a bulk download to a slow reader) keeps both interests, so
-//! the switch costs two `epoll_ctl` calls per burst, not per write.
+//! interests, and a flush after writes that never blocked switches it back. A switch is two
+//! `epoll_ctl` calls (the old registration out, the new one in) and one more poll of the
+//! connection's task, which registers its wakers again (those of the old registration are
+//! dropped with it); the read readiness is learnt again from the new registration. A direction
+//! that keeps meeting back-pressure (a bulk download to a slow reader) keeps both interests, so
+//! an episode of back-pressure costs two switches, not two per write; until the next flush
+//! after a burst that did not block, the client's reads of that tail still wake the runtime.
 //!
 //! Reads follow tokio's own stream: a read that returns fewer bytes than asked clears the
 //! readiness, so the next read waits for the next edge instead of calling `recv` for an
@@ -225,6 +229,49 @@ mod tests {
         assert_eq!(events_after_peer_reads(read_only), 0, "not woken");
     }
 
+    /// The relay's two directions share one task. After a burst to the client that had to
+    /// wait for room, the flush that gives writability back drops the registration holding the
+    /// client-side read's waker; the stream wakes the task so the read registers again. Without
+    /// that, a request the client sends next would sit unread (until the idle timeout).
+    #[tokio::test]
+    async fn a_request_after_a_burst_that_waited_still_reaches_the_upstream() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut client = ClientUnixStream::new(a).unwrap();
+        let (mut upstream, mut near) = tokio::io::duplex(256 * 1024);
+        let relay = tokio::spawn(async move {
+            super::super::relay::copy_bidirectional(&mut client, &mut near).await
+        });
+        let big = vec![7u8; 4 * 1024 * 1024];
+        let mut peer = b;
+        peer.set_nonblocking(false).unwrap();
+        // The peer reads the burst only after the relay has filled its socket.
+        let reader = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let mut all = vec![0u8; 4 * 1024 * 1024 + 4];
+            peer.read_exact(&mut all).unwrap();
+            assert_eq!(&all[all.len() - 4..], b"tail");
+            peer.write_all(b"request").unwrap();
+            peer
+        });
+        upstream.write_all(&big).await.unwrap();
+        // A second burst, after the relay flushed the first: this one finds room, and its
+        // flush gives writability back.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        upstream.write_all(b"tail").await.unwrap();
+        let mut request = [0u8; 7];
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            upstream.read_exact(&mut request),
+        )
+        .await
+        .expect("the client's request reached the upstream")
+        .unwrap();
+        assert_eq!(&request, b"request");
+        drop(reader.join().unwrap());
+        drop(upstream);
+        let _ = relay.await;
+    }
+
     /// Small writes never register for writing; a write that finds the socket full does, the
     /// bytes all arrive once the peer reads, and the flush after a burst that no longer blocks
     /// gives the interest back.
@@ -241,8 +288,18 @@ mod tests {
         let mut got = [0u8; 14];
         peer.read_exact(&mut got).unwrap();
 
-        // More than the socket holds: the writer must wait for the peer to read.
+        // More than the socket holds, nobody reading yet: writes fill it until one must wait.
         let big: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+        let mut sent = 0;
+        while let Poll::Ready(n) = std::future::poll_fn(|cx| {
+            Poll::Ready(Pin::new(&mut client).poll_write(cx, &big[sent..]))
+        })
+        .await
+        {
+            sent += n.unwrap();
+            assert!(sent < big.len(), "the socket took 4 MiB without waiting");
+        }
+        assert!(client.registered_for_writing(), "a write waited for room");
         let expect = big.clone();
         let reader = std::thread::spawn(move || {
             let mut all = vec![0u8; expect.len()];
@@ -250,8 +307,7 @@ mod tests {
             assert!(all == expect, "the bytes arrived in order");
             peer
         });
-        client.write_all(&big).await.unwrap();
-        assert!(client.registered_for_writing(), "a write waited for room");
+        client.write_all(&big[sent..]).await.unwrap();
         client.flush().await.unwrap();
         assert!(client.registered_for_writing(), "the burst blocked: kept");
         let mut peer = reader.join().unwrap();

@@ -48,7 +48,8 @@ impl Strace {
         }
     }
 
-    /// Detaches and returns how many calls were made while attached.
+    /// Detaches and returns how many calls were made while attached (of every call named, when
+    /// `call` names several, comma-separated).
     pub fn stop(mut self) -> u64 {
         let pid = i32::try_from(self.child.id()).expect("pid fits");
         // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
@@ -57,10 +58,12 @@ impl Strace {
         self.child.wait().expect("strace exits");
         let text = std::fs::read_to_string(&self.summary).expect("strace summary");
         // "% time  seconds  usecs/call  calls  errors  syscall": calls is the 4th column.
+        let names: Vec<&str> = self.call.split(',').collect();
         text.lines()
             .map(|l| l.split_whitespace().collect::<Vec<_>>())
-            .find(|f| f.last() == Some(&self.call.as_str()) && f.len() >= 5)
-            .map_or(0, |f| f[3].parse().expect("a call count"))
+            .filter(|f| f.len() >= 5 && f.last().is_some_and(|n| names.contains(n)))
+            .map(|f| f[3].parse::<u64>().expect("a call count"))
+            .sum()
     }
 }
 
