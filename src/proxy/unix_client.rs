@@ -4,9 +4,9 @@
 //! socket the kernel signals "writable" each time the peer reads what was written to it
 //! (`unix_write_space` runs as the peer consumes each buffer), where TCP does so only after a
 //! write found the send buffer full. So with tokio's `UnixStream`, every keep-alive response a
-//! client reads woke the connection's runtime once more, for an event no task was waiting for:
-//! a third wake-up per request beside the request's and the upstream answer's (kubelet's path:
-//! its UNIX socket). Here the socket is registered for reading, and for writing only while a
+//! client reads signalled the connection's runtime once more, for an event no task was waiting
+//! for: when the runtime was asleep between requests (kubelet's pace on its UNIX socket), a
+//! third wake-up per request beside the request's and the upstream answer's. Here the socket is registered for reading, and for writing only while a
 //! write is waiting for room: a write that would block switches the registration to both
 //! interests, and a flush after writes that never blocked switches it back. A switch is two
 //! `epoll_ctl` calls (the old registration out, the new one in) and one more poll of the

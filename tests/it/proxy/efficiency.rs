@@ -136,8 +136,9 @@ fn keep_alive_requests_wake_no_other_proxy_thread() {
 
 /// Issue 38: a client reading its response does not wake the proxy. tokio registers every
 /// socket for writability too (edge-triggered), and the kernel signals a UNIX stream socket
-/// writable each time its peer reads from it, so each response a UNIX-socket client read woke
-/// the connection's runtime once more, for an event nobody waited for. The client's socket is
+/// writable each time its peer reads from it, so each response a UNIX-socket client read
+/// signalled the connection's runtime once more, for an event nobody waited for, and woke it
+/// when it slept between requests. The client's socket is
 /// now registered for reading only, and for writing only while a write waits for room
 /// (`proxy::unix_client`). Counted with strace: one connection, 200 requests, the client
 /// pausing after each response so that every wake-up is an `epoll_wait` of its own. A request
