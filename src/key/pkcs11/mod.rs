@@ -217,6 +217,16 @@ fn signing_path(token: &Token, algorithm: KeyAlgorithm) -> SigningPath {
     }
 }
 
+/// Key creation in this process, one at a time.
+///
+/// The check for an existing label or id and the generation must be one step: two threads
+/// creating the same label both passed the check and made two keys. And SoftHSM's object store
+/// fails concurrent `C_GenerateKeyPair` calls on one token now and then with
+/// `CKR_GENERAL_ERROR` (SoftHSMv2#573; parsec serialises its key creation for it). Keys are
+/// made rarely, so one lock for the process costs nothing. Another process creating the same
+/// label at the same moment is not covered: a token has no transaction for it.
+static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Creates a key pair on the token. Refuses when a private key with that label or id exists.
 pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, KeyError> {
     let Some(label) = uri.object.clone() else {
@@ -225,6 +235,7 @@ pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, Key
             reason: "a new key needs a label: add object=NAME to the URI".into(),
         });
     };
+    let creating = CREATING.lock().unwrap_or_else(|p| p.into_inner());
     let token = Token::find(uri)?;
     let calls = token.enter();
     let session = token.open_session(true)?;
@@ -255,7 +266,11 @@ pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, Key
     drop(session);
     drop(calls);
     let uri = uri.with_key(ident.label.clone(), Some(ident.id.clone()));
-    open(&uri)
+    // Opened under the lock too: SoftHSM's reads of a token being written by another thread's
+    // generation fail the same way (CKR_OBJECT_HANDLE_INVALID, CKR_GENERAL_ERROR).
+    let key = open(&uri);
+    drop(creating);
+    key
 }
 
 /// Lists the private keys on the token the URI names.

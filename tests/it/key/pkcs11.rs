@@ -18,8 +18,8 @@ use support::session_limit::LimitedModule;
 use support::SoftHsm;
 
 /// Tokens of this file and of `key_contract` (which shares this SoftHSM).
-const TOKENS: [&str; 8] = [
-    "parallel", "schemes", "recovery", "pin", "secret", "rcgen", "contract", "limited",
+const TOKENS: [&str; 9] = [
+    "parallel", "schemes", "recovery", "pin", "secret", "rcgen", "contract", "limited", "creating",
 ];
 
 /// The one SoftHSM of this process (SoftHSM reads `SOFTHSM2_CONF` once).
@@ -46,6 +46,55 @@ fn verify(key: &Key, scheme: SignScheme, message: &[u8], signature: &[u8]) {
         hwkey::key::verify::verify(key.spki_der(), scheme, message, signature).expect("spki"),
         "{scheme} signature does not verify"
     );
+}
+
+/// Eight threads of one process creating the same key at once make one key: the others are
+/// told it exists. The check for an existing label and the generation were two steps, and
+/// every thread passed the check before any had generated (eight keys with one label, which
+/// `open` then refuses as ambiguous). Then eight threads create eight keys at once, all made:
+/// SoftHSM fails concurrent generation on one token now and then (SoftHSMv2#573), and
+/// creation is now one at a time in the process.
+#[test]
+fn threads_creating_the_same_key_at_once_make_one() {
+    let barrier = Arc::new(std::sync::Barrier::new(8));
+    let results: Vec<Result<(), KeyError>> = (0..8)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                Key::create(&uri("creating", "same"), KeyAlgorithm::EcP256).map(|_| ())
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().expect("the thread ran"))
+        .collect();
+    let made = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(made, 1, "one key made, not {made}: {results:?}");
+    assert!(
+        results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .all(|e| matches!(e, KeyError::KeyExists { .. })),
+        "the others were told it exists: {results:?}"
+    );
+    Key::open(&uri("creating", "same")).expect("one key by that name");
+
+    let made: Vec<Result<Key, KeyError>> = (0..8)
+        .map(|i| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                Key::create(&uri("creating", &format!("many-{i}")), KeyAlgorithm::EcP256)
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().expect("the thread ran"))
+        .collect();
+    for (i, r) in made.iter().enumerate() {
+        assert!(r.is_ok(), "key many-{i}: {:?}", r.as_ref().err());
+    }
 }
 
 #[test]
