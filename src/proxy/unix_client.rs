@@ -6,9 +6,11 @@
 //! write found the send buffer full. So with tokio's `UnixStream`, every keep-alive response a
 //! client reads signalled the connection's runtime once more, for an event no task was waiting
 //! for: when the runtime was asleep between requests (kubelet's pace on its UNIX socket), a
-//! third wake-up per request beside the request's and the upstream answer's. Here the socket is registered for reading, and for writing only while a
-//! write is waiting for room: a write that would block switches the registration to both
-//! interests, and a flush after writes that never blocked switches it back. A switch is two
+//! third wake-up per request beside the request's and the upstream answer's.
+//!
+//! Here the socket is registered for reading, and for writing only while a write is waiting
+//! for room: a write that would block switches the registration to both interests, and a flush
+//! after writes that never blocked switches it back. A switch is two
 //! `epoll_ctl` calls (the old registration out, the new one in) and one more poll of the
 //! connection's task, which registers its wakers again (those of the old registration are
 //! dropped with it); the read readiness is learnt again from the new registration. A direction

@@ -254,20 +254,15 @@ fn measured() -> String {
     text
 }
 
-/// Unix seconds as an ISO 8601 UTC time.
+/// Unix seconds as RFC 3339 UTC text.
 pub fn utc(unix: i64) -> String {
-    match time::OffsetDateTime::from_unix_timestamp(unix) {
-        Ok(t) => format!(
-            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-            t.year(),
-            u8::from(t.month()),
-            t.day(),
-            t.hour(),
-            t.minute(),
-            t.second()
-        ),
-        Err(_) => format!("{unix} (Unix time)"),
-    }
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("{unix} (Unix time)"))
 }
 
 /// Writes `target/hwkey-bench/NAME.json`.
