@@ -506,3 +506,58 @@ fn reinit_child() {
         signed.load(Ordering::SeqCst)
     );
 }
+
+/// A rotation (`proxy --rotate-key`) creates the next key and deletes the previous one in the
+/// signer process while its other threads sign handshakes with the key in use. SoftHSM fails
+/// concurrent *generations* (see above); signing beside a generation or a deletion on the same
+/// token must not fail, or handshakes would fail while a proxy rotates.
+#[test]
+fn signing_goes_on_while_keys_are_created_and_deleted_beside_it() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let key = Arc::new(
+        Key::create(&uri("creating", "in-use"), KeyAlgorithm::EcP256).expect("create key"),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let signed = Arc::new(AtomicU64::new(0));
+    let signers: Vec<_> = (0..4)
+        .map(|_| {
+            let (key, stop, signed) = (key.clone(), stop.clone(), signed.clone());
+            std::thread::spawn(move || {
+                let mut failures = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    match key.sign(SignScheme::EcdsaP256Sha256, b"a handshake") {
+                        Ok(_) => drop(signed.fetch_add(1, Ordering::Relaxed)),
+                        Err(e) => failures.push(e.to_string()),
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    // Every rotation step is checked before the signers stop, so they overlap all of them.
+    let mut rotated = Vec::new();
+    let before = signed.load(Ordering::Relaxed);
+    for i in 0..20 {
+        let step = Key::create(&uri("creating", &format!("next-{i}")), KeyAlgorithm::EcP256)
+            .and_then(|next| next.destroy().map(drop));
+        rotated.push(step.map_err(|e| e.to_string()));
+    }
+    let during = signed.load(Ordering::Relaxed) - before;
+    stop.store(true, Ordering::Relaxed);
+    let failures: Vec<String> = signers
+        .into_iter()
+        .flat_map(|t| t.join().expect("the signer ran"))
+        .collect();
+    assert!(
+        rotated.iter().all(Result::is_ok),
+        "every key was created and deleted: {rotated:?}"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} signatures failed beside the rotations, first: {:?}",
+        failures.len(),
+        failures.len() as u64 + signed.load(Ordering::Relaxed),
+        failures.first()
+    );
+    assert!(during > 0, "no signature was made while the keys were made");
+}
