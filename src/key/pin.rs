@@ -6,14 +6,15 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use zeroize::Zeroizing;
+use zeroize::{Zeroize, Zeroizing};
 
 use super::KeyError;
 
 /// The `pin-source` (or `pin-value`) of a key URI.
 #[derive(Clone, PartialEq, Eq)]
 pub enum PinSource {
-    /// A file holding the PIN; one trailing newline is ignored.
+    /// A file holding the PIN; one trailing newline is ignored. It must be a regular file no
+    /// longer than a PIN that no other user can write ([`read_pin_file`]).
     File(PathBuf),
     /// An environment variable holding the PIN.
     Env(String),
@@ -63,11 +64,10 @@ impl PinSource {
     pub fn read(&self) -> Result<Zeroizing<String>, KeyError> {
         match self {
             PinSource::File(path) => {
-                let bytes =
-                    Zeroizing::new(std::fs::read(path).map_err(|e| KeyError::PinUnreadable {
-                        source_desc: format!("file {}", path.display()),
-                        reason: e.to_string(),
-                    })?);
+                let bytes = read_pin_file(path).map_err(|reason| KeyError::PinUnreadable {
+                    source_desc: format!("file {}", path.display()),
+                    reason,
+                })?;
                 let text = std::str::from_utf8(&bytes).map_err(|_| KeyError::PinUnreadable {
                     source_desc: format!("file {}", path.display()),
                     reason: "it is not UTF-8 text".into(),
@@ -78,14 +78,75 @@ impl PinSource {
             }
             PinSource::Env(var) => match std::env::var(var) {
                 Ok(v) => Ok(Zeroizing::new(v)),
-                Err(e) => Err(KeyError::PinUnreadable {
+                // Not `e.to_string()`: for a value that is not Unicode, the standard library's
+                // message quotes the value, which is the PIN.
+                Err(std::env::VarError::NotPresent) => Err(KeyError::PinUnreadable {
                     source_desc: format!("environment variable {var}"),
-                    reason: e.to_string(),
+                    reason: "it is not set".into(),
                 }),
+                Err(std::env::VarError::NotUnicode(value)) => {
+                    std::os::unix::ffi::OsStringExt::into_vec(value).zeroize();
+                    Err(KeyError::PinUnreadable {
+                        source_desc: format!("environment variable {var}"),
+                        reason: "it is not UTF-8 text".into(),
+                    })
+                }
             },
             PinSource::Value(v) => Ok(v.clone()),
         }
     }
+}
+
+/// Reads a PIN file: a regular file (a FIFO is refused at once, not waited on while the token's
+/// login lock is held), no longer than a PIN with its line ending (not `/dev/zero` read until
+/// memory runs out), and writable by no other user (who could otherwise spend the token's PIN
+/// attempts by rewriting it). Readable by others is allowed with a warning: a Kubernetes
+/// secret volume's files are 0644 by default. The bytes are read into one buffer of fixed
+/// capacity, wiped when dropped, so no reallocation leaves a copy behind. The error is the
+/// reason alone, in words that never include the file's contents.
+fn read_pin_file(path: &std::path::Path) -> Result<Zeroizing<Vec<u8>>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        let kind = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a FIFO, socket or device)"
+        };
+        return Err(format!(
+            "it is {kind}: put the PIN in a file, or use env:VAR (or the proxy's PIN prompt)"
+        ));
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "it is writable by other users (mode {mode:o}), who could change the PIN hwkey presents: chmod go-w it"
+        ));
+    }
+    if mode & 0o044 != 0 {
+        tracing::warn!(
+            file = %path.display(),
+            "the PIN file is readable by other users (mode {mode:o}): chmod go-r it"
+        );
+    }
+    // A PIN, a carriage return and a newline, and one byte more to tell a longer file.
+    let limit = MAX_PIN_LEN + 2;
+    let mut bytes = Zeroizing::new(Vec::with_capacity(limit + 1));
+    file.take(limit as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() > limit {
+        return Err(format!(
+            "it is longer than {MAX_PIN_LEN} bytes and a line ending: not a PIN file"
+        ));
+    }
+    Ok(bytes)
 }
 
 impl fmt::Debug for PinSource {
@@ -191,5 +252,103 @@ mod tests {
         assert_eq!(read_pin_line(&b"1234"[..]).expect("pin").as_str(), "1234");
         assert!(read_pin_line(&b"\n"[..]).is_err());
         assert!(read_pin_line(&[b'1'; 300][..]).is_err());
+    }
+
+    /// A private PIN file in a new directory.
+    fn pin_file(contents: &[u8], mode: u32) -> (tempfile::TempDir, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("pin");
+        std::fs::write(&path, contents).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        (dir, path)
+    }
+
+    fn unreadable(source: &PinSource) -> String {
+        match source.read() {
+            Err(e @ KeyError::PinUnreadable { .. }) => e.to_string(),
+            other => panic!("expected PinUnreadable, got {:?}", other.map(|_| "a PIN")),
+        }
+    }
+
+    #[test]
+    fn a_pin_file_is_read_without_its_line_ending() {
+        for contents in [&b"1234"[..], b"1234\n", b"1234\r\n"] {
+            let (_dir, path) = pin_file(contents, 0o600);
+            assert_eq!(PinSource::File(path).read().expect("pin").as_str(), "1234");
+        }
+        // Readable by others: read, with a warning (a Kubernetes secret volume's default).
+        let (_dir, path) = pin_file(b"1234", 0o644);
+        assert_eq!(PinSource::File(path).read().expect("pin").as_str(), "1234");
+    }
+
+    /// A FIFO with no writer was opened blocking: the read waited for good, and in the proxy
+    /// it waited holding the token's login lock.
+    #[test]
+    fn a_fifo_as_pin_file_is_refused_at_once() {
+        let dir = tempfile::tempdir().expect("dir");
+        let fifo = dir.path().join("pin");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .expect("mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let source = PinSource::File(fifo.clone());
+        std::thread::spawn(move || drop(tx.send(unreadable(&source))));
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the read of a FIFO returned");
+        assert!(
+            e.contains("not a regular file") && e.contains(&fifo.display().to_string()),
+            "{e}"
+        );
+        assert!(fifo.exists(), "the FIFO is left as it was");
+    }
+
+    /// `/dev/zero` was read until memory ran out; a file longer than any PIN was taken whole as
+    /// the PIN.
+    #[test]
+    fn a_device_or_a_long_file_is_no_pin_file() {
+        let e = unreadable(&PinSource::File("/dev/zero".into()));
+        assert!(e.contains("not a regular file"), "{e}");
+        let (_dir, path) = pin_file(&[b'7'; 4096], 0o600);
+        let e = unreadable(&PinSource::File(path));
+        assert!(e.contains("longer than 256 bytes"), "{e}");
+        assert!(!e.contains("7777"), "the message repeats the contents: {e}");
+    }
+
+    /// Another user who can write the PIN file can make hwkey present PINs of their choosing,
+    /// each spending one of the token's attempts.
+    #[test]
+    fn a_pin_file_others_can_write_is_refused() {
+        for mode in [0o620, 0o602] {
+            let (_dir, path) = pin_file(b"1234", mode);
+            let e = unreadable(&PinSource::File(path));
+            assert!(
+                e.contains("writable by other users") && e.contains("chmod go-w"),
+                "{e}"
+            );
+        }
+    }
+
+    /// The standard library's message for a variable that is not Unicode quotes its value: the
+    /// PIN went into the error, and from there to stderr and the proxy's log.
+    #[test]
+    fn a_pin_variable_that_is_not_utf8_is_not_repeated() {
+        use std::os::unix::ffi::OsStringExt;
+        let var = "HWKEY_TEST_PIN_NOT_UTF8";
+        // Safe here: no other test reads or writes this variable.
+        std::env::set_var(var, std::ffi::OsString::from_vec(b"5150\xff4321".to_vec()));
+        let e = unreadable(&PinSource::Env(var.into()));
+        std::env::remove_var(var);
+        assert!(e.contains(var) && e.contains("not UTF-8"), "{e}");
+        assert!(
+            !e.contains("5150") && !e.contains("4321"),
+            "the PIN is in the message: {e}"
+        );
+        let e = unreadable(&PinSource::Env("HWKEY_TEST_PIN_UNSET".into()));
+        assert!(e.contains("not set"), "{e}");
     }
 }
