@@ -255,28 +255,119 @@ fn service_uid() -> Option<u32> {
     })
 }
 
-/// Reads a file of a state directory without following symbolic links, after checking its
-/// owner and mode.
-pub fn read_private(path: &Path) -> io::Result<Vec<u8>> {
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+/// Opens a file of a state directory with `options` without following a symbolic link and
+/// without waiting (a FIFO planted there is refused, not waited on), then checks that it is a
+/// regular file, its owner and its mode. Root's exec plugin writes and locks files in the proxy
+/// service user's directory (see `root_may_trust`): a symbolic link planted there by that user
+/// must not make root create, append to or read a file elsewhere.
+pub fn open_private(path: &Path, options: &mut fs::OpenOptions) -> io::Result<fs::File> {
+    let f = options
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                io::Error::new(
+            match e.raw_os_error() {
+                Some(libc::ELOOP) => io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!(
-                        "{} is a symbolic link; hwkey's state files must be real files owned by you",
+                        "{} is a symbolic link; hwkey's state files must be real files owned by you: remove it",
                         path.display()
                     ),
-                )
-            } else {
-                e
+                ),
+                // Opening a FIFO for writing without waiting, when nobody reads it.
+                Some(libc::ENXIO) => not_regular(path),
+                _ => e,
             }
         })?;
-    check(path, &f.metadata()?, false)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(not_regular(path));
+    }
+    check(path, &meta, false)?;
+    Ok(f)
+}
+
+fn not_regular(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "{} is not a regular file (a FIFO, socket, device or directory): remove it",
+            path.display()
+        ),
+    )
+}
+
+/// Reads a file of a state directory ([`open_private`]), at most
+/// [`crate::small_file::MAX_SMALL_FILE`] bytes.
+pub fn read_private(path: &Path) -> io::Result<Vec<u8>> {
+    let f = open_private(path, fs::OpenOptions::new().read(true))?;
     let mut out = Vec::new();
-    f.read_to_end(&mut out)?;
+    f.take(crate::small_file::MAX_SMALL_FILE + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > crate::small_file::MAX_SMALL_FILE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} is longer than any state file hwkey writes",
+                path.display()
+            ),
+        ));
+    }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A private directory of the test's own.
+    fn private_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("dir");
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).expect("chmod");
+        dir
+    }
+
+    /// A FIFO where a state file belongs (the loopback CA's key, say) was opened waiting for a
+    /// writer: the proxy hung at start. Now it is refused at once, naming the file.
+    #[test]
+    fn a_fifo_for_a_state_file_is_refused_at_once() {
+        let dir = private_dir();
+        let fifo = dir.path().join("loopback-ca-key.pem");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .expect("mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || drop(tx.send(read_private(&path).map_err(|e| e.to_string()))));
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the read of a FIFO returned")
+            .expect_err("a FIFO is no state file");
+        assert!(
+            e.contains("not a regular file") && e.contains("loopback-ca-key.pem"),
+            "{e}"
+        );
+    }
+
+    /// A state file is opened neither through a symbolic link nor when another user can write
+    /// it; a real private file is read.
+    #[test]
+    fn a_state_file_is_a_real_private_file() {
+        let dir = private_dir();
+        let real = dir.path().join("real");
+        fs::write(&real, b"state").expect("write");
+        fs::set_permissions(&real, fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert_eq!(read_private(&real).expect("read"), b"state");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).expect("link");
+        let e = read_private(&link).expect_err("a link").to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        fs::set_permissions(&real, fs::Permissions::from_mode(0o622)).expect("chmod");
+        let e = read_private(&real)
+            .expect_err("writable by others")
+            .to_string();
+        assert!(e.contains("chmod go-w"), "{e}");
+    }
 }

@@ -53,18 +53,20 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
         }
     }
     let lock_path = settings.state_dir.start_lock();
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(&lock_path)
-        .map_err(|source| {
-            start_err(StartProblem::Open {
-                path: lock_path.clone(),
-                source,
-            })
-        })?;
+    let lock = crate::state_dir::open_private(
+        &lock_path,
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600),
+    )
+    .map_err(|source| {
+        start_err(StartProblem::Open {
+            path: lock_path.clone(),
+            source,
+        })
+    })?;
     lock.lock().map_err(|source| {
         start_err(StartProblem::Lock {
             path: lock_path.clone(),
@@ -152,12 +154,11 @@ fn start(
         })
     };
     let exe = proxy_binary().map_err(fail)?;
-    let mut log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&log_path)
-        .map_err(open_err)?;
+    let mut log = crate::state_dir::open_private(
+        &log_path,
+        OpenOptions::new().create(true).append(true).mode(0o600),
+    )
+    .map_err(open_err)?;
     let _ = writeln!(
         log,
         "--- hwkey credential starting the proxy for {}",
@@ -331,13 +332,26 @@ pub enum StartProblem {
 
 /// The proxy's last complaint, for the one-line error kubectl shows.
 fn last_log_line(path: &Path) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
+    let text = log_tail(path).unwrap_or_default();
     text.lines()
         .rev()
         .map(str::trim)
         .find(|l| !l.is_empty() && !l.starts_with("---"))
         .map(|l| format!(": {l} (log: {})", path.display()))
         .unwrap_or_default()
+}
+
+/// The end of the proxy's log (its last 64 KiB: the log grows for the proxy's life), opened as a
+/// state file ([`crate::state_dir::open_private`]).
+fn log_tail(path: &Path) -> std::io::Result<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 64 * 1024;
+    let mut f = crate::state_dir::open_private(path, OpenOptions::new().read(true))?;
+    let len = f.metadata()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(TAIL)))?;
+    let mut bytes = Vec::new();
+    f.take(TAIL).read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// The binary that runs `hwkey proxy`: this one, or the `hwkey` installed next to

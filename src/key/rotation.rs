@@ -73,8 +73,14 @@ pub fn in_series(configured: &KeyUri, candidate: &KeyUri) -> bool {
 /// The key a proxy uses: the one a rotation left in `STATE/current-key` (with the configured
 /// PIN source) when it belongs to the configured key's series, else `configured`.
 pub fn current_key(configured: &KeyUri, state_dir: &StateDir) -> KeyUri {
-    let Ok(text) = std::fs::read_to_string(state_dir.current_key()) else {
-        return configured.clone();
+    // As a state file: not through a symbolic link, not waiting on a FIFO, not another user's.
+    let text = match crate::state_dir::read_private(&state_dir.current_key()) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return configured.clone(),
+        Err(e) => {
+            tracing::error!(error = %e, "ignoring {CURRENT_KEY_FILE}");
+            return configured.clone();
+        }
     };
     let left = match text.trim().parse::<KeyUri>() {
         Ok(uri) => uri,
@@ -125,6 +131,49 @@ mod tests {
 
     fn uri(s: &str) -> KeyUri {
         s.parse().expect("URI")
+    }
+
+    /// `current-key` is read as a state file: a pointer that is a symbolic link (to a file of
+    /// another user's making) or a FIFO is ignored, with the configured key used instead; a
+    /// real pointer is followed.
+    #[test]
+    fn the_current_key_pointer_is_a_real_file_of_the_state_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let configured = uri("pkcs11:token=kube;object=alice?module-path=/m.so");
+        let rotated = "pkcs11:token=kube;object=alice-r7?module-path=/m.so\n";
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        let state = StateDir::new(dir.path());
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::write(&elsewhere, rotated).expect("write");
+        std::os::unix::fs::symlink(&elsewhere, state.current_key()).expect("link");
+        assert_eq!(
+            current_key(&configured, &state),
+            configured,
+            "a link was followed"
+        );
+        std::fs::remove_file(state.current_key()).expect("unlink");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &state.current_key(),
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .expect("mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (c, s) = (configured.clone(), state.clone());
+        std::thread::spawn(move || drop(tx.send(current_key(&c, &s))));
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a FIFO was waited on");
+        assert_eq!(got, configured);
+        std::fs::remove_file(state.current_key()).expect("unlink");
+        crate::atomic_file::write_atomic(&state.current_key(), rotated.as_bytes(), 0o600)
+            .expect("write");
+        assert_eq!(
+            current_key(&configured, &state).to_string(),
+            uri(rotated.trim()).to_string()
+        );
     }
 
     #[test]

@@ -410,6 +410,72 @@ fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
     );
 }
 
+/// Files the plugin writes in a state directory are not followed through a symbolic link, nor
+/// waited on as a FIFO: root's plugin (kubelet's) writes in the proxy service user's directory,
+/// and a link planted there made root append its log line to any file (`proxy.log`) or create
+/// any file (`start.lock`); a FIFO as `start.lock` blocked the plugin for good. Each case
+/// fails with the file's name, stdout empty, and the planted target untouched.
+#[test]
+fn the_plugin_follows_no_link_and_waits_on_no_fifo_in_its_state_directory() {
+    use std::os::unix::fs::{symlink, DirBuilderExt};
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let victim = c.dir.path().join("victim");
+    std::fs::write(&victim, "victim\n").expect("victim");
+    let absent = c.dir.path().join("created-by-the-plugin");
+    let state = |name: &str| {
+        let dir = c.dir.path().join(name);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .expect("state dir");
+        dir
+    };
+    // The proxy cannot start (its certificate is missing), so the plugin opens its log to
+    // report why: the log is a link to the victim.
+    let mut ext = c.extension_in("state-log-link");
+    ext["cert"] = "/nonexistent/alice.pem".into();
+    symlink(&victim, state("state-log-link").join("proxy.log")).expect("link");
+    fails_with(
+        &mut c.credential(&c.exec_info_with(&c.server(), ext), &[]),
+        &["proxy.log", "symbolic link"],
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "victim\n"
+    );
+
+    symlink(&absent, state("state-lock-link").join("start.lock")).expect("link");
+    fails_with(
+        &mut c.credential(
+            &c.exec_info_with(&c.server(), c.extension_in("state-lock-link")),
+            &[],
+        ),
+        &["start.lock", "symbolic link"],
+    );
+    assert!(!absent.exists(), "the plugin created the link's target");
+
+    let fifo = state("state-lock-fifo").join("start.lock");
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .expect("mkfifo");
+    let out = support::run_fail_within(
+        &mut c.credential(
+            &c.exec_info_with(&c.server(), c.extension_in("state-lock-fifo")),
+            &[],
+        ),
+        Duration::from_secs(20),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.stdout.is_empty(), "stdout must stay empty on error");
+    assert!(
+        err.contains("start.lock") && err.contains("not a regular file"),
+        "{err}"
+    );
+}
+
 /// `hwkey-credential` copied somewhere without `hwkey` beside it cannot start the proxy, and
 /// says what to install; nothing reaches stdout.
 #[cfg(feature = "pkcs11")]
