@@ -156,7 +156,7 @@ mod tests {
         std::fs::remove_file(state.current_key()).expect("unlink");
         rustix::fs::mkfifoat(
             rustix::fs::CWD,
-            &state.current_key(),
+            state.current_key(),
             rustix::fs::Mode::from_raw_mode(0o600),
         )
         .expect("mkfifo");
