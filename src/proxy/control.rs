@@ -145,6 +145,18 @@ fn credential(shared: &Control, query: Option<&str>) -> Response<Full<Bytes>> {
     }
     let validity = validity.clamp(MIN_VALIDITY, MAX_VALIDITY);
     let cap = hardware_not_after(shared);
+    // A credential capped at a NotAfter already past would be expired when issued (NotAfter
+    // before NotBefore): client-go would run the plugin again for every request, each failing
+    // with an unclear TLS error. Say what is wrong instead.
+    if let Some(expired) = cap.filter(|c| *c <= time::OffsetDateTime::now_utc()) {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the proxy's client certificate expired at {}: no loopback credential can outlast it; renew the certificate (hwkey renew, or run the proxy with --renew) and the proxy picks the new one up",
+                rfc3339(expired)
+            ),
+        );
+    }
     let cred = match shared.ca.mint_client(validity, cap) {
         Ok(c) => c,
         Err(e) => {

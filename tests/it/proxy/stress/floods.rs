@@ -386,9 +386,11 @@ fn hellos(port: u16, ca_pem: &str, first: usize, count: usize) {
 
 /// Issue 22, finding 8: without `--renew`, `/healthz` said 200 with an expired certificate
 /// (every request then failed at the API server): it is 503 outside the validity window,
-/// naming the expiry and what to do.
+/// naming the expiry and what to do. And no loopback credential is issued then: one was,
+/// already expired (its NotAfter capped at the certificate's, before its NotBefore), so
+/// client-go ran the plugin again for every request and each failed with an unclear TLS error.
 #[test]
-fn healthz_is_unhealthy_once_the_certificate_expired() {
+fn healthz_is_unhealthy_and_no_credential_is_issued_once_the_certificate_expired() {
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
@@ -402,6 +404,31 @@ fn healthz_is_unhealthy_once_the_certificate_expired() {
     let body = proxy.wait_for_health(503);
     assert!(
         body.contains("certificate: expired at") && body.contains("--renew"),
+        "{body}"
+    );
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "20",
+            "-w",
+            "\n%{http_code}",
+            "--unix-socket",
+        ])
+        .arg(proxy.control_socket())
+        .arg("http://localhost/v1/credential")
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').expect("status line");
+    assert_eq!(
+        code, "503",
+        "a credential was issued after the certificate expired: {body}"
+    );
+    assert!(
+        body.contains("expired at")
+            && body.contains("hwkey renew")
+            && !body.contains("PRIVATE KEY"),
         "{body}"
     );
 }
