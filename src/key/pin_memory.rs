@@ -49,8 +49,13 @@ pub(crate) struct Record {
 
 impl Record {
     /// The record for `pin` from `source` on the token identified by `token_id` (module, serial
-    /// and label). None when the source cannot be identified (then only this process remembers).
-    pub(crate) fn for_source(token_id: &str, source: &PinSource, pin: &str) -> Option<Record> {
+    /// and label). An error when the memory's secret cannot be made or read: the caller then
+    /// presents no PIN (fail closed), as when the directory is unusable.
+    pub(crate) fn for_source(
+        token_id: &str,
+        source: &PinSource,
+        pin: &str,
+    ) -> Result<Record, String> {
         let dir = memory_dir();
         let identity = match source {
             // The PIN's keyed hash, not the file's metadata: a rewrite that restores size and
@@ -64,7 +69,7 @@ impl Record {
         };
         let token = token_prefix(token_id);
         let name = digest::digest(&digest::SHA256, identity.as_bytes());
-        Some(Record {
+        Ok(Record {
             path: dir.join(format!("{token}-{}", hex::encode(name.as_ref()))),
         })
     }
@@ -160,25 +165,40 @@ pub(crate) fn describe(source: &PinSource) -> String {
     }
 }
 
-/// HMAC-SHA256 of the PIN under the directory's secret (created on first use, mode 0600).
-fn fingerprint(dir: &Path, pin: &str) -> Option<String> {
-    ensure_dir(dir).ok()?;
+/// HMAC-SHA256 of the PIN under the directory's secret (created on first use, mode 0600). An
+/// error names what is wrong: a secret that is damaged (not 32 bytes, not a file) is never
+/// replaced silently, since every record made under it would be forgotten.
+fn fingerprint(dir: &Path, pin: &str) -> Result<String, String> {
+    ensure_dir(dir).map_err(|e| e.to_string())?;
     let secret_path = dir.join("secret");
-    let secret = match std::fs::read(&secret_path) {
+    let damaged = |what: String| {
+        format!(
+            "its secret {} {what}: delete it (the PINs it remembers as rejected are then forgotten)",
+            secret_path.display()
+        )
+    };
+    let secret = match crate::state_dir::read_private(&secret_path) {
         Ok(s) if s.len() == 32 => s,
-        _ => {
+        Ok(s) => return Err(damaged(format!("holds {} bytes, not 32", s.len()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut s = vec![0u8; 32];
-            ring::rand::SystemRandom::new().fill(&mut s).ok()?;
+            ring::rand::SystemRandom::new()
+                .fill(&mut s)
+                .map_err(|_| "the system random generator failed".to_string())?;
             // Never replaced: two processes racing keep the first secret, and a crash leaves no
             // half-written one.
             match crate::atomic_file::create_atomic(&secret_path, &s, 0o600) {
                 Ok(()) => s,
-                Err(_) => std::fs::read(&secret_path).ok().filter(|s| s.len() == 32)?,
+                Err(_) => crate::state_dir::read_private(&secret_path)
+                    .ok()
+                    .filter(|s| s.len() == 32)
+                    .ok_or_else(|| damaged("cannot be created or read".into()))?,
             }
         }
+        Err(e) => return Err(damaged(format!("cannot be read ({e})"))),
     };
     let key = hmac::Key::new(hmac::HMAC_SHA256, &secret);
-    Some(hex::encode(hmac::sign(&key, pin.as_bytes()).as_ref()))
+    Ok(hex::encode(hmac::sign(&key, pin.as_bytes()).as_ref()))
 }
 
 /// Creates the directory (mode 0700) or checks that it is this user's, not a symbolic link

@@ -226,7 +226,13 @@ impl Token {
                 dir: pin_memory::memory_dir(),
                 reason: e.to_string(),
             })?;
-        let record = Record::for_source(&self.identity(), source, &pin);
+        let record = Record::for_source(&self.identity(), source, &pin).map_err(|reason| {
+            KeyError::PinMemory {
+                dir: pin_memory::memory_dir(),
+                reason,
+            }
+        })?;
+        let record = Some(record);
         if let Some(r) = record.as_ref().filter(|r| r.exists()) {
             return Err(KeyError::PinRemembered {
                 token: self.label.clone(),

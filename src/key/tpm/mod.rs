@@ -137,7 +137,14 @@ fn key_auth(uri: &TpmUri, location: &TpmKeyLocation) -> Result<KeyAuth, KeyError
     };
     let password = source.read()?;
     let identity = format!("tpm\n{}\n{key}", uri.tcti());
-    let record = Record::for_source(&identity, source, &password);
+    // Fail closed, as for a PKCS#11 PIN: a TPM counts every wrong password towards its
+    // dictionary-attack lockout.
+    let record =
+        Record::for_source(&identity, source, &password).map_err(|reason| KeyError::PinMemory {
+            dir: crate::key::pin_memory::memory_dir(),
+            reason,
+        })?;
+    let record = Some(record);
     if let Some(r) = record.as_ref().filter(|r| r.exists()) {
         return Err(KeyError::TpmAuthRemembered {
             key,

@@ -209,6 +209,47 @@ fn an_unwritable_pin_memory_fails_closed() {
     assert_eq!(logins(&log), 0, "a PIN reached the token without a memory");
 }
 
+/// A damaged secret in the rejected-PIN memory (empty, here) made the memory forget across
+/// processes, silently: each run presented the same wrong PIN again, one token attempt each.
+/// It fails closed now, naming the secret and what to do, and the token sees no C_Login.
+#[test]
+fn a_damaged_pin_memory_secret_fails_closed() {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let id = Identity::softhsm();
+    let work = temp_dir();
+    let log = work.path().join("spy.log");
+    let records = work.path().join("records");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&records)
+        .expect("records dir");
+    let secret = records.join("secret");
+    std::fs::write(&secret, b"").expect("write");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let envs = spy_env(&id, &log, &records);
+    let (_, uri) = spied_key(work.path(), b"7777");
+    for _ in 0..2 {
+        let out = run_fail(
+            hwkey()
+                .envs(envs.iter().cloned())
+                .args(["key", "public", "--key", &uri]),
+        );
+        let text = output_text(&out);
+        assert!(
+            text.contains("cannot use the rejected-PIN memory")
+                && text.contains("holds 0 bytes")
+                && text.contains(&secret.display().to_string()),
+            "{text}"
+        );
+    }
+    assert_eq!(logins(&log), 0, "a PIN reached the token without a memory");
+    assert_eq!(
+        std::fs::read(&secret).expect("secret"),
+        b"",
+        "the secret was replaced"
+    );
+}
+
 /// Issue 22, finding 14: when the proxy the plugin starts exits because the token refused the
 /// PIN, `hwkey-credential` exits 77 too (it exited 1), with nothing on stdout: scripts and
 /// supervisors tell "fix the PIN" from a transient failure the same way for both binaries.
