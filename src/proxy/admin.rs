@@ -282,9 +282,15 @@ async fn serve_one(
         Admitted::ByUid(ticket) => ticket.privileged,
         Admitted::Permit(_) => true,
     };
-    let handler = move |req| {
+    let tcp = matches!(admitted, Admitted::ByUid(_));
+    let handler = move |req: Request<Incoming>| {
         let shared = shared.clone();
-        async move { route(&shared, req, privileged).await }
+        async move {
+            if tcp && !loopback_host(&req) {
+                return misdirected();
+            }
+            route(&shared, req, privileged).await
+        }
     };
     match &admitted {
         Admitted::ByUid(ticket) => {
@@ -309,6 +315,42 @@ enum Admitted {
         #[allow(dead_code, reason = "held for the connection's life, released on drop")]
         tokio::sync::OwnedSemaphorePermit,
     ),
+}
+
+/// Whether a request to the loopback TCP admin port names a loopback host (`localhost`, an
+/// address of 127.0.0.0/8 or `::1`, with or without a port), or none (HTTP/1.0). The port's
+/// uid check admits a browser, which runs as the user: a web page whose name was rebound to
+/// 127.0.0.1 (DNS rebinding) would otherwise read `/metrics` and `/healthz`'s reasons, and
+/// trigger test signatures, with the name of its own site in `Host`.
+fn loopback_host(req: &Request<Incoming>) -> bool {
+    let Some(host) = req.headers().get(hyper::header::HOST) else {
+        return true;
+    };
+    let Ok(host) = host.to_str() else {
+        return false;
+    };
+    // `[::1]:9000`, `[::1]`, `127.0.0.1:9000`, `localhost`.
+    let name = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((inside, port)) if port.is_empty() || port.starts_with(':') => inside,
+            _ => return false,
+        },
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The answer to a request for another host (see [`loopback_host`]).
+fn misdirected() -> Response<Full<Bytes>> {
+    text(
+        StatusCode::MISDIRECTED_REQUEST,
+        "text/plain",
+        "misdirected: the admin port answers requests for localhost, 127.0.0.1 or [::1] only\n"
+            .into(),
+    )
 }
 
 async fn route(shared: &Admin, req: Request<Incoming>, privileged: bool) -> Response<Full<Bytes>> {

@@ -393,7 +393,8 @@ impl ProxyProcess {
         s.set_read_timeout(Some(Duration::from_secs(20))).ok();
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            self.admin_port
         )
         .expect("write admin request");
         let mut text = String::new();

@@ -162,3 +162,56 @@ fn metrics_parse_as_openmetrics_with_the_contract_names_and_live_values() {
         "test certificate expires soon? {remaining}"
     );
 }
+
+/// The loopback admin port answers only requests for a loopback host. Its uid check admits a
+/// browser (it runs as the user), so a web page whose name was rebound to 127.0.0.1 (DNS
+/// rebinding) read `/metrics` and `/healthz`'s reasons: the same request with the page's own
+/// name in `Host` is refused now (421), with a loopback name it is answered (curl, Prometheus).
+#[test]
+fn the_admin_port_answers_only_requests_for_a_loopback_host() {
+    require_tool("curl", "curl");
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let get = |host: Option<&str>, path: &str| {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "--max-time", "20", "-w", "\n%{http_code}"]);
+        if let Some(h) = host {
+            cmd.args(["-H", &format!("Host: {h}")]);
+        }
+        let out = cmd
+            .arg(format!("http://127.0.0.1:{}{path}", proxy.admin_port))
+            .output()
+            .expect("run curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (code.to_string(), body.to_string())
+    };
+    for host in [
+        "evil.example",
+        "evil.example:80",
+        "127.0.0.1.evil.example",
+        "[::2]:1",
+    ] {
+        for path in ["/metrics", "/healthz"] {
+            let (code, body) = get(Some(host), path);
+            assert_eq!(code, "421", "Host: {host} {path} was answered: {body}");
+            assert!(
+                !body.contains("hwkey_") && body.contains("localhost"),
+                "{body}"
+            );
+        }
+    }
+    let port = proxy.admin_port.to_string();
+    for host in [
+        None,
+        Some("localhost".to_string()),
+        Some(format!("LOCALHOST:{port}")),
+        Some(format!("127.0.0.1:{port}")),
+        Some(format!("[::1]:{port}")),
+    ] {
+        let (code, body) = get(host.as_deref(), "/metrics");
+        assert_eq!(code, "200", "Host: {host:?}: {body}");
+        assert!(body.contains("hwkey_"), "{body}");
+    }
+}
