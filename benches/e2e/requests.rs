@@ -794,9 +794,8 @@ fn two_thread_rows(n: usize, t2: &[Trial], fl: &[Trial]) -> Vec<Row> {
             &field(fl, |t| t.cpu_us),
         )
         .note(format!(
-            "what the least relay with a thread per core spends (issue 38's CPU goal is ≤ 1.3×: {}); context switches per request {:.2}; {}",
+            "what the least relay with a thread per core spends (issue 38's CPU goal is ≤ 1.3×: {}); {}",
             if cpu <= 1.3 { "met" } else { "missed" },
-            Stat::of(&field(t2, |t| t.switches)).median,
             latency_note(t2)
         )),
         ratio_row(
