@@ -296,14 +296,15 @@ fn not_regular(path: &Path) -> io::Error {
     )
 }
 
-/// Reads a file of a state directory ([`open_private`]), at most
-/// [`crate::small_file::MAX_SMALL_FILE`] bytes.
+/// The largest state file hwkey reads (a CA key and certificate, a key pointer): far above any.
+const MAX_STATE_FILE: u64 = 1024 * 1024;
+
+/// Reads a file of a state directory ([`open_private`]), at most [`MAX_STATE_FILE`] bytes.
 pub fn read_private(path: &Path) -> io::Result<Vec<u8>> {
     let f = open_private(path, fs::OpenOptions::new().read(true))?;
     let mut out = Vec::new();
-    f.take(crate::small_file::MAX_SMALL_FILE + 1)
-        .read_to_end(&mut out)?;
-    if out.len() as u64 > crate::small_file::MAX_SMALL_FILE {
+    f.take(MAX_STATE_FILE + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > MAX_STATE_FILE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!(

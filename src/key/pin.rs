@@ -64,9 +64,9 @@ impl PinSource {
     pub fn read(&self) -> Result<Zeroizing<String>, KeyError> {
         match self {
             PinSource::File(path) => {
-                let bytes = read_pin_file(path).map_err(|reason| KeyError::PinUnreadable {
+                let bytes = read_pin_file(path).map_err(|e| KeyError::PinUnreadable {
                     source_desc: format!("file {}", path.display()),
-                    reason,
+                    reason: e.to_string(),
                 })?;
                 let text = std::str::from_utf8(&bytes).map_err(|_| KeyError::PinUnreadable {
                     source_desc: format!("file {}", path.display()),
@@ -104,30 +104,30 @@ impl PinSource {
 /// secret volume's files are 0644 by default. The bytes are read into one buffer of fixed
 /// capacity, wiped when dropped, so no reallocation leaves a copy behind. The error is the
 /// reason alone, in words that never include the file's contents.
-fn read_pin_file(path: &std::path::Path) -> Result<Zeroizing<Vec<u8>>, String> {
+fn read_pin_file(path: &std::path::Path) -> std::io::Result<Zeroizing<Vec<u8>>> {
     use std::io::Read;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let refuse = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
+        .open(path)?;
+    let meta = file.metadata()?;
     if !meta.is_file() {
         let kind = if meta.is_dir() {
             "a directory"
         } else {
             "not a regular file (a FIFO, socket or device)"
         };
-        return Err(format!(
+        return Err(refuse(format!(
             "it is {kind}: put the PIN in a file, or use env:VAR (or the proxy's PIN prompt)"
-        ));
+        )));
     }
     let mode = meta.mode() & 0o777;
     if mode & 0o022 != 0 {
-        return Err(format!(
+        return Err(refuse(format!(
             "it is writable by other users (mode {mode:o}), who could change the PIN hwkey presents: chmod go-w it"
-        ));
+        )));
     }
     if mode & 0o044 != 0 {
         tracing::warn!(
@@ -138,13 +138,11 @@ fn read_pin_file(path: &std::path::Path) -> Result<Zeroizing<Vec<u8>>, String> {
     // A PIN, a carriage return and a newline, and one byte more to tell a longer file.
     let limit = MAX_PIN_LEN + 2;
     let mut bytes = Zeroizing::new(Vec::with_capacity(limit + 1));
-    file.take(limit as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+    file.take(limit as u64 + 1).read_to_end(&mut bytes)?;
     if bytes.len() > limit {
-        return Err(format!(
+        return Err(refuse(format!(
             "it is longer than {MAX_PIN_LEN} bytes and a line ending: not a PIN file"
-        ));
+        )));
     }
     Ok(bytes)
 }

@@ -55,7 +55,7 @@ impl Record {
         token_id: &str,
         source: &PinSource,
         pin: &str,
-    ) -> Result<Record, String> {
+    ) -> std::io::Result<Record> {
         let dir = memory_dir();
         let identity = match source {
             // The PIN's keyed hash, not the file's metadata: a rewrite that restores size and
@@ -168,13 +168,16 @@ pub(crate) fn describe(source: &PinSource) -> String {
 /// HMAC-SHA256 of the PIN under the directory's secret (created on first use, mode 0600). An
 /// error names what is wrong: a secret that is damaged (not 32 bytes, not a file) is never
 /// replaced silently, since every record made under it would be forgotten.
-fn fingerprint(dir: &Path, pin: &str) -> Result<String, String> {
-    ensure_dir(dir).map_err(|e| e.to_string())?;
+fn fingerprint(dir: &Path, pin: &str) -> std::io::Result<String> {
+    ensure_dir(dir)?;
     let secret_path = dir.join("secret");
     let damaged = |what: String| {
-        format!(
-            "its secret {} {what}: delete it (the PINs it remembers as rejected are then forgotten)",
-            secret_path.display()
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "its secret {} {what}: delete it (the PINs it remembers as rejected are then forgotten)",
+                secret_path.display()
+            ),
         )
     };
     let secret = match crate::state_dir::read_private(&secret_path) {
@@ -184,7 +187,7 @@ fn fingerprint(dir: &Path, pin: &str) -> Result<String, String> {
             let mut s = vec![0u8; 32];
             ring::rand::SystemRandom::new()
                 .fill(&mut s)
-                .map_err(|_| "the system random generator failed".to_string())?;
+                .map_err(|_| std::io::Error::other("the system random generator failed"))?;
             // Never replaced: two processes racing keep the first secret, and a crash leaves no
             // half-written one.
             match crate::atomic_file::create_atomic(&secret_path, &s, 0o600) {

@@ -226,10 +226,10 @@ impl Token {
                 dir: pin_memory::memory_dir(),
                 reason: e.to_string(),
             })?;
-        let record = Record::for_source(&self.identity(), source, &pin).map_err(|reason| {
+        let record = Record::for_source(&self.identity(), source, &pin).map_err(|e| {
             KeyError::PinMemory {
                 dir: pin_memory::memory_dir(),
-                reason,
+                reason: e.to_string(),
             }
         })?;
         let record = Some(record);

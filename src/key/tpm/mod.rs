@@ -140,9 +140,9 @@ fn key_auth(uri: &TpmUri, location: &TpmKeyLocation) -> Result<KeyAuth, KeyError
     // Fail closed, as for a PKCS#11 PIN: a TPM counts every wrong password towards its
     // dictionary-attack lockout.
     let record =
-        Record::for_source(&identity, source, &password).map_err(|reason| KeyError::PinMemory {
+        Record::for_source(&identity, source, &password).map_err(|e| KeyError::PinMemory {
             dir: crate::key::pin_memory::memory_dir(),
-            reason,
+            reason: e.to_string(),
         })?;
     let record = Some(record);
     if let Some(r) = record.as_ref().filter(|r| r.exists()) {
