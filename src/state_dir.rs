@@ -282,6 +282,18 @@ pub fn open_private(path: &Path, options: &mut fs::OpenOptions) -> io::Result<fs
     if !meta.is_file() {
         return Err(not_regular(path));
     }
+    // A hard link to a file elsewhere is that file (fs.protected_hardlinks=0 lets anyone make
+    // one to a file they cannot write).
+    if meta.nlink() != 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} has {} hard links; hwkey's state files have one: remove it",
+                path.display(),
+                meta.nlink()
+            ),
+        ));
+    }
     check(path, &meta, false)?;
     Ok(f)
 }
@@ -365,6 +377,11 @@ mod tests {
         std::os::unix::fs::symlink(&real, &link).expect("link");
         let e = read_private(&link).expect_err("a link").to_string();
         assert!(e.contains("symbolic link"), "{e}");
+        let hard = dir.path().join("hard");
+        fs::hard_link(&real, &hard).expect("hard link");
+        let e = read_private(&hard).expect_err("a hard link").to_string();
+        assert!(e.contains("hard links"), "{e}");
+        fs::remove_file(&hard).expect("unlink");
         fs::set_permissions(&real, fs::Permissions::from_mode(0o622)).expect("chmod");
         let e = read_private(&real)
             .expect_err("writable by others")

@@ -74,34 +74,49 @@ impl PinSource {
                 })?;
                 let pin = text.strip_suffix('\n').unwrap_or(text);
                 let pin = pin.strip_suffix('\r').unwrap_or(pin);
+                if pin.len() > MAX_PIN_LEN {
+                    return Err(KeyError::PinUnreadable {
+                        source_desc: format!("file {}", path.display()),
+                        reason: format!("it is longer than {MAX_PIN_LEN} bytes: not a PIN file"),
+                    });
+                }
                 Ok(Zeroizing::new(pin.to_string()))
             }
-            PinSource::Env(var) => match std::env::var(var) {
-                Ok(v) => Ok(Zeroizing::new(v)),
-                // Not `e.to_string()`: for a value that is not Unicode, the standard library's
-                // message quotes the value, which is the PIN.
-                Err(std::env::VarError::NotPresent) => Err(KeyError::PinUnreadable {
-                    source_desc: format!("environment variable {var}"),
-                    reason: "it is not set".into(),
-                }),
-                Err(std::env::VarError::NotUnicode(value)) => {
-                    std::os::unix::ffi::OsStringExt::into_vec(value).zeroize();
-                    Err(KeyError::PinUnreadable {
-                        source_desc: format!("environment variable {var}"),
-                        reason: "it is not UTF-8 text".into(),
-                    })
-                }
-            },
+            PinSource::Env(var) => env_pin(var, std::env::var(var)),
             PinSource::Value(v) => Ok(v.clone()),
         }
     }
 }
 
+/// The PIN of environment variable `var`, from what [`std::env::var`] returned. Not the error's
+/// own text: for a value that is not Unicode, the standard library's message quotes the value,
+/// which is the PIN.
+fn env_pin(
+    var: &str,
+    value: Result<String, std::env::VarError>,
+) -> Result<Zeroizing<String>, KeyError> {
+    let reason = match value {
+        Ok(v) => return Ok(Zeroizing::new(v)),
+        Err(std::env::VarError::NotPresent) => "it is not set",
+        Err(std::env::VarError::NotUnicode(value)) => {
+            std::os::unix::ffi::OsStringExt::into_vec(value).zeroize();
+            "it is not UTF-8 text"
+        }
+    };
+    Err(KeyError::PinUnreadable {
+        source_desc: format!("environment variable {var}"),
+        reason: reason.into(),
+    })
+}
+
 /// Reads a PIN file: a regular file (a FIFO is refused at once, not waited on while the token's
 /// login lock is held), no longer than a PIN with its line ending (not `/dev/zero` read until
 /// memory runs out), and writable by no other user (who could otherwise spend the token's PIN
-/// attempts by rewriting it). Readable by others is allowed with a warning: a Kubernetes
-/// secret volume's files are 0644 by default. The bytes are read into one buffer of fixed
+/// attempts by rewriting it): not by everyone, and by its group only when that is the group
+/// hwkey runs as (a user private group, umask 002; `root:hwkey 0660` for the service). Readable
+/// by everyone is allowed with a warning, once per file and process: a Kubernetes secret
+/// volume's files are 0644 by default (`defaultMode: 0440` avoids it); readable by its group is
+/// the documented `root:hwkey 0640`. The bytes are read into one buffer of fixed
 /// capacity, wiped when dropped, so no reallocation leaves a copy behind. The error is the
 /// reason alone, in words that never include the file's contents.
 fn read_pin_file(path: &std::path::Path) -> std::io::Result<Zeroizing<Vec<u8>>> {
@@ -124,15 +139,17 @@ fn read_pin_file(path: &std::path::Path) -> std::io::Result<Zeroizing<Vec<u8>>> 
         )));
     }
     let mode = meta.mode() & 0o777;
-    if mode & 0o022 != 0 {
+    let own_group = meta.gid() == rustix::process::getegid().as_raw();
+    if mode & 0o002 != 0 || (mode & 0o020 != 0 && !own_group) {
         return Err(refuse(format!(
-            "it is writable by other users (mode {mode:o}), who could change the PIN hwkey presents: chmod go-w it"
+            "it is writable by other users (mode {mode:o}, group {}), who could change the PIN hwkey presents: chmod go-w it",
+            meta.gid()
         )));
     }
-    if mode & 0o044 != 0 {
+    if mode & 0o004 != 0 && warn_once(path) {
         tracing::warn!(
             file = %path.display(),
-            "the PIN file is readable by other users (mode {mode:o}): chmod go-r it"
+            "the PIN file is readable by every user (mode {mode:o}): chmod o-r it (for a Kubernetes secret volume, set defaultMode: 0440 or 0400)"
         );
     }
     // A PIN, a carriage return and a newline, and one byte more to tell a longer file.
@@ -145,6 +162,18 @@ fn read_pin_file(path: &std::path::Path) -> std::io::Result<Zeroizing<Vec<u8>>> 
         )));
     }
     Ok(bytes)
+}
+
+/// True the first time `path` is seen in this process: a PIN read for every signature (a key
+/// that needs its PIN each time) warns once, not once per handshake.
+fn warn_once(path: &std::path::Path) -> bool {
+    static WARNED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+    if warned.iter().any(|p| p == path) {
+        return false;
+    }
+    warned.push(path.to_path_buf());
+    true
 }
 
 impl fmt::Debug for PinSource {
@@ -315,32 +344,60 @@ mod tests {
         let e = unreadable(&PinSource::File(path));
         assert!(e.contains("longer than 256 bytes"), "{e}");
         assert!(!e.contains("7777"), "the message repeats the contents: {e}");
+        // 257 and 258 bytes with no line ending are within the read's bound, and no PIN.
+        for n in [257, 258] {
+            let (_dir, path) = pin_file(&vec![b'7'; n], 0o600);
+            let e = unreadable(&PinSource::File(path));
+            assert!(e.contains("longer than 256 bytes"), "{n}: {e}");
+        }
+        let (_dir, path) = pin_file(&[&[b'7'; 256][..], b"\r\n"].concat(), 0o600);
+        assert_eq!(PinSource::File(path).read().expect("pin").len(), 256);
     }
 
     /// Another user who can write the PIN file can make hwkey present PINs of their choosing,
-    /// each spending one of the token's attempts.
+    /// each spending one of the token's attempts. Writable by its group is accepted when that
+    /// group is the one hwkey runs as (a user private group with umask 002).
     #[test]
     fn a_pin_file_others_can_write_is_refused() {
-        for mode in [0o620, 0o602] {
-            let (_dir, path) = pin_file(b"1234", mode);
-            let e = unreadable(&PinSource::File(path));
-            assert!(
-                e.contains("writable by other users") && e.contains("chmod go-w"),
-                "{e}"
-            );
-        }
+        let (_dir, path) = pin_file(b"1234", 0o602);
+        let e = unreadable(&PinSource::File(path));
+        assert!(
+            e.contains("writable by other users") && e.contains("chmod go-w"),
+            "{e}"
+        );
+        // Group-writable, the group another than this process's.
+        let (_dir, path) = pin_file(b"1234", 0o620);
+        let other = if rustix::process::getegid().as_raw() == 65534 {
+            0
+        } else {
+            65534
+        };
+        rustix::fs::chown(&path, None, Some(rustix::fs::Gid::from_raw(other))).expect("chgrp");
+        let e = unreadable(&PinSource::File(path.clone()));
+        assert!(e.contains("writable by other users"), "{e}");
+        // The same, the group this process's.
+        rustix::fs::chown(&path, None, Some(rustix::process::getegid())).expect("chgrp");
+        assert_eq!(PinSource::File(path).read().expect("pin").as_str(), "1234");
     }
 
     /// The standard library's message for a variable that is not Unicode quotes its value: the
-    /// PIN went into the error, and from there to stderr and the proxy's log.
+    /// PIN went into the error, and from there to stderr and the proxy's log. (What
+    /// `std::env::var` returns is given directly: setting a variable in a test process whose
+    /// other threads may call `getenv` from C is not safe.)
     #[test]
     fn a_pin_variable_that_is_not_utf8_is_not_repeated() {
         use std::os::unix::ffi::OsStringExt;
-        let var = "HWKEY_TEST_PIN_NOT_UTF8";
-        // Safe here: no other test reads or writes this variable.
-        std::env::set_var(var, std::ffi::OsString::from_vec(b"5150\xff4321".to_vec()));
-        let e = unreadable(&PinSource::Env(var.into()));
-        std::env::remove_var(var);
+        let var = "HWKEY_PIN";
+        let value = std::ffi::OsString::from_vec(b"5150\xff4321".to_vec());
+        let old_text = std::env::VarError::NotUnicode(value.clone()).to_string();
+        assert!(
+            old_text.contains("5150"),
+            "the standard library's text quotes it: {old_text}"
+        );
+        let e = env_pin(var, Err(std::env::VarError::NotUnicode(value)))
+            .map(|_| "a PIN")
+            .expect_err("not UTF-8")
+            .to_string();
         assert!(e.contains(var) && e.contains("not UTF-8"), "{e}");
         assert!(
             !e.contains("5150") && !e.contains("4321"),
@@ -348,5 +405,9 @@ mod tests {
         );
         let e = unreadable(&PinSource::Env("HWKEY_TEST_PIN_UNSET".into()));
         assert!(e.contains("not set"), "{e}");
+        assert_eq!(
+            env_pin(var, Ok("1234".into())).expect("pin").as_str(),
+            "1234"
+        );
     }
 }

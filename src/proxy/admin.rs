@@ -202,8 +202,14 @@ pub async fn serve(shared: Arc<Admin>, bound: Bound, mut stop: watch::Receiver<b
                 continue;
             }
         };
-        if let Some((conn, admitted)) = admitted {
-            tokio::spawn(serve_one(shared.clone(), endpoint.clone(), conn, admitted));
+        if let Some((conn, admitted, loopback)) = admitted {
+            tokio::spawn(serve_one(
+                shared.clone(),
+                endpoint.clone(),
+                conn,
+                admitted,
+                loopback,
+            ));
         }
     }
 }
@@ -240,11 +246,12 @@ impl Admin {
         &self,
         accepted: Accepted,
         endpoint: &crate::http_serve::Endpoint,
-    ) -> Option<(Box<dyn super::bridge::ClientIo>, Admitted)> {
+    ) -> Option<(Box<dyn super::bridge::ClientIo>, Admitted, bool)> {
         match accepted {
             Accepted::Tcp(s, peer) => {
                 let ticket = admit(&self.admission, &self.metrics, &s, peer)?;
-                Some((Box::new(s), Admitted::ByUid(ticket)))
+                let loopback = s.local_addr().is_ok_and(|a| a.ip().is_loopback());
+                Some((Box::new(s), Admitted::ByUid(ticket), loopback))
             }
             Accepted::Unix(s) => {
                 if check_peer(&s, &self.settings.allow_uids).is_err() {
@@ -263,30 +270,31 @@ impl Admin {
                     }
                     return None;
                 };
-                Some((Box::new(s), Admitted::Permit(permit)))
+                Some((Box::new(s), Admitted::Permit(permit), false))
             }
         }
     }
 }
 
 /// Serves one admin connection; a loopback one ends early when it is shed for the proxy's own
-/// uid.
+/// uid. `loopback`: it came to a loopback TCP address, where [`loopback_host`] is required (an
+/// admin port on another address, with `--unsafe-listen`, is asked for by that address).
 async fn serve_one(
     shared: Arc<Admin>,
     endpoint: crate::http_serve::Endpoint,
     conn: Box<dyn super::bridge::ClientIo>,
     admitted: Admitted,
+    loopback: bool,
 ) {
     // UNIX-socket peers passed the uid check; loopback ones are privileged or not.
     let privileged = match &admitted {
         Admitted::ByUid(ticket) => ticket.privileged,
         Admitted::Permit(_) => true,
     };
-    let tcp = matches!(admitted, Admitted::ByUid(_));
     let handler = move |req: Request<Incoming>| {
         let shared = shared.clone();
         async move {
-            if tcp && !loopback_host(&req) {
+            if loopback && !loopback_host(&req) {
                 return misdirected();
             }
             route(&shared, req, privileged).await
@@ -326,21 +334,28 @@ fn loopback_host(req: &Request<Incoming>) -> bool {
     let Some(host) = req.headers().get(hyper::header::HOST) else {
         return true;
     };
-    let Ok(host) = host.to_str() else {
-        return false;
-    };
-    // `[::1]:9000`, `[::1]`, `127.0.0.1:9000`, `localhost`.
+    host.to_str().is_ok_and(is_loopback_name)
+}
+
+/// Whether a `Host` value names this machine's loopback: `localhost` (or `localhost.`), an
+/// address of 127.0.0.0/8, `::1` (a zone id allowed) or `::ffff:127.x.y.z`, with or without a
+/// port.
+fn is_loopback_name(host: &str) -> bool {
+    // `[::1]:9000`, `[::1%lo]`, `127.0.0.1:9000`, `localhost.`
     let name = match host.strip_prefix('[') {
         Some(rest) => match rest.split_once(']') {
-            Some((inside, port)) if port.is_empty() || port.starts_with(':') => inside,
+            Some((inside, port)) if port.is_empty() || port.starts_with(':') => {
+                inside.split_once('%').map_or(inside, |(ip, _zone)| ip)
+            }
             _ => return false,
         },
         None => host.rsplit_once(':').map_or(host, |(name, _)| name),
     };
+    let name = name.strip_suffix('.').unwrap_or(name);
     name.eq_ignore_ascii_case("localhost")
         || name
             .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
 /// The answer to a request for another host (see [`loopback_host`]).
@@ -561,5 +576,39 @@ async fn dial_check(shared: &Admin, t: &UpstreamTarget) -> Result<(), Unhealthy>
         Err(_) => Err(Unhealthy::Timeout {
             addr: t.authority(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn host_names_of_the_loopback_and_others() {
+        for ok in [
+            "localhost",
+            "LOCALHOST:1",
+            "localhost.",
+            "localhost.:9000",
+            "127.0.0.1",
+            "127.1.2.3:80",
+            "[::1]",
+            "[::1]:9000",
+            "[::1%lo]:9000",
+            "[::ffff:127.0.0.1]",
+        ] {
+            assert!(super::is_loopback_name(ok), "{ok}");
+        }
+        for no in [
+            "evil.example",
+            "evil.example:80",
+            "localhost.evil.example",
+            "127.0.0.1.evil",
+            "[::2]",
+            "[::1]x",
+            "10.0.0.1:9000",
+            "",
+            "[::ffff:10.0.0.1]",
+        ] {
+            assert!(!super::is_loopback_name(no), "{no}");
+        }
     }
 }

@@ -206,6 +206,7 @@ fn the_admin_port_answers_only_requests_for_a_loopback_host() {
     for host in [
         None,
         Some("localhost".to_string()),
+        Some(format!("localhost.:{port}")),
         Some(format!("LOCALHOST:{port}")),
         Some(format!("127.0.0.1:{port}")),
         Some(format!("[::1]:{port}")),
@@ -214,4 +215,21 @@ fn the_admin_port_answers_only_requests_for_a_loopback_host() {
         assert_eq!(code, "200", "Host: {host:?}: {body}");
         assert!(body.contains("hwkey_"), "{body}");
     }
+    // HTTP/1.0 with no Host at all: answered.
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "20",
+            "--http1.0",
+            "-H",
+            "Host:",
+            "-w",
+            "\n%{http_code}",
+        ])
+        .arg(format!("http://127.0.0.1:{}/metrics", proxy.admin_port))
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.ends_with("\n200") && text.contains("hwkey_"), "{text}");
 }
