@@ -415,6 +415,7 @@ fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
 /// and a link planted there made root append its log line to any file (`proxy.log`) or create
 /// any file (`start.lock`); a FIFO as `start.lock` blocked the plugin for good. Each case
 /// fails with the file's name, stdout empty, and the planted target untouched.
+#[cfg(feature = "pkcs11")]
 #[test]
 fn the_plugin_follows_no_link_and_waits_on_no_fifo_in_its_state_directory() {
     use std::os::unix::fs::{symlink, DirBuilderExt};
