@@ -217,14 +217,16 @@ fn signing_path(token: &Token, algorithm: KeyAlgorithm) -> SigningPath {
     }
 }
 
-/// Key creation in this process, one at a time.
+/// Key creation and deletion in this process, one at a time.
 ///
 /// The check for an existing label or id and the generation must be one step: two threads
 /// creating the same label both passed the check and made two keys. And SoftHSM's object store
 /// fails concurrent `C_GenerateKeyPair` calls on one token now and then with
 /// `CKR_GENERAL_ERROR` (SoftHSMv2#573; parsec serialises its key creation for it). Keys are
 /// made rarely, so one lock for the process costs nothing. Another process creating the same
-/// label at the same moment is not covered: a token has no transaction for it.
+/// label at the same moment is not covered: a token has no transaction for it. Deletion takes
+/// the same lock: a key destroyed while a creation listed the token's keys made that listing
+/// fail with `CKR_OBJECT_HANDLE_INVALID` (a rotation deletes the previous key in the signer).
 static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Creates a key pair on the token. Refuses when a private key with that label or id exists.
@@ -314,6 +316,7 @@ pub fn list(uri: &Pkcs11Uri) -> Result<Vec<KeyListing>, KeyError> {
 
 /// Deletes the private key, its public key and its certificates.
 pub fn delete(uri: &Pkcs11Uri) -> Result<Vec<String>, KeyError> {
+    let _deleting = CREATING.lock().unwrap_or_else(|p| p.into_inner());
     let FoundKey {
         token,
         session,

@@ -508,7 +508,8 @@ fn reinit_child() {
 }
 
 /// A rotation (`proxy --rotate-key`) creates the next key and deletes the previous one in the
-/// signer process while its other threads sign handshakes with the key in use. SoftHSM fails
+/// signer process while its other threads sign handshakes with the key in use (and here a
+/// thread creates other keys too). SoftHSM fails
 /// concurrent *generations* (see above); signing beside a generation or a deletion on the same
 /// token must not fail, or handshakes would fail while a proxy rotates.
 #[test]
@@ -534,6 +535,19 @@ fn signing_goes_on_while_keys_are_created_and_deleted_beside_it() {
             })
         })
         .collect();
+    // Another thread creates keys on the token meanwhile: a creation lists the token's keys,
+    // and a key deleted under that listing made it fail (CKR_OBJECT_HANDLE_INVALID).
+    let creator = std::thread::spawn(|| {
+        (0..20)
+            .map(|i| {
+                Key::create(
+                    &uri("creating", &format!("beside-{i}")),
+                    KeyAlgorithm::EcP256,
+                )
+            })
+            .filter_map(|r| r.err().map(|e| e.to_string()))
+            .collect::<Vec<String>>()
+    });
     // Every rotation step is checked before the signers stop, so they overlap all of them.
     let mut rotated = Vec::new();
     let before = signed.load(Ordering::Relaxed);
@@ -542,6 +556,11 @@ fn signing_goes_on_while_keys_are_created_and_deleted_beside_it() {
             .and_then(|next| next.destroy().map(drop));
         rotated.push(step.map_err(|e| e.to_string()));
     }
+    let created = creator.join().expect("the creator ran");
+    assert!(
+        created.is_empty(),
+        "creations beside the deletions failed: {created:?}"
+    );
     let during = signed.load(Ordering::Relaxed) - before;
     stop.store(true, Ordering::Relaxed);
     let failures: Vec<String> = signers
