@@ -43,10 +43,11 @@ fn invalid(what: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, what)
 }
 
-fn read_checked(
-    path: &Path,
-    check: impl Fn(&std::fs::Metadata) -> std::io::Result<()>,
-) -> std::io::Result<Vec<u8>> {
+/// Opens `path` for reading without waiting (a FIFO is not waited on for a writer) and checks
+/// that it is a regular file (symbolic links followed); anything else fails with
+/// `InvalidData` saying what it is. For readers that bound and hold the bytes themselves (a
+/// PIN file's, wiped after use).
+pub fn open_regular(path: &Path) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -62,6 +63,14 @@ fn read_checked(
         };
         return Err(invalid(format!("is {kind}: point it at a file")));
     }
+    Ok((file, meta))
+}
+
+fn read_checked(
+    path: &Path,
+    check: impl Fn(&std::fs::Metadata) -> std::io::Result<()>,
+) -> std::io::Result<Vec<u8>> {
+    let (file, meta) = open_regular(path)?;
     check(&meta)?;
     let mut bytes = Vec::new();
     file.take(MAX_SMALL_FILE + 1).read_to_end(&mut bytes)?;

@@ -121,23 +121,9 @@ fn env_pin(
 /// reason alone, in words that never include the file's contents.
 fn read_pin_file(path: &std::path::Path) -> std::io::Result<Zeroizing<Vec<u8>>> {
     use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::MetadataExt;
     let refuse = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        let kind = if meta.is_dir() {
-            "a directory"
-        } else {
-            "not a regular file (a FIFO, socket or device)"
-        };
-        return Err(refuse(format!(
-            "it is {kind}: put the PIN in a file, or use env:VAR (or the proxy's PIN prompt)"
-        )));
-    }
+    let (file, meta) = crate::small_file::open_regular(path)?;
     let mode = meta.mode() & 0o777;
     let own_group = meta.gid() == rustix::process::getegid().as_raw();
     if mode & 0o002 != 0 || (mode & 0o020 != 0 && !own_group) {
