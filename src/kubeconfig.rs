@@ -163,6 +163,21 @@ pub enum KubeconfigError {
 
     #[error("cannot prepare the proxy's loopback CA: {0}")]
     LoopbackCa(String),
+
+    #[error("kubeconfig {path} stays locked by {lock} (kubectl or another hwkey is changing it); waited {waited:?}: if neither runs, a crash left the lock behind: remove {lock} and try again")]
+    Locked {
+        path: PathBuf,
+        lock: PathBuf,
+        waited: Duration,
+    },
+
+    #[error("cannot lock kubeconfig {path} (creating {lock}): {source}")]
+    Lock {
+        path: PathBuf,
+        lock: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Who will use the kubeconfig.
@@ -274,7 +289,23 @@ pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
         }
     }
     // A symlinked kubeconfig stays a symlink: write its target, as kubectl does.
+    let given = out;
     let out = &resolve_symlink(out);
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| KubeconfigError::Write {
+            path: out.to_path_buf(),
+            source,
+        })?;
+    }
+    // Read, merge and replace under kubectl's lock: two writers at once (two `hwkey kubeconfig`,
+    // or one and `kubectl config set-context`) would otherwise each write what it read, and the
+    // entries of the first would be lost.
+    let _locks = (
+        ConfigLock::acquire(given)?,
+        (given != out)
+            .then(|| ConfigLock::acquire(out))
+            .transpose()?,
+    );
     let mut doc = read_existing(out)?;
     for list in ["clusters", "users", "contexts"] {
         if let Some(v) = doc.get(list) {
@@ -300,12 +331,6 @@ pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
     let ext = serde_yaml_ng::to_value(extension).map_err(KubeconfigError::Encode)?;
     merge(&mut doc, request, ext, &server, ca.cert_pem());
     let text = serde_yaml_ng::to_string(&doc).map_err(KubeconfigError::Encode)?;
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|source| KubeconfigError::Write {
-            path: out.to_path_buf(),
-            source,
-        })?;
-    }
     crate::atomic_file::write_atomic(out, text.as_bytes(), 0o600).map_err(|source| {
         KubeconfigError::Write {
             path: out.to_path_buf(),
@@ -313,6 +338,63 @@ pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
         }
     })?;
     Ok(server)
+}
+
+/// How long a writer waits for another one's lock before it gives up (kubectl gives up at once;
+/// a second `hwkey kubeconfig` started beside a first should simply follow it).
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// client-go's lock on a kubeconfig it modifies: the file `<kubeconfig>.lock`, created
+/// exclusively and removed when done (`clientcmd.lockFile`). hwkey takes the same lock, so it
+/// and kubectl exclude each other too. A lock that stays (a writer killed while holding it) is
+/// reported with its path, never broken: another writer may really be at work.
+struct ConfigLock {
+    lock: PathBuf,
+}
+
+impl ConfigLock {
+    fn acquire(path: &Path) -> Result<ConfigLock, KubeconfigError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut name = path.as_os_str().to_os_string();
+        name.push(".lock");
+        let lock = PathBuf::from(name);
+        let start = std::time::Instant::now();
+        loop {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&lock)
+            {
+                Ok(_) => return Ok(ConfigLock { lock }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    if start.elapsed() >= LOCK_WAIT {
+                        return Err(KubeconfigError::Locked {
+                            path: path.to_path_buf(),
+                            lock,
+                            waited: LOCK_WAIT,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(source) => {
+                    return Err(KubeconfigError::Lock {
+                        path: path.to_path_buf(),
+                        lock,
+                        source,
+                    })
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ConfigLock {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.lock) {
+            tracing::warn!(lock = %self.lock.display(), error = %e, "cannot remove the kubeconfig lock: remove it by hand");
+        }
+    }
 }
 
 /// The file a kubeconfig path really names (following symlinks, even dangling ones to a file

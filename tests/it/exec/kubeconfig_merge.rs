@@ -16,12 +16,23 @@ fn kubeconfig_cmd(
     out: &Path,
     state: &Path,
 ) -> std::process::Command {
+    kubeconfig_cmd_named("hw", id, upstream, key, out, state)
+}
+
+fn kubeconfig_cmd_named(
+    name: &str,
+    id: &Identity,
+    upstream: &TestUpstream,
+    key: &str,
+    out: &Path,
+    state: &Path,
+) -> std::process::Command {
     let mut cmd = hwkey();
     cmd.envs(id.envs())
         .args([
             "kubeconfig",
             "--name",
-            "hw",
+            name,
             "--key",
             key,
             "--server",
@@ -245,4 +256,135 @@ fn two_entries_of_one_name_become_one_that_kubectl_reads() {
         doc["clusters"][0]["cluster"]["extensions"][0]["name"]
             == "client.authentication.k8s.io/exec"
     );
+}
+
+/// Eight `hwkey kubeconfig` runs at once into one file, each adding its own name: every entry
+/// is there afterwards. Each run read the file, merged and replaced it; without a lock, a run
+/// that read before another's rename wrote its own view back and the other's entries were lost.
+#[test]
+fn eight_writers_at_once_lose_no_entry() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    let state = dir.path().join("state");
+    // The loopback CA exists before the race: the race under test is the kubeconfig's.
+    run_ok(&mut kubeconfig_cmd(
+        &id,
+        &upstream,
+        &id.key_uri,
+        &out,
+        &state,
+    ));
+    for round in 0..3 {
+        let names: Vec<String> = (0..8).map(|i| format!("r{round}-w{i}")).collect();
+        let children: Vec<_> = names
+            .iter()
+            .map(|name| {
+                let mut cmd = kubeconfig_cmd_named(name, &id, &upstream, &id.key_uri, &out, &state);
+                cmd.stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped());
+                cmd.spawn().expect("spawn hwkey kubeconfig")
+            })
+            .collect();
+        for child in children {
+            let done = child.wait_with_output().expect("wait");
+            assert!(
+                done.status.success(),
+                "{}",
+                String::from_utf8_lossy(&done.stderr)
+            );
+        }
+        let doc: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(&out).expect("read")).expect("YAML");
+        for list in ["clusters", "users", "contexts"] {
+            let have: Vec<&str> = doc[list]
+                .as_sequence()
+                .expect("list")
+                .iter()
+                .filter_map(|e| e["name"].as_str())
+                .collect();
+            for name in &names {
+                assert!(
+                    have.contains(&name.as_str()),
+                    "round {round}: {list} lost {name}: {have:?}"
+                );
+            }
+        }
+        assert!(
+            !dir.path().join("config.lock").exists(),
+            "the lock was left behind"
+        );
+    }
+}
+
+/// The lock is kubectl's own (`<kubeconfig>.lock`, as real kubectl shows by refusing to write
+/// beside it): hwkey waits for it, writes once it is gone, and when it stays, fails naming the
+/// lock and how to clear it, leaving the kubeconfig and the lock as they were.
+#[test]
+fn kubectls_lock_is_waited_for_and_one_that_stays_is_named() {
+    support::kubectl::require_kubectl();
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    let lock = dir.path().join("config.lock");
+    std::fs::write(&out, OTHER).expect("write");
+    std::fs::write(&lock, "").expect("lock");
+    let kubectl = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&out)
+        .args([
+            "config",
+            "set-cluster",
+            "x",
+            "--server",
+            "https://x.invalid",
+        ])
+        .output()
+        .expect("kubectl");
+    assert!(
+        !kubectl.status.success()
+            && String::from_utf8_lossy(&kubectl.stderr).contains("config.lock"),
+        "kubectl does not take the lock hwkey takes: {}",
+        String::from_utf8_lossy(&kubectl.stderr)
+    );
+
+    let state = dir.path().join("state");
+    let failed = run_fail(&mut kubeconfig_cmd(
+        &id,
+        &upstream,
+        &id.key_uri,
+        &out,
+        &state,
+    ));
+    let text = output_text(&failed);
+    assert!(
+        text.contains(&lock.display().to_string()) && text.contains("remove"),
+        "{text}"
+    );
+    assert_eq!(std::fs::read_to_string(&out).expect("read"), OTHER);
+    assert!(lock.exists(), "hwkey broke a lock it did not take");
+
+    // Released while hwkey waits: it goes on and writes.
+    let mut cmd = kubeconfig_cmd(&id, &upstream, &id.key_uri, &out, &state);
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::fs::remove_file(&lock).expect("release");
+    let done = child.wait_with_output().expect("wait");
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let written = std::fs::read_to_string(&out).expect("read");
+    assert!(
+        written.contains("name: hw") && written.contains("name: other"),
+        "{written}"
+    );
+    assert!(!lock.exists());
 }
