@@ -194,6 +194,7 @@ fn pin_refused(e: &anyhow::Error) -> bool {
             k,
             KeyError::PinIncorrect { .. }
                 | KeyError::PinRemembered { .. }
+                | KeyError::PinLength { .. }
                 | KeyError::PinFinalTry { .. }
                 | KeyError::PinLocked { .. }
                 | KeyError::SignerPinRefused { .. }

@@ -98,6 +98,15 @@ pub enum KeyError {
     #[error("cannot read the PIN from {source_desc}: {reason}")]
     PinUnreadable { source_desc: String, reason: String },
 
+    #[error("the PIN from {source_desc} is {} and token '{token}' takes PINs of {min} to {max} bytes, so hwkey did not present it (a wrong PIN spends one of the token's few attempts): put the PIN into {source_desc}", if *.len == 0 { "empty".to_string() } else { format!("{} bytes long", .len) })]
+    PinLength {
+        token: String,
+        source_desc: String,
+        len: usize,
+        min: usize,
+        max: usize,
+    },
+
     #[error("the PIN for token '{token}' was rejected (CKR_PIN_INCORRECT); hwkey made exactly one attempt and, because tokens lock after a few wrong PINs, will not present this PIN again (in any process) until its source changes: fix the PIN source and try again")]
     PinIncorrect { token: String },
 

@@ -394,6 +394,7 @@ fn pin_refused(e: &KeyError) -> bool {
         e,
         KeyError::PinIncorrect { .. }
             | KeyError::PinRemembered { .. }
+            | KeyError::PinLength { .. }
             | KeyError::PinFinalTry { .. }
             | KeyError::PinLocked { .. }
     )

@@ -240,7 +240,7 @@ impl Token {
                 record: r.path().to_path_buf(),
             });
         }
-        self.check_pin_attempts()?;
+        self.check_pin_attempts(source, pin.len())?;
         Ok(PinAttempt {
             token: self,
             source,
@@ -256,13 +256,28 @@ impl Token {
         format!("{}\n{}\n{}", self.module.display(), self.serial, self.label)
     }
 
-    /// Refuses to spend a token's last PIN attempt unless the user allowed it, and warns when
-    /// the token has seen wrong PINs.
-    fn check_pin_attempts(&self) -> Result<(), KeyError> {
+    /// Refuses to spend a token's last PIN attempt unless the user allowed it, and refuses a PIN
+    /// of a length the token says it never takes (an empty PIN file, a variable set to nothing:
+    /// presented, it would cost one of the token's few attempts for certain); warns when the
+    /// token has seen wrong PINs.
+    fn check_pin_attempts(&self, source: &PinSource, pin_len: usize) -> Result<(), KeyError> {
         let _calls = self.enter();
         let Ok(info) = self.ctx.get_token_info(self.slot()) else {
             return Ok(());
         };
+        let (min, max) = (info.min_pin_length(), info.max_pin_length());
+        // A token that reports no usable range (max 0, or below min) is taken at its word only
+        // for the minimum; an empty PIN is never one a token with a PIN takes.
+        let too_long = max >= min && max > 0 && pin_len > max;
+        if pin_len == 0 || pin_len < min || too_long {
+            return Err(KeyError::PinLength {
+                token: self.label.clone(),
+                source_desc: pin_memory::describe(source),
+                len: pin_len,
+                min: min.max(1),
+                max,
+            });
+        }
         if info.user_pin_final_try()
             && std::env::var("HWKEY_ALLOW_FINAL_PIN_TRY").as_deref() != Ok("1")
         {

@@ -209,6 +209,68 @@ fn an_unwritable_pin_memory_fails_closed() {
     assert_eq!(logins(&log), 0, "a PIN reached the token without a memory");
 }
 
+/// A PIN of a length the token never takes is not presented: an empty PIN file (a secret
+/// volume not filled yet, a `touch`ed file), a variable set to nothing, a PIN shorter than the
+/// token's minimum (SoftHSM's is 4). Presented, each spent one of the token's attempts for
+/// certain and left a rejected-PIN record; now the token sees no C_Login, the error says what is
+/// wrong with the PIN (its length, never its bytes) and exits 77, and the right PIN then works
+/// at its first attempt.
+#[test]
+fn a_pin_of_a_length_the_token_never_takes_is_not_presented() {
+    let id = Identity::softhsm();
+    let work = temp_dir();
+    let log = work.path().join("spy.log");
+    let records = work.path().join("records");
+    let envs = spy_env(&id, &log, &records);
+    let (pin_file, uri) = spied_key(work.path(), b"");
+    let env_uri =
+        format!("pkcs11:token=kube;object=alice?module-path={SPY}&pin-source=env:HWKEY_TEST_PIN");
+    let cases: [(&[u8], &str, &str); 4] = [
+        (b"", uri.as_str(), "is empty"),
+        (b"\n", uri.as_str(), "is empty"),
+        (b"123\n", uri.as_str(), "is 3 bytes long"),
+        (b"", env_uri.as_str(), "is empty"),
+    ];
+    for (pin, key, says) in cases {
+        write_private(&pin_file, pin);
+        let out = run_fail(
+            hwkey()
+                .envs(envs.iter().cloned())
+                .env("HWKEY_TEST_PIN", "")
+                .args(["key", "public", "--key", key]),
+        );
+        let text = output_text(&out);
+        assert!(
+            text.contains(says)
+                && text.contains("takes PINs of 4 to")
+                && text.contains("did not present"),
+            "{text}"
+        );
+        assert_eq!(out.status.code(), Some(77), "{text}");
+    }
+    assert_eq!(logins(&log), 0, "a PIN the token never takes reached it");
+    let remembered: Vec<_> = std::fs::read_dir(&records)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n != "secret" && !n.ends_with(".lock"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        remembered.is_empty(),
+        "a PIN that was never presented was remembered as rejected: {remembered:?}"
+    );
+
+    write_private(&pin_file, support::softhsm::USER_PIN.as_bytes());
+    run_ok(
+        hwkey()
+            .envs(envs.iter().cloned())
+            .args(["key", "public", "--key", &uri]),
+    );
+    assert_eq!(logins(&log), 1);
+}
+
 /// A damaged secret in the rejected-PIN memory (empty, here) made the memory forget across
 /// processes, silently: each run presented the same wrong PIN again, one token attempt each.
 /// It fails closed now, naming the secret and what to do, and the token sees no C_Login.
