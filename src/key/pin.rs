@@ -112,7 +112,8 @@ fn env_pin(
 /// Reads a PIN file: a regular file (a FIFO is refused at once, not waited on while the token's
 /// login lock is held), no longer than a PIN with its line ending (not `/dev/zero` read until
 /// memory runs out), and writable by no other user (who could otherwise spend the token's PIN
-/// attempts by rewriting it): not by everyone, and by its group only when that is the group
+/// attempts by rewriting it): owned by hwkey's user or root (an owner can always make it
+/// writable again), not writable by everyone, and by its group only when that is the group
 /// hwkey runs as (a user private group, umask 002; `root:hwkey 0660` for the service). Readable
 /// by everyone is allowed with a warning, once per file and process: a Kubernetes secret
 /// volume's files are 0644 by default (`defaultMode: 0440` avoids it); readable by its group is
@@ -125,6 +126,13 @@ fn read_pin_file(path: &std::path::Path) -> std::io::Result<Zeroizing<Vec<u8>>> 
     let refuse = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
     let (file, meta) = crate::small_file::open_regular(path)?;
     let mode = meta.mode() & 0o777;
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(refuse(format!(
+            "it is owned by uid {}, who could change the PIN hwkey presents (and so spend the token's PIN attempts): chown it to uid {me} or root",
+            meta.uid()
+        )));
+    }
     let own_group = meta.gid() == rustix::process::getegid().as_raw();
     if mode & 0o002 != 0 || (mode & 0o020 != 0 && !own_group) {
         return Err(refuse(format!(
@@ -363,6 +371,28 @@ mod tests {
         assert!(e.contains("writable by other users"), "{e}");
         // The same, the group this process's.
         rustix::fs::chown(&path, None, Some(rustix::process::getegid())).expect("chgrp");
+        assert_eq!(PinSource::File(path).read().expect("pin").as_str(), "1234");
+    }
+
+    /// Owned by another user (not root), a PIN file is that user's to rewrite whatever its mode
+    /// says (chmod is the owner's): it was read, so that user could spend the token's PIN
+    /// attempts. Owned by root or by hwkey's user, it is read. (Runs as root, as CI does, to
+    /// give a file away.)
+    #[test]
+    fn a_pin_file_another_user_owns_is_refused() {
+        let me = rustix::process::geteuid().as_raw();
+        assert_eq!(
+            me, 0,
+            "this test gives a file to another user: run it as root (CI does)"
+        );
+        let (_dir, path) = pin_file(b"1234", 0o600);
+        rustix::fs::chown(&path, Some(rustix::fs::Uid::from_raw(65534)), None).expect("chown");
+        let e = unreadable(&PinSource::File(path.clone()));
+        assert!(
+            e.contains("owned by uid 65534") && e.contains("chown it to uid 0 or root"),
+            "{e}"
+        );
+        rustix::fs::chown(&path, Some(rustix::fs::Uid::from_raw(0)), None).expect("chown");
         assert_eq!(PinSource::File(path).read().expect("pin").as_str(), "1234");
     }
 
