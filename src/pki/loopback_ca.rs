@@ -30,6 +30,42 @@ use super::PkiError;
 
 const CA_CERT_FILE: &str = "loopback-ca.pem";
 const CA_KEY_FILE: &str = "loopback-ca.key";
+const CA_LOCK_FILE: &str = "loopback-ca.lock";
+
+/// What [`LoopbackCa::load`] found.
+enum Stored {
+    Ca(Box<LoopbackCa>),
+    Nothing,
+    KeyWithoutCertificate,
+}
+
+/// The lock creators of the CA take: an exclusive `flock` on `loopback-ca.lock`, released when
+/// dropped (or when the process dies: a crash leaves no stale lock).
+struct CreationLock {
+    _file: fs::File,
+}
+
+impl CreationLock {
+    fn take(dir: &Path) -> Result<CreationLock, PkiError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = dir.join(CA_LOCK_FILE);
+        let file = crate::state_dir::open_private(
+            &path,
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600),
+        )
+        .and_then(|f| f.lock().map(|()| f))
+        .map_err(|e| PkiError::LoopbackCa {
+            path,
+            problem: CaProblem::Io(e),
+        })?;
+        Ok(CreationLock { _file: file })
+    }
+}
 
 /// The loopback CA, loaded from or created in the state directory.
 pub struct LoopbackCa {
@@ -83,46 +119,91 @@ impl LoopbackCa {
     ///
     /// Refuses a CA key file that other users can read: anyone holding it could mint loopback
     /// credentials and use the hardware identity.
+    ///
+    /// Creation runs under an `flock` on `loopback-ca.lock` in `dir`, and so does a load that
+    /// finds the key without its certificate: a creator writes the key, then the certificate,
+    /// and a process that read between the two failed. Under the lock, a key still without its
+    /// certificate was left by a creation that was interrupted; no client can trust a CA whose
+    /// certificate was never written, so a new CA is made and the orphaned key is kept beside
+    /// it (renamed, never deleted). A CA that loads needs no lock (a read-only state directory
+    /// works).
     pub fn load_or_create(dir: &Path) -> Result<LoopbackCa, PkiError> {
-        let state = |source: std::io::Error| PkiError::StateDir {
+        crate::state_dir::ensure_private(dir).map_err(|source| PkiError::StateDir {
             path: dir.to_path_buf(),
             source,
-        };
-        crate::state_dir::ensure_private(dir).map_err(state)?;
+        })?;
+        if let Stored::Ca(ca) = Self::load(dir)? {
+            return Ok(*ca);
+        }
+        let _lock = CreationLock::take(dir)?;
+        match Self::load(dir)? {
+            Stored::Ca(ca) => Ok(*ca),
+            Stored::Nothing => Self::create(dir),
+            Stored::KeyWithoutCertificate => {
+                let key_path = dir.join(CA_KEY_FILE);
+                let kept = dir.join(format!(
+                    "{CA_KEY_FILE}.orphaned-{}",
+                    OffsetDateTime::now_utc().unix_timestamp()
+                ));
+                fs::rename(&key_path, &kept).map_err(|e| PkiError::LoopbackCa {
+                    path: key_path,
+                    problem: CaProblem::Io(e),
+                })?;
+                tracing::warn!(
+                    kept = %kept.display(),
+                    "the loopback CA key had no certificate (its creation was interrupted), so no client trusts it: creating a new loopback CA"
+                );
+                Self::create(dir)
+            }
+        }
+    }
+
+    /// What the state directory holds.
+    fn load(dir: &Path) -> Result<Stored, PkiError> {
         let key_path = dir.join(CA_KEY_FILE);
         let cert_path = dir.join(CA_CERT_FILE);
-        match crate::state_dir::read_private(&key_path) {
-            Ok(key_bytes) => {
-                let key_bytes = Zeroizing::new(key_bytes);
-                let key_pem = Zeroizing::new(
-                    std::str::from_utf8(&key_bytes)
-                        .map_err(|_| PkiError::LoopbackCa {
-                            path: key_path.clone(),
-                            problem: CaProblem::NotPemText,
-                        })?
-                        .to_string(),
-                );
-                let mode = fs::metadata(&key_path).map_err(state)?.permissions().mode();
-                if mode & 0o077 != 0 {
-                    return Err(PkiError::LoopbackCa {
-                        path: key_path,
-                        problem: CaProblem::Readable(mode & 0o777),
-                    });
-                }
-                let cert_pem = crate::state_dir::read_private(&cert_path)
-                    .map(|b| String::from_utf8_lossy(&b).into_owned())
-                    .map_err(|e| PkiError::LoopbackCa {
-                        path: cert_path.clone(),
-                        problem: CaProblem::Io(e),
-                    })?;
-                Self::from_pem(dir, &cert_pem, &key_pem)
+        let key_bytes = match crate::state_dir::read_private(&key_path) {
+            Ok(b) => Zeroizing::new(b),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Stored::Nothing),
+            Err(e) => {
+                return Err(PkiError::LoopbackCa {
+                    path: key_path,
+                    problem: CaProblem::Io(e),
+                })
             }
-            Err(e) if e.kind() == ErrorKind::NotFound => Self::create(dir),
-            Err(e) => Err(PkiError::LoopbackCa {
+        };
+        let key_pem = Zeroizing::new(
+            std::str::from_utf8(&key_bytes)
+                .map_err(|_| PkiError::LoopbackCa {
+                    path: key_path.clone(),
+                    problem: CaProblem::NotPemText,
+                })?
+                .to_string(),
+        );
+        let mode = fs::metadata(&key_path)
+            .map_err(|source| PkiError::StateDir {
+                path: dir.to_path_buf(),
+                source,
+            })?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(PkiError::LoopbackCa {
                 path: key_path,
-                problem: CaProblem::Io(e),
-            }),
+                problem: CaProblem::Readable(mode & 0o777),
+            });
         }
+        let cert_pem = match crate::state_dir::read_private(&cert_path) {
+            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Stored::KeyWithoutCertificate),
+            Err(e) => {
+                return Err(PkiError::LoopbackCa {
+                    path: cert_path,
+                    problem: CaProblem::Io(e),
+                })
+            }
+        };
+        Self::from_pem(dir, &cert_pem, &key_pem).map(|ca| Stored::Ca(Box::new(ca)))
     }
 
     fn from_pem(dir: &Path, cert_pem: &str, key_pem: &str) -> Result<LoopbackCa, PkiError> {
@@ -143,6 +224,7 @@ impl LoopbackCa {
         })
     }
 
+    /// Makes a new CA: under the creation lock, with no key (or only a moved-aside one) there.
     fn create(dir: &Path) -> Result<LoopbackCa, PkiError> {
         let fail = |problem| PkiError::LoopbackCa {
             path: dir.join(CA_KEY_FILE),
@@ -165,13 +247,16 @@ impl LoopbackCa {
             .map_err(|e| fail(CaProblem::Rcgen(e)))?;
         let key_pem = Zeroizing::new(key.serialize_pem());
         let cert_pem = cert.pem();
-        // The key first and without clobbering: if another proxy created the CA at the same
-        // moment, use its CA instead of overwriting what its clients already trust.
+        // The key first and without clobbering (an hwkey of before the lock may be creating
+        // one beside us: its CA is then used), the certificate second.
         match crate::atomic_file::create_atomic(&dir.join(CA_KEY_FILE), key_pem.as_bytes(), 0o600) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                 std::thread::sleep(Duration::from_millis(200));
-                return Self::load_or_create(dir);
+                return match Self::load(dir)? {
+                    Stored::Ca(ca) => Ok(*ca),
+                    _ => Err(fail(CaProblem::Io(e))),
+                };
             }
             Err(e) => return Err(fail(CaProblem::Io(e))),
         }
@@ -326,6 +411,65 @@ mod tests {
         assert!(capped.not_after <= cap);
         fs::set_permissions(state.join(CA_KEY_FILE), fs::Permissions::from_mode(0o644)).unwrap();
         assert!(LoopbackCa::load_or_create(&state).is_err());
+    }
+
+    /// A creation interrupted between the key and the certificate (a crash, a full disk) left
+    /// a key alone, and every later start failed on the missing certificate until someone
+    /// deleted the key by hand. Now a new CA is made and the orphaned key is kept beside it.
+    #[test]
+    fn a_key_left_without_its_certificate_is_kept_aside_and_a_new_ca_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        LoopbackCa::load_or_create(&state).unwrap();
+        let orphan = fs::read(state.join(CA_KEY_FILE)).unwrap();
+        fs::remove_file(state.join(CA_CERT_FILE)).unwrap();
+        let new = LoopbackCa::load_or_create(&state).expect("a new CA");
+        let kept: Vec<_> = fs::read_dir(&state)
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("loopback-ca.key.orphaned-")
+            })
+            .collect();
+        assert_eq!(kept.len(), 1, "the orphaned key is kept, once");
+        assert_eq!(fs::read(kept[0].path()).unwrap(), orphan);
+        assert_ne!(fs::read(state.join(CA_KEY_FILE)).unwrap(), orphan);
+        let again = LoopbackCa::load_or_create(&state).unwrap();
+        assert_eq!(
+            new.cert_der(),
+            again.cert_der(),
+            "the new CA is the one kept"
+        );
+    }
+
+    /// Eight processes' worth of starts at once on an empty state directory: one CA, the same
+    /// for all. A start that read the key between the creator's key and certificate writes
+    /// failed on the missing certificate.
+    #[test]
+    fn starts_at_once_on_an_empty_directory_share_one_ca() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let state = dir.path().join("state");
+            let barrier = std::sync::Barrier::new(8);
+            let certs: Vec<_> = std::thread::scope(|s| {
+                let starts: Vec<_> = (0..8)
+                    .map(|_| {
+                        s.spawn(|| {
+                            barrier.wait();
+                            LoopbackCa::load_or_create(&state).map(|ca| ca.cert_pem().to_string())
+                        })
+                    })
+                    .collect();
+                starts.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            let first = certs[0].as_ref().expect("a CA").clone();
+            for c in &certs {
+                assert_eq!(c.as_ref().expect("a CA"), &first);
+            }
+            assert_eq!(fs::read_to_string(state.join(CA_CERT_FILE)).unwrap(), first);
+        }
     }
 
     #[test]
