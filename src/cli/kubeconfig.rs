@@ -11,7 +11,7 @@ use crate::kubeconfig::{self, Consumer, KubeconfigError, Request};
 #[derive(Debug, Args)]
 pub struct KubeconfigArgs {
     /// Name of the cluster, user and context entries.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_entry_name)]
     name: String,
     /// The hardware key.
     #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
@@ -57,6 +57,20 @@ pub struct KubeconfigArgs {
     /// self-renewal policy for people, nobody approves by hand.
     #[arg(long)]
     renew: bool,
+}
+
+/// A name for the kubeconfig entries, which also names the default state directory
+/// (`~/.kube/cache/hwkey/NAME`, `/var/lib/hwkey/NAME`): names kubectl takes, slashes included
+/// (EKS names its contexts by ARN), but none that leaves that directory or names it itself.
+fn parse_entry_name(name: &str) -> Result<String, String> {
+    let escapes = name.starts_with('/') || name.split('/').any(|part| part == "." || part == "..");
+    if name.is_empty() || escapes || name.chars().any(char::is_control) {
+        return Err(
+            "a name must be non-empty, free of control characters, not start with '/' and have no '.' or '..' between slashes: it also names the proxy's state directory (~/.kube/cache/hwkey/NAME, for kubelet /var/lib/hwkey/NAME), which it must not leave"
+                .into(),
+        );
+    }
+    Ok(name.to_string())
 }
 
 fn absolute(

@@ -388,3 +388,62 @@ fn kubectls_lock_is_waited_for_and_one_that_stays_is_named() {
     );
     assert!(!lock.exists());
 }
+
+/// `--name` also names the default state directory (`~/.kube/cache/hwkey/NAME`): a name of
+/// `..` parts or an absolute one put the proxy's state, loopback CA key included, wherever it
+/// pointed (as root with `--for kubelet`, into any root-owned directory). Such names are
+/// refused before anything is written; a name with slashes inside (an EKS ARN) still works.
+#[test]
+fn a_name_that_leaves_the_state_directory_is_refused() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).expect("home");
+    let out = dir.path().join("config");
+    for name in ["../../../escaped", "/abs", "a/./b", "", ".."] {
+        let mut cmd = hwkey();
+        cmd.envs(id.envs())
+            .env("HOME", &home)
+            .env_remove("KUBECONFIG")
+            .args(["kubeconfig", "--name", name, "--key", &id.key_uri])
+            .args(["--server", &upstream.url(), "--ca"])
+            .arg(id.ca.ca_path())
+            .arg("--out")
+            .arg(&out);
+        let failed = run_fail(&mut cmd);
+        let text = output_text(&failed);
+        assert!(
+            text.contains("--name") && text.contains("state directory"),
+            "{name}: {text}"
+        );
+    }
+    assert!(!out.exists(), "a kubeconfig was written");
+    assert!(
+        !dir.path().join("escaped").exists(),
+        "state outside its directory"
+    );
+    assert!(
+        !home.join(".kube").exists(),
+        "state was created for a refused name"
+    );
+    let mut cmd = hwkey();
+    cmd.envs(id.envs())
+        .env("HOME", &home)
+        .env_remove("KUBECONFIG")
+        .args([
+            "kubeconfig",
+            "--name",
+            "arn:aws:eks:eu-west-1:1:cluster/prod",
+            "--key",
+            &id.key_uri,
+        ])
+        .args(["--server", &upstream.url(), "--ca"])
+        .arg(id.ca.ca_path())
+        .arg("--out")
+        .arg(&out);
+    run_ok(&mut cmd);
+    assert!(home
+        .join(".kube/cache/hwkey/arn:aws:eks:eu-west-1:1:cluster/prod/loopback-ca.pem")
+        .exists());
+}
