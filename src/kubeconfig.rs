@@ -415,8 +415,15 @@ fn resolve_symlink(path: &Path) -> PathBuf {
     p
 }
 
+/// The kubeconfig at `path`, or an empty one where there is none. Only a regular file is read
+/// (opened without waiting): a FIFO or device given as `--out` is refused at once, not waited
+/// on with kubectl's lock held.
 fn read_existing(path: &Path) -> Result<Value, KubeconfigError> {
-    match std::fs::read_to_string(path) {
+    let read = crate::small_file::open_regular(path).and_then(|(mut file, _)| {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut file, &mut text).map(|_| text)
+    });
+    match read {
         Ok(text) if text.trim().is_empty() => Ok(empty_config()),
         Ok(text) => {
             let v: Value = serde_yaml_ng::from_str(&text).map_err(|e| KubeconfigError::Read {

@@ -3,6 +3,7 @@
 //! whose `clusters` is not a list is refused and left byte for byte; a key URI with a
 //! `pin-value` is refused instead of silently losing the PIN (or writing it into the file).
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 use support::proxy::Identity;
@@ -446,4 +447,37 @@ fn a_name_that_leaves_the_state_directory_is_refused() {
     assert!(home
         .join(".kube/cache/hwkey/arn:aws:eks:eu-west-1:1:cluster/prod/loopback-ca.pem")
         .exists());
+}
+
+/// A FIFO given as `--out` was opened to be read and waited for a writer for good (holding the
+/// kubeconfig lock, now). It is refused at once, saying what it is, and left as it was.
+#[test]
+fn a_fifo_as_the_kubeconfig_is_refused_at_once() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &out,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .expect("mkfifo");
+    let failed = run_fail_within(
+        &mut kubeconfig_cmd(&id, &upstream, &id.key_uri, &out, &dir.path().join("state")),
+        std::time::Duration::from_secs(20),
+    );
+    let text = output_text(&failed);
+    assert!(
+        text.contains(&out.display().to_string()) && text.contains("not a regular file"),
+        "{text}"
+    );
+    assert!(std::fs::symlink_metadata(&out)
+        .expect("lstat")
+        .file_type()
+        .is_fifo());
+    assert!(
+        !dir.path().join("config.lock").exists(),
+        "the lock was left behind"
+    );
 }
