@@ -415,13 +415,30 @@ fn resolve_symlink(path: &Path) -> PathBuf {
     p
 }
 
+/// The largest kubeconfig read (kubeconfigs with hundreds of clusters are a few MiB): a larger
+/// file is not read into memory while kubectl's lock is held.
+const MAX_KUBECONFIG: u64 = 64 << 20;
+
 /// The kubeconfig at `path`, or an empty one where there is none. Only a regular file is read
 /// (opened without waiting): a FIFO or device given as `--out` is refused at once, not waited
 /// on with kubectl's lock held.
 fn read_existing(path: &Path) -> Result<Value, KubeconfigError> {
-    let read = crate::small_file::open_regular(path).and_then(|(mut file, _)| {
+    let read = crate::small_file::open_regular(path).and_then(|(file, _)| {
         let mut text = String::new();
-        std::io::Read::read_to_string(&mut file, &mut text).map(|_| text)
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(file, MAX_KUBECONFIG + 1),
+            &mut text,
+        )?;
+        if text.len() as u64 > MAX_KUBECONFIG {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "it is longer than {} MiB: not a kubeconfig",
+                    MAX_KUBECONFIG >> 20
+                ),
+            ));
+        }
+        Ok(text)
     });
     match read {
         Ok(text) if text.trim().is_empty() => Ok(empty_config()),

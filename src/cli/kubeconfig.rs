@@ -73,6 +73,22 @@ fn parse_entry_name(name: &str) -> Result<String, String> {
     Ok(name.to_string())
 }
 
+/// The longest path a UNIX socket can be bound at (`sun_path` is 108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// Refuses a state directory whose control socket could never be bound: the kubeconfig would be
+/// written, and every kubectl run would then fail starting the proxy.
+fn check_socket_path(socket: &Path) -> anyhow::Result<()> {
+    let len = socket.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        anyhow::bail!(
+            "the proxy's control socket would be {} ({len} bytes), longer than a UNIX socket path can be ({MAX_SOCKET_PATH}): give a shorter --state-dir (the default is ~/.kube/cache/hwkey/NAME, so a long --name makes it long)",
+            socket.display()
+        );
+    }
+    Ok(())
+}
+
 fn absolute(
     what: &'static str,
     path: &Path,
@@ -102,19 +118,26 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/"));
+    // The first file of $KUBECONFIG that is named at all: client-go skips empty entries
+    // (`KUBECONFIG=:~/.kube/config`, or set to nothing).
     let out = match args.out {
         Some(o) => o,
         None => std::env::var_os("KUBECONFIG")
-            .and_then(|k| std::env::split_paths(&k).next())
+            .and_then(|k| std::env::split_paths(&k).find(|p| !p.as_os_str().is_empty()))
             .unwrap_or_else(|| home.join(".kube").join("config")),
     };
-    let state_dir = args.state_dir.unwrap_or_else(|| {
-        crate::state_dir::StateDir::kubeconfig_default(
+    // Absolute: the plugin runs from wherever kubectl is run, and a relative state directory
+    // in the kubeconfig would make a new proxy and CA in each of those places.
+    let state_dir = match args.state_dir {
+        Some(dir) => std::path::absolute(&dir)
+            .with_context(|| format!("--state-dir {}: cannot make it absolute", dir.display()))?,
+        None => crate::state_dir::StateDir::kubeconfig_default(
             &args.name,
             args.consumer == Consumer::Kubelet,
         )
-        .to_path_buf()
-    });
+        .to_path_buf(),
+    };
+    check_socket_path(&crate::state_dir::StateDir::new(state_dir.clone()).control_socket())?;
     let command = crate::exec::plugin_command().context("cannot find the hwkey binary's path")?;
     let request = Request {
         name: args.name.clone(),

@@ -481,3 +481,117 @@ fn a_fifo_as_the_kubeconfig_is_refused_at_once() {
         "the lock was left behind"
     );
 }
+
+/// The `stateDir` the plugin reads from the kubeconfig.
+fn state_dir_in(kubeconfig: &Path, name: &str) -> String {
+    let doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(kubeconfig).expect("read")).expect("YAML");
+    let cluster = doc["clusters"]
+        .as_sequence()
+        .expect("clusters")
+        .iter()
+        .find(|c| c["name"].as_str() == Some(name))
+        .expect("the cluster entry");
+    cluster["cluster"]["extensions"][0]["extension"]["stateDir"]
+        .as_str()
+        .expect("stateDir")
+        .to_string()
+}
+
+/// A relative `--state-dir` went into the kubeconfig as given: the plugin, run from wherever
+/// kubectl is, made a new state directory (and loopback CA, and proxy) in each place, and kubectl
+/// failed on a CA it did not pin. It is written absolute now.
+#[test]
+fn a_relative_state_directory_is_written_absolute() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    let mut cmd = kubeconfig_cmd(&id, &upstream, &id.key_uri, &out, Path::new("st"));
+    cmd.current_dir(dir.path());
+    run_ok(&mut cmd);
+    assert_eq!(
+        state_dir_in(&out, "hw"),
+        dir.path().join("st").display().to_string()
+    );
+}
+
+/// A state directory whose control socket path is longer than a UNIX socket's can be (a long
+/// `--name` under the default directory) made a kubeconfig that could never work: every
+/// kubectl run failed binding the socket. Refused now, nothing written.
+#[test]
+fn a_state_directory_too_long_for_its_socket_is_refused() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    let state = dir.path().join("s".repeat(110));
+    let failed = run_fail(&mut kubeconfig_cmd(
+        &id,
+        &upstream,
+        &id.key_uri,
+        &out,
+        &state,
+    ));
+    let text = output_text(&failed);
+    assert!(
+        text.contains("longer than a UNIX socket path") && text.contains("--state-dir"),
+        "{text}"
+    );
+    assert!(!out.exists() && !state.exists(), "something was written");
+}
+
+/// `KUBECONFIG=:FILE` (or set to nothing): client-go skips the empty entry, hwkey took it as the
+/// file to write (creating `.lock` in the working directory, then failing with an empty path).
+/// Now the first named file is written, as kubectl would read it.
+#[test]
+fn an_empty_kubeconfig_entry_is_skipped_as_kubectl_does() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).expect("work");
+    let file = dir.path().join("config");
+    let mut cmd = hwkey();
+    cmd.envs(id.envs())
+        .current_dir(&work)
+        .env("KUBECONFIG", format!(":{}", file.display()))
+        .args(["kubeconfig", "--name", "hw", "--key", &id.key_uri])
+        .args(["--server", &upstream.url(), "--ca"])
+        .arg(id.ca.ca_path())
+        .arg("--state-dir")
+        .arg(dir.path().join("state"));
+    run_ok(&mut cmd);
+    assert!(std::fs::read_to_string(&file)
+        .expect("the named file")
+        .contains("name: hw"));
+    assert_eq!(
+        std::fs::read_dir(&work).expect("work").count(),
+        0,
+        "files were made in the working directory"
+    );
+}
+
+/// A kubeconfig larger than any real one (64 MiB of nothing, sparse) is refused without being
+/// read into memory under the lock, and left as it was.
+#[test]
+fn a_huge_kubeconfig_is_refused_unread() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let out = dir.path().join("config");
+    let f = std::fs::File::create(&out).expect("create");
+    f.set_len((64 << 20) + 1).expect("truncate");
+    drop(f);
+    let failed = run_fail(&mut kubeconfig_cmd(
+        &id,
+        &upstream,
+        &id.key_uri,
+        &out,
+        &dir.path().join("state"),
+    ));
+    let text = output_text(&failed);
+    assert!(text.contains("longer than 64 MiB"), "{text}");
+    assert_eq!(std::fs::metadata(&out).expect("stat").len(), (64 << 20) + 1);
+    assert!(!dir.path().join("config.lock").exists());
+}
