@@ -74,14 +74,30 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
         })
     })?;
     // Someone else may have started it while we waited for the lock.
-    if let Ok(info) = control_client::info(&sock) {
-        return same_proxy(settings, &info);
-    }
-    // A socket file nobody answers on is left by a proxy that was killed: remove it (under the
-    // lock, so never a live one another plugin just created).
+    let unanswered = match control_client::info(&sock) {
+        Ok(info) => return same_proxy(settings, &info),
+        Err(e) => e,
+    };
+    // A socket file nobody listens on is left by a proxy that was killed: remove it (under the
+    // lock, so never a live one another plugin just created). One that a process still listens
+    // on but that did not answer (a proxy stopped with SIGSTOP, busy, or of another hwkey
+    // version) stays: a second proxy would fail on its port, and the first would keep running
+    // without its socket.
     if std::fs::symlink_metadata(&sock).is_ok() {
-        if let Err(source) = fs::remove_file(&sock) {
-            return Err(start_err(StartProblem::Stale { path: sock, source }));
+        match std::os::unix::net::UnixStream::connect(&sock) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                if let Err(source) = fs::remove_file(&sock) {
+                    return Err(start_err(StartProblem::Stale { path: sock, source }));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            _ => {
+                return Err(start_err(StartProblem::Unanswered {
+                    sock,
+                    pid_file: settings.state_dir.proxy_pid(),
+                    problem: Box::new(unanswered),
+                }))
+            }
         }
     }
     start(settings, pin, &lock)
@@ -99,9 +115,19 @@ fn same_proxy(settings: &Settings, info: &ProxyInfo) -> Result<(), ExecError> {
     // proxy-url) must be the one this kubectl would use.
     let wanted_egress = wanted_egress(settings);
     let running_egress = info.egress.as_deref().unwrap_or(&wanted_egress);
+    // The address kubectl will connect to (the kubeconfig's server): a proxy of the same state
+    // directory listening elsewhere (the kubeconfig regenerated with another --port) would hand
+    // out credentials for a port nobody serves.
+    let running_server = info.server.as_deref().unwrap_or("no loopback address");
+    let same_address = info
+        .server
+        .as_deref()
+        .and_then(|s| super::settings::listen_from_server(s).ok())
+        .is_some_and(|l| l == settings.listen);
     if running_upstream == wanted_upstream
         && running_key == wanted_key
         && running_egress == wanted_egress
+        && same_address
     {
         return Ok(());
     }
@@ -109,9 +135,12 @@ fn same_proxy(settings: &Settings, info: &ProxyInfo) -> Result<(), ExecError> {
     Err(ExecError::ProxyMismatch {
         state_dir: settings.state_dir.to_path_buf(),
         running: format!(
-            "upstream {running_upstream}, key {running_key}, connecting {running_egress}"
+            "{running_server}, upstream {running_upstream}, key {running_key}, connecting {running_egress}"
         ),
-        wanted: format!("upstream {wanted_upstream}, key {wanted_key}, connecting {wanted_egress}"),
+        wanted: format!(
+            "{}, upstream {wanted_upstream}, key {wanted_key}, connecting {wanted_egress}",
+            settings.server
+        ),
         pid: info.pid.to_string(),
     })
 }
@@ -315,6 +344,13 @@ pub enum StartProblem {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error("a process listens on the control socket {} but did not answer as this hwkey's proxy ({problem}): a proxy stopped (SIGSTOP), busy, or of another hwkey version; hwkey starts no second proxy beside it. Resume or stop it (its pid is in {}) and try again", .sock.display(), .pid_file.display())]
+    Unanswered {
+        sock: PathBuf,
+        pid_file: PathBuf,
+        #[source]
+        problem: Box<ExecError>,
     },
     #[error("cannot find the hwkey binary: {0}")]
     NoExe(#[source] std::io::Error),

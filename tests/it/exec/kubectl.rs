@@ -705,3 +705,68 @@ fn doctor_checks_the_key_certificate_and_kubeconfig() {
     assert!(text.contains("FAIL  open key"), "{text}");
     assert!(text.contains("keys present: 'alice'"), "{text}");
 }
+
+/// A control socket a process listens on but that does not answer as a proxy (a proxy stopped
+/// with SIGSTOP times out, one of another hwkey version answers otherwise; here a listener that
+/// closes each connection unanswered) was taken for a dead proxy's: the plugin removed it and
+/// started a second proxy, and the first ran on without its socket. Now the plugin says what it
+/// found and leaves the socket; stdout stays empty.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_plugin_leaves_a_control_socket_someone_listens_on() {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let state = c.dir.path().join("state-live");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&state)
+        .expect("state dir");
+    let sock = state.join("control.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            drop(conn);
+        }
+    });
+    let out = support::run_fail_within(
+        &mut c.credential(
+            &c.exec_info_with(&c.server(), c.extension_in("state-live")),
+            &[],
+        ),
+        Duration::from_secs(20),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.stdout.is_empty(), "stdout must stay empty on error");
+    assert!(
+        err.contains("listens on the control socket") && err.contains("proxy.pid"),
+        "{err}"
+    );
+    assert!(sock.exists(), "the live socket was removed");
+    assert!(
+        !state.join("proxy.pid").exists(),
+        "a second proxy was started"
+    );
+}
+
+/// A proxy running in the state directory but listening on another port than the kubeconfig's
+/// (the kubeconfig regenerated with another `--port`, or a second kubeconfig with the same
+/// state directory) was taken as this kubeconfig's: the plugin handed out a credential for a
+/// port nobody served, and kubectl failed with "connection refused". Now the plugin names both
+/// addresses and the proxy's pid.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_plugin_refuses_a_proxy_listening_on_another_port() {
+    let c = Cluster::new(Identity::softhsm, "10m");
+    run_ok(&mut c.credential(&c.exec_info("client.authentication.k8s.io/v1"), &[]));
+    let pid = c.proxy_pid().expect("the proxy started");
+    let other = format!("https://127.0.0.1:{}", support::free_port());
+    let failed = support::flow::fails_with(
+        &mut c.credential(&c.exec_info_with(&other, c.extension()), &[]),
+        &[&c.server(), &other, &pid.to_string()],
+    );
+    assert!(!failed.is_empty());
+    // The right address still gets its credential from the running proxy.
+    run_ok(&mut c.credential(&c.exec_info("client.authentication.k8s.io/v1"), &[]));
+    assert_eq!(c.proxy_starts(), 1);
+}
