@@ -65,7 +65,12 @@ const UPSTREAM_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 /// Remembers what the last key check found, and the last `/healthz` answer.
 #[derive(Debug, Default)]
 pub struct HealthState {
-    last: Mutex<Option<KeyCheck>>,
+    /// Shared with the test signature's blocking task, which records its own result: a probe
+    /// that gives up (its client's timeout, the connection limit) does not lose it.
+    last: Arc<Mutex<Option<KeyCheck>>>,
+    /// The test signature running now, if any: a probe that finds one waits for it instead of
+    /// starting another. Cleared by the signature's task when it ends, however it ends.
+    test: Arc<Mutex<Option<watch::Receiver<bool>>>>,
     answer: Mutex<Option<Answer>>,
     /// Held while a check runs: probes arriving meanwhile wait for its answer.
     checking: tokio::sync::Mutex<()>,
@@ -530,25 +535,75 @@ async fn key_check(shared: &Admin) -> Result<(), Unhealthy> {
             return c.result.clone();
         }
     }
-    let key = shared.upstream.key();
-    let result = tokio::task::spawn_blocking(move || {
-        let scheme = key.schemes().first().copied().ok_or(Unhealthy::NoScheme)?;
-        key.sign_for(
-            crate::key::Purpose::HealthCheck,
-            scheme,
-            crate::key::HEALTH_CHECK_MESSAGE,
-        )
-        .map(|_| ())
-        .map_err(|e| Unhealthy::Sign(Arc::new(e)))
+    let mut done = test_signature(shared);
+    // Waits for the test signature, which runs (and records its result) even when this probe
+    // gives up: the next probe reads it instead of signing again.
+    if done.wait_for(|finished| *finished).await.is_err() {
+        return Err(Unhealthy::Panicked(
+            "the test signature ended without a result".into(),
+        ));
+    }
+    let recorded = shared
+        .health
+        .last
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map(|c| c.result.clone());
+    recorded.unwrap_or_else(|| {
+        Err(Unhealthy::Panicked(
+            "the test signature recorded no result".into(),
+        ))
     })
-    .await
-    .unwrap_or_else(|e| Err(Unhealthy::Panicked(e.to_string())));
-    *shared.health.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(KeyCheck {
-        at: Instant::now(),
-        signatures: shared.upstream.key().signatures(),
-        result: result.clone(),
+}
+
+/// The test signature running now, or a new one: at most one at a time, whatever the number of
+/// probes and however many of them give up. The blocking task records its result in
+/// `health.last` and clears `health.test` itself (on unwinding too), then says it is done.
+fn test_signature(shared: &Admin) -> watch::Receiver<bool> {
+    let mut running = shared.health.test.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(done) = running.as_ref() {
+        return done.clone();
+    }
+    let (tx, done) = watch::channel(false);
+    *running = Some(done.clone());
+    let key = shared.upstream.key();
+    let last = shared.health.last.clone();
+    let clear = ClearTest(shared.health.test.clone());
+    tokio::task::spawn_blocking(move || {
+        let _clear = clear;
+        let result = key
+            .schemes()
+            .first()
+            .copied()
+            .ok_or(Unhealthy::NoScheme)
+            .and_then(|scheme| {
+                key.sign_for(
+                    crate::key::Purpose::HealthCheck,
+                    scheme,
+                    crate::key::HEALTH_CHECK_MESSAGE,
+                )
+                .map(|_| ())
+                .map_err(|e| Unhealthy::Sign(Arc::new(e)))
+            });
+        *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(KeyCheck {
+            at: Instant::now(),
+            signatures: key.signatures(),
+            result,
+        });
+        let _ = tx.send(true);
     });
-    result
+    done
+}
+
+/// Clears the running test signature when its task ends (returning or unwinding): a panic
+/// must not leave every later probe waiting on a signature that is gone.
+struct ClearTest(Arc<Mutex<Option<watch::Receiver<bool>>>>);
+
+impl Drop for ClearTest {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
 }
 
 /// Healthy when any API server accepts a connection (through the forward proxy when there is

@@ -107,3 +107,52 @@ fn a_stalled_tpm_does_not_stall_established_connections() {
     }
     assert!(proxy.signatures() > signatures_before);
 }
+
+/// `/healthz` probes that gave up while the test signature waited in a frozen TPM (a probe
+/// whose timeout is shorter than a signature: Kubernetes' default is 1 s) each started another
+/// test signature, since a cancelled probe's result was dropped with it; they piled up in the
+/// TPM and in blocked threads. Now one test signature runs however many probes give up, and its
+/// result answers the next probe. Counted, not timed: the key's signatures once the TPM runs.
+#[test]
+fn healthz_probes_that_give_up_start_no_second_test_signature() {
+    use std::io::{Read, Write};
+    let id = Identity::tpm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let Backend::Tpm(tpm) = &id.backend else {
+        unreachable!("Identity::tpm has a TPM backend")
+    };
+    let before = proxy.signatures();
+    let paused = tpm.pause();
+    for _ in 0..4 {
+        let mut probe =
+            std::net::TcpStream::connect(("127.0.0.1", proxy.admin_port)).expect("admin port");
+        probe
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .expect("timeout");
+        write!(
+            probe,
+            "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n",
+            proxy.admin_port
+        )
+        .expect("probe");
+        let mut answer = [0u8; 64];
+        assert!(
+            probe.read(&mut answer).is_err(),
+            "a probe was answered while the TPM was frozen:\n{}",
+            proxy.log()
+        );
+        // The probe gives up: the proxy sees the connection close.
+        drop(probe);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(paused);
+    let (status, body) = proxy.admin_get("/healthz");
+    assert_eq!(status, 200, "{body}\n{}", proxy.log());
+    assert_eq!(
+        proxy.signatures() - before,
+        1,
+        "probes that gave up made more than one test signature:\n{}",
+        proxy.log()
+    );
+}
