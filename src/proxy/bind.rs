@@ -72,8 +72,13 @@ impl StdBound {
     }
 }
 
-/// Binds a listener. Refuses non-loopback TCP addresses unless `unsafe_listen`.
-pub fn bind(addr: &ListenAddr, unsafe_listen: bool) -> Result<StdBound, StartError> {
+/// Binds a listener. Refuses non-loopback TCP addresses unless `unsafe_listen`. A UNIX socket
+/// is mode 0600, or 0666 when `shared` (`--allow-uid` names another user): the file's mode is
+/// checked by `connect` before the peer-uid check can run, so at 0600 an allowed user got
+/// "Permission denied" and never reached it; at 0666 every local user reaches the peer-uid
+/// check (`SO_PEERCRED`, set by the kernel), which admits exactly the allowed uids, as on the
+/// loopback TCP port every local user can reach anyway.
+pub fn bind(addr: &ListenAddr, unsafe_listen: bool, shared: bool) -> Result<StdBound, StartError> {
     let err = |source| StartError::Bind {
         addr: addr.clone(),
         source,
@@ -91,17 +96,18 @@ pub fn bind(addr: &ListenAddr, unsafe_listen: bool) -> Result<StdBound, StartErr
             })
         }
         ListenAddr::Unix(path) => Ok(StdBound::Unix {
-            listener: bind_unix(path)?,
+            listener: bind_unix(path, if shared { 0o666 } else { 0o600 })?,
             path: path.clone(),
         }),
     }
 }
 
-/// Binds a UNIX socket with mode 0600, replacing a stale socket file but never a live one.
+/// Binds a UNIX socket with `mode` (0600 unless other users are allowed), replacing a stale
+/// socket file but never a live one.
 ///
 /// Between bind and chmod the file briefly has the umask's mode; the peer-uid check closes
 /// connections from other users anyway.
-pub fn bind_unix(path: &Path) -> Result<std::os::unix::net::UnixListener, StartError> {
+pub fn bind_unix(path: &Path, mode: u32) -> Result<std::os::unix::net::UnixListener, StartError> {
     let addr = ListenAddr::Unix(path.to_path_buf());
     let bind_err = |source: std::io::Error| StartError::Bind {
         addr: addr.clone(),
@@ -130,6 +136,6 @@ pub fn bind_unix(path: &Path) -> Result<std::os::unix::net::UnixListener, StartE
         }
     }
     let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(bind_err)?;
     Ok(listener)
 }

@@ -452,15 +452,25 @@ struct Announced {
 impl BoundSet {
     fn bind(settings: &Settings, sockets: &mut SocketFiles) -> Result<BoundSet, StartError> {
         let unsafe_listen = settings.clients.unsafe_listen;
+        // Another user allowed (root needs no file permission): the sockets admit by peer uid.
+        let me = crate::state_dir::own_uid();
+        let others = |uids: &[u32]| uids.iter().any(|&u| u != me && u != 0);
         let mut clients = Vec::new();
         for addr in &settings.clients.listen {
-            clients.push(sockets.track(bind::bind(addr, unsafe_listen)?));
+            let shared = others(&settings.clients.allow_uids);
+            clients.push(sockets.track(bind::bind(addr, unsafe_listen, shared)?));
         }
+        // The control socket hands out loopback credentials: the proxy's own user's alone, in
+        // its private state directory.
         let control_path = settings.state_dir.control_socket();
-        let control = bind::bind_unix(&control_path)?;
+        let control = bind::bind_unix(&control_path, 0o600)?;
         sockets.0.push(control_path);
         let admin = match &settings.admin {
-            Some(a) => Some(sockets.track(bind::bind(&a.listen, unsafe_listen)?)),
+            Some(a) => {
+                // As its peer check: the admin UNIX socket admits the proxy's own uids alone.
+                let shared = others(&a.allow_uids);
+                Some(sockets.track(bind::bind(&a.listen, unsafe_listen, shared)?))
+            }
             None => None,
         };
         Ok(BoundSet {

@@ -189,8 +189,17 @@ fn another_uid_on_the_unix_socket_is_refused_unless_allowed(identity: fn() -> Id
             ..Default::default()
         },
     );
-    std::fs::set_permissions(&proxy.socket, std::fs::Permissions::from_mode(0o666))
-        .expect("chmod 666");
+    // No chmod: with another user allowed, the proxy makes its socket reachable (0666) and
+    // its peer-uid check decides. At 0600 `connect` failed for the allowed user.
+    let mode = std::fs::metadata(&proxy.socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(
+        mode, 0o666,
+        "the socket of a proxy that allows another user"
+    );
     let out = curl_as_nobody(&proxy.socket, "http://localhost/version");
     assert!(out.status.success(), "{}", output_text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"user\":\"alice\""));
