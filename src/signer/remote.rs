@@ -111,7 +111,12 @@ impl SignerClient {
         if let Err(e) = protocol::send(self.socket.as_fd(), id, request) {
             let mut waiting = self.lock();
             waiting.calls.remove(&id);
-            self.mark_gone(&mut waiting, e.to_string());
+            // A message that could not be encoded or is over the limit was never sent: that
+            // call fails, the signer is fine. Marking it gone failed every call in flight and
+            // restarted the signer (a PIN login, then a back-off) for one oversized message.
+            if !matches!(e, SignerError::TooLarge { .. } | SignerError::Encode(_)) {
+                self.mark_gone(&mut waiting, e.to_string());
+            }
             return Err(signer_error(&e));
         }
         let mut waiting = self.lock();
@@ -495,5 +500,52 @@ fn key_error(error: RemoteError) -> KeyError {
 pub(crate) fn signer_error(e: &SignerError) -> KeyError {
     KeyError::Signer {
         message: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request over the message limit (a TLS 1.2 handshake's transcript with a long list of
+    /// CA names is signed whole) failed, and the client declared the signer gone: every call in
+    /// flight failed and the signer was restarted. Now that call alone fails; the next one is
+    /// answered on the same socket.
+    #[test]
+    fn a_request_too_large_to_send_fails_alone_and_the_signer_stays() {
+        let (ours, theirs) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .expect("socketpair");
+        let client = SignerClient {
+            socket: Arc::new(ours),
+            waiting: Mutex::new(Waiting::default()),
+            changed: Condvar::new(),
+            next_id: AtomicU64::new(1),
+        };
+        let peer = std::thread::spawn(move || {
+            let got = protocol::recv::<Request>(&theirs)
+                .expect("recv")
+                .expect("a request");
+            protocol::send(theirs.as_fd(), got.id, &Reply::Chain { chain: None }).expect("send");
+            theirs
+        });
+        let big = Request::StoreChain {
+            key: 1,
+            chain: vec![vec![0u8; protocol::MAX_MESSAGE]],
+        };
+        assert!(client.call_raw(&big).is_err());
+        assert!(
+            !client.is_gone(),
+            "one oversized request made the signer gone"
+        );
+        let reply = client
+            .call_raw(&Request::StoredChain { key: 1 })
+            .expect("answered");
+        assert!(matches!(reply, Reply::Chain { chain: None }), "{reply:?}");
+        drop(peer.join().expect("peer"));
     }
 }
