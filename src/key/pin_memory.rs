@@ -84,6 +84,21 @@ impl Record {
         &self.path
     }
 
+    /// Fails unless a record can be written now: checked before a PIN is presented, so that a
+    /// directory hwkey can read but not write (made read-only, a full file system) fails closed
+    /// like an unusable one, instead of a rejection that only this process would remember.
+    /// A throw-away file of a record's size is made beside the records and removed.
+    pub(crate) fn check_writable(&self) -> std::io::Result<()> {
+        use std::io::Write;
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        ensure_dir(dir)?;
+        let mut probe = tempfile::Builder::new()
+            .prefix(".hwkey-probe-")
+            .tempfile_in(dir)?;
+        probe.write_all(&[0u8; 512])?;
+        probe.flush()
+    }
+
     /// Writes the record; failures are logged (the process still remembers).
     pub(crate) fn remember(&self, token: &str, source: &PinSource) {
         let text = format!(

@@ -232,14 +232,18 @@ impl Token {
                 reason: e.to_string(),
             }
         })?;
-        let record = Some(record);
-        if let Some(r) = record.as_ref().filter(|r| r.exists()) {
+        if record.exists() {
             return Err(KeyError::PinRemembered {
                 token: self.label.clone(),
                 source_desc: pin_memory::describe(source),
-                record: r.path().to_path_buf(),
+                record: record.path().to_path_buf(),
             });
         }
+        record.check_writable().map_err(|e| KeyError::PinMemory {
+            dir: pin_memory::memory_dir(),
+            reason: e.to_string(),
+        })?;
+        let record = Some(record);
         self.check_pin_attempts(source, pin.len())?;
         Ok(PinAttempt {
             token: self,

@@ -128,6 +128,14 @@ impl LoadedKey {
                 record: r.path().to_path_buf(),
             });
         }
+        // Fail closed: a refusal that could not be written down would be tried again by the
+        // next process, and the TPM counts every wrong password towards its lockout.
+        if let Some(r) = &a.record {
+            r.check_writable().map_err(|e| KeyError::PinMemory {
+                dir: crate::key::pin_memory::memory_dir(),
+                reason: e.to_string(),
+            })?;
+        }
         Ok(Some(lock))
     }
 

@@ -699,3 +699,59 @@ fn a_secret_typed_where_its_source_belongs_is_never_repeated() {
         "{text}"
     );
 }
+
+/// A rejected-PIN memory hwkey can read but not write (here: no file of a record's size can be
+/// written, as on a full file system or a directory made read-only for a non-root user) let a
+/// wrong PIN through, and the rejection was only logged as not recorded: every new process
+/// presented it again, one token attempt each. Now hwkey checks that a record can be written
+/// before it presents a PIN, and fails closed; once the memory works, the wrong PIN is
+/// presented once and remembered.
+#[test]
+fn a_pin_memory_that_cannot_take_a_record_fails_closed() {
+    require_tool("prlimit", "util-linux");
+    let id = Identity::softhsm();
+    let work = temp_dir();
+    let records = work.path().join("records");
+    let (_, uri) = spied_key(work.path(), b"7777");
+    let envs: Vec<(String, String)> = id
+        .envs()
+        .into_iter()
+        .chain([(
+            "HWKEY_PIN_STATE_DIR".to_string(),
+            records.display().to_string(),
+        )])
+        .collect();
+    let uri = uri.replace(SPY, SOFTHSM_MODULE);
+    let run = |limited: bool| {
+        let mut cmd = if limited {
+            // Files grow to 100 bytes at most (the memory's secret is 32): no record fits.
+            // SIGXFSZ ignored (an ignored signal stays ignored across exec), so a write
+            // beyond the limit fails with EFBIG instead of killing hwkey.
+            let mut cmd = Command::new("bash");
+            cmd.args([
+                "-c",
+                "trap '' XFSZ; exec prlimit --fsize=100:100 \"$@\"",
+                "bash",
+            ])
+            .arg(support::hwkey_bin())
+            .env_remove("RUST_LOG");
+            cmd
+        } else {
+            hwkey()
+        };
+        cmd.envs(envs.iter().cloned())
+            .args(["key", "public", "--key", &uri]);
+        output_text(&run_fail(&mut cmd))
+    };
+    for _ in 0..2 {
+        let text = run(true);
+        assert!(
+            text.contains("cannot use the rejected-PIN memory") && !text.contains("was rejected"),
+            "a PIN was presented though its rejection could not be recorded: {text}"
+        );
+    }
+    let text = run(false);
+    assert!(text.contains("was rejected"), "{text}");
+    let text = run(false);
+    assert!(text.contains("rejected by token 'kube' before"), "{text}");
+}
