@@ -135,10 +135,10 @@ fn same_proxy(settings: &Settings, info: &ProxyInfo) -> Result<(), ExecError> {
     Err(ExecError::ProxyMismatch {
         state_dir: settings.state_dir.to_path_buf(),
         running: format!(
-            "{running_server}, upstream {running_upstream}, key {running_key}, connecting {running_egress}"
+            "upstream {running_upstream}, key {running_key}, connecting {running_egress}, listening at {running_server}"
         ),
         wanted: format!(
-            "{}, upstream {wanted_upstream}, key {wanted_key}, connecting {wanted_egress}",
+            "upstream {wanted_upstream}, key {wanted_key}, connecting {wanted_egress}, listening at {}",
             settings.server
         ),
         pid: info.pid.to_string(),
