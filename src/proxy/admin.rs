@@ -207,13 +207,13 @@ pub async fn serve(shared: Arc<Admin>, bound: Bound, mut stop: watch::Receiver<b
                 continue;
             }
         };
-        if let Some((conn, admitted, loopback)) = admitted {
+        if let Some((conn, admitted, reached)) = admitted {
             tokio::spawn(serve_one(
                 shared.clone(),
                 endpoint.clone(),
                 conn,
                 admitted,
-                loopback,
+                reached,
             ));
         }
     }
@@ -251,12 +251,16 @@ impl Admin {
         &self,
         accepted: Accepted,
         endpoint: &crate::http_serve::Endpoint,
-    ) -> Option<(Box<dyn super::bridge::ClientIo>, Admitted, bool)> {
+    ) -> Option<(Box<dyn super::bridge::ClientIo>, Admitted, Reached)> {
         match accepted {
             Accepted::Tcp(s, peer) => {
                 let ticket = admit(&self.admission, &self.metrics, &s, peer)?;
-                let loopback = s.local_addr().is_ok_and(|a| a.ip().is_loopback());
-                Some((Box::new(s), Admitted::ByUid(ticket), loopback))
+                let reached = if s.local_addr().is_ok_and(|a| a.ip().is_loopback()) {
+                    Reached::Loopback
+                } else {
+                    Reached::Network
+                };
+                Some((Box::new(s), Admitted::ByUid(ticket), reached))
             }
             Accepted::Unix(s) => {
                 if check_peer(&s, &self.settings.allow_uids).is_err() {
@@ -275,21 +279,31 @@ impl Admin {
                     }
                     return None;
                 };
-                Some((Box::new(s), Admitted::Permit(permit), false))
+                Some((Box::new(s), Admitted::Permit(permit), Reached::Unix))
             }
         }
     }
 }
 
+/// Where an admin connection came in, which decides the `Host` a request may name.
+#[derive(Debug, Clone, Copy)]
+enum Reached {
+    /// A loopback TCP address: [`loopback_host`].
+    Loopback,
+    /// A network address (`--unsafe-listen`): [`literal_host`], an IP address or `localhost`.
+    Network,
+    /// The admin UNIX socket: no browser reaches it, any `Host`.
+    Unix,
+}
+
 /// Serves one admin connection; a loopback one ends early when it is shed for the proxy's own
-/// uid. `loopback`: it came to a loopback TCP address, where [`loopback_host`] is required (an
-/// admin port on another address, with `--unsafe-listen`, is asked for by that address).
+/// uid. `reached`: where it came in, which decides the `Host` its requests may name.
 async fn serve_one(
     shared: Arc<Admin>,
     endpoint: crate::http_serve::Endpoint,
     conn: Box<dyn super::bridge::ClientIo>,
     admitted: Admitted,
-    loopback: bool,
+    reached: Reached,
 ) {
     // UNIX-socket peers passed the uid check; loopback ones are privileged or not.
     let privileged = match &admitted {
@@ -299,7 +313,12 @@ async fn serve_one(
     let handler = move |req: Request<Incoming>| {
         let shared = shared.clone();
         async move {
-            if loopback && !loopback_host(&req) {
+            let host_ok = match reached {
+                Reached::Loopback => loopback_host(&req),
+                Reached::Network => literal_host(&req),
+                Reached::Unix => true,
+            };
+            if !host_ok {
                 return misdirected();
             }
             route(&shared, req, privileged).await
@@ -342,25 +361,51 @@ fn loopback_host(req: &Request<Incoming>) -> bool {
     host.to_str().is_ok_and(is_loopback_name)
 }
 
-/// Whether a `Host` value names this machine's loopback: `localhost` (or `localhost.`), an
-/// address of 127.0.0.0/8, `::1` (a zone id allowed) or `::ffff:127.x.y.z`, with or without a
-/// port.
-fn is_loopback_name(host: &str) -> bool {
+/// Whether a request to the admin port on a network address (`--unsafe-listen`) names no host
+/// (HTTP/1.0), `localhost` or an IP address: never a DNS name, which a rebinding web page would
+/// send with its own site's name while the port's uid check admits the browser's user.
+fn literal_host(req: &Request<Incoming>) -> bool {
+    let Some(host) = req.headers().get(hyper::header::HOST) else {
+        return true;
+    };
+    host.to_str().is_ok_and(|h| literal(h).is_some())
+}
+
+/// A `Host` value that names no DNS name: `localhost` (or `localhost.`), or an IP address (a
+/// zone id allowed), with or without a port.
+#[derive(Debug, PartialEq, Eq)]
+enum Literal {
+    Localhost,
+    Ip(std::net::IpAddr),
+}
+
+fn literal(host: &str) -> Option<Literal> {
     // `[::1]:9000`, `[::1%lo]`, `127.0.0.1:9000`, `localhost.`
     let name = match host.strip_prefix('[') {
         Some(rest) => match rest.split_once(']') {
             Some((inside, port)) if port.is_empty() || port.starts_with(':') => {
                 inside.split_once('%').map_or(inside, |(ip, _zone)| ip)
             }
-            _ => return false,
+            _ => return None,
         },
         None => host.rsplit_once(':').map_or(host, |(name, _)| name),
     };
     let name = name.strip_suffix('.').unwrap_or(name);
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.to_canonical().is_loopback())
+    if name.eq_ignore_ascii_case("localhost") {
+        return Some(Literal::Localhost);
+    }
+    name.parse::<std::net::IpAddr>().ok().map(Literal::Ip)
+}
+
+/// Whether a `Host` value names this machine's loopback: `localhost` (or `localhost.`), an
+/// address of 127.0.0.0/8, `::1` (a zone id allowed) or `::ffff:127.x.y.z`, with or without a
+/// port.
+fn is_loopback_name(host: &str) -> bool {
+    match literal(host) {
+        Some(Literal::Localhost) => true,
+        Some(Literal::Ip(ip)) => ip.to_canonical().is_loopback(),
+        None => false,
+    }
 }
 
 /// The answer to a request for another host (see [`loopback_host`]).
@@ -368,7 +413,7 @@ fn misdirected() -> Response<Full<Bytes>> {
     text(
         StatusCode::MISDIRECTED_REQUEST,
         "text/plain",
-        "misdirected: the admin port answers requests for localhost, 127.0.0.1 or [::1] only\n"
+        "misdirected: the admin port answers requests for localhost or an IP address (on a loopback address: localhost, 127.0.0.1 or [::1]) only\n"
             .into(),
     )
 }
@@ -664,6 +709,19 @@ mod tests {
             "[::ffff:10.0.0.1]",
         ] {
             assert!(!super::is_loopback_name(no), "{no}");
+        }
+        // On a network address: any IP address or localhost, never a DNS name.
+        for ok in ["10.0.0.1:9000", "[fd00::2]:9", "192.0.2.2", "localhost:1"] {
+            assert!(super::literal(ok).is_some(), "{ok}");
+        }
+        for no in [
+            "evil.example",
+            "evil.example:9000",
+            "10.0.0.1.evil",
+            "[::2]x",
+            "",
+        ] {
+            assert!(super::literal(no).is_none(), "{no}");
         }
     }
 }

@@ -163,6 +163,92 @@ fn metrics_parse_as_openmetrics_with_the_contract_names_and_live_values() {
     );
 }
 
+/// An admin port on a network address (`--unsafe-listen`) checked no `Host` at all: its uid
+/// check admits the user's browser on the same machine, so a web page whose name was rebound
+/// to the machine's address read `/metrics` there. Now a request naming a DNS name is refused
+/// (421); one naming an IP address (a scraper's usual target) or localhost is answered.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn an_admin_port_on_a_network_address_refuses_requests_for_a_dns_name() {
+    require_tool("curl", "curl");
+    // The machine's own address on its default route (a UDP "connect" sends nothing).
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").expect("udp");
+    probe
+        .connect("192.0.2.1:9")
+        .expect("this test needs a network interface with a default route besides loopback");
+    let ip = probe.local_addr().expect("local address").ip();
+    assert!(
+        !ip.is_loopback() && !ip.is_unspecified(),
+        "this test needs a non-loopback address, found {ip}"
+    );
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = support::temp_dir();
+    let port = support::free_port();
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        support::proxy::ProxyOptions {
+            bare: true,
+            args: vec![
+                "--key".into(),
+                id.key_uri.clone(),
+                "--cert".into(),
+                id.cert.display().to_string(),
+                "--upstream".into(),
+                upstream.url(),
+                "--upstream-ca".into(),
+                id.ca.ca_path().display().to_string(),
+                "--listen".into(),
+                format!("unix:{}", dir.path().join("p.sock").display()),
+                "--admin".into(),
+                format!("tcp:0.0.0.0:{port}"),
+                "--unsafe-listen".into(),
+                "--state-dir".into(),
+                dir.path().join("state").display().to_string(),
+            ],
+            ..Default::default()
+        },
+    );
+    let code = |host: &str| {
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "20",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .args(["-H", &format!("Host: {host}")])
+            .arg(format!("http://{ip}:{port}/metrics"))
+            .output()
+            .expect("run curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for host in [
+        "evil.example",
+        &format!("evil.example:{port}"),
+        "10.0.0.1.evil",
+    ] {
+        assert_eq!(
+            code(host),
+            "421",
+            "Host: {host} was answered\n{}",
+            proxy.log()
+        );
+    }
+    for host in [format!("{ip}:{port}"), format!("localhost:{port}")] {
+        assert_ne!(
+            code(&host),
+            "421",
+            "Host: {host} was refused\n{}",
+            proxy.log()
+        );
+    }
+}
+
 /// The loopback admin port answers only requests for a loopback host. Its uid check admits a
 /// browser (it runs as the user), so a web page whose name was rebound to 127.0.0.1 (DNS
 /// rebinding) read `/metrics` and `/healthz`'s reasons: the same request with the page's own
