@@ -62,16 +62,18 @@ pub struct KubeconfigArgs {
 /// A name for the kubeconfig entries, which also names the default state directory
 /// (`~/.kube/cache/hwkey/NAME`, `/var/lib/hwkey/NAME`): names kubectl takes, slashes included
 /// (EKS names its contexts by ARN), but none that leaves that directory or names it itself.
-fn parse_entry_name(name: &str) -> Result<String, String> {
+fn parse_entry_name(name: &str) -> Result<String, BadEntryName> {
     let escapes = name.starts_with('/') || name.split('/').any(|part| part == "." || part == "..");
     if name.is_empty() || escapes || name.chars().any(char::is_control) {
-        return Err(
-            "a name must be non-empty, free of control characters, not start with '/' and have no '.' or '..' between slashes: it also names the proxy's state directory (~/.kube/cache/hwkey/NAME, for kubelet /var/lib/hwkey/NAME), which it must not leave"
-                .into(),
-        );
+        return Err(BadEntryName);
     }
     Ok(name.to_string())
 }
+
+/// Why `--name` was refused (clap prints it after the option's name).
+#[derive(Debug, thiserror::Error)]
+#[error("a name must be non-empty, free of control characters, not start with '/' and have no '.' or '..' between slashes: it also names the proxy's state directory (~/.kube/cache/hwkey/NAME, for kubelet /var/lib/hwkey/NAME), which it must not leave")]
+struct BadEntryName;
 
 /// The longest path a UNIX socket can be bound at (`sun_path` is 108 bytes with its NUL).
 const MAX_SOCKET_PATH: usize = 107;
