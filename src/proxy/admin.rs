@@ -219,11 +219,16 @@ pub async fn serve(shared: Arc<Admin>, bound: Bound, mut stop: watch::Receiver<b
     }
 }
 
-/// The uids that get the admin port's details and an admin place first: the proxy's own, root,
-/// `--allow-uid` and `--admin-allow-uid`.
-pub fn privileged_uids(section: &AdminSettings) -> Vec<u32> {
-    let mut uids = vec![super::listener::own_uid(), 0];
-    uids.extend_from_slice(&section.allow_uids);
+/// The uids that get the admin port's details and an admin place first, whom no other uid
+/// sheds: the proxy's own and root.
+pub fn owner_uids() -> Vec<u32> {
+    vec![super::listener::own_uid(), 0]
+}
+
+/// The other uids that get the details and a place before unknown ones (never at the owners'
+/// expense): `--allow-uid` and `--admin-allow-uid`.
+pub fn allowed_uids(section: &AdminSettings) -> Vec<u32> {
+    let mut uids = section.allow_uids.clone();
     uids.extend_from_slice(&section.monitor_uids);
     uids
 }

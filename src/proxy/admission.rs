@@ -10,7 +10,8 @@
 //!
 //! - the proxy's own uid and `--allow-uid` ("privileged") are never turned away: when the budget
 //!   is full, the oldest connection of another uid is shed to make room (only when there is
-//!   none, the oldest privileged one);
+//!   none, the oldest privileged one of no higher rank: an allowed uid's connections never shed
+//!   the owner's, so an allowed uid that reconnects fast cannot keep the owner's kubectl out);
 //! - other uids share the budget less a reserve kept for the privileged; past it, the oldest
 //!   connection of another uid is shed (a flood churns only itself);
 //! - a peer whose uid cannot be learnt counts as another uid.
@@ -28,8 +29,20 @@ use tokio::sync::Notify;
 pub struct Admission {
     budget: usize,
     reserved: usize,
-    privileged: Vec<u32>,
+    owners: Vec<u32>,
+    allowed: Vec<u32>,
     state: Mutex<State>,
+}
+
+/// Who a connection's peer is, in the order places are kept for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Rank {
+    /// Another uid, or one that could not be learnt.
+    Other,
+    /// An allowed uid (`--allow-uid`, `--admin-allow-uid`).
+    Allowed,
+    /// The proxy's own uid (and root, for the admin port).
+    Owner,
 }
 
 #[derive(Debug, Default)]
@@ -41,8 +54,14 @@ struct State {
 
 #[derive(Debug)]
 struct Entry {
-    privileged: bool,
+    rank: Rank,
     shed: Arc<Notify>,
+}
+
+impl Entry {
+    fn privileged(&self) -> bool {
+        self.rank > Rank::Other
+    }
 }
 
 /// One admitted, not yet authenticated connection; dropping it frees its place.
@@ -78,14 +97,28 @@ pub struct Admitted {
 
 impl Admission {
     /// At most `budget` unauthenticated connections, `reserved` of them kept for the uids in
-    /// `privileged` (the proxy's own and the allowed ones).
-    pub fn new(budget: usize, reserved: usize, privileged: Vec<u32>) -> Arc<Admission> {
+    /// `owners` (the proxy's own) and `allowed`; an allowed uid never sheds an owner's.
+    pub fn new(
+        budget: usize,
+        reserved: usize,
+        owners: Vec<u32>,
+        allowed: Vec<u32>,
+    ) -> Arc<Admission> {
         Arc::new(Admission {
             budget: budget.max(1),
             reserved: reserved.min(budget.saturating_sub(1)),
-            privileged,
+            owners,
+            allowed,
             state: Mutex::default(),
         })
+    }
+
+    fn rank(&self, uid: Option<u32>) -> Rank {
+        match uid {
+            Some(u) if self.owners.contains(&u) => Rank::Owner,
+            Some(u) if self.allowed.contains(&u) => Rank::Allowed,
+            _ => Rank::Other,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -96,13 +129,17 @@ impl Admission {
     /// as the rules above say. Always admits: the newest connection of a uid is the one most
     /// likely to be a real client, and the oldest unauthenticated ones the likeliest to be idle.
     pub fn admit(self: &Arc<Self>, uid: Option<u32>) -> (Ticket, Admitted) {
-        let privileged = uid.is_some_and(|u| self.privileged.contains(&u));
+        let rank = self.rank(uid);
+        let privileged = rank > Rank::Other;
         let mut state = self.lock();
         let mut shed = 0;
-        let others = |s: &State| s.entries.values().filter(|e| !e.privileged).count();
+        let others = |s: &State| s.entries.values().filter(|e| !e.privileged()).count();
         if privileged {
+            // Another uid's first, then the oldest of a rank no higher than this one's (an
+            // allowed uid past the budget sheds only allowed ones, at worst one over it).
             while state.entries.len() >= self.budget {
-                if !shed_oldest(&mut state, |e| !e.privileged) && !shed_oldest(&mut state, |_| true)
+                if !shed_oldest(&mut state, |e| !e.privileged())
+                    && !shed_oldest(&mut state, |e| e.rank <= rank)
                 {
                     break;
                 }
@@ -111,7 +148,7 @@ impl Admission {
         } else {
             let room = self.budget - self.reserved;
             while (others(&state) >= room || state.entries.len() >= self.budget)
-                && shed_oldest(&mut state, |e| !e.privileged)
+                && shed_oldest(&mut state, |e| !e.privileged())
             {
                 shed += 1;
             }
@@ -122,7 +159,7 @@ impl Admission {
         state.entries.insert(
             id,
             Entry {
-                privileged,
+                rank,
                 shed: notify.clone(),
             },
         );
@@ -141,7 +178,7 @@ impl Admission {
     /// Unauthenticated connections held now: (privileged, others).
     pub fn held(&self) -> (usize, usize) {
         let state = self.lock();
-        let others = state.entries.values().filter(|e| !e.privileged).count();
+        let others = state.entries.values().filter(|e| !e.privileged()).count();
         (state.entries.len() - others, others)
     }
 }
@@ -284,7 +321,7 @@ mod tests {
 
     #[test]
     fn other_uids_never_push_out_privileged_ones() {
-        let gate = Admission::new(8, 2, vec![1000]);
+        let gate = Admission::new(8, 2, vec![1000], vec![]);
         // Another uid fills what it may (6), then keeps coming: its own oldest are shed.
         let mut flood: Vec<Ticket> = (0..6).map(|_| gate.admit(Some(65534)).0).collect();
         assert_eq!(gate.held(), (0, 6));
@@ -304,6 +341,35 @@ mod tests {
         assert_eq!(gate.held(), (0, 4));
     }
 
+    /// An allowed uid that reconnects as fast as it can (another user's kubectl, or anything
+    /// running as it) filled the privileged places and then shed the owner's oldest
+    /// handshakes, one per new connection: the owner's kubectl was kept out. Now it sheds only
+    /// its own (and other uids'); the owner's stay.
+    #[test]
+    fn an_allowed_uid_never_sheds_the_owners_connections() {
+        let gate = Admission::new(8, 2, vec![1000], vec![2000]);
+        let mine: Vec<Ticket> = (0..3).map(|_| gate.admit(Some(1000)).0).collect();
+        let mut allowed = Vec::new();
+        for _ in 0..100 {
+            allowed.push(gate.admit(Some(2000)).0);
+        }
+        let owners_left = gate
+            .lock()
+            .entries
+            .values()
+            .filter(|e| e.rank == Rank::Owner)
+            .count();
+        assert_eq!(
+            owners_left, 3,
+            "the allowed uid shed the owner's connections"
+        );
+        assert!(gate.held().0 <= 9, "bounded: {:?}", gate.held());
+        // The owner still gets in past the budget, shedding the allowed uid's oldest.
+        let (_t, admitted) = gate.admit(Some(1000));
+        assert_eq!(admitted.shed, 1);
+        drop(mine);
+    }
+
     #[test]
     fn a_shed_ticket_is_told() {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -311,7 +377,7 @@ mod tests {
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let gate = Admission::new(2, 1, vec![0]);
+            let gate = Admission::new(2, 1, vec![0], vec![]);
             let (old, _) = gate.admit(Some(7));
             let (_mine, _) = gate.admit(Some(0));
             let (_mine2, admitted) = gate.admit(Some(0));

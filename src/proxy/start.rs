@@ -308,7 +308,8 @@ fn clients(
         preauth: Admission::new(
             listener::PREAUTH_BUDGET,
             listener::PREAUTH_RESERVED,
-            privileged_uids(&c.allow_uids),
+            vec![listener::own_uid()],
+            c.allow_uids.clone(),
         ),
         slots: Arc::new(Semaphore::new(limits::fit_connections(
             c.max_connections.max(1),
@@ -362,7 +363,8 @@ fn admin_of(section: &AdminSettings, parts: &Parts, renewal: Arc<RenewalStatus>)
         admission: Admission::new(
             admin::ADMIN_MAX_CONNECTIONS,
             admin::ADMIN_RESERVED,
-            admin::privileged_uids(section),
+            admin::owner_uids(),
+            admin::allowed_uids(section),
         ),
         settings: section.clone(),
         renewal,
@@ -554,11 +556,4 @@ impl Drop for SocketFiles {
             }
         }
     }
-}
-
-/// The proxy's own uid and the `--allow-uid` ones: never turned away by other uids' floods.
-fn privileged_uids(allowed: &[u32]) -> Vec<u32> {
-    let mut uids = vec![listener::own_uid()];
-    uids.extend_from_slice(allowed);
-    uids
 }
