@@ -310,7 +310,7 @@ pub enum Unusable {
     NotAttestationKey,
     #[error("another key was stored at this handle since hwkey opened it; open the key again (and check its certificate)")]
     ReplacedAtHandle,
-    #[error("the token that came back holds another key under this label/id; open the key again (and check its certificate)")]
+    #[error("the token now holds another key under this label/id (deleted and created again since hwkey opened it, or a token that came back with another key); hwkey signs with no key but the one it opened: open the key again (restart) and check its certificate")]
     ReplacedOnToken,
     #[error("{0}; hwkey deletes only signing keys (other keys may depend on this object: evict it with tpm2_evictcontrol if you really mean to)")]
     NotDeletable(#[source] Box<Unusable>),

@@ -479,8 +479,28 @@ impl Pkcs11Key {
             self.token.relocate()?;
         }
         self.recover()?;
+        tracing::info!("{}: the token is back; signing again", self.describe());
+        Ok(())
+    }
+
+    /// Replaces dead sessions and finds the key again after the token invalidated them.
+    fn recover(&self) -> Result<(), KeyError> {
+        self.pool.discard_idle();
+        self.pool.note_recovered();
         let session = self.pool.get(&self.token)?;
-        let handle = self.current_handle(&session)?;
+        let handle = self.find_same_key(&session)?;
+        *self.handle.write().unwrap_or_else(|p| p.into_inner()) =
+            (handle, self.token.calls.generation());
+        Ok(())
+    }
+
+    /// The key's private object found again by the URI, and only if its public key is the one
+    /// this key was opened with: a key deleted and created again under the same label and id
+    /// (by an operator, another process, a re-initialised token) is another key, and a
+    /// handshake signed with it would fail at the API server, or worse, the signature would be
+    /// the other key's. The handle is never kept when the check fails.
+    fn find_same_key(&self, session: &PooledSession<'_>) -> Result<ObjectHandle, KeyError> {
+        let handle = objects::find_private_key(&self.token, session.session(), &self.uri)?;
         let spki = objects::public_spki(
             &self.token,
             session.session(),
@@ -494,19 +514,7 @@ impl Pkcs11Key {
                 problem: crate::key::Unusable::ReplacedOnToken,
             });
         }
-        tracing::info!("{}: the token is back; signing again", self.describe());
-        Ok(())
-    }
-
-    /// Replaces dead sessions and finds the key again after the token invalidated them.
-    fn recover(&self) -> Result<(), KeyError> {
-        self.pool.discard_idle();
-        self.pool.note_recovered();
-        let session = self.pool.get(&self.token)?;
-        let handle = objects::find_private_key(&self.token, session.session(), &self.uri)?;
-        *self.handle.write().unwrap_or_else(|p| p.into_inner()) =
-            (handle, self.token.calls.generation());
-        Ok(())
+        Ok(handle)
     }
 
     /// The key's handle in the module's current generation (found again after a
@@ -518,7 +526,7 @@ impl Pkcs11Key {
         if found_in == generation {
             return Ok(handle);
         }
-        let handle = objects::find_private_key(&self.token, session.session(), &self.uri)?;
+        let handle = self.find_same_key(session)?;
         *self.handle.write().unwrap_or_else(|p| p.into_inner()) = (handle, generation);
         Ok(handle)
     }

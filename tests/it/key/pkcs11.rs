@@ -18,8 +18,9 @@ use support::session_limit::LimitedModule;
 use support::SoftHsm;
 
 /// Tokens of this file and of `key_contract` (which shares this SoftHSM).
-const TOKENS: [&str; 9] = [
+const TOKENS: [&str; 10] = [
     "parallel", "schemes", "recovery", "pin", "secret", "rcgen", "contract", "limited", "creating",
+    "replaced",
 ];
 
 /// The one SoftHSM of this process (SoftHSM reads `SOFTHSM2_CONF` once).
@@ -579,4 +580,41 @@ fn signing_goes_on_while_keys_are_created_and_deleted_beside_it() {
         failures.first()
     );
     assert!(during > 0, "no signature was made while the keys were made");
+}
+
+/// A key deleted and created again under the same label while hwkey had it open: the old
+/// handle failed, the key was looked up again by the URI, and the new key's handle was kept
+/// without a look at its public key, so every later signature was the other key's (a TLS peer
+/// rejects it; `/healthz`, which does not verify, said healthy). Now a key found again must
+/// have the public key it was opened with; otherwise signing fails, every time.
+#[test]
+fn a_key_replaced_on_the_token_is_never_signed_with() {
+    // Label and id given: the new key takes both.
+    let u: KeyUri = hsm()
+        .key_uri("replaced", "k")
+        .replacen("object=k", "object=k;id=%0a%0b%0c%0d", 1)
+        .parse()
+        .expect("URI");
+    let key = Key::create(&u, KeyAlgorithm::EcP256).expect("create");
+    let scheme = SignScheme::EcdsaP256Sha256;
+    let sig = key.sign(scheme, b"before").expect("sign");
+    verify(&key, scheme, b"before", &sig);
+    Key::open(&u).expect("open").destroy().expect("destroy");
+    let other = Key::create(&u, KeyAlgorithm::EcP256).expect("create again");
+    assert_ne!(other.spki_der(), key.spki_der());
+    for _ in 0..2 {
+        match key.sign(scheme, b"after") {
+            Ok(sig) => panic!(
+                "signed after its key was replaced (with the new key: {:?})",
+                hwkey::key::verify::verify(other.spki_der(), scheme, b"after", &sig)
+            ),
+            Err(e) => assert!(
+                e.to_string().contains("another key under this label"),
+                "{e}"
+            ),
+        }
+    }
+    // The new key itself signs.
+    let sig = other.sign(scheme, b"new").expect("sign");
+    verify(&other, scheme, b"new", &sig);
 }
