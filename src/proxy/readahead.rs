@@ -97,6 +97,7 @@ mod tests {
     /// given back once the socket has nothing more.
     #[tokio::test]
     async fn small_reads_come_from_one_large_read_and_idle_holds_no_buffer() {
+        let _serial = super::super::buffers::TEST_SERIAL.lock().await;
         let (mut tx, rx) = tokio::io::duplex(256 * 1024);
         let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
         tx.write_all(&data).await.unwrap();

@@ -192,8 +192,7 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// The buffer count is global: tests that hold buffers run one at a time.
-    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    use super::super::buffers::TEST_SERIAL as SERIAL;
 
     /// A bulk transfer (reads that fill the buffer) grows the buffer to MAX_COPY_BUFFER; a
     /// direction that only ever sees small reads stays at COPY_BUFFER.

@@ -237,6 +237,7 @@ mod tests {
     /// that, a request the client sends next would sit unread (until the idle timeout).
     #[tokio::test]
     async fn a_request_after_a_burst_that_waited_still_reaches_the_upstream() {
+        let _serial = super::super::buffers::TEST_SERIAL.lock().await;
         let (a, b) = UnixStream::pair().unwrap();
         let mut client = ClientUnixStream::new(a).unwrap();
         let (mut upstream, mut near) = tokio::io::duplex(256 * 1024);
