@@ -70,6 +70,32 @@ pub fn in_series(configured: &KeyUri, candidate: &KeyUri) -> bool {
     }
 }
 
+/// Whether `a` and `b` name the same key, whatever their spelling: the same URI without PIN, or
+/// TPM key files that are one file (the same path once `.` parts and repeated slashes are
+/// dropped, or the same file once links are followed). What protects the configured key from
+/// deletion must not be fooled by a spelling that [`in_series`] accepts.
+pub fn same_key(a: &KeyUri, b: &KeyUri) -> bool {
+    if a.without_pin().to_string() == b.without_pin().to_string() {
+        return true;
+    }
+    match (a, b) {
+        (KeyUri::Tpm(a), KeyUri::Tpm(b)) => match (&a.key, &b.key) {
+            (Some(TpmKeyLocation::Path(ap)), Some(TpmKeyLocation::Path(bp))) => {
+                ap == bp
+                    || matches!(
+                        (std::fs::canonicalize(ap), std::fs::canonicalize(bp)),
+                        (Ok(x), Ok(y)) if x == y
+                    )
+            }
+            (Some(TpmKeyLocation::Handle(x)), Some(TpmKeyLocation::Handle(y))) => {
+                x == y && a.tcti == b.tcti
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// The key a proxy uses: the one a rotation left in `STATE/current-key` (with the configured
 /// PIN source) when it belongs to the configured key's series, else `configured`.
 pub fn current_key(configured: &KeyUri, state_dir: &StateDir) -> KeyUri {

@@ -225,6 +225,16 @@ impl Signer {
                 .and_then(|k| k.stored_chain().map_err(|e| remote_error(&e)))
                 .map(|chain| Reply::Chain { chain }),
             Request::StoreChain { key, chain } => self.store_chain(key, &chain),
+            // Creating, switching and deleting keys is rotation's (`--rotate-key`) alone: without
+            // it the network side has no business changing which key exists or signs.
+            Request::CreateNext | Request::Destroy { .. } | Request::Use { .. }
+                if self.config.rotation_state.is_none() =>
+            {
+                Err(self.refuse(
+                    "rotation",
+                    "keys are created, switched and deleted only with --rotate-key".into(),
+                ))
+            }
             Request::CreateNext => self.create_next(),
             Request::Destroy { key } => self.destroy(key),
             Request::Use { key } => self.keys.get(key).map(|_| {
@@ -317,12 +327,13 @@ impl Signer {
 
     fn destroy(&self, id: u32) -> Result<Reply, RemoteError> {
         let key = self.keys.get(id)?;
-        let same =
-            |a: &KeyUri, b: &KeyUri| a.without_pin().to_string() == b.without_pin().to_string();
         if id == self.keys.in_use.load(Ordering::SeqCst) {
             return Err(self.refuse("destroy", "the key in use is never deleted".into()));
         }
-        if same(key.uri(), &self.config.key) {
+        // However its URI is spelled (`/k/./key.pem`, `/k//key.pem`, a link to it): the
+        // network side can write `current-key`, and a signer started after it opens that
+        // spelling.
+        if crate::key::rotation::same_key(key.uri(), &self.config.key) {
             return Err(self.refuse("destroy", "the configured key is never deleted".into()));
         }
         if !crate::key::rotation::in_series(&self.config.key, key.uri()) {

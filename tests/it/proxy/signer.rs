@@ -29,6 +29,11 @@ struct SignerSide {
 
 impl SignerSide {
     fn start(id: &Identity) -> SignerSide {
+        SignerSide::start_with(id, None)
+    }
+
+    /// With `--rotate-key`'s state directory (its `current-key` names the key to open).
+    fn start_with(id: &Identity, rotation_state: Option<&std::path::Path>) -> SignerSide {
         let (control, theirs) = pair();
         let supervisor = hwkey()
             .envs(id.envs())
@@ -38,7 +43,7 @@ impl SignerSide {
             .expect("start the supervisor");
         let config = SignerConfig {
             key: id.key_uri.parse().expect("URI"),
-            rotation_state: None,
+            rotation_state: rotation_state.map(std::path::Path::to_path_buf),
             cert: Some(id.cert.clone()),
             tls12: false,
             require_non_extractable: true,
@@ -409,4 +414,71 @@ fn a_tpm_proxys_network_side_maps_no_tss_library() {
         signer.contains("libtss2-esys") && signer.contains("libtss2-tcti-swtpm"),
         "the signer has no TPM connection:\n{signer}"
     );
+}
+
+/// The signer kept the configured key from deletion by comparing URI texts, while the rotation
+/// series compares paths by their parts: the network side (which may write `current-key` in
+/// its state directory) named the configured key file as `DIR/./alice.tpm.pem`, had the next
+/// signer open it so, made and used a next key, and had the configured one deleted, the only
+/// copy of the identity. Now the same file is the same key however it is spelled.
+#[cfg(feature = "tpm")]
+#[test]
+fn the_configured_key_is_never_deleted_whatever_its_spelling() {
+    let id = Identity::tpm();
+    let configured = id.key_uri.clone();
+    let file = configured
+        .strip_prefix("tpm:path=")
+        .and_then(|rest| rest.split('?').next())
+        .map(std::path::PathBuf::from)
+        .expect("a TPM key file");
+    let dir = file.parent().expect("its directory");
+    let name = file.file_name().expect("its name").to_string_lossy();
+    let dotted = configured.replacen(
+        &file.display().to_string(),
+        &format!("{}/./{name}", dir.display()),
+        1,
+    );
+    assert_ne!(dotted, configured);
+    let state = temp_dir();
+    write_private(&state.path().join("current-key"), dotted.as_bytes());
+    let mut signer = SignerSide::start_with(&id, Some(state.path()));
+    let Reply::Created { key: next } = signer.ask(Request::CreateNext) else {
+        panic!("no next key")
+    };
+    assert!(matches!(
+        signer.ask(Request::Use { key: next.id }),
+        Reply::Done
+    ));
+    let destroy = signer.ask(Request::Destroy { key: signer.key.id });
+    assert!(
+        refused(&destroy),
+        "the configured key was deleted: {destroy:?}"
+    );
+    assert!(file.exists(), "the configured key file is gone");
+}
+
+/// Without `--rotate-key` the network side had the signer create keys on the device (and
+/// switch and delete them) all the same. Now those requests are refused and nothing is made.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn without_rotation_no_key_is_created_switched_or_deleted() {
+    let id = Identity::softhsm();
+    let mut signer = SignerSide::start(&id);
+    let key = signer.key.id;
+    for request in [
+        Request::CreateNext,
+        Request::Use { key },
+        Request::Destroy { key },
+    ] {
+        let what = format!("{request:?}");
+        let reply = signer.ask(request);
+        assert!(refused(&reply), "{what}: {reply:?}");
+    }
+    let listed = run_ok(
+        hwkey()
+            .envs(id.envs())
+            .args(["key", "list", "--key", &id.key_uri]),
+    );
+    let listed = output_text(&listed);
+    assert_eq!(listed.matches("alice").count(), 1, "{listed}");
 }
