@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use super::error::SignerError;
 use super::policy::{Policy, Refusal};
 use super::protocol::{
     self, KeyInfo, PathWire, RemoteError, RemoteKind, Reply, Request, FIRST_KEY, VERSION,
@@ -164,7 +165,19 @@ fn serve_requests(signer: &Signer, socket: &OwnedFd) {
         match protocol::recv::<Request>(socket.as_fd()) {
             Ok(Some(request)) => {
                 let reply = signer.answer(request.body);
-                let _ = protocol::send(socket.as_fd(), request.id, &reply);
+                // A reply over the message limit (a stored chain of many certificates) is
+                // answered with an error instead: dropped, its caller waited for good.
+                if let Err(e @ (SignerError::TooLarge { .. } | SignerError::Encode(_))) =
+                    protocol::send(socket.as_fd(), request.id, &reply)
+                {
+                    let error = Reply::Error {
+                        error: RemoteError {
+                            kind: RemoteKind::Failed,
+                            message: format!("the signer cannot send its answer: {e}"),
+                        },
+                    };
+                    let _ = protocol::send(socket.as_fd(), request.id, &error);
+                }
             }
             Ok(None) => return,
             Err(e) => {

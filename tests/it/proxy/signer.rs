@@ -482,3 +482,53 @@ fn without_rotation_no_key_is_created_switched_or_deleted() {
     let listed = output_text(&listed);
     assert_eq!(listed.matches("alice").count(), 1, "{listed}");
 }
+
+/// A reply over the signer's message limit (a stored chain of many certificates: a TPM key's
+/// `.crt.pem` is read whole) was dropped by the signer, which stayed up: its caller waited for
+/// good (a proxy started without `--cert`, or a reload, hung). Now the caller gets an error
+/// saying why, and the signer goes on answering.
+#[cfg(feature = "tpm")]
+#[test]
+fn a_reply_too_large_to_send_is_answered_with_an_error() {
+    let id = Identity::tpm();
+    let key_file = id
+        .key_uri
+        .strip_prefix("tpm:path=")
+        .and_then(|rest| rest.split('?').next())
+        .map(std::path::PathBuf::from)
+        .expect("a TPM key file");
+    let chain_file = key_file.with_file_name(format!(
+        "{}.crt.pem",
+        key_file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".pem"))
+            .expect("a .pem name")
+    ));
+    let cert = std::fs::read_to_string(&id.cert).expect("certificate");
+    std::fs::write(&chain_file, cert.repeat(400)).expect("a long chain");
+    let mut signer = SignerSide::start(&id);
+    rustix::net::sockopt::set_socket_timeout(
+        &signer.socket,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(20)),
+    )
+    .expect("receive timeout");
+    let reply = signer.ask(Request::StoredChain { key: signer.key.id });
+    let Reply::Error { error } = &reply else {
+        panic!("expected an error, got {reply:?}")
+    };
+    assert!(
+        error.message.contains("over the limit"),
+        "{}",
+        error.message
+    );
+    // The signer still answers.
+    assert!(matches!(
+        signer.sign(
+            Purpose::Handshake,
+            &certificate_verify(b"TLS 1.3, client CertificateVerify")
+        ),
+        Reply::Signature { .. }
+    ));
+}
