@@ -433,7 +433,14 @@ impl Pkcs11Key {
                 }
                 Ok(sig)
             }
-            Err(SignError::Encoding(e) | SignError::Login(e)) => Err((None, e)),
+            Err(SignError::Encoding(e)) => Err((None, e)),
+            // The context login failed after C_SignInit: the signing operation is still active
+            // on this session (SoftHSM answers the next C_SignInit with CKR_OPERATION_ACTIVE).
+            // Closing the session ends it; a pooled session kept would fail every signature.
+            Err(SignError::Login(e)) => {
+                session.discard();
+                Err((None, e))
+            }
             Err(SignError::Token(e)) => {
                 let err = self.token.err("C_Sign", &e);
                 if session_lost(&e) {

@@ -8,7 +8,6 @@
 //! unless the user allows it (`HWKEY_ALLOW_FINAL_PIN_TRY=1`).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cryptoki::context::Pkcs11;
@@ -39,7 +38,9 @@ pub(crate) struct Token {
     pub(crate) module: PathBuf,
     pin: Option<PinSource>,
     login_required: bool,
-    pin_rejected: AtomicBool,
+    /// The record of the PIN this token rejected in this process, if any: that PIN is not
+    /// presented again here (even should its record on disk go), but a changed PIN is, once.
+    pin_rejected: std::sync::Mutex<Option<PathBuf>>,
     /// Held by the thread that logs in: sessions opened at once (the pool) log in one at a
     /// time, and the others then find the token logged in.
     login: std::sync::Mutex<()>,
@@ -76,7 +77,7 @@ impl Token {
             module,
             pin: uri.pin.clone(),
             login_required,
-            pin_rejected: AtomicBool::new(false),
+            pin_rejected: std::sync::Mutex::new(None),
             login: std::sync::Mutex::new(()),
         })
     }
@@ -214,11 +215,6 @@ impl Token {
         source: &'a PinSource,
         in_process: std::sync::MutexGuard<'a, ()>,
     ) -> Result<PinAttempt<'a>, KeyError> {
-        if self.pin_rejected.load(Ordering::SeqCst) {
-            return Err(KeyError::PinIncorrect {
-                token: self.label.clone(),
-            });
-        }
         let pin = source.read()?;
         // Fail closed: a PIN whose rejection could not be remembered is not presented.
         let across_processes =
@@ -232,6 +228,17 @@ impl Token {
                 reason: e.to_string(),
             }
         })?;
+        let rejected_here = self
+            .pin_rejected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_deref()
+            == Some(record.path());
+        if rejected_here {
+            return Err(KeyError::PinIncorrect {
+                token: self.label.clone(),
+            });
+        }
         if record.exists() {
             return Err(KeyError::PinRemembered {
                 token: self.label.clone(),
@@ -399,8 +406,9 @@ impl PinAttempt<'_> {
                 Ok(())
             }
             Err(CkError::Pkcs11(RvError::PinIncorrect, _)) => {
-                token.pin_rejected.store(true, Ordering::SeqCst);
                 if let Some(r) = &self.record {
+                    *token.pin_rejected.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(r.path().to_path_buf());
                     r.remember(&token.label, self.source);
                 }
                 Err(KeyError::PinIncorrect {

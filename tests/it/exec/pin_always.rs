@@ -241,3 +241,48 @@ fn kubectl_with_a_pin_always_key_needs_the_pin_rarely() {
     );
     assert!(context_logins >= signatures, "{calls:?}");
 }
+
+/// A PIN the token rejected was never presented again by that process, even once its source
+/// held the right PIN: a proxy whose PIN file was wrong for a moment (a secret rotated in two
+/// steps) refused every later full handshake until it was restarted. Now the changed PIN is
+/// presented, once, and the proxy signs again; the wrong one is still presented only once.
+#[test]
+fn a_fixed_pin_file_is_used_without_a_restart() {
+    let hsm = pin_always_token();
+    let work = temp_dir();
+    let pin = work.path().join("pin");
+    write_private(&pin, USER_PIN.as_bytes());
+    let key_uri = format!(
+        "pkcs11:token=kube;object=pa?module-path={SOFTHSM_MODULE}&pin-source=file:{}",
+        pin.display()
+    );
+    let id = Identity::of_existing_key(Backend::SoftHsm(hsm), key_uri, temp_dir());
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        support::proxy::ProxyOptions {
+            envs: vec![(
+                "HWKEY_PIN_STATE_DIR".into(),
+                work.path().join("records").display().to_string(),
+            )],
+            ..Default::default()
+        },
+    );
+    let get = |reloads: f64| {
+        // A reload forgets the session tickets: the next request needs a full handshake.
+        proxy.signal(libc::SIGHUP);
+        proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", reloads);
+        proxy.curl_unix(&["-f"], "/version").status.success()
+    };
+    assert!(proxy.curl_unix(&["-f"], "/version").status.success());
+    write_private(&pin, b"9999");
+    assert!(!get(1.0), "signed with a wrong PIN");
+    assert!(!get(2.0), "signed with a wrong PIN");
+    write_private(&pin, USER_PIN.as_bytes());
+    assert!(
+        get(3.0),
+        "the right PIN was not used again:\n{}",
+        proxy.log()
+    );
+}
