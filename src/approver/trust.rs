@@ -446,10 +446,9 @@ impl Trust {
                         _ = resync.tick() => self.reread().await,
                         event = stream.next() => match event {
                             Some(Ok(watcher::Event::Init)) => seen_in_list = false,
-                            Some(Ok(watcher::Event::InitApply(map) | watcher::Event::Apply(map))) => {
+                            Some(Ok(watcher::Event::InitApply(_) | watcher::Event::Apply(_))) => {
                                 seen_in_list = true;
-                                let _one = self.reading.lock().await;
-                                self.install(from_config_map(&map)).await;
+                                self.changed().await;
                             }
                             Some(Ok(watcher::Event::InitDone)) if !seen_in_list => {
                                 self.unavailable(&TrustProblem::Missing { namespace: namespace.clone(), name: name.clone() });
@@ -465,6 +464,14 @@ impl Trust {
                 }
             }
         }
+    }
+
+    /// The watch says the ConfigMap changed: read it again (a quorum GET). What the event
+    /// carries is never installed: a watch may deliver an older version late (an edit that a
+    /// newer one already replaced, a node's removal included), and installed as a reading it
+    /// would count as fresh and be approved against, a removed node's registration with it.
+    async fn changed(&self) {
+        self.reread().await;
     }
 
     /// Reads the source again now, logging what fails (the trust stays as it was then).
@@ -550,6 +557,74 @@ mod tests {
             let e = TrustSource::config_map(bad).unwrap_err();
             assert!(e.to_string().contains("NAMESPACE/NAME"), "{bad}: {e}");
         }
+    }
+
+    /// An API server whose watch delivers an older version of the trust ConfigMap (an edit a
+    /// newer one replaced: here the version before a node's removal), while a GET reads the
+    /// current one. The old code installed what the event carried as a fresh reading, so the
+    /// approver decided against the removed registration for the next seconds (and until the
+    /// next event or resync). Now an event only makes the trust read the ConfigMap again.
+    #[tokio::test]
+    async fn a_stale_watch_event_never_replaces_a_newer_reading() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let config_map = |rv: &str, allow: &str| {
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "trust", "namespace": "hwkey-system", "resourceVersion": rv},
+                "data": {"_allow": allow},
+            })
+        };
+        let watches = Arc::new(AtomicUsize::new(0));
+        let seen = watches.clone();
+        let api = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+            let path = req.uri().path().to_string();
+            let query = req.uri().query().unwrap_or_default().to_string();
+            let (status, body) = if path.ends_with("/configmaps/trust") {
+                (200, config_map("101", "current").to_string())
+            } else if path.ends_with("/configmaps") && query.contains("watch=true") {
+                seen.fetch_add(1, Ordering::SeqCst);
+                let event =
+                    serde_json::json!({"type": "MODIFIED", "object": config_map("100", "removed")});
+                (200, format!("{event}\n"))
+            } else if path.ends_with("/configmaps") {
+                let list = serde_json::json!({
+                    "apiVersion": "v1", "kind": "ConfigMapList",
+                    "metadata": {"resourceVersion": "101"},
+                    "items": [config_map("101", "current")],
+                });
+                (200, list.to_string())
+            } else {
+                (404, serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}).to_string())
+            };
+            async move {
+                hyper::Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            }
+        });
+        let client = kube::Client::new(api, "default");
+        let trust = Trust::load(
+            TrustSource::config_map("hwkey-system/trust").expect("source"),
+            TrustKind::People,
+            &client,
+            Arc::new(ApproverMetrics::default()),
+        )
+        .await
+        .expect("load");
+        let follower = tokio::spawn(trust.clone().follow());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while watches.load(Ordering::SeqCst) < 3 {
+            assert!(Instant::now() < deadline, "the watch was never asked");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Whatever the watch delivered, the trust holds the current version.
+        let _reading = trust.reading.lock().await;
+        let TrustNow::Known { registry, .. } = trust.now() else {
+            panic!("no trust")
+        };
+        assert_eq!(registry.allow.as_deref(), Some("current"));
+        follower.abort();
     }
 
     #[test]
