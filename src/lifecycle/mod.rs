@@ -25,6 +25,7 @@ pub mod csr_api;
 pub mod error;
 pub mod issued;
 pub mod renew;
+pub mod renewal_lock;
 
 use std::time::Duration;
 

@@ -65,6 +65,12 @@ pub struct Renewed {
 /// Renews the certificate of `options.key`. The key is opened in a signer process of its own
 /// (as the proxy's), which signs only the handshakes and a request for this identity.
 pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
+    // Before the certificate is read: the renewal acts on what it reads.
+    let _one_renewal = options
+        .cert
+        .as_deref()
+        .map(super::renewal_lock::RenewalLock::take)
+        .transpose()?;
     let key = crate::signer::open_key(
         &options.key,
         options.cert.as_deref(),

@@ -215,6 +215,13 @@ impl Renewal {
 /// made for it is deleted on every failure after it was made (a smart card fills up with
 /// orphans otherwise).
 async fn renew_once(shared: &Renewal, settings: &RenewSettings) -> Result<Issued, LifecycleError> {
+    // One renewal of the certificate file at a time, `hwkey renew` included (a non-blocking
+    // flock: a busy lock fails this attempt, retried with the back-off).
+    let _one_renewal = settings
+        .cert
+        .as_deref()
+        .map(crate::lifecycle::renewal_lock::RenewalLock::take)
+        .transpose()?;
     let current = shared.upstream.key();
     // With --rotate-key the request is for a fresh key made in the same device; it is still
     // authenticated with the current key and certificate.

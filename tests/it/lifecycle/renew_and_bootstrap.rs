@@ -671,3 +671,40 @@ fn a_tpm_node_bootstraps_with_evidence_that_survives_the_api_server() {
         output_text(&verdict)
     );
 }
+
+/// Two renewals of one certificate file at once (a person's `hwkey renew` beside another, or
+/// beside a proxy's `--renew`) each requested a certificate, and the second install kept the
+/// first one's certificate as `.prev`: the original was lost. Now the second finds the first's
+/// lock and does not start, saying so; one request reaches the API server, and `.prev` is the
+/// original.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_second_renewal_of_one_file_does_not_start_while_the_first_runs() {
+    let id = Identity::softhsm();
+    let cluster = KubeCluster::start(&id.ca, "10m");
+    cluster.apply(DEVS_MAY_REQUEST);
+    let work = temp_dir();
+    let before = std::fs::read(&id.cert).expect("read cert");
+    let mut first = spawn_renew(&id, &cluster, &id.cert, work.path());
+    let name = wait_for_csr(&cluster, "hwkey-alice-");
+    let second_dir = work.path().join("second");
+    std::fs::create_dir(&second_dir).expect("dir");
+    let mut second = spawn_renew(&id, &cluster, &id.cert, &second_dir);
+    let (ok, _, stderr) = wait_child(&mut second, &second_dir, &cluster);
+    assert!(
+        !ok && stderr.contains("another renewal") && stderr.contains(".renew.lock"),
+        "the second renewal ran beside the first:\n{stderr}"
+    );
+    cluster.kubectl_ok(&["certificate", "approve", &name]);
+    let (ok, _, stderr) = wait_child(&mut first, work.path(), &cluster);
+    assert!(ok, "hwkey renew failed:\n{stderr}");
+    let requests = cluster.kubectl_ok(&["get", "csr", "-o", "name"]);
+    let ours = String::from_utf8_lossy(&requests.stdout)
+        .lines()
+        .filter(|l| l.contains("hwkey-alice-"))
+        .count();
+    assert_eq!(ours, 1, "{}", String::from_utf8_lossy(&requests.stdout));
+    let mut prev = id.cert.clone().into_os_string();
+    prev.push(".prev");
+    assert_eq!(std::fs::read(PathBuf::from(prev)).expect(".prev"), before);
+}

@@ -1,0 +1,55 @@
+//! One renewal of a certificate file at a time, across processes.
+//!
+//! `hwkey renew` and a proxy's `--renew` (or two proxies sharing a `--cert`) renewing one file at
+//! once would each request a certificate; the second install would keep the first one's
+//! certificate as `.prev` and the original would be lost, or a key's certificate would replace
+//! another key's after a rotation. So a renewal holds an exclusive `flock` on
+//! `<cert>.renew.lock` from before it reads the certificate until it has installed the new one;
+//! a renewal that finds it held does not start. The lock file stays (an `flock` dies with its
+//! holder: no stale lock after a crash).
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::error::LifecycleError;
+
+/// Held for one renewal of a certificate file; released when dropped.
+#[derive(Debug)]
+pub struct RenewalLock {
+    _file: File,
+}
+
+impl RenewalLock {
+    /// Takes the lock of `cert`'s renewals, or fails at once naming the lock when another
+    /// renewal holds it.
+    pub fn take(cert: &Path) -> Result<RenewalLock, LifecycleError> {
+        let lock = lock_path(cert);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&lock)
+            .map_err(|source| LifecycleError::Install {
+                path: lock.clone(),
+                source,
+            })?;
+        match file.try_lock() {
+            Ok(()) => Ok(RenewalLock { _file: file }),
+            Err(TryLockError::WouldBlock) => Err(LifecycleError::RenewalBusy {
+                cert: cert.to_path_buf(),
+                lock,
+            }),
+            Err(TryLockError::Error(source)) => Err(LifecycleError::Install { path: lock, source }),
+        }
+    }
+}
+
+fn lock_path(cert: &Path) -> PathBuf {
+    let mut name = cert.as_os_str().to_os_string();
+    name.push(".renew.lock");
+    PathBuf::from(name)
+}
