@@ -14,8 +14,8 @@ use crate::pki::PkiError;
     reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
 )]
 pub enum LifecycleError {
-    #[error("another renewal of {cert} is running (hwkey renew, or a proxy with --renew, holds {lock}): two at once would each request a certificate and the second would replace the first's; let it finish")]
-    RenewalBusy { cert: PathBuf, lock: PathBuf },
+    #[error(transparent)]
+    RenewalLock(#[from] super::renewal_lock::RenewalLockError),
 
     #[error("invalid API server URL '{url}': {problem} (example: https://10.0.0.1:6443)")]
     InvalidServer { url: String, problem: &'static str },

@@ -12,7 +12,22 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::error::LifecycleError;
+/// Why a renewal could not take its lock.
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum RenewalLockError {
+    #[error("another renewal of {} is running (hwkey renew, or a proxy with --renew, holds {}): two at once would each request a certificate and the second would replace the first's; let it finish", .cert.display(), .lock.display())]
+    Busy { cert: PathBuf, lock: PathBuf },
+    #[error("cannot lock {}: {source}", .lock.display())]
+    Io {
+        lock: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// Held for one renewal of a certificate file; released when dropped.
 #[derive(Debug)]
@@ -23,7 +38,7 @@ pub struct RenewalLock {
 impl RenewalLock {
     /// Takes the lock of `cert`'s renewals, or fails at once naming the lock when another
     /// renewal holds it.
-    pub fn take(cert: &Path) -> Result<RenewalLock, LifecycleError> {
+    pub fn take(cert: &Path) -> Result<RenewalLock, RenewalLockError> {
         let lock = lock_path(cert);
         let file = OpenOptions::new()
             .read(true)
@@ -33,17 +48,17 @@ impl RenewalLock {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(&lock)
-            .map_err(|source| LifecycleError::Install {
-                path: lock.clone(),
+            .map_err(|source| RenewalLockError::Io {
+                lock: lock.clone(),
                 source,
             })?;
         match file.try_lock() {
             Ok(()) => Ok(RenewalLock { _file: file }),
-            Err(TryLockError::WouldBlock) => Err(LifecycleError::RenewalBusy {
+            Err(TryLockError::WouldBlock) => Err(RenewalLockError::Busy {
                 cert: cert.to_path_buf(),
                 lock,
             }),
-            Err(TryLockError::Error(source)) => Err(LifecycleError::Install { path: lock, source }),
+            Err(TryLockError::Error(source)) => Err(RenewalLockError::Io { lock, source }),
         }
     }
 }
