@@ -202,9 +202,16 @@ impl LoadedKey {
                 return Err(rc::tpm_error(operation)(err));
             }
             let handle = self.ensure_loaded(conn)?;
-            let v = f(&mut conn.ctx, handle).map_err(rc::tpm_error(operation))?;
-            self.auth_accepted();
-            Ok(v)
+            match f(&mut conn.ctx, handle) {
+                Ok(v) => {
+                    self.auth_accepted();
+                    Ok(v)
+                }
+                // A wrong password found on the retry counts like one found at once: remembered
+                // here and on disk, so no process presents it again (the TPM counted it).
+                Err(e) if rc::is_auth_fail(&e) => Err(self.auth_refused()),
+                Err(e) => Err(rc::tpm_error(operation)(e)),
+            }
         })
     }
 

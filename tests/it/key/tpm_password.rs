@@ -364,3 +364,58 @@ fn a_lockout_caused_by_another_key_is_named_and_keeps_the_right_password() {
     assert!(signed.status.success(), "{}", output_text(&signed));
     verified(&signed.stdout, dir.path());
 }
+
+/// A wrong password found on the retry after a lost TPM connection (swtpm restarted, a
+/// resource manager restarted) was reported as a plain TPM error: neither remembered on disk
+/// nor in the process, so the next handshake presented it again and the TPM counted it again.
+/// Now it counts like one found at once: the TPM sees it once, counted with
+/// `TPM2_PT_LOCKOUT_COUNTER` over two requests.
+#[test]
+fn a_wrong_password_found_after_a_reconnect_reaches_the_tpm_once() {
+    let tpm = Swtpm::start();
+    let dir = temp_dir();
+    let secrets = temp_dir();
+    let password = secrets.path().join("password");
+    write_private(&password, b"s3cret");
+    let key_path = dir.path().join("alice.tpm.pem");
+    let key_uri = uri(&key_path, &tpm, &password);
+    run_ok(
+        hwkey()
+            .envs(tpm.envs())
+            .args(["key", "create", "--key", &key_uri]),
+    );
+    let mut id = Identity::of_existing_key(Backend::Tpm(tpm), key_uri, dir);
+    let wrong = secrets.path().join("wrong");
+    write_private(&wrong, b"not it");
+    let Backend::Tpm(tpm) = &mut id.backend else {
+        unreachable!("a TPM identity")
+    };
+    let wrong_uri = uri(&key_path, tpm, &wrong);
+    let upstream = TestUpstream::start(&id.ca);
+    let records = secrets.path().join("records");
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        support::proxy::ProxyOptions {
+            key: Some(&wrong_uri),
+            envs: vec![("HWKEY_PIN_STATE_DIR".into(), records.display().to_string())],
+            ..Default::default()
+        },
+    );
+    let Backend::Tpm(tpm) = &mut id.backend else {
+        unreachable!("a TPM identity")
+    };
+    // The proxy's connection to the TPM is lost before its first signature.
+    tpm.restart();
+    let before = lockout_counter(tpm.envs());
+    for _ in 0..2 {
+        let out = proxy.curl_unix(&["-f"], "/version");
+        assert!(!out.status.success(), "signed with a wrong password");
+    }
+    assert_eq!(
+        lockout_counter(tpm.envs()) - before,
+        1,
+        "the wrong password reached the TPM more than once:\n{}",
+        proxy.log()
+    );
+}
