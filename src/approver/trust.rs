@@ -448,7 +448,11 @@ impl Trust {
                             Some(Ok(watcher::Event::Init)) => seen_in_list = false,
                             Some(Ok(watcher::Event::InitApply(_) | watcher::Event::Apply(_))) => {
                                 seen_in_list = true;
-                                self.changed().await;
+                                // Read again (a quorum GET); what the event carries is never
+                                // installed: a watch may deliver an older version late (an edit
+                                // a newer one replaced, a node's removal included), and as a
+                                // reading it would count as fresh and be approved against.
+                                self.reread().await;
                             }
                             Some(Ok(watcher::Event::InitDone)) if !seen_in_list => {
                                 self.unavailable(&TrustProblem::Missing { namespace: namespace.clone(), name: name.clone() });
@@ -464,14 +468,6 @@ impl Trust {
                 }
             }
         }
-    }
-
-    /// The watch says the ConfigMap changed: read it again (a quorum GET). What the event
-    /// carries is never installed: a watch may deliver an older version late (an edit that a
-    /// newer one already replaced, a node's removal included), and installed as a reading it
-    /// would count as fresh and be approved against, a removed node's registration with it.
-    async fn changed(&self) {
-        self.reread().await;
     }
 
     /// Reads the source again now, logging what fails (the trust stays as it was then).

@@ -28,23 +28,23 @@ fn kubeconfig_cmd_named(
     out: &Path,
     state: &Path,
 ) -> std::process::Command {
+    let mut cmd = kubeconfig_base(name, id, upstream, key);
+    cmd.arg("--out").arg(out).arg("--state-dir").arg(state);
+    cmd
+}
+
+/// `hwkey kubeconfig` for `name` with no `--out` and no `--state-dir` (their defaults).
+fn kubeconfig_base(
+    name: &str,
+    id: &Identity,
+    upstream: &TestUpstream,
+    key: &str,
+) -> std::process::Command {
     let mut cmd = hwkey();
     cmd.envs(id.envs())
-        .args([
-            "kubeconfig",
-            "--name",
-            name,
-            "--key",
-            key,
-            "--server",
-            &upstream.url(),
-            "--ca",
-        ])
-        .arg(id.ca.ca_path())
-        .arg("--out")
-        .arg(out)
-        .arg("--state-dir")
-        .arg(state);
+        .args(["kubeconfig", "--name", name, "--key", key])
+        .args(["--server", &upstream.url(), "--ca"])
+        .arg(id.ca.ca_path());
     cmd
 }
 
@@ -403,13 +403,9 @@ fn a_name_that_leaves_the_state_directory_is_refused() {
     std::fs::create_dir(&home).expect("home");
     let out = dir.path().join("config");
     for name in ["../../../escaped", "/abs", "a/./b", "", ".."] {
-        let mut cmd = hwkey();
-        cmd.envs(id.envs())
-            .env("HOME", &home)
+        let mut cmd = kubeconfig_base(name, &id, &upstream, &id.key_uri);
+        cmd.env("HOME", &home)
             .env_remove("KUBECONFIG")
-            .args(["kubeconfig", "--name", name, "--key", &id.key_uri])
-            .args(["--server", &upstream.url(), "--ca"])
-            .arg(id.ca.ca_path())
             .arg("--out")
             .arg(&out);
         let failed = run_fail(&mut cmd);
@@ -428,19 +424,10 @@ fn a_name_that_leaves_the_state_directory_is_refused() {
         !home.join(".kube").exists(),
         "state was created for a refused name"
     );
-    let mut cmd = hwkey();
-    cmd.envs(id.envs())
-        .env("HOME", &home)
+    let arn = "arn:aws:eks:eu-west-1:1:cluster/prod";
+    let mut cmd = kubeconfig_base(arn, &id, &upstream, &id.key_uri);
+    cmd.env("HOME", &home)
         .env_remove("KUBECONFIG")
-        .args([
-            "kubeconfig",
-            "--name",
-            "arn:aws:eks:eu-west-1:1:cluster/prod",
-            "--key",
-            &id.key_uri,
-        ])
-        .args(["--server", &upstream.url(), "--ca"])
-        .arg(id.ca.ca_path())
         .arg("--out")
         .arg(&out);
     run_ok(&mut cmd);
@@ -552,13 +539,9 @@ fn an_empty_kubeconfig_entry_is_skipped_as_kubectl_does() {
     let work = dir.path().join("work");
     std::fs::create_dir(&work).expect("work");
     let file = dir.path().join("config");
-    let mut cmd = hwkey();
-    cmd.envs(id.envs())
-        .current_dir(&work)
+    let mut cmd = kubeconfig_base("hw", &id, &upstream, &id.key_uri);
+    cmd.current_dir(&work)
         .env("KUBECONFIG", format!(":{}", file.display()))
-        .args(["kubeconfig", "--name", "hw", "--key", &id.key_uri])
-        .args(["--server", &upstream.url(), "--ca"])
-        .arg(id.ca.ca_path())
         .arg("--state-dir")
         .arg(dir.path().join("state"));
     run_ok(&mut cmd);

@@ -20,6 +20,25 @@ fn uri(path: &Path, tpm: &Swtpm, password: &Path) -> String {
     )
 }
 
+/// A key `alice.tpm.pem` in `dir` whose password is in `secrets` (out of the certificate's
+/// directory, which the proxy's network side may read): its URI with the right password and
+/// with a wrong one.
+fn alice_with_password(tpm: &Swtpm, dir: &Path, secrets: &Path) -> (String, String) {
+    let password = secrets.join("password");
+    write_private(&password, b"s3cret");
+    let key_path = dir.join("alice.tpm.pem");
+    let key_uri = uri(&key_path, tpm, &password);
+    run_ok(
+        hwkey()
+            .envs(tpm.envs())
+            .args(["key", "create", "--key", &key_uri]),
+    );
+    let wrong = secrets.join("wrong");
+    write_private(&wrong, b"not it");
+    let wrong_uri = uri(&key_path, tpm, &wrong);
+    (key_uri, wrong_uri)
+}
+
 fn csr(tpm: &Swtpm, key: &str, records: &Path) -> std::process::Output {
     hwkey()
         .envs(tpm.envs())
@@ -117,16 +136,8 @@ fn a_key_with_a_password_signs_and_a_wrong_password_reaches_the_tpm_once() {
 fn a_key_with_a_password_serves_through_the_proxy() {
     let tpm = Swtpm::start();
     let dir = temp_dir();
-    // Out of the certificate's directory, which the proxy's network side may read.
     let secrets = temp_dir();
-    let password = secrets.path().join("password");
-    write_private(&password, b"s3cret");
-    let key_uri = uri(&dir.path().join("alice.tpm.pem"), &tpm, &password);
-    run_ok(
-        hwkey()
-            .envs(tpm.envs())
-            .args(["key", "create", "--key", &key_uri]),
-    );
+    let (key_uri, _) = alice_with_password(&tpm, dir.path(), secrets.path());
     let id = Identity::of_existing_key(Backend::Tpm(tpm), key_uri, dir);
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
@@ -144,20 +155,8 @@ fn a_key_with_a_password_serves_through_the_proxy() {
 fn with_kubectl_a_wrong_password_reaches_the_tpm_once_across_proxy_restarts() {
     let tpm = Swtpm::start();
     let dir = temp_dir();
-    // Out of the certificate's directory, which the proxy's network side may read.
     let secrets = temp_dir();
-    let password = secrets.path().join("password");
-    write_private(&password, b"s3cret");
-    let key_path = dir.path().join("alice.tpm.pem");
-    let key_uri = uri(&key_path, &tpm, &password);
-    run_ok(
-        hwkey()
-            .envs(tpm.envs())
-            .args(["key", "create", "--key", &key_uri]),
-    );
-    let wrong = secrets.path().join("wrong");
-    write_private(&wrong, b"not it");
-    let wrong_uri = uri(&key_path, &tpm, &wrong);
+    let (key_uri, wrong_uri) = alice_with_password(&tpm, dir.path(), secrets.path());
     let id = Identity::of_existing_key(Backend::Tpm(tpm), key_uri.clone(), dir);
     let upstream = TestUpstream::start(&id.ca);
     let envs = id.envs();
@@ -375,22 +374,8 @@ fn a_wrong_password_found_after_a_reconnect_reaches_the_tpm_once() {
     let tpm = Swtpm::start();
     let dir = temp_dir();
     let secrets = temp_dir();
-    let password = secrets.path().join("password");
-    write_private(&password, b"s3cret");
-    let key_path = dir.path().join("alice.tpm.pem");
-    let key_uri = uri(&key_path, &tpm, &password);
-    run_ok(
-        hwkey()
-            .envs(tpm.envs())
-            .args(["key", "create", "--key", &key_uri]),
-    );
+    let (key_uri, wrong_uri) = alice_with_password(&tpm, dir.path(), secrets.path());
     let mut id = Identity::of_existing_key(Backend::Tpm(tpm), key_uri, dir);
-    let wrong = secrets.path().join("wrong");
-    write_private(&wrong, b"not it");
-    let Backend::Tpm(tpm) = &mut id.backend else {
-        unreachable!("a TPM identity")
-    };
-    let wrong_uri = uri(&key_path, tpm, &wrong);
     let upstream = TestUpstream::start(&id.ca);
     let records = secrets.path().join("records");
     let proxy = ProxyProcess::start_with(
