@@ -1,6 +1,7 @@
 //! The data path: connect upstream for an authenticated local client, then copy bytes both
-//! ways until either side closes ([`super::relay`], which holds a copy buffer only while bytes
-//! are in flight). No HTTP parsing, so HTTP/1.1, HTTP/2,
+//! ways until either side closes: on a relay loop for a UNIX-socket client
+//! ([`super::relay_loop`], no runtime per event), on the connection's task for the others
+//! ([`super::relay`]); both hold a copy buffer only while bytes are in flight. No HTTP parsing, so HTTP/1.1, HTTP/2,
 //! watches and protocol upgrades (exec, attach, port-forward) pass untouched.
 //!
 //! The one place the proxy writes HTTP itself is a failure before any byte was forwarded
@@ -12,17 +13,22 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio_rustls::client::TlsStream;
 
+use super::idle::LastActivity;
 use super::metrics::Metrics;
+use super::readahead::ReadAhead;
+use super::relay_loop::{Pair, RelayLoops};
 use super::rotation::RotationClose;
+use super::unix_client::ClientUnixStream;
 use super::upstream::Upstream;
 use super::write_through::write_through;
+use crate::egress::Tunnel;
 
 /// A local client's stream: loopback TLS or a UNIX socket.
 pub trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -38,17 +44,49 @@ pub struct Bridge {
     pub idle_timeout: Option<Duration>,
     /// When a connection opened with a replaced certificate ends.
     pub rotation_close: RotationClose,
+    /// The event loops that relay established UNIX-socket connections (None: every
+    /// connection stays on its task, [`super::relay`]).
+    pub relay_loops: Option<Arc<RelayLoops>>,
+}
+
+/// The upstream side of a connection, as the handshake left it.
+type UpstreamStream = Box<TlsStream<ReadAhead<Tunnel>>>;
+
+/// A client, and whether its connection may move to a relay loop.
+enum Client {
+    Unix(ClientUnixStream),
+    Other(Box<dyn ClientIo>),
+}
+
+impl Client {
+    fn boxed(self) -> Box<dyn ClientIo> {
+        match self {
+            Client::Unix(s) => Box::new(s),
+            Client::Other(s) => s,
+        }
+    }
 }
 
 impl Bridge {
     /// Connects upstream offering `alpn`, replays `prefix` (bytes already read from the client),
     /// then bridges until both directions are done.
     pub async fn serve(&self, client: Box<dyn ClientIo>, prefix: Vec<u8>, alpn: Option<Vec<u8>>) {
-        serve(self, client, prefix, alpn).await
+        serve(self, Client::Other(client), prefix, alpn).await
+    }
+
+    /// [`Bridge::serve`] for a UNIX-socket client: once established, its connection moves to a
+    /// relay loop ([`super::relay_loop`]) when the proxy runs them.
+    pub async fn serve_unix(
+        &self,
+        client: ClientUnixStream,
+        prefix: Vec<u8>,
+        alpn: Option<Vec<u8>>,
+    ) {
+        serve(self, Client::Unix(client), prefix, alpn).await
     }
 }
 
-async fn serve(shared: &Bridge, client: Box<dyn ClientIo>, prefix: Vec<u8>, alpn: Option<Vec<u8>>) {
+async fn serve(shared: &Bridge, client: Client, prefix: Vec<u8>, alpn: Option<Vec<u8>>) {
     // The certificate this connection is opened with (read before the handshake: if a rotation
     // races it, the connection is attributed to the older one and ends earlier, never later).
     let epoch = shared.upstream.epoch();
@@ -63,7 +101,7 @@ async fn serve(shared: &Bridge, client: Box<dyn ClientIo>, prefix: Vec<u8>, alpn
             // Boxed: the HTTP/2 answer's state is large and only this rare path needs it; inline, it
             // would sit in every connection task's state for the connection's whole life.
             Box::pin(super::failure::tell_client(
-                client,
+                client.boxed(),
                 prefix,
                 alpn.as_deref(),
                 &e,
@@ -79,67 +117,97 @@ async fn serve(shared: &Bridge, client: Box<dyn ClientIo>, prefix: Vec<u8>, alpn
             return;
         }
     }
-    let last = Arc::new(LastActivity::new());
+    let retired = super::rotation::retire(shared.upstream.epochs(), epoch, shared.rotation_close);
+    let (to_upstream, to_client) = match (client, shared.relay_loops.as_deref()) {
+        (Client::Unix(client), Some(loops))
+            if matches!(up.get_ref().0.get_ref(), Tunnel::Tcp(_)) =>
+        {
+            match in_loop(shared, loops, client, up, retired).await {
+                Some(bytes) => bytes,
+                None => return,
+            }
+        }
+        (client, _) => on_task(shared, client.boxed(), up, retired).await,
+    };
+    shared
+        .metrics
+        .bytes(to_upstream + prefix.len() as u64, to_client);
+}
+
+/// Relays on this task ([`super::relay`]) until both directions end, the idle timeout or the
+/// certificate's retirement; returns the bytes read from each side.
+async fn on_task(
+    shared: &Bridge,
+    client: Box<dyn ClientIo>,
+    up: UpstreamStream,
+    retired: impl std::future::Future<Output = ()>,
+) -> (u64, u64) {
+    let last = Arc::new(LastActivity::default());
     let mut a = Tracked::new(client, last.clone());
     let mut b = Tracked::new(up, last.clone());
     let copy = super::relay::copy_bidirectional(&mut a, &mut b);
-    let idle = async {
-        match shared.idle_timeout {
-            Some(limit) => last.idle(limit).await,
-            None => std::future::pending::<()>().await,
-        }
-    };
-    let retired = super::rotation::retire(shared.upstream.epochs(), epoch, shared.rotation_close);
     let outcome = tokio::select! {
         r = copy => r.map(|_| ()),
-        _ = idle => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
-        _ = retired => {
-            tracing::info!("closing a connection opened with a certificate that was replaced or has expired");
-            Err(io::Error::other("certificate rotated"))
-        }
+        _ = idle(shared.idle_timeout, &last) => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
+        _ = retired => Err(rotated()),
     };
     if let Err(e) = outcome {
         tracing::debug!(error = %e, "connection ended with an error");
     }
-    shared
-        .metrics
-        .bytes(a.bytes() + prefix.len() as u64, b.bytes());
+    (a.bytes(), b.bytes())
 }
 
-/// When either side last moved a byte, for the idle timeout.
-struct LastActivity {
-    base: Instant,
-    millis: AtomicU64,
+/// Moves the connection to a relay loop and waits for its end there, closing it at the idle
+/// timeout or the certificate's retirement; returns the bytes read from each side (None when
+/// the sockets could not be taken from the runtime: the connection is closed).
+async fn in_loop(
+    shared: &Bridge,
+    loops: &RelayLoops,
+    client: ClientUnixStream,
+    up: UpstreamStream,
+    retired: impl std::future::Future<Output = ()>,
+) -> Option<(u64, u64)> {
+    let pair = match Pair::from_runtime(client, *up) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not move a connection to a relay loop; closed");
+            return None;
+        }
+    };
+    let mut relayed = loops.hand_off(pair);
+    let activity = relayed.activity();
+    let outcome = tokio::select! {
+        o = relayed.ended() => o,
+        _ = idle(shared.idle_timeout, activity.last()) => {
+            let mut o = relayed.close().await;
+            o.result = Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout"));
+            o
+        }
+        _ = retired => {
+            let mut o = relayed.close().await;
+            o.result = Err(rotated());
+            o
+        }
+    };
+    if let Err(e) = outcome.result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+    Some((outcome.up, outcome.down))
 }
 
-impl LastActivity {
-    fn new() -> LastActivity {
-        LastActivity {
-            base: Instant::now(),
-            millis: AtomicU64::new(0),
-        }
+/// Resolves once nothing moved for the idle timeout (never without one).
+async fn idle(limit: Option<Duration>, last: &LastActivity) {
+    match limit {
+        Some(limit) => last.idle(limit).await,
+        None => std::future::pending::<()>().await,
     }
+}
 
-    fn touch(&self) {
-        let now = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.millis.store(now, Ordering::Relaxed);
-    }
-
-    fn since(&self) -> Duration {
-        let last = Duration::from_millis(self.millis.load(Ordering::Relaxed));
-        self.base.elapsed().saturating_sub(last)
-    }
-
-    /// Resolves once nothing moved for `limit`.
-    async fn idle(&self, limit: Duration) {
-        loop {
-            let since = self.since();
-            if since >= limit {
-                return;
-            }
-            tokio::time::sleep(limit - since).await;
-        }
-    }
+fn rotated() -> io::Error {
+    tracing::info!(
+        "closing a connection opened with a certificate that was replaced or has expired"
+    );
+    io::Error::other("certificate rotated")
 }
 
 /// A stream that records activity and counts the bytes read from it.

@@ -14,8 +14,9 @@ use super::listener::PREAUTH_BUDGET;
 const RESERVED: usize = 64;
 
 /// Raises the soft descriptor limit as far as allowed and returns the number of connections
-/// that fit (at most `wanted`), `runtimes` runtimes holding their own descriptors.
-pub fn fit_connections(wanted: usize, runtimes: usize) -> usize {
+/// that fit (at most `wanted`), `runtimes` runtimes and `relay_loops` relay loops holding their
+/// own descriptors.
+pub fn fit_connections(wanted: usize, runtimes: usize, relay_loops: usize) -> usize {
     let limit = raise_nofile();
     let Some(limit) = limit else {
         return wanted;
@@ -23,7 +24,8 @@ pub fn fit_connections(wanted: usize, runtimes: usize) -> usize {
     let reserved = RESERVED
         + PREAUTH_BUDGET
         + ADMIN_MAX_CONNECTIONS
-        + runtimes * super::threads::DESCRIPTORS_PER_RUNTIME;
+        + runtimes * super::threads::DESCRIPTORS_PER_RUNTIME
+        + relay_loops * super::relay_loop::DESCRIPTORS_PER_LOOP;
     let fit = (limit.saturating_sub(reserved as u64) / 2).max(1);
     let fit = usize::try_from(fit).unwrap_or(usize::MAX);
     if wanted > fit {

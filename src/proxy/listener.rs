@@ -480,7 +480,7 @@ async fn handle_unix(shared: &Clients, mut stream: ClientUnixStream) {
     };
     shared
         .bridge
-        .serve(Box::new(stream), prefix, Some(alpn.to_vec()))
+        .serve_unix(stream, prefix, Some(alpn.to_vec()))
         .await;
 }
 

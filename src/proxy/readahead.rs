@@ -44,6 +44,21 @@ impl<S> ReadAhead<S> {
             cap: 0,
         }
     }
+
+    /// The stream underneath.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The stream and the bytes read from it but not yet handed out (for a reader that takes
+    /// the socket over: [`super::relay_loop`]).
+    pub fn into_parts(self) -> (S, Vec<u8>) {
+        let rest = match &self.buf {
+            Some(buf) if self.pos < self.cap => buf.bytes()[self.pos..self.cap].to_vec(),
+            _ => Vec::new(),
+        };
+        (self.inner, rest)
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {

@@ -23,6 +23,7 @@ use super::error::StartError;
 use super::lifetime::{self, Activity, StopReason};
 use super::listener::{self, Bound, Clients, LocalTls};
 use super::metrics::Metrics;
+use super::relay_loop::RelayLoops;
 use super::reload::{self, Reloader};
 use super::renewal::{self, RenewSettings, Renewal, RenewalStatus};
 use super::settings::{AdminSettings, Settings};
@@ -44,15 +45,24 @@ pub fn run(settings: Settings, supervisor: Supervisor) -> Result<StopReason, Sta
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let prepared = prepare(&settings, supervisor)?;
     let connections = ConnectionThreads::new(cores).map_err(StartError::Runtime)?;
+    let loops = Arc::new(RelayLoops::start(cores).map_err(StartError::Runtime)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("hwkey-proxy")
         .enable_all()
         .build()
         .map_err(StartError::Runtime)?;
-    let result = runtime.block_on(serve(settings, prepared, connections.spawner()));
+    let result = runtime.block_on(serve(
+        settings,
+        prepared,
+        connections.spawner(),
+        loops.clone(),
+    ));
     runtime.shutdown_timeout(Duration::from_secs(1));
     connections.shutdown(Duration::from_secs(1));
+    // The connection tasks are gone, and with them every relayed connection's task: the loops
+    // close what is left.
+    loops.shutdown();
     result
 }
 
@@ -192,6 +202,7 @@ async fn serve(
     settings: Settings,
     prepared: Prepared,
     connections: Spawner,
+    loops: Arc<RelayLoops>,
 ) -> Result<StopReason, StartError> {
     let Prepared {
         opened,
@@ -219,6 +230,7 @@ async fn serve(
         metrics,
         activity: activity.clone(),
         connections,
+        loops,
         versions: opened.versions,
         ca: opened.ca,
     };
@@ -245,6 +257,8 @@ struct Parts {
     metrics: Arc<Metrics>,
     activity: Arc<Activity>,
     connections: Spawner,
+    /// The relay loops of established UNIX-socket connections.
+    loops: Arc<RelayLoops>,
     versions: &'static [&'static rustls::SupportedProtocolVersion],
     ca: LoopbackCa,
 }
@@ -314,6 +328,7 @@ fn clients(
         slots: Arc::new(Semaphore::new(limits::fit_connections(
             c.max_connections.max(1),
             parts.connections.threads() + 1,
+            parts.loops.len(),
         ))),
         allowed_uids: c.allow_uids.clone(),
         handshake_timeout: c.handshake_timeout,
@@ -325,6 +340,7 @@ fn clients(
             metrics: parts.metrics.clone(),
             idle_timeout: c.idle_timeout,
             rotation_close: c.rotation_close,
+            relay_loops: Some(parts.loops.clone()),
         },
     })
 }

@@ -52,6 +52,15 @@ impl ClientUnixStream {
         })
     }
 
+    /// The socket, taken back from the runtime (deregistered; still non-blocking), for a
+    /// relay that waits for it itself ([`super::relay_loop`]).
+    pub fn into_std(mut self) -> io::Result<UnixStream> {
+        self.io
+            .take()
+            .map(AsyncFd::into_inner)
+            .ok_or_else(|| io::Error::other("the client socket lost its registration"))
+    }
+
     /// The connected socket (for the peer's credentials).
     pub fn socket(&self) -> Option<&UnixStream> {
         self.io.as_ref().map(AsyncFd::get_ref)

@@ -211,3 +211,71 @@ fn an_idle_connection_costs_the_proxy_at_most_12_kib() {
         "each idle connection added {per:.1} KiB of proxy RSS ({before} → {after} KiB for 500)"
     );
 }
+
+/// The voluntary context switches of the proxy's threads whose name starts with `prefix`
+/// (`/proc/PID/task/*/comm`, at most 15 bytes of the name): how often they went to sleep and
+/// were woken.
+fn switches_of_threads(pid: u32, prefix: &str) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the proxy's threads")
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            let name = std::fs::read_to_string(dir.join("comm")).ok()?;
+            if !name.starts_with(prefix) {
+                return None;
+            }
+            std::fs::read_to_string(dir.join("status"))
+                .ok()?
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// Issue 38: an established UNIX-socket connection is relayed by an event loop of its own
+/// (`proxy::relay_loop`), not by its task on a connection runtime: the task sleeps until the
+/// connection ends. 250 rounds of a request on each of 8 connections (the client waits for all
+/// 8 answers before the next round, so every round the proxy goes idle once) put the relay
+/// loops' threads to sleep at least once per round and the connection runtimes' threads
+/// (almost) never. Counted by the threads' voluntary context switches, not timed. On the
+/// runtime's path (before the loops) the runtimes' threads slept once per round or more, and
+/// no relay thread existed.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn keep_alive_requests_on_the_unix_socket_are_relayed_by_the_loops_not_the_runtimes() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let pid = proxy.guard.id();
+    let request = "GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let mut conns: Vec<RawHttp> = (0..8).map(|_| RawHttp::connect(&proxy.socket)).collect();
+    let round = |conns: &mut Vec<RawHttp>| {
+        for c in conns.iter_mut() {
+            c.send(request);
+        }
+        for c in conns.iter_mut() {
+            let (status, _) = c.read_response();
+            assert_eq!(status, 200, "{}", proxy.log());
+        }
+    };
+    round(&mut conns); // the upstream handshakes, on the runtimes
+    std::thread::sleep(Duration::from_millis(100));
+    let runtimes = switches_of_threads(pid, "hwkey-proxy-con");
+    let loops = switches_of_threads(pid, "hwkey-proxy-rel");
+    let rounds = 250;
+    for _ in 0..rounds {
+        round(&mut conns);
+    }
+    let runtimes = switches_of_threads(pid, "hwkey-proxy-con") - runtimes;
+    let loops = switches_of_threads(pid, "hwkey-proxy-rel") - loops;
+    assert!(
+        loops >= rounds,
+        "the relay loops slept {loops} times in {rounds} rounds: the requests did not go through them"
+    );
+    assert!(
+        runtimes <= 20,
+        "the connection runtimes' threads were woken {runtimes} times in {rounds} rounds of keep-alive requests (at most 20 expected: the loops relay them)"
+    );
+    drop(conns);
+}
