@@ -174,7 +174,12 @@ async fn in_loop(
             return None;
         }
     };
-    let mut relayed = loops.hand_off(pair);
+    let Some(mut relayed) = loops.hand_off(pair) else {
+        tracing::warn!(
+            "no relay loop runs (the proxy is stopping, or a loop failed); connection closed"
+        );
+        return None;
+    };
     let activity = relayed.activity();
     let outcome = tokio::select! {
         o = relayed.ended() => o,

@@ -39,7 +39,8 @@ impl LastActivity {
         self.millis.store(now, Ordering::Relaxed);
     }
 
-    fn since(&self) -> Duration {
+    /// How long nothing moved.
+    pub fn since(&self) -> Duration {
         Duration::from_millis(now_ms().saturating_sub(self.millis.load(Ordering::Relaxed)))
     }
 

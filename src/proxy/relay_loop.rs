@@ -59,6 +59,10 @@ const RECORDS: usize = 64 * 1024;
 const PLAIN: usize = 16 * 1024;
 /// Events taken per `epoll_wait`.
 const EVENTS: usize = 256;
+/// Rounds of [`Conn::drive`] one connection gets before the loop serves the others: a busy
+/// connection (a bulk transfer that always finds bytes and room) moves at most about 1 MiB per
+/// turn, then waits behind every connection ready meanwhile.
+const ROUNDS_PER_TURN: usize = 16;
 /// The token of the loop's waker (commands in its inbox); connections use `2 × slot + side`.
 const WAKER: u64 = u64::MAX;
 
@@ -127,10 +131,19 @@ struct Link {
 
 /// A loop's commands, and the eventfd that wakes it for them.
 struct Inbox {
-    queue: Mutex<Vec<Command>>,
+    queue: Mutex<Queue>,
     wake: OwnedFd,
     /// Connections on this loop, for placing the next one.
     load: AtomicUsize,
+}
+
+/// The commands not yet run, and whether the loop has stopped (then none is taken: a command
+/// sent to a stopped loop is dropped at once, and a connection's task learns it from its
+/// outcome's sender going away).
+#[derive(Default)]
+struct Queue {
+    commands: Vec<Command>,
+    stopped: bool,
 }
 
 enum Command {
@@ -164,10 +177,14 @@ impl Pair {
 }
 
 impl RelayLoops {
-    /// `n` loops (at least one), their threads named `hwkey-proxy-relay`.
+    /// `n` loops (at least one), their threads named `hwkey-proxy-relay`. On an error, the
+    /// loops already started are stopped again.
     pub fn start(n: usize) -> io::Result<RelayLoops> {
-        let mut loops = Vec::new();
-        let mut threads = Vec::new();
+        let mut made = RelayLoops {
+            loops: Vec::new(),
+            next: AtomicUsize::new(0),
+            threads: Mutex::new(Vec::new()),
+        };
         for _ in 0..n.max(1) {
             let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
             let wake = rustix::event::eventfd(
@@ -176,23 +193,25 @@ impl RelayLoops {
             )?;
             epoll::add(&ep, &wake, EventData::new_u64(WAKER), EventFlags::IN)?;
             let inbox = Arc::new(Inbox {
-                queue: Mutex::new(Vec::new()),
+                queue: Mutex::new(Queue::default()),
                 wake,
                 load: AtomicUsize::new(0),
             });
             let mine = inbox.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name("hwkey-proxy-relay".into())
-                    .spawn(move || Loop::new(ep, mine).run())?,
-            );
-            loops.push(inbox);
+            let thread = std::thread::Builder::new()
+                .name("hwkey-proxy-relay".into())
+                .spawn(move || Loop::new(ep, mine).run())?;
+            made.loops.push(inbox);
+            made.threads_mut().push(thread);
         }
-        Ok(RelayLoops {
-            loops,
-            next: AtomicUsize::new(0),
-            threads: Mutex::new(threads),
-        })
+        Ok(made)
+    }
+
+    fn threads_mut(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+        match self.threads.lock() {
+            Ok(t) => t,
+            Err(poisoned) => poisoned.into_inner(),
+        }
     }
 
     /// How many loops run.
@@ -205,14 +224,15 @@ impl RelayLoops {
         self.loops.is_empty()
     }
 
-    /// Moves `pair` to the loop with the fewest connections.
-    pub fn hand_off(&self, pair: Pair) -> Relayed {
+    /// Moves `pair` to the running loop with the fewest connections; None (the pair dropped,
+    /// so the connection is closed) when no loop runs any more.
+    pub fn hand_off(&self, pair: Pair) -> Option<Relayed> {
         let n = self.loops.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let inbox = (0..n)
             .map(|i| &self.loops[(start + i) % n])
-            .min_by_key(|l| l.load.load(Ordering::Relaxed))
-            .unwrap_or(&self.loops[0])
+            .filter(|l| !l.stopped())
+            .min_by_key(|l| l.load.load(Ordering::Relaxed))?
             .clone();
         inbox.load.fetch_add(1, Ordering::Relaxed);
         let link = Arc::new(Link {
@@ -221,12 +241,12 @@ impl RelayLoops {
         });
         let (tx, done) = oneshot::channel();
         inbox.send(Command::Add(Box::new(pair), link.clone(), tx));
-        Relayed {
+        Some(Relayed {
             link,
             inbox,
             done,
             ended: false,
-        }
+        })
     }
 
     /// Closes every connection still relayed and stops the loops.
@@ -234,25 +254,39 @@ impl RelayLoops {
         for inbox in &self.loops {
             inbox.send(Command::Stop);
         }
-        let threads = match self.threads.lock() {
-            Ok(mut t) => std::mem::take(&mut *t),
-            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
-        };
+        let threads = std::mem::take(&mut *self.threads_mut());
         for t in threads {
             let _ = t.join();
         }
     }
 }
 
+impl Drop for RelayLoops {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
 impl Inbox {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        match self.queue.lock() {
+            Ok(q) => q,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.queue().stopped
+    }
+
     fn send(&self, command: Command) {
         let was_empty = {
-            let mut queue = match self.queue.lock() {
-                Ok(q) => q,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            queue.push(command);
-            queue.len() == 1
+            let mut queue = self.queue();
+            if queue.stopped {
+                return; // dropped here: an Add's sender with it
+            }
+            queue.commands.push(command);
+            queue.commands.len() == 1
         };
         // The loop drains the whole queue after each wake-up: one wake per batch is enough.
         if was_empty {
@@ -263,10 +297,26 @@ impl Inbox {
     fn take(&self) -> Vec<Command> {
         let mut buf = [0u8; 8];
         let _ = rustix::io::read(&self.wake, &mut buf);
-        match self.queue.lock() {
-            Ok(mut q) => std::mem::take(&mut *q),
-            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
-        }
+        std::mem::take(&mut self.queue().commands)
+    }
+
+    /// Marks the loop stopped and drops what waits for it (also when its thread unwinds).
+    fn close(&self) {
+        let left = {
+            let mut queue = self.queue();
+            queue.stopped = true;
+            std::mem::take(&mut queue.commands)
+        };
+        drop(left);
+    }
+}
+
+/// Closes its loop's inbox when the loop's thread ends, however it ends.
+struct Closing(Arc<Inbox>);
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
@@ -321,6 +371,8 @@ struct Loop {
     plain: Box<[u8]>,
     /// Records read from an upstream, on their way into rustls.
     records: Box<[u8]>,
+    /// Connections that used up their turn with bytes still to move.
+    again: Vec<usize>,
 }
 
 impl Loop {
@@ -332,14 +384,27 @@ impl Loop {
             free: Vec::new(),
             plain: vec![0u8; PLAIN].into_boxed_slice(),
             records: vec![0u8; RECORDS].into_boxed_slice(),
+            again: Vec::new(),
         }
     }
 
     fn run(mut self) {
+        let _closing = Closing(self.inbox.clone());
         let mut events = Vec::with_capacity(EVENTS);
+        let no_wait = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         loop {
             events.clear();
-            match epoll::wait(&self.ep, rustix::buffer::spare_capacity(&mut events), None) {
+            // Connections left with bytes to move: look for events without sleeping, then
+            // give them their next turn.
+            let timeout = (!self.again.is_empty()).then_some(&no_wait);
+            match epoll::wait(
+                &self.ep,
+                rustix::buffer::spare_capacity(&mut events),
+                timeout,
+            ) {
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => {
@@ -355,7 +420,14 @@ impl Loop {
                     commands = true;
                     continue;
                 }
-                self.ready(token, event.flags, now);
+                let slot = usize::try_from(token / 2).unwrap_or(usize::MAX);
+                if let Some(Some(conn)) = self.conns.get_mut(slot) {
+                    conn.mark(token % 2 == 1, event.flags);
+                    self.turn(slot, now);
+                }
+            }
+            for slot in std::mem::take(&mut self.again) {
+                self.turn(slot, now);
             }
             if commands && !self.commands(now) {
                 break;
@@ -366,17 +438,21 @@ impl Loop {
         }
     }
 
-    /// A connection's socket is ready: mark it and move what can be moved.
-    fn ready(&mut self, token: u64, flags: EventFlags, now: u64) {
-        let slot = usize::try_from(token / 2).unwrap_or(usize::MAX);
+    /// A connection's turn: move what can be moved (at most [`ROUNDS_PER_TURN`] rounds),
+    /// stamp its activity if bytes moved, end it when both directions are done or it failed.
+    fn turn(&mut self, slot: usize, now: u64) {
         let Some(Some(conn)) = self.conns.get_mut(slot) else {
             return;
         };
-        conn.mark(token % 2 == 1, flags);
-        conn.link.last.touch_at(now);
-        match conn.drive(&self.ep, slot, &mut self.plain, &mut self.records) {
-            Ok(false) => {}
-            Ok(true) => self.end(slot, Ok(())),
+        let moved = (conn.up, conn.down);
+        let step = conn.drive(&self.ep, slot, &mut self.plain, &mut self.records);
+        if (conn.up, conn.down) != moved {
+            conn.link.last.touch_at(now);
+        }
+        match step {
+            Ok(Step::Waiting) => {}
+            Ok(Step::More) => self.again.push(slot),
+            Ok(Step::Done) => self.end(slot, Ok(())),
             Err(e) => self.end(slot, Err(e)),
         }
     }
@@ -433,14 +509,7 @@ impl Loop {
         }
         // Whatever arrived before the hand-off (records, opened plaintext, unsent records)
         // moves now; the sockets' own readiness comes as events.
-        let Some(Some(conn)) = self.conns.get_mut(slot) else {
-            return;
-        };
-        match conn.drive(&self.ep, slot, &mut self.plain, &mut self.records) {
-            Ok(false) => {}
-            Ok(true) => self.end(slot, Ok(())),
-            Err(e) => self.end(slot, Err(e)),
-        }
+        self.turn(slot, now);
     }
 
     /// Removes the connection at `slot` (closing both sockets) and tells its task.
@@ -503,6 +572,16 @@ impl<S> Side<S> {
     fn can_read(&self) -> bool {
         self.readable || self.read_closed
     }
+}
+
+/// Where a connection's turn left it.
+enum Step {
+    /// Nothing can move until an event.
+    Waiting,
+    /// Its turn is up with bytes still to move.
+    More,
+    /// Both directions are done.
+    Done,
 }
 
 /// Whether plaintext reached the client.
@@ -582,23 +661,28 @@ impl Conn {
         }
     }
 
-    /// Moves bytes both ways until neither can move; true once both directions are done.
+    /// Moves bytes both ways until neither can move or the turn is up.
     fn drive(
         &mut self,
         ep: &OwnedFd,
         slot: usize,
         plain: &mut [u8],
         records: &mut [u8],
-    ) -> io::Result<bool> {
-        loop {
+    ) -> io::Result<Step> {
+        let mut step = Step::More;
+        for _ in 0..ROUNDS_PER_TURN {
             let forward = self.forward(plain)?;
             let backward = self.backward(records)?;
             if !(forward || backward) {
+                step = Step::Waiting;
                 break;
             }
         }
         self.register_client(ep, slot)?;
-        Ok(self.upstream_shut && self.client_shut)
+        if self.upstream_shut && self.client_shut {
+            step = Step::Done;
+        }
+        Ok(step)
     }
 
     /// The client's registration asks for writability exactly while the client has no room.
@@ -618,6 +702,12 @@ impl Conn {
 
     /// Client to upstream, one step; true if something moved.
     fn forward(&mut self, plain: &mut [u8]) -> io::Result<bool> {
+        if self.upstream_shut {
+            // Done: an alert rustls queues from now on (a TLS 1.2 server's HelloRequest
+            // answered with `no_renegotiation`) has no way out, and must not fail the other
+            // direction.
+            return Ok(false);
+        }
         if self.tls.wants_write() {
             if !self.upstream.writable {
                 return Ok(false);
@@ -632,9 +722,6 @@ impl Conn {
             };
         }
         if self.client_eof {
-            if self.upstream_shut {
-                return Ok(false);
-            }
             self.upstream_shut = true;
             return match self.upstream.io.shutdown(Shutdown::Write) {
                 Err(e) if e.kind() != io::ErrorKind::NotConnected => Err(e),
@@ -930,7 +1017,7 @@ mod tests {
         });
         let loops = RelayLoops::start(2).unwrap();
         let (pair, mut client) = connect(port, client_config);
-        let mut relayed = loops.hand_off(pair);
+        let mut relayed = loops.hand_off(pair).unwrap();
         let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         client.write_all(&sent).unwrap();
         client.shutdown(Shutdown::Write).unwrap();
@@ -981,7 +1068,7 @@ mod tests {
         });
         let loops = RelayLoops::start(1).unwrap();
         let (pair, mut client) = connect(port, client_config);
-        let mut relayed = loops.hand_off(pair);
+        let mut relayed = loops.hand_off(pair).unwrap();
         let mut waited = 0;
         while buffers_in_use() < 1 {
             std::thread::sleep(Duration::from_millis(10));
@@ -1033,7 +1120,7 @@ mod tests {
                 assert!(r.is_err() || rest.is_empty());
             });
             let (pair, mut client) = connect(port, client_config);
-            let relayed = loops.hand_off(pair);
+            let relayed = loops.hand_off(pair).unwrap();
             if by_drop {
                 drop(relayed);
             } else {
@@ -1094,7 +1181,7 @@ mod tests {
             "{} bytes of records were in the read-ahead at the hand-off",
             pair.records.len()
         );
-        let mut relayed = loops.hand_off(pair);
+        let mut relayed = loops.hand_off(pair).unwrap();
         let mut got = Vec::new();
         client
             .set_read_timeout(Some(Duration::from_secs(10)))
@@ -1109,5 +1196,82 @@ mod tests {
         futures::executor::block_on(relayed.ended()).result.unwrap();
         upstream.join().unwrap();
         loops.shutdown();
+    }
+
+    /// A connection's turn ends after [`ROUNDS_PER_TURN`] rounds even with bytes still
+    /// waiting, so a connection that always has bytes to move (a bulk upload from a fast
+    /// client) leaves its loop to the others between turns. Here the client has sent more than
+    /// a turn moves before the turn: the turn ends with `More`, having read less than was
+    /// waiting. (Without turns it read until the client had nothing left.) Counted in bytes
+    /// and rounds, not timed.
+    #[test]
+    fn a_turn_ends_after_its_rounds_with_bytes_still_waiting() {
+        let _serial = TEST_SERIAL.blocking_lock();
+        let (server_config, client_config) = configs(false);
+        let (port, upstream) = server(server_config, |s| {
+            // The connection is dropped mid-stream: no clean end to wait for.
+            let mut got = Vec::new();
+            let _ = s.read_to_end(&mut got);
+        });
+        let (pair, mut client) = connect(port, client_config);
+        // Room for what is sent before the turn, and for what the turn moves.
+        let room = 4 << 20;
+        rustix::net::sockopt::set_socket_send_buffer_size(&client, room).unwrap();
+        rustix::net::sockopt::set_socket_send_buffer_size(&pair.upstream, room).unwrap();
+        client.set_nonblocking(true).unwrap();
+        let chunk = vec![1u8; 4096];
+        let mut waiting = 0usize;
+        while let Ok(n) = client.write(&chunk) {
+            waiting += n;
+        }
+        let a_turn = ROUNDS_PER_TURN * PLAIN;
+        assert!(
+            waiting > a_turn,
+            "only {waiting} bytes fit in the client's socket"
+        );
+        let (done, _outcome) = oneshot::channel();
+        let link = Arc::new(Link {
+            last: LastActivity::default(),
+            slot: AtomicUsize::new(0),
+        });
+        let mut conn = Conn::new(pair, link, done);
+        conn.client.readable = true;
+        conn.client.writable = true;
+        conn.upstream.writable = true;
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+        let mut plain = vec![0u8; PLAIN];
+        let mut records = vec![0u8; RECORDS];
+        let step = conn.drive(&ep, 0, &mut plain, &mut records).unwrap();
+        assert!(
+            matches!(step, Step::More),
+            "the turn did not end with bytes waiting"
+        );
+        assert!(
+            conn.up > 0 && conn.up <= a_turn as u64 && conn.up < waiting as u64,
+            "one turn read {} of the {waiting} bytes waiting (at most {a_turn})",
+            conn.up
+        );
+        drop(conn);
+        upstream.join().unwrap();
+    }
+
+    /// Once the loops have stopped, a connection handed to them is refused (and closed: its
+    /// client sees the end) instead of waiting in a queue nobody reads.
+    #[test]
+    fn a_stopped_loop_takes_no_connection() {
+        let _serial = TEST_SERIAL.blocking_lock();
+        let (server_config, client_config) = configs(false);
+        let (port, upstream) = server(server_config, |s| {
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+        });
+        let loops = RelayLoops::start(2).unwrap();
+        loops.shutdown();
+        let (pair, mut client) = connect(port, client_config);
+        assert!(loops.hand_off(pair).is_none());
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+        upstream.join().unwrap();
     }
 }
