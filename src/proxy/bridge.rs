@@ -189,8 +189,10 @@ async fn in_loop(
             o
         }
         _ = retired => {
+            // Said before the close: the client sees its end as soon as the loop closes.
+            let why = rotated();
             let mut o = relayed.close().await;
-            o.result = Err(rotated());
+            o.result = Err(why);
             o
         }
     };

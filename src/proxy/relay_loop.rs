@@ -55,6 +55,9 @@ use tokio_rustls::client::TlsStream;
 /// The most bytes one read takes from the upstream: four maximum-size TLS records, as the
 /// runtime path's read-ahead ([`super::readahead::READ_AHEAD`]).
 const RECORDS: usize = 64 * 1024;
+/// The most plaintext gathered for one write to the client: four records' worth, so a bulk
+/// download costs one write per read of the upstream, not one per record.
+const OUT: usize = 64 * 1024;
 /// The most bytes one read takes from the client: one maximum-size TLS record's plaintext.
 const PLAIN: usize = 16 * 1024;
 /// Events taken per `epoll_wait`.
@@ -361,16 +364,23 @@ fn stopped() -> Outcome {
     }
 }
 
+/// A loop's buffers, which serve each of its connections in turn.
+struct Scratch {
+    /// Plaintext read from a client, on its way into rustls (wiped after each use).
+    plain: Box<[u8]>,
+    /// Records read from an upstream, on their way into rustls.
+    records: Box<[u8]>,
+    /// Plaintext opened by rustls, gathered for one write to the client (wiped after each use).
+    out: Box<[u8]>,
+}
+
 /// One loop's thread state.
 struct Loop {
     ep: OwnedFd,
     inbox: Arc<Inbox>,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
-    /// Plaintext read from a client, on its way into rustls (wiped after each use).
-    plain: Box<[u8]>,
-    /// Records read from an upstream, on their way into rustls.
-    records: Box<[u8]>,
+    scratch: Scratch,
     /// Connections that used up their turn with bytes still to move.
     again: Vec<usize>,
 }
@@ -382,8 +392,11 @@ impl Loop {
             inbox,
             conns: Vec::new(),
             free: Vec::new(),
-            plain: vec![0u8; PLAIN].into_boxed_slice(),
-            records: vec![0u8; RECORDS].into_boxed_slice(),
+            scratch: Scratch {
+                plain: vec![0u8; PLAIN].into_boxed_slice(),
+                records: vec![0u8; RECORDS].into_boxed_slice(),
+                out: vec![0u8; OUT].into_boxed_slice(),
+            },
             again: Vec::new(),
         }
     }
@@ -445,7 +458,7 @@ impl Loop {
             return;
         };
         let moved = (conn.up, conn.down);
-        let step = conn.drive(&self.ep, slot, &mut self.plain, &mut self.records);
+        let step = conn.drive(&self.ep, slot, &mut self.scratch);
         if (conn.up, conn.down) != moved {
             conn.link.last.touch_at(now);
         }
@@ -584,17 +597,14 @@ enum Step {
     Done,
 }
 
-/// Whether plaintext reached the client.
-enum Delivered {
-    /// Nothing was waiting.
-    Nothing,
-    /// Some or all of it was written.
+/// How far pending plaintext reached the client.
+enum Sent {
+    /// All of it (or there was none).
+    All,
+    /// Some of it, then the client had no room.
     Some,
-    /// The client has no room: the rest waits in rustls.
+    /// None: the client has no room.
     Blocked,
-    /// The upstream ended its side cleanly (`close_notify`), and everything before it is
-    /// written.
-    Closed,
 }
 
 /// One relayed connection.
@@ -607,6 +617,11 @@ struct Conn {
     held: Option<Buffer>,
     pos: usize,
     cap: usize,
+    /// Plaintext for the client that found no room, kept until it has some (a counted copy
+    /// buffer): `pending[ppos..pcap]`.
+    pending: Option<Buffer>,
+    ppos: usize,
+    pcap: usize,
     /// The client's registration includes writability.
     client_out: bool,
     /// The client ended its output.
@@ -637,6 +652,9 @@ impl Conn {
             held: None,
             pos: 0,
             cap: 0,
+            pending: None,
+            ppos: 0,
+            pcap: 0,
             client_out: false,
             client_eof: false,
             upstream_shut: false,
@@ -662,17 +680,11 @@ impl Conn {
     }
 
     /// Moves bytes both ways until neither can move or the turn is up.
-    fn drive(
-        &mut self,
-        ep: &OwnedFd,
-        slot: usize,
-        plain: &mut [u8],
-        records: &mut [u8],
-    ) -> io::Result<Step> {
+    fn drive(&mut self, ep: &OwnedFd, slot: usize, scratch: &mut Scratch) -> io::Result<Step> {
         let mut step = Step::More;
         for _ in 0..ROUNDS_PER_TURN {
-            let forward = self.forward(plain)?;
-            let backward = self.backward(records)?;
+            let forward = self.forward(&mut scratch.plain)?;
+            let backward = self.backward(&mut scratch.records, &mut scratch.out)?;
             if !(forward || backward) {
                 step = Step::Waiting;
                 break;
@@ -757,31 +769,42 @@ impl Conn {
     }
 
     /// Upstream to client, one step; true if something moved.
-    fn backward(&mut self, records: &mut [u8]) -> io::Result<bool> {
+    fn backward(&mut self, records: &mut [u8], out: &mut [u8]) -> io::Result<bool> {
         if self.client_shut {
             return Ok(false);
         }
-        match self.deliver()? {
-            Delivered::Some => return Ok(true),
-            Delivered::Blocked => {
-                self.hold(&[]);
-                return Ok(false);
-            }
-            Delivered::Closed => {
-                // Nothing after `close_notify` counts.
-                self.client_shut = true;
-                self.held = None;
-                (self.pos, self.cap) = (0, 0);
-                return match self.client.io.shutdown(Shutdown::Write) {
-                    Err(e) if e.kind() != io::ErrorKind::NotConnected => Err(e),
-                    _ => Ok(true),
-                };
-            }
-            Delivered::Nothing => {}
+        match self.flush_pending()? {
+            Sent::All => {}
+            Sent::Some => return Ok(true),
+            Sent::Blocked => return Ok(false),
+        }
+        if !self.client.writable {
+            // Plaintext may wait in rustls: the records stay unread, and the connection holds
+            // its buffer while it waits for room.
+            self.hold(&[]);
+            return Ok(false);
+        }
+        let mut n = 0;
+        let closed = self.gather(out, &mut n)?;
+        if n > 0 {
+            let sent = self.send_out(&out[..n]);
+            out[..n].fill(0);
+            sent?;
+            return Ok(true);
+        }
+        if closed {
+            // Nothing after `close_notify` counts.
+            self.client_shut = true;
+            self.held = None;
+            (self.pos, self.cap) = (0, 0);
+            return match self.client.io.shutdown(Shutdown::Write) {
+                Err(e) if e.kind() != io::ErrorKind::NotConnected => Err(e),
+                _ => Ok(true),
+            };
         }
         if let Some(held) = self.held.take() {
             if self.pos < self.cap {
-                let used = self.open(&held.bytes()[self.pos..self.cap])?;
+                let used = self.open(&held.bytes()[self.pos..self.cap], out)?;
                 self.pos += used;
                 self.held = Some(held);
                 return Ok(used > 0);
@@ -789,12 +812,12 @@ impl Conn {
             // Drained, and the client took everything: back to the pool.
             drop(held);
         }
-        self.read_upstream(records)
+        self.read_upstream(records, out)
     }
 
     /// A fresh read of the upstream's records, opened and delivered as far as the client takes
     /// them (the rest is held); true if something moved.
-    fn read_upstream(&mut self, records: &mut [u8]) -> io::Result<bool> {
+    fn read_upstream(&mut self, records: &mut [u8], out: &mut [u8]) -> io::Result<bool> {
         if self.upstream_eof || !self.upstream.can_read() {
             return Ok(false);
         }
@@ -810,7 +833,7 @@ impl Conn {
                 if n < records.len() {
                     self.upstream.readable = false;
                 }
-                let used = self.open(&records[..n])?;
+                let used = self.open(&records[..n], out)?;
                 if used < n {
                     self.hold(&records[used..n]);
                 }
@@ -825,22 +848,35 @@ impl Conn {
         }
     }
 
-    /// Gives `bytes` (records) to rustls, delivering what each opens; returns how many it took
-    /// (fewer than all only when the client has no room, or the upstream ended its side).
-    fn open(&mut self, bytes: &[u8]) -> io::Result<usize> {
+    /// Gives `bytes` (records) to rustls and writes what they open to the client, `out` at a
+    /// time (one write for several records); returns how many bytes rustls took (fewer than
+    /// all only when the client has no room, or the upstream ended its side).
+    fn open(&mut self, bytes: &[u8], out: &mut [u8]) -> io::Result<usize> {
         let mut rest = bytes;
+        let mut n = 0;
         loop {
-            match self.deliver()? {
-                Delivered::Blocked | Delivered::Closed => break,
-                Delivered::Some | Delivered::Nothing => {}
+            let closed = self.gather(out, &mut n)?;
+            if n == out.len() {
+                let sent = self.send_out(&out[..n]);
+                out[..n].fill(0);
+                n = 0;
+                if !sent? {
+                    return Ok(bytes.len() - rest.len());
+                }
+                continue;
             }
-            if rest.is_empty() {
+            if closed || rest.is_empty() {
                 break;
             }
             if self.tls.read_tls(&mut rest)? == 0 {
                 break; // after `close_notify`, rustls takes nothing more
             }
             self.process()?;
+        }
+        if n > 0 {
+            let sent = self.send_out(&out[..n]);
+            out[..n].fill(0);
+            sent?;
         }
         Ok(bytes.len() - rest.len())
     }
@@ -854,40 +890,81 @@ impl Conn {
         Ok(())
     }
 
-    /// Writes the plaintext rustls holds to the client, from rustls's buffer.
-    fn deliver(&mut self) -> io::Result<Delivered> {
-        let mut wrote = false;
-        loop {
-            let mut reader = self.tls.reader();
-            let chunk = match reader.fill_buf() {
-                Ok([]) => return Ok(Delivered::Closed),
-                Ok(chunk) => chunk,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    return Ok(if wrote {
-                        Delivered::Some
-                    } else {
-                        Delivered::Nothing
-                    })
+    /// Moves the plaintext rustls holds into `out[*n..]` until `out` is full or nothing is
+    /// left; true once the upstream's `close_notify` came and everything before it is taken.
+    /// An error (the upstream cut the stream without `close_notify`) comes once what was
+    /// gathered is out.
+    fn gather(&mut self, out: &mut [u8], n: &mut usize) -> io::Result<bool> {
+        let mut reader = self.tls.reader();
+        while *n < out.len() {
+            match reader.fill_buf() {
+                Ok([]) => return Ok(true),
+                Ok(chunk) => {
+                    let k = chunk.len().min(out.len() - *n);
+                    out[*n..*n + k].copy_from_slice(&chunk[..k]);
+                    reader.consume(k);
+                    *n += k;
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) if *n > 0 => break,
                 Err(e) => return Err(e),
-            };
-            if !self.client.writable {
-                return Ok(Delivered::Blocked);
             }
-            match (&self.client.io).write(chunk) {
-                Ok(n) => {
-                    reader.consume(n);
-                    self.down += n as u64;
-                    wrote = true;
-                }
+        }
+        Ok(false)
+    }
+
+    /// Writes `bytes` (gathered plaintext) to the client; what does not fit is kept in the
+    /// connection's pending buffer (counted: bytes in flight) until the client has room.
+    /// True when all of it went.
+    fn send_out(&mut self, bytes: &[u8]) -> io::Result<bool> {
+        let mut sent = 0;
+        while sent < bytes.len() {
+            match (&self.client.io).write(&bytes[sent..]) {
+                Ok(k) => sent += k,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.client.writable = false;
-                    return Ok(Delivered::Blocked);
+                    break;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
+        self.down += sent as u64;
+        let rest = &bytes[sent..];
+        if rest.is_empty() {
+            return Ok(true);
+        }
+        let mut pending = Buffer::new(OUT.max(rest.len()));
+        pending.bytes_mut()[..rest.len()].copy_from_slice(rest);
+        pending.filled(rest.len());
+        self.pending = Some(pending);
+        (self.ppos, self.pcap) = (0, rest.len());
+        Ok(false)
+    }
+
+    /// Writes the pending plaintext, if any, to the client.
+    fn flush_pending(&mut self) -> io::Result<Sent> {
+        let Some(pending) = self.pending.take() else {
+            return Ok(Sent::All);
+        };
+        let mut wrote = false;
+        while self.ppos < self.pcap {
+            if !self.client.writable {
+                self.pending = Some(pending);
+                return Ok(if wrote { Sent::Some } else { Sent::Blocked });
+            }
+            match (&self.client.io).write(&pending.bytes()[self.ppos..self.pcap]) {
+                Ok(k) => {
+                    self.ppos += k;
+                    self.down += k as u64;
+                    wrote = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.client.writable = false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Sent::All) // the buffer goes back to the pool
     }
 
     /// Keeps `rest` (records rustls has not taken) in the connection's own buffer, which it
@@ -1239,9 +1316,12 @@ mod tests {
         conn.client.writable = true;
         conn.upstream.writable = true;
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
-        let mut plain = vec![0u8; PLAIN];
-        let mut records = vec![0u8; RECORDS];
-        let step = conn.drive(&ep, 0, &mut plain, &mut records).unwrap();
+        let mut scratch = Scratch {
+            plain: vec![0u8; PLAIN].into_boxed_slice(),
+            records: vec![0u8; RECORDS].into_boxed_slice(),
+            out: vec![0u8; OUT].into_boxed_slice(),
+        };
+        let step = conn.drive(&ep, 0, &mut scratch).unwrap();
         assert!(
             matches!(step, Step::More),
             "the turn did not end with bytes waiting"

@@ -50,7 +50,13 @@ impl Strace {
 
     /// Detaches and returns how many calls were made while attached (of every call named, when
     /// `call` names several, comma-separated).
-    pub fn stop(mut self) -> u64 {
+    pub fn stop(self) -> u64 {
+        self.stop_each().iter().map(|(_, n)| n).sum()
+    }
+
+    /// Detaches and returns how many calls of each kind named were made while attached (a
+    /// kind not made is left out).
+    pub fn stop_each(mut self) -> Vec<(String, u64)> {
         let pid = i32::try_from(self.child.id()).expect("pid fits");
         // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
         let rc = unsafe { libc::kill(pid, libc::SIGINT) };
@@ -62,8 +68,11 @@ impl Strace {
         text.lines()
             .map(|l| l.split_whitespace().collect::<Vec<_>>())
             .filter(|f| f.len() >= 5 && f.last().is_some_and(|n| names.contains(n)))
-            .map(|f| f[3].parse::<u64>().expect("a call count"))
-            .sum()
+            .map(|f| {
+                let name = f.last().expect("a call name").to_string();
+                (name, f[3].parse::<u64>().expect("a call count"))
+            })
+            .collect()
     }
 }
 

@@ -279,3 +279,51 @@ fn keep_alive_requests_on_the_unix_socket_are_relayed_by_the_loops_not_the_runti
     );
     drop(conns);
 }
+
+/// Issue 38: a download costs the proxy one write to its UNIX-socket client per read of the
+/// upstream (about 64 KiB: four TLS records), not one per record. The relay loop gathers what
+/// rustls opens from a read before it writes (`proxy::relay_loop`); writing each record's
+/// plaintext as rustls handed it out made four writes per read, each waking the client, and
+/// cost 15 % more CPU per GB (docs/BENCHMARKS.md). Counted with strace over a 64 MiB download:
+/// the writes to the client (`sendto`: Rust's socket writes pass `MSG_NOSIGNAL`) against the
+/// reads of the upstream (`recvfrom`); a write the client's full socket cuts short is finished
+/// by one more.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_download_is_written_to_the_client_once_per_read_of_the_upstream() {
+    use std::io::Read;
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let mut conn = RawHttp::connect(&proxy.socket);
+    conn.send("GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let (status, _) = conn.read_response();
+    assert_eq!(status, 200, "{}", proxy.log());
+    let strace = support::strace::Strace::attach(proxy.guard.id(), "sendto,recvfrom");
+    let size: u64 = 64 << 20;
+    conn.send(&format!(
+        "GET /bytes?n={size} HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    ));
+    let (status, _) = conn.read_head();
+    assert_eq!(status, 200, "{}", proxy.log());
+    let got = std::io::copy(&mut (&mut conn.reader).take(size), &mut std::io::sink())
+        .expect("the download");
+    assert_eq!(got, size);
+    let counts = strace.stop_each();
+    let count = |name: &str| {
+        counts
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, c)| *c)
+    };
+    let (writes, reads) = (count("sendto"), count("recvfrom"));
+    let records = size / (16 * 1024);
+    assert!(
+        reads > 0 && reads < records,
+        "{reads} reads of the upstream for {records} records: the download was not read in large reads"
+    );
+    assert!(
+        writes <= 2 * reads,
+        "{writes} writes to the client for {reads} reads of the upstream ({records} records): at most two per read expected"
+    );
+}
