@@ -378,7 +378,9 @@ struct Scratch {
 struct Loop {
     ep: OwnedFd,
     inbox: Arc<Inbox>,
-    conns: Vec<Option<Conn>>,
+    /// Boxed: the table holds a pointer per slot, and growing it moves pointers, not
+    /// connections (a connection with its rustls state is over a kilobyte).
+    conns: Vec<Option<Box<Conn>>>,
     free: Vec<usize>,
     scratch: Scratch,
     /// Connections that used up their turn with bytes still to move.
@@ -495,7 +497,7 @@ impl Loop {
         });
         link.slot.store(slot, Ordering::Relaxed);
         link.last.touch_at(now);
-        let mut conn = Conn::new(pair, link, done);
+        let mut conn = Box::new(Conn::new(pair, link, done));
         // Its client may already have bytes, and both sockets room: the first drive tries.
         conn.client.readable = true;
         conn.client.writable = true;
@@ -1311,7 +1313,7 @@ mod tests {
             last: LastActivity::default(),
             slot: AtomicUsize::new(0),
         });
-        let mut conn = Conn::new(pair, link, done);
+        let mut conn = Box::new(Conn::new(pair, link, done));
         conn.client.readable = true;
         conn.client.writable = true;
         conn.upstream.writable = true;
