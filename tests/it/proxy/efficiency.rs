@@ -327,3 +327,50 @@ fn a_download_is_written_to_the_client_once_per_read_of_the_upstream() {
         "{writes} writes to the client for {reads} reads of the upstream ({records} records): at most two per read expected"
     );
 }
+
+/// What a connection costs once its download is over: 200 connections that each moved 256 KiB
+/// and then went idle may add at most 16 KiB of proxy RSS apiece (12.0–12.4 KiB in this test's
+/// debug build, about what an idle connection that moved one response costs). rustls gives the
+/// record buffer it grew for a download back only on a read that finds nothing; the relay loop
+/// hands it records from memory, and before it asked rustls to settle once the upstream was
+/// drained each such connection added 30–34 KiB here (RSS at 1,000 of them: 45 MiB against
+/// 23 MiB on the runtime's path; docs/BENCHMARKS.md).
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_connection_done_with_a_download_costs_no_more_than_an_idle_one() {
+    use std::io::Read;
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let size: u64 = 256 * 1024;
+    let open = |n: usize| -> Vec<RawHttp> {
+        (0..n)
+            .map(|_| {
+                let mut c = RawHttp::connect(&proxy.socket);
+                c.send(&format!(
+                    "GET /bytes?n={size} HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                ));
+                let (status, _) = c.read_head();
+                assert_eq!(status, 200, "{}", proxy.log());
+                let got = std::io::copy(&mut (&mut c.reader).take(size), &mut std::io::sink())
+                    .expect("the download");
+                assert_eq!(got, size);
+                c
+            })
+            .collect()
+    };
+    let rss = || rss_kib(proxy.guard.id());
+    let _warm = open(50);
+    proxy.wait_for_metric("hwkey_connections_active", 50.0);
+    wait_until_no_copy_buffers(&proxy);
+    let before = rss();
+    let more = open(200);
+    proxy.wait_for_metric("hwkey_connections_active", 250.0);
+    wait_until_no_copy_buffers(&proxy);
+    let after = rss();
+    let per = after.saturating_sub(before) as f64 / more.len() as f64;
+    assert!(
+        per <= 16.0,
+        "each connection done with a 256 KiB download added {per:.1} KiB of proxy RSS ({before} → {after} KiB for 200)"
+    );
+}
