@@ -150,7 +150,9 @@ struct Queue {
 }
 
 enum Command {
-    Add(Box<Pair>, Arc<Link>, oneshot::Sender<Outcome>),
+    /// A connection made on the task's thread: one allocation there, in the place of the
+    /// TLS stream it replaces, rather than one there and another on the loop's.
+    Add(Box<Conn>),
     Close(Arc<Link>),
     Stop,
 }
@@ -243,7 +245,7 @@ impl RelayLoops {
             slot: AtomicUsize::new(usize::MAX),
         });
         let (tx, done) = oneshot::channel();
-        inbox.send(Command::Add(Box::new(pair), link.clone(), tx));
+        inbox.send(Command::Add(Box::new(Conn::new(pair, link.clone(), tx))));
         Some(Relayed {
             link,
             inbox,
@@ -476,7 +478,7 @@ impl Loop {
     fn commands(&mut self, now: u64) -> bool {
         for command in self.inbox.take() {
             match command {
-                Command::Add(pair, link, done) => self.add(*pair, link, done, now),
+                Command::Add(conn) => self.add(conn, now),
                 Command::Close(link) => {
                     let slot = link.slot.load(Ordering::Relaxed);
                     let ours = matches!(self.conns.get(slot), Some(Some(c)) if Arc::ptr_eq(&c.link, &link));
@@ -490,14 +492,13 @@ impl Loop {
         true
     }
 
-    fn add(&mut self, pair: Pair, link: Arc<Link>, done: oneshot::Sender<Outcome>, now: u64) {
+    fn add(&mut self, mut conn: Box<Conn>, now: u64) {
         let slot = self.free.pop().unwrap_or_else(|| {
             self.conns.push(None);
             self.conns.len() - 1
         });
-        link.slot.store(slot, Ordering::Relaxed);
-        link.last.touch_at(now);
-        let mut conn = Box::new(Conn::new(pair, link, done));
+        conn.link.slot.store(slot, Ordering::Relaxed);
+        conn.link.last.touch_at(now);
         // Its client may already have bytes, and both sockets room: the first drive tries.
         conn.client.readable = true;
         conn.client.writable = true;
@@ -668,7 +669,13 @@ impl Conn {
             done: Some(done),
         };
         if !pair.records.is_empty() {
-            conn.hold(&pair.records);
+            // Usually a session ticket or two: a buffer of their size, not a pooled 64 KiB one
+            // taken on the task's thread and given back on the loop's.
+            let mut held = Buffer::new(pair.records.len());
+            held.bytes_mut().copy_from_slice(&pair.records);
+            held.filled(pair.records.len());
+            conn.held = Some(held);
+            (conn.pos, conn.cap) = (0, pair.records.len());
         }
         conn
     }
