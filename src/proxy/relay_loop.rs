@@ -23,8 +23,9 @@
 //! of input sends `close_notify` and shuts the upstream's write side; the upstream's
 //! `close_notify` shuts the client's write side), the first error ends both sides, and bytes
 //! wait in flight only as far as the slower side lets them: a direction whose writer has no
-//! room stops reading. A connection holds a copy buffer (counted in `hwkey_copy_buffers`) only
-//! while its client has no room for what the upstream sent; otherwise the loop's own two
+//! room stops reading. A connection holds copy buffers (counted in `hwkey_copy_buffers`: the
+//! plaintext its client has no room for, and the records read with it) only while its client
+//! has no room for what the upstream sent; otherwise the loop's own two
 //! buffers serve all its connections, one event at a time.
 //!
 //! Sockets are registered edge-triggered, and readiness is tracked here: a read that returns
@@ -788,9 +789,8 @@ impl Conn {
             Sent::Blocked => return Ok(false),
         }
         if !self.client.writable {
-            // Plaintext may wait in rustls: the records stay unread, and the connection holds
-            // its buffer while it waits for room.
-            self.hold(&[]);
+            // Not reached today (a write that finds no room leaves bytes pending); kept so
+            // that nothing is read for a client without room.
             return Ok(false);
         }
         let mut n = 0;
@@ -866,31 +866,47 @@ impl Conn {
     fn open(&mut self, bytes: &[u8], out: &mut [u8]) -> io::Result<usize> {
         let mut rest = bytes;
         let mut n = 0;
-        loop {
-            let closed = self.gather(out, &mut n)?;
-            if n == out.len() {
-                let sent = self.send_out(&out[..n]);
-                out[..n].fill(0);
-                n = 0;
-                if !sent? {
-                    return Ok(bytes.len() - rest.len());
-                }
-                continue;
-            }
-            if closed || rest.is_empty() {
-                break;
-            }
-            if self.tls.read_tls(&mut rest)? == 0 {
-                break; // after `close_notify`, rustls takes nothing more
-            }
-            self.process()?;
+        let fed = self.feed(&mut rest, out, &mut n);
+        // What opened before an error still goes to the client (the records before a bad one
+        // are the upstream's, and rustls keeps their plaintext), and `out` never keeps
+        // plaintext past this call.
+        if fed.is_err() {
+            let _ = self.gather(out, &mut n);
         }
         if n > 0 {
             let sent = self.send_out(&out[..n]);
             out[..n].fill(0);
-            sent?;
+            if fed.is_ok() {
+                sent?;
+            }
         }
+        fed?;
         Ok(bytes.len() - rest.len())
+    }
+
+    /// [`Conn::open`]'s loop: gathers what rustls opened into `out[..*n]`, writing `out` each
+    /// time it fills, and gives rustls the next records from `rest`; stops when `rest` is
+    /// used, the upstream ended its side, or the client has no room.
+    fn feed(&mut self, rest: &mut &[u8], out: &mut [u8], n: &mut usize) -> io::Result<()> {
+        loop {
+            let closed = self.gather(out, n)?;
+            if *n == out.len() {
+                let sent = self.send_out(&out[..*n]);
+                out[..*n].fill(0);
+                *n = 0;
+                if !sent? {
+                    return Ok(());
+                }
+                continue;
+            }
+            if closed || rest.is_empty() {
+                return Ok(());
+            }
+            if self.tls.read_tls(rest)? == 0 {
+                return Ok(()); // after `close_notify`, rustls takes nothing more
+            }
+            self.process()?;
+        }
     }
 
     /// Lets rustls shrink its record buffer once the upstream has nothing more for now.
@@ -949,6 +965,7 @@ impl Conn {
         let mut sent = 0;
         while sent < bytes.len() {
             match (&self.client.io).write(&bytes[sent..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(k) => sent += k,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.client.writable = false;
@@ -983,6 +1000,7 @@ impl Conn {
                 return Ok(if wrote { Sent::Some } else { Sent::Blocked });
             }
             match (&self.client.io).write(&pending.bytes()[self.ppos..self.pcap]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(k) => {
                     self.ppos += k;
                     self.down += k as u64;
@@ -1382,5 +1400,47 @@ mod tests {
         client.read_to_end(&mut rest).unwrap();
         assert!(rest.is_empty());
         upstream.join().unwrap();
+    }
+
+    /// Records that open before a bad one in the same read reach the client, and then the
+    /// connection ends with the error. (The loop gathered their plaintext for one write and
+    /// returned on the error with it unsent, and unwiped in its buffer.)
+    #[test]
+    fn records_before_a_bad_one_reach_the_client_first() {
+        let _serial = TEST_SERIAL.blocking_lock();
+        let (server_config, client_config) = configs(false);
+        let (port, upstream) = server(server_config, |s| {
+            while s.conn.is_handshaking() || s.conn.wants_write() {
+                s.conn.complete_io(&mut s.sock).unwrap();
+            }
+            // Two good records and a forged one, in one write: one read of the loop.
+            s.conn.writer().write_all(b"hello ").unwrap();
+            s.conn.writer().write_all(b"world").unwrap();
+            let mut wire = Vec::new();
+            while s.conn.wants_write() {
+                s.conn.write_tls(&mut wire).unwrap();
+            }
+            wire.extend_from_slice(&[0x17, 0x03, 0x03, 0x00, 0x20]);
+            wire.extend_from_slice(&[0x55; 0x20]);
+            s.sock.write_all(&wire).unwrap();
+            let mut rest = Vec::new();
+            let _ = s.sock.read_to_end(&mut rest);
+        });
+        let loops = RelayLoops::start(1).unwrap();
+        let (pair, mut client) = connect(port, client_config);
+        let mut relayed = loops.hand_off(pair).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut got = Vec::new();
+        let _ = client.read_to_end(&mut got);
+        assert_eq!(String::from_utf8_lossy(&got), "hello world");
+        let outcome = futures::executor::block_on(relayed.ended());
+        assert_eq!(
+            outcome.result.unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        upstream.join().unwrap();
+        loops.shutdown();
     }
 }
