@@ -14,6 +14,30 @@ use support::*;
 
 proxy_tests_on_both_backends!(idle_connections_hold_no_copy_buffers);
 
+/// One keep-alive `GET /version` on each of `conns`, all sent before any answer is read.
+fn request_on_each(proxy: &ProxyProcess, conns: &mut [RawHttp]) {
+    for c in conns.iter_mut() {
+        c.send("GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    }
+    for c in conns.iter_mut() {
+        let (status, _) = c.read_response();
+        assert_eq!(status, 200, "{}", proxy.log());
+    }
+}
+
+/// Downloads `size` bytes (`GET /bytes`) on `conn`, reading every byte.
+fn download(proxy: &ProxyProcess, conn: &mut RawHttp, size: u64) {
+    use std::io::Read;
+    conn.send(&format!(
+        "GET /bytes?n={size} HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    ));
+    let (status, _) = conn.read_head();
+    assert_eq!(status, 200, "{}", proxy.log());
+    let got = std::io::copy(&mut (&mut conn.reader).take(size), &mut std::io::sink())
+        .expect("the download");
+    assert_eq!(got, size);
+}
+
 /// Waits (at most 10 s) until the proxy's connections hold no copy buffer.
 fn wait_until_no_copy_buffers(proxy: &ProxyProcess) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -111,17 +135,8 @@ fn keep_alive_requests_wake_no_other_proxy_thread() {
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
-    let request = "GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n";
     let mut conns: Vec<RawHttp> = (0..8).map(|_| RawHttp::connect(&proxy.socket)).collect();
-    let round = |conns: &mut Vec<RawHttp>| {
-        for c in conns.iter_mut() {
-            c.send(request);
-        }
-        for c in conns.iter_mut() {
-            let (status, _) = c.read_response();
-            assert_eq!(status, 200, "{}", proxy.log());
-        }
-    };
+    let round = |conns: &mut Vec<RawHttp>| request_on_each(&proxy, conns);
     round(&mut conns); // the upstream handshakes
     let strace = support::strace::Strace::attach(proxy.guard.id(), "futex");
     for _ in 0..250 {
@@ -248,17 +263,8 @@ fn keep_alive_requests_on_the_unix_socket_are_relayed_by_the_loops_not_the_runti
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
     let pid = proxy.guard.id();
-    let request = "GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n";
     let mut conns: Vec<RawHttp> = (0..8).map(|_| RawHttp::connect(&proxy.socket)).collect();
-    let round = |conns: &mut Vec<RawHttp>| {
-        for c in conns.iter_mut() {
-            c.send(request);
-        }
-        for c in conns.iter_mut() {
-            let (status, _) = c.read_response();
-            assert_eq!(status, 200, "{}", proxy.log());
-        }
-    };
+    let round = |conns: &mut Vec<RawHttp>| request_on_each(&proxy, conns);
     round(&mut conns); // the upstream handshakes, on the runtimes
     std::thread::sleep(Duration::from_millis(100));
     let runtimes = switches_of_threads(pid, "hwkey-proxy-con");
@@ -291,7 +297,6 @@ fn keep_alive_requests_on_the_unix_socket_are_relayed_by_the_loops_not_the_runti
 #[cfg(feature = "pkcs11")]
 #[test]
 fn a_download_is_written_to_the_client_once_per_read_of_the_upstream() {
-    use std::io::Read;
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
@@ -301,14 +306,7 @@ fn a_download_is_written_to_the_client_once_per_read_of_the_upstream() {
     assert_eq!(status, 200, "{}", proxy.log());
     let strace = support::strace::Strace::attach(proxy.guard.id(), "sendto,recvfrom");
     let size: u64 = 64 << 20;
-    conn.send(&format!(
-        "GET /bytes?n={size} HTTP/1.1\r\nHost: localhost\r\n\r\n"
-    ));
-    let (status, _) = conn.read_head();
-    assert_eq!(status, 200, "{}", proxy.log());
-    let got = std::io::copy(&mut (&mut conn.reader).take(size), &mut std::io::sink())
-        .expect("the download");
-    assert_eq!(got, size);
+    download(&proxy, &mut conn, size);
     let counts = strace.stop_each();
     let count = |name: &str| {
         counts
@@ -338,7 +336,6 @@ fn a_download_is_written_to_the_client_once_per_read_of_the_upstream() {
 #[cfg(feature = "pkcs11")]
 #[test]
 fn a_connection_done_with_a_download_costs_no_more_than_an_idle_one() {
-    use std::io::Read;
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
@@ -347,14 +344,7 @@ fn a_connection_done_with_a_download_costs_no_more_than_an_idle_one() {
         (0..n)
             .map(|_| {
                 let mut c = RawHttp::connect(&proxy.socket);
-                c.send(&format!(
-                    "GET /bytes?n={size} HTTP/1.1\r\nHost: localhost\r\n\r\n"
-                ));
-                let (status, _) = c.read_head();
-                assert_eq!(status, 200, "{}", proxy.log());
-                let got = std::io::copy(&mut (&mut c.reader).take(size), &mut std::io::sink())
-                    .expect("the download");
-                assert_eq!(got, size);
+                download(&proxy, &mut c, size);
                 c
             })
             .collect()
