@@ -24,7 +24,7 @@ use super::idle::LastActivity;
 use super::metrics::Metrics;
 use super::readahead::ReadAhead;
 use super::relay_loop::{Pair, RelayLoops};
-use super::rotation::RotationClose;
+use super::rotation::{CertEpoch, RotationClose};
 use super::unix_client::ClientUnixStream;
 use super::upstream::Upstream;
 use super::write_through::write_through;
@@ -117,21 +117,27 @@ async fn serve(shared: &Bridge, client: Client, prefix: Vec<u8>, alpn: Option<Ve
             return;
         }
     }
-    let retired = super::rotation::retire(shared.upstream.epochs(), epoch, shared.rotation_close);
     let (to_upstream, to_client) = match (client, shared.relay_loops.as_deref()) {
         (Client::Unix(client), Some(loops))
             if matches!(up.get_ref().0.get_ref(), Tunnel::Tcp(_)) =>
         {
-            match in_loop(shared, loops, client, up, retired).await {
+            match in_loop(shared, loops, client, up, epoch).await {
                 Some(bytes) => bytes,
                 None => return,
             }
         }
-        (client, _) => on_task(shared, client.boxed(), up, retired).await,
+        (client, _) => on_task(shared, client.boxed(), up, epoch).await,
     };
     shared
         .metrics
         .bytes(to_upstream + prefix.len() as u64, to_client);
+}
+
+/// Resolves when a connection opened with the certificate of `epoch` must close. Made by the
+/// future that awaits it, not passed in: an argument moved into an awaited future keeps its
+/// space in the caller's state too, for the connection's whole life.
+fn retired(shared: &Bridge, epoch: CertEpoch) -> impl std::future::Future<Output = ()> {
+    super::rotation::retire(shared.upstream.epochs(), epoch, shared.rotation_close)
 }
 
 /// Relays on this task ([`super::relay`]) until both directions end, the idle timeout or the
@@ -140,8 +146,9 @@ async fn on_task(
     shared: &Bridge,
     client: Box<dyn ClientIo>,
     up: UpstreamStream,
-    retired: impl std::future::Future<Output = ()>,
+    epoch: CertEpoch,
 ) -> (u64, u64) {
+    let retired = retired(shared, epoch);
     let last = Arc::new(LastActivity::default());
     let mut a = Tracked::new(client, last.clone());
     let mut b = Tracked::new(up, last.clone());
@@ -165,9 +172,11 @@ async fn in_loop(
     loops: &RelayLoops,
     client: ClientUnixStream,
     up: UpstreamStream,
-    retired: impl std::future::Future<Output = ()>,
+    epoch: CertEpoch,
 ) -> Option<(u64, u64)> {
-    let pair = match Pair::from_runtime(client, *up) {
+    // The box is taken apart by `from_runtime`: `*up` here would free it only when this
+    // future ends, keeping the emptied allocation for the connection's whole life.
+    let pair = match Pair::from_runtime(client, up) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(error = %e, "could not move a connection to a relay loop; closed");
@@ -181,6 +190,7 @@ async fn in_loop(
         return None;
     };
     let activity = relayed.activity();
+    let retired = retired(shared, epoch);
     let outcome = tokio::select! {
         o = relayed.ended() => o,
         _ = idle(shared.idle_timeout, activity.last()) => {

@@ -164,9 +164,9 @@ impl Pair {
     /// the records its read-ahead holds.
     pub fn from_runtime(
         client: ClientUnixStream,
-        upstream: TlsStream<ReadAhead<Tunnel>>,
+        upstream: Box<TlsStream<ReadAhead<Tunnel>>>,
     ) -> io::Result<Pair> {
-        let (ahead, tls) = upstream.into_inner();
+        let (ahead, tls) = (*upstream).into_inner();
         let (tunnel, records) = ahead.into_parts();
         let Tunnel::Tcp(tcp) = tunnel else {
             return Err(io::Error::other(
@@ -1299,7 +1299,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let (ours, theirs) = UnixStream::pair().unwrap();
             let theirs = ClientUnixStream::new(theirs).unwrap();
-            (Pair::from_runtime(theirs, tls).unwrap(), ours)
+            (Pair::from_runtime(theirs, Box::new(tls)).unwrap(), ours)
         });
         eprintln!(
             "{} bytes of records were in the read-ahead at the hand-off",
