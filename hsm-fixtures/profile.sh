@@ -7,11 +7,12 @@
 #                         (new client connections over the UNIX socket and loopback TLS)
 #   bulk.svg              flame graph during HWKEY_BENCH_ONLY=throughput (64 MiB downloads)
 #   requests.svg          flame graph during HWKEY_BENCH_ONLY=requests (small keep-alive GETs)
+#   NAME.txt              beside each flame graph: the same samples by binary and by symbol
 #   syscalls.txt          `strace -c` of the proxy over a whole throughput run (805 MB relayed:
 #                         12 downloads of 64 MiB), with calls per MB
 #
 # Samples are taken system-wide (perf record -a, DWARF call graphs, 999 Hz) and filtered to the
-# proxy's worker threads (comm `hwkey-proxy`). Needs perf and strace (installed here with apt)
+# proxy's threads (comm `hwkey-proxy*`). Needs perf and strace (installed here with apt)
 # and inferno (cargo install inferno). Takes about two minutes once the benches are built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,14 +39,44 @@ bench=$(cargo bench --locked --no-run --bench e2e 2>&1 | sed -n 's/.*Executable 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+# The proxy's threads: the accept loop and admin (hwkey-proxy), the connection runtimes
+# (hwkey-proxy-conn) and the relay loops (hwkey-proxy-relay), as the kernel truncates them.
+comms=hwkey-proxy,hwkey-proxy-con,hwkey-proxy-rel
 profile() { # NAME FIGURE TITLE
   echo "profile.sh: $1 (HWKEY_BENCH_ONLY=$2)" >&2
   HWKEY_BENCH_ONLY=$2 perf record -q -a -F 999 --call-graph dwarf,16384 -o "$tmp/$1.data" \
     -- "$bench" --bench >"$tmp/$1.log" 2>&1
-  perf script -i "$tmp/$1.data" --comms hwkey-proxy,hwkey-proxy-con 2>/dev/null |
+  perf script -i "$tmp/$1.data" --comms "$comms" 2>/dev/null |
     inferno-collapse-perf >"$tmp/$1.folded"
   inferno-flamegraph --title "$3" --width 1600 <"$tmp/$1.folded" >"$out/$1.svg"
+  # The same samples as text: shares by binary and the heaviest symbols (self time).
+  # (`perf report --comms` selects nothing in these system-wide recordings; the comm column
+  # is filtered here instead.)
+  perf report -i "$tmp/$1.data" --no-children -g none -n --sort comm,dso,sym --stdio 2>/dev/null |
+    summarise "$3" >"$out/$1.txt"
 }
+
+# perf report's "overhead, samples, comm, dso, sym" lines → the proxy threads' share by binary
+# and their top 30 symbols, as percentages of the proxy threads' samples.
+summarise() { # TITLE
+  awk -v title="$1" '
+    $1 ~ /%$/ { all += $2 }
+    $1 ~ /%$/ && $3 ~ /^hwkey-proxy/ {
+      n = $2; total += n; dso[$4] += n
+      sym = $0; sub(/^ *[0-9.]+% +[0-9]+ +[^ ]+ +[^ ]+ +\[.\] /, "", sym); gsub(/ +$/, "", sym)
+      bysym[$4 "  " sym] += n
+    }
+    END {
+      if (total == 0) { print "profile.sh: no samples of the proxy threads" > "/dev/stderr"; exit 1 }
+      printf "# %s\n# the proxy threads (comm hwkey-proxy*): %d samples, %.1f %% of all; by binary:\n", title, total, 100 * total / all
+      for (d in dso) printf "%6.1f %%  %s\n", 100 * dso[d] / total, d | "sort -rn"
+      close("sort -rn")
+      print "# heaviest symbols, self time, % of the proxy threads'"'"' samples:"
+      for (s in bysym) printf "%6.2f %%  %s\n", 100 * bysym[s] / total, s | "sort -rn | head -30"
+      close("sort -rn | head -30")
+    }'
+}
+
 profile new-connections handshakes "hwkey proxy: new client connections (UNIX socket and loopback TLS), $(date -u +%F)"
 profile bulk throughput "hwkey proxy: 64 MiB downloads (UNIX socket and loopback TLS), $(date -u +%F)"
 profile requests requests "hwkey proxy: small keep-alive requests (HTTP/1.1 on 8 and 64 connections, h2), $(date -u +%F)"
@@ -56,7 +87,8 @@ HWKEY_BENCH_ONLY=throughput "$bench" --bench >"$tmp/strace-run.log" 2>&1 &
 runner=$!
 pid=
 for _ in $(seq 2000); do
-  pid=$(pgrep -f "^$proxy_bin proxy" | head -1 || true)
+  # `hwkey proxy` runs on as `hwkey-net proxy` (the network side; the signer is its child).
+  pid=$(pgrep -f "^$proxy_bin(-net)? proxy" | head -1 || true)
   [[ -n "$pid" ]] && break
   sleep 0.01
 done
