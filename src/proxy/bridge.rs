@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_rustls::client::TlsStream;
 
+use super::cutoff::{cutoff, Cutoff, Deadlines};
 use super::idle::LastActivity;
 use super::metrics::Metrics;
 use super::readahead::ReadAhead;
@@ -133,11 +134,29 @@ async fn serve(shared: &Bridge, client: Client, prefix: Vec<u8>, alpn: Option<Ve
         .bytes(to_upstream + prefix.len() as u64, to_client);
 }
 
-/// Resolves when a connection opened with the certificate of `epoch` must close. Made by the
-/// future that awaits it, not passed in: an argument moved into an awaited future keeps its
-/// space in the caller's state too, for the connection's whole life.
-fn retired(shared: &Bridge, epoch: CertEpoch) -> impl std::future::Future<Output = ()> {
-    super::rotation::retire(shared.upstream.epochs(), epoch, shared.rotation_close)
+/// When the proxy ends a connection opened with the certificate of `epoch`. Made by the future
+/// that awaits it, not passed in: an argument moved into an awaited future keeps its space in
+/// the caller's state too, for the connection's whole life.
+fn deadlines(shared: &Bridge, epoch: CertEpoch) -> Deadlines {
+    Deadlines {
+        idle: shared.idle_timeout,
+        epochs: shared.upstream.epochs(),
+        used: epoch,
+        mode: shared.rotation_close,
+    }
+}
+
+/// The error a connection the proxy ended ends with (logged when it is a retirement).
+fn ended_by(cut: Cutoff) -> io::Error {
+    match cut {
+        Cutoff::Idle => io::Error::new(io::ErrorKind::TimedOut, "idle timeout"),
+        Cutoff::Retired => {
+            tracing::info!(
+                "closing a connection opened with a certificate that was replaced or has expired"
+            );
+            io::Error::other("certificate rotated")
+        }
+    }
 }
 
 /// Relays on this task ([`super::relay`]) until both directions end, the idle timeout or the
@@ -148,15 +167,13 @@ async fn on_task(
     up: UpstreamStream,
     epoch: CertEpoch,
 ) -> (u64, u64) {
-    let retired = retired(shared, epoch);
     let last = Arc::new(LastActivity::default());
     let mut a = Tracked::new(client, last.clone());
     let mut b = Tracked::new(up, last.clone());
     let copy = super::relay::copy_bidirectional(&mut a, &mut b);
     let outcome = tokio::select! {
         r = copy => r.map(|_| ()),
-        _ = idle(shared.idle_timeout, &last) => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
-        _ = retired => Err(rotated()),
+        cut = cutoff(deadlines(shared, epoch), &last) => Err(ended_by(cut)),
     };
     if let Err(e) = outcome {
         tracing::debug!(error = %e, "connection ended with an error");
@@ -190,17 +207,11 @@ async fn in_loop(
         return None;
     };
     let activity = relayed.activity();
-    let retired = retired(shared, epoch);
     let outcome = tokio::select! {
         o = relayed.ended() => o,
-        _ = idle(shared.idle_timeout, activity.last()) => {
-            let mut o = relayed.close().await;
-            o.result = Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout"));
-            o
-        }
-        _ = retired => {
+        cut = cutoff(deadlines(shared, epoch), activity.last()) => {
             // Said before the close: the client sees its end as soon as the loop closes.
-            let why = rotated();
+            let why = ended_by(cut);
             let mut o = relayed.close().await;
             o.result = Err(why);
             o
@@ -210,21 +221,6 @@ async fn in_loop(
         tracing::debug!(error = %e, "connection ended with an error");
     }
     Some((outcome.up, outcome.down))
-}
-
-/// Resolves once nothing moved for the idle timeout (never without one).
-async fn idle(limit: Option<Duration>, last: &LastActivity) {
-    match limit {
-        Some(limit) => last.idle(limit).await,
-        None => std::future::pending::<()>().await,
-    }
-}
-
-fn rotated() -> io::Error {
-    tracing::info!(
-        "closing a connection opened with a certificate that was replaced or has expired"
-    );
-    io::Error::other("certificate rotated")
 }
 
 /// A stream that records activity and counts the bytes read from it.

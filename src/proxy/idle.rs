@@ -43,15 +43,4 @@ impl LastActivity {
     pub fn since(&self) -> Duration {
         Duration::from_millis(now_ms().saturating_sub(self.millis.load(Ordering::Relaxed)))
     }
-
-    /// Resolves once nothing moved for `limit`.
-    pub async fn idle(&self, limit: Duration) {
-        loop {
-            let since = self.since();
-            if since >= limit {
-                return;
-            }
-            tokio::time::sleep(limit - since).await;
-        }
-    }
 }

@@ -31,6 +31,7 @@ pub mod bind;
 pub mod bridge;
 pub mod buffers;
 pub mod control;
+pub mod cutoff;
 mod endpoints;
 pub mod error;
 mod failure;

@@ -5,7 +5,7 @@
 //! that certificate expires — whatever `--rotation-close` says, so no long watch goes on under
 //! an expired identity — and, with `--rotation-close immediate` (what kubelet does after a
 //! rotation), as soon as a newer certificate is installed. The client reconnects and gets the
-//! new identity.
+//! new identity. [`super::cutoff`] watches for both.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -56,27 +56,8 @@ pub fn advance(epoch: &watch::Sender<CertEpoch>, chain: &[CertificateDer<'_>]) {
     });
 }
 
-/// Resolves when a connection opened in `used` must be closed.
-pub async fn retire(mut rx: watch::Receiver<CertEpoch>, used: CertEpoch, mode: RotationClose) {
-    let expiry = async {
-        match used.not_after_unix {
-            Some(t) => tokio::time::sleep(until_unix(t)).await,
-            None => std::future::pending::<()>().await,
-        }
-    };
-    match mode {
-        RotationClose::Expiry => expiry.await,
-        RotationClose::Immediate => {
-            tokio::select! {
-                _ = expiry => {}
-                _ = rx.wait_for(|e| e.generation != used.generation) => {}
-            }
-        }
-    }
-}
-
 /// How long until the Unix time `t` (zero if past).
-fn until_unix(t: i64) -> Duration {
+pub(crate) fn until_unix(t: i64) -> Duration {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
