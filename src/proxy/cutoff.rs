@@ -51,10 +51,11 @@ pub fn cutoff(
     last: &LastActivity,
 ) -> impl std::future::Future<Output = Cutoff> + Send + '_ {
     async move {
+        // An instant beyond the clock's range is as good as never.
         let expires = deadlines
             .used
             .not_after_unix
-            .map(|t| Instant::now() + rotation::until_unix(t));
+            .and_then(|t| Instant::now().checked_add(rotation::until_unix(t)));
         loop {
             let wake = match next_wake(deadlines.idle, expires, last) {
                 Ok(wake) => wake,
@@ -102,7 +103,7 @@ fn next_wake(
             if since >= limit {
                 return Err(Cutoff::Idle);
             }
-            Some(now + (limit - since))
+            now.checked_add(limit - since)
         }
         None => None,
     };
@@ -142,30 +143,45 @@ mod tests {
             .unwrap_or(0)
     }
 
+    /// Every test ends within this, passing or failing: a broken cutoff must not hang CI.
+    const ENOUGH: Duration = Duration::from_secs(10);
+
+    async fn within<F: std::future::Future>(f: F) -> F::Output {
+        tokio::time::timeout(ENOUGH, f)
+            .await
+            .expect("no cutoff within 10 s")
+    }
+
     #[tokio::test]
     async fn idle_comes_once_nothing_moved_and_activity_moves_it_later() {
         let last = LastActivity::default();
-        let (_tx, d) = deadlines(
-            Some(Duration::from_millis(300)),
-            None,
-            RotationClose::Expiry,
-        );
+        let limit = Duration::from_secs(1);
+        let (_tx, d) = deadlines(Some(limit), None, RotationClose::Expiry);
         let started = std::time::Instant::now();
+        // Touched every 50 ms for 400 ms: only a stall of nearly a second could let the idle
+        // cutoff in between two touches.
         let touching = async {
-            for _ in 0..4 {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            for _ in 0..8 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 last.touch();
             }
             std::future::pending::<()>().await
         };
-        let cut = tokio::select! {
-            c = cutoff(d, &last) => c,
-            () = touching => unreachable!(),
-        };
+        let cut = within(async {
+            tokio::select! {
+                c = cutoff(d, &last) => c,
+                () = touching => unreachable!(),
+            }
+        })
+        .await;
         assert_eq!(cut, Cutoff::Idle);
-        // Touched until 400 ms: the cutoff cannot come before 400 + 300 ms (less the activity
-        // clock's millisecond); without the touches it would have come at 300.
-        assert!(started.elapsed() >= Duration::from_millis(650));
+        // The last touch came at 400 ms or later: no cutoff before 400 ms + 1 s (less the
+        // activity clock's millisecond); without the touches it would have come at 1 s.
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(1350),
+            "idle cutoff after {took:?}"
+        );
     }
 
     #[tokio::test]
@@ -173,8 +189,21 @@ mod tests {
         for mode in [RotationClose::Expiry, RotationClose::Immediate] {
             let last = LastActivity::default();
             let (_tx, d) = deadlines(Some(Duration::from_secs(3600)), Some(unix_now() - 1), mode);
-            assert_eq!(cutoff(d, &last).await, Cutoff::Retired);
+            assert_eq!(within(cutoff(d, &last)).await, Cutoff::Retired);
         }
+    }
+
+    #[tokio::test]
+    async fn a_certificate_expiring_retires_then_even_before_the_idle_timeout() {
+        let last = LastActivity::default();
+        let (_tx, d) = deadlines(
+            Some(Duration::from_secs(3600)),
+            Some(unix_now() + 1),
+            RotationClose::Expiry,
+        );
+        assert_eq!(within(cutoff(d, &last)).await, Cutoff::Retired);
+        let (_tx, d) = deadlines(None, Some(unix_now() + 1), RotationClose::Expiry);
+        assert_eq!(within(cutoff(d, &last)).await, Cutoff::Retired);
     }
 
     #[tokio::test]
@@ -183,7 +212,7 @@ mod tests {
         let (tx, d) = deadlines(None, Some(unix_now() + 3600), RotationClose::Immediate);
         let cut = cutoff(d, &last);
         tx.send_modify(|e| e.generation += 1);
-        assert_eq!(cut.await, Cutoff::Retired);
+        assert_eq!(within(cut).await, Cutoff::Retired);
 
         let (tx, d) = deadlines(
             Some(Duration::from_millis(200)),
@@ -192,7 +221,20 @@ mod tests {
         );
         tx.send_modify(|e| e.generation += 1);
         // Not retired by the new certificate: the idle timeout is what ends it.
-        assert_eq!(cutoff(d, &last).await, Cutoff::Idle);
+        assert_eq!(within(cutoff(d, &last)).await, Cutoff::Idle);
+    }
+
+    #[tokio::test]
+    async fn the_epochs_ending_retires_only_with_immediate() {
+        let last = LastActivity::default();
+        let (tx, d) = deadlines(None, None, RotationClose::Immediate);
+        drop(tx);
+        assert_eq!(within(cutoff(d, &last)).await, Cutoff::Retired);
+
+        let (tx, d) = deadlines(None, None, RotationClose::Expiry);
+        drop(tx);
+        let waited = tokio::time::timeout(Duration::from_millis(200), cutoff(d, &last)).await;
+        assert!(waited.is_err(), "retired in expiry mode by the epochs' end");
     }
 
     #[tokio::test]
