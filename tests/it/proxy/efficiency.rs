@@ -38,6 +38,32 @@ fn download(proxy: &ProxyProcess, conn: &mut RawHttp, size: u64) {
     assert_eq!(got, size);
 }
 
+/// Proxy RSS added per connection, in KiB, with the two readings: `warm` connections made by
+/// `open` first (the allocator's growth), then `more`, each reading taken once every
+/// connection is open and holds no copy buffer.
+fn rss_per_connection(
+    proxy: &ProxyProcess,
+    open: impl Fn(usize) -> Vec<RawHttp>,
+    warm: usize,
+    more: usize,
+) -> (f64, u64, u64) {
+    let rss = || rss_kib(proxy.guard.id());
+    let _warm = open(warm);
+    proxy.wait_for_metric("hwkey_connections_active", warm as f64);
+    wait_until_no_copy_buffers(proxy);
+    let before = rss();
+    let _more = open(more);
+    proxy.wait_for_metric("hwkey_connections_active", (warm + more) as f64);
+    wait_until_no_copy_buffers(proxy);
+    let after = rss();
+    assert_eq!(
+        proxy.metric("hwkey_connections_active"),
+        (warm + more) as f64
+    );
+    let per = after.saturating_sub(before) as f64 / more as f64;
+    (per, before, after)
+}
+
 /// Waits (at most 10 s) until the proxy's connections hold no copy buffer.
 fn wait_until_no_copy_buffers(proxy: &ProxyProcess) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -211,18 +237,7 @@ fn an_idle_connection_costs_the_proxy_at_most_11_kib() {
             })
             .collect()
     };
-    let rss = || rss_kib(proxy.guard.id());
-    // Each reading once every connection is idle: open, and holding no copy buffer.
-    let _warm = open(100);
-    proxy.wait_for_metric("hwkey_connections_active", 100.0);
-    wait_until_no_copy_buffers(&proxy);
-    let before = rss();
-    let more = open(500);
-    proxy.wait_for_metric("hwkey_connections_active", 600.0);
-    wait_until_no_copy_buffers(&proxy);
-    let after = rss();
-    assert_eq!(proxy.metric("hwkey_connections_active"), 600.0);
-    let per = after.saturating_sub(before) as f64 / more.len() as f64;
+    let (per, before, after) = rss_per_connection(&proxy, open, 100, 500);
     assert!(
         per <= 11.0,
         "each idle connection added {per:.1} KiB of proxy RSS ({before} → {after} KiB for 500)"
@@ -351,16 +366,7 @@ fn a_connection_done_with_a_download_costs_no_more_than_an_idle_one() {
             })
             .collect()
     };
-    let rss = || rss_kib(proxy.guard.id());
-    let _warm = open(50);
-    proxy.wait_for_metric("hwkey_connections_active", 50.0);
-    wait_until_no_copy_buffers(&proxy);
-    let before = rss();
-    let more = open(200);
-    proxy.wait_for_metric("hwkey_connections_active", 250.0);
-    wait_until_no_copy_buffers(&proxy);
-    let after = rss();
-    let per = after.saturating_sub(before) as f64 / more.len() as f64;
+    let (per, before, after) = rss_per_connection(&proxy, open, 50, 200);
     assert!(
         per <= 16.0,
         "each connection done with a 256 KiB download added {per:.1} KiB of proxy RSS ({before} → {after} KiB for 200)"
