@@ -191,7 +191,8 @@ struct ApiBench<'a> {
     people: People,
 }
 
-/// A person for the people policy's row: benchp, allowed by name, with a same-key renewal.
+/// A person for the people policy's row: benchp, opted in by name under certificateOnly, with a
+/// same-key renewal (the certificate-only proof; TPM evidence per renewal is not benched yet).
 struct People {
     /// benchp's kubeconfig (a software login certificate of the cluster CA).
     login: std::path::PathBuf,
@@ -208,7 +209,8 @@ impl People {
         use support::requests::{self as rq, Node, RequestTree, SoftwareKey};
         let trust = dir.join("people");
         std::fs::create_dir_all(&trust).map_err(|e| e.to_string())?;
-        std::fs::write(trust.join("_allow"), "users: [benchp]\n").map_err(|e| e.to_string())?;
+        std::fs::write(trust.join("_allow"), "certificateOnly: [benchp]\n")
+            .map_err(|e| e.to_string())?;
         cluster.apply("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: benchp-requests\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: system:node-bootstrapper\nsubjects:\n- apiGroup: rbac.authorization.k8s.io\n  kind: User\n  name: benchp\n");
         let (cert, key) = ca.client_cert(dir, "benchp-login", "benchp", Some("devs"));
         let login = cluster.cert_kubeconfig("benchp", &cert, &key);

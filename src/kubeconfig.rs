@@ -84,6 +84,11 @@ pub struct HwkeyExtension {
     /// an approver's self-renewal policy and no human step.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub renew: bool,
+    /// With `renew`: each renewal request carries fresh TPM2_Certify evidence by the
+    /// attestation key at this persistent handle (`hwkey proxy --attest --ak-handle`), the
+    /// hardware proof an approver asks of a person at every issuance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attest_ak_handle: Option<u32>,
 }
 
 impl HwkeyExtension {
@@ -252,6 +257,8 @@ pub struct Request {
     pub idle_exit: Option<Duration>,
     /// The started proxy renews its certificate (`hwkey proxy --renew`).
     pub renew: bool,
+    /// Its renewals carry TPM evidence by the AK at this handle (`--attest`).
+    pub attest: Option<u32>,
     /// Absolute path of the binary the exec block runs: `hwkey-credential`, or `hwkey` (then
     /// with the argument `credential`).
     pub command: PathBuf,
@@ -274,6 +281,7 @@ impl Request {
             state_dir: Some(self.state_dir.clone()),
             idle_exit: self.idle_exit,
             renew: self.renew,
+            attest_ak_handle: self.attest,
         }
     }
 }

@@ -612,12 +612,17 @@ impl Controller {
         candidate: PersonCandidate,
         people: &Registry,
     ) -> (Decision, Option<Box<Candidate>>) {
-        let allowed = person::settle(
-            &candidate.user,
-            &candidate.groups,
-            &candidate.orgs,
-            people.allow.as_deref(),
-        );
+        let allowed = person::settle(&candidate.user, &candidate.orgs, people.allow.as_deref())
+            .and_then(|admitted| match (&candidate.proof, admitted) {
+                (PersonProof::SameKey(_), person::Admitted::Hardware) => Err(Violation {
+                    reason: Reason::HardwareProofRequired,
+                    message: format!(
+                        "'{}' renews with their current certificate alone, which proves possession of the key, not that hardware holds it: renew with TPM evidence (hwkey renew --attest, hwkey kubeconfig --renew --attest), or an administrator names them under certificateOnly in the people allow list",
+                        super::policy::bounded(&candidate.user)
+                    ),
+                }),
+                _ => Ok(()),
+            });
         if let Err(v) = allowed {
             if let PersonProof::Attested(c) = &candidate.proof {
                 self.index.forget(&c.attested.evidence_digest, &seen.uid);

@@ -239,6 +239,8 @@ pub async fn serve_metrics(
 
 /// Serves `/healthz` alone on `listener` until `stop`, with its own 4 connections and short
 /// deadlines: the liveness probe's port, which the manifest's NetworkPolicy closes to pods.
+/// At the cap the oldest connection gives way to the new one, so a client holding every slot
+/// (8 idle connections once answered 0 of 5 probes) cannot get the approver restarted.
 pub async fn serve_health(
     listener: tokio::net::TcpListener,
     metrics: Arc<ApproverMetrics>,
@@ -259,6 +261,10 @@ async fn serve(
         header_timeout: Duration::from_secs(if serves == Serves::Health { 2 } else { 5 }),
         connection_timeout: Duration::from_secs(if serves == Serves::Health { 5 } else { 10 }),
     });
+    // The connections being served, oldest first: the one that gives way at the cap. Every
+    // request is answered at once, so a connection still here is one that has not sent it.
+    let mut live: std::collections::VecDeque<tokio::task::JoinHandle<()>> =
+        std::collections::VecDeque::new();
     loop {
         let conn = tokio::select! {
             _ = crate::stop::stopped(&mut stop) => break,
@@ -271,13 +277,14 @@ async fn serve(
                 }
             },
         };
-        let Some(slot) = endpoint.admit() else {
+        live.retain(|task| !task.is_finished());
+        let Some(slot) = admit_evicting_oldest(&endpoint, &mut live).await else {
             continue;
         };
         let _ = conn.set_nodelay(true);
         let metrics = metrics.clone();
         let endpoint = endpoint.clone();
-        tokio::spawn(async move {
+        live.push_back(tokio::spawn(async move {
             endpoint
                 .serve(conn, move |req: Request<hyper::body::Incoming>| {
                     let response = route(&metrics, serves, req.method(), req.uri().path());
@@ -285,8 +292,27 @@ async fn serve(
                 })
                 .await;
             drop(slot);
-        });
+        }));
     }
+    for task in live {
+        task.abort();
+    }
+}
+
+/// A slot for a new connection: a free one, or the oldest connection's, which is closed (its
+/// task ends, giving the slot back, before this returns).
+async fn admit_evicting_oldest(
+    endpoint: &crate::http_serve::Endpoint,
+    live: &mut std::collections::VecDeque<tokio::task::JoinHandle<()>>,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if let Some(slot) = endpoint.admit() {
+        return Some(slot);
+    }
+    let oldest = live.pop_front()?;
+    oldest.abort();
+    // Resolves once the task is gone, its slot with it.
+    let _ = oldest.await;
+    endpoint.admit()
 }
 
 fn route(
@@ -355,6 +381,59 @@ mod tests {
             text.contains("hwkey_approver_verify_seconds_bucket"),
             "{text}"
         );
+    }
+
+    /// One probe on `addr`: the status line of the answer, or what went wrong.
+    async fn probe(addr: std::net::SocketAddr) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut conn = match tokio::net::TcpStream::connect(addr).await {
+            Ok(c) => c,
+            Err(e) => return format!("connect: {e}"),
+        };
+        if let Err(e) = conn
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: probe\r\n\r\n")
+            .await
+        {
+            return format!("write: {e}");
+        }
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut answer));
+        match read.await {
+            Ok(Ok(_)) => String::from_utf8_lossy(&answer)
+                .lines()
+                .next()
+                .unwrap_or("no answer")
+                .to_string(),
+            Ok(Err(e)) => format!("read: {e}"),
+            Err(_) => "no answer within 5 s".into(),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_probe_is_answered_while_a_client_holds_every_slot() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let (_stop_tx, stop) = watch::channel(false);
+        let server = tokio::spawn(serve_health(
+            listener,
+            Arc::new(ApproverMetrics::default()),
+            stop,
+        ));
+        // One client holds 8 connections that never send a request (twice the slots).
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            held.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut answers = Vec::new();
+        for _ in 0..5 {
+            answers.push(probe(addr).await);
+        }
+        server.abort();
+        let ok = answers.iter().filter(|a| a.contains(" 200 ")).count();
+        assert_eq!(ok, 5, "probes answered: {answers:?}");
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //! - [`trust`]: the registered nodes, from a directory or a ConfigMap; what the source holds
 //!   decides, and approvals use a fresh reading.
 //! - [`lease`]: client-go-style leader election on a `coordination.k8s.io` Lease.
+//! - [`lifetime`]: whether the API server keeps `spec.expirationSeconds`, read again while
+//!   running.
 //! - [`metrics`]: decisions by reason, queue and trust health, the metrics and liveness
 //!   listeners.
 //!
@@ -23,6 +25,7 @@ pub mod error;
 pub mod evaluate;
 pub mod evidence_index;
 pub mod lease;
+pub mod lifetime;
 pub mod metrics;
 pub mod person;
 pub mod policy;
@@ -84,28 +87,10 @@ async fn load_trusts(
     Ok((nodes, people))
 }
 
-/// Whether the API server keeps `spec.expirationSeconds` (1.22 and later); said in the log
-/// when it does not, since then the signer's duration decides a person's lifetime.
-async fn learn_lifetime_support(client: &kube::Client, settings: &mut Settings) {
-    let Some(people) = &mut settings.rules.people else {
-        return;
-    };
-    match client.apiserver_version().await {
-        Ok(info) => {
-            let minor: u32 = info
-                .minor
-                .trim_end_matches(|c: char| !c.is_ascii_digit())
-                .parse()
-                .unwrap_or(0);
-            people.expiration_known = info.major != "1" || minor >= 22;
-            if !people.expiration_known {
-                tracing::warn!(server = %info.git_version, "this API server ignores spec.expirationSeconds: a person's certificate lives for kube-controller-manager's --cluster-signing-duration, not --people-max-lifetime");
-            }
-        }
-        Err(e) => {
-            people.expiration_known = true;
-            tracing::warn!(error = %e, "cannot read the API server's version: people's requests must ask for a lifetime (spec.expirationSeconds)");
-        }
+/// Whether the API server keeps `spec.expirationSeconds`, read once now (people's rules only).
+async fn learn_lifetime_support(client: &kube::Client, settings: &Settings) {
+    if let Some(people) = &settings.rules.people {
+        lifetime::learn(client, &people.expiration_known, true).await;
     }
 }
 
@@ -117,8 +102,8 @@ pub async fn decide_once(
 ) -> Result<Round, ApproverError> {
     check_signers(&options.settings.signer_names, options.people.is_some())?;
     let (trust, people) = load_trusts(&options, client, &metrics).await?;
-    let mut settings = options.settings;
-    learn_lifetime_support(client, &mut settings).await;
+    let settings = options.settings;
+    learn_lifetime_support(client, &settings).await;
     let mut controller = Controller::new(client, settings, [trust, people], metrics, None);
     let (_leading_tx, leading) = watch::channel(true);
     let (_stop_tx, stop) = watch::channel(false);
@@ -141,8 +126,17 @@ pub async fn run(
         .flatten()
         .map(|t| tokio::spawn(t.clone().follow()))
         .collect();
-    let mut settings = options.settings;
-    learn_lifetime_support(client, &mut settings).await;
+    let settings = options.settings;
+    learn_lifetime_support(client, &settings).await;
+    // Read again while running: an in-place upgrade of the API server turns lifetime checks on
+    // without a restart.
+    let relearn = settings.rules.people.as_ref().map(|people| {
+        tokio::spawn(lifetime::follow(
+            client.clone(),
+            people.expiration_known.clone(),
+            lifetime::RELEARN,
+        ))
+    });
     let (leading_tx, leading) = watch::channel(election.is_none());
     let validity = election
         .as_ref()
@@ -166,7 +160,7 @@ pub async fn run(
         Controller::new(client, settings, [trust, people], metrics.clone(), validity);
     controller.run(Mode::Follow, leading, stop).await;
     metrics.leader.set(0);
-    for follower in followers {
+    for follower in followers.into_iter().chain(relearn) {
         follower.abort();
     }
     gauge.abort();

@@ -1,8 +1,9 @@
 //! The self-renewal policy for people (`kubernetes.io/kube-apiserver-client`, opt-in with
-//! `--people-trust`): a person renews their own identity, with the key they already hold or a
-//! new key proven to be in a TPM registered for them, and nothing else.
+//! `--people-trust`): a person renews their own identity, with a key that hardware registered
+//! for them vouches for, every time, and nothing else.
 //!
-//! What the request alone decides ([`judge`]), in order:
+//! What the request alone decides ([`check_request`], then the proof in
+//! [`super::evaluate`]), in order:
 //!
 //! 1. `spec.usages` are a client certificate's;
 //! 2. the requester is a person: not `system:*` (service accounts, nodes, bootstrap tokens,
@@ -12,14 +13,25 @@
 //!    list), nothing else; no SAN; extensions and attributes as the node policy allows;
 //! 4. the lifetime: where the API server knows `spec.expirationSeconds` (1.22 and later) it is
 //!    required and at most `--people-max-lifetime`;
-//! 5. the proof: the requester's current certificate for exactly this subject and key, from
-//!    the cluster's client CA and valid now ([`crate::pki::same_key`]); or TPM evidence,
-//!    checked and kept fresh exactly as a node's.
+//! 5. the proof: TPM evidence, checked and kept fresh exactly as a node's (a new key or the same
+//!    one: every issuance carries fresh evidence); or, weaker, the requester's current
+//!    certificate for exactly this subject and key ([`crate::pki::same_key`]).
 //!
-//! What the people trust decides when the decision is written ([`settle`]): the requester is
-//! in the allow list (a user, or one of their groups; `system:masters` only when listed by
-//! name), and a TPM key's AK is registered for that user. The trust is read again within two
-//! seconds before an approval, so a person removed from it is refused from then on.
+//! What the people trust decides when the decision is written ([`settle`]):
+//!
+//! - **who**: the requester is named in the allow list (`users`, or `certificateOnly`). A group
+//!   admits nobody: a person who authenticates with a client certificate has that
+//!   certificate's O values as groups, so a group would vouch for the holder's other
+//!   certificates (gus in `devs` by his own `O=devs` renewing `CN=gus,O=qa`). `groups` names only
+//!   the groups a certificate may carry that need saying (`system:masters`).
+//! - **which proof**: hardware, by default: TPM evidence by an AK registered under the
+//!   person's name, for the first certificate and for every renewal. The current certificate
+//!   alone proves possession of a key, not where the key lives (a stolen session, a
+//!   certificate from before hwkey, a software key): it is accepted only for a person the
+//!   allow list names under `certificateOnly`.
+//!
+//! The trust is read again within two seconds before an approval, so a person removed from it
+//! (their name, or their AK entry) is refused from then on, whatever proof they carry.
 
 use std::time::Duration;
 
@@ -51,47 +63,69 @@ pub struct PeopleRules {
     /// The longest lifetime asked for (`spec.expirationSeconds`) that is approved.
     pub max_lifetime: Duration,
     /// Whether the API server knows `spec.expirationSeconds` (1.22 and later): then a request
-    /// must ask for a lifetime within [`PeopleRules::max_lifetime`].
-    pub expiration_known: bool,
+    /// must ask for a lifetime within [`PeopleRules::max_lifetime`]. Shared with the task that
+    /// reads the API server's version again ([`super::lifetime`]).
+    pub expiration_known: super::lifetime::LifetimeSupport,
     /// Requests that carry no proof of the key (an administrator enrolling someone, a
     /// controller's own request): left to a human approver by default, since a denial is
     /// final and would block every enrolment.
     pub on_missing_proof: super::policy::OnMissingEvidence,
 }
 
-/// Who may renew (the people trust's `_allow` entry, YAML): users by name and groups.
+/// Who may renew (the people trust's `_allow` entry, YAML), by name, and with which proof.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AllowList {
-    /// Users who may renew their own identity.
+    /// People who may renew their own identity, with hardware proof only (TPM evidence by an
+    /// AK registered under their name).
     #[serde(default)]
     pub users: Vec<String>,
-    /// Groups whose members may (`system:masters` here also lets a certificate carry it).
+    /// People who may also renew with their current certificate alone: possession of the key,
+    /// not proof that hardware holds it. An administrator's explicit opt-in, person by person.
+    #[serde(default)]
+    pub certificate_only: Vec<String>,
+    /// Groups a listed person's certificate may carry that must be named to be carried
+    /// (`system:masters`). A group admits nobody (see the module's header).
     #[serde(default)]
     pub groups: Vec<String>,
+}
+
+/// Which proofs admit a person, from the allow list's words for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admitted {
+    /// Hardware proof only (listed under `users`).
+    Hardware,
+    /// Hardware proof, or the current certificate alone (listed under `certificateOnly`).
+    HardwareOrCertificate,
 }
 
 impl AllowList {
     /// Reads the `_allow` entry.
     pub fn parse(text: &str) -> Result<AllowList, AllowListError> {
         let list: AllowList = serde_yaml_ng::from_str(text).map_err(AllowListError::Yaml)?;
-        if list.users.iter().chain(&list.groups).any(String::is_empty) {
+        if list
+            .users
+            .iter()
+            .chain(&list.certificate_only)
+            .chain(&list.groups)
+            .any(String::is_empty)
+        {
             return Err(AllowListError::EmptyName);
         }
         Ok(list)
     }
 
-    /// Whether `user` (in `groups`) may renew a certificate carrying the groups `orgs`. A
-    /// group admits only a certificate that does not carry it: a person authenticated by a
-    /// client certificate has its O values as groups, so a certificate's own groups would
-    /// vouch for themselves, renewal after renewal, after the person left the group in the
-    /// directory. Groups that count come from elsewhere (OIDC, a webhook); a person renewing
-    /// a certificate with its groups is listed by name.
-    pub fn admits(&self, user: &str, groups: &[String], orgs: &[String]) -> bool {
-        self.users.iter().any(|u| u == user)
-            || groups
-                .iter()
-                .any(|g| self.groups.contains(g) && !orgs.contains(g))
+    /// Which proofs admit `user`, or None when the list does not name them. Only a name
+    /// admits: never a group, which for a person with a client certificate is that
+    /// certificate's own O.
+    pub fn admits(&self, user: &str) -> Option<Admitted> {
+        if self.certificate_only.iter().any(|u| u == user) {
+            Some(Admitted::HardwareOrCertificate)
+        } else if self.users.iter().any(|u| u == user) {
+            Some(Admitted::Hardware)
+        } else {
+            None
+        }
     }
 }
 
@@ -196,9 +230,34 @@ pub fn check_subject(
     Ok(orgs.into_iter().map(str::to_string).collect())
 }
 
+/// For a request that carries no proof (left to a human by default): the requester asks for
+/// their own name, as Go reads it (the last CN), or the request is denied with the reason.
+pub fn check_requester_is_subject(
+    csr: &CertificateSigningRequest,
+    request: &Request,
+) -> Result<(), Violation> {
+    let (user, _) = requester(csr);
+    let cns = request.subject_values(OID_COMMON_NAME);
+    match cns.as_slice() {
+        [name] if *name == user && !user.is_empty() => Ok(()),
+        _ => Err(violation(
+            Reason::RequesterNotAllowed,
+            format!(
+                "'{}' asks for {} with no proof of the key: a request without proof waits for a human only when the requester asks for their own name",
+                bounded(&user),
+                if cns.is_empty() {
+                    "no CN".to_string()
+                } else {
+                    format!("CN={}", bounded(&cns.join(", CN=")))
+                }
+            ),
+        )),
+    }
+}
+
 /// `spec.expirationSeconds` where the API server knows it: required, and at most the maximum.
 fn check_lifetime(csr: &CertificateSigningRequest, rules: &PeopleRules) -> Result<(), Violation> {
-    if !rules.expiration_known {
+    if !rules.expiration_known.known() {
         return Ok(());
     }
     let max = rules.max_lifetime.as_secs();
@@ -231,14 +290,9 @@ pub fn check_request(
     Ok((user, groups, orgs))
 }
 
-/// What the allow list (the `_allow` entry's text) decides for `user` in `groups` asking for
-/// `orgs`: Ok, or the denial.
-pub fn settle(
-    user: &str,
-    groups: &[String],
-    orgs: &[String],
-    allow: Option<&str>,
-) -> Result<(), Violation> {
+/// What the allow list (the `_allow` entry's text) decides for `user` asking for `orgs`:
+/// which proofs admit them, or the denial.
+pub fn settle(user: &str, orgs: &[String], allow: Option<&str>) -> Result<Admitted, Violation> {
     let refuse = |m: String| violation(Reason::RequesterNotAllowed, m);
     let list = match allow.map(AllowList::parse) {
         None => {
@@ -254,19 +308,25 @@ pub fn settle(
         }
         Some(Ok(list)) => list,
     };
-    if !list.admits(user, groups, orgs) {
+    let Some(admitted) = list.admits(user) else {
+        let groups = list.groups.iter().filter(|g| *g != MASTERS).count();
+        let note = if groups > 0 {
+            " (its groups admit nobody: a person's groups come from their own certificate; list people by name)"
+        } else {
+            ""
+        };
         return Err(refuse(format!(
-            "'{}' is not in the people allow list (not by name, nor by a group that does not come from the certificate itself)",
+            "'{}' is not named in the people allow list (users, certificateOnly){note}",
             bounded(user)
         )));
-    }
+    };
     if orgs.iter().any(|o| o == MASTERS) && !list.groups.iter().any(|g| g == MASTERS) {
         return Err(violation(
             Reason::SubjectNotAllowed,
             format!("O={MASTERS} is allowed only when the allow list names that group"),
         ));
     }
-    Ok(())
+    Ok(admitted)
 }
 
 #[cfg(test)]
@@ -323,30 +383,36 @@ mod tests {
         assert!(check_person("alice", &groups(&["devs", "system:authenticated"])).is_ok());
     }
 
-    fn decide(
-        user: &str,
-        member_of: &[&str],
-        orgs: &[&str],
-        allow: Option<&str>,
-    ) -> Result<(), Violation> {
-        settle(user, &groups(member_of), &groups(orgs), allow)
+    fn decide(user: &str, orgs: &[&str], allow: Option<&str>) -> Result<Admitted, Violation> {
+        settle(user, &groups(orgs), allow)
     }
 
     #[test]
-    fn the_allow_list_decides_and_names_masters_explicitly() {
-        let allow = "users: [alice]\ngroups: [devs]\n";
-        assert!(decide("alice", &[], &[], Some(allow)).is_ok());
-        assert!(decide("carol", &["devs"], &[], Some(allow)).is_ok());
-        // devs vouching for a certificate that carries devs: not admitted by the group.
-        assert!(decide("carol", &["devs"], &["devs"], Some(allow)).is_err());
-        assert!(decide("bob", &["ops"], &[], Some(allow)).is_err());
-        assert!(decide("alice", &[], &[], None).is_err());
-        assert!(decide("alice", &[], &[], Some("users: alice\n")).is_err());
-        assert!(decide("alice", &[], &[], Some("user: [alice]\n")).is_err());
-        let v =
-            decide("alice", &[MASTERS], &[MASTERS], Some(allow)).expect_err("masters not named");
+    fn only_a_name_admits_and_masters_is_named_explicitly() {
+        let allow = "users: [alice]\ncertificateOnly: [bob]\ngroups: [devs]\n";
+        assert_eq!(decide("alice", &[], Some(allow)), Ok(Admitted::Hardware));
+        assert_eq!(
+            decide("bob", &["devs"], Some(allow)),
+            Ok(Admitted::HardwareOrCertificate)
+        );
+        // A group admits nobody, whether or not the certificate asked for carries it (gus in
+        // devs by his own certificate's O, asking for O=qa).
+        for orgs in [&[][..], &["devs"], &["qa"]] {
+            let v = decide("gus", orgs, Some(allow)).expect_err("a group admits nobody");
+            assert_eq!(v.reason, Reason::RequesterNotAllowed);
+            assert!(v.message.contains("groups admit nobody"), "{v}");
+        }
+        assert!(decide("alice", &[], None).is_err());
+        assert!(decide("alice", &[], Some("users: alice\n")).is_err());
+        assert!(decide("alice", &[], Some("user: [alice]\n")).is_err());
+        assert!(decide("alice", &[], Some("certificate_only: [alice]\n")).is_err());
+        assert!(decide("alice", &[], Some("users: [alice, '']\n")).is_err());
+        let v = decide("alice", &[MASTERS], Some(allow)).expect_err("masters not named");
         assert_eq!(v.reason, Reason::SubjectNotAllowed);
         let with_masters = "users: [alice]\ngroups: [devs, system:masters]\n";
-        assert!(decide("alice", &[MASTERS], &[MASTERS], Some(with_masters)).is_ok());
+        assert_eq!(
+            decide("alice", &[MASTERS], Some(with_masters)),
+            Ok(Admitted::Hardware)
+        );
     }
 }

@@ -28,6 +28,9 @@ label_values! {
         AttestedTpmKey => "AttestedTPMKey",
         /// Approved: a person renews with the key of the certificate they hold now.
         SameKeyRenewal => "SameKeyRenewal",
+        /// A person renews with their current certificate alone (possession, not hardware)
+        /// and the allow list does not name them under `certificateOnly`.
+        HardwareProofRequired => "HardwareProofRequired",
         /// A person's request asks for no lifetime, or a longer one than allowed.
         LifetimeNotAllowed => "LifetimeNotAllowed",
         /// `spec.request` is not exactly one well-formed CERTIFICATE REQUEST (or is too large).

@@ -144,7 +144,7 @@ fn options(args: &ApproverArgs) -> anyhow::Result<crate::approver::ApproverOptio
             client_cas: crate::pki::same_key::ClientCas::from_pem_file(path)
                 .map_err(|e| anyhow::anyhow!("--people-client-ca: {e}"))?,
             max_lifetime: args.people_max_lifetime,
-            expiration_known: true,
+            expiration_known: crate::approver::lifetime::LifetimeSupport::new(true),
             on_missing_proof: on_missing(args.people_on_missing_proof),
         }),
     };

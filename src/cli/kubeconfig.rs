@@ -57,6 +57,10 @@ pub struct KubeconfigArgs {
     /// self-renewal policy for people, nobody approves by hand.
     #[arg(long)]
     renew: bool,
+    /// With --renew (TPM keys): every renewal carries fresh TPM evidence, the hardware proof an
+    /// approver asks of a person at every issuance (hwkey proxy --renew --attest).
+    #[command(flatten)]
+    attest: super::attest::AttestArgs,
 }
 
 /// A name for the kubeconfig entries, which also names the default state directory
@@ -104,6 +108,14 @@ fn absolute(
 }
 
 pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
+    if args.attest.ak_handle().is_some() {
+        if !args.renew {
+            anyhow::bail!("--attest needs --renew: the evidence goes into the renewal requests of the proxy the plugin starts");
+        }
+        if !matches!(args.key, crate::key::KeyUri::Tpm(_)) {
+            anyhow::bail!("--attest needs a TPM key (tpm:…): only a TPM can certify that the key lives in it; drop --attest for PKCS#11 keys");
+        }
+    }
     let upstream: crate::endpoint::UpstreamTarget = args.server.parse()?;
     if let Some(url) = &args.proxy_url {
         crate::egress::ForwardProxy::parse_argv(url).context("--proxy-url")?;
@@ -153,6 +165,7 @@ pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
         state_dir,
         idle_exit: args.idle_exit,
         renew: args.renew,
+        attest: args.attest.ak_handle(),
         command,
         consumer: args.consumer,
         exec_api_version: args.exec_api_version,

@@ -278,6 +278,11 @@ fn proxy_command(exe: PathBuf, settings: &Settings, pin_on_stdin: bool) -> Comma
     if settings.renew {
         cmd.arg("--renew");
     }
+    if let Some(handle) = settings.attest {
+        cmd.arg("--attest")
+            .arg("--ak-handle")
+            .arg(format!("{handle:#010x}"));
+    }
     cmd
 }
 

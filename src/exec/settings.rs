@@ -70,6 +70,9 @@ pub struct Settings {
     pub cert_only: bool,
     /// The started proxy renews its certificate (the extension's `renew`).
     pub renew: bool,
+    /// Its renewals carry TPM evidence by the AK at this handle (the extension's
+    /// `attestAkHandle`).
+    pub attest: Option<u32>,
 }
 
 impl Settings {
@@ -130,6 +133,7 @@ impl Settings {
             idle_exit,
             cert_only: args.cert_only,
             renew: ext.renew,
+            attest: ext.attest_ak_handle,
         })
     }
 

@@ -267,6 +267,7 @@ fn write_kubelet_kubeconfig(
         state_dir: options.state_dir.clone(),
         idle_exit: None,
         renew: false,
+        attest: None,
         command: options.command.clone(),
         consumer: Consumer::Kubelet,
         exec_api_version,

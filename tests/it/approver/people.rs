@@ -1,9 +1,12 @@
-//! Issue 36: people renew their own certificates with no human step, through the approver's
-//! self-renewal policy (`kubernetes.io/kube-apiserver-client`, `deploy/approver-people.yaml`),
-//! on a real kube-apiserver + kube-controller-manager 1.20 that only signs. Every attack of the
-//! issue is denied with its reason and never issued; the legitimate flows pass: a renewal with
-//! the same key by `hwkey renew`, a new TPM key with evidence, and the proxy that the exec plugin
-//! starts renewing while kubectl runs in a loop.
+//! Issues 36 and 50: people renew their own certificates with no human step, through the
+//! approver's self-renewal policy (`kubernetes.io/kube-apiserver-client`,
+//! `deploy/approver-people.yaml`), on a real kube-apiserver + kube-controller-manager 1.20 that
+//! only signs. Every attack is denied with its reason and never issued; the legitimate flows
+//! pass: a same-key renewal by `hwkey renew --attest` with fresh TPM evidence, a new TPM key with
+//! evidence, the proxy that the exec plugin starts renewing while kubectl runs in a loop, and a
+//! certificate-only renewal for the one person the allow list opts in. Hardware proof is asked
+//! at every issuance: a person's current certificate alone renews nothing by default, and
+//! deleting their AK entry denies their next renewal within seconds.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -56,9 +59,10 @@ struct Scene {
     replica: Replica,
 }
 
-/// alice and bob by name; the group devs (which admits only certificates that do not carry it:
-/// a certificate's own groups cannot vouch for themselves).
-const ALLOW: &str = "users: [alice, bob, mallory]\ngroups: [devs]\n";
+/// alice by name (hardware proof only, the default); bob and mallory opted in to renew with
+/// their current certificate alone; the group devs, which admits nobody (a person's groups are
+/// their certificate's O values).
+const ALLOW: &str = "users: [alice]\ncertificateOnly: [bob, mallory]\ngroups: [devs]\n";
 
 impl Scene {
     fn new() -> Scene {
@@ -227,7 +231,8 @@ fn people_renew_themselves_and_every_way_to_another_identity_is_denied() {
         log()
     );
 
-    // Legitimate: bob (a member of devs) renews with the key his certificate is for.
+    // Legitimate: bob (opted in to certificate-only renewals) renews with the key his
+    // certificate is for.
     let bob_key = SoftwareKey::generate();
     let bob_subject: Subject<'_> = &[(O, "devs"), (CN, "bob")];
     let bob_cert = certificate(ca, &bob_key, bob_subject, false);
@@ -319,13 +324,79 @@ fn people_renew_themselves_and_every_way_to_another_identity_is_denied() {
     assert!(removed_at.elapsed() < Duration::from_secs(15));
 
     the_plugins_proxy_renews_while_kubectl_runs(&s);
-    an_administrators_enrolment_is_left_to_the_administrator(s);
+    removing_alices_ak_denies_her_next_renewal(&s);
+    an_enrolment_without_proof_waits_only_for_the_requesters_own_name(s);
 }
 
-/// By default a request with no proof of the key (an administrator enrolling erin) is left
-/// alone, so the administrator can approve it: a denial would be final. And a person's stale
-/// TPM evidence is refused as a node's is.
-fn an_administrators_enrolment_is_left_to_the_administrator(s: Scene) {
+/// `hwkey renew` of alice's TPM key through the cluster, `attest`ing or not: its output and the
+/// name of the request it made.
+fn renew_alice(s: &Scene, attest: bool) -> (std::process::Output, String) {
+    let before = csr_names(&s.cluster, "hwkey-alice-");
+    let mut cmd = hwkey();
+    cmd.envs(s.id.envs())
+        .args(["renew", "--key", &s.id.key_uri, "--cert"])
+        .arg(&s.id.cert)
+        .args(["--server", &s.cluster.url(), "--ca"])
+        .arg(s.cluster.ca_path())
+        .args(["--wait", "60s"]);
+    if attest {
+        cmd.arg("--attest");
+    }
+    let out = cmd.output().expect("run hwkey renew");
+    let name = new_csr(&s.cluster, "hwkey-alice-", &before);
+    (out, name)
+}
+
+/// Removal bites: with alice's AK entry deleted from the people trust (she stays in the allow
+/// list), her next renewal is denied within seconds, with fresh evidence from the same TPM
+/// (UnknownAttestationKey) and with her current certificate alone (HardwareProofRequired), and
+/// her certificate file is left as it was.
+fn removing_alices_ak_denies_her_next_renewal(s: &Scene) {
+    let without_alice: Vec<(&str, String)> = s
+        .entries
+        .iter()
+        .filter(|(n, _)| *n != "alice")
+        .map(|(n, t)| (*n, t.clone()))
+        .collect();
+    apply_people(&s.cluster, &s.dir, &without_alice);
+    let removed_at = Instant::now();
+    let before = std::fs::read(&s.id.cert).expect("alice's certificate");
+    let (out, name) = renew_alice(s, true);
+    assert!(!out.status.success(), "{}", output_text(&out));
+    assert!(
+        output_text(&out).contains("was denied"),
+        "{}",
+        output_text(&out)
+    );
+    assert_eq!(
+        csr_field(&s.cluster, &name, "{.status.conditions[0].reason}"),
+        "UnknownAttestationKey",
+        "{}",
+        s.log()
+    );
+    // The renewal finding 1 of issue 50 saw approved: the same key, her certificate only.
+    let (out, name) = renew_alice(s, false);
+    assert!(!out.status.success(), "{}", output_text(&out));
+    assert_eq!(
+        csr_field(&s.cluster, &name, "{.status.conditions[0].reason}"),
+        "HardwareProofRequired",
+        "{}",
+        s.log()
+    );
+    assert!(
+        removed_at.elapsed() < Duration::from_secs(30),
+        "denied only after {:?}",
+        removed_at.elapsed()
+    );
+    assert_eq!(std::fs::read(&s.id.cert).expect("certificate"), before);
+    apply_people(&s.cluster, &s.dir, &s.entries);
+}
+
+/// By default a request with no proof of the key is left alone only when the requester asks
+/// for their own name (erin's enrolment, which an administrator then approves); the same
+/// request made by someone else for erin's name (an administrator's own, or an attacker's) is
+/// denied with its reason. And a person's stale TPM evidence is refused as a node's is.
+fn an_enrolment_without_proof_waits_only_for_the_requesters_own_name(s: Scene) {
     let Scene {
         id,
         cluster,
@@ -348,8 +419,22 @@ fn an_administrators_enrolment_is_left_to_the_administrator(s: Scene) {
     );
     let key = SoftwareKey::generate();
     let pem = request(&key, &[(O, "devs"), (CN, "erin")], vec![]);
-    let object = csr_object(&dir, "enrol-erin", &pem, CLIENT_SIGNER, USAGES);
+    // erin's own request (she signed in some other way: here a certificate of her own).
+    let (erin_cert, erin_key) = id.ca.client_cert(&dir, "erin-login", "erin", Some("devs"));
+    let erin = cluster.cert_kubeconfig("erin", &erin_cert, &erin_key);
+    create_with(
+        &erin,
+        &csr_object(&dir, "enrol-erin", &pem, CLIENT_SIGNER, USAGES),
+    );
+    // The same request, made by the administrator and by bob for erin's name.
+    let object = csr_object(&dir, "enrol-for-erin", &pem, CLIENT_SIGNER, USAGES);
     cluster.kubectl_ok(&["create", "-f", &object.display().to_string()]);
+    let (bob_cert, bob_key) = id.ca.client_cert(&dir, "bob-late", "bob", Some("devs"));
+    let bob = cluster.cert_kubeconfig("bob-late", &bob_cert, &bob_key);
+    create_with(
+        &bob,
+        &csr_object(&dir, "bob-for-erin", &pem, CLIENT_SIGNER, USAGES),
+    );
     let account = cluster.service_account_kubeconfig("hwkey-system", "hwkey-approver");
     let once = run_ok(
         hwkey()
@@ -364,12 +449,21 @@ fn an_administrators_enrolment_is_left_to_the_administrator(s: Scene) {
             .arg(format!("--people-client-ca={}", id.ca.ca_path().display()))
             .args(["--evidence-max-age", "2s", "--once"]),
     );
+    let text = output_text(&once);
     assert!(
-        !output_text(&once).contains("enrol-erin")
-            && output_text(&once).contains("denied stale: EvidenceStale"),
-        "{}",
-        output_text(&once)
+        !text.contains("enrol-erin") && text.contains("denied stale: EvidenceStale"),
+        "{text}"
     );
+    for name in ["enrol-for-erin", "bob-for-erin"] {
+        assert!(
+            text.contains(&format!("denied {name}: RequesterNotAllowed")),
+            "{name}: {text}"
+        );
+        assert_eq!(
+            csr_field(&cluster, name, "{.status.conditions[0].reason}"),
+            "RequesterNotAllowed"
+        );
+    }
     assert_eq!(
         csr_field(&cluster, "enrol-erin", "{.status.conditions[*].type}"),
         ""
@@ -415,6 +509,12 @@ fn attacks(s: &Scene, alice: &Path, bob: &Path, carol: &Path, attested: &[u8]) -
     let dan_key = SoftwareKey::generate();
     let dan_subject: Subject<'_> = &[(O, "devs"), (CN, "dan")];
     let dan_cert = certificate(ca, &dan_key, dan_subject, false);
+    // gus is in devs by his login certificate's O and asks for a certificate without it: a
+    // group admits nobody, whatever the certificate asked for carries.
+    let gus = s.person("gus", Some("devs"));
+    let gus_key = SoftwareKey::generate();
+    let gus_subject: Subject<'_> = &[(CN, "gus")];
+    let gus_cert = certificate(ca, &gus_key, gus_subject, false);
     let san = rq::extension_request(vec![rq::extension(
         rq::SAN,
         None,
@@ -537,51 +637,73 @@ fn attacks(s: &Scene, alice: &Path, bob: &Path, carol: &Path, attested: &[u8]) -
             request(&dan_key, dan_subject, vec![same_key(&dan_cert)]),
             "RequesterNotAllowed",
         ),
+        (
+            "group-vouches-for-another",
+            as_(&gus),
+            request(&gus_key, gus_subject, vec![same_key(&gus_cert)]),
+            "RequesterNotAllowed",
+        ),
+        // alice's valid certificate for exactly this key: possession, not hardware, and alice
+        // is not opted in to certificate-only renewals.
+        (
+            "certificate-only",
+            as_(alice),
+            good(&key),
+            "HardwareProofRequired",
+        ),
     ]
 }
 
-/// Legitimate: alice renews with the key she holds through `hwkey renew`, authenticated by that
-/// key; hwkey's approver approves it (SameKeyRenewal) and the new certificate is installed.
+/// Legitimate: alice renews with the key she holds through `hwkey renew --attest`, fresh TPM
+/// evidence in the request (AttestedTPMKey), and the new certificate is installed. Without
+/// `--attest` the same renewal is denied (HardwareProofRequired), and her file is untouched.
 fn alice_renews_with_hwkey(s: &Scene) {
     let before = std::fs::read(&s.id.cert).expect("alice's certificate");
-    let out = run_ok(
-        hwkey()
-            .envs(s.id.envs())
-            .args(["renew", "--key", &s.id.key_uri, "--cert"])
-            .arg(&s.id.cert)
-            .args(["--server", &s.cluster.url(), "--ca"])
-            .arg(s.cluster.ca_path())
-            .args(["--wait", "60s"]),
+    let (denied, name) = renew_alice(s, false);
+    assert!(!denied.status.success(), "{}", output_text(&denied));
+    assert_eq!(
+        csr_field(&s.cluster, &name, "{.status.conditions[0].reason}"),
+        "HardwareProofRequired",
+        "{}",
+        s.log()
     );
+    assert_eq!(std::fs::read(&s.id.cert).expect("certificate"), before);
+    let (out, name) = renew_alice(s, true);
     assert!(
-        output_text(&out).contains("renewed: "),
+        out.status.success() && output_text(&out).contains("renewed: "),
         "{}",
         output_text(&out)
     );
     assert_ne!(std::fs::read(&s.id.cert).expect("renewed"), before);
-    let name = latest_csr(&s.cluster, "hwkey-alice-");
     assert_eq!(
         csr_field(&s.cluster, &name, "{.status.conditions[0].reason}"),
-        "SameKeyRenewal",
+        "AttestedTPMKey",
         "{}",
         s.log()
     );
 }
 
-/// The newest CertificateSigningRequest whose name starts with `prefix`.
-fn latest_csr(cluster: &KubeCluster, prefix: &str) -> String {
-    let out = cluster.kubectl_ok(&[
-        "get",
-        "csr",
-        "--sort-by=.metadata.creationTimestamp",
-        "-o",
-        "jsonpath={.items[*].metadata.name}",
-    ]);
+/// The names of the CertificateSigningRequests that start with `prefix`.
+fn csr_names(cluster: &KubeCluster, prefix: &str) -> Vec<String> {
+    let out = cluster.kubectl_ok(&["get", "csr", "-o", "jsonpath={.items[*].metadata.name}"]);
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
-        .rfind(|n| n.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no CSR named {prefix}*"))
-        .to_string()
+        .filter(|n| n.starts_with(prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The one CertificateSigningRequest starting with `prefix` that is not in `before` (creation
+/// times have a second's resolution: two requests in one second have no order).
+fn new_csr(cluster: &KubeCluster, prefix: &str, before: &[String]) -> String {
+    let new: Vec<String> = csr_names(cluster, prefix)
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
+    match new.as_slice() {
+        [one] => one.clone(),
+        _ => panic!("expected one new CSR named {prefix}*, found {new:?}"),
+    }
 }
 
 /// Legitimate: the proxy `hwkey credential` starts (kubeconfig written with `--renew`) renews
@@ -610,6 +732,7 @@ fn the_plugins_proxy_renews_while_kubectl_runs(s: &Scene) {
     )
     .expect("write certificate");
     let first = std::fs::read(&cert).expect("certificate");
+    let requests_before = csr_names(&s.cluster, "hwkey-alice-");
     let (kubeconfig, state) = (dir.join("kubeconfig"), dir.join("state"));
     run_ok(
         hwkey()
@@ -619,6 +742,7 @@ fn the_plugins_proxy_renews_while_kubectl_runs(s: &Scene) {
                 "--name",
                 "people",
                 "--renew",
+                "--attest",
                 "--key",
                 &s.id.key_uri,
             ])
@@ -679,10 +803,10 @@ fn the_plugins_proxy_renews_while_kubectl_runs(s: &Scene) {
     assert!(ok >= 1, "kubectl never ran before the renewal");
     assert!(after.status.success(), "{}", output_text(&after));
     assert_ne!(renewed, first, "the certificate file was not renewed");
-    let name = latest_csr(&s.cluster, "hwkey-alice-");
+    let name = new_csr(&s.cluster, "hwkey-alice-", &requests_before);
     assert_eq!(
         csr_field(&s.cluster, &name, "{.status.conditions[0].reason}"),
-        "SameKeyRenewal",
+        "AttestedTPMKey",
         "{}",
         s.log()
     );
