@@ -6,6 +6,10 @@
 // hwkey's approver must decide on exactly what they read, so the tests compare its reading with
 // this program's, request by request.
 //
+// With --cert it reads certificates instead, with x509.ParseCertificate, as kube-apiserver's
+// client-certificate authenticator does: the approver decides on a certificate attached to a
+// request (a person's current certificate) and must read it as Go does.
+//
 // Input: one request per line on stdin, base64 of its DER (or of a whole PEM text, with
 // --pem). Output: one JSON object per line, in the same order. Only the standard library is
 // used, so `go build` needs nothing from the network.
@@ -65,6 +69,53 @@ type reading struct {
 	IssuedSPKI string `json:"issuedSpki,omitempty"`
 	// Whether the request's own signature verifies (kube-apiserver refuses it otherwise).
 	SignatureValid bool `json:"signatureValid"`
+	// Certificates (--cert): the validity, Unix seconds.
+	NotBefore int64 `json:"notBefore,omitempty"`
+	NotAfter  int64 `json:"notAfter,omitempty"`
+}
+
+// readCert is Go's reading of a certificate: the same fields as a request's, where they apply.
+func readCert(der []byte) reading {
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return reading{Error: err.Error()}
+	}
+	out := reading{
+		RawSubject:   hex.EncodeToString(cert.RawSubject),
+		CommonName:   cert.Subject.CommonName,
+		Organization: nonNil(cert.Subject.Organization),
+		RawSPKI:      hex.EncodeToString(cert.RawSubjectPublicKeyInfo),
+		Rdns:         rdnsOf(cert.RawSubject),
+		Extensions:   []extension{},
+		NotBefore:    cert.NotBefore.Unix(),
+		NotAfter:     cert.NotAfter.Unix(),
+	}
+	for _, e := range cert.Extensions {
+		out.Extensions = append(out.Extensions, extension{
+			ID: e.Id.String(), Critical: e.Critical, Value: hex.EncodeToString(e.Value),
+		})
+	}
+	return out
+}
+
+// rdnsOf reads a Name's RDNs in order, each with its attributes (empty RDNs included).
+func rdnsOf(raw []byte) [][]attribute {
+	out := [][]attribute{}
+	var rdns pkix.RDNSequence
+	if _, err := asn1.Unmarshal(raw, &rdns); err == nil {
+		for _, rdn := range rdns {
+			set := []attribute{}
+			for _, atv := range rdn {
+				a := attribute{Type: atv.Type.String()}
+				if s, ok := atv.Value.(string); ok {
+					a.Value = &s
+				}
+				set = append(set, a)
+			}
+			out = append(out, set)
+		}
+	}
+	return out
 }
 
 func read(der []byte) reading {
@@ -92,20 +143,7 @@ func read(der []byte) reading {
 		Extensions:         []extension{},
 		SignatureValid:     csr.CheckSignature() == nil,
 	}
-	var rdns pkix.RDNSequence
-	if _, err := asn1.Unmarshal(csr.RawSubject, &rdns); err == nil {
-		for _, rdn := range rdns {
-			set := []attribute{}
-			for _, atv := range rdn {
-				a := attribute{Type: atv.Type.String()}
-				if s, ok := atv.Value.(string); ok {
-					a.Value = &s
-				}
-				set = append(set, a)
-			}
-			out.Rdns = append(out.Rdns, set)
-		}
-	}
+	out.Rdns = rdnsOf(csr.RawSubject)
 	if issued, err := asn1.Marshal(csr.Subject.ToRDNSequence()); err == nil {
 		out.IssuedSubject = hex.EncodeToString(issued)
 	}
@@ -137,6 +175,7 @@ func nonNil(s []string) []string {
 
 func main() {
 	pemInput := len(os.Args) > 1 && os.Args[1] == "--pem"
+	certInput := len(os.Args) > 1 && os.Args[1] == "--cert"
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 1<<26)
 	out := bufio.NewWriter(os.Stdout)
@@ -157,7 +196,11 @@ func main() {
 			}
 			data = block.Bytes
 		}
-		if err := enc.Encode(read(data)); err != nil {
+		reader := read
+		if certInput {
+			reader = readCert
+		}
+		if err := enc.Encode(reader(data)); err != nil {
 			fmt.Fprintln(os.Stderr, "csr-oracle:", err)
 			os.Exit(2)
 		}

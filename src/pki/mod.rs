@@ -3,6 +3,7 @@
 
 pub mod attestation;
 pub mod cert;
+pub mod certificate;
 pub mod csr;
 #[cfg(feature = "tpm")]
 pub mod ek_trust;

@@ -249,21 +249,21 @@ impl Request {
     }
 }
 
-fn structure(what: impl Into<String>) -> Malformed {
+pub(super) fn structure(what: impl Into<String>) -> Malformed {
     Malformed::Structure(what.into())
 }
 
 /// One DER element of a buffer: its first (tag) byte and where its content and whole are.
 #[derive(Debug, Clone)]
-struct Tlv {
-    tag: u8,
-    content: Range<usize>,
-    whole: Range<usize>,
+pub(super) struct Tlv {
+    pub(super) tag: u8,
+    pub(super) content: Range<usize>,
+    pub(super) whole: Range<usize>,
 }
 
 /// Reads the element starting at `at` in `der`, ending no later than `end`: a low tag number,
 /// a definite length in its shortest form.
-fn tlv(der: &[u8], at: usize, end: usize) -> Result<Tlv, Malformed> {
+pub(super) fn tlv(der: &[u8], at: usize, end: usize) -> Result<Tlv, Malformed> {
     let byte = |i: usize| {
         if i < end {
             Ok(der[i])
@@ -309,7 +309,7 @@ fn tlv(der: &[u8], at: usize, end: usize) -> Result<Tlv, Malformed> {
 }
 
 /// The elements that exactly fill `range` of `der`.
-fn children(der: &[u8], range: Range<usize>) -> Result<Vec<Tlv>, Malformed> {
+pub(super) fn children(der: &[u8], range: Range<usize>) -> Result<Vec<Tlv>, Malformed> {
     let mut out = Vec::new();
     let mut at = range.start;
     while at < range.end {
@@ -322,7 +322,7 @@ fn children(der: &[u8], range: Range<usize>) -> Result<Vec<Tlv>, Malformed> {
 
 /// Walks every element of `der`: DER lengths throughout, constructed encodings only where
 /// DER has them (SEQUENCE, SET, context tags), and no bytes left over at any level.
-fn strict_der(der: &[u8]) -> Result<(), Malformed> {
+pub(super) fn strict_der(der: &[u8]) -> Result<(), Malformed> {
     fn walk(der: &[u8], range: Range<usize>, depth: usize) -> Result<(), Malformed> {
         if depth > 32 {
             return Err(Malformed::NotDer("nested more than 32 levels deep"));
@@ -344,7 +344,7 @@ fn strict_der(der: &[u8]) -> Result<(), Malformed> {
     walk(der, 0..der.len(), 0)
 }
 
-fn expect_tag(t: &Tlv, tag: u8, what: &str) -> Result<(), Malformed> {
+pub(super) fn expect_tag(t: &Tlv, tag: u8, what: &str) -> Result<(), Malformed> {
     if t.tag == tag {
         Ok(())
     } else {
@@ -357,7 +357,7 @@ fn expect_tag(t: &Tlv, tag: u8, what: &str) -> Result<(), Malformed> {
 
 /// The subject: a SEQUENCE of SETs with exactly one attribute each, a UTF8String or
 /// PrintableString value; re-encoded, it must be the same bytes.
-fn read_subject(subject: &[u8]) -> Result<Vec<SubjectAttribute>, Malformed> {
+pub(super) fn read_subject(subject: &[u8]) -> Result<Vec<SubjectAttribute>, Malformed> {
     let sets = children(subject, tlv(subject, 0, subject.len())?.content)?;
     let mut names = Vec::with_capacity(sets.len());
     for set in &sets {
@@ -482,7 +482,7 @@ fn read_extensions(attributes: &[Attribute]) -> Result<(Vec<Extension>, usize), 
 
 /// The signature algorithm: ECDSA with SHA-256/384 (no parameters) or RSA PKCS#1 v1.5 with
 /// SHA-256/384/512 (NULL parameters).
-fn read_algorithm(der: &[u8]) -> Result<SignScheme, Malformed> {
+pub(super) fn read_algorithm(der: &[u8]) -> Result<SignScheme, Malformed> {
     let (oid, params) = yasna::parse_der(der, |r| {
         r.read_sequence(|r| {
             let oid = r.next().read_oid()?;

@@ -18,10 +18,9 @@
 //! One attribute type for both proofs keeps the rule "one evidence attribute, one value": a
 //! request cannot carry a certificate and TPM evidence at once, nor two certificates.
 
-use x509_parser::prelude::{FromDer, X509Certificate};
-
 use super::attestation::{Refusal, Refused, OID_EVIDENCE, OID_TPM2_CERTIFY_DER};
-use super::request::Request;
+use super::certificate::Certificate;
+use super::request::{Request, SubjectAttribute};
 use super::PkiError;
 
 /// DER of the statement type: a UUID OID (2.25.…), since no standard type says "the
@@ -130,14 +129,12 @@ impl ClientCas {
         ClientCas { ders }
     }
 
-    /// Whether one of these CAs issued and signed `cert`.
-    fn issued(&self, cert: &X509Certificate<'_>) -> bool {
-        self.ders.iter().any(|der| {
-            x509_parser::parse_x509_certificate(der).is_ok_and(|(_, ca)| {
-                ca.subject().as_raw() == cert.issuer().as_raw()
-                    && cert.verify_signature(Some(ca.public_key())).is_ok()
-            })
-        })
+    /// Whether one of these CAs issued and signed `cert` (each CA read as strictly as the
+    /// certificate; one that is not is never an issuer).
+    fn issued(&self, cert: &Certificate) -> bool {
+        self.ders
+            .iter()
+            .any(|der| Certificate::from_der(der).is_ok_and(|ca| cert.is_signed_by(&ca)))
     }
 }
 
@@ -172,24 +169,15 @@ pub fn verify(
             "the request's own signature does not verify with its key".into(),
         ));
     }
-    let (rest, cert) = X509Certificate::from_der(cert_der)
-        .map_err(|e| invalid(format!("the attached certificate does not parse: {e}")))?;
-    if !rest.is_empty() {
+    // Read as kube-apiserver reads it (Go's x509 and pkix.Name), or refused.
+    let cert = Certificate::from_der(cert_der)
+        .map_err(|e| invalid(format!("the attached certificate is refused: {e}")))?;
+    if !cas.issued(&cert) {
         return Err(invalid(
-            "the attached certificate has bytes after it".into(),
+            "the attached certificate was not issued by the cluster's client CA".into(),
         ));
     }
-    if !cas.issued(&cert) {
-        return Err(invalid(format!(
-            "the attached certificate (issuer '{}') was not issued by the cluster's client CA",
-            bounded(&cert.issuer().to_string())
-        )));
-    }
-    let validity = cert.validity();
-    let (from, to) = (
-        validity.not_before.timestamp(),
-        validity.not_after.timestamp(),
-    );
+    let (from, to) = (cert.not_before, cert.not_after);
     if now > to {
         return Err(invalid(format!(
             "the attached certificate expired {} s ago: a person whose certificate expired enrols again",
@@ -201,23 +189,17 @@ pub fn verify(
             "the attached certificate is not valid yet".to_string(),
         ));
     }
-    match cert.extended_key_usage() {
-        Ok(Some(eku)) if !eku.value.client_auth && !eku.value.any => {
+    match cert.allows_client_auth() {
+        Ok(true) => {}
+        Ok(false) => {
             return Err(invalid(
                 "the attached certificate is not for client authentication".into(),
             ))
         }
-        Ok(_) => {}
-        Err(e) => {
-            return Err(invalid(format!(
-                "the attached certificate's extended key usage does not parse: {e}"
-            )))
-        }
+        Err(e) => return Err(invalid(format!("the attached certificate: {e}"))),
     }
-    let certified = subject_pairs(&cert).ok_or_else(|| {
-        invalid("the attached certificate's subject has a value that is not a string".into())
-    })?;
-    let asked = request_pairs(request);
+    let certified = pairs(&cert.subject);
+    let asked = pairs(&request.subject);
     if certified != asked {
         return Err(refused(
             Refusal::SubjectMismatch,
@@ -228,35 +210,21 @@ pub fn verify(
             ),
         ));
     }
-    if cert.public_key().raw != request.spki_der() {
+    if cert.spki_der() != request.spki_der() {
         return Err(invalid(
             "the attached certificate is for another key than the request's: a renewal with a new key needs TPM evidence (hwkey renew --attest)".into(),
         ));
     }
     Ok(SameKey {
-        serial: cert.raw_serial_as_string(),
+        serial: cert.serial_hex(),
         not_after: to,
     })
 }
 
-/// A name as sorted (dotted OID, value) pairs; None when a value is not a string.
-fn subject_pairs(cert: &X509Certificate<'_>) -> Option<Vec<(String, String)>> {
-    let mut pairs = cert
-        .subject()
-        .iter_attributes()
-        .map(|a| {
-            a.as_str()
-                .ok()
-                .map(|v| (a.attr_type().to_id_string(), v.to_string()))
-        })
-        .collect::<Option<Vec<_>>>()?;
-    pairs.sort();
-    Some(pairs)
-}
-
-fn request_pairs(request: &Request) -> Vec<(String, String)> {
-    let mut pairs: Vec<(String, String)> = request
-        .subject
+/// A name's attributes as sorted (dotted OID, value) pairs: the identity Go reads from a
+/// strictly read name (CN and O sets, order aside).
+fn pairs(names: &[SubjectAttribute]) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = names
         .iter()
         .map(|a| (a.oid.to_string(), a.value.clone()))
         .collect();
@@ -449,6 +417,96 @@ mod tests {
             verify(&more_groups, &good, &cas, unix).map_err(|r| r.refusal),
             Err(Refusal::SubjectMismatch)
         );
+    }
+
+    /// A client certificate from `ca` with `subject` (a Name's DER, as given) for `key`'s
+    /// public key, valid an hour either side of now: built by hand, so the subject can hold
+    /// what no certificate library writes.
+    fn issue_raw(
+        ca: &(rcgen::Certificate, rcgen::KeyPair),
+        key: &rcgen::KeyPair,
+        subject: &[u8],
+    ) -> Vec<u8> {
+        let ecdsa = || ObjectIdentifier::from_slice(&[1, 2, 840, 10045, 4, 3, 2]);
+        let issuer = x509_parser::parse_x509_certificate(ca.0.der())
+            .expect("CA")
+            .1
+            .subject()
+            .as_raw()
+            .to_vec();
+        let spki = pem::parse(key.public_key_pem()).expect("SPKI PEM");
+        let (t, _) = now();
+        let time = |d: time::OffsetDateTime| {
+            yasna::models::UTCTime::from_datetime(d.replace_nanosecond(0).expect("time"))
+        };
+        let tbs = yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                w.next()
+                    .write_tagged(yasna::Tag::context(0), |w| w.write_u8(2));
+                w.next().write_u8(7);
+                w.next().write_sequence(|w| w.next().write_oid(&ecdsa()));
+                w.next().write_der(&issuer);
+                w.next().write_sequence(|w| {
+                    w.next().write_utctime(&time(t - time::Duration::hours(1)));
+                    w.next().write_utctime(&time(t + time::Duration::hours(1)));
+                });
+                w.next().write_der(subject);
+                w.next().write_der(spki.contents());
+            })
+        });
+        let signature = rcgen::SigningKey::sign(&ca.1, &tbs).expect("sign");
+        yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                w.next().write_der(&tbs);
+                w.next().write_sequence(|w| w.next().write_oid(&ecdsa()));
+                w.next().write_bitvec_bytes(&signature, signature.len() * 8);
+            })
+        })
+    }
+
+    /// Issue 50, finding 4: a CA-issued certificate whose subject is `O=devs, CN=alice`, an
+    /// empty RDN, then `CN=root`. x509-parser reads `CN=alice,O=devs` (it stops at the empty
+    /// RDN), the request's subject, and approved the renewal; Go reads CN=root, the user
+    /// kube-apiserver would authenticate. It is refused now, with the reason.
+    #[test]
+    fn a_certificate_go_reads_as_another_user_proves_nothing() {
+        let (_, unix) = now();
+        let cluster = ca("cluster");
+        let cas = ClientCas::from_ders(vec![cluster.0.der().to_vec()]);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let rdn = |oid: &[u64], value: &str| {
+            yasna::construct_der(|w| {
+                w.write_set(|w| {
+                    w.next().write_sequence(|w| {
+                        w.next().write_oid(&ObjectIdentifier::from_slice(oid));
+                        w.next().write_utf8_string(value);
+                    })
+                })
+            })
+        };
+        let subject = yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                w.next().write_der(&rdn(&[2, 5, 4, 10], "devs"));
+                w.next().write_der(&rdn(&[2, 5, 4, 3], "alice"));
+                w.next().write_der(&[0x31, 0x00]);
+                w.next().write_der(&rdn(&[2, 5, 4, 3], "root"));
+            })
+        });
+        let hidden = issue_raw(&cluster, &key, &subject);
+        let alice = request(&key, "alice", &["devs"], Some(attribute(&hidden)));
+        let refused = verify(&alice, &hidden, &cas, unix).expect_err("an empty RDN hides CN=root");
+        assert_eq!(refused.refusal, Refusal::EvidenceInvalid, "{refused}");
+        assert!(refused.message.contains("empty RDN"), "{refused}");
+        // The same certificate without the empty RDN and CN=root holds: only the hidden part
+        // is refused.
+        let plain = yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                w.next().write_der(&rdn(&[2, 5, 4, 10], "devs"));
+                w.next().write_der(&rdn(&[2, 5, 4, 3], "alice"));
+            })
+        });
+        let good = issue_raw(&cluster, &key, &plain);
+        assert!(verify(&alice, &good, &cas, unix).is_ok());
     }
 
     #[test]

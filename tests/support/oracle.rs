@@ -58,6 +58,10 @@ pub struct GoReading {
     pub issued_spki: String,
     #[serde(default)]
     pub signature_valid: bool,
+    #[serde(default)]
+    pub not_before: i64,
+    #[serde(default)]
+    pub not_after: i64,
 }
 
 /// One subject attribute as Go read it.
@@ -116,18 +120,23 @@ impl GoOracle {
 
     /// Go's reading of each request (DER).
     pub fn read_der(&self, requests: &[Vec<u8>]) -> Vec<GoReading> {
-        self.run(requests, false)
+        self.run(requests, None)
     }
 
     /// Go's reading of each `spec.request` text (pem.Decode first, as the API server does).
     pub fn read_pem(&self, texts: &[Vec<u8>]) -> Vec<GoReading> {
-        self.run(texts, true)
+        self.run(texts, Some("--pem"))
     }
 
-    fn run(&self, inputs: &[Vec<u8>], pem: bool) -> Vec<GoReading> {
+    /// Go's reading of each certificate (DER), with `x509.ParseCertificate`.
+    pub fn read_certificates(&self, certificates: &[Vec<u8>]) -> Vec<GoReading> {
+        self.run(certificates, Some("--cert"))
+    }
+
+    fn run(&self, inputs: &[Vec<u8>], mode: Option<&str>) -> Vec<GoReading> {
         let mut cmd = Command::new(&self.bin);
-        if pem {
-            cmd.arg("--pem");
+        if let Some(mode) = mode {
+            cmd.arg(mode);
         }
         let mut child = cmd
             .stdin(Stdio::piped())

@@ -3,6 +3,7 @@
 //! crypto/x509 (oracle). `kit` holds what they (and the image test) share.
 
 mod attacks;
+mod cert_oracle;
 pub(crate) mod kit;
 mod oracle;
 mod people;

@@ -20,10 +20,10 @@ use hwkey::approver::policy;
 use hwkey::pki::request::Request;
 
 /// SplitMix64: a fixed, transparent sequence (a failure prints the case's bytes).
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -31,11 +31,11 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 
-    fn chance(&mut self, percent: u64) -> bool {
+    pub(super) fn chance(&mut self, percent: u64) -> bool {
         self.next() % 100 < percent
     }
 }
@@ -61,7 +61,7 @@ fn base(key: &SoftwareKey) -> RequestTree {
 }
 
 /// The children of the info's subject, attributes, or a constructed node.
-fn children(node: &mut Node) -> Option<&mut Vec<Node>> {
+pub(super) fn children(node: &mut Node) -> Option<&mut Vec<Node>> {
     match node {
         Node::Cons(_, c, _, _) => Some(c),
         _ => None,
@@ -77,7 +77,7 @@ fn attributes(tree: &mut RequestTree) -> &mut Vec<Node> {
 }
 
 /// How many constructed elements `node` holds, itself included.
-fn count_constructed(node: &Node) -> usize {
+pub(super) fn count_constructed(node: &Node) -> usize {
     match node {
         Node::Cons(_, c, _, _) => 1 + c.iter().map(count_constructed).sum::<usize>(),
         _ => 0,
@@ -85,7 +85,7 @@ fn count_constructed(node: &Node) -> usize {
 }
 
 /// The `n`-th constructed element of `node`, depth first.
-fn nth_constructed<'a>(node: &'a mut Node, n: &mut usize) -> Option<&'a mut Node> {
+pub(super) fn nth_constructed<'a>(node: &'a mut Node, n: &mut usize) -> Option<&'a mut Node> {
     if !matches!(node, Node::Cons(..)) {
         return None;
     }
@@ -99,7 +99,7 @@ fn nth_constructed<'a>(node: &'a mut Node, n: &mut usize) -> Option<&'a mut Node
     }
 }
 
-const VALUES: &[&str] = &[
+pub(super) const VALUES: &[&str] = &[
     "system:node:node-a",
     "system:node:node-b",
     "system:nodes",
@@ -379,7 +379,7 @@ fn case(rng: &mut Rng, key: &SoftwareKey) -> Vec<u8> {
     tree.signed(|info| key.sign(info), &trailing)
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -468,7 +468,7 @@ fn differences(request: &Request, node: &str, go: &GoReading) -> Vec<String> {
     diffs
 }
 
-fn cases() -> usize {
+pub(super) fn cases() -> usize {
     std::env::var("HWKEY_ORACLE_CASES")
         .ok()
         .and_then(|c| c.parse().ok())
