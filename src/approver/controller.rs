@@ -662,6 +662,20 @@ impl Controller {
                 (decision, None)
             }
             PersonProof::Attested(c) => self.settle(seen, c, &people.aks, "user"),
+            PersonProof::Piv(facts) => {
+                let (approved, reason, message) =
+                    match person::settle_piv(&candidate.user, &facts, &people.piv) {
+                        Ok(m) => (true, Reason::AttestedPivKey, m),
+                        Err(v) => (false, v.reason, v.message),
+                    };
+                let decision = Decision {
+                    name: seen.name.clone(),
+                    approved,
+                    reason,
+                    message,
+                };
+                (decision, None)
+            }
         }
     }
 

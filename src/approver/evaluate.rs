@@ -156,6 +156,9 @@ pub enum PersonProof {
     /// A key in a TPM: settled as a node's evidence is, against the AKs registered for the
     /// user.
     Attested(Box<Candidate>),
+    /// A key in a YubiKey (PIV attestation): settled against the devices registered for the
+    /// user.
+    Piv(Box<crate::pki::piv::PivFacts>),
 }
 
 /// A person's request that passed every check of its own.
@@ -217,6 +220,9 @@ fn judge_person(
             same_key::verify(&request, &cert, &people.client_cas, now)
                 .map_err(|r| deny(Reason::of(r.refusal), r.message))?,
         ),
+        Proof::PivAttestation { attestation, certs } => {
+            PersonProof::Piv(Box::new(piv_facts(&request, &attestation, &certs, people, now)?))
+        }
         Proof::TpmCertify => PersonProof::Attested(Box::new(attested(
             csr,
             &request,
@@ -232,6 +238,37 @@ fn judge_person(
         orgs,
         proof,
     }))
+}
+
+/// A PIV attestation that holds for this request: exactly one device certificate, a chain to
+/// a configured root, the attested key the request's own (and its signature, possession).
+fn piv_facts(
+    request: &Request,
+    attestation: &[u8],
+    certs: &[Vec<u8>],
+    people: &PeopleRules,
+    now: i64,
+) -> Result<crate::pki::piv::PivFacts, Violation> {
+    let invalid = |m: String| deny(Reason::EvidenceInvalid, m);
+    let [f9] = certs else {
+        return Err(invalid(format!(
+            "a PIV attestation carries exactly the device's attestation certificate (f9), not {} certificates",
+            certs.len()
+        )));
+    };
+    if !request.signature_verifies() {
+        return Err(invalid(
+            "the request's own signature does not verify with its key".into(),
+        ));
+    }
+    let facts = crate::pki::piv::verify(attestation, f9, &people.piv_roots, now)
+        .map_err(|e| invalid(format!("the PIV attestation does not hold: {e}")))?;
+    if facts.spki != request.spki_der() {
+        return Err(invalid(
+            "the PIV attestation is for another key than the request's".into(),
+        ));
+    }
+    Ok(facts)
 }
 
 fn deny(reason: Reason, message: impl Into<String>) -> Violation {

@@ -40,6 +40,8 @@ use serde::Deserialize;
 use yasna::models::ObjectIdentifier;
 
 use super::policy::{self, bounded, violation, Reason, Violation};
+use crate::pki::piv::PivFacts;
+use crate::pki::registration::RegisteredPiv;
 use crate::pki::request::{Request, OID_COMMON_NAME, OID_ORGANIZATION};
 use crate::pki::same_key::ClientCas;
 
@@ -66,6 +68,9 @@ pub struct PeopleRules {
     /// must ask for a lifetime within [`PeopleRules::max_lifetime`]. Shared with the task that
     /// reads the API server's version again ([`super::lifetime`]).
     pub expiration_known: super::lifetime::LifetimeSupport,
+    /// The PIV attestation roots a YubiKey's chain must end at (Yubico's, as shipped, and
+    /// `--piv-roots`).
+    pub piv_roots: crate::pki::piv::PivRoots,
     /// Requests that carry no proof of the key (an administrator enrolling someone, a
     /// controller's own request): left to a human approver by default, since a denial is
     /// final and would block every enrolment.
@@ -327,6 +332,74 @@ pub fn settle(user: &str, orgs: &[String], allow: Option<&str>) -> Result<Admitt
         ));
     }
     Ok(admitted)
+}
+
+/// What the people trust's PIV registrations decide for `user`'s attested key: the approval's
+/// message, or the denial. The device must be registered for that user (by serial), and the
+/// slot's policies and the firmware at least what the entry requires.
+pub fn settle_piv(
+    user: &str,
+    facts: &PivFacts,
+    registered: &[RegisteredPiv],
+) -> Result<String, Violation> {
+    let who = bounded(user);
+    let Some(entry) = registered.iter().find(|p| p.user == user) else {
+        return Err(violation(
+            Reason::UnknownAttestationKey,
+            format!("no YubiKey is registered for '{who}' (a people trust entry '{who}' with piv: serials): the attested device, serial {}, proves nothing for them", facts.serial),
+        ));
+    };
+    if !entry.serials.contains(&facts.serial) {
+        return Err(violation(
+            Reason::UnknownAttestationKey,
+            format!(
+                "the key is in YubiKey {}, which is not registered for '{who}' ({})",
+                facts.serial,
+                entry
+                    .serials
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let weaker = |what: &str, got: String, want: String| {
+        violation(
+            Reason::EvidenceInvalid,
+            format!("the key's {what} is {got}; '{who}' is registered with at least {want}"),
+        )
+    };
+    if let Some(want) = entry.pin_policy.filter(|w| facts.pin_policy < *w) {
+        return Err(weaker(
+            "PIN policy",
+            facts.pin_policy.to_string(),
+            want.to_string(),
+        ));
+    }
+    if let Some(want) = entry.touch_policy.filter(|w| facts.touch_policy < *w) {
+        return Err(weaker(
+            "touch policy",
+            facts.touch_policy.to_string(),
+            want.to_string(),
+        ));
+    }
+    if let Some(want) = entry.min_firmware.filter(|w| facts.firmware < *w) {
+        return Err(weaker(
+            "firmware",
+            facts.firmware.to_string(),
+            want.to_string(),
+        ));
+    }
+    Ok(format!(
+        "the key is in YubiKey {} (firmware {}, slot {}, PIN {}, touch {}) registered for '{who}', chained to '{}'",
+        facts.serial,
+        facts.firmware,
+        facts.slot.as_deref().unwrap_or("?"),
+        facts.pin_policy,
+        facts.touch_policy,
+        bounded(&facts.root)
+    ))
 }
 
 #[cfg(test)]

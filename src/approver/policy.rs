@@ -26,6 +26,8 @@ label_values! {
     pub enum Reason {
         /// Approved: the key is in the TPM registered for the node (or person) it asks to be.
         AttestedTpmKey => "AttestedTPMKey",
+        /// Approved: a person's key is in a YubiKey registered for them (PIV attestation).
+        AttestedPivKey => "AttestedPIVKey",
         /// Approved: a person renews with the key of the certificate they hold now.
         SameKeyRenewal => "SameKeyRenewal",
         /// A person renews with their current certificate alone (possession, not hardware)
@@ -65,7 +67,10 @@ label_values! {
 impl Reason {
     /// Whether this reason approves.
     pub fn approves(self) -> bool {
-        self == Reason::AttestedTpmKey || self == Reason::SameKeyRenewal
+        matches!(
+            self,
+            Reason::AttestedTpmKey | Reason::AttestedPivKey | Reason::SameKeyRenewal
+        )
     }
 
     /// The reason for an evidence refusal.

@@ -125,6 +125,8 @@ impl std::fmt::Display for TrustSource {
 pub struct Registry {
     /// The usable registrations.
     pub aks: Vec<RegisteredAk>,
+    /// People's registered PIV devices.
+    pub piv: Vec<crate::pki::registration::RegisteredPiv>,
     /// The `_allow` entry's text, if any.
     pub allow: Option<String>,
 }
@@ -345,6 +347,7 @@ impl Trust {
     async fn install_registry(&self, read: TrustRead, problems: Vec<String>) {
         let registry = Registry {
             aks: read.nodes,
+            piv: read.piv,
             allow: read.allow,
         };
         let changed = match self.state.write() {

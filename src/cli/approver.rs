@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{ArgAction, Args};
 
 #[derive(Debug, Args)]
@@ -38,10 +39,11 @@ pub struct ApproverArgs {
     #[arg(long, value_name = "NAMESPACE/NAME")]
     trust_configmap: Option<String>,
     /// The people who may renew their own certificate (kubernetes.io/kube-apiserver-client): a
-    /// directory whose `_allow` file lists them (YAML: `users: [...]`, `groups: [...]`), plus
-    /// one file per user with a TPM AK registered for them (`hwkey attest enroll`'s output,
-    /// named after the user), for renewals with a new TPM key. Read again every second: a
-    /// person removed is refused from then on.
+    /// directory whose `_allow` file names them (YAML: `users: [...]`, hardware proof only;
+    /// `certificateOnly: [...]`, also their current certificate alone), plus one file per
+    /// user, named after them, with their hardware: a TPM AK (`hwkey attest enroll`'s output)
+    /// or YubiKeys (`piv:` with `serials`). Read again every second: a person removed is
+    /// refused from then on.
     #[arg(long, conflicts_with = "people_trust_configmap")]
     people_trust: Option<PathBuf>,
     /// The people trust as a ConfigMap, NAMESPACE/NAME (entries as in --people-trust), read
@@ -57,6 +59,13 @@ pub struct ApproverArgs {
     /// servers 1.22 and later; older ones issue for their --cluster-signing-duration).
     #[arg(long, default_value = "24h", value_parser = crate::duration::parse_duration)]
     people_max_lifetime: Duration,
+    /// More PIV attestation roots and intermediates (PEM), beside Yubico's shipped ones; may
+    /// be given more than once.
+    #[arg(long, value_name = "FILE")]
+    piv_roots: Vec<PathBuf>,
+    /// Trust only the --piv-roots given, not Yubico's shipped roots.
+    #[arg(long)]
+    no_yubico_piv_roots: bool,
     /// A person's request that carries no proof of the key (neither the current certificate
     /// nor TPM evidence: an administrator enrolling someone, a controller's request): leave it
     /// to a human approver (default: a denial is final and would block enrolment) or deny it
@@ -145,6 +154,7 @@ fn options(args: &ApproverArgs) -> anyhow::Result<crate::approver::ApproverOptio
                 .map_err(|e| anyhow::anyhow!("--people-client-ca: {e}"))?,
             max_lifetime: args.people_max_lifetime,
             expiration_known: crate::approver::lifetime::LifetimeSupport::new(true),
+            piv_roots: piv_roots(&args.piv_roots, args.no_yubico_piv_roots)?,
             on_missing_proof: on_missing(args.people_on_missing_proof),
         }),
     };
@@ -329,4 +339,29 @@ async fn decide_once(
 #[cfg(not(feature = "tpm"))]
 pub fn run(_args: ApproverArgs) -> anyhow::Result<()> {
     anyhow::bail!("this hwkey was built without the TPM 2.0 backend, which checks TPM evidence: rebuild it with `cargo build --features tpm`")
+}
+
+/// Yubico's shipped PIV roots (unless `no_yubico`) plus each `--piv-roots` file.
+fn piv_roots(files: &[PathBuf], no_yubico: bool) -> anyhow::Result<crate::pki::piv::PivRoots> {
+    use crate::pki::piv::PivRoots;
+    let mut roots = if no_yubico {
+        PivRoots::none()
+    } else {
+        PivRoots::yubico()
+    };
+    for file in files {
+        let text = crate::small_file::read_to_string(file)
+            .with_context(|| format!("--piv-roots {}", file.display()))?;
+        let more = PivRoots::from_pem(&text).with_context(|| {
+            format!(
+                "--piv-roots {}: give a PEM bundle of PIV attestation roots and intermediates",
+                file.display()
+            )
+        })?;
+        roots.add(more);
+    }
+    if no_yubico && files.is_empty() {
+        anyhow::bail!("--no-yubico-piv-roots needs --piv-roots FILE: with no root, no PIV attestation could ever hold");
+    }
+    Ok(roots)
 }

@@ -86,6 +86,27 @@ pub enum AttestCommand {
         #[arg(long)]
         replace: bool,
     },
+    /// Check a YubiKey PIV attestation before enrolling the token, as the approver does: the
+    /// slot's attestation certificate, signed by the device's f9 certificate, chained to
+    /// Yubico's PIV attestation roots (or --roots). Prints the serial, firmware, PIN and touch
+    /// policy, form factor and slot, and exits 0; or prints what failed and exits 1. Register
+    /// the serial for the person (people trust entry `piv: {serials: [SERIAL]}`).
+    PivVerify {
+        /// The slot's attestation certificate (PEM or DER; `ykman piv keys attest`, or the
+        /// token's "X.509 Certificate for PIV Attestation 9a" object).
+        #[arg(long)]
+        attestation: PathBuf,
+        /// The device's attestation certificate, slot f9 (PEM or DER).
+        #[arg(long)]
+        intermediate: PathBuf,
+        /// PIV attestation roots and intermediates to trust instead of Yubico's (PEM bundle).
+        #[arg(long)]
+        roots: Option<PathBuf>,
+        /// The public key the attestation must be for (PEM SubjectPublicKeyInfo, or a
+        /// certificate or request for it).
+        #[arg(long)]
+        pubkey: Option<PathBuf>,
+    },
 }
 
 /// `--attest` / `--ak-handle`, shared by the commands that make requests.
@@ -142,6 +163,17 @@ pub fn run(command: AttestCommand) -> anyhow::Result<()> {
             Ok(())
         }
         AttestCommand::Verify { csr, trust } => verify(&csr, &trust),
+        AttestCommand::PivVerify {
+            attestation,
+            intermediate,
+            roots,
+            pubkey,
+        } => piv_verify(
+            &attestation,
+            &intermediate,
+            roots.as_deref(),
+            pubkey.as_deref(),
+        ),
         AttestCommand::Challenge {
             enrollment,
             ek_ca,
@@ -383,4 +415,91 @@ fn verify(csr: &std::path::Path, trust: &std::path::Path) -> anyhow::Result<()> 
 #[cfg(not(feature = "tpm"))]
 fn verify(_csr: &std::path::Path, _trust: &std::path::Path) -> anyhow::Result<()> {
     bail!("this hwkey was built without the TPM 2.0 backend, which checks TPM evidence: rebuild it with `cargo build --features tpm`")
+}
+
+/// A certificate file, PEM (its first CERTIFICATE) or DER.
+fn certificate_file(path: &std::path::Path, what: &str) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context as _;
+    let bytes = crate::small_file::read(path)
+        .with_context(|| format!("{what} {}: cannot read it", path.display()))?;
+    if bytes.starts_with(b"-----BEGIN") {
+        let block = pem::parse_many(&bytes)
+            .with_context(|| format!("{what} {}: not PEM", path.display()))?
+            .into_iter()
+            .find(|b| b.tag() == "CERTIFICATE")
+            .with_context(|| format!("{what} {}: no CERTIFICATE block", path.display()))?;
+        Ok(block.into_contents())
+    } else {
+        Ok(bytes)
+    }
+}
+
+/// The SubjectPublicKeyInfo in a PEM file: a PUBLIC KEY, or a certificate's or request's key.
+fn public_key_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context as _;
+    let text = crate::small_file::read_to_string(path)
+        .with_context(|| format!("--pubkey {}: cannot read it", path.display()))?;
+    let block =
+        pem::parse(&text).with_context(|| format!("--pubkey {}: not PEM", path.display()))?;
+    match block.tag() {
+        "PUBLIC KEY" => Ok(block.into_contents()),
+        "CERTIFICATE" => Ok(crate::pki::certificate::Certificate::from_der_in_chain(
+            block.contents(),
+        )
+        .with_context(|| format!("--pubkey {}", path.display()))?
+        .spki_der()
+        .to_vec()),
+        "CERTIFICATE REQUEST" => Ok(
+            crate::pki::request::Request::from_der(block.into_contents())
+                .with_context(|| format!("--pubkey {}", path.display()))?
+                .spki_der()
+                .to_vec(),
+        ),
+        other => bail!(
+            "--pubkey {}: a {other} block; give a PUBLIC KEY, CERTIFICATE or CERTIFICATE REQUEST",
+            path.display()
+        ),
+    }
+}
+
+fn piv_verify(
+    attestation: &std::path::Path,
+    f9: &std::path::Path,
+    roots: Option<&std::path::Path>,
+    pubkey: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    use crate::pki::piv::{self, PivRoots};
+    let leaf = certificate_file(attestation, "--attestation")?;
+    let device = certificate_file(f9, "--intermediate")?;
+    let roots = match roots {
+        Some(path) => {
+            let text = crate::small_file::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--roots {}: {e}", path.display()))?;
+            PivRoots::from_pem(&text)
+                .map_err(|e| anyhow::anyhow!("--roots {}: {e}", path.display()))?
+        }
+        None => PivRoots::yubico(),
+    };
+    let now = i64::try_from(crate::pki::attestation::unix_now()).unwrap_or(i64::MAX);
+    let facts = piv::verify(&leaf, &device, &roots, now)
+        .map_err(|e| anyhow::anyhow!("the PIV attestation does not hold: {e}"))?;
+    if let Some(path) = pubkey {
+        if public_key_file(path)? != facts.spki {
+            bail!(
+                "the PIV attestation is for another key than --pubkey {}",
+                path.display()
+            );
+        }
+    }
+    println!("serial: {}", facts.serial);
+    println!("firmware: {}", facts.firmware);
+    println!("slot: {}", facts.slot.as_deref().unwrap_or("unknown"));
+    println!("pinPolicy: {}", facts.pin_policy);
+    println!("touchPolicy: {}", facts.touch_policy);
+    match facts.form_factor {
+        Some(b) => println!("formFactor: {}", piv::form_factor_name(b)),
+        None => println!("formFactor: not stated (firmware before 5.2.4)"),
+    }
+    println!("root: {}", facts.root);
+    Ok(())
 }

@@ -45,8 +45,9 @@ pub fn run(args: CsrArgs) -> anyhow::Result<()> {
     let request = CsrRequest::parse(&args.subject, &args.dns, &args.ip)?;
     let key = Key::open(&args.key)?;
     key.require_non_extractable(args.policy.required())?;
-    let der = match args.attest.ak_handle() {
-        Some(ak_handle) => csr::build_attested(&key, &request, ak_handle)?,
+    // TPM evidence when asked for; a YubiKey's PIV attestation whenever the token has one.
+    let der = match csr::build_with_hardware_proof(&key, &request, args.attest.ak_handle())? {
+        Some(der) => der,
         None => csr::build(&key, &request)?,
     };
     let pem = csr::to_pem(&der);

@@ -78,6 +78,13 @@ pub trait KeyBackend: Send + Sync + fmt::Debug {
     /// The certificate chain stored with the key (DER, leaf first), if any.
     fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError>;
 
+    /// The key's PIV attestation, when its device exposes one (a YubiKey through its PKCS#11
+    /// module): (the slot's attestation certificate, the device's f9 certificate), DER. Public
+    /// data; an approver checks it ([`crate::pki::piv`]). None for other devices.
+    fn piv_attestation(&self) -> Result<Option<PivAttestationCerts>, KeyError> {
+        Ok(None)
+    }
+
     /// Session-level counters, for backends that have sessions.
     fn session_stats(&self) -> Option<SessionStats> {
         None
@@ -104,6 +111,15 @@ pub trait KeyBackend: Send + Sync + fmt::Debug {
     fn signing_path(&self) -> SigningPath {
         SigningPath::Native
     }
+}
+
+/// A key's PIV attestation as its device gives it (DER each): public data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PivAttestationCerts {
+    /// The slot's attestation certificate (its subject key is the key's).
+    pub attestation: Vec<u8>,
+    /// The device's attestation certificate (slot f9), which signed it.
+    pub device: Vec<u8>,
 }
 
 /// Counters of a backend's session pool: tests use them as a speed-independent proof of

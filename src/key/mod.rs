@@ -35,7 +35,7 @@ pub mod uri;
 pub mod verify;
 
 pub use algorithm::{HashAlg, KeyAlgorithm, SignScheme};
-pub use backend::{KeyBackend, KeyListing, SessionStats};
+pub use backend::{KeyBackend, KeyListing, PivAttestationCerts, SessionStats};
 pub use error::{Cause, KeyError, Malformation, ParentProblem, Tss2Problem, Unusable};
 pub use opened::Key;
 pub use protection::{KeyPolicy, Protection};

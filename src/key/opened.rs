@@ -194,6 +194,12 @@ impl Key {
         self.backend.session_stats()
     }
 
+    /// The key's PIV attestation (slot certificate, device f9 certificate), when its device
+    /// has one: what `hwkey csr` and renewals attach as hardware proof.
+    pub fn piv_attestation(&self) -> Result<Option<super::PivAttestationCerts>, KeyError> {
+        self.backend.piv_attestation()
+    }
+
     /// The certificate chain stored with the key (DER, leaf first), if any.
     pub fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError> {
         self.backend.stored_chain()

@@ -162,8 +162,14 @@ pub(crate) fn prepare(key: &Key, ask: &Ask<'_>) -> Result<Submission, LifecycleE
         .signer_name
         .map(str::to_string)
         .unwrap_or_else(|| default_signer(&cn, &orgs).to_string());
-    let csr_der = match (ask.attest, ask.current_certificate) {
-        (Some(ak_handle), _) => csr::build_attested(key, &request, ak_handle)?,
+    // Hardware proof first (TPM evidence when asked for, a YubiKey's PIV attestation for a
+    // person's request); the current certificate only when the key has none.
+    let hardware = match (ask.attest, signer_name == CLIENT_SIGNER) {
+        (Some(_), _) | (None, true) => csr::build_with_hardware_proof(key, &request, ask.attest)?,
+        (None, false) => None,
+    };
+    let csr_der = match (hardware, ask.current_certificate) {
+        (Some(der), _) => der,
         (None, Some(cert)) if signer_name == CLIENT_SIGNER => {
             csr::build_renewal(key, &request, cert)?
         }

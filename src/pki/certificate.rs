@@ -30,7 +30,7 @@ use std::ops::Range;
 use yasna::models::ObjectIdentifier;
 
 use super::request::{
-    children, expect_tag, read_algorithm, read_subject, strict_der, structure, tlv, Extension,
+    children, expect_tag, read_algorithm_with, read_subject, strict_der, structure, tlv, Extension,
     Malformed, SubjectAttribute,
 };
 use crate::key::SignScheme;
@@ -64,6 +64,18 @@ const OID_CLIENT_AUTH: &[u64] = &[1, 3, 6, 1, 5, 5, 7, 3, 2];
 /// Extended key usage: any.
 const OID_ANY_EKU: &[u64] = &[2, 5, 29, 37, 0];
 
+/// What a certificate is read for: the extensions each may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// A client certificate kube-apiserver would authenticate: read as Go reads it, and the
+    /// extensions a person's certificate has no use for refused.
+    Client,
+    /// A certificate of an attestation chain (a YubiKey's attestation certificates and the
+    /// chain to Yubico's roots): no Go component reads these, so distribution points, policies
+    /// and authority information access are allowed; an unknown critical extension is not.
+    AttestationChain,
+}
+
 /// A certificate, read once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Certificate {
@@ -86,8 +98,18 @@ pub struct Certificate {
 }
 
 impl Certificate {
-    /// Reads a certificate's DER strictly (see the module doc).
+    /// Reads a client certificate's DER strictly (see the module doc).
     pub fn from_der(der: &[u8]) -> Result<Certificate, Malformed> {
+        Certificate::read(der, Profile::Client)
+    }
+
+    /// Reads a certificate of an attestation chain as strictly, with that profile's
+    /// extensions ([`Profile::AttestationChain`]).
+    pub fn from_der_in_chain(der: &[u8]) -> Result<Certificate, Malformed> {
+        Certificate::read(der, Profile::AttestationChain)
+    }
+
+    fn read(der: &[u8], profile: Profile) -> Result<Certificate, Malformed> {
         if der.len() > MAX_CERTIFICATE_BYTES {
             return Err(Malformed::TooLarge(der.len()));
         }
@@ -136,7 +158,7 @@ impl Certificate {
         }
         let extensions = match rest {
             [] => Vec::new(),
-            [ext] if ext.tag == 0xa3 => read_extensions(&der[ext.content.clone()])?,
+            [ext] if ext.tag == 0xa3 => read_extensions(&der[ext.content.clone()], profile)?,
             _ => {
                 return Err(structure(
                     "after the key, only [3] extensions may follow (no unique identifiers)",
@@ -146,7 +168,10 @@ impl Certificate {
         read_subject(&der[issuer.whole.clone()])?;
         let names = read_subject(&der[subject.whole.clone()])?;
         let (not_before, not_after) = read_validity(der, validity.content.clone())?;
-        let scheme = read_algorithm(&der[algorithm.whole.clone()])?;
+        let scheme = read_algorithm_with(
+            &der[algorithm.whole.clone()],
+            profile == Profile::AttestationChain,
+        )?;
         let sig = yasna::parse_der(&der[signature.whole.clone()], |r| r.read_bitvec_bytes())
             .map_err(|e| structure(format!("signature: {e}")))?;
         if sig.1 % 8 != 0 {
@@ -224,6 +249,25 @@ impl Certificate {
         Ok(purposes.iter().any(|p| *p == client || *p == any))
     }
 
+    /// What basic constraints say: Some(cA) when the extension is there, None when absent.
+    pub fn is_ca(&self) -> Option<bool> {
+        self.extension(OID_BASIC_CONSTRAINTS)
+            .and_then(|e| basic_constraints(&e.value))
+    }
+
+    /// Whether the certificate is valid at `now` (Unix seconds).
+    pub fn valid_at(&self, now: i64) -> bool {
+        self.not_before <= now && now <= self.not_after
+    }
+
+    /// The subject's last CN (the one Go reports), or "".
+    pub fn common_name(&self) -> &str {
+        self.subject_values(&[2, 5, 4, 3])
+            .last()
+            .copied()
+            .unwrap_or_default()
+    }
+
     /// Whether `issuer` (its subject names this certificate's issuer, byte for byte) signed
     /// this certificate.
     pub fn is_signed_by(&self, issuer: &Certificate) -> bool {
@@ -294,7 +338,7 @@ fn digits(text: &[u8]) -> Option<u16> {
 }
 
 /// Extensions ::= SEQUENCE OF Extension, each at most once; critical only if known.
-fn read_extensions(der: &[u8]) -> Result<Vec<Extension>, Malformed> {
+fn read_extensions(der: &[u8], profile: Profile) -> Result<Vec<Extension>, Malformed> {
     let outer = tlv(der, 0, der.len())?;
     if outer.tag != 0x30 || outer.whole.end != der.len() {
         return Err(structure("[3] extensions holds one SEQUENCE OF Extension"));
@@ -321,17 +365,21 @@ fn read_extensions(der: &[u8]) -> Result<Vec<Extension>, Malformed> {
                 e.oid
             )));
         }
-        check_extension(e)?;
+        check_extension(e, profile)?;
     }
     Ok(extensions)
 }
 
 /// One extension by Go's rules: the ones Go parses must parse as Go reads them; the ones a
 /// person's certificate has no use for, and unknown critical ones, are refused.
-fn check_extension(e: &Extension) -> Result<(), Malformed> {
+fn check_extension(e: &Extension, profile: Profile) -> Result<(), Malformed> {
     let is = |oid: &[u64]| e.oid == ObjectIdentifier::from_slice(oid);
     let bad = |what: &str| Malformed::Extensions(format!("{what} ({}) is malformed", e.oid));
-    if let Some((_, name)) = REFUSED.iter().find(|(oid, _)| is(oid)) {
+    let unused = REFUSED.iter().find(|(oid, _)| is(oid));
+    if unused.is_some() && profile == Profile::AttestationChain {
+        return Ok(());
+    }
+    if let Some((_, name)) = unused {
         return Err(Malformed::Extensions(format!(
             "the certificate carries {name} ({}), which a person's client certificate has no use for",
             e.oid
@@ -343,14 +391,7 @@ fn check_extension(e: &Extension) -> Result<(), Malformed> {
         yasna::parse_der(&e.value, |r| r.collect_sequence_of(|r| r.read_oid()))
             .map_err(|_| bad("extended key usage"))?;
     } else if is(OID_BASIC_CONSTRAINTS) {
-        yasna::parse_der(&e.value, |r| {
-            r.read_sequence(|r| {
-                r.read_default(false, |r| r.read_bool())?;
-                r.read_optional(|r| r.read_u64())?;
-                Ok(())
-            })
-        })
-        .map_err(|_| bad("basic constraints"))?;
+        basic_constraints(&e.value).ok_or_else(|| bad("basic constraints"))?;
     } else if is(OID_SUBJECT_KEY_ID) {
         yasna::parse_der(&e.value, |r| r.read_bytes())
             .map_err(|_| bad("subject key identifier"))?;
@@ -363,6 +404,18 @@ fn check_extension(e: &Extension) -> Result<(), Malformed> {
         )));
     }
     Ok(())
+}
+
+/// BasicConstraints ::= SEQUENCE { cA BOOLEAN DEFAULT FALSE, pathLen INTEGER OPTIONAL }: cA.
+fn basic_constraints(value: &[u8]) -> Option<bool> {
+    yasna::parse_der(value, |r| {
+        r.read_sequence(|r| {
+            let ca = r.read_default(false, |r| r.read_bool())?;
+            r.read_optional(|r| r.read_u64())?;
+            Ok(ca)
+        })
+    })
+    .ok()
 }
 
 /// A key usage BIT STRING as Go reads it (cryptobyte's rules: 0–7 unused bits, zero, and none

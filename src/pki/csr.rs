@@ -116,6 +116,33 @@ pub fn build_renewal(
     build_with(key, request, Some(super::same_key::attribute(current_cert)))
 }
 
+/// Like [`build`], carrying the key's PIV attestation (`attestation`, the slot's certificate,
+/// and `f9`, the device's), so an approver can tell the key is in a YubiKey ([`super::piv`]).
+pub fn build_piv(
+    key: &Key,
+    request: &CsrRequest,
+    attestation: &[u8],
+    f9: &[u8],
+) -> Result<Vec<u8>, PkiError> {
+    build_with(key, request, Some(super::piv::attribute(attestation, f9)))
+}
+
+/// The hardware proof a request carries without being asked: the key's PIV attestation when
+/// its device has one (a YubiKey's), else nothing. With `ak_handle`, TPM evidence.
+pub fn build_with_hardware_proof(
+    key: &Key,
+    request: &CsrRequest,
+    ak_handle: Option<u32>,
+) -> Result<Option<Vec<u8>>, PkiError> {
+    if let Some(handle) = ak_handle {
+        return build_attested(key, request, handle).map(Some);
+    }
+    match key.piv_attestation()? {
+        Some(p) => build_piv(key, request, &p.attestation, &p.device).map(Some),
+        None => Ok(None),
+    }
+}
+
 fn build_with(
     key: &Key,
     request: &CsrRequest,

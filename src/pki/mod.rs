@@ -10,6 +10,7 @@ pub mod ek_trust;
 pub mod error;
 pub mod loopback_ca;
 pub mod name;
+pub mod piv;
 pub mod registration;
 pub mod request;
 pub mod request_pem;

@@ -43,6 +43,12 @@ pub enum RegistrationError {
     NodeMismatch { registered: String, entry: String },
     #[error("no entry is a usable registration: {reasons}")]
     NothingUsable { reasons: String },
+    #[error("it is not a PIV registration (piv: with serials, and optionally pinPolicy, touchPolicy, minFirmware): {0}")]
+    NotPiv(#[source] Arc<serde_yaml_ng::Error>),
+    #[error("its piv entry lists no serial: list the YubiKeys' serial numbers (hwkey attest piv-verify prints them)")]
+    NoSerial,
+    #[error("its minFirmware: {0}")]
+    Firmware(String),
 }
 
 /// A registered node: its name (the entry's name) and its AK's TPM name.
@@ -52,6 +58,71 @@ pub struct RegisteredAk {
     pub node: String,
     /// The AK's TPM name (nameAlg || digest of `akPublic`).
     pub ak_name: Vec<u8>,
+}
+
+/// A person's registered PIV devices (a people trust entry that starts with `piv:`), and what
+/// an attestation from them must show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisteredPiv {
+    /// The person (the entry's name).
+    pub user: String,
+    /// The devices' serial numbers.
+    pub serials: Vec<u64>,
+    /// The weakest PIN policy accepted, if one is required.
+    pub pin_policy: Option<super::piv::PinPolicy>,
+    /// The weakest touch policy accepted, if one is required.
+    pub touch_policy: Option<super::piv::TouchPolicy>,
+    /// The oldest firmware accepted, if one is required.
+    pub min_firmware: Option<super::piv::Firmware>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PivEntry {
+    piv: PivFields,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PivFields {
+    serials: Vec<u64>,
+    #[serde(default)]
+    pin_policy: Option<super::piv::PinPolicy>,
+    #[serde(default)]
+    touch_policy: Option<super::piv::TouchPolicy>,
+    #[serde(default)]
+    min_firmware: Option<String>,
+}
+
+/// Whether an entry's text is a PIV registration: its first line that is not blank or a
+/// comment starts with `piv:`.
+pub fn is_piv_entry(text: &str) -> bool {
+    text.lines()
+        .map(str::trim_start)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .is_some_and(|l| l.starts_with("piv:"))
+}
+
+/// Reads a person's PIV registration: `text` stored as entry `user`.
+pub fn parse_piv(user: &str, text: &str) -> Result<RegisteredPiv, RegistrationError> {
+    check_node_name(user)?;
+    let entry: PivEntry =
+        serde_yaml_ng::from_str(text).map_err(|e| RegistrationError::NotPiv(Arc::new(e)))?;
+    let fields = entry.piv;
+    if fields.serials.is_empty() {
+        return Err(RegistrationError::NoSerial);
+    }
+    let min_firmware = fields
+        .min_firmware
+        .map(|f| f.parse().map_err(RegistrationError::Firmware))
+        .transpose()?;
+    Ok(RegisteredPiv {
+        user: user.to_string(),
+        serials: fields.serials,
+        pin_policy: fields.pin_policy,
+        touch_policy: fields.touch_policy,
+        min_firmware,
+    })
 }
 
 /// The fields of an enrollment or registration (camelCase YAML keys).
@@ -209,6 +280,8 @@ pub const ALLOW_ENTRY: &str = "_allow";
 pub struct TrustRead {
     /// The registrations that parsed.
     pub nodes: Vec<RegisteredAk>,
+    /// The PIV registrations that parsed (people's entries starting with `piv:`).
+    pub piv: Vec<RegisteredPiv>,
     /// The entries that did not.
     pub invalid: Vec<InvalidEntry>,
     /// The text of the [`ALLOW_ENTRY`] entry, when there is one (read by the people policy;
@@ -225,12 +298,16 @@ impl TrustRead {
                 read.allow = Some(text.to_string());
                 continue;
             }
-            match parse_registration(entry, text) {
-                Ok(ak) => read.nodes.push(ak),
-                Err(e) => read.invalid.push(InvalidEntry {
+            let parsed = if is_piv_entry(text) {
+                parse_piv(entry, text).map(|p| read.piv.push(p))
+            } else {
+                parse_registration(entry, text).map(|ak| read.nodes.push(ak))
+            };
+            if let Err(e) = parsed {
+                read.invalid.push(InvalidEntry {
                     entry: entry.to_string(),
                     problem: e.into(),
-                }),
+                });
             }
         }
         read
@@ -239,7 +316,7 @@ impl TrustRead {
     /// Fails when entries exist and none of them is usable (a source that is wholly wrong, not
     /// one typo); an empty source is usable (no node registered yet).
     pub fn usable(self) -> Result<TrustRead, RegistrationError> {
-        if self.nodes.is_empty() && !self.invalid.is_empty() {
+        if self.nodes.is_empty() && self.piv.is_empty() && !self.invalid.is_empty() {
             let reasons: Vec<String> = self
                 .invalid
                 .iter()

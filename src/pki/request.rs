@@ -483,6 +483,15 @@ fn read_extensions(attributes: &[Attribute]) -> Result<(Vec<Extension>, usize), 
 /// The signature algorithm: ECDSA with SHA-256/384 (no parameters) or RSA PKCS#1 v1.5 with
 /// SHA-256/384/512 (NULL parameters).
 pub(super) fn read_algorithm(der: &[u8]) -> Result<SignScheme, Malformed> {
+    read_algorithm_with(der, false)
+}
+
+/// Like [`read_algorithm`]; with `rsa_params_may_be_absent`, an RSA PKCS#1 algorithm without
+/// its NULL parameters is read too (Go ignores them; a certificate of Yubico's chain has none).
+pub(super) fn read_algorithm_with(
+    der: &[u8],
+    rsa_params_may_be_absent: bool,
+) -> Result<SignScheme, Malformed> {
     let (oid, params) = yasna::parse_der(der, |r| {
         r.read_sequence(|r| {
             let oid = r.next().read_oid()?;
@@ -492,7 +501,8 @@ pub(super) fn read_algorithm(der: &[u8]) -> Result<SignScheme, Malformed> {
     })
     .map_err(|e| structure(format!("the signature algorithm: {e}")))?;
     let components: &[u64] = oid.components();
-    let null = params.as_deref() == Some(&[0x05, 0x00][..]);
+    let null = params.as_deref() == Some(&[0x05, 0x00][..])
+        || (rsa_params_may_be_absent && params.is_none());
     let scheme = match (components, params.is_none(), null) {
         ([1, 2, 840, 10045, 4, 3, 2], true, _) => SignScheme::EcdsaP256Sha256,
         ([1, 2, 840, 10045, 4, 3, 3], true, _) => SignScheme::EcdsaP384Sha384,

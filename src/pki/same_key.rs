@@ -63,6 +63,14 @@ pub enum Proof {
     TpmCertify,
     /// The requester's current certificate (DER), for a renewal with the same key.
     CurrentCertificate(Vec<u8>),
+    /// A PIV attestation (a key in a YubiKey, checked by [`super::piv`]): the slot's
+    /// attestation certificate and the bundle's certificates (the device's f9, exactly one).
+    PivAttestation {
+        /// The attestation certificate (DER).
+        attestation: Vec<u8>,
+        /// The bundle's `certs` (DER each).
+        certs: Vec<Vec<u8>>,
+    },
     /// An evidence attribute that cannot be read, and why.
     Unreadable(String),
 }
@@ -77,9 +85,12 @@ pub fn proof_of(request: &Request) -> Proof {
         return Proof::Unreadable("the evidence attribute does not hold exactly one value".into());
     };
     match yasna::parse_der(value, read_statement) {
-        Ok((kind, _)) if kind == OID_TPM2_CERTIFY_DER => Proof::TpmCertify,
-        Ok((kind, statement)) if kind == OID_CURRENT_CERTIFICATE_DER => {
+        Ok((kind, _, _)) if kind == OID_TPM2_CERTIFY_DER => Proof::TpmCertify,
+        Ok((kind, statement, _)) if kind == OID_CURRENT_CERTIFICATE_DER => {
             Proof::CurrentCertificate(statement)
+        }
+        Ok((kind, attestation, certs)) if kind == super::piv::OID_PIV_ATTESTATION_DER => {
+            Proof::PivAttestation { attestation, certs }
         }
         Ok(_) => {
             Proof::Unreadable("the evidence statement is of a type hwkey does not know".into())
@@ -88,12 +99,15 @@ pub fn proof_of(request: &Request) -> Proof {
     }
 }
 
-/// EvidenceBundles (one) → evidences (one statement) → (type DER, statement DER); what
-/// follows the statement (a hint, a TPM statement's certificates) is read and not used.
-fn read_statement(r: yasna::BERReader<'_, '_>) -> yasna::ASN1Result<(Vec<u8>, Vec<u8>)> {
+/// EvidenceBundles (one) → EvidenceBundle { evidences (one statement), certs OPTIONAL } →
+/// (type DER, statement DER, certs DER); what follows the statement inside it (a hint) is read
+/// and not used, and nothing may follow `certs`.
+type Statement = (Vec<u8>, Vec<u8>, Vec<Vec<u8>>);
+
+fn read_statement(r: yasna::BERReader<'_, '_>) -> yasna::ASN1Result<Statement> {
     r.read_sequence(|r| {
         r.next().read_sequence(|r| {
-            let found = r.next().read_sequence(|r| {
+            let (kind, statement) = r.next().read_sequence(|r| {
                 r.next().read_sequence(|r| {
                     let kind = r.next().read_der()?;
                     let statement = r.next().read_der()?;
@@ -101,8 +115,10 @@ fn read_statement(r: yasna::BERReader<'_, '_>) -> yasna::ASN1Result<(Vec<u8>, Ve
                     Ok((kind, statement))
                 })
             })?;
-            while r.read_optional(|r| r.read_der())?.is_some() {}
-            Ok(found)
+            let certs = r
+                .read_optional(|r| r.collect_sequence_of(|r| r.read_der()))?
+                .unwrap_or_default();
+            Ok((kind, statement, certs))
         })
     })
 }

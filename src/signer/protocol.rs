@@ -57,6 +57,9 @@ pub enum Request {
     },
     /// The chain stored with key `key`.
     StoredChain { key: u32 },
+    /// Key `key`'s PIV attestation (answered as a chain: attestation, f9), if its device has
+    /// one.
+    PivAttestation { key: u32 },
     /// Stores `chain` with key `key` (its leaf must be for that key).
     StoreChain {
         key: u32,

@@ -244,7 +244,10 @@ impl SignerLink {
         // A signer found dead by this call (it died while nothing was asked): a signature, or
         // a read, is asked again of the new one; a change (a key made or deleted, a chain
         // stored) is not repeated blindly.
-        let repeatable = matches!(first, Request::Sign { .. } | Request::StoredChain { .. });
+        let repeatable = matches!(
+            first,
+            Request::Sign { .. } | Request::StoredChain { .. } | Request::PivAttestation { .. }
+        );
         if answer.is_err() && repeatable && client.is_gone() {
             let (client, id) = self.current(spki)?;
             return client.call(&request(id));
@@ -398,6 +401,23 @@ impl KeyBackend for RemoteKey {
             Reply::Chain { chain } => Some(chain),
             _ => None,
         })
+    }
+
+    fn piv_attestation(&self) -> Result<Option<crate::key::PivAttestationCerts>, KeyError> {
+        let reply = self
+            .link
+            .call(&self.info.spki, |key| Request::PivAttestation { key })?;
+        let chain = self.expect(reply, "a PIV attestation", |r| match r {
+            Reply::Chain { chain } => Some(chain),
+            _ => None,
+        })?;
+        Ok(chain.and_then(|c| match <[Vec<u8>; 2]>::try_from(c) {
+            Ok([attestation, device]) => Some(crate::key::PivAttestationCerts {
+                attestation,
+                device,
+            }),
+            Err(_) => None,
+        }))
     }
 
     fn protection(&self) -> Result<Protection, KeyError> {

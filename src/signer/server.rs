@@ -237,6 +237,13 @@ impl Signer {
                 .get(key)
                 .and_then(|k| k.stored_chain().map_err(|e| remote_error(&e)))
                 .map(|chain| Reply::Chain { chain }),
+            Request::PivAttestation { key } => self
+                .keys
+                .get(key)
+                .and_then(|k| k.piv_attestation().map_err(|e| remote_error(&e)))
+                .map(|found| Reply::Chain {
+                    chain: found.map(|p| vec![p.attestation, p.device]),
+                }),
             Request::StoreChain { key, chain } => self.store_chain(key, &chain),
             // Creating, switching and deleting keys is rotation's (`--rotate-key`) alone: without
             // it the network side has no business changing which key exists or signs.

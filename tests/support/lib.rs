@@ -13,6 +13,7 @@ pub mod forward_proxies;
 pub mod kube;
 pub mod kubectl;
 pub mod oracle;
+pub mod piv;
 pub mod ports;
 pub mod process;
 pub mod proxy;

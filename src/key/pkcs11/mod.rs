@@ -606,6 +606,36 @@ impl KeyBackend for Pkcs11Key {
         Ok(Some(der::order_chain(&self.spki, certs)))
     }
 
+    fn piv_attestation(&self) -> Result<Option<super::PivAttestationCerts>, KeyError> {
+        let read = || -> Result<Vec<(String, Vec<u8>)>, KeyError> {
+            let session = self.pool.get(&self.token)?;
+            objects::labelled_certificates(&self.token, session.session())
+        };
+        let certs = match read() {
+            Err(e) if device_gone(None, &e) => {
+                self.reattach()?;
+                read()?
+            }
+            other => other?,
+        };
+        let slot_prefix = format!("{} ", objects::PIV_ATTESTATION_LABEL);
+        // The slot's attestation is the one certifying this very key; the device's is f9.
+        let attestation = certs.iter().find(|(label, der)| {
+            label.starts_with(&slot_prefix)
+                && der::cert_spki(der).is_ok_and(|s| der::same_public_key(&s, &self.spki))
+        });
+        let device = certs
+            .iter()
+            .find(|(label, _)| label == objects::PIV_ATTESTATION_LABEL);
+        Ok(match (attestation, device) {
+            (Some((_, a)), Some((_, f9))) => Some(super::PivAttestationCerts {
+                attestation: a.clone(),
+                device: f9.clone(),
+            }),
+            _ => None,
+        })
+    }
+
     fn session_stats(&self) -> Option<SessionStats> {
         Some(self.pool.stats())
     }

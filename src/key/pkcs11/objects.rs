@@ -314,7 +314,44 @@ pub(crate) fn always_authenticate(
     }
 }
 
-/// The X.509 certificates tied to a key: (handle, DER).
+/// The label YubiKey's ykcs11 module gives the device's attestation certificate (slot f9);
+/// a slot's is this, a space and the slot ("… Attestation 9a").
+pub(crate) const PIV_ATTESTATION_LABEL: &str = "X.509 Certificate for PIV Attestation";
+
+/// Every X.509 certificate on the token with a label: (label, DER).
+pub(crate) fn labelled_certificates(
+    token: &Token,
+    session: &Session,
+) -> Result<Vec<(String, Vec<u8>)>, KeyError> {
+    let handles = session
+        .find_objects(&[
+            Attribute::Class(ObjectClass::CERTIFICATE),
+            Attribute::CertificateType(cryptoki::object::CertificateType::X_509),
+        ])
+        .map_err(|e| token.err("C_FindObjects", &e))?;
+    let mut out = Vec::new();
+    for h in handles {
+        let attrs = session
+            .get_attributes(h, &[AttributeType::Label, AttributeType::Value])
+            .map_err(|e| token.err("C_GetAttributeValue", &e))?;
+        let (mut label, mut value) = (None, None);
+        for a in attrs {
+            match a {
+                Attribute::Label(l) => label = Some(String::from_utf8_lossy(&l).into_owned()),
+                Attribute::Value(v) => value = Some(v),
+                _ => {}
+            }
+        }
+        if let (Some(l), Some(v)) = (label, value) {
+            out.push((l, v));
+        }
+    }
+    Ok(out)
+}
+
+/// The X.509 certificates tied to a key: (handle, DER). A YubiKey's attestation certificate
+/// shares its key's `CKA_ID` but is not the key's certificate (its subject is "YubiKey PIV
+/// Attestation 9a"): it is never part of the key's chain, never replaced nor deleted with it.
 pub(crate) fn certificates(
     token: &Token,
     session: &Session,
@@ -326,9 +363,19 @@ pub(crate) fn certificates(
     let mut out = Vec::new();
     for h in handles {
         let attrs = session
-            .get_attributes(h, &[AttributeType::Value])
+            .get_attributes(h, &[AttributeType::Label, AttributeType::Value])
             .map_err(|e| token.err("C_GetAttributeValue", &e))?;
-        if let Some(Attribute::Value(v)) = attrs.into_iter().next() {
+        let (mut attestation, mut value) = (false, None);
+        for a in attrs {
+            match a {
+                Attribute::Label(l) => {
+                    attestation = l.starts_with(PIV_ATTESTATION_LABEL.as_bytes());
+                }
+                Attribute::Value(v) => value = Some(v),
+                _ => {}
+            }
+        }
+        if let (false, Some(v)) = (attestation, value) {
             out.push((h, v));
         }
     }

@@ -12,6 +12,8 @@ mod p11kit;
 #[cfg(feature = "pkcs11")]
 mod pin_safety;
 #[cfg(feature = "pkcs11")]
+mod piv_attestation;
+#[cfg(feature = "pkcs11")]
 mod pkcs11;
 #[cfg(feature = "pkcs11")]
 mod pkcs11_cli;
