@@ -612,17 +612,13 @@ impl Controller {
         candidate: PersonCandidate,
         people: &Registry,
     ) -> (Decision, Option<Box<Candidate>>) {
-        let allowed = person::settle(&candidate.user, &candidate.orgs, people.allow.as_deref())
-            .and_then(|admitted| match (&candidate.proof, admitted) {
-                (PersonProof::SameKey(_), person::Admitted::Hardware) => Err(Violation {
-                    reason: Reason::HardwareProofRequired,
-                    message: format!(
-                        "'{}' renews with their current certificate alone, which proves possession of the key, not that hardware holds it: renew with TPM evidence (hwkey renew --attest, hwkey kubeconfig --renew --attest), or an administrator names them under certificateOnly in the people allow list",
-                        super::policy::bounded(&candidate.user)
-                    ),
-                }),
-                _ => Ok(()),
-            });
+        let same_key = matches!(candidate.proof, PersonProof::SameKey(_));
+        let allowed = person::admit(
+            &candidate.user,
+            &candidate.orgs,
+            same_key,
+            people.allow.as_deref(),
+        );
         if let Err(v) = allowed {
             if let PersonProof::Attested(c) = &candidate.proof {
                 self.index.forget(&c.attested.evidence_digest, &seen.uid);
@@ -663,18 +659,7 @@ impl Controller {
             }
             PersonProof::Attested(c) => self.settle(seen, c, &people.aks, "user"),
             PersonProof::Piv(facts) => {
-                let (approved, reason, message) =
-                    match person::settle_piv(&candidate.user, &facts, &people.piv) {
-                        Ok(m) => (true, Reason::AttestedPivKey, m),
-                        Err(v) => (false, v.reason, v.message),
-                    };
-                let decision = Decision {
-                    name: seen.name.clone(),
-                    approved,
-                    reason,
-                    message,
-                };
-                (decision, None)
+                (settle_piv(seen, &candidate.user, &facts, &people.piv), None)
             }
         }
     }
@@ -824,5 +809,24 @@ pub async fn record(
             name: decision.name.clone(),
             source,
         }),
+    }
+}
+/// The decision for a person's key attested by a YubiKey: the devices registered for them
+/// decide ([`person::settle_piv`]).
+fn settle_piv(
+    seen: &Seen,
+    user: &str,
+    facts: &crate::pki::piv::PivFacts,
+    registered: &[crate::pki::registration::RegisteredPiv],
+) -> Decision {
+    let (approved, reason, message) = match person::settle_piv(user, facts, registered) {
+        Ok(m) => (true, Reason::AttestedPivKey, m),
+        Err(v) => (false, v.reason, v.message),
+    };
+    Decision {
+        name: seen.name.clone(),
+        approved,
+        reason,
+        message,
     }
 }

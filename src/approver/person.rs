@@ -334,6 +334,27 @@ pub fn settle(user: &str, orgs: &[String], allow: Option<&str>) -> Result<Admitt
     Ok(admitted)
 }
 
+/// [`settle`], then the proof the allow list asks of `user`: a renewal with the current
+/// certificate alone (`certificate_only_proof`) only for a person named under
+/// `certificateOnly`.
+pub fn admit(
+    user: &str,
+    orgs: &[String],
+    certificate_only_proof: bool,
+    allow: Option<&str>,
+) -> Result<(), Violation> {
+    match settle(user, orgs, allow)? {
+        Admitted::Hardware if certificate_only_proof => Err(violation(
+            Reason::HardwareProofRequired,
+            format!(
+                "'{}' renews with their current certificate alone, which proves possession of the key, not that hardware holds it: renew with hardware proof (hwkey renew --attest or a YubiKey's PIV attestation; hwkey kubeconfig --renew --attest), or an administrator names them under certificateOnly in the people allow list",
+                bounded(user)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// What the people trust's PIV registrations decide for `user`'s attested key: the approval's
 /// message, or the denial. The device must be registered for that user (by serial), and the
 /// slot's policies and the firmware at least what the entry requires.
@@ -364,6 +385,24 @@ pub fn settle_piv(
             ),
         ));
     }
+    check_piv_requirements(&who, facts, entry)?;
+    Ok(format!(
+        "the key is in YubiKey {} (firmware {}, slot {}, PIN {}, touch {}) registered for '{who}', chained to '{}'",
+        facts.serial,
+        facts.firmware,
+        facts.slot.as_deref().unwrap_or("?"),
+        facts.pin_policy,
+        facts.touch_policy,
+        bounded(&facts.root)
+    ))
+}
+
+/// The slot's policies and the device's firmware at least what `entry` requires.
+fn check_piv_requirements(
+    who: &str,
+    facts: &PivFacts,
+    entry: &RegisteredPiv,
+) -> Result<(), Violation> {
     let weaker = |what: &str, got: String, want: String| {
         violation(
             Reason::EvidenceInvalid,
@@ -391,15 +430,7 @@ pub fn settle_piv(
             want.to_string(),
         ));
     }
-    Ok(format!(
-        "the key is in YubiKey {} (firmware {}, slot {}, PIN {}, touch {}) registered for '{who}', chained to '{}'",
-        facts.serial,
-        facts.firmware,
-        facts.slot.as_deref().unwrap_or("?"),
-        facts.pin_policy,
-        facts.touch_policy,
-        bounded(&facts.root)
-    ))
+    Ok(())
 }
 
 #[cfg(test)]

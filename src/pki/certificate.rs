@@ -134,14 +134,7 @@ impl Certificate {
                 "tbsCertificate is SEQUENCE { [0] version, serial, algorithm, issuer, validity, subject, key, [3] extensions }",
             ));
         };
-        expect_tag(version, 0xa0, "version (v3, explicit)")?;
-        let v = yasna::parse_der(&der[version.content.clone()], |r| r.read_u64())
-            .map_err(|e| structure(format!("version: {e}")))?;
-        if v != 2 {
-            return Err(Malformed::Version(v));
-        }
-        expect_tag(serial, 0x02, "serialNumber")?;
-        check_serial(&der[serial.content.clone()])?;
+        check_version_and_serial(der, version, serial)?;
         for (t, what) in [
             (inner_algorithm, "the inner signature algorithm"),
             (issuer, "issuer"),
@@ -280,6 +273,22 @@ impl Certificate {
             )
             .unwrap_or(false)
     }
+}
+
+/// `[0] EXPLICIT INTEGER 2` (v3), and a serial number in DER.
+fn check_version_and_serial(
+    der: &[u8],
+    version: &super::request::Tlv,
+    serial: &super::request::Tlv,
+) -> Result<(), Malformed> {
+    expect_tag(version, 0xa0, "version (v3, explicit)")?;
+    let v = yasna::parse_der(&der[version.content.clone()], |r| r.read_u64())
+        .map_err(|e| structure(format!("version: {e}")))?;
+    if v != 2 {
+        return Err(Malformed::Version(v));
+    }
+    expect_tag(serial, 0x02, "serialNumber")?;
+    check_serial(&der[serial.content.clone()])
 }
 
 /// Validity ::= SEQUENCE { notBefore Time, notAfter Time }.

@@ -11,6 +11,7 @@ pub mod error;
 pub mod loopback_ca;
 pub mod name;
 pub mod piv;
+pub mod piv_policy;
 pub mod registration;
 pub mod request;
 pub mod request_pem;

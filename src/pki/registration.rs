@@ -48,7 +48,7 @@ pub enum RegistrationError {
     #[error("its piv entry lists no serial: list the YubiKeys' serial numbers (hwkey attest piv-verify prints them)")]
     NoSerial,
     #[error("its minFirmware: {0}")]
-    Firmware(String),
+    Firmware(#[source] super::piv_policy::BadFirmware),
 }
 
 /// A registered node: its name (the entry's name) and its AK's TPM name.
@@ -69,11 +69,11 @@ pub struct RegisteredPiv {
     /// The devices' serial numbers.
     pub serials: Vec<u64>,
     /// The weakest PIN policy accepted, if one is required.
-    pub pin_policy: Option<super::piv::PinPolicy>,
+    pub pin_policy: Option<super::piv_policy::PinPolicy>,
     /// The weakest touch policy accepted, if one is required.
-    pub touch_policy: Option<super::piv::TouchPolicy>,
+    pub touch_policy: Option<super::piv_policy::TouchPolicy>,
     /// The oldest firmware accepted, if one is required.
-    pub min_firmware: Option<super::piv::Firmware>,
+    pub min_firmware: Option<super::piv_policy::Firmware>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -87,9 +87,9 @@ struct PivEntry {
 struct PivFields {
     serials: Vec<u64>,
     #[serde(default)]
-    pin_policy: Option<super::piv::PinPolicy>,
+    pin_policy: Option<super::piv_policy::PinPolicy>,
     #[serde(default)]
-    touch_policy: Option<super::piv::TouchPolicy>,
+    touch_policy: Option<super::piv_policy::TouchPolicy>,
     #[serde(default)]
     min_firmware: Option<String>,
 }
