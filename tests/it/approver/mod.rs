@@ -7,5 +7,7 @@ mod cert_oracle;
 pub(crate) mod kit;
 mod oracle;
 mod people;
+#[cfg(feature = "pkcs11")]
+mod people_piv;
 mod replicas;
 mod round_two;
