@@ -13,7 +13,10 @@
 //!   after the same checks.
 //!
 //! - **People** (issue 36): a person's same-key renewals decided per second through the API
-//!   server by the people policy, against the node policy's attested requests in the same run.
+//!   server by the people policy, against the node policy's attested requests in the same run;
+//!   and (issue 50) the same person's renewals carrying a YubiKey's PIV attestation (hardware
+//!   proof at every renewal, a chain of three signatures checked each time), against the
+//!   same-key renewals in the same run (goal: ≥ 0.9×).
 //!
 //! Results go to target/hwkey-bench/approver.json; benches/report.rs puts them in
 //! docs/BENCHMARKS.md.
@@ -191,8 +194,8 @@ struct ApiBench<'a> {
     people: People,
 }
 
-/// A person for the people policy's row: benchp, opted in by name under certificateOnly, with a
-/// same-key renewal (the certificate-only proof; TPM evidence per renewal is not benched yet).
+/// A person for the people policy's rows: benchp, opted in by name under certificateOnly (for
+/// the same-key row) and with a YubiKey registered (for the PIV row).
 struct People {
     /// benchp's kubeconfig (a software login certificate of the cluster CA).
     login: std::path::PathBuf,
@@ -202,6 +205,10 @@ struct People {
     ca: std::path::PathBuf,
     /// A renewal request carrying its current certificate (PEM).
     request: Vec<u8>,
+    /// A renewal request carrying a YubiKey's PIV attestation of its key (PEM).
+    piv_request: Vec<u8>,
+    /// The stand-in YubiKey chain's root and intermediates (`--piv-roots`).
+    piv_roots: std::path::PathBuf,
 }
 
 impl People {
@@ -210,6 +217,8 @@ impl People {
         let trust = dir.join("people");
         std::fs::create_dir_all(&trust).map_err(|e| e.to_string())?;
         std::fs::write(trust.join("_allow"), "certificateOnly: [benchp]\n")
+            .map_err(|e| e.to_string())?;
+        std::fs::write(trust.join("benchp"), "piv:\n  serials: [4242]\n")
             .map_err(|e| e.to_string())?;
         cluster.apply("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: benchp-requests\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: system:node-bootstrapper\nsubjects:\n- apiGroup: rbac.authorization.k8s.io\n  kind: User\n  name: benchp\n");
         let (cert, key) = ca.client_cert(dir, "benchp-login", "benchp", Some("devs"));
@@ -228,13 +237,37 @@ impl People {
             .map_err(|e| e.to_string())?
             .into_contents();
         let request = signed(vec![Node::Raw(hwkey::pki::same_key::attribute(&current))]);
+        // A 5.7.4-shaped chain: three signatures from the attestation to the root.
+        use support::piv::{ChainShape, PivDevice, Slot, TOUCH_ALWAYS};
+        let device = PivDevice::new(&ChainShape {
+            intermediates: 2,
+            ..ChainShape::default()
+        });
+        let attestation = device.attest(&software.spki(), Slot::new(4242, TOUCH_ALWAYS));
+        let piv_request = signed(vec![Node::Raw(hwkey::pki::piv::attribute(
+            &attestation,
+            &device.f9_der(),
+        ))]);
+        let piv_roots = dir.join("piv-roots.pem");
+        std::fs::write(&piv_roots, device.roots_pem()).map_err(|e| e.to_string())?;
         Ok(People {
             login,
             trust,
             ca: ca.ca_path(),
             request: request.into_bytes(),
+            piv_request: piv_request.into_bytes(),
+            piv_roots,
         })
     }
+}
+
+/// Which proof a person's renewal carries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Proof {
+    /// The current certificate (certificate only).
+    SameKey,
+    /// A YubiKey's PIV attestation.
+    Piv,
 }
 
 /// Which build runs.
@@ -317,6 +350,7 @@ impl<'a> ApiBench<'a> {
             self.decisions(),
             self.attested_vs_plain(),
             self.person_vs_node(),
+            self.piv_vs_same_key(),
         ];
         rows.push(self.flood_at_start());
         rows.push(self.flood_while_running());
@@ -457,7 +491,7 @@ impl<'a> ApiBench<'a> {
         let rounds = common::pick(3, 1);
         let (mut person, mut node) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
-            person.push(self.once_people(n));
+            person.push(self.once_people(n, Proof::SameKey));
             node.push(self.once(Build::This, "attested", n, self.attested));
         }
         let ratio = Stat::of(&common::paired_ratios(&person, &node));
@@ -474,17 +508,46 @@ impl<'a> ApiBench<'a> {
         )
     }
 
-    /// `hwkey approver --once` with the people policy over `n` same-key renewals of benchp,
-    /// created as benchp: decisions per second.
-    fn once_people(&self, n: usize) -> f64 {
+    /// Issue 50: a person's renewals with hardware proof at every renewal (a YubiKey's PIV
+    /// attestation) against the same person's same-key renewals, alternating, this build.
+    fn piv_vs_same_key(&self) -> Row {
+        let n = common::pick(1000, 200);
+        let rounds = common::pick(3, 1);
+        let (mut piv, mut same_key) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            piv.push(self.once_people(n, Proof::Piv));
+            same_key.push(self.once_people(n, Proof::SameKey));
+        }
+        let ratio = Stat::of(&common::paired_ratios(&piv, &same_key));
+        Row::new(
+            AREA,
+            &format!("{n} people's renewals with a YubiKey's PIV attestation decided per second through kube-apiserver 1.20 (one --once pass each)"),
+            "CSRs/s",
+            Some(Stat::of(&piv)),
+        )
+        .versus(
+            "the same person's same-key renewals (certificate only), same cluster, alternating",
+            Some(Stat::of(&same_key)),
+            Some(ratio),
+        )
+        .note("goal: at least 0.9x: hardware proof at every renewal costs under 10 % of the decision rate")
+    }
+
+    /// `hwkey approver --once` with the people policy over `n` renewals of benchp carrying
+    /// `proof`, created as benchp: decisions per second.
+    fn once_people(&self, n: usize, proof: Proof) -> f64 {
         const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
         let people = &self.people;
+        let (request, reason) = match proof {
+            Proof::SameKey => (&people.request, "SameKeyRenewal"),
+            Proof::Piv => (&people.piv_request, "AttestedPIVKey"),
+        };
         self.create_for(
             CLIENT_SIGNER,
             &people.login,
             "person",
             n,
-            std::slice::from_ref(&people.request),
+            std::slice::from_ref(request),
         );
         let start = Instant::now();
         let out = run_ok(
@@ -495,14 +558,16 @@ impl<'a> ApiBench<'a> {
                 .args(["--signer-name", CLIENT_SIGNER, "--once", "--people-trust"])
                 .arg(&people.trust)
                 .arg("--people-client-ca")
-                .arg(&people.ca),
+                .arg(&people.ca)
+                .arg("--piv-roots")
+                .arg(&people.piv_roots),
         );
         let rate = n as f64 / start.elapsed().as_secs_f64();
         let approved = String::from_utf8_lossy(&out.stdout)
             .lines()
-            .filter(|l| l.contains("SameKeyRenewal"))
+            .filter(|l| l.contains(reason))
             .count();
-        assert_eq!(approved, n, "person: {approved} of {n} approved");
+        assert_eq!(approved, n, "person: {approved} of {n} approved ({reason})");
         self.clear();
         rate
     }

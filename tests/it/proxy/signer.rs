@@ -532,3 +532,31 @@ fn a_reply_too_large_to_send_is_answered_with_an_error() {
         Reply::Signature { .. }
     ));
 }
+
+/// Issue 50: the network side asks the signer for the key's PIV attestation (public data it
+/// attaches to renewal requests): none for a key without one, and the slot's attestation and
+/// the device's f9 certificate once the token exposes them as ykcs11 does.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_signer_hands_out_the_keys_piv_attestation() {
+    use support::piv::{ChainShape, PivDevice, Slot, TOUCH_ALWAYS};
+    let id = Identity::softhsm();
+    let mut signer = SignerSide::start(&id);
+    let key = signer.key.id;
+    match signer.ask(Request::PivAttestation { key }) {
+        Reply::Chain { chain: None } => {}
+        other => panic!("a key without attestation objects: {other:?}"),
+    }
+    let support::proxy::Backend::SoftHsm(hsm) = &id.backend else {
+        unreachable!("a SoftHSM identity")
+    };
+    let device = PivDevice::new(&ChainShape::default());
+    let attestation = device.attest(&signer.key.spki, Slot::new(31337, TOUCH_ALWAYS));
+    device.install(hsm, "kube", "42", "9a", &attestation);
+    match signer.ask(Request::PivAttestation { key }) {
+        Reply::Chain { chain: Some(chain) } => {
+            assert_eq!(chain, vec![attestation, device.f9_der()]);
+        }
+        other => panic!("the attestation objects are not handed out: {other:?}"),
+    }
+}
