@@ -51,8 +51,8 @@ pub struct ApproverArgs {
     #[arg(long, value_name = "NAMESPACE/NAME")]
     people_trust_configmap: Option<String>,
     /// The CA bundle of the cluster's client certificates (kube-controller-manager's
-    /// --cluster-signing-cert-file): a person renewing with the same key attaches a
-    /// certificate that must chain here. Needed with a people trust.
+    /// --cluster-signing-cert-file): a person renewing with their current certificate
+    /// (certificateOnly) attaches it, and it must chain here. Needed with a people trust.
     #[arg(long, value_name = "FILE")]
     people_client_ca: Option<PathBuf>,
     /// The longest lifetime a person's request may ask for (spec.expirationSeconds, API
@@ -66,10 +66,10 @@ pub struct ApproverArgs {
     /// Trust only the --piv-roots given, not Yubico's shipped roots.
     #[arg(long)]
     no_yubico_piv_roots: bool,
-    /// A person's request that carries no proof of the key (neither the current certificate
-    /// nor TPM evidence: an administrator enrolling someone, a controller's request): leave it
-    /// to a human approver (default: a denial is final and would block enrolment) or deny it
-    /// (NoEvidence).
+    /// A person's request that carries no proof of the key (no TPM evidence, PIV attestation
+    /// or current certificate): with `ignore` (default) it is left to a human approver when
+    /// the requester asks for their own name (their enrolment) and denied otherwise
+    /// (RequesterNotAllowed); with `deny` it is always denied (NoEvidence).
     #[arg(long, value_enum, default_value = "ignore")]
     people_on_missing_proof: OnMissing,
     /// Requests without TPM evidence: deny them (NoEvidence) or leave them to other approvers.
