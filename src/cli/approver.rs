@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::{ArgAction, Args};
 
 #[derive(Debug, Args)]
@@ -342,8 +341,10 @@ pub fn run(_args: ApproverArgs) -> anyhow::Result<()> {
 }
 
 /// Yubico's shipped PIV roots (unless `no_yubico`) plus each `--piv-roots` file.
+#[cfg(feature = "tpm")]
 fn piv_roots(files: &[PathBuf], no_yubico: bool) -> anyhow::Result<crate::pki::piv::PivRoots> {
     use crate::pki::piv::PivRoots;
+    use anyhow::Context as _;
     let mut roots = if no_yubico {
         PivRoots::none()
     } else {
