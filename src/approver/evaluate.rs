@@ -261,7 +261,9 @@ fn piv_facts(
             "the request's own signature does not verify with its key".into(),
         ));
     }
-    let facts = crate::pki::piv::verify(attestation, f9, &people.piv_roots, now)
+    let facts = people
+        .piv_roots
+        .verify(attestation, f9, now)
         .map_err(|e| invalid(format!("the PIV attestation does not hold: {e}")))?;
     if facts.spki != request.spki_der() {
         return Err(invalid(

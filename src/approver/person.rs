@@ -262,10 +262,12 @@ pub fn check_requester_is_subject(
 
 /// `spec.expirationSeconds` where the API server knows it: required, and at most the maximum.
 fn check_lifetime(csr: &CertificateSigningRequest, rules: &PeopleRules) -> Result<(), Violation> {
-    if !rules.expiration_known.known() {
+    let max = rules.max_lifetime.as_secs();
+    // A lifetime over the maximum is denied whatever this reading of the API server says: behind
+    // a load balancer of mixed versions another one may keep it.
+    if !rules.expiration_known.known() && csr.spec.expiration_seconds.is_none() {
         return Ok(());
     }
-    let max = rules.max_lifetime.as_secs();
     match csr.spec.expiration_seconds {
         None => Err(violation(
             Reason::LifetimeNotAllowed,

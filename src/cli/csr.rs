@@ -45,8 +45,18 @@ pub fn run(args: CsrArgs) -> anyhow::Result<()> {
     let request = CsrRequest::parse(&args.subject, &args.dns, &args.ip)?;
     let key = Key::open(&args.key)?;
     key.require_non_extractable(args.policy.required())?;
-    // TPM evidence when asked for; a YubiKey's PIV attestation whenever the token has one.
-    let der = match csr::build_with_hardware_proof(&key, &request, args.attest.ak_handle())? {
+    // TPM evidence when asked for; a YubiKey's PIV attestation whenever the token has one,
+    // except for a node (kubelet's signer admits TPM evidence only).
+    let node = request
+        .subject
+        .0
+        .iter()
+        .any(|a| a.short == "CN" && a.value.starts_with("system:node:"));
+    let hardware = match (args.attest.ak_handle(), node) {
+        (None, true) => None,
+        (ak, _) => csr::build_with_hardware_proof(&key, &request, ak)?,
+    };
+    let der = match hardware {
         Some(der) => der,
         None => csr::build(&key, &request)?,
     };

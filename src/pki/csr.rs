@@ -137,9 +137,15 @@ pub fn build_with_hardware_proof(
     if let Some(handle) = ak_handle {
         return build_attested(key, request, handle).map(Some);
     }
-    match key.piv_attestation()? {
-        Some(p) => build_piv(key, request, &p.attestation, &p.device).map(Some),
-        None => Ok(None),
+    // Reading the attestation objects is a convenience: a token (or a signer of an older
+    // hwkey) that cannot answer leaves the request with the proof it would have had without.
+    match key.piv_attestation() {
+        Ok(Some(p)) => build_piv(key, request, &p.attestation, &p.device).map(Some),
+        Ok(None) => Ok(None),
+        Err(e) => {
+            tracing::warn!(key = %key.describe(), error = %e, "cannot read the token's PIV attestation objects; the request carries none");
+            Ok(None)
+        }
     }
 }
 

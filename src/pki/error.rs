@@ -88,6 +88,14 @@ pub enum PkiError {
         source: std::io::Error,
     },
 
+    #[error("the client CA bundle {path}: certificate {index} is refused ({problem}): give the CA certificate(s) of the cluster's client certificates in PEM")]
+    BadClientCa {
+        path: PathBuf,
+        index: usize,
+        #[source]
+        problem: super::request::Malformed,
+    },
+
     #[error(transparent)]
     Key(#[from] KeyError),
 }

@@ -21,6 +21,9 @@
 //! without basic constraints). The roots are Yubico's public ones, shipped as data
 //! ([`PivRoots::yubico`]); operators add or replace them (`--piv-roots`).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use super::certificate::Certificate;
 use super::request::Malformed;
 
@@ -132,6 +135,8 @@ pub enum PivRefusal {
     NotSignedByF9 { f9: String },
     #[error("the device's attestation certificate says it is not a CA (basic constraints cA=false): it cannot vouch for a key")]
     F9NotCa,
+    #[error("the certificate given as the device's (f9) is a slot's attestation ('{name}': it has a serial or policy extension): a slot's key attests nothing")]
+    F9IsASlotAttestation { name: String },
     #[error("no path from '{issuer}' to a trusted PIV attestation root ({roots}): not a Yubico device, or its root is not configured (--piv-roots)")]
     NoPathToRoot { issuer: String, roots: String },
     #[error("the certificate '{which}' is not valid now (valid {from} to {to}, Unix seconds)")]
@@ -144,12 +149,26 @@ pub enum PivRefusal {
     AnotherKey,
 }
 
-/// The PIV attestation roots (self-signed) and the intermediates a device does not carry.
+/// The PIV attestation roots (self-signed) and the intermediates a device does not carry,
+/// and the chains already verified against them ([`PivRoots::verify`]).
 #[derive(Debug, Clone)]
 pub struct PivRoots {
     roots: Vec<Certificate>,
     intermediates: Vec<Certificate>,
+    verified: Arc<Mutex<HashMap<[u8; 32], Verified>>>,
 }
+
+/// A chain that verified: what it proves and when every certificate of its path is valid.
+#[derive(Debug, Clone)]
+struct Verified {
+    facts: PivFacts,
+    from: i64,
+    to: i64,
+}
+
+/// Verified chains remembered at most (each a few hundred bytes); beyond, the memory starts
+/// over. Only chains that verified are remembered, so an attacker fills it with nothing of use.
+const VERIFIED_MAX: usize = 4096;
 
 /// A roots file that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -172,10 +191,7 @@ impl PivRoots {
     /// Yubico's public roots and intermediates, as shipped.
     pub fn yubico() -> PivRoots {
         // The shipped data is tested (pki::piv::tests): it always reads.
-        PivRoots::from_pem(YUBICO_PEM).unwrap_or(PivRoots {
-            roots: Vec::new(),
-            intermediates: Vec::new(),
-        })
+        PivRoots::from_pem(YUBICO_PEM).unwrap_or_else(|_| PivRoots::none())
     }
 
     /// No roots at all (then [`PivRoots::add`]).
@@ -183,6 +199,7 @@ impl PivRoots {
         PivRoots {
             roots: Vec::new(),
             intermediates: Vec::new(),
+            verified: Arc::default(),
         }
     }
 
@@ -216,10 +233,44 @@ impl PivRoots {
         Ok(out)
     }
 
-    /// Adds `other`'s roots and intermediates.
+    /// Adds `other`'s roots and intermediates (what was verified before is verified again).
     pub fn add(&mut self, other: PivRoots) {
         self.roots.extend(other.roots);
         self.intermediates.extend(other.intermediates);
+        self.verified = Arc::default();
+    }
+
+    /// [`verify`], remembering the chains that verified: a person's attestation is the same
+    /// bytes at every renewal, so the chain's signatures are checked once and its validity
+    /// against `now` every time. The same answer as [`verify`], at the cost of a hash.
+    pub fn verify(&self, attestation: &[u8], f9: &[u8], now: i64) -> Result<PivFacts, PivRefusal> {
+        let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
+        hash.update(&(attestation.len() as u64).to_be_bytes());
+        hash.update(attestation);
+        hash.update(f9);
+        let mut key = [0u8; 32];
+        key.copy_from_slice(hash.finish().as_ref());
+        let known = self.verified.lock().ok().and_then(|v| v.get(&key).cloned());
+        if let Some(v) = known {
+            if v.from <= now && now <= v.to {
+                return Ok(v.facts);
+            }
+        }
+        let (facts, from, to) = verify_with_window(attestation, f9, self, now)?;
+        if let Ok(mut v) = self.verified.lock() {
+            if v.len() >= VERIFIED_MAX {
+                v.clear();
+            }
+            v.insert(
+                key,
+                Verified {
+                    facts: facts.clone(),
+                    from,
+                    to,
+                },
+            );
+        }
+        Ok(facts)
     }
 
     /// The roots' CNs, for messages.
@@ -239,6 +290,16 @@ pub fn verify(
     roots: &PivRoots,
     now: i64,
 ) -> Result<PivFacts, PivRefusal> {
+    verify_with_window(attestation, f9, roots, now).map(|(facts, _, _)| facts)
+}
+
+/// [`verify`], and the window in which every certificate of the path is valid.
+fn verify_with_window(
+    attestation: &[u8],
+    f9: &[u8],
+    roots: &PivRoots,
+    now: i64,
+) -> Result<(PivFacts, i64, i64), PivRefusal> {
     let read = |which: &'static str, der: &[u8]| {
         Certificate::from_der_in_chain(der)
             .map_err(|problem| PivRefusal::Unreadable { which, problem })
@@ -250,12 +311,20 @@ pub fn verify(
             f9: device.common_name().to_string(),
         });
     }
-    // Real f9 certificates may lack basic constraints; one that denies being a CA is refused.
+    // Real f9 certificates may lack basic constraints (YubiKey 4); one that denies being a CA
+    // is refused, and so is a slot's attestation posing as the f9: its key is a slot key any
+    // holder of the device can sign with, so a leaf under it could say anything.
     if device.is_ca() == Some(false) {
         return Err(PivRefusal::F9NotCa);
     }
+    if device.extension(OID_SERIAL).is_some() || device.extension(OID_POLICY).is_some() {
+        return Err(PivRefusal::F9IsASlotAttestation {
+            name: device.common_name().to_string(),
+        });
+    }
     let mut path: Vec<&Certificate> = vec![&leaf, &device];
     let root = climb(&device, roots, &mut path)?;
+    let (mut from, mut to) = (i64::MIN, i64::MAX);
     for cert in path.iter().copied().chain([root]) {
         if !cert.valid_at(now) {
             return Err(PivRefusal::NotValidNow {
@@ -264,8 +333,9 @@ pub fn verify(
                 to: cert.not_after,
             });
         }
+        (from, to) = (from.max(cert.not_before), to.min(cert.not_after));
     }
-    facts(&leaf, root)
+    Ok((facts(&leaf, root)?, from, to))
 }
 
 /// From `start` up to a root through at most [`MAX_INTERMEDIATES`] intermediates (each a CA,
@@ -533,6 +603,26 @@ mod tests {
             matches!(refused, PivRefusal::NoPathToRoot { .. }),
             "{refused}"
         );
+    }
+
+    /// The roots remember a verified chain; its validity is checked against the time of each
+    /// use, and a chain that did not verify is not remembered.
+    #[test]
+    fn a_remembered_chain_is_checked_against_the_time_of_each_use() {
+        let roots = PivRoots::yubico();
+        let (leaf, f9) = (der(ATTESTATION_543), der(F9_543));
+        let first = roots.verify(&leaf, &f9, NOW).expect("verified");
+        assert_eq!(roots.verify(&leaf, &f9, NOW + 1), Ok(first));
+        let late = roots
+            .verify(&leaf, &f9, 2_597_788_800)
+            .expect_err("expired");
+        assert!(matches!(late, PivRefusal::NotValidNow { .. }), "{late}");
+        let swapped = roots.verify(&f9, &leaf, NOW).expect_err("swapped");
+        assert!(
+            matches!(swapped, PivRefusal::NotSignedByF9 { .. }),
+            "{swapped}"
+        );
+        assert_eq!(roots.verified.lock().map(|v| v.len()).unwrap_or(0), 1);
     }
 
     #[test]

@@ -132,12 +132,19 @@ pub struct ClientCas {
 }
 
 impl ClientCas {
-    /// Reads a PEM bundle; fails when it holds no readable certificate.
+    /// Reads a PEM bundle; fails when it holds no certificate, or one the strict reader
+    /// refuses (said at start, not at the first renewal).
     pub fn from_pem_file(path: &std::path::Path) -> Result<ClientCas, PkiError> {
         let chain = super::cert::load_chain(path)?;
-        Ok(ClientCas {
-            ders: chain.into_iter().map(|c| c.to_vec()).collect(),
-        })
+        let ders: Vec<Vec<u8>> = chain.into_iter().map(|c| c.to_vec()).collect();
+        for (index, der) in ders.iter().enumerate() {
+            Certificate::from_der_in_chain(der).map_err(|problem| PkiError::BadClientCa {
+                path: path.to_path_buf(),
+                index,
+                problem,
+            })?;
+        }
+        Ok(ClientCas { ders })
     }
 
     /// From DER certificates.
@@ -145,12 +152,12 @@ impl ClientCas {
         ClientCas { ders }
     }
 
-    /// Whether one of these CAs issued and signed `cert` (each CA read as strictly as the
-    /// certificate; one that is not is never an issuer).
+    /// Whether one of these CAs issued and signed `cert`. A CA is read with the chain profile:
+    /// kubeadm's and kind's carry a SAN (`DNS:kubernetes`), which a client certificate may not.
     fn issued(&self, cert: &Certificate) -> bool {
         self.ders
             .iter()
-            .any(|der| Certificate::from_der(der).is_ok_and(|ca| cert.is_signed_by(&ca)))
+            .any(|der| Certificate::from_der_in_chain(der).is_ok_and(|ca| cert.is_signed_by(&ca)))
     }
 }
 
@@ -300,7 +307,9 @@ mod tests {
 
     fn ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
         let key = rcgen::KeyPair::generate().expect("key");
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        // As kubeadm and kind make it: the cluster CA carries DNS:kubernetes.
+        let mut params =
+            rcgen::CertificateParams::new(vec!["kubernetes".to_string()]).expect("params");
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, name);

@@ -89,6 +89,44 @@ fn a_piv_attestation_holds_only_on_an_unbent_chain_to_a_configured_root() {
     ));
     assert!(matches!(r, PivRefusal::NotSignedByF9 { .. }), "{r}");
 
+    // A slot's attestation posing as the f9 (its issuer, a trusted f9, put into the roots
+    // file by mistake): the slot key is any device holder's, so a leaf signed with it could
+    // claim any serial, policy and key. Refused.
+    let holder = rcgen::KeyPair::generate().expect("key");
+    let holder_spki = pem::parse(holder.public_key_pem())
+        .expect("PEM")
+        .into_contents();
+    let slot_cert = device.attest(&holder_spki, slot);
+    let mut forged = rcgen::CertificateParams::default();
+    forged
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "YubiKey PIV Attestation 9a");
+    forged.custom_extensions = vec![
+        rcgen::CustomExtension::from_oid_content(&[1, 3, 6, 1, 4, 1, 41482, 3, 3], vec![5, 7, 4]),
+        rcgen::CustomExtension::from_oid_content(
+            &[1, 3, 6, 1, 4, 1, 41482, 3, 7],
+            yasna::construct_der(|w| w.write_u64(1)),
+        ),
+        rcgen::CustomExtension::from_oid_content(&[1, 3, 6, 1, 4, 1, 41482, 3, 8], vec![3, 2]),
+    ];
+    let issuer =
+        rcgen::Issuer::from_ca_cert_der(&slot_cert.clone().into(), &holder).expect("issuer");
+    let forged = forged
+        .signed_by(
+            &rcgen::SubjectPublicKeyInfo::from_der(&spki).expect("SPKI"),
+            &issuer,
+        )
+        .expect("forged leaf")
+        .der()
+        .to_vec();
+    let mut careless = roots(&device);
+    careless.add(
+        PivRoots::from_pem(&pem::encode(&pem::Pem::new("CERTIFICATE", device.f9_der())))
+            .expect("the f9 as an intermediate"),
+    );
+    let r = refusal(piv::verify(&forged, &slot_cert, &careless, now()));
+    assert!(matches!(r, PivRefusal::F9IsASlotAttestation { .. }), "{r}");
+
     // An expired chain.
     let expired = PivDevice::new(&ChainShape {
         expired: true,
