@@ -323,7 +323,7 @@ fn verify_with_window(
         });
     }
     let mut path: Vec<&Certificate> = vec![&leaf, &device];
-    let root = climb(&device, roots, &mut path)?;
+    let root = climb(&device, roots, now, &mut path)?;
     let (mut from, mut to) = (i64::MIN, i64::MAX);
     for cert in path.iter().copied().chain([root]) {
         if !cert.valid_at(now) {
@@ -340,22 +340,39 @@ fn verify_with_window(
 
 /// From `start` up to a root through at most [`MAX_INTERMEDIATES`] intermediates (each a CA,
 /// each used once), appending the intermediates to `path`. The root is found by signature, not
-/// by name: a root of the same name with another key is no root.
+/// by name: a root of the same name with another key is no root. Of two issuers with one key
+/// and name (the 263751 root's two issues, a re-issued intermediate), one valid at `now` is
+/// preferred.
 fn climb<'a>(
     start: &'a Certificate,
     roots: &'a PivRoots,
+    now: i64,
     path: &mut Vec<&'a Certificate>,
 ) -> Result<&'a Certificate, PivRefusal> {
     let mut current = start;
+    let valid_first = |found: Vec<&'a Certificate>| {
+        found
+            .iter()
+            .find(|c| c.valid_at(now))
+            .or(found.first())
+            .copied()
+    };
     for _ in 0..=MAX_INTERMEDIATES {
-        if let Some(root) = roots.roots.iter().find(|r| current.is_signed_by(r)) {
+        let issuers = roots.roots.iter().filter(|r| current.is_signed_by(r));
+        if let Some(root) = valid_first(issuers.collect()) {
             return Ok(root);
         }
-        let next = roots.intermediates.iter().find(|i| {
-            i.is_ca() == Some(true)
-                && !path.iter().any(|p| p.der() == i.der())
-                && current.is_signed_by(i)
-        });
+        let next = valid_first(
+            roots
+                .intermediates
+                .iter()
+                .filter(|i| {
+                    i.is_ca() == Some(true)
+                        && !path.iter().any(|p| p.der() == i.der())
+                        && current.is_signed_by(i)
+                })
+                .collect(),
+        );
         match next {
             Some(i) => {
                 path.push(i);
@@ -623,6 +640,52 @@ mod tests {
             "{swapped}"
         );
         assert_eq!(roots.verified.lock().map(|v| v.len()).unwrap_or(0), 1);
+    }
+
+    /// Two issues of one root (one key, one name), the first expired: the chain goes through
+    /// the one valid now, as it does for the 263751 root's 2016 and 2018 issues.
+    #[test]
+    fn of_two_issues_of_a_root_the_valid_one_is_used() {
+        let day = time::Duration::days(1);
+        let now = time::OffsetDateTime::from_unix_timestamp(NOW).expect("time");
+        let root_key = rcgen::KeyPair::generate().expect("key");
+        let issue = |from, to| {
+            let mut p = rcgen::CertificateParams::default();
+            p.distinguished_name
+                .push(rcgen::DnType::CommonName, "Test PIV Root");
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            (p.not_before, p.not_after) = (from, to);
+            p.self_signed(&root_key).expect("root")
+        };
+        let (old, new) = (
+            issue(now - day * 400, now - day),
+            issue(now - day, now + day * 400),
+        );
+        let f9_key = rcgen::KeyPair::generate().expect("key");
+        let mut f9 = rcgen::CertificateParams::default();
+        f9.distinguished_name
+            .push(rcgen::DnType::CommonName, "Yubico PIV Attestation");
+        (f9.not_before, f9.not_after) = (now - day, now + day * 400);
+        let issuer = rcgen::Issuer::from_ca_cert_der(new.der(), &root_key).expect("issuer");
+        let f9 = f9.signed_by(&f9_key, &issuer).expect("f9");
+        let slot_key = rcgen::KeyPair::generate().expect("key");
+        let mut leaf = rcgen::CertificateParams::default();
+        leaf.distinguished_name
+            .push(rcgen::DnType::CommonName, "YubiKey PIV Attestation 9a");
+        (leaf.not_before, leaf.not_after) = (now - day, now + day * 400);
+        let ext = |arc: u64, v: Vec<u8>| {
+            rcgen::CustomExtension::from_oid_content(&[1, 3, 6, 1, 4, 1, 41482, 3, arc], v)
+        };
+        leaf.custom_extensions = vec![
+            ext(3, vec![5, 4, 3]),
+            ext(7, yasna::construct_der(|w| w.write_u64(7))),
+            ext(8, vec![2, 2]),
+        ];
+        let issuer = rcgen::Issuer::from_ca_cert_der(f9.der(), &f9_key).expect("issuer");
+        let leaf = leaf.signed_by(&slot_key, &issuer).expect("leaf");
+        let roots = PivRoots::from_pem(&format!("{}{}", old.pem(), new.pem())).expect("roots");
+        let facts = verify(leaf.der(), f9.der(), &roots, NOW).expect("through the valid issue");
+        assert_eq!(facts.serial, 7);
     }
 
     #[test]
