@@ -32,8 +32,8 @@ use std::ops::Range;
 use yasna::models::ObjectIdentifier;
 
 use super::request::{
-    children, expect_tag, read_algorithm_with, read_subject, strict_der, structure, tlv, Extension,
-    Malformed, SubjectAttribute,
+    children, expect_tag, read_algorithm_with, read_extension_list, read_subject, strict_der,
+    structure, tlv, Extension, Malformed, SubjectAttribute,
 };
 use crate::key::SignScheme;
 
@@ -354,21 +354,7 @@ fn read_extensions(der: &[u8], profile: Profile) -> Result<Vec<Extension>, Malfo
     if outer.tag != 0x30 || outer.whole.end != der.len() {
         return Err(structure("[3] extensions holds one SEQUENCE OF Extension"));
     }
-    let extensions = yasna::parse_der(der, |r| {
-        r.collect_sequence_of(|r| {
-            r.read_sequence(|r| {
-                let oid = r.next().read_oid()?;
-                let critical = r.read_default(false, |r| r.read_bool())?;
-                let value = r.next().read_bytes()?;
-                Ok(Extension {
-                    oid,
-                    critical,
-                    value,
-                })
-            })
-        })
-    })
-    .map_err(|e| Malformed::Extensions(e.to_string()))?;
+    let extensions = read_extension_list(der)?;
     for (i, e) in extensions.iter().enumerate() {
         if extensions[..i].iter().any(|o| o.oid == e.oid) {
             return Err(Malformed::Extensions(format!(

@@ -452,6 +452,26 @@ fn read_attributes(der: &[u8]) -> Result<Vec<Attribute>, Malformed> {
 }
 
 /// The extensions of every extension request (each value: `SEQUENCE OF Extension`).
+/// `Extensions ::= SEQUENCE OF Extension` (a request's extension request, a certificate's
+/// `[3]`), in order, duplicates included.
+pub(super) fn read_extension_list(der: &[u8]) -> Result<Vec<Extension>, Malformed> {
+    yasna::parse_der(der, |r| {
+        r.collect_sequence_of(|r| {
+            r.read_sequence(|r| {
+                let oid = r.next().read_oid()?;
+                let critical = r.read_default(false, |r| r.read_bool())?;
+                let value = r.next().read_bytes()?;
+                Ok(Extension {
+                    oid,
+                    critical,
+                    value,
+                })
+            })
+        })
+    })
+    .map_err(|e| Malformed::Extensions(e.to_string()))
+}
+
 fn read_extensions(attributes: &[Attribute]) -> Result<(Vec<Extension>, usize), Malformed> {
     let wanted = ObjectIdentifier::from_slice(OID_EXTENSION_REQUEST);
     let mut extensions = Vec::new();
@@ -459,22 +479,7 @@ fn read_extensions(attributes: &[Attribute]) -> Result<(Vec<Extension>, usize), 
     for attribute in attributes.iter().filter(|a| a.oid == wanted) {
         for value in &attribute.values {
             requests += 1;
-            let read = yasna::parse_der(value, |r| {
-                r.collect_sequence_of(|r| {
-                    r.read_sequence(|r| {
-                        let oid = r.next().read_oid()?;
-                        let critical = r.read_default(false, |r| r.read_bool())?;
-                        let value = r.next().read_bytes()?;
-                        Ok(Extension {
-                            oid,
-                            critical,
-                            value,
-                        })
-                    })
-                })
-            })
-            .map_err(|e| Malformed::Extensions(e.to_string()))?;
-            extensions.extend(read);
+            extensions.extend(read_extension_list(value)?);
         }
     }
     Ok((extensions, requests))

@@ -13,8 +13,7 @@ use rcgen::{
     SubjectPublicKeyInfo,
 };
 
-use crate::softhsm::{SoftHsm, USER_PIN};
-use crate::{output_text, temp_dir};
+use crate::softhsm::SoftHsm;
 
 /// PIN policy byte: once per session.
 pub const PIN_ONCE: u8 = 2;
@@ -209,44 +208,13 @@ impl PivDevice {
         slot: &str,
         attestation: &[u8],
     ) {
-        let dir = temp_dir();
         let label = format!("X.509 Certificate for PIV Attestation {slot}");
-        for (name, der, label, id) in [
-            (
-                "attestation.der",
-                attestation.to_vec(),
-                label.as_str(),
-                id_hex,
-            ),
-            (
-                "f9.der",
-                self.f9_der(),
-                "X.509 Certificate for PIV Attestation",
-                "19",
-            ),
-        ] {
-            let path = dir.path().join(name);
-            std::fs::write(&path, der).expect("write certificate");
-            let out = hsm.pkcs11_tool(&[
-                "--token-label",
-                token,
-                "--login",
-                "--pin",
-                USER_PIN,
-                "--write-object",
-                &path.display().to_string(),
-                "--type",
-                "cert",
-                "--label",
-                label,
-                "--id",
-                id,
-            ]);
-            assert!(
-                out.status.success(),
-                "pkcs11-tool --write-object failed:\n{}",
-                output_text(&out)
-            );
-        }
+        hsm.write_certificate(token, attestation, &label, id_hex);
+        hsm.write_certificate(
+            token,
+            &self.f9_der(),
+            "X.509 Certificate for PIV Attestation",
+            "19",
+        );
     }
 }

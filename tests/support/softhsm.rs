@@ -126,21 +126,58 @@ impl SoftHsm {
 
     /// Makes a key pair labelled `object` on token `label` with pkcs11-tool (`key_type` e.g. `EC:prime256v1`, `rsa:2048`).
     pub fn pkcs11_keygen(&self, label: &str, object: &str, key_type: &str) -> Output {
-        let out = self.pkcs11_tool(&[
+        self.logged_in(
+            label,
+            "--keypairgen",
+            &["--key-type", key_type, "--label", object],
+        )
+    }
+
+    /// [`SoftHsm::pkcs11_keygen`] with `CKA_ID` `id_hex` (e.g. `01`).
+    pub fn pkcs11_keygen_with_id(
+        &self,
+        label: &str,
+        object: &str,
+        key_type: &str,
+        id_hex: &str,
+    ) -> Output {
+        self.logged_in(
+            label,
+            "--keypairgen",
+            &["--key-type", key_type, "--label", object, "--id", id_hex],
+        )
+    }
+
+    /// Writes the certificate `der` onto token `label` as an object labelled `object` with
+    /// `CKA_ID` `id_hex`, with pkcs11-tool.
+    pub fn write_certificate(&self, label: &str, der: &[u8], object: &str, id_hex: &str) -> Output {
+        let dir = crate::temp_dir();
+        let path = dir.path().join("certificate.der");
+        std::fs::write(&path, der).expect("write the certificate");
+        let path = path.display().to_string();
+        self.logged_in(
+            label,
+            "--write-object",
+            &[&path, "--type", "cert", "--label", object, "--id", id_hex],
+        )
+    }
+
+    /// pkcs11-tool's `operation` with `args`, logged in to token `label`; fails the test
+    /// when it fails.
+    fn logged_in(&self, label: &str, operation: &str, args: &[&str]) -> Output {
+        let mut all = vec![
             "--token-label",
             label,
             "--login",
             "--pin",
             USER_PIN,
-            "--keypairgen",
-            "--key-type",
-            key_type,
-            "--label",
-            object,
-        ]);
+            operation,
+        ];
+        all.extend_from_slice(args);
+        let out = self.pkcs11_tool(&all);
         assert!(
             out.status.success(),
-            "pkcs11-tool --keypairgen failed:\n{}",
+            "pkcs11-tool {operation} failed:\n{}",
             output_text(&out)
         );
         out

@@ -331,22 +331,34 @@ pub(crate) fn labelled_certificates(
         .map_err(|e| token.err("C_FindObjects", &e))?;
     let mut out = Vec::new();
     for h in handles {
-        let attrs = session
-            .get_attributes(h, &[AttributeType::Label, AttributeType::Value])
-            .map_err(|e| token.err("C_GetAttributeValue", &e))?;
-        let (mut label, mut value) = (None, None);
-        for a in attrs {
-            match a {
-                Attribute::Label(l) => label = Some(String::from_utf8_lossy(&l).into_owned()),
-                Attribute::Value(v) => value = Some(v),
-                _ => {}
-            }
-        }
-        if let (Some(l), Some(v)) = (label, value) {
-            out.push((l, v));
+        if let (Some(l), Some(v)) = label_and_value(token, session, h)? {
+            out.push((String::from_utf8_lossy(&l).into_owned(), v));
         }
     }
     Ok(out)
+}
+
+/// An object's `CKA_LABEL` and `CKA_VALUE`, each if it has one.
+type LabelAndValue = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// Reads [`LabelAndValue`] of `object`.
+fn label_and_value(
+    token: &Token,
+    session: &Session,
+    object: ObjectHandle,
+) -> Result<LabelAndValue, KeyError> {
+    let attrs = session
+        .get_attributes(object, &[AttributeType::Label, AttributeType::Value])
+        .map_err(|e| token.err("C_GetAttributeValue", &e))?;
+    let (mut label, mut value) = (None, None);
+    for a in attrs {
+        match a {
+            Attribute::Label(l) => label = Some(l),
+            Attribute::Value(v) => value = Some(v),
+            _ => {}
+        }
+    }
+    Ok((label, value))
 }
 
 /// The X.509 certificates tied to a key: (handle, DER). A YubiKey's attestation certificate
@@ -362,19 +374,8 @@ pub(crate) fn certificates(
         .map_err(|e| token.err("C_FindObjects", &e))?;
     let mut out = Vec::new();
     for h in handles {
-        let attrs = session
-            .get_attributes(h, &[AttributeType::Label, AttributeType::Value])
-            .map_err(|e| token.err("C_GetAttributeValue", &e))?;
-        let (mut attestation, mut value) = (false, None);
-        for a in attrs {
-            match a {
-                Attribute::Label(l) => {
-                    attestation = l.starts_with(PIV_ATTESTATION_LABEL.as_bytes());
-                }
-                Attribute::Value(v) => value = Some(v),
-                _ => {}
-            }
-        }
+        let (label, value) = label_and_value(token, session, h)?;
+        let attestation = label.is_some_and(|l| l.starts_with(PIV_ATTESTATION_LABEL.as_bytes()));
         if let (false, Some(v)) = (attestation, value) {
             out.push((h, v));
         }

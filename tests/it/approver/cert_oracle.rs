@@ -17,7 +17,9 @@ use support::requests::{self as rq, tag, Length, Node, SoftwareKey};
 
 use hwkey::pki::certificate::Certificate;
 
-use super::oracle::{cases, children, count_constructed, hex, nth_constructed, Rng, VALUES};
+use super::oracle::{
+    atv_of, cases, children, count_constructed, hex, nth_constructed, Rng, VALUES,
+};
 
 /// `tbsCertificate` of a person's client certificate as kube-controller-manager issues it.
 fn base_tbs(key: &SoftwareKey) -> Node {
@@ -120,12 +122,7 @@ fn mutate(rng: &mut Rng, tbs: &mut Node, trailing: &mut Vec<u8>) {
             ][rng.below(7)];
             let Some(s) = subject(tbs) else { return };
             let i = rng.below(s.len().max(1));
-            if let Some(atv) = s
-                .get_mut(i)
-                .and_then(children)
-                .and_then(|a| a.get_mut(0))
-                .and_then(children)
-            {
+            if let Some(atv) = atv_of(s, i) {
                 if let Some(Node::Prim(_, value)) = atv.get(1).cloned() {
                     atv[1] = Node::string(t, &String::from_utf8_lossy(&value));
                 }
@@ -135,12 +132,7 @@ fn mutate(rng: &mut Rng, tbs: &mut Node, trailing: &mut Vec<u8>) {
             let oid: &[u64] = [rq::CN, rq::O, rq::OU, &[2, 5, 4, 5], &[1, 2, 3]][rng.below(5)];
             let Some(s) = subject(tbs) else { return };
             let i = rng.below(s.len().max(1));
-            if let Some(atv) = s
-                .get_mut(i)
-                .and_then(children)
-                .and_then(|a| a.get_mut(0))
-                .and_then(children)
-            {
+            if let Some(atv) = atv_of(s, i) {
                 atv[0] = Node::oid(oid);
             }
         }
@@ -179,12 +171,7 @@ fn mutate(rng: &mut Rng, tbs: &mut Node, trailing: &mut Vec<u8>) {
         8 => {
             let Some(s) = subject(tbs) else { return };
             let i = rng.below(s.len().max(1));
-            if let Some(atv) = s
-                .get_mut(i)
-                .and_then(children)
-                .and_then(|a| a.get_mut(0))
-                .and_then(children)
-            {
+            if let Some(atv) = atv_of(s, i) {
                 atv.push(Node::string(tag::UTF8, "root"));
             }
         }

@@ -14,6 +14,28 @@ use crate::lifecycle::kit::csr_field;
 /// The manifest operators apply.
 pub(crate) const MANIFEST: &str = include_str!("../../../deploy/approver.yaml");
 pub(crate) const KUBELET_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+/// The people overlay operators apply on top.
+pub(crate) const PEOPLE_MANIFEST: &str = include_str!("../../../deploy/approver-people.yaml");
+/// People's signer.
+pub(crate) const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+/// A person's request's usages.
+pub(crate) const USAGES: &str = "[digital signature, key encipherment, client auth]";
+
+/// Every authenticated identity may create, get and watch CertificateSigningRequests, so that
+/// each attacker reaches the approver (RBAC is not what stops them here).
+pub(crate) const ANYONE_MAY_REQUEST: &str = r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: anyone-requests-certificates
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:node-bootstrapper
+subjects:
+- apiGroup: rbac.authorization.k8s.io
+  kind: Group
+  name: system:authenticated
+"#;
 
 /// The Deployment in the manifest, as shipped (as JSON, for field access).
 pub(crate) fn deployment() -> serde_json::Value {

@@ -84,6 +84,14 @@ pub(super) fn count_constructed(node: &Node) -> usize {
     }
 }
 
+/// The children (type, value) of the attribute of RDN `i` in `rdns`, if it has that shape.
+pub(super) fn atv_of(rdns: &mut [Node], i: usize) -> Option<&mut Vec<Node>> {
+    rdns.get_mut(i)
+        .and_then(children)
+        .and_then(|a| a.get_mut(0))
+        .and_then(children)
+}
+
 /// The `n`-th constructed element of `node`, depth first.
 pub(super) fn nth_constructed<'a>(node: &'a mut Node, n: &mut usize) -> Option<&'a mut Node> {
     if !matches!(node, Node::Cons(..)) {
@@ -150,12 +158,7 @@ fn mutate(rng: &mut Rng, tree: &mut RequestTree, trailing: &mut Vec<u8>) {
             ][rng.below(7)];
             let s = subject(tree);
             let i = rng.below(s.len().max(1));
-            if let Some(atv) = s
-                .get_mut(i)
-                .and_then(children)
-                .and_then(|a| a.get_mut(0))
-                .and_then(children)
-            {
+            if let Some(atv) = atv_of(s, i) {
                 if let Some(Node::Prim(_, value)) = atv.get(1).cloned() {
                     let text = String::from_utf8_lossy(&value).into_owned();
                     atv[1] = Node::string(t, &text);
@@ -173,12 +176,7 @@ fn mutate(rng: &mut Rng, tree: &mut RequestTree, trailing: &mut Vec<u8>) {
             ][rng.below(6)];
             let s = subject(tree);
             let i = rng.below(s.len().max(1));
-            if let Some(atv) = s
-                .get_mut(i)
-                .and_then(children)
-                .and_then(|a| a.get_mut(0))
-                .and_then(children)
-            {
+            if let Some(atv) = atv_of(s, i) {
                 atv[0] = Node::oid(oid);
             }
         }
@@ -215,12 +213,7 @@ fn mutate(rng: &mut Rng, tree: &mut RequestTree, trailing: &mut Vec<u8>) {
             // An extra element inside an attribute, or the value as a constructed element.
             let s = subject(tree);
             let i = rng.below(s.len().max(1));
-            if let Some(atv) = s
-                .get_mut(i)
-                .and_then(children)
-                .and_then(|a| a.get_mut(0))
-                .and_then(children)
-            {
+            if let Some(atv) = atv_of(s, i) {
                 atv.push(Node::string(tag::UTF8, "system:node:node-b"));
             }
         }

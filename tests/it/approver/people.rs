@@ -21,29 +21,9 @@ use support::*;
 
 use super::kit::{
     apply_config_map, apply_trust, assert_decided, create_as_bootstrap, create_with, csr_object,
-    decided_as, Replica, Tpm, MANIFEST,
+    decided_as, Replica, Tpm, ANYONE_MAY_REQUEST, CLIENT_SIGNER, MANIFEST, PEOPLE_MANIFEST, USAGES,
 };
 use crate::lifecycle::kit::csr_field;
-
-const PEOPLE_MANIFEST: &str = include_str!("../../../deploy/approver-people.yaml");
-const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
-const USAGES: &str = "[digital signature, key encipherment, client auth]";
-
-/// Every authenticated identity may create, get and watch CertificateSigningRequests, so that
-/// each attacker reaches the approver (RBAC is not what stops them here).
-const ANYONE_MAY_REQUEST: &str = r#"apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: anyone-requests-certificates
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: system:node-bootstrapper
-subjects:
-- apiGroup: rbac.authorization.k8s.io
-  kind: Group
-  name: system:authenticated
-"#;
 
 /// The cluster, alice (a TPM identity with a certificate from the cluster CA), the people trust
 /// and the approver as deploy/approver-people.yaml configures it.

@@ -13,31 +13,14 @@ use support::ca::TestCa;
 use support::kube::{Approval, KubeCluster};
 use support::piv::{ChainShape, PivDevice, Slot, TOUCH_ALWAYS, TOUCH_NEVER};
 use support::requests::{self as rq, tag, Node, RequestTree, SoftwareKey};
-use support::softhsm::{SoftHsm, USER_PIN};
+use support::softhsm::SoftHsm;
 use support::*;
 
 use super::kit::{
     apply_config_map, apply_trust, assert_decided, create_with, csr_object, decided_as, Replica,
-    MANIFEST,
+    ANYONE_MAY_REQUEST, CLIENT_SIGNER, MANIFEST, PEOPLE_MANIFEST, USAGES,
 };
 use crate::lifecycle::kit::csr_field;
-
-const PEOPLE_MANIFEST: &str = include_str!("../../../deploy/approver-people.yaml");
-const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
-const USAGES: &str = "[digital signature, key encipherment, client auth]";
-const ANYONE_MAY_REQUEST: &str = r#"apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: anyone-requests-certificates
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: system:node-bootstrapper
-subjects:
-- apiGroup: rbac.authorization.k8s.io
-  kind: Group
-  name: system:authenticated
-"#;
 
 /// pat's registration: YubiKey 4242, a touch at least every 15 s.
 const PAT: &str = "piv:\n  serials: [4242]\n  touchPolicy: cached\n  minFirmware: 5.4.0\n";
@@ -147,21 +130,7 @@ fn a_yubikey_person_enrols_and_renews_with_no_human_and_removal_bites() {
     // pat's YubiKey: key 01 on a token, attested by a device of the 5.7.4 shape.
     let hsm = SoftHsm::new();
     hsm.init_token("yk");
-    let made = hsm.pkcs11_tool(&[
-        "--token-label",
-        "yk",
-        "--login",
-        "--pin",
-        USER_PIN,
-        "--keypairgen",
-        "--key-type",
-        "EC:prime256v1",
-        "--label",
-        "pat",
-        "--id",
-        "01",
-    ]);
-    assert!(made.status.success(), "{}", output_text(&made));
+    hsm.pkcs11_keygen_with_id("yk", "pat", "EC:prime256v1", "01");
     let uri = hsm.key_uri("yk", "pat");
     let plain =
         run_ok(

@@ -10,7 +10,7 @@ use std::path::Path;
 use hwkey::pki::piv::{self, PivRefusal, PivRoots, TouchPolicy};
 use support::piv::{ChainShape, PivDevice, Slot, TOUCH_ALWAYS, TOUCH_CACHED};
 use support::requests::SoftwareKey;
-use support::softhsm::{SoftHsm, USER_PIN};
+use support::softhsm::SoftHsm;
 use support::*;
 
 fn now() -> i64 {
@@ -245,21 +245,7 @@ impl Token {
     fn new() -> Token {
         let hsm = SoftHsm::new();
         hsm.init_token("yk");
-        let out = hsm.pkcs11_tool(&[
-            "--token-label",
-            "yk",
-            "--login",
-            "--pin",
-            USER_PIN,
-            "--keypairgen",
-            "--key-type",
-            "EC:prime256v1",
-            "--label",
-            "pat",
-            "--id",
-            "01",
-        ]);
-        assert!(out.status.success(), "{}", output_text(&out));
+        hsm.pkcs11_keygen_with_id("yk", "pat", "EC:prime256v1", "01");
         let uri = hsm.key_uri("yk", "pat");
         let spki = csr_of(&hsm, &uri).spki_der().to_vec();
         Token { hsm, uri, spki }
@@ -296,25 +282,12 @@ fn a_key_on_a_piv_token_carries_its_attestation_and_keeps_its_own_certificate() 
         &SoftwareKey::generate().spki(),
         Slot::new(777, TOUCH_ALWAYS),
     );
-    let dir = temp_dir();
-    let path = dir.path().join("other.der");
-    std::fs::write(&path, &other).expect("write");
-    let out = token.hsm.pkcs11_tool(&[
-        "--token-label",
+    token.hsm.write_certificate(
         "yk",
-        "--login",
-        "--pin",
-        USER_PIN,
-        "--write-object",
-        &path.display().to_string(),
-        "--type",
-        "cert",
-        "--label",
+        &other,
         "X.509 Certificate for PIV Attestation 9c",
-        "--id",
         "02",
-    ]);
-    assert!(out.status.success(), "{}", output_text(&out));
+    );
 
     let request = csr_of(&token.hsm, &token.uri);
     let hwkey::pki::same_key::Proof::PivAttestation {
@@ -334,29 +307,13 @@ fn a_key_on_a_piv_token_carries_its_attestation_and_keeps_its_own_certificate() 
 
     // The key's own certificate, stored beside it with the same CKA_ID, is its chain; the
     // attestation certificate is not.
+    let dir = temp_dir();
     let ca = support::ca::TestCa::new(dir.path());
     let csr = hwkey::pki::csr::to_pem(request.der());
     let own = pem::parse(ca.sign_csr_pem(&csr, 1))
         .expect("PEM")
         .into_contents();
-    let own_path = dir.path().join("own.der");
-    std::fs::write(&own_path, &own).expect("write");
-    let out = token.hsm.pkcs11_tool(&[
-        "--token-label",
-        "yk",
-        "--login",
-        "--pin",
-        USER_PIN,
-        "--write-object",
-        &own_path.display().to_string(),
-        "--type",
-        "cert",
-        "--label",
-        "pat",
-        "--id",
-        "01",
-    ]);
-    assert!(out.status.success(), "{}", output_text(&out));
+    token.hsm.write_certificate("yk", &own, "pat", "01");
     let out = run_ok(
         hwkey()
             .envs(token.hsm.envs())
