@@ -261,8 +261,9 @@ async fn serve(
         header_timeout: Duration::from_secs(if serves == Serves::Health { 2 } else { 5 }),
         connection_timeout: Duration::from_secs(if serves == Serves::Health { 5 } else { 10 }),
     });
-    // The connections being served, oldest first: the one that gives way at the cap. Every
-    // request is answered at once, so a connection still here is one that has not sent it.
+    // The connections being served, oldest first: on the health port, the one that gives way
+    // at the cap. Every request is answered at once, so a connection still here is one that
+    // has not sent it.
     let mut live: std::collections::VecDeque<tokio::task::JoinHandle<()>> =
         std::collections::VecDeque::new();
     loop {
@@ -278,7 +279,13 @@ async fn serve(
             },
         };
         live.retain(|task| !task.is_finished());
-        let Some(slot) = admit_evicting_oldest(&endpoint, &mut live).await else {
+        // Only the probe's port evicts: the metrics port, which pods may reach, refuses at its
+        // cap, so holding it achieves nothing beyond it.
+        let slot = match serves {
+            Serves::Health => admit_evicting_oldest(&endpoint, &mut live).await,
+            Serves::Metrics => endpoint.admit(),
+        };
+        let Some(slot) = slot else {
             continue;
         };
         let _ = conn.set_nodelay(true);
