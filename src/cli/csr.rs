@@ -45,18 +45,8 @@ pub fn run(args: CsrArgs) -> anyhow::Result<()> {
     let request = CsrRequest::parse(&args.subject, &args.dns, &args.ip)?;
     let key = Key::open(&args.key)?;
     key.require_non_extractable(args.policy.required())?;
-    // TPM evidence when asked for; a YubiKey's PIV attestation whenever the token has one,
-    // except for a node (kubelet's signer admits TPM evidence only).
-    let node = request
-        .subject
-        .0
-        .iter()
-        .any(|a| a.short == "CN" && a.value.starts_with("system:node:"));
-    let hardware = match (args.attest.ak_handle(), node) {
-        (None, true) => None,
-        (ak, _) => csr::build_with_hardware_proof(&key, &request, ak)?,
-    };
-    let der = match hardware {
+    // TPM evidence when asked for; a person's key on a YubiKey carries its PIV attestation.
+    let der = match csr::build_with_hardware_proof(&key, &request, args.attest.ak_handle())? {
         Some(der) => der,
         None => csr::build(&key, &request)?,
     };
@@ -65,12 +55,7 @@ pub fn run(args: CsrArgs) -> anyhow::Result<()> {
         None => pem,
         Some(name) => {
             let signer = args.signer_name.clone().unwrap_or_else(|| {
-                let node = request
-                    .subject
-                    .0
-                    .iter()
-                    .any(|a| a.short == "CN" && a.value.starts_with("system:node:"));
-                if node {
+                if request.names_a_node() {
                     "kubernetes.io/kube-apiserver-client-kubelet".into()
                 } else {
                     "kubernetes.io/kube-apiserver-client".into()

@@ -108,14 +108,7 @@ fn absolute(
 }
 
 pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
-    if args.attest.ak_handle().is_some() {
-        if !args.renew {
-            anyhow::bail!("--attest needs --renew: the evidence goes into the renewal requests of the proxy the plugin starts");
-        }
-        if !matches!(args.key, crate::key::KeyUri::Tpm(_)) {
-            anyhow::bail!("--attest needs a TPM key (tpm:…): only a TPM can certify that the key lives in it; drop --attest for PKCS#11 keys");
-        }
-    }
+    crate::proxy::settings::check_attest(args.attest.ak_handle().is_some(), args.renew, &args.key)?;
     let upstream: crate::endpoint::UpstreamTarget = args.server.parse()?;
     if let Some(url) = &args.proxy_url {
         crate::egress::ForwardProxy::parse_argv(url).context("--proxy-url")?;

@@ -164,10 +164,7 @@ pub(crate) fn prepare(key: &Key, ask: &Ask<'_>) -> Result<Submission, LifecycleE
         .unwrap_or_else(|| default_signer(&cn, &orgs).to_string());
     // Hardware proof first (TPM evidence when asked for, a YubiKey's PIV attestation for a
     // person's request); the current certificate only when the key has none.
-    let hardware = match (ask.attest, signer_name == CLIENT_SIGNER) {
-        (Some(_), _) | (None, true) => csr::build_with_hardware_proof(key, &request, ask.attest)?,
-        (None, false) => None,
-    };
+    let hardware = csr::build_with_hardware_proof(key, &request, ask.attest)?;
     let csr_der = match (hardware, ask.current_certificate) {
         (Some(der), _) => der,
         (None, Some(cert)) if signer_name == CLIENT_SIGNER => {

@@ -61,6 +61,14 @@ impl CsrRequest {
             ip_addresses,
         })
     }
+
+    /// Whether the subject is a node's (`CN=system:node:…`).
+    pub fn names_a_node(&self) -> bool {
+        self.subject
+            .0
+            .iter()
+            .any(|a| a.short == "CN" && a.value.starts_with("system:node:"))
+    }
 }
 
 /// The signature algorithm a key uses for requests and certificates: ECDSA with the curve's
@@ -127,8 +135,10 @@ pub fn build_piv(
     build_with(key, request, Some(super::piv::attribute(attestation, f9)))
 }
 
-/// The hardware proof a request carries without being asked: the key's PIV attestation when
-/// its device has one (a YubiKey's), else nothing. With `ak_handle`, TPM evidence.
+/// The hardware proof a request carries without being asked: with `ak_handle`, TPM evidence;
+/// else, for a person's subject, the key's PIV attestation when its device has one (a
+/// YubiKey's); else nothing. A node's request carries no PIV attestation: kubelet's signer
+/// admits TPM evidence only.
 pub fn build_with_hardware_proof(
     key: &Key,
     request: &CsrRequest,
@@ -136,6 +146,9 @@ pub fn build_with_hardware_proof(
 ) -> Result<Option<Vec<u8>>, PkiError> {
     if let Some(handle) = ak_handle {
         return build_attested(key, request, handle).map(Some);
+    }
+    if request.names_a_node() {
+        return Ok(None);
     }
     // Reading the attestation objects is a convenience: a token (or a signer of an older
     // hwkey) that cannot answer leaves the request with the proof it would have had without.

@@ -537,12 +537,7 @@ impl SettingsInput {
         if self.rotate_key && !self.renew {
             return Err(SettingsError::RotateKeyNeedsRenew);
         }
-        if self.attest && !self.renew {
-            return Err(SettingsError::AttestNeedsRenew);
-        }
-        if self.attest && !matches!(key, KeyUri::Tpm(_)) {
-            return Err(SettingsError::AttestNeedsTpm);
-        }
+        check_attest(self.attest, self.renew, &key)?;
         Ok(key)
     }
 
@@ -662,6 +657,18 @@ impl Settings {
             .collect::<Vec<_>>()
             .join(",")
     }
+}
+
+/// `--attest` (TPM evidence in renewal requests) needs `--renew` and a TPM key: the proxy's
+/// flags and `hwkey kubeconfig --renew --attest` (which starts the proxy with them) say so alike.
+pub fn check_attest(attest: bool, renew: bool, key: &KeyUri) -> Result<(), SettingsError> {
+    if attest && !renew {
+        return Err(SettingsError::AttestNeedsRenew);
+    }
+    if attest && !matches!(key, KeyUri::Tpm(_)) {
+        return Err(SettingsError::AttestNeedsTpm);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
