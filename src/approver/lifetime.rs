@@ -94,8 +94,12 @@ mod tests {
     }
 
     /// An API server's `/version` on loopback whose minor version is read from `minor` at
-    /// each request; `fail` makes it answer 500.
-    async fn version_server(minor: Arc<AtomicU32>, fail: Arc<AtomicBool>) -> String {
+    /// each request; `fail` makes it answer 500; `served` counts the answers.
+    async fn version_server(
+        minor: Arc<AtomicU32>,
+        fail: Arc<AtomicBool>,
+        served: Arc<AtomicU32>,
+    ) -> String {
         use http_body_util::Full;
         use hyper::body::Bytes;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -107,9 +111,10 @@ mod tests {
                 let Ok((conn, _)) = listener.accept().await else {
                     return;
                 };
-                let (minor, fail) = (minor.clone(), fail.clone());
+                let (minor, fail, served) = (minor.clone(), fail.clone(), served.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |_req| {
+                        served.fetch_add(1, Ordering::SeqCst);
                         let m = minor.load(Ordering::Relaxed);
                         let body = format!(
                             r#"{{"major":"1","minor":"{m}","gitVersion":"v1.{m}.0","gitCommit":"x","gitTreeState":"clean","buildDate":"2020-01-01T00:00:00Z","goVersion":"go1.19","compiler":"gc","platform":"linux/amd64"}}"#
@@ -131,11 +136,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_upgrade_in_place_turns_lifetime_checks_on_without_a_restart() {
-        let (minor, fail) = (
+        let (minor, fail, served) = (
             Arc::new(AtomicU32::new(20)),
             Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU32::new(0)),
         );
-        let url = version_server(minor.clone(), fail.clone()).await;
+        let url = version_server(minor.clone(), fail.clone(), served.clone()).await;
         let config = kube::Config::new(url.parse().expect("URL"));
         let client = kube::Client::try_from(config).expect("client");
         let support = LifetimeSupport::new(true);
@@ -146,9 +152,18 @@ mod tests {
             support.clone(),
             Duration::from_millis(50),
         ));
-        // A failing /version keeps the last answer.
-        fail.store(true, Ordering::Relaxed);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // A failing /version keeps the last answer: three failed readings (counted by the
+        // server, whatever the machine's speed) leave it as it was.
+        fail.store(true, Ordering::SeqCst);
+        let failing_from = served.load(Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while served.load(Ordering::SeqCst) < failing_from + 3 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the version is not read again"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert!(!support.known(), "a failed reading changed the answer");
         fail.store(false, Ordering::Relaxed);
         minor.store(22, Ordering::Relaxed);

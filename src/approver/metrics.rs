@@ -433,7 +433,7 @@ mod tests {
         for _ in 0..8 {
             held.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The listener accepts in arrival order: every held connection before each probe.
         let mut answers = Vec::new();
         for _ in 0..5 {
             answers.push(probe(addr).await);

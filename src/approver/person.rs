@@ -14,8 +14,9 @@
 //! 4. the lifetime: where the API server knows `spec.expirationSeconds` (1.22 and later) it is
 //!    required and at most `--people-max-lifetime`;
 //! 5. the proof: TPM evidence, checked and kept fresh exactly as a node's (a new key or the same
-//!    one: every issuance carries fresh evidence); or, weaker, the requester's current
-//!    certificate for exactly this subject and key ([`crate::pki::same_key`]).
+//!    one: every issuance carries fresh evidence); a YubiKey's PIV attestation of exactly the
+//!    request's key ([`crate::pki::piv`]); or, weaker, the requester's current certificate for
+//!    exactly this subject and key ([`crate::pki::same_key`]).
 //!
 //! What the people trust decides when the decision is written ([`settle`]):
 //!
@@ -25,13 +26,15 @@
 //!   certificates (gus in `devs` by his own `O=devs` renewing `CN=gus,O=qa`). `groups` names only
 //!   the groups a certificate may carry that need saying (`system:masters`).
 //! - **which proof**: hardware, by default: TPM evidence by an AK registered under the
-//!   person's name, for the first certificate and for every renewal. The current certificate
+//!   person's name, or the PIV attestation of a YubiKey whose serial their entry lists
+//!   ([`settle_piv`]), for the first certificate and for every renewal. The current certificate
 //!   alone proves possession of a key, not where the key lives (a stolen session, a
 //!   certificate from before hwkey, a software key): it is accepted only for a person the
 //!   allow list names under `certificateOnly`.
 //!
 //! The trust is read again within two seconds before an approval, so a person removed from it
-//! (their name, or their AK entry) is refused from then on, whatever proof they carry.
+//! (their name, or their AK or YubiKey entry) is refused from then on, whatever proof they
+//! carry.
 
 use std::time::Duration;
 
@@ -82,7 +85,7 @@ pub struct PeopleRules {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AllowList {
     /// People who may renew their own identity, with hardware proof only (TPM evidence by an
-    /// AK registered under their name).
+    /// AK, or a YubiKey's PIV attestation, registered under their name).
     #[serde(default)]
     pub users: Vec<String>,
     /// People who may also renew with their current certificate alone: possession of the key,
@@ -520,5 +523,75 @@ mod tests {
             decide("alice", &[MASTERS], Some(with_masters)),
             Ok(Admitted::Hardware)
         );
+    }
+
+    /// A YubiKey decides only for the person it is registered for, by serial, and only with at
+    /// least the policies and firmware the entry requires.
+    #[test]
+    fn a_yubikey_admits_only_its_registered_person_with_the_required_policies() {
+        use crate::pki::piv::{Firmware, PinPolicy, TouchPolicy};
+        let facts = PivFacts {
+            serial: 4242,
+            firmware: Firmware(5, 4, 3),
+            pin_policy: PinPolicy::Once,
+            touch_policy: TouchPolicy::Cached,
+            form_factor: None,
+            slot: Some("9a".into()),
+            spki: Vec::new(),
+            root: "root".into(),
+        };
+        let entry = |user: &str, serials: &[u64]| RegisteredPiv {
+            user: user.into(),
+            serials: serials.to_vec(),
+            pin_policy: Some(PinPolicy::Once),
+            touch_policy: Some(TouchPolicy::Cached),
+            min_firmware: Some(Firmware(5, 4, 0)),
+        };
+        assert!(settle_piv(
+            "alice",
+            &facts,
+            &[entry("bob", &[1]), entry("alice", &[4242])]
+        )
+        .is_ok());
+        for (what, registered, want) in [
+            ("no entry", vec![], Reason::UnknownAttestationKey),
+            (
+                "another person's device",
+                vec![entry("bob", &[4242])],
+                Reason::UnknownAttestationKey,
+            ),
+            (
+                "another serial",
+                vec![entry("alice", &[4243])],
+                Reason::UnknownAttestationKey,
+            ),
+            (
+                "a PIN policy below",
+                vec![RegisteredPiv {
+                    pin_policy: Some(PinPolicy::Always),
+                    ..entry("alice", &[4242])
+                }],
+                Reason::EvidenceInvalid,
+            ),
+            (
+                "a touch policy below",
+                vec![RegisteredPiv {
+                    touch_policy: Some(TouchPolicy::Always),
+                    ..entry("alice", &[4242])
+                }],
+                Reason::EvidenceInvalid,
+            ),
+            (
+                "an older firmware",
+                vec![RegisteredPiv {
+                    min_firmware: Some(Firmware(5, 7, 4)),
+                    ..entry("alice", &[4242])
+                }],
+                Reason::EvidenceInvalid,
+            ),
+        ] {
+            let v = settle_piv("alice", &facts, &registered).expect_err(what);
+            assert_eq!(v.reason, want, "{what}: {v}");
+        }
     }
 }

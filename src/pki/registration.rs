@@ -484,4 +484,57 @@ mod tests {
             )]
         );
     }
+
+    /// A person's YubiKeys: read only as the one documented shape, each field once, and kept
+    /// apart from AK registrations.
+    #[test]
+    fn a_piv_entry_is_read_strictly_and_kept_apart_from_aks() {
+        use super::super::piv_policy::{Firmware, PinPolicy, TouchPolicy};
+        let text = "# alice's YubiKeys\npiv:\n  serials: [15732500, 7]\n  pinPolicy: once\n  touchPolicy: cached\n  minFirmware: 5.4.0\n";
+        assert!(is_piv_entry(text));
+        assert_eq!(
+            parse_piv("alice", text).expect("parses"),
+            RegisteredPiv {
+                user: "alice".into(),
+                serials: vec![15_732_500, 7],
+                pin_policy: Some(PinPolicy::Once),
+                touch_policy: Some(TouchPolicy::Cached),
+                min_firmware: Some(Firmware(5, 4, 0)),
+            }
+        );
+        for (bad, why) in [
+            ("piv:\n  serials: []\n", "no serial"),
+            ("piv:\n  serial: [1]\n", "unknown field"),
+            (
+                "piv:\n  serials: [1]\n  touchPolicy: sometimes\n",
+                "unknown policy",
+            ),
+            (
+                "piv:\n  serials: [1]\n  minFirmware: 5.4\n",
+                "short firmware",
+            ),
+            ("piv:\n  serials: [-1]\n", "negative serial"),
+            ("piv:\n  serials: [1]\n  serials: [2]\n", "a field twice"),
+            (
+                "piv:\n  serials: [1]\nakName: 00\n",
+                "a second document's field",
+            ),
+        ] {
+            assert!(parse_piv("alice", bad).is_err(), "{why}: {bad}");
+        }
+        assert!(parse_piv("Alice", text).is_err(), "not an entry name");
+        let read = TrustRead::from_entries([
+            ("alice", text),
+            ("node-a", enrollment().as_str()),
+            ("bob", "piv:\n  serials: []\n"),
+        ]);
+        assert_eq!(read.piv.len(), 1);
+        assert_eq!(read.nodes.len(), 1);
+        assert_eq!(read.nodes[0].node, "node-a");
+        assert_eq!(read.invalid.len(), 1);
+        assert_eq!(read.invalid[0].entry, "bob");
+        // An AK enrollment is never taken for a PIV entry, nor the other way round.
+        assert!(!is_piv_entry(&enrollment()));
+        assert!(parse_registration("alice", text).is_err());
+    }
 }

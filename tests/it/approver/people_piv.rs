@@ -32,8 +32,9 @@ fn request(key: &SoftwareKey, attribute: Vec<u8>) -> Vec<u8> {
     rq::pem(&tree.signed(|info| key.sign(info), &[])).into_bytes()
 }
 
-/// The evidence attribute with `certs` as the bundle's certificates (two where one belongs).
-fn attribute_with_certs(attestation: &[u8], certs: &[Vec<u8>]) -> Vec<u8> {
+/// The evidence attribute with `attestations` as the bundle's statements and `certs` as its
+/// certificates (two where one belongs).
+fn attribute_with(attestations: &[Vec<u8>], certs: &[Vec<u8>]) -> Vec<u8> {
     let oid = |arcs: &[u64]| yasna::models::ObjectIdentifier::from_slice(arcs);
     yasna::construct_der(|w| {
         w.write_sequence(|w| {
@@ -43,10 +44,12 @@ fn attribute_with_certs(attestation: &[u8], certs: &[Vec<u8>]) -> Vec<u8> {
                 w.next().write_sequence(|w| {
                     w.next().write_sequence(|w| {
                         w.next().write_sequence(|w| {
-                            w.next().write_sequence(|w| {
-                                w.next().write_der(hwkey::pki::piv::OID_PIV_ATTESTATION_DER);
-                                w.next().write_der(attestation);
-                            });
+                            for attestation in attestations {
+                                w.next().write_sequence(|w| {
+                                    w.next().write_der(hwkey::pki::piv::OID_PIV_ATTESTATION_DER);
+                                    w.next().write_der(attestation);
+                                });
+                            }
                         });
                         w.next().write_sequence(|w| {
                             for c in certs {
@@ -246,9 +249,24 @@ fn a_yubikey_person_enrols_and_renews_with_no_human_and_removal_bites() {
             "two-f9",
             request(
                 &other,
-                attribute_with_certs(
-                    &device.attest(&other.spki(), Slot::new(4242, TOUCH_ALWAYS)),
+                attribute_with(
+                    &[device.attest(&other.spki(), Slot::new(4242, TOUCH_ALWAYS))],
                     &[f9.clone(), f9.clone()],
+                ),
+            ),
+            "EvidenceInvalid",
+        ),
+        // Two attestations in one bundle: the other key's, then one for this key.
+        (
+            "two-attestations",
+            request(
+                &other,
+                attribute_with(
+                    &[
+                        attestation.clone(),
+                        device.attest(&other.spki(), Slot::new(4242, TOUCH_ALWAYS)),
+                    ],
+                    std::slice::from_ref(&f9),
                 ),
             ),
             "EvidenceInvalid",
