@@ -18,6 +18,21 @@ pub fn create_atomic(path: &Path, contents: &[u8], mode: u32) -> std::io::Result
     write(path, contents, mode, Replace::No)
 }
 
+/// Like [`write_atomic`], keeping what `path` held as `PATH.prev` first (a renewed
+/// certificate's predecessor, for a roll-back by hand).
+pub fn write_keeping_previous(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
+    match std::fs::read(path) {
+        Ok(previous) => {
+            let mut prev = path.as_os_str().to_owned();
+            prev.push(".prev");
+            write_atomic(Path::new(&prev), &previous, mode)?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    write_atomic(path, contents, mode)
+}
+
 #[derive(PartialEq, Eq)]
 enum Replace {
     Yes,

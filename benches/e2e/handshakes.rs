@@ -97,6 +97,8 @@ pub(crate) async fn signer_handshakes(f: &Fixture) -> Vec<Row> {
         key: uri,
         rotation_state: None,
         cert: Some(f.id.cert.clone()),
+        identity: None,
+        upstream_ca: None,
         tls12: false,
         require_non_extractable: false,
     })

@@ -60,7 +60,12 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
     )?;
     // The key in a signer process of its own, as the proxy's: this process speaks to the
     // network and never holds the module, the TSS libraries or the PIN.
-    let key = crate::signer::open_key(&args.key, args.cert.as_deref(), false)?;
+    let key = crate::signer::open_key(
+        &args.key,
+        args.cert.as_deref(),
+        false,
+        args.allow_tls12_fallback,
+    )?;
     let key = Arc::new(key);
     let chain = cert::chain_for_key(&key, args.cert.as_deref())?;
     cert::ensure_matches(&chain[0], &key)?;

@@ -52,6 +52,19 @@ pub trait KeyBackend: Send + Sync + fmt::Debug {
         super::backends::store_chain(uri, chain)
     }
 
+    /// Installs `chain` in the certificate file of this key's signer (see
+    /// [`super::Key::install_certificate`]): only a key held by a signer has one.
+    fn install_certificate(
+        &self,
+        chain: &[Vec<u8>],
+        keep_previous: bool,
+    ) -> Result<String, KeyError> {
+        let _ = (chain, keep_previous);
+        Err(KeyError::Unsupported(
+            "only a key held by a signer installs its identity's certificate file".into(),
+        ))
+    }
+
     /// Deletes this key, `uri`, from its device (with its public key and certificates); says
     /// what was removed.
     fn destroy(&self, uri: &KeyUri) -> Result<Vec<String>, KeyError> {

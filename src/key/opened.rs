@@ -210,6 +210,18 @@ impl Key {
         self.backend.store_chain(&self.uri, chain)
     }
 
+    /// Installs `chain` (DER, leaf first) in the identity's certificate file through the key's
+    /// signer (keeping the file's previous content as `FILE.prev` when `keep_previous`); says
+    /// where. Only a signer's key can: the signer checks the chain is for this key and its
+    /// identity.
+    pub fn install_certificate(
+        &self,
+        chain: &[Vec<u8>],
+        keep_previous: bool,
+    ) -> Result<String, KeyError> {
+        self.backend.install_certificate(chain, keep_previous)
+    }
+
     /// Deletes the key from its device (with its public key and certificates); says what was
     /// removed.
     pub fn destroy(&self) -> Result<Vec<String>, KeyError> {

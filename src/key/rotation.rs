@@ -109,7 +109,7 @@ pub fn current_key(configured: &KeyUri, state_dir: &StateDir) -> KeyUri {
         }
     };
     let left = match text.trim().parse::<KeyUri>() {
-        Ok(uri) => uri,
+        Ok(uri) => pointed_key(uri, configured),
         Err(e) => {
             tracing::error!(error = %e, "ignoring an unreadable {CURRENT_KEY_FILE}");
             return configured.clone();
@@ -119,15 +119,48 @@ pub fn current_key(configured: &KeyUri, state_dir: &StateDir) -> KeyUri {
         tracing::error!(key = %left.without_pin(), configured = %configured.without_pin(), "ignoring {CURRENT_KEY_FILE}: it names a key outside the configured key's rotation series");
         return configured.clone();
     }
-    let uri = match (left, configured) {
-        (KeyUri::Pkcs11(mut u), KeyUri::Pkcs11(c)) => {
-            u.pin = c.pin.clone();
-            KeyUri::Pkcs11(u)
-        }
-        (other, _) => other,
-    };
+    let uri = left;
     tracing::info!(key = %uri.without_pin(), "using the key the last rotation left in {CURRENT_KEY_FILE}");
     uri
+}
+
+/// The key the pointer names, with everything but *which* key taken from the configured key:
+/// the PIN source (a TPM's owner password, parent and TCTI too). Whoever could write the pointer
+/// must not choose the password the signer presents: three wrong ones put a whole TPM into
+/// dictionary-attack lockout.
+fn pointed_key(left: KeyUri, configured: &KeyUri) -> KeyUri {
+    match (left, configured) {
+        (KeyUri::Pkcs11(u), KeyUri::Pkcs11(c)) => KeyUri::Pkcs11(crate::key::Pkcs11Uri {
+            object: u.object,
+            id: u.id,
+            ..c.clone()
+        }),
+        (KeyUri::Tpm(u), KeyUri::Tpm(c)) => KeyUri::Tpm(crate::key::TpmUri {
+            key: u.key,
+            ..c.clone()
+        }),
+        (_, configured) => configured.clone(),
+    }
+}
+
+/// Records `key` as the one in use in `state_dir`'s pointer (only which key: no PIN source).
+pub fn record_current(state_dir: &StateDir, key: &KeyUri) -> std::io::Result<()> {
+    let which = match key {
+        KeyUri::Pkcs11(u) => KeyUri::Pkcs11(crate::key::Pkcs11Uri {
+            object: u.object.clone(),
+            id: u.id.clone(),
+            ..Default::default()
+        }),
+        KeyUri::Tpm(u) => KeyUri::Tpm(crate::key::TpmUri {
+            key: u.key.clone(),
+            ..Default::default()
+        }),
+    };
+    crate::atomic_file::write_atomic(
+        &state_dir.current_key(),
+        format!("{which}\n").as_bytes(),
+        0o600,
+    )
 }
 
 /// `name` without a `-r<digits>` suffix.
@@ -247,5 +280,53 @@ mod tests {
             &uri("pkcs11:token=kube;object=alice?module-path=/m.so"),
             &next
         ));
+    }
+
+    /// The pointer names only which key: a pointer that carries its own password source (or a
+    /// TPM's owner password, parent or TCTI) does not choose what the signer presents; the
+    /// configured key's are used. Before, a TPM pointer kept its own `pin-source`: three
+    /// pointers with wrong ones put the TPM into dictionary-attack lockout.
+    #[test]
+    fn the_pointer_chooses_the_key_never_its_password() {
+        let dir = tempfile::tempdir().expect("dir");
+        let state = StateDir::new(dir.path());
+        let configured = uri(
+            "tpm:path=/k/node.tpm.pem?tcti=swtpm:port=2321&pin-source=file:/etc/hwkey/pw&owner-pin-source=file:/etc/hwkey/owner",
+        );
+        crate::atomic_file::write_atomic(
+            &state.current_key(),
+            b"tpm:path=/k/node-r3.tpm.pem?tcti=swtpm:port=2321&pin-source=file:/tmp/wrong&owner-pin-source=file:/tmp/wrong2&parent=0x81000009\n",
+            0o600,
+        )
+        .expect("write");
+        let got = current_key(&configured, &state);
+        let want = uri(
+            "tpm:path=/k/node-r3.tpm.pem?tcti=swtpm:port=2321&pin-source=file:/etc/hwkey/pw&owner-pin-source=file:/etc/hwkey/owner",
+        );
+        assert_eq!(got, want);
+
+        let configured = uri("pkcs11:token=kube;object=alice?module-path=/m.so&pin-source=file:/p");
+        crate::atomic_file::write_atomic(
+            &state.current_key(),
+            b"pkcs11:token=kube;object=alice-r2?module-path=/m.so&pin-source=file:/tmp/wrong\n",
+            0o600,
+        )
+        .expect("write");
+        assert_eq!(
+            current_key(&configured, &state),
+            uri("pkcs11:token=kube;object=alice-r2?module-path=/m.so&pin-source=file:/p")
+        );
+        // What a rotation records is only which key, and reads back as the configured one's.
+        record_current(
+            &state,
+            &uri("pkcs11:token=kube;object=alice-r3?module-path=/m.so&pin-source=file:/p"),
+        )
+        .expect("record");
+        let text = std::fs::read_to_string(state.current_key()).expect("read");
+        assert!(!text.contains("pin") && !text.contains("module"), "{text}");
+        assert_eq!(
+            current_key(&configured, &state),
+            uri("pkcs11:token=kube;object=alice-r3?module-path=/m.so&pin-source=file:/p")
+        );
     }
 }

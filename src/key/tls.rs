@@ -26,7 +26,9 @@ pub fn is_signature_failure(e: &std::io::Error) -> bool {
 }
 
 /// The TLS versions a connection signed by `key` may use. A key that can make RSA-PSS or ECDSA
-/// signatures offers TLS 1.3 and 1.2. A PKCS#1-only RSA key cannot sign a TLS 1.3
+/// signatures offers TLS 1.3, and 1.2 too with `--allow-tls12-fallback` (a TLS 1.2 transcript
+/// is a loose shape the signer would otherwise sign for anyone holding its socket; every
+/// Kubernetes API server speaks 1.3). A PKCS#1-only RSA key cannot sign a TLS 1.3
 /// CertificateVerify at all: it gets TLS 1.2 alone when the user allowed the fallback, and a
 /// clear error otherwise — never a handshake that fails in a way users cannot read.
 pub fn protocol_versions(
@@ -36,8 +38,10 @@ pub fn protocol_versions(
     static BOTH: [&rustls::SupportedProtocolVersion; 2] =
         [&rustls::version::TLS13, &rustls::version::TLS12];
     static TLS12_ONLY: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS12];
+    static TLS13_ONLY: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS13];
     match key.signing_path() {
-        SigningPath::Native | SigningPath::SoftwarePss { .. } => Ok(&BOTH),
+        SigningPath::Native | SigningPath::SoftwarePss { .. } if allow_tls12_fallback => Ok(&BOTH),
+        SigningPath::Native | SigningPath::SoftwarePss { .. } => Ok(&TLS13_ONLY),
         SigningPath::Pkcs1Only { .. } if allow_tls12_fallback => {
             tracing::warn!(
                 key = %key.describe(),

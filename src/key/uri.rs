@@ -520,6 +520,18 @@ impl KeyUri {
         files
     }
 
+    /// The files that hold the key itself (a TPM key file): what the network side must neither
+    /// read nor be able to delete.
+    pub fn key_files(&self) -> Vec<std::path::PathBuf> {
+        match self {
+            KeyUri::Tpm(TpmUri {
+                key: Some(TpmKeyLocation::Path(p)),
+                ..
+            }) => vec![p.clone()],
+            _ => Vec::new(),
+        }
+    }
+
     /// The PIN itself when the URI carries it in memory (`pin-value`, or a PIN read from a
     /// pipe): the one PIN source the URI's text never shows, which a signer is handed apart.
     pub fn pin_value(&self) -> Option<Zeroizing<String>> {

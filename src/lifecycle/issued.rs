@@ -6,7 +6,7 @@
 //! objects before old ones are removed); a file keeps its predecessor beside it as `FILE.prev`,
 //! so an operator can go back.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use rustls::pki_types::CertificateDer;
 
@@ -94,8 +94,12 @@ pub fn check(name: &str, pem_chain: &[u8], key: &Key) -> Result<Issued, Lifecycl
 /// Where a certificate lives.
 #[derive(Debug, Clone)]
 pub enum Target {
-    /// A PEM file (the proxy's `--cert`).
+    /// A PEM file (`hwkey renew --cert`), written by this process.
     File(PathBuf),
+    /// The certificate file the key's signer was configured with (the proxy's `--cert`),
+    /// written by the signer, which takes only a chain for its key and identity: the proxy's
+    /// network side cannot write that file itself.
+    SignerFile(std::sync::Arc<crate::key::Key>),
     /// The key's own store (PKCS#11 certificate objects, or `NAME.crt.pem` beside a TPM key),
     /// written through the key (a signer's key stores through the signer).
     KeyStore(std::sync::Arc<crate::key::Key>),
@@ -105,6 +109,11 @@ impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Target::File(p) => write!(f, "{}", p.display()),
+            Target::SignerFile(key) => write!(
+                f,
+                "the certificate file of the signer of {}",
+                key.uri().without_pin()
+            ),
             Target::KeyStore(key) => write!(f, "the store of {}", key.uri().without_pin()),
         }
     }
@@ -113,10 +122,7 @@ impl std::fmt::Display for Target {
 /// Installs `issued` at `target`. A file's previous content is kept as `FILE.prev` first.
 /// Returns where it went, for the user.
 pub fn install(target: &Target, issued: &Issued) -> Result<String, LifecycleError> {
-    if let Target::File(path) = target {
-        keep_previous(path)?;
-    }
-    install_chain(target, &issued.chain)
+    write(target, &issued.chain, true)
 }
 
 /// Writes `chain` at `target` without keeping what is there ([`install`] keeps it; a roll-back
@@ -125,36 +131,30 @@ pub fn install_chain(
     target: &Target,
     chain: &[CertificateDer<'static>],
 ) -> Result<String, LifecycleError> {
-    match target {
-        Target::File(path) => {
-            crate::atomic_file::write_atomic(path, cert::chain_to_pem(chain).as_bytes(), 0o644)
-                .map_err(|source| LifecycleError::Install {
-                    path: path.clone(),
-                    source,
-                })?;
-            Ok(path.display().to_string())
-        }
-        Target::KeyStore(key) => {
-            let chain: Vec<Vec<u8>> = chain.iter().map(|c| c.to_vec()).collect();
-            Ok(key.store_chain(&chain)?)
-        }
-    }
+    write(target, chain, false)
 }
 
-fn keep_previous(path: &Path) -> Result<(), LifecycleError> {
-    let previous = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
-            return Err(LifecycleError::Install {
-                path: path.to_path_buf(),
+fn write(
+    target: &Target,
+    chain: &[CertificateDer<'static>],
+    keep_previous: bool,
+) -> Result<String, LifecycleError> {
+    let der = || chain.iter().map(|c| c.to_vec()).collect::<Vec<_>>();
+    match target {
+        Target::File(path) => {
+            let pem = cert::chain_to_pem(chain);
+            let written = if keep_previous {
+                crate::atomic_file::write_keeping_previous(path, pem.as_bytes(), 0o644)
+            } else {
+                crate::atomic_file::write_atomic(path, pem.as_bytes(), 0o644)
+            };
+            written.map_err(|source| LifecycleError::Install {
+                path: path.clone(),
                 source,
-            })
+            })?;
+            Ok(path.display().to_string())
         }
-    };
-    let mut prev = path.as_os_str().to_owned();
-    prev.push(".prev");
-    let prev = PathBuf::from(prev);
-    crate::atomic_file::write_atomic(&prev, &previous, 0o644)
-        .map_err(|source| LifecycleError::Install { path: prev, source })
+        Target::SignerFile(key) => Ok(key.install_certificate(&der(), keep_previous)?),
+        Target::KeyStore(key) => Ok(key.store_chain(&der())?),
+    }
 }

@@ -75,6 +75,7 @@ pub fn renew(options: &RenewOptions) -> Result<Renewed, LifecycleError> {
         &options.key,
         options.cert.as_deref(),
         options.require_non_extractable,
+        options.allow_tls12_fallback,
     )?;
     let key = Arc::new(key);
     let chain = cert::chain_for_key(&key, options.cert.as_deref())?;

@@ -14,13 +14,38 @@ pub fn load_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, PkiError>
         path: path.to_path_buf(),
         source,
     })?;
-    let chain: Vec<CertificateDer<'static>> = match pem::parse_many(&bytes) {
-        Ok(blocks) if !blocks.is_empty() => blocks
-            .into_iter()
-            .filter(|b| b.tag() == "CERTIFICATE")
-            .map(|b| CertificateDer::from(b.into_contents()))
-            .collect(),
-        _ if bytes.first() == Some(&0x30) => vec![CertificateDer::from(bytes)],
+    parse_chain(&bytes, path)
+}
+
+/// [`load_chain`] on the bytes `path` held. The whole file or nothing: a PEM block that is cut
+/// off or malformed (a file copied while it was written, a truncated secret) refuses the file,
+/// where skipping it installed the leaf without its intermediate and every handshake failed.
+pub fn parse_chain(bytes: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>, PkiError> {
+    let chain: Vec<CertificateDer<'static>> = match pem::parse_many(bytes) {
+        Ok(blocks) if !blocks.is_empty() => {
+            let begins = pem_markers(bytes, b"-----BEGIN ");
+            let ends = pem_markers(bytes, b"-----END ");
+            if begins != blocks.len() || ends != blocks.len() {
+                return Err(PkiError::TruncatedPem {
+                    path: path.to_path_buf(),
+                    begins,
+                    whole: blocks.len(),
+                });
+            }
+            blocks
+                .into_iter()
+                .filter(|b| b.tag() == "CERTIFICATE")
+                .map(|b| CertificateDer::from(b.into_contents()))
+                .collect()
+        }
+        _ if bytes.first() == Some(&0x30) => vec![CertificateDer::from(bytes.to_vec())],
+        _ if pem_markers(bytes, b"-----BEGIN ") > 0 => {
+            return Err(PkiError::TruncatedPem {
+                path: path.to_path_buf(),
+                begins: pem_markers(bytes, b"-----BEGIN "),
+                whole: 0,
+            })
+        }
         _ => Vec::new(),
     };
     if chain.is_empty() {
@@ -35,6 +60,14 @@ pub fn load_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, PkiError>
         })?;
     }
     Ok(chain)
+}
+
+/// How many times `marker` starts a line of `bytes`.
+fn pem_markers(bytes: &[u8], marker: &[u8]) -> usize {
+    bytes
+        .split(|&b| b == b'\n')
+        .filter(|line| line.trim_ascii_start().starts_with(marker))
+        .count()
 }
 
 /// The chain for a key: from `--cert` when given, else the one stored with the key.
@@ -288,4 +321,46 @@ pub fn check_for_import(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pem_of(der: &[u8]) -> String {
+        pem::encode(&pem::Pem::new("CERTIFICATE", der.to_vec()))
+    }
+
+    /// A chain file cut inside its second block, or with a block whose base64 is broken, is
+    /// refused whole, naming the file; before, the cut block was skipped and the leaf alone was
+    /// installed.
+    #[test]
+    fn a_chain_file_with_a_cut_or_broken_block_is_refused_whole() {
+        let leaf = rcgen::generate_simple_self_signed(vec!["a".into()]).expect("cert");
+        let ca = rcgen::generate_simple_self_signed(vec!["b".into()]).expect("cert");
+        let whole = format!("{}{}", pem_of(leaf.cert.der()), pem_of(ca.cert.der()));
+        let path = Path::new("/etc/hwkey/chain.pem");
+        assert_eq!(parse_chain(whole.as_bytes(), path).expect("whole").len(), 2);
+        let cut = &whole[..whole.len() - 200];
+        let e = parse_chain(cut.as_bytes(), path).expect_err("a cut chain");
+        assert!(
+            matches!(
+                e,
+                PkiError::TruncatedPem {
+                    begins: 2,
+                    whole: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("/etc/hwkey/chain.pem"), "{e}");
+        let broken = whole.replacen("-----END CERTIFICATE-----", "-----END CERTIFICATE", 2);
+        assert!(parse_chain(broken.as_bytes(), path).is_err());
+        let only_cut = &pem_of(leaf.cert.der())[..100];
+        assert!(matches!(
+            parse_chain(only_cut.as_bytes(), path),
+            Err(PkiError::TruncatedPem { .. })
+        ));
+    }
 }

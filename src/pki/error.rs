@@ -41,6 +41,13 @@ pub enum PkiError {
     )]
     NoCertInFile { path: PathBuf },
 
+    #[error("{path} is refused whole: it starts {begins} PEM blocks but only {whole} are complete and well formed (a file cut short or copied while it was written?); write the whole chain again")]
+    TruncatedPem {
+        path: PathBuf,
+        begins: usize,
+        whole: usize,
+    },
+
     #[error("{what} is not a valid X.509 certificate: {problem}")]
     BadCert {
         what: String,

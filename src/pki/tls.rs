@@ -85,6 +85,20 @@ fn suite_rank(suite: &rustls::SupportedCipherSuite) -> (bool, u8) {
     (suite.tls13().is_none(), bulk)
 }
 
+/// The trust of a CA bundle's bytes (`path` names it in errors): what a reload read through
+/// the signer.
+pub fn root_store_from(bytes: &[u8], path: &Path) -> Result<RootCertStore, PkiError> {
+    let bad = |source: crate::key::Cause| PkiError::BadCaBundle {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut roots = RootCertStore::empty();
+    for cert in super::cert::parse_chain(bytes, path).map_err(|e| bad(Box::new(e)))? {
+        roots.add(cert).map_err(|e| bad(Box::new(e)))?;
+    }
+    Ok(roots)
+}
+
 /// The roots that authenticate a server: the PEM/DER bundle at `ca`, else the system's roots.
 /// System roots that cannot be read or parsed are reported, not dropped: with none left every
 /// handshake would fail with an unhelpful "unknown issuer".
@@ -92,13 +106,14 @@ pub fn root_store(ca: Option<&Path>) -> Result<RootCertStore, PkiError> {
     let mut roots = RootCertStore::empty();
     match ca {
         Some(path) => {
-            let bad = |source: crate::key::Cause| PkiError::BadCaBundle {
+            let bytes = crate::small_file::read(path).map_err(|source| PkiError::BadCaBundle {
                 path: path.to_path_buf(),
-                source,
-            };
-            for cert in super::cert::load_chain(path).map_err(|e| bad(Box::new(e)))? {
-                roots.add(cert).map_err(|e| bad(Box::new(e)))?;
-            }
+                source: Box::new(PkiError::ReadCert {
+                    path: path.to_path_buf(),
+                    source,
+                }),
+            });
+            return bytes.and_then(|b| root_store_from(&b, path));
         }
         None => {
             let native = rustls_native_certs::load_native_certs();

@@ -116,6 +116,7 @@ pub async fn wait_for_stop(
     activity: Arc<Activity>,
     lock_file: Option<(PathBuf, File)>,
     idle_exit: Option<Duration>,
+    signer_side: Option<tokio::sync::oneshot::Receiver<String>>,
 ) -> Result<StopReason, StartError> {
     let sig = |kind: SignalKind, name: &'static str| {
         signal(kind).map_err(|source| StartError::Signal { name, source })
@@ -134,7 +135,17 @@ pub async fn wait_for_stop(
             _ => std::future::pending().await,
         }
     };
+    let signer_gone = async {
+        match signer_side {
+            Some(rx) => match rx.await {
+                Ok(why) => why,
+                Err(_) => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
+        why = signer_gone => Err(StartError::SignerSideGone { why }),
         _ = term.recv() => Ok(StopReason::Signal("SIGTERM")),
         _ = int.recv() => Ok(StopReason::Signal("SIGINT")),
         r = lock => r,

@@ -13,8 +13,13 @@
 //! chain or an unreadable file is refused: the old chain stays, the refusal is logged and
 //! counted (`hwkey_cert_reloads_total{result="refused"}`).
 //!
-//! Task: one reload task. Reading a chain stored on the token is a blocking hardware call and
-//! runs on a blocking thread.
+//! The files are read by the signer side ([`SignerLink::read_watched`]), which was told their
+//! paths before any network input: the network side is confined away from their directories
+//! (a person's certificate sits in a home directory beside `~/.ssh`; a CA bundle beside the CA's
+//! key).
+//!
+//! Task: one reload task. Reading a file through the signer, or a chain stored on the token, is
+//! a blocking call and runs on a blocking thread.
 //!
 //! [`HardwareCertResolver`]: crate::key::tls::HardwareCertResolver
 
@@ -30,6 +35,8 @@ use super::error::StartError;
 use super::metrics::Metrics;
 use super::upstream::Upstream;
 use crate::pki::cert;
+use crate::signer::protocol::WatchedFile;
+use crate::signer::remote::SignerLink;
 use crate::stop::stopped;
 
 /// What the reload task needs: where the certificate and the CA bundle are, how often to
@@ -45,6 +52,8 @@ pub struct Reloader {
     pub upstream_ca: Option<PathBuf>,
     /// How often the files are compared.
     pub interval: Duration,
+    /// Reads the watched files.
+    pub files: Arc<SignerLink>,
 }
 
 /// Runs until `stop`: reloads on SIGHUP and on changes of the watched files every
@@ -60,8 +69,10 @@ pub async fn watch(
     let interval = shared.interval;
     let cert_path = shared.cert.clone();
     let upstream_ca = shared.upstream_ca.clone();
-    let mut last_seen = snapshot(cert_path.as_ref()).await;
-    let mut last_ca = snapshot(upstream_ca.as_ref()).await;
+    let cert_file = cert_path.as_ref().map(|_| WatchedFile::Certificate);
+    let ca_file = upstream_ca.as_ref().map(|_| WatchedFile::UpstreamCa);
+    let mut last_seen = snapshot(&shared, cert_file).await;
+    let mut last_ca = snapshot(&shared, ca_file).await;
     let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -71,17 +82,17 @@ pub async fn watch(
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: reloading the certificate and the upstream CA bundle");
                 super::notify::reloading();
-                last_seen = snapshot(cert_path.as_ref()).await;
+                last_seen = snapshot(&shared, cert_file).await;
                 reload(&shared, cert_path.clone()).await;
                 if let Some(p) = &upstream_ca {
-                    last_ca = snapshot(Some(p)).await;
+                    last_ca = snapshot(&shared, ca_file).await;
                     reload_trust_off_runtime(&shared, p).await;
                 }
                 super::notify::ready();
             }
             _ = tick.tick() => {
                 if let Some(p) = &cert_path {
-                    let now = snapshot(Some(p)).await;
+                    let now = snapshot(&shared, cert_file).await;
                     if now.is_some() && now != last_seen {
                         last_seen = now;
                         tracing::info!(file = %p.display(), "certificate file changed: reloading");
@@ -89,7 +100,7 @@ pub async fn watch(
                     }
                 }
                 if let Some(p) = &upstream_ca {
-                    let now = snapshot(Some(p)).await;
+                    let now = snapshot(&shared, ca_file).await;
                     if now.is_some() && now != last_ca {
                         last_ca = now;
                         tracing::info!(file = %p.display(), "upstream CA bundle changed: reloading");
@@ -101,15 +112,17 @@ pub async fn watch(
     }
 }
 
-/// What a watched file holds now: read off the runtime, a regular file of this user or root
-/// that no one else may write, within the size bound; None when it is not that (a FIFO swapped
-/// in must not stall the runtime, a device must not be read a gigabyte at a time).
-async fn snapshot(path: Option<&PathBuf>) -> Option<Vec<u8>> {
-    let path = path?.clone();
-    tokio::task::spawn_blocking(move || match crate::small_file::read_watched(&path) {
+/// What a watched file holds now, read by the signer side off the runtime: a regular file of
+/// this user or root that no one else may write, within the size bound; None when it is not
+/// that (a FIFO swapped in must not stall anything, a device must not be read a gigabyte at a
+/// time).
+async fn snapshot(shared: &Arc<Reloader>, file: Option<WatchedFile>) -> Option<Vec<u8>> {
+    let file = file?;
+    let files = shared.files.clone();
+    tokio::task::spawn_blocking(move || match files.read_watched(file) {
         Ok(bytes) => Some(bytes),
         Err(e) => {
-            tracing::debug!(file = %path.display(), error = %e, "watched file unreadable");
+            tracing::debug!(file = ?file, error = %e, "watched file unreadable");
             None
         }
     })
@@ -128,8 +141,13 @@ async fn reload_trust_off_runtime(shared: &Arc<Reloader>, path: &std::path::Path
 /// and not expired. Returns whether it was installed.
 pub async fn reload(shared: &Reloader, cert_path: Option<PathBuf>) -> bool {
     let key = shared.upstream.key();
-    let loaded = tokio::task::spawn_blocking(move || {
-        cert::chain_for_key(&key, cert_path.as_deref()).map_err(ReloadRefused::Load)
+    let files = shared.files.clone();
+    let loaded = tokio::task::spawn_blocking(move || match cert_path {
+        Some(path) => files
+            .read_watched(WatchedFile::Certificate)
+            .map_err(|e| ReloadRefused::Load(e.into()))
+            .and_then(|bytes| cert::parse_chain(&bytes, &path).map_err(ReloadRefused::Load)),
+        None => cert::chain_for_key(&key, None).map_err(ReloadRefused::Load),
     })
     .await
     .unwrap_or_else(|e| Err(ReloadRefused::Panicked(e)));
@@ -151,15 +169,18 @@ pub async fn reload(shared: &Reloader, cert_path: Option<PathBuf>) -> bool {
 /// Reads the upstream CA bundle again and trusts it for new connections; a bundle that does not
 /// load keeps the previous trust. Returns whether it was installed.
 pub fn reload_trust(shared: &Reloader, path: &std::path::Path) -> bool {
-    if let Err(e) = crate::small_file::read_watched(path) {
-        shared.metrics.trust_reload(false);
-        shared
-            .upstream
-            .set_trust_problem(Some(format!("{}: {e}", path.display())));
-        tracing::error!(file = %path.display(), error = %e, "the upstream CA bundle is refused; keeping the previous trust");
-        return false;
-    }
-    match crate::pki::tls::root_store(Some(path)) {
+    let bytes = match shared.files.read_watched(WatchedFile::UpstreamCa) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            shared.metrics.trust_reload(false);
+            shared
+                .upstream
+                .set_trust_problem(Some(format!("{}: {e}", path.display())));
+            tracing::error!(file = %path.display(), error = %e, "the upstream CA bundle is refused; keeping the previous trust");
+            return false;
+        }
+    };
+    match crate::pki::tls::root_store_from(&bytes, path) {
         Ok(roots) if !roots.is_empty() => {
             let count = roots.len();
             shared.upstream.set_roots(roots);

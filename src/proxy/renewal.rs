@@ -365,7 +365,7 @@ async fn request_and_install(
     let previous_chain = shared.upstream.chain();
     let issued = request_certificate(shared, settings, key).await?;
     let target = match &settings.cert {
-        Some(p) => Target::File(p.clone()),
+        Some(_) => Target::SignerFile(key.clone()),
         None => Target::KeyStore(key.clone()),
     };
     let to_install = issued.clone();
@@ -405,10 +405,19 @@ async fn switch_key(
     shared
         .upstream
         .install_key(key.clone(), issued.chain.clone())?;
-    mark_in_use(key).await;
+    // The signer records the key in use for restarts; without that record a restart would
+    // pair the new certificate with the old key, so the rotation stops here.
+    if let Err(e) = mark_in_use(key).await {
+        let old_target = match &settings.cert {
+            Some(_) => Target::SignerFile(current.clone()),
+            None => Target::KeyStore(current.clone()),
+        };
+        roll_back(shared, &old_target, previous_chain, Some(current)).await?;
+        return Err(e);
+    }
     if let Err(refused) = upstream_accepts(shared).await {
         let old_target = match &settings.cert {
-            Some(p) => Target::File(p.clone()),
+            Some(_) => Target::SignerFile(current.clone()),
             None => Target::KeyStore(current.clone()),
         };
         roll_back(shared, &old_target, previous_chain, Some(current)).await?;
@@ -416,16 +425,6 @@ async fn switch_key(
             source: Box::new(refused),
         });
     }
-    let pointer = settings.state_dir.current_key();
-    crate::atomic_file::write_atomic(
-        &pointer,
-        format!("{}\n", key.uri().without_pin()).as_bytes(),
-        0o600,
-    )
-    .map_err(|source| LifecycleError::Install {
-        path: pointer,
-        source,
-    })?;
     retire_previous_key(current, &settings.key, key.uri()).await;
     Ok(())
 }
@@ -511,7 +510,9 @@ async fn roll_back(
     match key {
         Some(k) => {
             shared.upstream.install_key(k.clone(), chain.to_vec())?;
-            mark_in_use(k).await;
+            if let Err(e) = mark_in_use(k).await {
+                tracing::error!(error = %e, "cannot tell the signer which key is in use");
+            }
         }
         None => shared.upstream.install_chain(chain.to_vec())?,
     }
@@ -531,13 +532,15 @@ async fn roll_back(
 
 /// Tells the key's signer it is the key in use (so it is never deleted); off the runtime, as
 /// every call to the signer.
-async fn mark_in_use(key: &Arc<Key>) {
+async fn mark_in_use(key: &Arc<Key>) -> Result<(), LifecycleError> {
     let key = key.clone();
-    match tokio::task::spawn_blocking(move || key.mark_in_use()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(error = %e, "cannot tell the signer which key is in use"),
-        Err(e) => tracing::error!(error = %e, "telling the signer which key is in use panicked"),
-    }
+    tokio::task::spawn_blocking(move || key.mark_in_use())
+        .await
+        .map_err(|source| LifecycleError::Panicked {
+            task: "telling the signer which key is in use",
+            source,
+        })?
+        .map_err(LifecycleError::from)
 }
 
 /// Deletes a key made for a rotation whose request failed.

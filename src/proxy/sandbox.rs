@@ -7,8 +7,9 @@
 //! says so (`hwkey_sandbox_enforced{layer}` 0, one log line naming the ABI and what is
 //! restricted). `--sandbox=required` refuses to start without both layers; `--sandbox=off`
 //! turns it off (for debugging; named in the log). After confining itself the proxy checks the
-//! result: it tries to read the PIN file and the PKCS#11 module, which must fail; under
-//! `required` a hole stops the start.
+//! result: it tries to read the PIN file, the PKCS#11 module and a TPM key file, which must
+//! fail, and none of them may lie in a directory it writes; a hole stops the start in every
+//! mode but `off`.
 //!
 //! Landlock restricts the calling thread and the threads it starts: [`confine`] runs on the
 //! main thread before any other thread exists (the runtimes, the connection threads).
@@ -35,7 +36,7 @@ pub enum SandboxError {
     #[error("--sandbox=required, but the network side cannot be confined: {missing} is missing (use a kernel with Landlock, or --sandbox=auto to run confined as far as possible)")]
     Missing { missing: String },
 
-    #[error("--sandbox=required, but the network side could still read {files}, which only the signer may read: keep PIN files out of the certificate's and the CA bundle's directories (the network side reads those for reloads)")]
+    #[error("the network side could still read or delete {files}, which only the signer side may touch: keep PIN files and key files out of the state directory and the listeners' socket directories (the network side writes there), or start with --sandbox=off to run unconfined")]
     Hole { files: String },
 }
 
@@ -176,15 +177,17 @@ pub fn confine(mode: SandboxMode, plan: &Plan) -> Result<Report, SandboxError> {
                 missing: missing.join(" and "),
             });
         }
-        if !holes.is_empty() {
-            return Err(SandboxError::Hole {
-                files: holes
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            });
-        }
+    }
+    // A secret within reach is a refusal in every mode but an explicit `off`: a proxy that
+    // only logged it ran with the PIN readable by whoever takes its network side.
+    if !holes.is_empty() {
+        return Err(SandboxError::Hole {
+            files: holes
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
     }
     Ok(report)
 }
@@ -363,9 +366,21 @@ fn x32_refused() -> seccompiler::BpfProgram {
 fn self_check(plan: &Plan) -> Vec<PathBuf> {
     plan.forbidden
         .iter()
-        .filter(|p| readable(p))
+        .filter(|p| readable(p) || deletable(p, &plan.write))
         .cloned()
         .collect()
+}
+
+/// Whether `path` lies in one of the directories the network side writes (where it could
+/// delete or replace it), however either is spelled.
+fn deletable(path: &Path, write: &[PathBuf]) -> bool {
+    let Some(dir) = path.parent().and_then(|d| std::fs::canonicalize(d).ok()) else {
+        return false;
+    };
+    write
+        .iter()
+        .filter_map(|w| std::fs::canonicalize(w).ok())
+        .any(|w| dir.starts_with(&w))
 }
 
 fn readable(path: &Path) -> bool {

@@ -96,17 +96,20 @@ fn prepare(settings: &Settings, supervisor: Supervisor) -> Result<Prepared, Star
     })
 }
 
-/// What the network side may touch once confined: the certificate's and the CA's directories
-/// (reloads replace files there) and the system's name-resolution and CA files to read; the
-/// state directory, the listeners' directories (their socket files go at the stop) and, with
-/// `--renew`, the certificate's directory to write; the API servers', the forward proxies' and
-/// DNS's ports to connect to. It must not read the PIN file or the PKCS#11 module (checked).
+/// What the network side may touch once confined: the system's name-resolution and CA files
+/// to read; the state directory and the listeners' directories (their socket files go at the
+/// stop) to write; the API servers', the forward proxies' and DNS's ports to connect to.
+/// Nothing of the certificate's or the CA bundle's directories: the signer side reads those
+/// files for reloads and writes a renewed certificate, so a certificate in a home directory
+/// does not open `~/.ssh` or `~/.bashrc` to the network side. The secrets (PIN files, the
+/// PKCS#11 module, a TPM key file) must be neither readable nor in a directory it writes
+/// (checked).
 fn sandbox_plan(settings: &Settings, bound: &BoundSet) -> sandbox::Plan {
     let dir_of = |p: &std::path::Path| match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let mut read: Vec<PathBuf> = [
+    let read: Vec<PathBuf> = [
         "/etc/hosts",
         "/etc/resolv.conf",
         "/etc/nsswitch.conf",
@@ -119,12 +122,7 @@ fn sandbox_plan(settings: &Settings, bound: &BoundSet) -> sandbox::Plan {
     .into_iter()
     .map(PathBuf::from)
     .collect();
-    read.extend(settings.key.cert.as_deref().map(dir_of));
-    read.extend(settings.upstream.ca.as_deref().map(dir_of));
     let mut write = vec![settings.state_dir.path().to_path_buf()];
-    if settings.renewal.is_some() {
-        write.extend(settings.key.cert.as_deref().map(dir_of));
-    }
     write.extend(bound.socket_paths().into_iter().map(|p| dir_of(&p)));
     let egress = &settings.upstream.egress;
     let mut connect: Vec<u16> = vec![53];
@@ -132,16 +130,20 @@ fn sandbox_plan(settings: &Settings, bound: &BoundSet) -> sandbox::Plan {
         connect.push(t.port);
         connect.extend(egress.proxy_for(&t.host, t.port).map(|p| p.port));
     }
+    let mut forbidden = settings.key.uri.secret_files();
+    forbidden.extend(settings.key.uri.key_files());
     sandbox::Plan {
         read,
         write,
         connect,
-        forbidden: settings.key.uri.secret_files(),
+        forbidden,
     }
 }
 
 /// What is opened before any runtime exists.
 struct Opened {
+    /// The signer, which also reads the watched files for the reloader.
+    link: Arc<SignerLink>,
     identity: Identity,
     versions: &'static [&'static rustls::SupportedProtocolVersion],
     roots: rustls::RootCertStore,
@@ -153,7 +155,7 @@ struct Opened {
 /// the upstream could accept.
 fn open(settings: &Settings, supervisor: Supervisor) -> Result<Opened, StartError> {
     // The key holds the link to its signer (and its restarts) for as long as it is used.
-    let (_, key) = SignerLink::open(supervisor)?;
+    let (link, key) = SignerLink::open(supervisor)?;
     let key = Arc::new(key);
     let versions = crate::key::tls::protocol_versions(&key, settings.key.allow_tls12_fallback)?;
     let chain = cert::chain_for_key(&key, settings.key.cert.as_deref())?;
@@ -163,6 +165,7 @@ fn open(settings: &Settings, supervisor: Supervisor) -> Result<Opened, StartErro
         chain,
     )?);
     let opened = Opened {
+        link,
         identity: Identity { key, resolver },
         versions,
         roots: crate::pki::tls::root_store(settings.upstream.ca.as_deref())
@@ -185,9 +188,11 @@ pub fn signer_config(settings: &Settings) -> Result<SignerConfig, StartError> {
         key: settings.key.uri.clone(),
         rotation_state: rotation.then(|| settings.state_dir.path().to_path_buf()),
         cert: settings.key.cert.clone(),
-        // The proxy offers TLS 1.2 too (servers without 1.3); its transcripts are signed only
-        // in their own shape.
-        tls12: true,
+        identity: None,
+        upstream_ca: settings.upstream.ca.clone(),
+        // TLS 1.2 is offered, and its transcripts signed, only with --allow-tls12-fallback:
+        // a TLS 1.2 transcript is a much looser shape than a TLS 1.3 CertificateVerify.
+        tls12: settings.key.allow_tls12_fallback,
         require_non_extractable: settings.key.require_non_extractable,
     })
 }
@@ -214,6 +219,7 @@ async fn serve(
     let metrics = Arc::new(Metrics::default());
     metrics.sandbox(&sandbox);
     let key = opened.identity.key.clone();
+    let signer_side = opened.link.supervisor_gone()?;
     let upstream = Arc::new(Upstream::new(
         &settings.upstream,
         opened.identity,
@@ -233,12 +239,19 @@ async fn serve(
         loops,
         versions: opened.versions,
         ca: opened.ca,
+        link: opened.link,
     };
     let (stop_tx, stop) = watch::channel(false);
     let announced = bound.addrs();
     let running = spawn(&settings, parts, bound, &stop)?;
     announce_ready(&settings, &announced, &key);
-    let reason = lifetime::wait_for_stop(activity.clone(), lock, settings.lifetime.idle_exit).await;
+    let reason = lifetime::wait_for_stop(
+        activity.clone(),
+        lock,
+        settings.lifetime.idle_exit,
+        Some(signer_side),
+    )
+    .await;
     notify::stopping();
     let _ = stop_tx.send(true);
     drop(sockets);
@@ -261,6 +274,7 @@ struct Parts {
     loops: Arc<RelayLoops>,
     versions: &'static [&'static rustls::SupportedProtocolVersion],
     ca: LoopbackCa,
+    link: Arc<SignerLink>,
 }
 
 /// Builds each component from the handles it uses and starts its task: the client accept
@@ -285,6 +299,7 @@ fn spawn(
         cert: settings.key.cert.clone(),
         upstream_ca: settings.upstream.ca.clone(),
         interval: settings.reload.interval,
+        files: parts.link.clone(),
     };
     let control = control(settings, parts, &addrs);
     let mut tasks = vec![

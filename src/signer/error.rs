@@ -31,6 +31,8 @@ pub enum SignerError {
         #[source]
         source: io::Error,
     },
+    #[error("cannot read the identity's certificate before the network side starts: {0}")]
+    Identity(#[source] crate::pki::PkiError),
     #[error("no answer from the signer within {0:?}")]
     Timeout(std::time::Duration),
 }

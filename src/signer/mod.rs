@@ -26,19 +26,23 @@ pub use supervisor::Supervisor;
 /// Opens `key` in a signer process of its own, as the proxy does: for the one-shot commands
 /// that sign with the identity (`hwkey probe`, `hwkey renew`), so the PKCS#11 module, the TSS
 /// libraries and the PIN are never in the process that speaks to the network, and the same
-/// policy decides what is signed. `cert` is the identity's certificate file (else the chain
+/// policy decides what is signed (TLS 1.2 transcripts only with `tls12`, the command's
+/// `--allow-tls12-fallback`). `cert` is the identity's certificate file (else the chain
 /// stored with the key). The key holds its link to the signer; the signer side ends with it.
 pub fn open_key(
     key: &crate::key::KeyUri,
     cert: Option<&std::path::Path>,
     require_non_extractable: bool,
+    tls12: bool,
 ) -> Result<crate::key::Key, crate::key::KeyError> {
     let config = SignerConfig {
         key: key.clone(),
         rotation_state: None,
         cert: cert.map(std::path::Path::to_path_buf),
-        // As the proxy: TLS 1.2 transcripts are signed only in their own shape.
-        tls12: true,
+        identity: None,
+        upstream_ca: None,
+        // As the proxy: TLS 1.2 transcripts only with --allow-tls12-fallback.
+        tls12,
         require_non_extractable,
     };
     let supervisor = Supervisor::start(&config).map_err(|e| remote::signer_error(&e))?;

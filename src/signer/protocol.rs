@@ -71,8 +71,32 @@ pub enum Request {
     /// Deletes key `key`: only a key of the rotation series, never the configured key nor the
     /// one in use.
     Destroy { key: u32 },
-    /// Key `key` is the one in use from now on (after a rotation).
+    /// Key `key` is the one in use from now on (after a rotation): the signer records it in
+    /// the rotation pointer itself (only which key; never a password source).
     Use { key: u32 },
+    /// Installs `chain` in the identity's certificate file (the configured `--cert`), keeping
+    /// the previous content as `FILE.prev` when `keep_previous`: only a chain whose leaf is for
+    /// key `key` and names the identity's subject. The network side cannot write that file.
+    InstallCertificate {
+        key: u32,
+        #[serde(with = "b64_list")]
+        chain: Vec<Vec<u8>>,
+        keep_previous: bool,
+    },
+    /// What a watched file holds now.
+    ReadWatched { file: WatchedFile },
+}
+
+/// A file the network side reads again while it runs, read for it by the signer side: the
+/// network side is confined away from the directories they live in (a home directory holds
+/// `~/.ssh`, a CA's directory its key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchedFile {
+    /// The identity's certificate file (`--cert`).
+    Certificate,
+    /// The upstream CA bundle (`--upstream-ca`).
+    UpstreamCa,
 }
 
 /// What the signer answers.
@@ -102,6 +126,11 @@ pub enum Reply {
     Created { key: KeyInfo },
     /// What a deletion removed.
     Destroyed { removed: Vec<String> },
+    /// A watched file's content.
+    File {
+        #[serde(with = "b64")]
+        bytes: Vec<u8>,
+    },
     /// Done (for [`Request::Use`]).
     Done,
     /// The request failed or was refused.
@@ -364,7 +393,7 @@ mod b64_list {
 }
 
 /// An optional list of byte strings.
-mod b64_opt_list {
+pub(crate) mod b64_opt_list {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     #[derive(Serialize, Deserialize)]

@@ -19,7 +19,9 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use super::error::SignerError;
-use super::protocol::{self, KeyInfo, RemoteError, RemoteKind, Reply, Request, VERSION};
+use super::protocol::{
+    self, KeyInfo, RemoteError, RemoteKind, Reply, Request, WatchedFile, VERSION,
+};
 use super::supervisor::Supervisor;
 use crate::backoff::Backoff;
 use crate::key::attestation::TpmEvidence;
@@ -319,6 +321,36 @@ impl SignerLink {
         }
     }
 
+    /// Resolves when the signer supervisor is gone ([`Supervisor::gone`]).
+    pub fn supervisor_gone(&self) -> Result<tokio::sync::oneshot::Receiver<String>, KeyError> {
+        self.supervisor.gone().map_err(|e| signer_error(&e))
+    }
+
+    /// What a watched file (the certificate, the upstream CA bundle) holds now, read by the
+    /// signer side: the network side is confined away from the directories they live in.
+    /// Blocking.
+    pub fn read_watched(&self, file: WatchedFile) -> Result<Vec<u8>, KeyError> {
+        let client = {
+            let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+            (!state.client.is_gone()).then(|| state.client.clone())
+        };
+        let client = match client {
+            Some(c) => c,
+            None => {
+                self.restart()?;
+                self.state
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .client
+                    .clone()
+            }
+        };
+        match client.call(&Request::ReadWatched { file })? {
+            Reply::File { bytes } => Ok(bytes),
+            _ => Err(signer_error(&SignerError::Unexpected("a file"))),
+        }
+    }
+
     /// Remembers a key the signer created, by its public key.
     fn learn(&self, info: &KeyInfo) {
         self.state
@@ -418,6 +450,24 @@ impl KeyBackend for RemoteKey {
             }),
             Err(_) => None,
         }))
+    }
+
+    fn install_certificate(
+        &self,
+        chain: &[Vec<u8>],
+        keep_previous: bool,
+    ) -> Result<String, KeyError> {
+        let reply = self
+            .link
+            .call(&self.info.spki, |key| Request::InstallCertificate {
+                key,
+                chain: chain.to_vec(),
+                keep_previous,
+            })?;
+        self.expect(reply, "where the certificate went", |r| match r {
+            Reply::Stored { place } => Some(place),
+            _ => None,
+        })
     }
 
     fn protection(&self) -> Result<Protection, KeyError> {

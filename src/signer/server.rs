@@ -15,7 +15,8 @@ use std::sync::{Arc, RwLock};
 use super::error::SignerError;
 use super::policy::{Policy, Refusal};
 use super::protocol::{
-    self, KeyInfo, PathWire, RemoteError, RemoteKind, Reply, Request, FIRST_KEY, VERSION,
+    self, KeyInfo, PathWire, RemoteError, RemoteKind, Reply, Request, WatchedFile, FIRST_KEY,
+    VERSION,
 };
 use crate::key::{Key, KeyError, KeyUri};
 
@@ -31,8 +32,16 @@ pub struct SignerConfig {
     /// With `--rotate-key`, the state directory whose `current-key` names the key the last
     /// rotation left (used when it belongs to the configured key's series).
     pub rotation_state: Option<PathBuf>,
-    /// Where the identity's certificate is (else the chain stored with the key).
+    /// Where the identity's certificate is (else the chain stored with the key): read once, by
+    /// the process that starts the supervisor, into `identity`; afterwards only written, by a
+    /// signer, for [`Request::InstallCertificate`].
     pub cert: Option<PathBuf>,
+    /// The identity's chain (DER, leaf first) as `cert` held before any network input. Every
+    /// signer enforces its subject, whatever the file holds later: the network side may be
+    /// able to write where the certificate is, and asks for new signers at will.
+    pub identity: Option<Vec<Vec<u8>>>,
+    /// The upstream CA bundle (`--upstream-ca`), read for the network side's reloads.
+    pub upstream_ca: Option<PathBuf>,
     /// Sign TLS 1.2 handshakes too.
     pub tls12: bool,
     /// Refuse a key the device says could leave it.
@@ -47,6 +56,10 @@ pub struct SignerConfigWire {
     pin_value: Option<zeroize::Zeroizing<String>>,
     rotation_state: Option<PathBuf>,
     cert: Option<PathBuf>,
+    #[serde(default, with = "super::protocol::b64_opt_list")]
+    identity: Option<Vec<Vec<u8>>>,
+    #[serde(default)]
+    upstream_ca: Option<PathBuf>,
     tls12: bool,
     require_non_extractable: bool,
 }
@@ -58,6 +71,8 @@ impl From<&SignerConfig> for SignerConfigWire {
             pin_value: c.key.pin_value(),
             rotation_state: c.rotation_state.clone(),
             cert: c.cert.clone(),
+            identity: c.identity.clone(),
+            upstream_ca: c.upstream_ca.clone(),
             tls12: c.tls12,
             require_non_extractable: c.require_non_extractable,
         }
@@ -79,9 +94,24 @@ impl TryFrom<SignerConfigWire> for SignerConfig {
             key,
             rotation_state: w.rotation_state,
             cert: w.cert,
+            identity: w.identity,
+            upstream_ca: w.upstream_ca,
             tls12: w.tls12,
             require_non_extractable: w.require_non_extractable,
         })
+    }
+}
+
+impl SignerConfig {
+    /// Reads the identity's chain from `cert`, unless it was read already: done once, by the
+    /// process that starts the supervisor (and by the supervisor for a configuration without
+    /// it), before the network side exists.
+    pub fn load_identity(&mut self) -> Result<(), crate::pki::PkiError> {
+        if let (None, Some(path)) = (&self.identity, &self.cert) {
+            let chain = crate::pki::cert::load_chain(path)?;
+            self.identity = Some(chain.into_iter().map(|c| c.to_vec()).collect());
+        }
+        Ok(())
     }
 }
 
@@ -199,12 +229,8 @@ fn open(config: SignerConfig) -> Result<Signer, KeyError> {
     };
     let key = Arc::new(Key::open(&uri)?);
     key.require_non_extractable(config.require_non_extractable)?;
-    let chain = crate::pki::cert::chain_for_key(&key, config.cert.as_deref())
-        .map_err(|e| KeyError::Unsupported(format!("the signer cannot read the identity: {e}")))?;
-    let leaf = chain
-        .first()
-        .ok_or_else(|| KeyError::Unsupported("the identity has no certificate".into()))?;
-    let policy = Policy::for_certificate(leaf, config.tls12)
+    let leaf = identity_leaf(&config, &key)?;
+    let policy = Policy::for_certificate(&leaf, config.tls12)
         .map_err(|r| KeyError::Unsupported(r.to_string()))?;
     Ok(Signer {
         config,
@@ -215,6 +241,35 @@ fn open(config: SignerConfig) -> Result<Signer, KeyError> {
         },
         refused: AtomicU64::new(0),
     })
+}
+
+/// The identity's certificate: the one read before any network input when there is a
+/// certificate file (never the file as it is now), else the chain stored with the key. Without
+/// rotation it must hold the key's public key; with rotation the key may be a later one of the
+/// series (the subject is what stays).
+fn identity_leaf(config: &SignerConfig, key: &Key) -> Result<Vec<u8>, KeyError> {
+    let leaf = match (&config.identity, &config.cert) {
+        (Some(chain), _) => chain.first().cloned(),
+        (None, Some(_)) => {
+            return Err(KeyError::Unsupported(
+                "the signer was started without the identity read from --cert".into(),
+            ))
+        }
+        (None, None) => key.stored_chain()?.and_then(|c| c.into_iter().next()),
+    }
+    .ok_or_else(|| KeyError::Unsupported("the identity has no certificate".into()))?;
+    if config.rotation_state.is_none() {
+        let (_, cert) = x509_parser::parse_x509_certificate(&leaf).map_err(|e| {
+            KeyError::Unsupported(format!("the identity's certificate does not parse: {e}"))
+        })?;
+        if cert.public_key().raw != key.spki_der() {
+            return Err(KeyError::CertificateMismatch {
+                key: key.describe(),
+                subject: crate::key::tls::subject_of(&leaf),
+            });
+        }
+    }
+    Ok(leaf)
 }
 
 impl Signer {
@@ -245,6 +300,11 @@ impl Signer {
                     chain: found.map(|p| vec![p.attestation, p.device]),
                 }),
             Request::StoreChain { key, chain } => self.store_chain(key, &chain),
+            Request::InstallCertificate {
+                key,
+                chain,
+                keep_previous,
+            } => self.install_certificate(key, &chain, keep_previous),
             // Creating, switching and deleting keys is rotation's (`--rotate-key`) alone: without
             // it the network side has no business changing which key exists or signs.
             Request::CreateNext | Request::Destroy { .. } | Request::Use { .. }
@@ -255,12 +315,10 @@ impl Signer {
                     "keys are created, switched and deleted only with --rotate-key".into(),
                 ))
             }
+            Request::ReadWatched { file } => self.read_watched(file),
             Request::CreateNext => self.create_next(),
             Request::Destroy { key } => self.destroy(key),
-            Request::Use { key } => self.keys.get(key).map(|_| {
-                self.keys.in_use.store(key, Ordering::SeqCst);
-                Reply::Done
-            }),
+            Request::Use { key } => self.use_key(key),
         };
         result.unwrap_or_else(|error| Reply::Error { error })
     }
@@ -299,6 +357,54 @@ impl Signer {
     }
 
     fn store_chain(&self, id: u32, chain: &[Vec<u8>]) -> Result<Reply, RemoteError> {
+        let key = self.chain_allowed("store_chain", id, chain)?;
+        key.store_chain(chain)
+            .map(|place| Reply::Stored { place })
+            .map_err(|e| remote_error(&e))
+    }
+
+    /// Writes a renewed chain to the configured certificate file: the network side cannot
+    /// write there, and the next start reads the identity from it.
+    fn install_certificate(
+        &self,
+        id: u32,
+        chain: &[Vec<u8>],
+        keep_previous: bool,
+    ) -> Result<Reply, RemoteError> {
+        self.chain_allowed("install_certificate", id, chain)?;
+        let Some(path) = &self.config.cert else {
+            return Err(self.refuse(
+                "install_certificate",
+                "no certificate file is configured (the chain is stored with the key)".into(),
+            ));
+        };
+        let der: Vec<_> = chain
+            .iter()
+            .map(|c| rustls::pki_types::CertificateDer::from(c.clone()))
+            .collect();
+        let pem = crate::pki::cert::chain_to_pem(&der);
+        let written = if keep_previous {
+            crate::atomic_file::write_keeping_previous(path, pem.as_bytes(), 0o644)
+        } else {
+            crate::atomic_file::write_atomic(path, pem.as_bytes(), 0o644)
+        };
+        written
+            .map(|()| Reply::Stored {
+                place: path.display().to_string(),
+            })
+            .map_err(|e| RemoteError {
+                kind: RemoteKind::Failed,
+                message: format!("cannot write {}: {e}", path.display()),
+            })
+    }
+
+    /// The key `id`, when `chain`'s leaf is for it and names the identity's subject.
+    fn chain_allowed(
+        &self,
+        what: &str,
+        id: u32,
+        chain: &[Vec<u8>],
+    ) -> Result<Arc<Key>, RemoteError> {
         let key = self.keys.get(id)?;
         let leaf = chain
             .first()
@@ -306,14 +412,66 @@ impl Signer {
         let (_, cert) = x509_parser::parse_x509_certificate(leaf)
             .map_err(|e| refused(format!("the leaf does not parse: {e}")))?;
         if cert.public_key().raw != key.spki_der() {
-            return Err(self.refuse("store_chain", "a chain for another key".into()));
+            return Err(self.refuse(what, "a chain for another key".into()));
         }
         if let Err(why) = self.policy_allows_leaf(leaf) {
-            return Err(self.refuse("store_chain", why.0));
+            return Err(self.refuse(what, why.0));
         }
-        key.store_chain(chain)
-            .map(|place| Reply::Stored { place })
-            .map_err(|e| remote_error(&e))
+        Ok(key)
+    }
+
+    /// A watched file's content, when it is a regular file of this user or root that no one
+    /// else may write, and does not lead (by a link) out of its configured directory.
+    fn read_watched(&self, file: WatchedFile) -> Result<Reply, RemoteError> {
+        let path = match file {
+            WatchedFile::Certificate => self.config.cert.as_ref(),
+            WatchedFile::UpstreamCa => self.config.upstream_ca.as_ref(),
+        }
+        .ok_or_else(|| refused(format!("no {file:?} file is configured")))?;
+        let failed = |message: String| RemoteError {
+            kind: RemoteKind::Failed,
+            message,
+        };
+        let real = std::fs::canonicalize(path)
+            .map_err(|e| failed(format!("cannot read {}: {e}", path.display())))?;
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        let dir = std::fs::canonicalize(dir)
+            .map_err(|e| failed(format!("cannot read {}: {e}", dir.display())))?;
+        if !real.starts_with(&dir) {
+            return Err(self.refuse(
+                "read_watched",
+                format!(
+                    "{} is a link to {}, outside {}: put the file itself there",
+                    path.display(),
+                    real.display(),
+                    dir.display()
+                ),
+            ));
+        }
+        crate::small_file::read_watched(&real)
+            .map(|bytes| Reply::File { bytes })
+            .map_err(|e| failed(format!("cannot read {}: {e}", path.display())))
+    }
+
+    /// Key `id` is in use from now on; with `--rotate-key` the pointer a restart reads names
+    /// it (only which key: the password source is always the configured key's).
+    fn use_key(&self, id: u32) -> Result<Reply, RemoteError> {
+        let key = self.keys.get(id)?;
+        if let Some(dir) = &self.config.rotation_state {
+            let state = crate::state_dir::StateDir::new(dir);
+            crate::key::rotation::record_current(&state, key.uri()).map_err(|e| RemoteError {
+                kind: RemoteKind::Failed,
+                message: format!(
+                    "cannot record the key in use in {}: {e}",
+                    state.current_key().display()
+                ),
+            })?;
+        }
+        self.keys.in_use.store(id, Ordering::SeqCst);
+        Ok(Reply::Done)
     }
 
     /// A stored certificate must name the identity: the network side cannot make the key carry

@@ -40,10 +40,14 @@ pub struct Supervisor {
 
 impl Supervisor {
     /// Starts the supervisor (this executable, `hwkey signer-supervisor`) with `config`.
+    /// The identity's certificate is read here, once, before any network input
+    /// ([`SignerConfig::load_identity`]).
     pub fn start(config: &SignerConfig) -> Result<Supervisor, SignerError> {
+        let mut config = config.clone();
+        config.load_identity().map_err(SignerError::Identity)?;
         let (ours, theirs) = socket_pair()?;
         let child = spawn(SUPERVISOR_COMMAND, theirs)?;
-        protocol::send(ours.as_fd(), 0, &SignerConfigWire::from(config))?;
+        protocol::send(ours.as_fd(), 0, &SignerConfigWire::from(&config))?;
         Ok(Supervisor {
             control: Some(ours),
             child: Some(child),
@@ -71,6 +75,38 @@ impl Supervisor {
             .as_ref()
             .map(|c| c.as_fd())
             .ok_or(SignerError::Gone { why: None })
+    }
+
+    /// Resolves when the supervisor is gone (its socket hung up), with the reason in words; the
+    /// exited supervisor is reaped. A network side without a supervisor can never get a
+    /// signer again: the proxy stops, so a service manager starts a whole new one, instead of
+    /// answering every request with an error and leaving a zombie behind.
+    pub fn gone(&self) -> Result<tokio::sync::oneshot::Receiver<String>, SignerError> {
+        let watched =
+            self.control()?
+                .try_clone_to_owned()
+                .map_err(|source| SignerError::Start {
+                    what: "watching the signer supervisor",
+                    source,
+                })?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("hwkey-supervisor-watch".into())
+            .spawn(move || {
+                let why = wait_for_hangup(&watched);
+                drop(watched);
+                // The supervisor is this process's only child (the network side starts none).
+                while let Ok(Some(_)) =
+                    rustix::process::waitpid(None, rustix::process::WaitOptions::NOHANG)
+                {
+                }
+                let _ = tx.send(why);
+            })
+            .map_err(|source| SignerError::Start {
+                what: "watching the signer supervisor",
+                source,
+            })?;
+        Ok(rx)
     }
 
     /// Asks for a new signer; returns the socket to it (its greeting comes first).
@@ -103,6 +139,26 @@ impl Supervisor {
     }
 }
 
+/// Blocks until `socket`'s peer hangs up (no event asked for: only a hang-up or an error wakes
+/// it, never the supervisor's answers).
+fn wait_for_hangup(socket: &OwnedFd) -> String {
+    use rustix::event::{poll, PollFd, PollFlags};
+    loop {
+        let mut fds = [PollFd::new(socket, PollFlags::empty())];
+        match poll(&mut fds, None) {
+            Ok(_) => {
+                let got = fds[0].revents();
+                if got.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL) {
+                    return "the signer supervisor exited (killed?): no signer can be started"
+                        .into();
+                }
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return format!("cannot watch the signer supervisor: {e}"),
+        }
+    }
+}
+
 impl Drop for Supervisor {
     fn drop(&mut self) {
         // Closing the control socket ends the supervisor (once its signers' sockets close too);
@@ -127,7 +183,10 @@ pub fn supervisor_main() -> u8 {
             return 2;
         }
     };
-    let config = match read_config(&control) {
+    let config = match read_config(&control).and_then(|mut c| {
+        c.load_identity().map_err(SignerError::Identity)?;
+        Ok(c)
+    }) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("hwkey signer-supervisor: {e}");

@@ -82,12 +82,12 @@ fn the_network_side_runs_confined() {
 }
 
 /// The start-up self-check: with the sandbox off the network side can read the PIN file, and
-/// says so; with `--sandbox=required` and the PIN file where the network side may read (beside
-/// the certificate, whose directory it reads for reloads), the proxy refuses to start, naming
-/// the file, and nothing is left running.
+/// says so; with the PIN file in the state directory (which the network side writes) the proxy
+/// refuses to start, naming the file, in the default `--sandbox=auto` too (before, `auto` only
+/// logged it and started), and nothing is left running.
 #[cfg(feature = "pkcs11")]
 #[test]
-fn the_self_check_finds_a_readable_pin_file() {
+fn the_self_check_refuses_a_pin_file_within_reach_in_every_mode_but_off() {
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let off = ProxyProcess::start_with(&id, &upstream, ProxyOptions::args(&["--sandbox", "off"]));
@@ -103,34 +103,138 @@ fn the_self_check_finds_a_readable_pin_file() {
     );
     drop(off);
 
-    // The PIN file beside the certificate.
+    // The PIN file in the state directory.
     let support::proxy::Backend::SoftHsm(hsm) = &id.backend else {
         unreachable!("a SoftHSM identity")
     };
-    let beside = id.cert.with_file_name("pin");
-    std::fs::copy(hsm.pin_path(), &beside).expect("copy the PIN file");
+    let state = id.cert.with_file_name("state");
+    std::fs::create_dir_all(&state).expect("state dir");
+    let inside = state.join("pin");
+    std::fs::copy(hsm.pin_path(), &inside).expect("copy the PIN file");
     let key = id.key_uri.replace(
         &format!("pin-source=file:{}", hsm.pin_path().display()),
-        &format!("pin-source=file:{}", beside.display()),
+        &format!("pin-source=file:{}", inside.display()),
     );
     assert_ne!(key, id.key_uri);
-    let out = run_fail_within(
-        hwkey()
-            .envs(id.envs())
-            .args(["proxy", "--key", &key, "--cert"])
-            .arg(&id.cert)
-            .args(["--upstream", &upstream.url(), "--upstream-ca"])
-            .arg(id.ca.ca_path())
-            .args(["--listen", &format!("tcp:127.0.0.1:{}", free_port())])
-            .arg("--state-dir")
-            .arg(id.cert.with_file_name("state"))
-            .args(["--sandbox", "required"]),
-        Duration::from_secs(30),
-    );
-    let text = output_text(&out);
-    assert!(
-        text.contains("--sandbox=required") && text.contains(&beside.display().to_string()),
-        "{text}"
-    );
+    for mode in ["auto", "required"] {
+        let out = run_fail_within(
+            hwkey()
+                .envs(id.envs())
+                .args(["proxy", "--key", &key, "--cert"])
+                .arg(&id.cert)
+                .args(["--upstream", &upstream.url(), "--upstream-ca"])
+                .arg(id.ca.ca_path())
+                .args(["--listen", &format!("tcp:127.0.0.1:{}", free_port())])
+                .arg("--state-dir")
+                .arg(&state)
+                .args(["--sandbox", mode]),
+            Duration::from_secs(30),
+        );
+        let text = output_text(&out);
+        assert!(
+            text.contains("only the signer side may touch")
+                && text.contains(&inside.display().to_string()),
+            "{mode}: {text}"
+        );
+    }
     assert_eq!(upstream.stats().tcp_connections, 0, "it went upstream");
+}
+
+/// What `open(path, flags)` returns when called inside process `pid` (gdb attached from the
+/// test, as an attacker who took over the network side would make the call).
+fn open_inside(pid: u32, path: &std::path::Path, flags: i32) -> i64 {
+    require_tool("gdb", "gdb");
+    let out = run_ok(std::process::Command::new("gdb").args([
+        "-p",
+        &pid.to_string(),
+        "-batch",
+        "-nx",
+        "-ex",
+        &format!("print (int)open(\"{}\", {flags})", path.display()),
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("$1 = "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no result from gdb:\n{}", output_text(&out)))
+}
+
+/// A person's proxy made as the README says, with the certificate and the PIN file in the home
+/// directory: inside the running network side, `~/.ssh/id_ed25519`, the PIN file and the key's
+/// token directory cannot be opened, `~/.bashrc` cannot be opened for appending, and a CA key
+/// beside `--upstream-ca` cannot be read; `/etc/hosts` (name resolution) still can, which
+/// shows the calls were made. Before, the certificate's and the CA bundle's directories were
+/// granted whole (and written with `--renew`). Renewals and reloads read and write those files
+/// through the signer side.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_persons_proxy_reaches_nothing_in_the_home_directory_beside_its_certificate() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let home = temp_dir();
+    let ssh = home.path().join(".ssh");
+    std::fs::create_dir(&ssh).expect("mkdir .ssh");
+    std::fs::write(ssh.join("id_ed25519"), "PRIVATE").expect("ssh key");
+    std::fs::write(home.path().join(".bashrc"), "# rc\n").expect("bashrc");
+    let cert = home.path().join("alice.pem");
+    std::fs::copy(&id.cert, &cert).expect("cert");
+    let support::proxy::Backend::SoftHsm(hsm) = &id.backend else {
+        unreachable!("a SoftHSM identity")
+    };
+    let pin = home.path().join("alice.pin");
+    std::fs::copy(hsm.pin_path(), &pin).expect("pin");
+    let key = id.key_uri.replace(
+        &format!("pin-source=file:{}", hsm.pin_path().display()),
+        &format!("pin-source=file:{}", pin.display()),
+    );
+    let cadir = temp_dir();
+    let ca = cadir.path().join("ca.pem");
+    std::fs::copy(id.ca.ca_path(), &ca).expect("ca");
+    std::fs::copy(id.ca.key_path(), cadir.path().join("ca.key")).expect("ca key");
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions {
+            key: Some(&key),
+            cert: Some(&cert),
+            upstream_ca: Some(&ca),
+            ..ProxyOptions::args(&["--sandbox", "auto"])
+        },
+    );
+    let out = proxy.curl_unix(&["-s", "-o", "/dev/null", "-w", "%{http_code}"], "/version");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "200",
+        "{}",
+        proxy.log()
+    );
+    let pid = proxy.guard.id();
+    assert!(open_inside(pid, std::path::Path::new("/etc/hosts"), 0) >= 0);
+    let token_dir = hsm.dir().join("tokens");
+    for secret in [
+        &ssh.join("id_ed25519"),
+        &pin,
+        &cadir.path().join("ca.key"),
+        &token_dir,
+    ] {
+        assert_eq!(
+            open_inside(pid, secret, 0),
+            -1,
+            "{} was opened",
+            secret.display()
+        );
+    }
+    let o_wronly_append = libc::O_WRONLY | libc::O_APPEND;
+    assert_eq!(
+        open_inside(pid, &home.path().join(".bashrc"), o_wronly_append),
+        -1,
+        "~/.bashrc was opened for appending"
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.path().join(".bashrc")).expect("rc"),
+        "# rc\n"
+    );
+    // The certificate is still reloaded (through the signer).
+    proxy.signal(libc::SIGHUP);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
 }

@@ -45,6 +45,8 @@ impl SignerSide {
             key: id.key_uri.parse().expect("URI"),
             rotation_state: rotation_state.map(std::path::Path::to_path_buf),
             cert: Some(id.cert.clone()),
+            identity: None,
+            upstream_ca: Some(id.ca.ca_path()),
             tls12: false,
             require_non_extractable: true,
         };
@@ -64,6 +66,20 @@ impl SignerSide {
             key,
             next_id: 1,
         }
+    }
+
+    /// A new signer from the supervisor (as the network side asks after a signer died, or
+    /// whenever it likes), which becomes the one asked.
+    fn respawn(&mut self) {
+        let socket = SupervisorSocket(&self._control).spawn();
+        let hello: Envelope<Reply> = protocol::recv(socket.as_fd())
+            .expect("greeting")
+            .expect("a greeting");
+        let Reply::Hello { key, .. } = hello.body else {
+            panic!("the new signer did not greet: {:?}", hello.body)
+        };
+        self.socket = socket;
+        self.key = key;
     }
 
     fn ask(&mut self, request: Request) -> Reply {
@@ -323,9 +339,8 @@ fn signer_pid(proxy: &ProxyProcess) -> u32 {
 }
 
 /// The network side maps no PKCS#11 module; the signer does. A signer killed (as a crashing
-/// module would) comes back at the next signature, same proxy process. With its supervisor gone
-/// too, no signer can come back: requests that need a signature get a 502 naming the signer,
-/// and `/healthz` says so.
+/// module would) comes back at the next signature, same proxy process. With its supervisor gone,
+/// no signer can come back: the proxy exits with an error naming it.
 #[cfg(feature = "pkcs11")]
 #[test]
 fn the_key_lives_in_the_signer_which_comes_back_after_a_kill() {
@@ -371,21 +386,21 @@ fn the_key_lives_in_the_signer_which_comes_back_after_a_kill() {
     );
     assert!(proxy.guard.try_wait().is_none(), "the proxy exited");
 
-    for pid in children(proxy.guard.id()) {
-        run_ok(Command::new("kill").args(["-KILL", &pid.to_string()]));
-    }
-    run_ok(Command::new("kill").args(["-KILL", &again.to_string()]));
-    proxy.signal(libc::SIGHUP);
-    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 2.0);
-    let out = proxy.curl_unix(&["-s", "-w", "\n%{http_code}"], "/version");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // The supervisor killed: no signer can ever come back, so the proxy stops with an error
+    // naming it (a service manager, or the next kubectl, starts a whole new one), and the dead
+    // supervisor is reaped, not left a zombie. Before, the proxy ran on answering every request
+    // with a 502 and /healthz with "it is being restarted".
+    let supervisor = proxy.guard.id();
+    let supervisors = children(supervisor);
+    assert_eq!(supervisors.len(), 1, "{supervisors:?}");
+    run_ok(Command::new("kill").args(["-KILL", &supervisors[0].to_string()]));
+    let status = proxy.wait_exit(Duration::from_secs(20));
+    assert!(!status.success(), "{status:?}");
+    let log = proxy.log();
     assert!(
-        text.ends_with("\n502") && text.contains("signer"),
-        "{text}\n{}",
-        proxy.log()
+        log.contains("the signer supervisor exited") && log.contains("starts a whole new one"),
+        "{log}"
     );
-    let body = proxy.wait_for_health(503);
-    assert!(body.contains("signer"), "{body}");
 }
 
 /// With a TPM key the network side maps none of the TSS libraries and no TCTI; the signer holds
@@ -559,4 +574,98 @@ fn the_signer_hands_out_the_keys_piv_attestation() {
         }
         other => panic!("the attestation objects are not handed out: {other:?}"),
     }
+}
+
+/// The identity is fixed before any network input: a certificate for `O=system:masters` with
+/// the same key, swapped into the `--cert` file (which a renewing network side could write),
+/// then a new signer asked of the supervisor: that signer still serves the identity read at
+/// start, and refuses the CSR for the forged subject (before, it read the file again and signed
+/// it). The forged file gets no TPM evidence either.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_certificate_swapped_into_the_cert_file_gives_new_signers_no_new_identity() {
+    let id = Identity::softhsm();
+    let mut signer = SignerSide::start(&id);
+    let forged = id.dir.path().join("forged.pem");
+    id.issue(&id.key_uri, "CN=mallory,O=system:masters", &forged);
+    std::fs::copy(&forged, &id.cert).expect("swap the certificate file");
+    signer.respawn();
+    let masters = request_info("CN=mallory,O=system:masters", &signer.key.spki.clone());
+    let reply = signer.sign(Purpose::CertificateRequest, &masters);
+    assert!(refused(&reply), "a CSR for the forged subject: {reply:?}");
+    let own = request_info("CN=alice,O=devs", &signer.key.spki.clone());
+    assert!(
+        matches!(
+            signer.sign(Purpose::CertificateRequest, &own),
+            Reply::Signature { .. }
+        ),
+        "the identity read at start is no longer served"
+    );
+}
+
+/// A renewed certificate is installed through the signer, into the configured `--cert` file:
+/// only a chain for the same key and the same subject; the previous file is kept as `.prev`. A
+/// chain for another subject is refused and the file is left as it was.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_signer_installs_only_a_certificate_for_its_key_and_subject() {
+    let id = Identity::softhsm();
+    let mut signer = SignerSide::start(&id);
+    let before = std::fs::read(&id.cert).expect("read the certificate");
+    let der = |path: &std::path::Path| -> Vec<Vec<u8>> {
+        hwkey::pki::cert::load_chain(path)
+            .expect("a chain")
+            .into_iter()
+            .map(|c| c.to_vec())
+            .collect()
+    };
+    let forged = id.dir.path().join("forged.pem");
+    id.issue(&id.key_uri, "CN=mallory,O=system:masters", &forged);
+    let reply = signer.ask(Request::InstallCertificate {
+        key: signer.key.id,
+        chain: der(&forged),
+        keep_previous: true,
+    });
+    assert!(refused(&reply), "another subject: {reply:?}");
+    assert_eq!(std::fs::read(&id.cert).expect("read"), before);
+
+    let renewed = id.dir.path().join("renewed.pem");
+    id.issue(&id.key_uri, "CN=alice,O=devs", &renewed);
+    let reply = signer.ask(Request::InstallCertificate {
+        key: signer.key.id,
+        chain: der(&renewed),
+        keep_previous: true,
+    });
+    assert!(matches!(reply, Reply::Stored { .. }), "{reply:?}");
+    assert_eq!(der(&id.cert), der(&renewed));
+    let mut prev = id.cert.clone().into_os_string();
+    prev.push(".prev");
+    assert_eq!(std::fs::read(prev).expect("the previous file"), before);
+}
+
+/// The signer reads the watched files for the network side, and only through a link that stays
+/// in the configured directory: a `--upstream-ca` swapped for a link to another root-owned
+/// bundle (the CA's key's neighbour) is refused.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_signer_reads_the_watched_files_but_not_through_a_link_out_of_their_directory() {
+    use hwkey::signer::protocol::WatchedFile;
+    let id = Identity::softhsm();
+    let mut signer = SignerSide::start(&id);
+    let reply = signer.ask(Request::ReadWatched {
+        file: WatchedFile::Certificate,
+    });
+    let Reply::File { bytes } = reply else {
+        panic!("the certificate was not read: {reply:?}")
+    };
+    assert_eq!(bytes, std::fs::read(&id.cert).expect("read"));
+    let outside = temp_dir();
+    let target = outside.path().join("other.pem");
+    std::fs::copy(&id.cert, &target).expect("copy");
+    std::fs::remove_file(&id.cert).expect("unlink");
+    std::os::unix::fs::symlink(&target, &id.cert).expect("link");
+    let reply = signer.ask(Request::ReadWatched {
+        file: WatchedFile::Certificate,
+    });
+    assert!(refused(&reply), "a link out of the directory: {reply:?}");
 }
