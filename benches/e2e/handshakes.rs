@@ -103,7 +103,11 @@ pub(crate) async fn signer_handshakes(f: &Fixture) -> Vec<Row> {
         require_non_extractable: false,
     })
     .expect("start the signer supervisor");
-    let (_, remote) = hwkey::signer::remote::SignerLink::open(supervisor).expect("signer");
+    let (_, remote) = hwkey::signer::remote::SignerLink::open(
+        supervisor,
+        hwkey::signer::remote::DEFAULT_DEADLINE,
+    )
+    .expect("signer");
     let remote = Arc::new(remote);
     let in_process = connector(f, &local, &f.upstream.url(), KeyExchange::Hybrid);
     let through_signer = connector(f, &remote, &f.upstream.url(), KeyExchange::Hybrid);

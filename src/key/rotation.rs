@@ -143,22 +143,20 @@ fn pointed_key(left: KeyUri, configured: &KeyUri) -> KeyUri {
     }
 }
 
-/// Records `key` as the one in use in `state_dir`'s pointer (only which key: no PIN source).
+/// Records `key` as the one in use in `state_dir`'s pointer: its URI without any password
+/// source (readers take only which key from it, see [`current_key`]; operators read it to
+/// update `--key`).
 pub fn record_current(state_dir: &StateDir, key: &KeyUri) -> std::io::Result<()> {
-    let which = match key {
-        KeyUri::Pkcs11(u) => KeyUri::Pkcs11(crate::key::Pkcs11Uri {
-            object: u.object.clone(),
-            id: u.id.clone(),
-            ..Default::default()
-        }),
+    let shown = match key.without_pin() {
         KeyUri::Tpm(u) => KeyUri::Tpm(crate::key::TpmUri {
-            key: u.key.clone(),
-            ..Default::default()
+            owner_pin: None,
+            ..u
         }),
+        other => other,
     };
     crate::atomic_file::write_atomic(
         &state_dir.current_key(),
-        format!("{which}\n").as_bytes(),
+        format!("{shown}\n").as_bytes(),
         0o600,
     )
 }
@@ -316,14 +314,15 @@ mod tests {
             current_key(&configured, &state),
             uri("pkcs11:token=kube;object=alice-r2?module-path=/m.so&pin-source=file:/p")
         );
-        // What a rotation records is only which key, and reads back as the configured one's.
+        // What a rotation records holds no password source, and reads back with the configured
+        // one's.
         record_current(
             &state,
             &uri("pkcs11:token=kube;object=alice-r3?module-path=/m.so&pin-source=file:/p"),
         )
         .expect("record");
         let text = std::fs::read_to_string(state.current_key()).expect("read");
-        assert!(!text.contains("pin") && !text.contains("module"), "{text}");
+        assert!(!text.contains("pin-source"), "{text}");
         assert_eq!(
             current_key(&configured, &state),
             uri("pkcs11:token=kube;object=alice-r3?module-path=/m.so&pin-source=file:/p")

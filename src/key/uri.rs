@@ -501,6 +501,15 @@ impl KeyUri {
     /// owner PIN file) and the PKCS#11 module (`module-path=`). The network side checks it
     /// cannot read them once confined.
     pub fn secret_files(&self) -> Vec<std::path::PathBuf> {
+        let mut files = self.pin_files();
+        if let KeyUri::Pkcs11(u) = self {
+            files.extend(u.module_path.clone());
+        }
+        files
+    }
+
+    /// The files the URI's PIN sources read (`pin-source=file:…`, a TPM's `owner-pin-source`).
+    pub fn pin_files(&self) -> Vec<std::path::PathBuf> {
         let mut files = Vec::new();
         let mut source = |pin: Option<&PinSource>| {
             if let Some(PinSource::File(p)) = pin {
@@ -508,10 +517,7 @@ impl KeyUri {
             }
         };
         match self {
-            KeyUri::Pkcs11(u) => {
-                source(u.pin.as_ref());
-                files.extend(u.module_path.clone());
-            }
+            KeyUri::Pkcs11(u) => source(u.pin.as_ref()),
             KeyUri::Tpm(u) => {
                 source(u.pin.as_ref());
                 source(u.owner_pin.as_ref());

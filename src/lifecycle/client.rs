@@ -204,12 +204,30 @@ pub fn config_for(
     if uri.scheme_str() != Some("https") {
         return Err(invalid("only https:// API servers are supported"));
     }
+    let roots = match ca {
+        Some(path) => Some(
+            crate::pki::cert::load_chain(path)?
+                .into_iter()
+                .map(|c| c.to_vec())
+                .collect(),
+        ),
+        None => None,
+    };
     let mut config = kube::Config::new(uri);
-    if let Some(path) = ca {
-        let chain = crate::pki::cert::load_chain(path)?;
-        config.root_cert = Some(chain.into_iter().map(|c| c.to_vec()).collect());
-    }
+    config.root_cert = roots;
     config.tls_server_name = tls_server_name;
+    Ok(config)
+}
+
+/// [`config_for`] with the CA's certificates given (DER; a confined proxy's renewal has them
+/// read by its signer side) instead of read from a file.
+pub fn config_with_roots(
+    server: &str,
+    roots: Option<Vec<Vec<u8>>>,
+    tls_server_name: Option<String>,
+) -> Result<kube::Config, LifecycleError> {
+    let mut config = config_for(server, None, tls_server_name)?;
+    config.root_cert = roots;
     Ok(config)
 }
 

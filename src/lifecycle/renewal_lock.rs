@@ -32,13 +32,36 @@ pub enum RenewalLockError {
 /// Held for one renewal of a certificate file; released when dropped.
 #[derive(Debug)]
 pub struct RenewalLock {
-    _file: File,
+    file: std::sync::Arc<File>,
 }
 
 impl RenewalLock {
     /// Takes the lock of `cert`'s renewals, or fails at once naming the lock when another
     /// renewal holds it.
     pub fn take(cert: &Path) -> Result<RenewalLock, RenewalLockError> {
+        LockFile::open(cert)?.take()
+    }
+}
+
+impl Drop for RenewalLock {
+    fn drop(&mut self) {
+        let _ = self.file.unlock();
+    }
+}
+
+/// The lock file of `cert`'s renewals, opened once: a proxy opens it before it confines itself
+/// (its network side may not create files beside the certificate) and takes it for each
+/// renewal.
+#[derive(Debug, Clone)]
+pub struct LockFile {
+    file: std::sync::Arc<File>,
+    cert: PathBuf,
+    lock: PathBuf,
+}
+
+impl LockFile {
+    /// Opens (creates) `<cert>.renew.lock`, never through a link.
+    pub fn open(cert: &Path) -> Result<LockFile, RenewalLockError> {
         let lock = lock_path(cert);
         let file = OpenOptions::new()
             .read(true)
@@ -52,13 +75,27 @@ impl RenewalLock {
                 lock: lock.clone(),
                 source,
             })?;
-        match file.try_lock() {
-            Ok(()) => Ok(RenewalLock { _file: file }),
-            Err(TryLockError::WouldBlock) => Err(RenewalLockError::Busy {
-                cert: cert.to_path_buf(),
-                lock,
+        Ok(LockFile {
+            file: std::sync::Arc::new(file),
+            cert: cert.to_path_buf(),
+            lock,
+        })
+    }
+
+    /// Takes the lock for one renewal, or fails at once when another renewal holds it.
+    pub fn take(&self) -> Result<RenewalLock, RenewalLockError> {
+        match self.file.try_lock() {
+            Ok(()) => Ok(RenewalLock {
+                file: self.file.clone(),
             }),
-            Err(TryLockError::Error(source)) => Err(RenewalLockError::Io { lock, source }),
+            Err(TryLockError::WouldBlock) => Err(RenewalLockError::Busy {
+                cert: self.cert.clone(),
+                lock: self.lock.clone(),
+            }),
+            Err(TryLockError::Error(source)) => Err(RenewalLockError::Io {
+                lock: self.lock.clone(),
+                source,
+            }),
         }
     }
 }

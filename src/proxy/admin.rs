@@ -136,6 +136,10 @@ struct KeyCheck {
     result: Result<(), Unhealthy>,
 }
 
+/// How long `/healthz` waits for a test signature before it answers 503 (the signature goes on
+/// and its result serves the next probe).
+const TEST_SIGNATURE_WAIT: Duration = Duration::from_millis(900);
+
 /// Why `/healthz` answers 503: the text after `key:`, `upstream:` or `certificate:`.
 #[derive(Debug, Clone, thiserror::Error)]
 #[allow(
@@ -159,6 +163,8 @@ enum Unhealthy {
     LastSignature(String),
     #[error("the check panicked: {0}")]
     Panicked(String),
+    #[error("the signer has not answered a test signature within {TEST_SIGNATURE_WAIT:?} (stopped, or waiting on its device: a touch, a stalled TPM)")]
+    SignerSlow,
     #[error("{source}")]
     Connect {
         addr: String,
@@ -587,11 +593,16 @@ async fn key_check(shared: &Admin) -> Result<(), Unhealthy> {
     }
     let mut done = test_signature(shared);
     // Waits for the test signature, which runs (and records its result) even when this probe
-    // gives up: the next probe reads it instead of signing again.
-    if done.wait_for(|finished| *finished).await.is_err() {
-        return Err(Unhealthy::Panicked(
-            "the test signature ended without a result".into(),
-        ));
+    // gives up: the next probe reads it instead of signing again. A probe's own timeout is
+    // short (kubelet's: 1 s), so an unanswered signature is an answer too.
+    match tokio::time::timeout(TEST_SIGNATURE_WAIT, done.wait_for(|finished| *finished)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(_)) => {
+            return Err(Unhealthy::Panicked(
+                "the test signature ended without a result".into(),
+            ))
+        }
+        Err(_) => return Err(Unhealthy::SignerSlow),
     }
     let recorded = shared
         .health

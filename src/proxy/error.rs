@@ -26,6 +26,9 @@ pub enum StartError {
     #[error("{0}")]
     Signer(#[source] crate::signer::SignerError),
 
+    #[error("--renew: {0}")]
+    RenewLock(#[source] crate::lifecycle::renewal_lock::RenewalLockError),
+
     #[error("{why}; the proxy stops so that its service manager (or the next kubectl) starts a whole new one")]
     SignerSideGone { why: String },
 

@@ -116,7 +116,7 @@ pub async fn wait_for_stop(
     activity: Arc<Activity>,
     lock_file: Option<(PathBuf, File)>,
     idle_exit: Option<Duration>,
-    signer_side: Option<tokio::sync::oneshot::Receiver<String>>,
+    signer_side: tokio::sync::oneshot::Receiver<String>,
 ) -> Result<StopReason, StartError> {
     let sig = |kind: SignalKind, name: &'static str| {
         signal(kind).map_err(|source| StartError::Signal { name, source })
@@ -135,13 +135,11 @@ pub async fn wait_for_stop(
             _ => std::future::pending().await,
         }
     };
+    // The signer supervisor's end (see `Supervisor::gone`).
     let signer_gone = async {
-        match signer_side {
-            Some(rx) => match rx.await {
-                Ok(why) => why,
-                Err(_) => std::future::pending().await,
-            },
-            None => std::future::pending().await,
+        match signer_side.await {
+            Ok(why) => why,
+            Err(_) => std::future::pending().await,
         }
     };
     tokio::select! {

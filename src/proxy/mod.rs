@@ -41,6 +41,7 @@ pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod notify;
+pub mod privileges;
 pub mod ratelimit;
 pub mod readahead;
 pub mod relay;

@@ -51,6 +51,10 @@ pub struct Renewal {
     pub status: Arc<RenewalStatus>,
     /// The settings.
     pub settings: RenewSettings,
+    /// The certificate file's renewal lock, opened before the network side was confined.
+    pub lock: Option<crate::lifecycle::renewal_lock::LockFile>,
+    /// Reads the upstream CA bundle (the network side is confined away from its directory).
+    pub files: Arc<crate::signer::remote::SignerLink>,
 }
 
 /// The last renewal failure, cleared by a success: `/healthz` reports "degraded" when the
@@ -217,11 +221,7 @@ impl Renewal {
 async fn renew_once(shared: &Renewal, settings: &RenewSettings) -> Result<Issued, LifecycleError> {
     // One renewal of the certificate file at a time, `hwkey renew` included (a non-blocking
     // flock: a busy lock fails this attempt, retried with the back-off).
-    let _one_renewal = settings
-        .cert
-        .as_deref()
-        .map(crate::lifecycle::renewal_lock::RenewalLock::take)
-        .transpose()?;
+    let _one_renewal = shared.lock.as_ref().map(|l| l.take()).transpose()?;
     let current = shared.upstream.key();
     // With --rotate-key the request is for a fresh key made in the same device; it is still
     // authenticated with the current key and certificate.
@@ -340,11 +340,17 @@ fn api_client(
     settings: &RenewSettings,
     server: &str,
 ) -> Result<kube::Client, LifecycleError> {
-    let config = client::config_for(
-        server,
-        settings.upstream_ca.as_deref(),
-        settings.tls_server_name.clone(),
-    )?;
+    let roots = match &settings.upstream_ca {
+        Some(path) => {
+            let bytes = shared
+                .files
+                .read_watched(crate::signer::protocol::WatchedFile::UpstreamCa)?;
+            let chain = crate::pki::cert::parse_chain(&bytes, path)?;
+            Some(chain.into_iter().map(|c| c.to_vec()).collect())
+        }
+        None => None,
+    };
+    let config = client::config_with_roots(server, roots, settings.tls_server_name.clone())?;
     client::build_via(
         &config,
         client::Identity::Hardware {

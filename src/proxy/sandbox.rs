@@ -78,6 +78,8 @@ pub struct Report {
     pub seccomp: bool,
     /// Whether `no_new_privs` is set.
     pub no_new_privs: bool,
+    /// Whether every capability was dropped (for a root network side: none left in any set).
+    pub no_capabilities: bool,
 }
 
 /// The system calls the network side never makes; a call answers `EPERM`.
@@ -128,8 +130,63 @@ fn denied_syscalls() -> Vec<i64> {
         libc::SYS_io_uring_register,
     ]
     .into_iter()
+    .chain(host_calls())
+    .chain(legacy_denied())
     .collect()
 }
+
+/// Nothing the network side does changes a file's owner, mode or attributes, makes a device
+/// node, or sets the host name, the kernel log or the clocks: a root network side without
+/// capabilities is refused these by the kernel too, but a process of the file's owner is not
+/// (chmod of its own state files), and the filter says so for every uid.
+fn host_calls() -> Vec<i64> {
+    vec![
+        libc::SYS_fchmod,
+        libc::SYS_fchmodat,
+        libc::SYS_fchown,
+        libc::SYS_fchownat,
+        libc::SYS_setxattr,
+        libc::SYS_lsetxattr,
+        libc::SYS_fsetxattr,
+        libc::SYS_removexattr,
+        libc::SYS_lremovexattr,
+        libc::SYS_fremovexattr,
+        libc::SYS_mknodat,
+        libc::SYS_sethostname,
+        libc::SYS_setdomainname,
+        libc::SYS_syslog,
+        libc::SYS_settimeofday,
+        libc::SYS_clock_settime,
+        libc::SYS_clock_adjtime,
+        libc::SYS_adjtimex,
+    ]
+}
+
+/// The older spellings of [`denied_syscalls`]' calls, on the architectures that have them.
+#[cfg(target_arch = "x86_64")]
+fn legacy_denied() -> Vec<i64> {
+    vec![
+        libc::SYS_chmod,
+        libc::SYS_chown,
+        libc::SYS_lchown,
+        libc::SYS_mknod,
+    ]
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn legacy_denied() -> Vec<i64> {
+    Vec::new()
+}
+
+/// The socket families the network side uses: UNIX (its listeners, the signer), IPv4 and IPv6
+/// (clients, API servers, DNS) and netlink (glibc's `getaddrinfo` asks the routes). A raw or
+/// packet socket, Bluetooth, `AF_ALG` and the rest answer `EPERM`.
+const SOCKET_FAMILIES: [libc::c_int; 4] = [
+    libc::AF_UNIX,
+    libc::AF_INET,
+    libc::AF_INET6,
+    libc::AF_NETLINK,
+];
 
 /// Confines this process as `plan` says, per `mode`, and checks the result.
 pub fn confine(mode: SandboxMode, plan: &Plan) -> Result<Report, SandboxError> {
@@ -142,6 +199,12 @@ pub fn confine(mode: SandboxMode, plan: &Plan) -> Result<Report, SandboxError> {
         return Ok(Report::default());
     }
     let mut report = Report::default();
+    // Capabilities first: dropping the bounding set needs CAP_SETPCAP, which the seccomp filter
+    // and Landlock do not take away but the drop itself does.
+    match super::privileges::drop_all() {
+        Ok(()) => report.no_capabilities = true,
+        Err(e) => tracing::warn!(error = %e, "the network side keeps capabilities"),
+    }
     match landlock(plan) {
         Ok((status, abi)) => {
             report.no_new_privs = status.no_new_privs;
@@ -163,20 +226,7 @@ pub fn confine(mode: SandboxMode, plan: &Plan) -> Result<Report, SandboxError> {
     };
     announce(plan, &report, &holes);
     if mode == SandboxMode::Required {
-        let mut missing = Vec::new();
-        if report.landlock.is_none() {
-            missing.push(
-                "Landlock (kernel 5.13 or later, with landlock in the lsm= list)".to_string(),
-            );
-        }
-        if !report.seccomp {
-            missing.push("the seccomp filter".to_string());
-        }
-        if !missing.is_empty() {
-            return Err(SandboxError::Missing {
-                missing: missing.join(" and "),
-            });
-        }
+        required(&report)?;
     }
     // A secret within reach is a refusal in every mode but an explicit `off`: a proxy that
     // only logged it ran with the PIN readable by whoever takes its network side.
@@ -190,6 +240,27 @@ pub fn confine(mode: SandboxMode, plan: &Plan) -> Result<Report, SandboxError> {
         });
     }
     Ok(report)
+}
+
+/// `--sandbox=required`: every layer on, or a refusal naming what is missing.
+fn required(report: &Report) -> Result<(), SandboxError> {
+    let mut missing = Vec::new();
+    if report.landlock.is_none() {
+        missing.push("Landlock (kernel 5.13 or later, with landlock in the lsm= list)");
+    }
+    if !report.seccomp {
+        missing.push("the seccomp filter");
+    }
+    if !report.no_capabilities {
+        missing.push("dropping every capability");
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(SandboxError::Missing {
+            missing: missing.join(" and "),
+        })
+    }
 }
 
 /// The Landlock ruleset: read and write where the plan says, connect to its ports, no
@@ -314,6 +385,22 @@ fn filters() -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
         )?])?);
     }
     rules.insert(libc::SYS_clone, clone);
+    // A socket of any other family: every condition of a rule must hold.
+    let other_family = SOCKET_FAMILIES
+        .iter()
+        .map(|f| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f as u64))
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(libc::SYS_socket, vec![SeccompRule::new(other_family)?]);
+    // A raw IPv4/IPv6 socket (SOCK_RAW is 3; the type's low bits, flags aside).
+    let raw = SeccompRule::new(vec![SeccompCondition::new(
+        1,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::MaskedEq(0xf),
+        libc::SOCK_RAW as u64,
+    )?])?;
+    if let Some(socket) = rules.get_mut(&libc::SYS_socket) {
+        socket.push(raw);
+    }
     let refused = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
@@ -413,8 +500,9 @@ fn announce(plan: &Plan, report: &Report, holes: &[PathBuf]) {
         connect = %ports,
         seccomp = report.seccomp,
         no_new_privs = report.no_new_privs,
-        "sandbox: {landlock}; no execution, no signals outside; seccomp {}",
-        if report.seccomp { "filter on (no execve, ptrace, mounts, modules, keyrings, BPF, io_uring, namespaces)" } else { "NOT on" }
+        "sandbox: {landlock}; no execution, no signals outside; seccomp {}; {}",
+        if report.seccomp { "filter on (no execve, ptrace, mounts, modules, keyrings, BPF, io_uring, namespaces, chmod/chown, mknod, raw sockets)" } else { "NOT on" },
+        if report.no_capabilities { "no capabilities" } else { "capabilities KEPT" }
     );
     if !holes.is_empty() {
         tracing::error!(readable = %list(holes), "sandbox self-check: the network side can still read what only the signer needs");

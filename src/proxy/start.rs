@@ -72,6 +72,7 @@ struct Prepared {
     bound: BoundSet,
     sockets: SocketFiles,
     lock: Option<(PathBuf, std::fs::File)>,
+    renew_lock: Option<crate::lifecycle::renewal_lock::LockFile>,
     sandbox: sandbox::Report,
 }
 
@@ -86,12 +87,19 @@ fn prepare(settings: &Settings, supervisor: Supervisor) -> Result<Prepared, Star
         None => None,
     };
     let opened = open(settings, supervisor)?;
+    let renew_lock = match (&settings.renewal, &settings.key.cert) {
+        (Some(_), Some(cert)) => Some(
+            crate::lifecycle::renewal_lock::LockFile::open(cert).map_err(StartError::RenewLock)?,
+        ),
+        _ => None,
+    };
     let sandbox = sandbox::confine(settings.sandbox, &sandbox_plan(settings, &bound))?;
     Ok(Prepared {
         opened,
         bound,
         sockets,
         lock,
+        renew_lock,
         sandbox,
     })
 }
@@ -155,7 +163,10 @@ struct Opened {
 /// the upstream could accept.
 fn open(settings: &Settings, supervisor: Supervisor) -> Result<Opened, StartError> {
     // The key holds the link to its signer (and its restarts) for as long as it is used.
-    let (link, key) = SignerLink::open(supervisor)?;
+    // A signature must come within half the handshake timeout, so a stalled signer (stopped,
+    // waiting for a touch, a stalled TPM) fails the request with a 502 naming it instead of
+    // holding it, and a thread, for as long as the stall lasts.
+    let (link, key) = SignerLink::open(supervisor, settings.upstream.handshake_timeout / 2)?;
     let key = Arc::new(key);
     let versions = crate::key::tls::protocol_versions(&key, settings.key.allow_tls12_fallback)?;
     let chain = cert::chain_for_key(&key, settings.key.cert.as_deref())?;
@@ -214,6 +225,7 @@ async fn serve(
         bound,
         sockets,
         lock,
+        renew_lock,
         sandbox,
     } = prepared;
     let metrics = Arc::new(Metrics::default());
@@ -240,18 +252,14 @@ async fn serve(
         versions: opened.versions,
         ca: opened.ca,
         link: opened.link,
+        renew_lock,
     };
     let (stop_tx, stop) = watch::channel(false);
     let announced = bound.addrs();
     let running = spawn(&settings, parts, bound, &stop)?;
     announce_ready(&settings, &announced, &key);
-    let reason = lifetime::wait_for_stop(
-        activity.clone(),
-        lock,
-        settings.lifetime.idle_exit,
-        Some(signer_side),
-    )
-    .await;
+    let idle = settings.lifetime.idle_exit;
+    let reason = lifetime::wait_for_stop(activity.clone(), lock, idle, signer_side).await;
     notify::stopping();
     let _ = stop_tx.send(true);
     drop(sockets);
@@ -275,6 +283,7 @@ struct Parts {
     versions: &'static [&'static rustls::SupportedProtocolVersion],
     ca: LoopbackCa,
     link: Arc<SignerLink>,
+    renew_lock: Option<crate::lifecycle::renewal_lock::LockFile>,
 }
 
 /// Builds each component from the handles it uses and starts its task: the client accept
@@ -418,6 +427,8 @@ fn renewal_of(settings: &Settings, parts: &Parts, status: Arc<RenewalStatus>) ->
             attest: r.attest,
             state_dir: settings.state_dir.clone(),
         },
+        lock: parts.renew_lock.clone(),
+        files: parts.link.clone(),
     })
 }
 

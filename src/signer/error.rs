@@ -33,6 +33,8 @@ pub enum SignerError {
     },
     #[error("cannot read the identity's certificate before the network side starts: {0}")]
     Identity(#[source] crate::pki::PkiError),
+    #[error("the device refused the PIN and the PIN source still holds the same one: fix it (the next request tries again once it changed)")]
+    PinUnchanged,
     #[error("no answer from the signer within {0:?}")]
     Timeout(std::time::Duration),
 }

@@ -46,5 +46,5 @@ pub fn open_key(
         require_non_extractable,
     };
     let supervisor = Supervisor::start(&config).map_err(|e| remote::signer_error(&e))?;
-    remote::SignerLink::open(supervisor).map(|(_, key)| key)
+    remote::SignerLink::open(supervisor, remote::DEFAULT_DEADLINE).map(|(_, key)| key)
 }

@@ -58,6 +58,13 @@ impl Policy {
         })
     }
 
+    /// Whether `other` serves the same identity, read as Kubernetes reads it (see
+    /// [`same_name`]): a renewed certificate that Go's CA wrote in its own attribute order is
+    /// the same identity.
+    pub fn same_subject(&self, other: &Policy) -> bool {
+        same_name(&self.identity) == same_name(&other.identity)
+    }
+
     /// Whether `message` may be signed for `purpose` by the key whose SPKI is `spki`.
     pub fn check(
         &self,

@@ -33,6 +33,8 @@ use crate::key::{
 #[derive(Debug)]
 pub struct SignerClient {
     socket: Arc<OwnedFd>,
+    /// How long a call waits for its reply.
+    deadline: Duration,
     waiting: Mutex<Waiting>,
     /// Wakes callers when a reply arrived, the reading turn is free, or the signer is gone.
     changed: Condvar,
@@ -50,12 +52,27 @@ struct Waiting {
     calls: HashMap<u64, Option<Reply>>,
     reading: bool,
     gone: Option<String>,
+    /// A call waited out its deadline and no reply came since: later calls fail at once
+    /// (after reading whatever replies arrived meanwhile) instead of each waiting it out on a
+    /// thread of its own.
+    stalled: bool,
 }
+
+/// Calls waiting at once at most: more fail at once (a stalled signer must not collect one
+/// blocked thread per client).
+const MAX_WAITING: usize = 256;
+
+/// The deadline of a signer call unless the caller sets one ([`SignerLink::set_deadline`]).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 
 impl SignerClient {
     /// Takes the signer's greeting from `socket` and starts reading replies. The greeting's
     /// `Failed` becomes the error the signer reported (a refused PIN stays recognisable).
-    pub fn connect(socket: OwnedFd) -> Result<(Arc<SignerClient>, KeyInfo), KeyError> {
+    /// Each call then waits at most `deadline` for its reply.
+    pub fn connect(
+        socket: OwnedFd,
+        deadline: Duration,
+    ) -> Result<(Arc<SignerClient>, KeyInfo), KeyError> {
         let hello = protocol::recv::<Reply>(socket.as_fd())
             .map_err(|e| signer_error(&e))?
             .ok_or_else(|| KeyError::Signer {
@@ -74,6 +91,7 @@ impl SignerClient {
         };
         let client = Arc::new(SignerClient {
             socket: Arc::new(socket),
+            deadline,
             waiting: Mutex::new(Waiting::default()),
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
@@ -108,6 +126,17 @@ impl SignerClient {
                     why: Some(why.clone()),
                 }));
             }
+            if waiting.stalled && !waiting.reading {
+                self.read_ready(&mut waiting);
+            }
+            if waiting.stalled {
+                return Err(self.stalled_error());
+            }
+            if waiting.calls.len() >= MAX_WAITING {
+                return Err(KeyError::Signer {
+                    message: format!("{MAX_WAITING} calls are already waiting for the signer"),
+                });
+            }
             waiting.calls.insert(id, None);
         }
         if let Err(e) = protocol::send(self.socket.as_fd(), id, request) {
@@ -121,6 +150,12 @@ impl SignerClient {
             }
             return Err(signer_error(&e));
         }
+        self.wait_for(id, Instant::now() + self.deadline)
+    }
+
+    /// Waits for call `id`'s reply until `deadline`, reading replies in turn with the other
+    /// callers.
+    fn wait_for(&self, id: u64, deadline: Instant) -> Result<Reply, KeyError> {
         let mut waiting = self.lock();
         loop {
             if let Some(Some(_)) = waiting.calls.get(&id) {
@@ -134,29 +169,80 @@ impl SignerClient {
                 waiting.calls.remove(&id);
                 return Err(signer_error(&SignerError::Gone { why: Some(why) }));
             }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                waiting.calls.remove(&id);
+                if !waiting.stalled {
+                    tracing::error!(deadline = ?self.deadline, "the signer did not answer in time: signatures fail until it answers again");
+                }
+                waiting.stalled = true;
+                return Err(self.stalled_error());
+            }
             if waiting.reading {
                 waiting = self
                     .changed
-                    .wait(waiting)
-                    .unwrap_or_else(|p| p.into_inner());
+                    .wait_timeout(waiting, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
                 continue;
             }
-            // This caller's turn to read one reply (its own or another's).
+            // This caller's turn to read one reply (its own or another's), if one comes in time.
             waiting.reading = true;
             drop(waiting);
-            let read = protocol::recv::<Reply>(self.socket.as_fd());
+            let read = match readable_within(&self.socket, left) {
+                Ok(true) => protocol::recv::<Reply>(self.socket.as_fd()).map(Some),
+                Ok(false) => Ok(None),
+                Err(e) => Err(e),
+            };
             waiting = self.lock();
             waiting.reading = false;
             match read {
-                Ok(Some(reply)) => {
-                    if let Some(slot) = waiting.calls.get_mut(&reply.id) {
-                        *slot = Some(reply.body);
-                    }
-                }
-                Ok(None) => self.mark_gone(&mut waiting, "its socket closed".into()),
+                Ok(Some(reply)) => self.deliver(&mut waiting, reply),
+                Ok(None) => {}
                 Err(e) => self.mark_gone(&mut waiting, e.to_string()),
             }
             self.changed.notify_all();
+        }
+    }
+
+    /// Hands a reply (or the end of the socket) to whoever waits for it; any reply means the
+    /// signer answers again.
+    fn deliver(&self, waiting: &mut Waiting, reply: Option<protocol::Envelope<Reply>>) {
+        match reply {
+            Some(reply) => {
+                waiting.stalled = false;
+                if let Some(slot) = waiting.calls.get_mut(&reply.id) {
+                    *slot = Some(reply.body);
+                }
+            }
+            None => self.mark_gone(waiting, "its socket closed".into()),
+        }
+    }
+
+    /// Reads the replies that already arrived, without waiting (a stalled signer that answers
+    /// again is noticed by the next call).
+    fn read_ready(&self, waiting: &mut Waiting) {
+        while let Ok(true) = readable_within(&self.socket, Duration::ZERO) {
+            match protocol::recv::<Reply>(self.socket.as_fd()) {
+                Ok(reply) => {
+                    let end = reply.is_none();
+                    self.deliver(waiting, reply);
+                    if end {
+                        return;
+                    }
+                }
+                Err(e) => return self.mark_gone(waiting, e.to_string()),
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    fn stalled_error(&self) -> KeyError {
+        KeyError::Signer {
+            message: format!(
+                "the signer did not answer within {:?} (stopped, or waiting on its device: a touch, a stalled TPM); signatures fail until it answers again",
+                self.deadline
+            ),
         }
     }
 
@@ -174,6 +260,23 @@ impl SignerClient {
     }
 }
 
+/// Whether `socket` has something to read (or hung up) within `wait`.
+fn readable_within(socket: &OwnedFd, wait: Duration) -> Result<bool, SignerError> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let timeout = Timespec {
+        tv_sec: i64::try_from(wait.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(wait.subsec_nanos()),
+    };
+    loop {
+        let mut fds = [PollFd::new(socket, PollFlags::IN)];
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(n) => return Ok(n > 0),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(SignerError::Recv(e)),
+        }
+    }
+}
+
 impl Drop for SignerClient {
     fn drop(&mut self) {
         // Shutting the socket down ends the signer, which serves until its socket closes.
@@ -185,6 +288,8 @@ impl Drop for SignerClient {
 #[derive(Debug)]
 pub struct SignerLink {
     supervisor: Supervisor,
+    /// Each call's deadline.
+    deadline: Duration,
     state: RwLock<LinkState>,
     restart: Mutex<Restart>,
 }
@@ -196,7 +301,8 @@ struct LinkState {
     ids: HashMap<Vec<u8>, u32>,
 }
 
-/// When the next restart may be tried, and whether the PIN was refused (then never).
+/// When the next restart may be tried, and whether the PIN was refused (then the supervisor
+/// starts a signer again only once the PIN source changed).
 #[derive(Debug)]
 struct Restart {
     backoff: Backoff,
@@ -206,11 +312,17 @@ struct Restart {
 
 impl SignerLink {
     /// Starts the first signer through `supervisor` and returns the link and the key it opened.
-    pub fn open(supervisor: Supervisor) -> Result<(Arc<SignerLink>, Key), KeyError> {
+    /// Every call waits at most `deadline` for its answer; then it fails, and so does every
+    /// call after it until the signer answers again.
+    pub fn open(
+        supervisor: Supervisor,
+        deadline: Duration,
+    ) -> Result<(Arc<SignerLink>, Key), KeyError> {
         let socket = supervisor.spawn_signer().map_err(|e| signer_error(&e))?;
-        let (client, info) = SignerClient::connect(socket)?;
+        let (client, info) = SignerClient::connect(socket, deadline)?;
         let link = Arc::new(SignerLink {
             supervisor,
+            deadline,
             state: RwLock::new(LinkState {
                 client,
                 ids: HashMap::from([(info.spki.clone(), info.id)]),
@@ -283,26 +395,27 @@ impl SignerLink {
         {
             return Ok(());
         }
-        if let Some(message) = &restart.pin_refused {
-            return Err(KeyError::SignerPinRefused {
-                message: message.clone(),
-            });
-        }
         if restart.not_before.is_some_and(|t| Instant::now() < t) {
-            return Err(KeyError::Signer {
-                message: "the signer is gone; it is being restarted".into(),
+            return Err(match &restart.pin_refused {
+                Some(message) => KeyError::SignerPinRefused {
+                    message: message.clone(),
+                },
+                None => KeyError::Signer {
+                    message: "the signer is gone; it is being restarted".into(),
+                },
             });
         }
         let started = self
             .supervisor
             .spawn_signer()
             .map_err(|e| signer_error(&e))
-            .and_then(SignerClient::connect);
+            .and_then(|socket| SignerClient::connect(socket, self.deadline));
         match started {
             Ok((client, info)) => {
                 tracing::info!(key = %info.describe, "a new signer is serving the key");
                 restart.backoff.reset();
                 restart.not_before = None;
+                restart.pin_refused = None;
                 *self.state.write().unwrap_or_else(|p| p.into_inner()) = LinkState {
                     client,
                     ids: HashMap::from([(info.spki, info.id)]),
@@ -310,11 +423,12 @@ impl SignerLink {
                 Ok(())
             }
             Err(e) => {
-                if matches!(e, KeyError::SignerPinRefused { .. }) {
-                    restart.pin_refused = Some(e.to_string());
-                } else {
-                    restart.not_before = Some(Instant::now() + restart.backoff.next_delay());
-                }
+                // A refused PIN is asked about again after the backoff: the supervisor starts
+                // no signer while the PIN source still holds the refused PIN, and one as soon
+                // as it was fixed.
+                restart.pin_refused =
+                    matches!(e, KeyError::SignerPinRefused { .. }).then(|| e.to_string());
+                restart.not_before = Some(Instant::now() + restart.backoff.next_delay());
                 tracing::error!(error = %e, "cannot restart the signer");
                 Err(e)
             }
@@ -568,8 +682,13 @@ fn key_error(error: RemoteError) -> KeyError {
 }
 
 pub(crate) fn signer_error(e: &SignerError) -> KeyError {
-    KeyError::Signer {
-        message: e.to_string(),
+    match e {
+        SignerError::PinUnchanged => KeyError::SignerPinRefused {
+            message: e.to_string(),
+        },
+        _ => KeyError::Signer {
+            message: e.to_string(),
+        },
     }
 }
 
@@ -592,6 +711,7 @@ mod tests {
         .expect("socketpair");
         let client = SignerClient {
             socket: Arc::new(ours),
+            deadline: DEFAULT_DEADLINE,
             waiting: Mutex::new(Waiting::default()),
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
@@ -615,6 +735,56 @@ mod tests {
         let reply = client
             .call_raw(&Request::StoredChain { key: 1 })
             .expect("answered");
+        assert!(matches!(reply, Reply::Chain { chain: None }), "{reply:?}");
+        drop(peer.join().expect("peer"));
+    }
+
+    /// A signer that stops answering (SIGSTOP, a token waiting for a touch): the call fails
+    /// at its deadline naming the stalled signer; the calls after it fail at once without
+    /// being sent (no thread waits out the stall again); once the signer answers again (its
+    /// late reply), calls are answered as before. Before, every call waited as long as the
+    /// stall lasted.
+    #[test]
+    fn a_stalled_signer_fails_calls_at_their_deadline_and_then_at_once() {
+        let (ours, theirs) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .expect("socketpair");
+        let client = SignerClient {
+            socket: Arc::new(ours),
+            deadline: Duration::from_millis(200),
+            waiting: Mutex::new(Waiting::default()),
+            changed: Condvar::new(),
+            next_id: AtomicU64::new(1),
+        };
+        let first = client.call_raw(&Request::StoredChain { key: 1 });
+        let e = first.expect_err("no answer came");
+        assert!(e.to_string().contains("did not answer within"), "{e}");
+        let again = client.call_raw(&Request::StoredChain { key: 1 });
+        assert!(
+            again.is_err(),
+            "a call while stalled waited and got {again:?}"
+        );
+        // The signer received the first request only.
+        let got = protocol::recv::<Request>(&theirs)
+            .expect("recv")
+            .expect("one");
+        assert!(!readable_within(&theirs, Duration::ZERO).expect("poll"));
+        // It answers (late): the next call notices and is served.
+        protocol::send(theirs.as_fd(), got.id, &Reply::Chain { chain: None }).expect("send");
+        let peer = std::thread::spawn(move || {
+            let got = protocol::recv::<Request>(&theirs)
+                .expect("recv")
+                .expect("a request");
+            protocol::send(theirs.as_fd(), got.id, &Reply::Chain { chain: None }).expect("send");
+            theirs
+        });
+        let reply = client
+            .call_raw(&Request::StoredChain { key: 1 })
+            .expect("answered again");
         assert!(matches!(reply, Reply::Chain { chain: None }), "{reply:?}");
         drop(peer.join().expect("peer"));
     }

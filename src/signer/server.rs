@@ -149,6 +149,12 @@ pub fn serve(socket: OwnedFd, config: SignerConfig) -> u8 {
         Ok(s) => Arc::new(s),
         Err(e) => {
             let exit_code = if pin_refused(&e) {
+                // The supervisor reads this before the network side hears of the refusal:
+                // it does not present the same PIN again.
+                use std::io::Write as _;
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(super::supervisor::PIN_REFUSED_MARK);
+                let _ = out.flush();
                 crate::key::pin::EXIT_PIN_REFUSED
             } else {
                 1
@@ -478,7 +484,7 @@ impl Signer {
     /// another identity's chain.
     fn policy_allows_leaf(&self, leaf: &[u8]) -> Result<(), Refusal> {
         let other = Policy::for_certificate(leaf, self.policy.tls12)?;
-        if other.identity == self.policy.identity {
+        if other.same_subject(&self.policy) {
             Ok(())
         } else {
             Err(Refusal::from(

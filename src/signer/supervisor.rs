@@ -14,6 +14,7 @@
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -128,6 +129,9 @@ impl Supervisor {
                 why: Some("the signer supervisor exited".into()),
             });
         }
+        if byte == PIN_UNCHANGED {
+            return Err(SignerError::PinUnchanged);
+        }
         for message in ancillary.drain() {
             if let RecvAncillaryMessage::ScmRights(mut fds) = message {
                 if let Some(fd) = fds.next() {
@@ -174,46 +178,179 @@ impl Drop for Supervisor {
 
 /// `hwkey signer-supervisor`: reads its configuration from standard input (a socket), then
 /// starts a signer per request until the socket closes. Returns the exit code.
+///
+/// - **One live signer**: a new one replaces the previous (killed if it still runs), and
+///   starts come no faster than a backoff allows (200 ms doubling to 5 s, reset by a signer
+///   that lived a minute): a network side asking in a loop gets one signer, not hundreds.
+/// - **A refused PIN is not presented again unchanged**: a signer whose PIN the device refused
+///   says so on its standard output (before the network side hears of it); the next request is
+///   answered "unchanged" without a signer while the PIN source holds what was refused, and
+///   tried once more after it changed. A network side cannot burn the device's PIN tries.
+/// - **Signers run from the binary the supervisor was started from**, opened at start and
+///   executed by descriptor: a package upgrade that replaces the file on disk never leaves the
+///   proxy without a signer.
 pub fn supervisor_main() -> u8 {
     crate::key::pin::protect_process();
-    let control = match stdin_socket() {
+    let started = stdin_socket().and_then(|control| {
+        let mut config = read_config(&control)?;
+        config.load_identity().map_err(SignerError::Identity)?;
+        let binary = open_executable()?;
+        Ok((control, config, binary))
+    });
+    let (control, config, binary) = match started {
         Ok(s) => s,
         Err(e) => {
             eprintln!("hwkey signer-supervisor: {e}");
             return 2;
         }
     };
-    let config = match read_config(&control).and_then(|mut c| {
-        c.load_identity().map_err(SignerError::Identity)?;
-        Ok(c)
-    }) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("hwkey signer-supervisor: {e}");
-            return 2;
-        }
-    };
+    let mut state = SupervisorState::new(binary);
     let mut byte = [0u8; 1];
-    let mut signers: Vec<std::process::Child> = Vec::new();
     while let Ok((1, _)) = rustix::net::recv(control.as_fd(), &mut byte, RecvFlags::empty()) {
-        signers.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
-        match start_signer(&config) {
-            Ok((child, socket)) => {
-                signers.push(child);
-                if send_socket(&control, socket).is_err() {
-                    break;
-                }
-            }
+        let answer = state.next_signer(&config);
+        let sent = match answer {
+            Ok(Some(socket)) => send_socket(&control, socket),
+            Ok(None) => rustix::net::send(control.as_fd(), PIN_UNCHANGED, SendFlags::NOSIGNAL)
+                .map(|_| ())
+                .map_err(SignerError::Send),
             Err(e) => {
                 tracing::error!(error = %e, "cannot start a signer");
                 break;
             }
+        };
+        if sent.is_err() {
+            break;
         }
     }
-    for mut c in signers {
-        let _ = c.wait();
-    }
+    state.stop();
     0
+}
+
+/// The supervisor's answer when the PIN source still holds the PIN the device refused.
+const PIN_UNCHANGED: &[u8] = b"p";
+
+/// What a signer writes on its standard output when the device refused its PIN.
+pub(crate) const PIN_REFUSED_MARK: &[u8] = b"pin-refused\n";
+
+/// The supervisor's signer and what it remembers between starts.
+struct SupervisorState {
+    binary: std::fs::File,
+    live: Option<LiveSigner>,
+    backoff: crate::backoff::Backoff,
+    last_start: Option<std::time::Instant>,
+    /// The PIN source's content when the device refused it.
+    refused_pin: Option<zeroize::Zeroizing<Vec<u8>>>,
+}
+
+/// The signer running now: its process, the pipe of its standard output, and the PIN source's
+/// content it started with.
+struct LiveSigner {
+    child: std::process::Child,
+    started: std::time::Instant,
+    pin: zeroize::Zeroizing<Vec<u8>>,
+}
+
+impl SupervisorState {
+    fn new(binary: std::fs::File) -> SupervisorState {
+        SupervisorState {
+            binary,
+            live: None,
+            backoff: crate::backoff::Backoff::new(
+                std::time::Duration::from_millis(200),
+                std::time::Duration::from_secs(5),
+            ),
+            last_start: None,
+            refused_pin: None,
+        }
+    }
+
+    /// Ends the live signer, then starts the next one, unless the PIN source still holds a
+    /// refused PIN (`None`).
+    fn next_signer(&mut self, config: &SignerConfig) -> Result<Option<OwnedFd>, SignerError> {
+        self.end_live();
+        let pin = pin_sources(config);
+        if self.refused_pin.as_ref().is_some_and(|r| **r == *pin) {
+            return Ok(None);
+        }
+        self.refused_pin = None;
+        if let Some(last) = self.last_start {
+            let wait = self.backoff.next_delay();
+            let since = last.elapsed();
+            if since < wait {
+                std::thread::sleep(wait - since);
+            }
+        }
+        self.last_start = Some(std::time::Instant::now());
+        let (child, socket) = start_signer(&self.binary, config)?;
+        self.live = Some(LiveSigner {
+            child,
+            started: std::time::Instant::now(),
+            pin,
+        });
+        Ok(Some(socket))
+    }
+
+    /// Kills the live signer if it still runs, reaps it, and remembers a PIN it said was
+    /// refused. A signer that served a minute resets the backoff.
+    fn end_live(&mut self) {
+        let Some(mut live) = self.live.take() else {
+            return;
+        };
+        if live.started.elapsed() > std::time::Duration::from_secs(60) {
+            self.backoff.reset();
+        }
+        let refused = live.child.stdout.take().is_some_and(said_pin_refused);
+        if !matches!(live.child.try_wait(), Ok(Some(_))) {
+            let _ = live.child.kill();
+        }
+        let _ = live.child.wait();
+        if refused {
+            self.refused_pin = Some(live.pin);
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut live) = self.live.take() {
+            // The signer ends when the network side's socket closes; waited for, not killed.
+            let _ = live.child.wait();
+        }
+    }
+}
+
+/// Whether a signer's standard output (read without waiting) says its PIN was refused.
+fn said_pin_refused(out: std::process::ChildStdout) -> bool {
+    let fd = OwnedFd::from(out);
+    let mut buf = [0u8; 64];
+    let _ = rustix::fs::fcntl_setfl(fd.as_fd(), rustix::fs::OFlags::NONBLOCK);
+    matches!(rustix::io::read(fd.as_fd(), &mut buf), Ok(n) if buf[..n].starts_with(PIN_REFUSED_MARK))
+}
+
+/// The content of the configured key's PIN sources (files; an environment variable or a value
+/// never changes while the supervisor runs), to tell a fixed PIN from the refused one.
+fn pin_sources(config: &SignerConfig) -> zeroize::Zeroizing<Vec<u8>> {
+    let mut all = zeroize::Zeroizing::new(Vec::new());
+    for path in config.key.pin_files() {
+        all.extend_from_slice(path.as_os_str().as_encoded_bytes());
+        all.push(0);
+        if let Ok(bytes) = crate::small_file::read(&path) {
+            all.extend_from_slice(&zeroize::Zeroizing::new(bytes));
+        }
+        all.push(0);
+    }
+    all
+}
+
+/// The binary signers run: `HWKEY_SIGNER_BIN`, else the one this process runs (even if the file
+/// on disk was replaced since), opened now.
+fn open_executable() -> Result<std::fs::File, SignerError> {
+    let path = match std::env::var_os("HWKEY_SIGNER_BIN").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from("/proc/self/exe"),
+    };
+    std::fs::File::open(&path).map_err(|source| SignerError::Start {
+        what: "opening the signer's binary",
+        source,
+    })
 }
 
 /// `hwkey signer`: reads its configuration from standard input (a socket), then serves on it.
@@ -235,10 +372,24 @@ pub fn signer_main() -> u8 {
     }
 }
 
-/// A signer process and the network side's end of its socket.
-fn start_signer(config: &SignerConfig) -> Result<(std::process::Child, OwnedFd), SignerError> {
+/// A signer process (run from `binary`, its standard output a pipe to the supervisor) and the
+/// network side's end of its socket.
+fn start_signer(
+    binary: &std::fs::File,
+    config: &SignerConfig,
+) -> Result<(std::process::Child, OwnedFd), SignerError> {
     let (for_network, for_signer) = socket_pair()?;
-    let child = spawn(SIGNER_COMMAND, for_signer)?;
+    let program = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(binary));
+    let child = Command::new(program)
+        .arg0("hwkey")
+        .arg(SIGNER_COMMAND)
+        .stdin(Stdio::from(for_signer))
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|source| SignerError::Start {
+            what: "a signer",
+            source,
+        })?;
     protocol::send(for_network.as_fd(), 0, &SignerConfigWire::from(config))?;
     Ok((child, for_network))
 }

@@ -275,3 +275,24 @@ pub fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS")
 }
+
+/// What the C expression `call` (a libc call, e.g. `open("/etc/hosts", 0)`) returns when made
+/// inside the running process `pid`: gdb attaches from the test and calls it there, as an
+/// attacker who took over that process would make the call (its seccomp filter, Landlock
+/// domain and capabilities apply).
+pub fn call_inside(pid: u32, call: &str) -> i64 {
+    crate::require_tool("gdb", "gdb");
+    let out = run_ok(Command::new("gdb").args([
+        "-p",
+        &pid.to_string(),
+        "-batch",
+        "-nx",
+        "-ex",
+        &format!("print (long){call}"),
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("$1 = "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no result from gdb for {call}:\n{}", output_text(&out)))
+}

@@ -4,6 +4,8 @@
 //! costs (efficiency), parsers under random input (fuzz), and stress.
 
 #[cfg(feature = "pkcs11")]
+mod boundary;
+#[cfg(feature = "pkcs11")]
 mod ca_rotation;
 mod efficiency;
 mod foreign;

@@ -140,23 +140,9 @@ fn the_self_check_refuses_a_pin_file_within_reach_in_every_mode_but_off() {
     assert_eq!(upstream.stats().tcp_connections, 0, "it went upstream");
 }
 
-/// What `open(path, flags)` returns when called inside process `pid` (gdb attached from the
-/// test, as an attacker who took over the network side would make the call).
+/// What `open(path, flags)` returns inside process `pid`.
 fn open_inside(pid: u32, path: &std::path::Path, flags: i32) -> i64 {
-    require_tool("gdb", "gdb");
-    let out = run_ok(std::process::Command::new("gdb").args([
-        "-p",
-        &pid.to_string(),
-        "-batch",
-        "-nx",
-        "-ex",
-        &format!("print (int)open(\"{}\", {flags})", path.display()),
-    ]));
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix("$1 = "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no result from gdb:\n{}", output_text(&out)))
+    call_inside(pid, &format!("open(\"{}\", {flags})", path.display()))
 }
 
 /// A person's proxy made as the README says, with the certificate and the PIN file in the home

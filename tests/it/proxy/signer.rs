@@ -629,8 +629,10 @@ fn the_signer_installs_only_a_certificate_for_its_key_and_subject() {
     assert!(refused(&reply), "another subject: {reply:?}");
     assert_eq!(std::fs::read(&id.cert).expect("read"), before);
 
+    // Renewed by a CA that writes the attributes in its own order (Go's: O before CN): the
+    // same identity.
     let renewed = id.dir.path().join("renewed.pem");
-    id.issue(&id.key_uri, "CN=alice,O=devs", &renewed);
+    id.issue(&id.key_uri, "O=devs,CN=alice", &renewed);
     let reply = signer.ask(Request::InstallCertificate {
         key: signer.key.id,
         chain: der(&renewed),

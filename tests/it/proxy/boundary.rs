@@ -1,0 +1,251 @@
+//! The boundary between the network side and the signer side, tried as an attacker who took
+//! over the network side would (calls made inside the running `hwkey-net` with gdb) and as an
+//! operator on a bad day would (a stopped signer, a PIN file fixed while the proxy runs, the
+//! binary replaced by an upgrade).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::proxy::{Identity, ProxyOptions, ProxyProcess};
+use support::upstream::TestUpstream;
+use support::*;
+
+/// A field of `/proc/PID/status`.
+fn status_field(pid: u32, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// The pids of `pid`'s children.
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .map(|t| std::fs::read_to_string(t.path().join("children")).unwrap_or_default())
+                .collect::<Vec<String>>()
+                .join(" ")
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The proxy's signer (its supervisor's child), waiting for one to exist.
+fn signer_of(proxy: &ProxyProcess) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(s) = children(proxy.guard.id())
+            .iter()
+            .flat_map(|s| children(*s))
+            .next()
+        {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "no signer under the proxy");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn code(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A network side started as root holds no capability in any set (it kept them all:
+/// `CapEff 000001fffeffffff`), and inside it `mknod` of a character device, a packet socket,
+/// a raw socket and `chmod` of a root-only file all fail, while `/etc/hosts` opens (the calls
+/// were made).
+#[test]
+fn a_root_network_side_holds_no_capability_and_makes_no_device_or_raw_socket() {
+    if rustix::process::geteuid().as_raw() != 0 {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "this test runs as root in CI (it checks what a root network side may do)"
+        );
+        eprintln!("not root: skipped outside CI");
+        return;
+    }
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions::args(&["--sandbox", "required"]),
+    );
+    let out = proxy.curl_unix(&["-s", "-o", "/dev/null", "-w", "%{http_code}"], "/version");
+    assert_eq!(code(&out), "200", "{}", proxy.log());
+    let pid = proxy.guard.id();
+    for set in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
+        assert_eq!(status_field(pid, set), "0000000000000000", "{set}");
+    }
+    assert!(call_inside(pid, "open(\"/etc/hosts\", 0)") >= 0);
+    let dir = temp_dir();
+    let node = dir.path().join("kmsg");
+    // S_IFCHR | 0600, makedev(1, 11) (/dev/kmsg).
+    let made = call_inside(pid, &format!("mknod(\"{}\", 8576, 267)", node.display()));
+    assert_eq!(made, -1, "a character device was made");
+    assert!(!node.exists());
+    // AF_PACKET, SOCK_RAW; AF_INET, SOCK_RAW, IPPROTO_ICMP.
+    assert_eq!(call_inside(pid, "socket(17, 3, 0)"), -1, "a packet socket");
+    assert_eq!(call_inside(pid, "socket(2, 3, 1)"), -1, "a raw socket");
+    let secret = dir.path().join("root-only");
+    std::fs::write(&secret, "x").expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    assert_eq!(
+        call_inside(pid, &format!("chmod(\"{}\", 0666)", secret.display())),
+        -1,
+        "chmod of a root-only file"
+    );
+    let mode = std::fs::metadata(&secret)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    // Still serving.
+    let out = proxy.curl_unix(&["-s", "-o", "/dev/null", "-w", "%{http_code}"], "/version");
+    assert_eq!(code(&out), "200", "{}", proxy.log());
+}
+
+/// A stopped signer (SIGSTOP; a token waiting for a touch, a stalled TPM): a request that
+/// needs a signature gets a 502 naming the stalled signer once half the handshake timeout
+/// passed, not after the whole stall; `/healthz` answers 503 saying so; the next requests fail
+/// at once (no thread waits out the stall again); and after SIGCONT requests are served again.
+/// Before, every request waited as long as the stop lasted and `/healthz` did not answer.
+#[test]
+fn a_stopped_signer_fails_requests_fast_and_the_proxy_recovers() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions::args(&["--handshake-timeout", "2s"]),
+    );
+    let version = || proxy.curl_unix(&["-s", "-w", "\n%{http_code}"], "/version");
+    assert!(code(&version()).ends_with("\n200"), "{}", proxy.log());
+    // A full handshake next (the sessions go with a reload, which the signer side reads).
+    proxy.signal(libc::SIGHUP);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
+    let signer = signer_of(&proxy);
+    run_ok(Command::new("kill").args(["-STOP", &signer.to_string()]));
+    let stalled = code(&version());
+    assert!(
+        stalled.ends_with("\n502") && stalled.contains("did not answer within"),
+        "{stalled}\n{}",
+        proxy.log()
+    );
+    let threads = status_field(proxy.guard.id(), "Threads");
+    let (status, body) = proxy.admin_get("/healthz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("signer"), "{body}");
+    for _ in 0..20 {
+        let again = code(&version());
+        assert!(again.ends_with("\n502"), "{again}");
+    }
+    let after = status_field(proxy.guard.id(), "Threads");
+    assert!(
+        after.parse::<u32>().expect("threads") <= threads.parse::<u32>().expect("threads") + 2,
+        "threads grew from {threads} to {after} while the signer was stopped"
+    );
+    run_ok(Command::new("kill").args(["-CONT", &signer.to_string()]));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !code(&version()).ends_with("\n200") {
+        assert!(
+            Instant::now() < deadline,
+            "not served after SIGCONT:\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A PIN file that went wrong while the proxy ran is presented once (the signer that read it
+/// is refused), never again while it stays wrong, and the fixed file is used at the next
+/// request that needs a signer (before, the proxy answered 502 for good although its message
+/// said "fix the PIN source and try again").
+#[test]
+fn a_fixed_pin_file_is_used_again_and_an_unchanged_wrong_one_never() {
+    let id = Identity::softhsm();
+    let support::proxy::Backend::SoftHsm(hsm) = &id.backend else {
+        unreachable!("a SoftHSM identity")
+    };
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let version = || proxy.curl_unix(&["-s", "-w", "\n%{http_code}"], "/version");
+    assert!(code(&version()).ends_with("\n200"), "{}", proxy.log());
+    let good = std::fs::read(hsm.pin_path()).expect("PIN");
+    std::fs::write(hsm.pin_path(), "999999\n").expect("wrong PIN");
+    let first = signer_of(&proxy);
+    run_ok(Command::new("kill").args(["-KILL", &first.to_string()]));
+    proxy.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !proxy.log().contains("PIN source still holds the same one") {
+        assert!(Instant::now() < deadline, "{}", proxy.log());
+        let _ = version();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Signers started with the wrong PIN: exactly one, whatever the number of requests.
+    let refused = proxy.log().matches("a new signer is serving").count();
+    assert_eq!(refused, 0, "{}", proxy.log());
+    std::fs::write(hsm.pin_path(), &good).expect("fix the PIN");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !code(&version()).ends_with("\n200") {
+        assert!(
+            Instant::now() < deadline,
+            "the fixed PIN was not used:\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A package upgrade replaces the binary on disk: the supervisor still starts signers, from the
+/// binary it was started from (opened at start). Before, a signer killed after the upgrade
+/// never came back ("(deleted)").
+#[test]
+fn a_signer_comes_back_after_the_binary_was_replaced_on_disk() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let bin = temp_dir();
+    let hwkey = bin.path().join("hwkey");
+    std::fs::copy(hwkey_bin(), &hwkey).expect("copy hwkey");
+    std::fs::copy(
+        hwkey_bin().with_file_name("hwkey-net"),
+        bin.path().join("hwkey-net"),
+    )
+    .expect("copy hwkey-net");
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions {
+            bin: Some(&hwkey),
+            ..Default::default()
+        },
+    );
+    let version = || proxy.curl_unix(&["-s", "-w", "\n%{http_code}"], "/version");
+    assert!(code(&version()).ends_with("\n200"), "{}", proxy.log());
+    // The upgrade: a new file in place of the old one.
+    std::fs::remove_file(&hwkey).expect("unlink");
+    std::fs::write(&hwkey, "#!/bin/sh\nexit 1\n").expect("replace");
+    let first = signer_of(&proxy);
+    run_ok(Command::new("kill").args(["-KILL", &first.to_string()]));
+    proxy.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !code(&version()).ends_with("\n200") {
+        assert!(
+            Instant::now() < deadline,
+            "no signer after the upgrade:\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_ne!(signer_of(&proxy), first);
+}
