@@ -513,6 +513,14 @@ async fn check(shared: &Admin) -> (StatusCode, String) {
     if let Some(why) = renewal_degraded(shared) {
         return (StatusCode::OK, format!("degraded: {why}\n"));
     }
+    if let Some(why) = shared.upstream.cert_problem() {
+        return (
+            StatusCode::OK,
+            format!(
+                "degraded: the certificate was not reloaded ({why}); the previous one is in use\n"
+            ),
+        );
+    }
     match shared.upstream.trust_problem() {
         Some(why) => (
             StatusCode::OK,

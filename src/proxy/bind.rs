@@ -88,7 +88,18 @@ pub fn bind(addr: &ListenAddr, unsafe_listen: bool, shared: bool) -> Result<StdB
             if !a.ip().is_loopback() && !unsafe_listen {
                 return Err(StartError::NonLoopbackListen { addr: addr.clone() });
             }
-            let listener = std::net::TcpListener::bind(a).map_err(err)?;
+            let listener = std::net::TcpListener::bind(a).map_err(|source| {
+                if source.kind() == std::io::ErrorKind::AddrInUse {
+                    if let Some(uid) = listening_uid(*a) {
+                        return StartError::PortTaken {
+                            addr: addr.clone(),
+                            uid,
+                            own: uid == rustix::process::geteuid().as_raw(),
+                        };
+                    }
+                }
+                err(source)
+            })?;
             let bound = listener.local_addr().map_err(err)?;
             Ok(StdBound::Tcp {
                 listener,
@@ -138,4 +149,58 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<std::os::unix::net::UnixListe
     let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(bind_err)?;
     Ok(listener)
+}
+
+/// The uid that owns the socket listening on `addr` (from `/proc/net/tcp` or `tcp6`): who took
+/// a port a person's proxy wants, so the error can say whether it is theirs.
+fn listening_uid(addr: std::net::SocketAddr) -> Option<u32> {
+    const LISTEN: &str = "0A";
+    let (table, local) = match addr {
+        std::net::SocketAddr::V4(a) => (
+            "/proc/net/tcp",
+            format!(
+                "{:08X}:{:04X}",
+                u32::from_le_bytes(a.ip().octets()),
+                a.port()
+            ),
+        ),
+        std::net::SocketAddr::V6(a) => {
+            let words: String = a
+                .ip()
+                .octets()
+                .chunks(4)
+                .map(|w| format!("{:08X}", u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
+                .collect();
+            ("/proc/net/tcp6", format!("{words}:{:04X}", a.port()))
+        }
+    };
+    let text = std::fs::read_to_string(table).ok()?;
+    text.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&LISTEN))
+            .then(|| fields.get(7)?.parse().ok())
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The owner of a listening port is found (here: this process's own listener).
+    #[test]
+    fn the_owner_of_a_taken_port_is_named() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = held.local_addr().expect("addr");
+        assert_eq!(
+            listening_uid(addr),
+            Some(rustix::process::geteuid().as_raw())
+        );
+        let e = bind(&ListenAddr::Tcp(addr), false, false).expect_err("taken");
+        let text = e.to_string();
+        assert!(
+            text.contains("already listens") && text.contains("--port"),
+            "{text}"
+        );
+    }
 }

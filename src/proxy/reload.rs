@@ -160,6 +160,7 @@ pub async fn reload(shared: &Reloader, cert_path: Option<PathBuf>) -> bool {
         }
         Err(reason) => {
             shared.metrics.reload(false);
+            shared.upstream.set_cert_problem(Some(reason.to_string()));
             tracing::error!(reason = %reason, "certificate reload refused; keeping the current certificate");
             false
         }

@@ -81,10 +81,16 @@ impl Flow {
 
     /// `hwkey probe` with the test CA; must succeed.
     pub fn probe(&self, uri: &str, url: &str) -> Output {
+        self.probe_with(uri, url, &[])
+    }
+
+    /// [`Flow::probe`] with more flags.
+    pub fn probe_with(&self, uri: &str, url: &str, flags: &[&str]) -> Output {
         run_ok(
             self.hwkey()
                 .args(["probe", "--key", uri, "--ca"])
                 .arg(self.ca.ca_path())
+                .args(flags)
                 .arg(url),
         )
     }
@@ -110,8 +116,9 @@ impl Flow {
         self.certify_and_probe(uri, algorithm);
     }
 
-    /// Certifies an existing key for `CN=alice,O=devs` and probes s_server (TLS 1.3 and 1.2)
-    /// and nginx with it, all requiring and verifying client certificates.
+    /// Certifies an existing key for `CN=alice,O=devs` and probes s_server (TLS 1.3, and 1.2
+    /// with `--allow-tls12-fallback` only) and nginx with it, all requiring and verifying
+    /// client certificates.
     pub fn certify_and_probe(&self, uri: &str, algorithm: &str) {
         self.certify(uri, "alice");
         let show = run_ok(self.hwkey().args(["cert", "show", "--key", uri]));
@@ -159,7 +166,16 @@ impl Flow {
             TlsVersion::Tls12,
             extra,
         );
-        let out = self.probe(uri, &server.url());
+        // TLS 1.2 only with the fallback flag: without it the signer signs no 1.2 transcript
+        // and the client offers 1.3 alone.
+        let refused = crate::run_fail(
+            self.hwkey()
+                .args(["probe", "--key", uri, "--ca"])
+                .arg(self.ca.ca_path())
+                .arg(server.url()),
+        );
+        assert!(!refused.status.success());
+        let out = self.probe_with(uri, &server.url(), &["--allow-tls12-fallback"]);
         let tls12_scheme = if rsa {
             "rsa_pkcs1_sha256"
         } else {

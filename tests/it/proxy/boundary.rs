@@ -249,3 +249,49 @@ fn a_signer_comes_back_after_the_binary_was_replaced_on_disk() {
     }
     assert_ne!(signer_of(&proxy), first);
 }
+
+/// A chain file cut inside its second certificate is refused whole: at a reload the previous
+/// chain stays in use, the refusal is counted and `/healthz` says "degraded" naming it; at a
+/// start the proxy refuses, naming the file. Before, the cut block was skipped, the leaf alone
+/// installed, `/healthz` said "ok" and nothing was logged.
+#[test]
+fn a_chain_file_cut_inside_a_certificate_is_refused_at_reload_and_at_start() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let version = || proxy.curl_unix(&["-s", "-w", "\n%{http_code}"], "/version");
+    assert!(code(&version()).ends_with("\n200"), "{}", proxy.log());
+    let leaf = std::fs::read_to_string(&id.cert).expect("leaf");
+    let ca = id.ca.ca_pem();
+    let cut = format!("{leaf}{}", &ca[..ca.len() / 2]);
+    let tmp = id.cert.with_extension("cut");
+    std::fs::write(&tmp, &cut).expect("write");
+    std::fs::rename(&tmp, &id.cert).expect("swap");
+    proxy.signal(libc::SIGHUP);
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"refused\"}", 1.0);
+    let (status, body) = proxy.admin_get("/healthz");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.starts_with("degraded") && body.contains("refused whole"),
+        "{body}"
+    );
+    assert!(code(&version()).ends_with("\n200"), "{}", proxy.log());
+    drop(proxy);
+    let out = run_fail_within(
+        hwkey()
+            .envs(id.envs())
+            .args(["proxy", "--key", &id.key_uri, "--cert"])
+            .arg(&id.cert)
+            .args(["--upstream", &upstream.url(), "--upstream-ca"])
+            .arg(id.ca.ca_path())
+            .args(["--listen", &format!("tcp:127.0.0.1:{}", free_port())])
+            .arg("--state-dir")
+            .arg(id.cert.with_file_name("state2")),
+        Duration::from_secs(30),
+    );
+    let text = output_text(&out);
+    assert!(
+        text.contains("refused whole") && text.contains(&id.cert.display().to_string()),
+        "{text}"
+    );
+}

@@ -75,7 +75,11 @@ fn the_network_side_runs_confined() {
     );
     // The filter names what it refuses, io_uring included (src/proxy/sandbox.rs's unit test
     // runs the same filter on a thread and sees io_uring_setup refused).
-    assert!(log.contains("BPF, io_uring, namespaces)"), "{log}");
+    assert!(
+        log.contains("BPF, io_uring, namespaces, chmod/chown, mknod, raw sockets)"),
+        "{log}"
+    );
+    assert!(log.contains("; no capabilities "), "{log}");
     assert!(!log.contains("self-check"), "{log}");
     // The signer side is not confined this way: it opens the device and reads the PIN.
     assert_eq!(status_field(pid, "NoNewPrivs"), "1");

@@ -212,3 +212,67 @@ fn the_kubelet_deployment_reaches_the_tpm_through_the_kernel_resource_manager() 
         "{postinst}"
     );
 }
+
+/// The kubelet example and the unit agree: the UNIX socket is in the instance's runtime
+/// directory (the unit leaves `/run/hwkey` itself to root), and the key file and the
+/// certificate are in a state directory of the unit other than the instance's state directory
+/// (the network side writes that one: it could delete a key kept there, and a proxy whose key
+/// file it could delete refuses to start).
+#[test]
+fn the_kubelet_example_keeps_its_key_and_socket_where_the_unit_says() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);
+    let config = hwkey::proxy::SettingsInput::from_file(&root.join("deploy/kubelet.toml.example"))
+        .expect("the example parses");
+    let unit = read("deploy/hwkey-proxy@.service");
+    let dirs = |key: &str| -> Vec<String> {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(key))
+            .flat_map(|v| v.split_whitespace())
+            .map(|d| d.replace("%i", "kubelet"))
+            .collect()
+    };
+    let runtime: Vec<String> = dirs("RuntimeDirectory=")
+        .iter()
+        .map(|d| format!("/run/{d}"))
+        .collect();
+    let state: Vec<String> = dirs("StateDirectory=")
+        .iter()
+        .map(|d| format!("/var/lib/{d}"))
+        .collect();
+    let instance_state = "/var/lib/hwkey/kubelet";
+    assert!(state.iter().any(|d| d == instance_state), "{state:?}");
+    let sockets: Vec<std::path::PathBuf> = config
+        .listen
+        .iter()
+        .filter_map(|l| {
+            l.to_string()
+                .strip_prefix("unix:")
+                .map(std::path::PathBuf::from)
+        })
+        .collect();
+    assert!(!sockets.is_empty());
+    for socket in &sockets {
+        let dir = socket.parent().expect("a directory").display().to_string();
+        assert!(
+            runtime.contains(&dir),
+            "{} is not in {runtime:?}",
+            socket.display()
+        );
+    }
+    let hwkey::key::KeyUri::Tpm(tpm) = config.key.as_ref().expect("a key") else {
+        panic!("a TPM key")
+    };
+    let Some(hwkey::key::TpmKeyLocation::Path(key_file)) = &tpm.key else {
+        panic!("a key file")
+    };
+    let cert = config.cert.as_ref().expect("a certificate");
+    for file in [key_file, cert] {
+        let dir = file.parent().expect("a directory").display().to_string();
+        assert!(
+            state.contains(&dir) && dir != instance_state,
+            "{} is not in a state directory of its own: {state:?}",
+            file.display()
+        );
+    }
+}
