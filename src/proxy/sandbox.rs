@@ -63,6 +63,9 @@ pub struct Plan {
     pub write: Vec<PathBuf>,
     /// TCP ports it connects to.
     pub connect: Vec<u16>,
+    /// Whether it resolves names (an API server or a forward proxy given by name): then it
+    /// may make UDP sockets (DNS); otherwise an IPv4/IPv6 datagram socket is refused.
+    pub dns: bool,
     /// Files it must not be able to read once confined: the self-check.
     pub forbidden: Vec<PathBuf>,
 }
@@ -215,7 +218,7 @@ pub fn confine(mode: SandboxMode, plan: &Plan) -> Result<Report, SandboxError> {
         }
         Err(e) => tracing::warn!(error = %e, "Landlock could not be set up"),
     }
-    match seccomp() {
+    match seccomp(plan.dns) {
         Ok(()) => report.seccomp = true,
         Err(e) => tracing::warn!(error = %e, "the seccomp filter could not be installed"),
     }
@@ -338,8 +341,8 @@ enum FilterError {
 }
 
 /// The seccomp filters, on every thread.
-fn seccomp() -> Result<(), FilterError> {
-    let programs = filters()?;
+fn seccomp(dns: bool) -> Result<(), FilterError> {
+    let programs = filters(dns)?;
     for (installed, program) in programs.iter().enumerate() {
         if let Err(error) = seccompiler::apply_filter_all_threads(program) {
             return Err(match installed {
@@ -363,7 +366,7 @@ fn seccomp() -> Result<(), FilterError> {
 ///   read them: on `ENOSYS` glibc falls back to `clone`, which the first checks (Docker's
 ///   default profile does the same). Threads are still made that way.
 /// - On x86_64 the third answers `EPERM` to every x32 call ([`X32_SYSCALL_BIT`]).
-fn filters() -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
+fn filters(dns: bool) -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
     let arch = match std::env::consts::ARCH {
         "x86_64" => TargetArch::x86_64,
         "aarch64" => TargetArch::aarch64,
@@ -398,8 +401,12 @@ fn filters() -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
         SeccompCmpOp::MaskedEq(0xf),
         libc::SOCK_RAW as u64,
     )?])?;
+    let mut socket_rules = vec![raw];
+    if !dns {
+        socket_rules.extend(datagram_rules()?);
+    }
     if let Some(socket) = rules.get_mut(&libc::SYS_socket) {
-        socket.push(raw);
+        socket.extend(socket_rules);
     }
     let refused = SeccompFilter::new(
         rules,
@@ -418,6 +425,24 @@ fn filters() -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
         programs.push(x32_refused());
     }
     Ok(programs)
+}
+
+/// IPv4 and IPv6 datagram sockets (UDP), for a network side that resolves no name.
+fn datagram_rules() -> Result<Vec<SeccompRule>, FilterError> {
+    [libc::AF_INET, libc::AF_INET6]
+        .into_iter()
+        .map(|family| {
+            Ok(SeccompRule::new(vec![
+                SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, family as u64)?,
+                SeccompCondition::new(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::MaskedEq(0xf),
+                    libc::SOCK_DGRAM as u64,
+                )?,
+            ])?)
+        })
+        .collect()
 }
 
 /// A program that answers `EPERM` to every call numbered with [`X32_SYSCALL_BIT`] (written by
@@ -520,7 +545,7 @@ mod try_filters {
     pub(super) fn on_a_filtered_thread<T: Send + 'static>(
         probe: impl FnOnce() -> T + Send + 'static,
     ) -> T {
-        let programs = filters().expect("the filters compile");
+        let programs = filters(false).expect("the filters compile");
         std::thread::spawn(move || {
             for program in &programs {
                 seccompiler::apply_filter(program).expect("filter on this thread");

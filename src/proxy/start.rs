@@ -106,7 +106,8 @@ fn prepare(settings: &Settings, supervisor: Supervisor) -> Result<Prepared, Star
 
 /// What the network side may touch once confined: the system's name-resolution and CA files
 /// to read; the state directory and the listeners' directories (their socket files go at the
-/// stop) to write; the API servers', the forward proxies' and DNS's ports to connect to.
+/// stop) to write; the API servers', the forward proxies' and (when one is named, not an
+/// address) DNS's ports to connect to, and UDP only then.
 /// Nothing of the certificate's or the CA bundle's directories: the signer side reads those
 /// files for reloads and writes a renewed certificate, so a certificate in a home directory
 /// does not open `~/.ssh` or `~/.bashrc` to the network side. The secrets (PIN files, the
@@ -133,10 +134,19 @@ fn sandbox_plan(settings: &Settings, bound: &BoundSet) -> sandbox::Plan {
     let mut write = vec![settings.state_dir.path().to_path_buf()];
     write.extend(bound.socket_paths().into_iter().map(|p| dir_of(&p)));
     let egress = &settings.upstream.egress;
-    let mut connect: Vec<u16> = vec![53];
+    let named = |host: &str| host.parse::<std::net::IpAddr>().is_err();
+    let mut connect: Vec<u16> = Vec::new();
+    let mut dns = false;
     for t in &settings.upstream.targets {
         connect.push(t.port);
-        connect.extend(egress.proxy_for(&t.host, t.port).map(|p| p.port));
+        dns |= named(&t.host);
+        if let Some(p) = egress.proxy_for(&t.host, t.port) {
+            connect.push(p.port);
+            dns |= named(&p.host);
+        }
+    }
+    if dns {
+        connect.push(53);
     }
     let mut forbidden = settings.key.uri.secret_files();
     forbidden.extend(settings.key.uri.key_files());
@@ -144,6 +154,7 @@ fn sandbox_plan(settings: &Settings, bound: &BoundSet) -> sandbox::Plan {
         read,
         write,
         connect,
+        dns,
         forbidden,
     }
 }

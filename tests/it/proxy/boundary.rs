@@ -60,8 +60,8 @@ fn code(out: &std::process::Output) -> String {
 
 /// A network side started as root holds no capability in any set (it kept them all:
 /// `CapEff 000001fffeffffff`), and inside it `mknod` of a character device, a packet socket,
-/// a raw socket and `chmod` of a root-only file all fail, while `/etc/hosts` opens (the calls
-/// were made).
+/// a raw socket, a UDP socket (its API server is an address: nothing to resolve) and `chmod`
+/// of a root-only file all fail, while `/etc/hosts` opens (the calls were made).
 #[test]
 fn a_root_network_side_holds_no_capability_and_makes_no_device_or_raw_socket() {
     if rustix::process::geteuid().as_raw() != 0 {
@@ -95,6 +95,9 @@ fn a_root_network_side_holds_no_capability_and_makes_no_device_or_raw_socket() {
     // AF_PACKET, SOCK_RAW; AF_INET, SOCK_RAW, IPPROTO_ICMP.
     assert_eq!(call_inside(pid, "socket(17, 3, 0)"), -1, "a packet socket");
     assert_eq!(call_inside(pid, "socket(2, 3, 1)"), -1, "a raw socket");
+    // The API server is an address: no name to resolve, so no UDP either.
+    assert_eq!(call_inside(pid, "socket(2, 2, 0)"), -1, "a UDP socket");
+    assert_eq!(call_inside(pid, "socket(10, 2, 0)"), -1, "a UDP6 socket");
     let secret = dir.path().join("root-only");
     std::fs::write(&secret, "x").expect("write");
     use std::os::unix::fs::PermissionsExt;
@@ -294,4 +297,36 @@ fn a_chain_file_cut_inside_a_certificate_is_refused_at_reload_and_at_start() {
         text.contains("refused whole") && text.contains(&id.cert.display().to_string()),
         "{text}"
     );
+}
+
+/// The node key file in the state directory (where the kubelet example used to keep it): the
+/// network side writes there and could `unlink` the node identity, so the proxy refuses to
+/// start, naming the key file, in the default `--sandbox auto` too; nothing goes upstream.
+#[cfg(feature = "tpm")]
+#[test]
+fn a_key_file_the_network_side_could_delete_refuses_the_start() {
+    let id = Identity::tpm();
+    let upstream = TestUpstream::start(&id.ca);
+    let key_file = id.dir.path().join("alice.tpm.pem");
+    assert!(key_file.exists());
+    let out = run_fail_within(
+        hwkey()
+            .envs(id.envs())
+            .args(["proxy", "--key", &id.key_uri, "--cert"])
+            .arg(&id.cert)
+            .args(["--upstream", &upstream.url(), "--upstream-ca"])
+            .arg(id.ca.ca_path())
+            .args(["--listen", &format!("tcp:127.0.0.1:{}", free_port())])
+            .arg("--state-dir")
+            .arg(id.dir.path())
+            .args(["--sandbox", "auto"]),
+        Duration::from_secs(30),
+    );
+    let text = output_text(&out);
+    assert!(
+        text.contains("read or delete") && text.contains(&key_file.display().to_string()),
+        "{text}"
+    );
+    assert!(key_file.exists(), "the key file is gone");
+    assert_eq!(upstream.stats().tcp_connections, 0, "it went upstream");
 }
