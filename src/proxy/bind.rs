@@ -95,6 +95,7 @@ pub fn bind(addr: &ListenAddr, unsafe_listen: bool, shared: bool) -> Result<StdB
                             addr: addr.clone(),
                             uid,
                             own: uid == rustix::process::geteuid().as_raw(),
+                            source,
                         };
                     }
                 }

@@ -47,11 +47,13 @@ pub enum StartError {
     #[error("refusing to listen on {addr}: it is not a loopback address and the local hop would be exposed; pass --unsafe-listen if you really mean it")]
     NonLoopbackListen { addr: ListenAddr },
 
-    #[error("cannot listen on {addr}: {}", if *.own { format!("a process of yours (uid {uid}) already listens there: another hwkey proxy? stop it (its state directory's proxy.pid), or pick another port (hwkey kubeconfig --port N, or --listen)") } else { format!("another user's process (uid {uid}) already listens there, perhaps to stand in for your proxy: pick another port (hwkey kubeconfig --port N, or --listen), or ask an administrator to stop it") })]
+    #[error("cannot listen on {addr}: {source}: {}", if *.own { format!("a process of yours (uid {uid}) already listens there: another hwkey proxy? stop it (its state directory's proxy.pid), or pick another port (hwkey kubeconfig --port N, or --listen)") } else { format!("another user's process (uid {uid}) already listens there, perhaps to stand in for your proxy: pick another port (hwkey kubeconfig --port N, or --listen), or ask an administrator to stop it") })]
     PortTaken {
         addr: ListenAddr,
         uid: u32,
         own: bool,
+        #[source]
+        source: std::io::Error,
     },
 
     #[error("cannot listen on {addr}: {source}")]
