@@ -21,7 +21,33 @@ pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
 /// also belong to this user or root and be writable by no one else: what is trusted must not
 /// be replaceable by another local user.
 pub fn read_watched(path: &Path) -> std::io::Result<Vec<u8>> {
-    read_checked(path, |meta| {
+    read_checked(path, watched)
+}
+
+/// [`read_watched`] for a reader that may be fooled by whoever can write where the file is:
+/// the file opened is checked to lie beneath `dir` (after the open, from the descriptor's own
+/// path: a link swapped in between a check and the open cannot lead elsewhere).
+pub fn read_watched_beneath(path: &Path, dir: &Path) -> std::io::Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let (file, meta) = open_regular(path)?;
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
+    if !real.starts_with(dir) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "leads to {}, outside {}: put the file itself there",
+                real.display(),
+                dir.display()
+            ),
+        ));
+    }
+    watched(&meta)?;
+    read_bounded(file)
+}
+
+/// What [`read_watched`] requires of the file.
+fn watched(meta: &std::fs::Metadata) -> std::io::Result<()> {
+    {
         let me = rustix::process::geteuid().as_raw();
         if meta.uid() != me && meta.uid() != 0 {
             return Err(invalid(format!(
@@ -36,7 +62,7 @@ pub fn read_watched(path: &Path) -> std::io::Result<Vec<u8>> {
             )));
         }
         Ok(())
-    })
+    }
 }
 
 fn invalid(what: String) -> std::io::Error {
@@ -72,6 +98,11 @@ fn read_checked(
 ) -> std::io::Result<Vec<u8>> {
     let (file, meta) = open_regular(path)?;
     check(&meta)?;
+    read_bounded(file)
+}
+
+/// The whole of an opened file, at most [`MAX_SMALL_FILE`].
+fn read_bounded(file: std::fs::File) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     file.take(MAX_SMALL_FILE + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_SMALL_FILE {

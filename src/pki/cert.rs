@@ -62,12 +62,10 @@ pub fn parse_chain(bytes: &[u8], path: &Path) -> Result<Vec<CertificateDer<'stat
     Ok(chain)
 }
 
-/// How many times `marker` starts a line of `bytes`.
+/// How many times `marker` occurs in `bytes` (anywhere, as the PEM parser finds blocks: two
+/// certificates joined without a newline are two blocks).
 fn pem_markers(bytes: &[u8], marker: &[u8]) -> usize {
-    bytes
-        .split(|&b| b == b'\n')
-        .filter(|line| line.trim_ascii_start().starts_with(marker))
-        .count()
+    bytes.windows(marker.len()).filter(|w| *w == marker).count()
 }
 
 /// The chain for a key: from `--cert` when given, else the one stored with the key.
@@ -357,6 +355,16 @@ mod tests {
         assert!(e.to_string().contains("/etc/hwkey/chain.pem"), "{e}");
         let broken = whole.replacen("-----END CERTIFICATE-----", "-----END CERTIFICATE", 2);
         assert!(parse_chain(broken.as_bytes(), path).is_err());
+        // Joined without a newline: still two whole blocks.
+        let joined = format!(
+            "{}{}",
+            pem_of(leaf.cert.der()).trim_end(),
+            pem_of(ca.cert.der())
+        );
+        assert_eq!(
+            parse_chain(joined.as_bytes(), path).expect("joined").len(),
+            2
+        );
         let only_cut = &pem_of(leaf.cert.der())[..100];
         assert!(matches!(
             parse_chain(only_cut.as_bytes(), path),

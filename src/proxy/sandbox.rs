@@ -162,6 +162,11 @@ fn host_calls() -> Vec<i64> {
         libc::SYS_clock_settime,
         libc::SYS_clock_adjtime,
         libc::SYS_adjtimex,
+        // Calls newer than the libc crate's tables, numbered alike on every architecture:
+        // fchmodat2 (Linux 6.6), setxattrat and removexattrat (6.13).
+        452,
+        463,
+        466,
     ]
 }
 
@@ -182,14 +187,18 @@ fn legacy_denied() -> Vec<i64> {
 }
 
 /// The socket families the network side uses: UNIX (its listeners, the signer), IPv4 and IPv6
-/// (clients, API servers, DNS) and netlink (glibc's `getaddrinfo` asks the routes). A raw or
-/// packet socket, Bluetooth, `AF_ALG` and the rest answer `EPERM`.
+/// (clients, API servers, DNS) and netlink (`NETLINK_SOCK_DIAG`: which uid holds a loopback
+/// client's socket, for admission by uid). A packet socket, Bluetooth, `AF_ALG` and the rest
+/// answer `EPERM`.
 const SOCKET_FAMILIES: [libc::c_int; 4] = [
     libc::AF_UNIX,
     libc::AF_INET,
     libc::AF_INET6,
     libc::AF_NETLINK,
 ];
+
+/// `SOCK_PACKET`: the kernel makes an `AF_INET` socket of this type a packet socket.
+const SOCK_PACKET: u64 = 10;
 
 /// Confines this process as `plan` says, per `mode`, and checks the result.
 pub fn confine(mode: SandboxMode, plan: &Plan) -> Result<Report, SandboxError> {
@@ -388,26 +397,7 @@ fn filters(dns: bool) -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
         )?])?);
     }
     rules.insert(libc::SYS_clone, clone);
-    // A socket of any other family: every condition of a rule must hold.
-    let other_family = SOCKET_FAMILIES
-        .iter()
-        .map(|f| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f as u64))
-        .collect::<Result<Vec<_>, _>>()?;
-    rules.insert(libc::SYS_socket, vec![SeccompRule::new(other_family)?]);
-    // A raw IPv4/IPv6 socket (SOCK_RAW is 3; the type's low bits, flags aside).
-    let raw = SeccompRule::new(vec![SeccompCondition::new(
-        1,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::MaskedEq(0xf),
-        libc::SOCK_RAW as u64,
-    )?])?;
-    let mut socket_rules = vec![raw];
-    if !dns {
-        socket_rules.extend(datagram_rules()?);
-    }
-    if let Some(socket) = rules.get_mut(&libc::SYS_socket) {
-        socket.extend(socket_rules);
-    }
+    rules.insert(libc::SYS_socket, socket_rules(dns)?);
     let refused = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
@@ -425,6 +415,29 @@ fn filters(dns: bool) -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
         programs.push(x32_refused());
     }
     Ok(programs)
+}
+
+/// The sockets refused: another family than [`SOCKET_FAMILIES`], a raw or `SOCK_PACKET` one,
+/// and UDP unless names are resolved (`dns`). Each rule's conditions must all hold.
+fn socket_rules(dns: bool) -> Result<Vec<SeccompRule>, FilterError> {
+    let other_family = SOCKET_FAMILIES
+        .iter()
+        .map(|f| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f as u64))
+        .collect::<Result<Vec<_>, _>>()?;
+    // The type's low bits, its flags (SOCK_NONBLOCK, SOCK_CLOEXEC) aside.
+    let of_type = |t: u64| {
+        SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(0xf), t)
+            .and_then(|c| SeccompRule::new(vec![c]))
+    };
+    let mut rules = vec![
+        SeccompRule::new(other_family)?,
+        of_type(libc::SOCK_RAW as u64)?,
+        of_type(SOCK_PACKET)?,
+    ];
+    if !dns {
+        rules.extend(datagram_rules()?);
+    }
+    Ok(rules)
 }
 
 /// IPv4 and IPv6 datagram sockets (UDP), for a network side that resolves no name.

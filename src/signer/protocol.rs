@@ -83,9 +83,18 @@ pub enum Request {
         chain: Vec<Vec<u8>>,
         keep_previous: bool,
     },
-    /// What a watched file holds now.
-    ReadWatched { file: WatchedFile },
+    /// What a watched file holds now, from byte `offset` (a reply holds at most
+    /// [`WATCHED_CHUNK`] bytes; offset 0 reads the file anew, later offsets continue that read).
+    ReadWatched {
+        file: WatchedFile,
+        #[serde(default)]
+        offset: u64,
+    },
 }
+
+/// The most of a watched file one reply carries: a system CA bundle (about 220 KiB) is over the
+/// message limit whole.
+pub const WATCHED_CHUNK: usize = 64 * 1024;
 
 /// A file the network side reads again while it runs, read for it by the signer side: the
 /// network side is confined away from the directories they live in (a home directory holds
@@ -126,10 +135,11 @@ pub enum Reply {
     Created { key: KeyInfo },
     /// What a deletion removed.
     Destroyed { removed: Vec<String> },
-    /// A watched file's content.
+    /// Part of a watched file's content, and the whole file's length.
     File {
         #[serde(with = "b64")]
         bytes: Vec<u8>,
+        total: u64,
     },
     /// Done (for [`Request::Use`]).
     Done,

@@ -73,6 +73,14 @@ impl SignerClient {
         socket: OwnedFd,
         deadline: Duration,
     ) -> Result<(Arc<SignerClient>, KeyInfo), KeyError> {
+        // Opening the key includes the login: a device that hangs there fails this start at
+        // the deadline (the login's own, at least a minute) instead of holding every caller.
+        let opening = deadline.max(DEFAULT_DEADLINE);
+        if !readable_within(&socket, opening).map_err(|e| signer_error(&e))? {
+            return Err(KeyError::Signer {
+                message: format!("the signer did not open the key within {opening:?}"),
+            });
+        }
         let hello = protocol::recv::<Reply>(socket.as_fd())
             .map_err(|e| signer_error(&e))?
             .ok_or_else(|| KeyError::Signer {
@@ -150,12 +158,21 @@ impl SignerClient {
             }
             return Err(signer_error(&e));
         }
-        self.wait_for(id, Instant::now() + self.deadline)
+        // Signatures wait the short deadline, and one that misses it marks the signer stalled;
+        // the rest (a key made for a rotation, a chain stored, a file read) may take longer on
+        // a TPM and do not stall the handshakes.
+        let signature = matches!(request, Request::Sign { .. });
+        let wait = if signature {
+            self.deadline
+        } else {
+            self.deadline.max(DEFAULT_DEADLINE)
+        };
+        self.wait_for(id, Instant::now() + wait, signature)
     }
 
     /// Waits for call `id`'s reply until `deadline`, reading replies in turn with the other
     /// callers.
-    fn wait_for(&self, id: u64, deadline: Instant) -> Result<Reply, KeyError> {
+    fn wait_for(&self, id: u64, deadline: Instant, stalls: bool) -> Result<Reply, KeyError> {
         let mut waiting = self.lock();
         loop {
             if let Some(Some(_)) = waiting.calls.get(&id) {
@@ -172,10 +189,10 @@ impl SignerClient {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 waiting.calls.remove(&id);
-                if !waiting.stalled {
+                if stalls && !waiting.stalled {
                     tracing::error!(deadline = ?self.deadline, "the signer did not answer in time: signatures fail until it answers again");
+                    waiting.stalled = true;
                 }
-                waiting.stalled = true;
                 return Err(self.stalled_error());
             }
             if waiting.reading {
@@ -459,9 +476,19 @@ impl SignerLink {
                     .clone()
             }
         };
-        match client.call(&Request::ReadWatched { file })? {
-            Reply::File { bytes } => Ok(bytes),
-            _ => Err(signer_error(&SignerError::Unexpected("a file"))),
+        let mut all = Vec::new();
+        loop {
+            let offset = all.len() as u64;
+            match client.call(&Request::ReadWatched { file, offset })? {
+                Reply::File { bytes, total } => {
+                    let done = bytes.is_empty();
+                    all.extend_from_slice(&bytes);
+                    if all.len() as u64 >= total || done {
+                        return Ok(all);
+                    }
+                }
+                _ => return Err(signer_error(&SignerError::Unexpected("a file"))),
+            }
         }
     }
 
@@ -760,10 +787,16 @@ mod tests {
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
         };
-        let first = client.call_raw(&Request::StoredChain { key: 1 });
+        let sign = || Request::Sign {
+            key: 1,
+            purpose: crate::key::Purpose::Handshake,
+            scheme: SignScheme::EcdsaP256Sha256,
+            message: vec![1, 2, 3],
+        };
+        let first = client.call_raw(&sign());
         let e = first.expect_err("no answer came");
         assert!(e.to_string().contains("did not answer within"), "{e}");
-        let again = client.call_raw(&Request::StoredChain { key: 1 });
+        let again = client.call_raw(&sign());
         assert!(
             again.is_err(),
             "a call while stalled waited and got {again:?}"
@@ -782,9 +815,7 @@ mod tests {
             protocol::send(theirs.as_fd(), got.id, &Reply::Chain { chain: None }).expect("send");
             theirs
         });
-        let reply = client
-            .call_raw(&Request::StoredChain { key: 1 })
-            .expect("answered again");
+        let reply = client.call_raw(&sign()).expect("answered again");
         assert!(matches!(reply, Reply::Chain { chain: None }), "{reply:?}");
         drop(peer.join().expect("peer"));
     }

@@ -139,6 +139,8 @@ struct Signer {
     policy: Policy,
     keys: Keys,
     refused: AtomicU64,
+    /// The watched file being read in parts, as it was at its offset-0 read.
+    watched: std::sync::Mutex<Option<(WatchedFile, Vec<u8>)>>,
 }
 
 /// Opens the key, greets on `socket`, and serves until the other side closes it. Returns the
@@ -151,10 +153,7 @@ pub fn serve(socket: OwnedFd, config: SignerConfig) -> u8 {
             let exit_code = if pin_refused(&e) {
                 // The supervisor reads this before the network side hears of the refusal:
                 // it does not present the same PIN again.
-                use std::io::Write as _;
-                let mut out = std::io::stdout().lock();
-                let _ = out.write_all(super::supervisor::PIN_REFUSED_MARK);
-                let _ = out.flush();
+                tell_supervisor(super::supervisor::PIN_REFUSED_MARK);
                 crate::key::pin::EXIT_PIN_REFUSED
             } else {
                 1
@@ -167,6 +166,7 @@ pub fn serve(socket: OwnedFd, config: SignerConfig) -> u8 {
             return exit_code;
         }
     };
+    tell_supervisor(super::supervisor::OPENED_MARK);
     let hello = match signer.keys.get(FIRST_KEY) {
         Ok(key) => Reply::Hello {
             version: VERSION,
@@ -192,6 +192,15 @@ pub fn serve(socket: OwnedFd, config: SignerConfig) -> u8 {
         let _ = w.join();
     }
     0
+}
+
+/// How the opening went, on standard output (a pipe the supervisor reads): opened, or the
+/// PIN refused.
+fn tell_supervisor(mark: &[u8]) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(mark);
+    let _ = out.flush();
 }
 
 /// One worker: reads a request, answers it, until the socket closes. Anything that is not a
@@ -246,6 +255,7 @@ fn open(config: SignerConfig) -> Result<Signer, KeyError> {
             in_use: AtomicU32::new(FIRST_KEY),
         },
         refused: AtomicU64::new(0),
+        watched: std::sync::Mutex::new(None),
     })
 }
 
@@ -321,7 +331,7 @@ impl Signer {
                     "keys are created, switched and deleted only with --rotate-key".into(),
                 ))
             }
-            Request::ReadWatched { file } => self.read_watched(file),
+            Request::ReadWatched { file, offset } => self.read_watched(file, offset),
             Request::CreateNext => self.create_next(),
             Request::Destroy { key } => self.destroy(key),
             Request::Use { key } => self.use_key(key),
@@ -426,40 +436,48 @@ impl Signer {
         Ok(key)
     }
 
-    /// A watched file's content, when it is a regular file of this user or root that no one
-    /// else may write, and does not lead (by a link) out of its configured directory.
-    fn read_watched(&self, file: WatchedFile) -> Result<Reply, RemoteError> {
-        let path = match file {
-            WatchedFile::Certificate => self.config.cert.as_ref(),
-            WatchedFile::UpstreamCa => self.config.upstream_ca.as_ref(),
-        }
-        .ok_or_else(|| refused(format!("no {file:?} file is configured")))?;
+    /// A watched file's content from `offset`, when it is a regular file of this user or root
+    /// that no one else may write, and the file opened lies in its configured directory (a
+    /// link swapped in cannot lead elsewhere: checked on the opened descriptor).
+    fn read_watched(&self, file: WatchedFile, offset: u64) -> Result<Reply, RemoteError> {
         let failed = |message: String| RemoteError {
             kind: RemoteKind::Failed,
             message,
         };
-        let real = std::fs::canonicalize(path)
-            .map_err(|e| failed(format!("cannot read {}: {e}", path.display())))?;
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(std::path::Path::new("."));
-        let dir = std::fs::canonicalize(dir)
-            .map_err(|e| failed(format!("cannot read {}: {e}", dir.display())))?;
-        if !real.starts_with(&dir) {
-            return Err(self.refuse(
-                "read_watched",
-                format!(
-                    "{} is a link to {}, outside {}: put the file itself there",
-                    path.display(),
-                    real.display(),
-                    dir.display()
-                ),
-            ));
+        let mut cache = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+        if offset == 0 || cache.as_ref().is_none_or(|(f, _)| *f != file) {
+            let path = match file {
+                WatchedFile::Certificate => self.config.cert.as_ref(),
+                WatchedFile::UpstreamCa => self.config.upstream_ca.as_ref(),
+            }
+            .ok_or_else(|| refused(format!("no {file:?} file is configured")))?;
+            let dir = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            let dir = std::fs::canonicalize(dir)
+                .map_err(|e| failed(format!("cannot read {}: {e}", dir.display())))?;
+            let bytes = match crate::small_file::read_watched_beneath(path, &dir) {
+                Ok(b) => b,
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    return Err(self.refuse("read_watched", format!("{}: {e}", path.display())))
+                }
+                Err(e) => return Err(failed(format!("cannot read {}: {e}", path.display()))),
+            };
+            *cache = Some((file, bytes));
         }
-        crate::small_file::read_watched(&real)
-            .map(|bytes| Reply::File { bytes })
-            .map_err(|e| failed(format!("cannot read {}: {e}", path.display())))
+        let bytes = cache
+            .as_ref()
+            .map(|(_, b)| b.as_slice())
+            .unwrap_or_default();
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        let end = (start + super::protocol::WATCHED_CHUNK).min(bytes.len());
+        Ok(Reply::File {
+            bytes: bytes[start..end].to_vec(),
+            total: bytes.len() as u64,
+        })
     }
 
     /// Key `id` is in use from now on; with `--rotate-key` the pointer a restart reads names
@@ -592,5 +610,7 @@ fn pin_refused(e: &KeyError) -> bool {
             | KeyError::PinLength { .. }
             | KeyError::PinFinalTry { .. }
             | KeyError::PinLocked { .. }
+            | KeyError::TpmAuthRejected { .. }
+            | KeyError::TpmAuthRemembered { .. }
     )
 }

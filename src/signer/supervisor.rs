@@ -230,7 +230,14 @@ pub fn supervisor_main() -> u8 {
 const PIN_UNCHANGED: &[u8] = b"p";
 
 /// What a signer writes on its standard output when the device refused its PIN.
-pub(crate) const PIN_REFUSED_MARK: &[u8] = b"pin-refused\n";
+pub(crate) const PIN_REFUSED_MARK: &[u8] = b"hwkey-signer: pin-refused\n";
+
+/// What a signer writes on its standard output once it opened its key.
+pub(crate) const OPENED_MARK: &[u8] = b"hwkey-signer: opened\n";
+
+/// How long the supervisor waits for a signer to say how its opening went before it replaces
+/// it: killing a signer in the middle of its login would spend a PIN try unrecorded.
+const OPENING_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The supervisor's signer and what it remembers between starts.
 struct SupervisorState {
@@ -300,6 +307,7 @@ impl SupervisorState {
             self.backoff.reset();
         }
         let refused = live.child.stdout.take().is_some_and(said_pin_refused);
+        // `said_pin_refused` waited for the opening's outcome: the signer is past its login.
         if !matches!(live.child.try_wait(), Ok(Some(_))) {
             let _ = live.child.kill();
         }
@@ -317,12 +325,47 @@ impl SupervisorState {
     }
 }
 
-/// Whether a signer's standard output (read without waiting) says its PIN was refused.
+/// Whether a signer's standard output says its PIN was refused: waits (at most
+/// [`OPENING_WAIT`]) until it said how its opening went or exited, and looks for the mark
+/// anywhere in what it wrote (a PKCS#11 module may print first). A signer that exited or
+/// stayed silent without the mark was not refused (a crash, a device that hangs).
 fn said_pin_refused(out: std::process::ChildStdout) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
     let fd = OwnedFd::from(out);
-    let mut buf = [0u8; 64];
     let _ = rustix::fs::fcntl_setfl(fd.as_fd(), rustix::fs::OFlags::NONBLOCK);
-    matches!(rustix::io::read(fd.as_fd(), &mut buf), Ok(n) if buf[..n].starts_with(PIN_REFUSED_MARK))
+    let deadline = std::time::Instant::now() + OPENING_WAIT;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let has = |m: &[u8]| seen.windows(m.len()).any(|w| w == m);
+        if has(PIN_REFUSED_MARK) {
+            return true;
+        }
+        if has(OPENED_MARK) {
+            return false;
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || seen.len() > 64 * 1024 {
+            return false;
+        }
+        let timeout = Timespec {
+            tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+        match rustix::io::read(&fd, &mut buf) {
+            // The signer exited without saying.
+            Ok(0) => return false,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+            Err(_) => return false,
+        }
+    }
 }
 
 /// The content of the configured key's PIN sources (files; an environment variable or a value

@@ -654,20 +654,66 @@ fn the_signer_reads_the_watched_files_but_not_through_a_link_out_of_their_direct
     use hwkey::signer::protocol::WatchedFile;
     let id = Identity::softhsm();
     let mut signer = SignerSide::start(&id);
-    let reply = signer.ask(Request::ReadWatched {
-        file: WatchedFile::Certificate,
-    });
-    let Reply::File { bytes } = reply else {
-        panic!("the certificate was not read: {reply:?}")
+    let read = |signer: &mut SignerSide, file: WatchedFile| -> Result<Vec<u8>, Box<Reply>> {
+        let mut all = Vec::new();
+        loop {
+            let reply = signer.ask(Request::ReadWatched {
+                file,
+                offset: all.len() as u64,
+            });
+            let Reply::File { bytes, total } = reply else {
+                return Err(Box::new(reply));
+            };
+            all.extend_from_slice(&bytes);
+            if all.len() as u64 >= total {
+                return Ok(all);
+            }
+        }
     };
+    let bytes = read(&mut signer, WatchedFile::Certificate).expect("the certificate");
     assert_eq!(bytes, std::fs::read(&id.cert).expect("read"));
+    // A CA bundle the size of a system one (over the message limit whole) comes in parts.
+    let ca = id.ca.ca_path();
+    let big = id.ca.ca_pem().repeat(200 * 1024 / id.ca.ca_pem().len() + 2);
+    assert!(big.len() > 200 * 1024);
+    std::fs::write(&ca, &big).expect("write a big bundle");
+    let bytes = read(&mut signer, WatchedFile::UpstreamCa).expect("the bundle");
+    assert_eq!(bytes, big.as_bytes());
+
     let outside = temp_dir();
     let target = outside.path().join("other.pem");
     std::fs::copy(&id.cert, &target).expect("copy");
     std::fs::remove_file(&id.cert).expect("unlink");
     std::os::unix::fs::symlink(&target, &id.cert).expect("link");
-    let reply = signer.ask(Request::ReadWatched {
-        file: WatchedFile::Certificate,
-    });
+    let reply = read(&mut signer, WatchedFile::Certificate).expect_err("refused");
     assert!(refused(&reply), "a link out of the directory: {reply:?}");
+}
+
+/// A renewed certificate's predecessor is read without following a link: a `--cert` swapped
+/// for a link to the PIN file gets no copy of the PIN into a readable `.prev` (the install is
+/// refused and nothing is written).
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_previous_certificate_is_never_read_through_a_link() {
+    let id = Identity::softhsm();
+    let mut signer = SignerSide::start(&id);
+    let support::proxy::Backend::SoftHsm(hsm) = &id.backend else {
+        unreachable!("a SoftHSM identity")
+    };
+    let chain: Vec<Vec<u8>> = hwkey::pki::cert::load_chain(&id.cert)
+        .expect("a chain")
+        .into_iter()
+        .map(|c| c.to_vec())
+        .collect();
+    std::fs::remove_file(&id.cert).expect("unlink");
+    std::os::unix::fs::symlink(hsm.pin_path(), &id.cert).expect("link");
+    let reply = signer.ask(Request::InstallCertificate {
+        key: signer.key.id,
+        chain,
+        keep_previous: true,
+    });
+    assert!(matches!(reply, Reply::Error { .. }), "{reply:?}");
+    let mut prev = id.cert.clone().into_os_string();
+    prev.push(".prev");
+    assert!(!std::path::Path::new(&prev).exists(), "a .prev was written");
 }
