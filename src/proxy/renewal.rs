@@ -310,8 +310,9 @@ async fn submit_to_one(
     submission: &Submission,
 ) -> Result<(String, Vec<u8>), LifecycleError> {
     let mut last = None;
+    let roots = upstream_roots(shared, settings).await?;
     for (i, server) in shared.upstream.renewal_servers() {
-        let client = api_client(shared, settings, &server)?;
+        let client = api_client(shared, settings, &server, roots.clone())?;
         let mut notes = Vec::new();
         match submit(&client, &server, submission, DEFAULT_WAIT, &mut notes).await {
             Err(e) if unreachable(&e) => {
@@ -339,17 +340,8 @@ fn api_client(
     shared: &Renewal,
     settings: &RenewSettings,
     server: &str,
+    roots: Option<Vec<Vec<u8>>>,
 ) -> Result<kube::Client, LifecycleError> {
-    let roots = match &settings.upstream_ca {
-        Some(path) => {
-            let bytes = shared
-                .files
-                .read_watched(crate::signer::protocol::WatchedFile::UpstreamCa)?;
-            let chain = crate::pki::cert::parse_chain(&bytes, path)?;
-            Some(chain.into_iter().map(|c| c.to_vec()).collect())
-        }
-        None => None,
-    };
     let config = client::config_with_roots(server, roots, settings.tls_server_name.clone())?;
     client::build_via(
         &config,
@@ -359,6 +351,29 @@ fn api_client(
         },
         Some(shared.upstream.egress().clone()),
     )
+}
+
+/// The upstream CA's certificates for the renewal's client, read once per renewal by the
+/// signer side (the network side is confined away from the bundle's directory), off the
+/// runtime: a signer call blocks.
+async fn upstream_roots(
+    shared: &Renewal,
+    settings: &RenewSettings,
+) -> Result<Option<Vec<Vec<u8>>>, LifecycleError> {
+    let Some(path) = settings.upstream_ca.clone() else {
+        return Ok(None);
+    };
+    let files = shared.files.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        files.read_watched(crate::signer::protocol::WatchedFile::UpstreamCa)
+    })
+    .await
+    .map_err(|source| LifecycleError::Panicked {
+        task: "reading the upstream CA bundle",
+        source,
+    })?;
+    let chain = crate::pki::cert::parse_chain(&read?, &path)?;
+    Ok(Some(chain.into_iter().map(|c| c.to_vec()).collect()))
 }
 
 /// The part of [`renew_once`] after the key is chosen: request, install, prove.

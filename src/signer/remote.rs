@@ -723,12 +723,8 @@ pub(crate) fn signer_error(e: &SignerError) -> KeyError {
 mod tests {
     use super::*;
 
-    /// A request over the message limit (a TLS 1.2 handshake's transcript with a long list of
-    /// CA names is signed whole) failed, and the client declared the signer gone: every call in
-    /// flight failed and the signer was restarted. Now that call alone fails; the next one is
-    /// answered on the same socket.
-    #[test]
-    fn a_request_too_large_to_send_fails_alone_and_the_signer_stays() {
+    /// A client whose calls wait `deadline`, and the signer's end of its socket.
+    fn client_and_peer(deadline: Duration) -> (SignerClient, OwnedFd) {
         let (ours, theirs) = rustix::net::socketpair(
             rustix::net::AddressFamily::UNIX,
             rustix::net::SocketType::SEQPACKET,
@@ -738,11 +734,21 @@ mod tests {
         .expect("socketpair");
         let client = SignerClient {
             socket: Arc::new(ours),
-            deadline: DEFAULT_DEADLINE,
+            deadline,
             waiting: Mutex::new(Waiting::default()),
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
         };
+        (client, theirs)
+    }
+
+    /// A request over the message limit (a TLS 1.2 handshake's transcript with a long list of
+    /// CA names is signed whole) failed, and the client declared the signer gone: every call in
+    /// flight failed and the signer was restarted. Now that call alone fails; the next one is
+    /// answered on the same socket.
+    #[test]
+    fn a_request_too_large_to_send_fails_alone_and_the_signer_stays() {
+        let (client, theirs) = client_and_peer(DEFAULT_DEADLINE);
         let peer = std::thread::spawn(move || {
             let got = protocol::recv::<Request>(&theirs)
                 .expect("recv")
@@ -773,20 +779,7 @@ mod tests {
     /// stall lasted.
     #[test]
     fn a_stalled_signer_fails_calls_at_their_deadline_and_then_at_once() {
-        let (ours, theirs) = rustix::net::socketpair(
-            rustix::net::AddressFamily::UNIX,
-            rustix::net::SocketType::SEQPACKET,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )
-        .expect("socketpair");
-        let client = SignerClient {
-            socket: Arc::new(ours),
-            deadline: Duration::from_millis(200),
-            waiting: Mutex::new(Waiting::default()),
-            changed: Condvar::new(),
-            next_id: AtomicU64::new(1),
-        };
+        let (client, theirs) = client_and_peer(Duration::from_millis(200));
         let sign = || Request::Sign {
             key: 1,
             purpose: crate::key::Purpose::Handshake,

@@ -296,3 +296,37 @@ pub fn call_inside(pid: u32, call: &str) -> i64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no result from gdb for {call}:\n{}", output_text(&out)))
 }
+
+/// A field of `/proc/PID/status` (empty when the process or the field is not there).
+pub fn status_field(pid: u32, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// The pids of `pid`'s children (over all its threads).
+pub fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|t| std::fs::read_to_string(t.path().join("children")).unwrap_or_default())
+        .collect::<Vec<String>>()
+        .join(" ")
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Fails unless the test runs as root, saying `why` it needs root (CI runs as root).
+pub fn require_root(why: &str) {
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self belongs to the process's effective uid.
+    let uid = std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid());
+    assert_eq!(uid, 0, "{why}: run it as root (CI does)");
+}

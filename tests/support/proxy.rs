@@ -201,6 +201,47 @@ impl Identity {
             .unwrap_or_else(|e| panic!("rename to {}: {e}", self.cert.display()));
     }
 
+    /// The key URI with its PIN file copied to `path` and read from there (a SoftHSM
+    /// identity): a PIN file placed where a test wants it.
+    pub fn key_uri_with_pin_at(&self, path: &Path) -> String {
+        let Backend::SoftHsm(hsm) = &self.backend else {
+            panic!("a SoftHSM identity has a PIN file")
+        };
+        std::fs::copy(hsm.pin_path(), path).expect("copy the PIN file");
+        let key = self.key_uri.replace(
+            &format!("pin-source=file:{}", hsm.pin_path().display()),
+            &format!("pin-source=file:{}", path.display()),
+        );
+        assert_ne!(key, self.key_uri, "the URI names no PIN file");
+        key
+    }
+
+    /// `hwkey proxy` with `key`, this identity's certificate and CA, a free loopback port, the
+    /// state directory `state` and `extra` flags, which must refuse to start within 30 s: its
+    /// output.
+    pub fn proxy_refused(
+        &self,
+        upstream: &TestUpstream,
+        key: &str,
+        state: &Path,
+        extra: &[&str],
+    ) -> String {
+        let out = crate::run_fail_within(
+            hwkey()
+                .envs(self.envs())
+                .args(["proxy", "--key", key, "--cert"])
+                .arg(&self.cert)
+                .args(["--upstream", &upstream.url(), "--upstream-ca"])
+                .arg(self.ca.ca_path())
+                .args(["--listen", &format!("tcp:127.0.0.1:{}", free_port())])
+                .arg("--state-dir")
+                .arg(state)
+                .args(extra),
+            Duration::from_secs(30),
+        );
+        crate::output_text(&out)
+    }
+
     /// A CSR signed in the hardware for `subject`, signed by the test CA into `out`.
     pub fn issue(&self, uri: &str, subject: &str, out: &Path) {
         let csr =
@@ -351,6 +392,19 @@ impl ProxyProcess {
         };
         p.wait_ready();
         p
+    }
+
+    /// The proxy's signer process (its supervisor's child), waiting for one to exist.
+    pub fn signer_pid(&self) -> u32 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let supervisors = crate::children(self.guard.id());
+            if let Some(signer) = supervisors.iter().flat_map(|s| crate::children(*s)).next() {
+                return signer;
+            }
+            assert!(Instant::now() < deadline, "no signer under the proxy");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Waits for the "ready" line; panics with the log if the proxy exits or times out.

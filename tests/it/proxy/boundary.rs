@@ -10,50 +10,6 @@ use support::proxy::{Identity, ProxyOptions, ProxyProcess};
 use support::upstream::TestUpstream;
 use support::*;
 
-/// A field of `/proc/PID/status`.
-fn status_field(pid: u32, field: &str) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(&format!("{field}:"))
-                .map(|v| v.trim().to_string())
-        })
-        .unwrap_or_default()
-}
-
-/// The pids of `pid`'s children.
-fn children(pid: u32) -> Vec<u32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|tasks| {
-            tasks
-                .flatten()
-                .map(|t| std::fs::read_to_string(t.path().join("children")).unwrap_or_default())
-                .collect::<Vec<String>>()
-                .join(" ")
-                .split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The proxy's signer (its supervisor's child), waiting for one to exist.
-fn signer_of(proxy: &ProxyProcess) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(s) = children(proxy.guard.id())
-            .iter()
-            .flat_map(|s| children(*s))
-            .next()
-        {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "no signer under the proxy");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn code(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -64,14 +20,7 @@ fn code(out: &std::process::Output) -> String {
 /// of a root-only file all fail, while `/etc/hosts` opens (the calls were made).
 #[test]
 fn a_root_network_side_holds_no_capability_and_makes_no_device_or_raw_socket() {
-    if rustix::process::geteuid().as_raw() != 0 {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "this test runs as root in CI (it checks what a root network side may do)"
-        );
-        eprintln!("not root: skipped outside CI");
-        return;
-    }
+    require_root("this test checks what a network side started as root may do");
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start_with(
@@ -137,7 +86,7 @@ fn a_stopped_signer_fails_requests_fast_and_the_proxy_recovers() {
     // A full handshake next (the sessions go with a reload, which the signer side reads).
     proxy.signal(libc::SIGHUP);
     proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
-    let signer = signer_of(&proxy);
+    let signer = proxy.signer_pid();
     run_ok(Command::new("kill").args(["-STOP", &signer.to_string()]));
     let stalled = code(&version());
     assert!(
@@ -186,7 +135,7 @@ fn a_fixed_pin_file_is_used_again_and_an_unchanged_wrong_one_never() {
     assert!(code(&version()).ends_with("\n200"), "{}", proxy.log());
     let good = std::fs::read(hsm.pin_path()).expect("PIN");
     std::fs::write(hsm.pin_path(), "999999\n").expect("wrong PIN");
-    let first = signer_of(&proxy);
+    let first = proxy.signer_pid();
     run_ok(Command::new("kill").args(["-KILL", &first.to_string()]));
     proxy.signal(libc::SIGHUP);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -238,7 +187,7 @@ fn a_signer_comes_back_after_the_binary_was_replaced_on_disk() {
     // The upgrade: a new file in place of the old one.
     std::fs::remove_file(&hwkey).expect("unlink");
     std::fs::write(&hwkey, "#!/bin/sh\nexit 1\n").expect("replace");
-    let first = signer_of(&proxy);
+    let first = proxy.signer_pid();
     run_ok(Command::new("kill").args(["-KILL", &first.to_string()]));
     proxy.signal(libc::SIGHUP);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -250,7 +199,7 @@ fn a_signer_comes_back_after_the_binary_was_replaced_on_disk() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_ne!(signer_of(&proxy), first);
+    assert_ne!(proxy.signer_pid(), first);
 }
 
 /// A chain file cut inside its second certificate is refused whole: at a reload the previous
@@ -280,19 +229,12 @@ fn a_chain_file_cut_inside_a_certificate_is_refused_at_reload_and_at_start() {
     );
     assert!(code(&version()).ends_with("\n200"), "{}", proxy.log());
     drop(proxy);
-    let out = run_fail_within(
-        hwkey()
-            .envs(id.envs())
-            .args(["proxy", "--key", &id.key_uri, "--cert"])
-            .arg(&id.cert)
-            .args(["--upstream", &upstream.url(), "--upstream-ca"])
-            .arg(id.ca.ca_path())
-            .args(["--listen", &format!("tcp:127.0.0.1:{}", free_port())])
-            .arg("--state-dir")
-            .arg(id.cert.with_file_name("state2")),
-        Duration::from_secs(30),
+    let text = id.proxy_refused(
+        &upstream,
+        &id.key_uri,
+        &id.cert.with_file_name("state2"),
+        &[],
     );
-    let text = output_text(&out);
     assert!(
         text.contains("refused whole") && text.contains(&id.cert.display().to_string()),
         "{text}"
@@ -309,20 +251,12 @@ fn a_key_file_the_network_side_could_delete_refuses_the_start() {
     let upstream = TestUpstream::start(&id.ca);
     let key_file = id.dir.path().join("alice.tpm.pem");
     assert!(key_file.exists());
-    let out = run_fail_within(
-        hwkey()
-            .envs(id.envs())
-            .args(["proxy", "--key", &id.key_uri, "--cert"])
-            .arg(&id.cert)
-            .args(["--upstream", &upstream.url(), "--upstream-ca"])
-            .arg(id.ca.ca_path())
-            .args(["--listen", &format!("tcp:127.0.0.1:{}", free_port())])
-            .arg("--state-dir")
-            .arg(id.dir.path())
-            .args(["--sandbox", "auto"]),
-        Duration::from_secs(30),
+    let text = id.proxy_refused(
+        &upstream,
+        &id.key_uri,
+        id.dir.path(),
+        &["--sandbox", "auto"],
     );
-    let text = output_text(&out);
     assert!(
         text.contains("read or delete") && text.contains(&key_file.display().to_string()),
         "{text}"

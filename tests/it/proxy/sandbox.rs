@@ -2,23 +2,9 @@
 //! (`/proc/PID/status`, the proxy's own metrics and log) and tried from inside (its start-up
 //! self-check, which must find the PIN file unreadable).
 
-use std::time::Duration;
-
 use support::proxy::{Identity, ProxyOptions, ProxyProcess};
 use support::upstream::TestUpstream;
 use support::*;
-
-/// A field of `/proc/PID/status`.
-fn status_field(pid: u32, field: &str) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(&format!("{field}:"))
-                .map(|v| v.trim().to_string())
-        })
-        .unwrap_or_default()
-}
 
 /// With `--sandbox=required` the network side runs with `no_new_privs` and a seccomp filter
 /// (`/proc/PID/status`: NoNewPrivs 1, Seccomp 2 on every thread), Landlock enforced, says so
@@ -108,33 +94,12 @@ fn the_self_check_refuses_a_pin_file_within_reach_in_every_mode_but_off() {
     drop(off);
 
     // The PIN file in the state directory.
-    let support::proxy::Backend::SoftHsm(hsm) = &id.backend else {
-        unreachable!("a SoftHSM identity")
-    };
     let state = id.cert.with_file_name("state");
     std::fs::create_dir_all(&state).expect("state dir");
     let inside = state.join("pin");
-    std::fs::copy(hsm.pin_path(), &inside).expect("copy the PIN file");
-    let key = id.key_uri.replace(
-        &format!("pin-source=file:{}", hsm.pin_path().display()),
-        &format!("pin-source=file:{}", inside.display()),
-    );
-    assert_ne!(key, id.key_uri);
+    let key = id.key_uri_with_pin_at(&inside);
     for mode in ["auto", "required"] {
-        let out = run_fail_within(
-            hwkey()
-                .envs(id.envs())
-                .args(["proxy", "--key", &key, "--cert"])
-                .arg(&id.cert)
-                .args(["--upstream", &upstream.url(), "--upstream-ca"])
-                .arg(id.ca.ca_path())
-                .args(["--listen", &format!("tcp:127.0.0.1:{}", free_port())])
-                .arg("--state-dir")
-                .arg(&state)
-                .args(["--sandbox", mode]),
-            Duration::from_secs(30),
-        );
-        let text = output_text(&out);
+        let text = id.proxy_refused(&upstream, &key, &state, &["--sandbox", mode]);
         assert!(
             text.contains("only the signer side may touch")
                 && text.contains(&inside.display().to_string()),
@@ -168,15 +133,8 @@ fn a_persons_proxy_reaches_nothing_in_the_home_directory_beside_its_certificate(
     std::fs::write(home.path().join(".bashrc"), "# rc\n").expect("bashrc");
     let cert = home.path().join("alice.pem");
     std::fs::copy(&id.cert, &cert).expect("cert");
-    let support::proxy::Backend::SoftHsm(hsm) = &id.backend else {
-        unreachable!("a SoftHSM identity")
-    };
     let pin = home.path().join("alice.pin");
-    std::fs::copy(hsm.pin_path(), &pin).expect("pin");
-    let key = id.key_uri.replace(
-        &format!("pin-source=file:{}", hsm.pin_path().display()),
-        &format!("pin-source=file:{}", pin.display()),
-    );
+    let key = id.key_uri_with_pin_at(&pin);
     let cadir = temp_dir();
     let ca = cadir.path().join("ca.pem");
     std::fs::copy(id.ca.ca_path(), &ca).expect("ca");
@@ -200,6 +158,9 @@ fn a_persons_proxy_reaches_nothing_in_the_home_directory_beside_its_certificate(
     );
     let pid = proxy.guard.id();
     assert!(open_inside(pid, std::path::Path::new("/etc/hosts"), 0) >= 0);
+    let support::proxy::Backend::SoftHsm(hsm) = &id.backend else {
+        unreachable!("a SoftHSM identity")
+    };
     let token_dir = hsm.dir().join("tokens");
     for secret in [
         &ssh.join("id_ed25519"),

@@ -311,33 +311,6 @@ fn other_spki() -> Vec<u8> {
     })
 }
 
-/// The pids of `pid`'s children.
-fn children(pid: u32) -> Vec<u32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|t| std::fs::read_to_string(t.path().join("children")).unwrap_or_default())
-        .collect::<Vec<String>>()
-        .join(" ")
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
-
-/// The proxy's signer process (its supervisor's child).
-fn signer_pid(proxy: &ProxyProcess) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let supervisors = children(proxy.guard.id());
-        if let Some(signer) = supervisors.iter().flat_map(|s| children(*s)).next() {
-            return signer;
-        }
-        assert!(Instant::now() < deadline, "no signer under the proxy");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The network side maps no PKCS#11 module; the signer does. A signer killed (as a crashing
 /// module would) comes back at the next signature, same proxy process. With its supervisor gone,
 /// no signer can come back: the proxy exits with an error naming it.
@@ -351,7 +324,7 @@ fn the_key_lives_in_the_signer_which_comes_back_after_a_kill() {
     let code = |out: std::process::Output| String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(code(version()), "200", "{}", proxy.log());
     let maps = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let signer = signer_pid(&proxy);
+    let signer = proxy.signer_pid();
     assert!(
         maps(signer).contains("libsofthsm2"),
         "the signer has no module mapped"
@@ -377,7 +350,7 @@ fn the_key_lives_in_the_signer_which_comes_back_after_a_kill() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let again = signer_pid(&proxy);
+    let again = proxy.signer_pid();
     assert_ne!(again, signer, "the same signer?");
     assert!(
         proxy.log().contains("a new signer is serving the key"),
@@ -424,7 +397,7 @@ fn a_tpm_proxys_network_side_maps_no_tss_library() {
         !network.contains("libtss2"),
         "the network side maps TSS:\n{network}"
     );
-    let signer = maps(signer_pid(&proxy));
+    let signer = maps(proxy.signer_pid());
     assert!(
         signer.contains("libtss2-esys") && signer.contains("libtss2-tcti-swtpm"),
         "the signer has no TPM connection:\n{signer}"

@@ -12,14 +12,6 @@ use support::proxy::{Identity, ProxyProcess};
 use support::upstream::TestUpstream;
 use support::*;
 
-fn require_root() {
-    let uid = rustix::process::geteuid().as_raw();
-    assert_eq!(
-        uid, 0,
-        "this test changes file owners to another user (nobody): run it as root (CI does)"
-    );
-}
-
 fn proxy_cmd(id: &Identity, upstream: &TestUpstream, state: &Path) -> Command {
     let mut cmd = hwkey();
     cmd.envs(id.envs())
@@ -68,7 +60,7 @@ fn state_with_ca(
 
 #[test]
 fn another_users_state_directory_is_refused() {
-    require_root();
+    require_root("this test changes file owners to another user (nobody)");
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let (_dir, state) = state_with_ca(&id, &upstream);
@@ -147,7 +139,7 @@ fn a_symlinked_loopback_ca_key_is_refused() {
 /// The plugin neither uses nor removes a control socket that belongs to another user.
 #[test]
 fn the_plugin_refuses_another_users_control_socket() {
-    require_root();
+    require_root("this test changes file owners to another user (nobody)");
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let dir = temp_dir();
@@ -214,7 +206,7 @@ fn kubeconfig_on(id: &Identity, upstream: &TestUpstream, state: &Path) -> Comman
 /// when the directory above it may be written by others.
 #[test]
 fn root_trusts_the_service_users_state_only_where_root_gave_it() {
-    require_root();
+    require_root("this test changes file owners to another user (nobody)");
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let (dir, state) = state_with_ca(&id, &upstream);

@@ -19,14 +19,6 @@ use support::*;
 
 use super::{fd_count, loopback_client, loopback_get};
 
-fn require_root() {
-    let uid = rustix::process::geteuid().as_raw();
-    assert_eq!(
-        uid, 0,
-        "this test runs a load as another user (nobody, via setpriv): run it as root (CI does)"
-    );
-}
-
 /// Runs a perl `script` with `args` as user nobody (setpriv), with 8192 descriptors; its stdout
 /// is piped.
 fn perl_as_nobody(script: &str, args: &[&str]) -> Child {
@@ -130,7 +122,7 @@ fn reconnects(child: Child) -> u64 {
 /// 0 of 10 through.
 #[test]
 fn a_reconnecting_flood_of_another_uid_never_turns_the_owner_away() {
-    require_root();
+    require_root("this test runs a load as another user (nobody, via setpriv)");
     require_tool("kubectl", "kubectl (from the machine image)");
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
@@ -191,7 +183,7 @@ fn a_reconnecting_flood_of_another_uid_never_turns_the_owner_away() {
 /// uid floods that port, reconnecting; kubectl with the kubelet's kubeconfig works 10 of 10.
 #[test]
 fn a_reconnecting_flood_does_not_cut_off_the_kubelet_identity() {
-    require_root();
+    require_root("this test runs a load as another user (nobody, via setpriv)");
     require_tool("kubectl", "kubectl (from the machine image)");
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
@@ -256,7 +248,7 @@ fn a_reconnecting_flood_does_not_cut_off_the_kubelet_identity() {
 /// answer in under a second each, and the descriptors come back when the flood ends.
 #[test]
 fn another_users_flood_does_not_stall_the_owner() {
-    require_root();
+    require_root("this test runs a load as another user (nobody, via setpriv)");
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start_with(
@@ -602,7 +594,7 @@ fn admin_get_as_nobody(port: u16, path: &str) -> (String, String) {
 /// signatures, and the error text of the key showed.)
 #[test]
 fn another_users_health_probes_cost_no_signature_and_show_no_details() {
-    require_root();
+    require_root("this test runs a load as another user (nobody, via setpriv)");
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start_with(
@@ -741,7 +733,7 @@ impl Drop for StoppedThreads {
 /// accepted in turn, and the owner is served.
 #[test]
 fn connections_wait_in_the_kernel_while_the_connection_threads_cannot_take_them() {
-    require_root();
+    require_root("this test runs a load as another user (nobody, via setpriv)");
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
