@@ -37,7 +37,12 @@ pub mod list {
     use std::fmt::Display;
     use std::str::FromStr;
 
-    use serde::{Deserialize, Deserializer};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes each value's text.
+    pub fn serialize<S: Serializer, T: Display>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(ToString::to_string))
+    }
 
     /// Parses each text with `FromStr`.
     pub fn deserialize<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>

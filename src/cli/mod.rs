@@ -43,6 +43,16 @@ enum LogFormat {
     Json,
 }
 
+impl LogFormat {
+    /// The name `--log-format` takes.
+    fn name(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Create, list, inspect and delete hardware keys.
@@ -97,7 +107,7 @@ pub fn main() -> ExitCode {
         Command::Csr(a) => csr::run(a),
         Command::Cert(c) => cert::run(c),
         Command::Probe(a) => probe::run(a),
-        Command::Proxy(a) => proxy::run(*a),
+        Command::Proxy(a) => proxy::run(*a, cli.log_format.name()),
         Command::Credential(a) => credential::run(a),
         Command::Kubeconfig(a) => kubeconfig::run(a),
         Command::Doctor(a) => doctor::run(a),
@@ -137,7 +147,8 @@ pub fn credential_main() -> ExitCode {
 }
 
 /// The `hwkey-net` binary: the proxy's network side, which `hwkey proxy` becomes once it has
-/// started the signer side (same arguments). It links no PKCS#11 or TSS code.
+/// started the signer side (its settings from `hwkey proxy`, on the supervisor's socket). It links
+/// no PKCS#11 or TSS code.
 pub fn net_main() -> ExitCode {
     #[derive(Parser)]
     #[command(
@@ -160,13 +171,13 @@ pub fn net_main() -> ExitCode {
     }
     #[derive(Subcommand)]
     enum NetCommand {
-        /// The proxy (the same arguments as `hwkey proxy`).
-        Proxy(Box<proxy::ProxyArgs>),
+        /// The proxy (settings from `hwkey proxy`; the arguments only for process lists).
+        Proxy(proxy::NetworkSideArgs),
     }
     let cli = NetCli::parse();
     init_logging(cli.log_format);
     let NetCommand::Proxy(args) = cli.command;
-    exit_code(proxy::run_network_side(*args))
+    exit_code(proxy::run_network_side(args))
 }
 
 /// Prints the error on one line and picks the exit code: the PIN-refused code when a PIN was

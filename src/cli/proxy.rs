@@ -11,7 +11,7 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use merge::Merge;
 
-use crate::proxy::{self, Settings, SettingsInput};
+use crate::proxy::{self, NetworkSideSettings, SettingsInput};
 use crate::signer::Supervisor;
 
 #[derive(Debug, Args)]
@@ -33,40 +33,59 @@ pub struct ProxyArgs {
 }
 
 impl ProxyArgs {
-    /// The settings, merged and checked.
-    fn settings(&self) -> anyhow::Result<Settings> {
+    /// What was given: the command line and the environment laid over the `--config` file.
+    fn given(&self) -> anyhow::Result<SettingsInput> {
         let mut given = self.settings.clone();
         if let Some(path) = &self.config {
             given.merge(SettingsInput::from_file(path)?);
         }
-        Ok(given.resolve()?)
+        Ok(given)
     }
 }
 
-/// `hwkey proxy`: starts the signer side, then becomes `hwkey-net` (same pid, same arguments,
-/// standard input the supervisor's socket, the PIN's environment variables removed).
-pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
+/// `hwkey-net proxy`'s arguments: none it reads. Its settings arrive from `hwkey proxy` on the
+/// supervisor's socket ([`NetworkSideSettings`]), so the network side parses no argument,
+/// environment variable or file of its own, and a PIN written in any of them never reaches it.
+#[derive(Debug, Args)]
+pub struct NetworkSideArgs {
+    /// The arguments `hwkey proxy` was started with (PINs redacted), for process lists only.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    given: Vec<std::ffi::OsString>,
+}
+
+/// `hwkey proxy`: starts the signer side, then becomes `hwkey-net` (same pid; the settings on
+/// the supervisor's socket, the arguments only for process lists and with PINs redacted, the
+/// PIN's environment variables removed).
+pub fn run(args: ProxyArgs, log_format: &str) -> anyhow::Result<()> {
     // The PIN (read below) and the signer side's socket: keep other processes out.
     crate::key::pin::protect_process();
-    let mut settings = args.settings()?;
+    let given = args.given()?;
+    let mut settings = given.clone().resolve()?;
     if args.pin_stdin {
         let pin = crate::key::pin::read_pin_line(std::io::stdin().lock())?;
         settings.key.uri = settings.key.uri.with_pin_value(pin);
     }
     let config = proxy::signer_config(&settings)?;
-    let supervisor = Supervisor::start(&config)?;
+    let network_settings = NetworkSideSettings::new(&given);
+    drop(given);
+    let supervisor = Supervisor::start_with(&config, Some(&network_settings))?;
     let network = network_side()?;
     let control = supervisor
         .into_control()
         .ok_or_else(|| anyhow!("the signer supervisor has no socket"))?;
     let mut command = Command::new(&network);
     command
-        .args(std::env::args_os().skip(1))
-        .stdin(Stdio::from(control));
+        .arg("proxy")
+        .arg("--")
+        .args(shown_arguments())
+        .stdin(Stdio::from(control))
+        .env("HWKEY_LOG_FORMAT", log_format);
     for var in settings.key.uri.pin_env_vars() {
         command.env_remove(var);
     }
-    command.env_remove("HWKEY_PIN_STDIN");
+    for var in ["HWKEY_PIN_STDIN", "HWKEY_KEY", "HWKEY_CONFIG"] {
+        command.env_remove(var);
+    }
     let error = command.exec();
     Err(anyhow!(
         "cannot run the proxy's network side {}: {error} (it is installed with hwkey: /usr/libexec/hwkey/hwkey-net; HWKEY_NET_BIN names another)",
@@ -74,13 +93,31 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     ))
 }
 
-/// `hwkey-net proxy …`: the network side, with the signer supervisor on standard input.
-pub fn run_network_side(args: ProxyArgs) -> anyhow::Result<()> {
+/// This process's arguments but the subcommand's name, each as process lists may show it.
+fn shown_arguments() -> Vec<std::ffi::OsString> {
+    let mut args: Vec<_> = std::env::args_os().skip(1).collect();
+    if let Some(at) = args.iter().position(|a| a == "proxy") {
+        args.remove(at);
+    }
+    args.into_iter().map(redacted).collect()
+}
+
+/// An argument as process lists may show it: any `pin-value` in it hidden.
+fn redacted(arg: std::ffi::OsString) -> std::ffi::OsString {
+    match arg.to_str() {
+        Some(text) => crate::key::uri::redact(text).into(),
+        None => arg,
+    }
+}
+
+/// `hwkey-net proxy`: the network side, with the signer supervisor and the settings on
+/// standard input.
+pub fn run_network_side(_args: NetworkSideArgs) -> anyhow::Result<()> {
     crate::key::pin::protect_process();
-    let settings = args.settings()?;
-    let supervisor = Supervisor::from_stdin().context(
+    let (supervisor, given) = Supervisor::from_stdin_with::<NetworkSideSettings>().context(
         "hwkey-net is the network side of `hwkey proxy` and is started by it; run `hwkey proxy`",
     )?;
+    let settings = given.resolve()?;
     let upstream = settings.upstream_text();
     proxy::run(settings, supervisor).with_context(|| format!("proxy to {upstream}"))?;
     Ok(())

@@ -468,6 +468,23 @@ impl KeyUri {
         }
     }
 
+    /// The same key without a PIN held in memory (`pin-value`, or one read from a pipe); a
+    /// `pin-source` stays: for a process that must know where the PIN is, never what it is.
+    pub fn without_pin_value(&self) -> KeyUri {
+        let keep = |p: &Option<PinSource>| p.clone().filter(|p| !matches!(p, PinSource::Value(_)));
+        match self {
+            KeyUri::Pkcs11(u) => KeyUri::Pkcs11(Pkcs11Uri {
+                pin: keep(&u.pin),
+                ..u.clone()
+            }),
+            KeyUri::Tpm(u) => KeyUri::Tpm(TpmUri {
+                pin: keep(&u.pin),
+                owner_pin: keep(&u.owner_pin),
+                ..u.clone()
+            }),
+        }
+    }
+
     /// The same key with the PIN held in memory (read from a pipe): never printed, never put in
     /// argv or the environment.
     pub fn with_pin_value(&self, pin: Zeroizing<String>) -> KeyUri {

@@ -13,7 +13,17 @@ use rustls::{ClientConfig, RootCertStore, SupportedProtocolVersion};
 use super::PkiError;
 
 /// What a client offers for the TLS 1.3 key exchange.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum KeyExchange {
     /// X25519MLKEM768 (the post-quantum hybrid Go ≥ 1.24 offers by default) first, X25519

@@ -60,5 +60,5 @@ mod write_through;
 
 pub use error::{StartError, UpstreamError};
 pub use lifetime::StopReason;
-pub use settings::{Settings, SettingsError, SettingsInput};
+pub use settings::{NetworkSideSettings, Settings, SettingsError, SettingsInput};
 pub use start::{run, signer_config};

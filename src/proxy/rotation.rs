@@ -13,7 +13,17 @@ use rustls::pki_types::CertificateDer;
 use tokio::sync::watch;
 
 /// When connections opened under an older certificate are closed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum RotationClose {
     /// When the certificate they were opened with expires (open connections survive a reload).

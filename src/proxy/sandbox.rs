@@ -41,7 +41,17 @@ pub enum SandboxError {
 }
 
 /// How the network side confines itself (`--sandbox`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum SandboxMode {
     /// Confine as far as the kernel allows, and say what is not enforced.

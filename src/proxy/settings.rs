@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use merge::Merge;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::rotation::RotationClose;
 use super::sandbox::SandboxMode;
@@ -49,13 +49,17 @@ pub const DEFAULT_HEALTH_CACHE: Duration = Duration::from_secs(5);
 pub const DEFAULT_CREDENTIAL_VALIDITY: Duration = Duration::from_secs(600);
 
 /// Every setting as given on the command line, in the environment or in the `--config` file.
-#[derive(Debug, Default, Clone, clap::Args, Deserialize, Merge)]
+#[derive(Debug, Default, Clone, clap::Args, Deserialize, Serialize, Merge)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 #[merge(strategy = merge::option::overwrite_none)]
 pub struct SettingsInput {
     /// The hardware key that signs upstream handshakes (pkcs11:… or tpm:…).
     #[arg(long, env = "HWKEY_KEY", value_parser = KeyUriParser)]
-    #[serde(default, deserialize_with = "crate::serde_text::option::deserialize")]
+    #[serde(
+        default,
+        deserialize_with = "crate::serde_text::option::deserialize",
+        serialize_with = "crate::serde_text::option::serialize"
+    )]
     pub key: Option<KeyUri>,
     /// Certificate chain (PEM) of the key; default: the one stored with the key. Reloaded when
     /// the file changes.
@@ -66,7 +70,11 @@ pub struct SettingsInput {
     /// are up; one that fails is marked down (1 s, doubling to 30 s) and the connection is
     /// retried on the next.
     #[arg(long, env = "HWKEY_UPSTREAM", value_delimiter = ',')]
-    #[serde(default, deserialize_with = "crate::serde_text::list::one_or_many")]
+    #[serde(
+        default,
+        deserialize_with = "crate::serde_text::list::one_or_many",
+        serialize_with = "crate::serde_text::list::serialize"
+    )]
     #[merge(strategy = merge::vec::overwrite_empty)]
     pub upstream: Vec<UpstreamTarget>,
     /// CA bundle that signs the API server's certificate; default: the system roots.
@@ -98,12 +106,20 @@ pub struct SettingsInput {
     /// tcp:127.0.0.1:PORT (TLS, loopback client certificate required). Repeatable; the
     /// environment variable takes a comma-separated list.
     #[arg(long, env = "HWKEY_LISTEN", value_delimiter = ',')]
-    #[serde(default, deserialize_with = "crate::serde_text::list::deserialize")]
+    #[serde(
+        default,
+        deserialize_with = "crate::serde_text::list::deserialize",
+        serialize_with = "crate::serde_text::list::serialize"
+    )]
     #[merge(strategy = merge::vec::overwrite_empty)]
     pub listen: Vec<ListenAddr>,
     /// Admin listener for /healthz and /metrics: tcp:127.0.0.1:PORT or unix:PATH.
     #[arg(long, env = "HWKEY_ADMIN")]
-    #[serde(default, deserialize_with = "crate::serde_text::option::deserialize")]
+    #[serde(
+        default,
+        deserialize_with = "crate::serde_text::option::deserialize",
+        serialize_with = "crate::serde_text::option::serialize"
+    )]
     pub admin: Option<ListenAddr>,
     /// Also give this uid the admin port's details (repeatable; comma-separated in the
     /// environment): `/healthz` with reasons and `/metrics`, as the proxy's own uid and root
@@ -119,7 +135,11 @@ pub struct SettingsInput {
     /// How long one /healthz answer stands (default 5s, 1s to 1h): probes within it get that
     /// answer at no cost, and when it runs out concurrent probes share one new check.
     #[arg(long, env = "HWKEY_HEALTH_CACHE", value_parser = parse_duration)]
-    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
+    #[serde(
+        default,
+        deserialize_with = "crate::serde_text::duration::deserialize",
+        serialize_with = "crate::serde_text::duration::serialize"
+    )]
     pub health_cache: Option<Duration>,
     /// Directory for the loopback CA and the control socket (default:
     /// $XDG_STATE_HOME/hwkey or ~/.local/state/hwkey).
@@ -130,20 +150,36 @@ pub struct SettingsInput {
     pub lock_file: Option<PathBuf>,
     /// Exit after this long without client connections, e.g. 15m (default: never).
     #[arg(long, env = "HWKEY_IDLE_EXIT", value_parser = parse_duration)]
-    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
+    #[serde(
+        default,
+        deserialize_with = "crate::serde_text::duration::deserialize",
+        serialize_with = "crate::serde_text::duration::serialize"
+    )]
     pub idle_exit: Option<Duration>,
     /// Limit for the local and for the upstream handshake, each (default 10s).
     #[arg(long, env = "HWKEY_HANDSHAKE_TIMEOUT", value_parser = parse_duration)]
-    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
+    #[serde(
+        default,
+        deserialize_with = "crate::serde_text::duration::deserialize",
+        serialize_with = "crate::serde_text::duration::serialize"
+    )]
     pub handshake_timeout: Option<Duration>,
     /// Close a connection after this long without a byte either way (default: never; watches
     /// may be quiet for long).
     #[arg(long, env = "HWKEY_IDLE_TIMEOUT", value_parser = parse_duration)]
-    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
+    #[serde(
+        default,
+        deserialize_with = "crate::serde_text::duration::deserialize",
+        serialize_with = "crate::serde_text::duration::serialize"
+    )]
     pub idle_timeout: Option<Duration>,
     /// On SIGTERM, how long open connections may take to finish (default 30s).
     #[arg(long, env = "HWKEY_DRAIN_TIMEOUT", value_parser = parse_duration)]
-    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
+    #[serde(
+        default,
+        deserialize_with = "crate::serde_text::duration::deserialize",
+        serialize_with = "crate::serde_text::duration::serialize"
+    )]
     pub drain_timeout: Option<Duration>,
     /// Most client connections open at once; more wait to be accepted (default 4096).
     #[arg(long, env = "HWKEY_MAX_CONNECTIONS")]
@@ -194,11 +230,19 @@ pub struct SettingsInput {
     pub rotation_close: Option<RotationClose>,
     /// Default lifetime of loopback credentials from the control socket (default 10m).
     #[arg(long, env = "HWKEY_CREDENTIAL_VALIDITY", value_parser = parse_duration)]
-    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
+    #[serde(
+        default,
+        deserialize_with = "crate::serde_text::duration::deserialize",
+        serialize_with = "crate::serde_text::duration::serialize"
+    )]
     pub credential_validity: Option<Duration>,
     /// How often the --cert file is checked for changes (default 2s).
     #[arg(long, env = "HWKEY_RELOAD_INTERVAL", value_parser = parse_duration)]
-    #[serde(default, deserialize_with = "crate::serde_text::duration::deserialize")]
+    #[serde(
+        default,
+        deserialize_with = "crate::serde_text::duration::deserialize",
+        serialize_with = "crate::serde_text::duration::serialize"
+    )]
     pub reload_interval: Option<Duration>,
     /// Refuse a key that could leave its device: a PKCS#11 key with CKA_EXTRACTABLE true,
     /// CKA_NEVER_EXTRACTABLE false or CKA_SENSITIVE false; a TPM key without fixedTPM (default
@@ -210,6 +254,39 @@ pub struct SettingsInput {
     /// without both), off (debugging).
     #[arg(long, value_enum, env = "HWKEY_SANDBOX")]
     pub sandbox: Option<SandboxMode>,
+}
+
+/// The settings as `hwkey proxy` hands them to its network side (`hwkey-net`), which reads no
+/// argument, environment variable or file for them: what was given, merged and checked once,
+/// before the signer side starts. A key URI travels in its text form, which never holds a
+/// `pin-value`: a PIN written in the URI or the configuration file, or read from standard input,
+/// stays with the signer side.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NetworkSideSettings {
+    given: SettingsInput,
+    /// `--upstream-proxy` from the command line (the file's travels in `given`: the two are
+    /// checked differently).
+    upstream_proxy_flag: Option<String>,
+}
+
+impl NetworkSideSettings {
+    /// What the network side is given: `given` without any PIN.
+    pub fn new(given: &SettingsInput) -> NetworkSideSettings {
+        let mut given = given.clone();
+        given.key = given.key.as_ref().map(KeyUri::without_pin_value);
+        let upstream_proxy_flag = given.upstream_proxy_flag.take();
+        NetworkSideSettings {
+            given,
+            upstream_proxy_flag,
+        }
+    }
+
+    /// The settings, resolved as `hwkey proxy` resolved them.
+    pub fn resolve(self) -> Result<Settings, SettingsError> {
+        let mut given = self.given;
+        given.upstream_proxy_flag = self.upstream_proxy_flag;
+        given.resolve()
+    }
 }
 
 /// serde: an optional persistent TPM handle, written as text (`"0x81010002"`) or a number.
@@ -680,6 +757,56 @@ mod tests {
         let path = dir.path().join(name);
         std::fs::write(&path, text).expect("write");
         (dir, path)
+    }
+
+    /// What the network side receives resolves to the same settings as `hwkey proxy`'s, every
+    /// setting given, but with no PIN: not in the key URI, not anywhere in the message.
+    #[test]
+    fn the_network_side_receives_the_same_settings_without_the_pin() {
+        let (_dir, path) = file(
+            "all.toml",
+            r#"
+key = "pkcs11:token=k%20y;object=a;id=%01%ff?module-path=/m.so&pin-value=s3cr3t-pin"
+cert = "/c.pem"
+upstream = ["https://10.0.0.1:6443", "https://[fd00::1]", "https://api.example:443"]
+upstream-ca = "/ca.pem"
+upstream-proxy = "http://u:p@proxy.example:3128"
+key-exchange = "classical"
+tls-server-name = "kubernetes"
+listen = ["unix:/run/x.sock", "tcp:127.0.0.1:6443"]
+admin = "tcp:[::1]:9100"
+admin-allow-uid = [5]
+health-cache = "7s"
+state-dir = "/s"
+lock-file = "/l"
+idle-exit = "15m"
+handshake-timeout = "1m 30s"
+idle-timeout = "2h"
+drain-timeout = 45
+max-connections = 9
+allow-uid = [1, 2]
+allow-tls12-fallback = true
+renew = true
+rotate-key = true
+rotation-close = "immediate"
+credential-validity = "5m"
+reload-interval = "3s"
+require-non-extractable = false
+sandbox = "required"
+"#,
+        );
+        let given = SettingsInput::from_file(&path).expect("parse");
+        let mut flagged = given.clone();
+        flagged.upstream_proxy_flag = Some("http://proxy.example:3128".into());
+        for given in [given, flagged] {
+            let wire = serde_json::to_string(&NetworkSideSettings::new(&given)).expect("encode");
+            assert!(!wire.contains("s3cr3t"), "{wire}");
+            let there: NetworkSideSettings = serde_json::from_str(&wire).expect("decode");
+            let there = there.resolve().expect("resolve there");
+            let mut here = given.resolve().expect("resolve here");
+            here.key.uri = here.key.uri.without_pin_value();
+            assert_eq!(format!("{there:?}"), format!("{here:?}"));
+        }
     }
 
     #[test]

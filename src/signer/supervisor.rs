@@ -44,9 +44,24 @@ impl Supervisor {
     /// The identity's certificate is read here, once, before any network input
     /// ([`SignerConfig::load_identity`]).
     pub fn start(config: &SignerConfig) -> Result<Supervisor, SignerError> {
+        Supervisor::start_with(config, None::<&()>)
+    }
+
+    /// Like [`Supervisor::start`], leaving `for_holder` as the first message on the control
+    /// socket, for the process that holds it next ([`Supervisor::from_stdin_with`]): how the
+    /// network side receives its settings from `hwkey proxy` across `exec`, without argv, the
+    /// environment or a file.
+    pub fn start_with<T: serde::Serialize>(
+        config: &SignerConfig,
+        for_holder: Option<&T>,
+    ) -> Result<Supervisor, SignerError> {
         let mut config = config.clone();
         config.load_identity().map_err(SignerError::Identity)?;
         let (ours, theirs) = socket_pair()?;
+        if let Some(message) = for_holder {
+            // Queued at our end before the supervisor exists: nothing can come before it.
+            protocol::send(theirs.as_fd(), 0, message)?;
+        }
         let child = spawn(SUPERVISOR_COMMAND, theirs)?;
         protocol::send(ours.as_fd(), 0, &SignerConfigWire::from(&config))?;
         Ok(Supervisor {
@@ -62,6 +77,17 @@ impl Supervisor {
             control: Some(stdin_socket()?),
             child: None,
         })
+    }
+
+    /// [`Supervisor::from_stdin`], with the message the starting process left for this one
+    /// ([`Supervisor::start_with`]).
+    pub fn from_stdin_with<T: for<'de> serde::Deserialize<'de>>(
+    ) -> Result<(Supervisor, T), SignerError> {
+        let supervisor = Supervisor::from_stdin()?;
+        let message = protocol::recv::<T>(supervisor.control()?)?.ok_or(SignerError::Gone {
+            why: Some("the process that started this one left no settings".into()),
+        })?;
+        Ok((supervisor, message.body))
     }
 
     /// The socket to the supervisor, for a process that replaces this one (`exec`): the

@@ -330,3 +330,38 @@ pub fn require_root(why: &str) {
     let uid = std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid());
     assert_eq!(uid, 0, "{why}: run it as root (CI does)");
 }
+
+/// True when `needle` is anywhere in `pid`'s readable memory (every mapping `/proc/PID/maps`
+/// lists as readable, freed heap included), its command line or its environment. Needs root
+/// for a process that made itself undumpable.
+pub fn memory_holds(pid: u32, needle: &[u8]) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let found = |bytes: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    for file in ["cmdline", "environ"] {
+        if found(&std::fs::read(format!("/proc/{pid}/{file}")).unwrap_or_default()) {
+            return true;
+        }
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("open mem");
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
+            continue;
+        }
+        let (start, end) = range.split_once('-').expect("a range");
+        let start = u64::from_str_radix(start, 16).expect("hex");
+        let end = u64::from_str_radix(end, 16).expect("hex");
+        let mut bytes = vec![0u8; (end - start) as usize];
+        if mem.seek(SeekFrom::Start(start)).is_ok()
+            && mem.read_exact(&mut bytes).is_ok()
+            && found(&bytes)
+        {
+            return true;
+        }
+    }
+    false
+}

@@ -264,3 +264,79 @@ fn a_key_file_the_network_side_could_delete_refuses_the_start() {
     assert!(key_file.exists(), "the key file is gone");
     assert_eq!(upstream.stats().tcp_connections, 0, "it went upstream");
 }
+
+/// A PIN written as a `pin-value` in the configuration file or on the command line never
+/// reaches the network side: not its memory (freed heap included), its command line or its
+/// environment, while the signer logs in with it. (`hwkey-net` read the file and argv again:
+/// the PIN was in its memory.)
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_pin_value_in_the_configuration_or_argv_never_reaches_the_network_side() {
+    require_root("this test reads the undumpable network side's memory");
+    const PIN: &str = "pin-8e1f0c7a3b";
+    let id = Identity::softhsm();
+    let support::proxy::Backend::SoftHsm(hsm) = &id.backend else {
+        unreachable!()
+    };
+    let changed = hsm.pkcs11_tool(&[
+        "--token-label",
+        "kube",
+        "--login",
+        "--pin",
+        USER_PIN,
+        "--change-pin",
+        "--new-pin",
+        PIN,
+    ]);
+    assert!(changed.status.success(), "{}", output_text(&changed));
+    let key = id.key_uri.replace(
+        &format!("pin-source=file:{}", hsm.pin_path().display()),
+        &format!("pin-value={PIN}"),
+    );
+    assert_ne!(key, id.key_uri);
+    let upstream = TestUpstream::start(&id.ca);
+    let dir = temp_dir();
+    let config = dir.path().join("proxy.toml");
+    let sock = dir.path().join("p.sock");
+    std::fs::write(
+        &config,
+        format!(
+            "key = {key:?}\ncert = {cert:?}\nupstream = {up:?}\nupstream-ca = {ca:?}\nlisten = [{listen:?}]\nstate-dir = {state:?}\n",
+            cert = id.cert.display().to_string(),
+            up = upstream.url(),
+            ca = id.ca.ca_path().display().to_string(),
+            listen = format!("unix:{}", sock.display()),
+            state = dir.path().join("state").display().to_string(),
+        ),
+    )
+    .expect("write the config");
+    let mut from_file = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions {
+            bare: true,
+            args: vec!["--config".into(), config.display().to_string()],
+            ..Default::default()
+        },
+    );
+    from_file.socket = sock;
+    let from_argv = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions {
+            key: Some(&key),
+            ..Default::default()
+        },
+    );
+    for proxy in [&from_file, &from_argv] {
+        let out = proxy.curl_unix(&["-s", "-o", "/dev/null", "-w", "%{http_code}"], "/version");
+        assert_eq!(code(&out), "200", "the signer logs in: {}", proxy.log());
+        assert!(
+            !memory_holds(proxy.guard.id(), PIN.as_bytes()),
+            "the PIN is in the network side's memory"
+        );
+    }
+    let shown = std::fs::read(format!("/proc/{}/cmdline", from_argv.guard.id())).expect("cmdline");
+    let shown = String::from_utf8_lossy(&shown).replace('\0', " ");
+    assert!(shown.contains("pin-value=<redacted>"), "{shown}");
+}
