@@ -12,8 +12,9 @@
 //!
 //! Records live in `$HWKEY_PIN_STATE_DIR`, else, for root (and so the systemd unit, which sets
 //! `ProtectHome=yes`), the one system-wide `/var/lib/hwkey/rejected-pins`, else
-//! `$XDG_STATE_HOME/hwkey/rejected-pins`, `~/.local/state/hwkey/rejected-pins`, or
-//! `/var/lib/hwkey/rejected-pins`. The directory must be this user's and writable by no one
+//! `$XDG_STATE_HOME/hwkey-rejected-pins`, `~/.local/state/hwkey-rejected-pins`, or
+//! `/var/lib/hwkey/rejected-pins`: beside the proxy's state directory, never in it (its network
+//! side writes there). The directory must be this user's and writable by no one
 //! else (mode 0700; not a symbolic link), like the state directory: a record another user
 //! planted must not make hwkey refuse a good PIN. They hold no PIN and no PIN hash an attacker
 //! could test offline without the secret. Without a usable directory hwkey presents no PIN at
@@ -37,9 +38,29 @@ pub fn memory_dir() -> PathBuf {
     if crate::state_dir::own_uid() == 0 {
         return PathBuf::from(SYSTEM_DIR);
     }
-    // Beside the proxy's default state (which falls back to the system directory too).
-    crate::state_dir::StateDir::proxy_default().join("rejected-pins")
+    default_dir(&crate::state_dir::StateDir::proxy_default())
 }
+
+/// A user's default, given the proxy's default state directory.
+fn default_dir(state: &Path) -> PathBuf {
+    // Beside the proxy's default state, not in it: the proxy's network side writes its state
+    // directory, and must not be able to delete a rejection (a restart would then spend one
+    // more of the token's tries).
+    match state.parent() {
+        Some(parent) if state != Path::new(crate::state_dir::SYSTEM_STATE_DIR) => {
+            parent.join("hwkey-rejected-pins")
+        }
+        _ => PathBuf::from(SYSTEM_DIR),
+    }
+}
+
+/// A file of the memory (its secret), for checks that it lies out of another process's reach.
+pub fn memory_secret() -> PathBuf {
+    memory_dir().join(SECRET_FILE)
+}
+
+/// The memory's HMAC secret, beside the records.
+const SECRET_FILE: &str = "secret";
 
 /// One (token, PIN source) pair's record.
 #[derive(Debug, Clone)]
@@ -185,7 +206,7 @@ pub(crate) fn describe(source: &PinSource) -> String {
 /// replaced silently, since every record made under it would be forgotten.
 fn fingerprint(dir: &Path, pin: &str) -> std::io::Result<String> {
     ensure_dir(dir)?;
-    let secret_path = dir.join("secret");
+    let secret_path = dir.join(SECRET_FILE);
     let damaged = |what: String| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -223,4 +244,26 @@ fn fingerprint(dir: &Path, pin: &str) -> std::io::Result<String> {
 /// and writable by no one else.
 fn ensure_dir(dir: &Path) -> std::io::Result<()> {
     crate::state_dir::ensure_private(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A person's memory lies beside the proxy's default state directory, never in it (the
+    /// network side writes there and could delete a record); without a home, the system's.
+    #[test]
+    fn the_default_memory_is_beside_the_state_directory() {
+        let state = Path::new("/home/alice/.local/state/hwkey");
+        let memory = default_dir(state);
+        assert_eq!(
+            memory,
+            Path::new("/home/alice/.local/state/hwkey-rejected-pins")
+        );
+        assert!(!memory.starts_with(state));
+        assert_eq!(
+            default_dir(Path::new(crate::state_dir::SYSTEM_STATE_DIR)),
+            Path::new(SYSTEM_DIR)
+        );
+    }
 }

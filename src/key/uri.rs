@@ -525,6 +525,16 @@ impl KeyUri {
         files
     }
 
+    /// Whether opening the key presents a PIN or password, so a refusal is remembered
+    /// ([`crate::key::pin_memory`]): always for PKCS#11 (a PIN is prompted when no source is
+    /// named), for a TPM key only when it names a password source.
+    pub fn presents_pin(&self) -> bool {
+        match self {
+            KeyUri::Pkcs11(_) => true,
+            KeyUri::Tpm(u) => u.pin.is_some() || u.owner_pin.is_some(),
+        }
+    }
+
     /// The files the URI's PIN sources read (`pin-source=file:…`, a TPM's `owner-pin-source`).
     pub fn pin_files(&self) -> Vec<std::path::PathBuf> {
         let mut files = Vec::new();

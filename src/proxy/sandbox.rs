@@ -36,7 +36,7 @@ pub enum SandboxError {
     #[error("--sandbox=required, but the network side cannot be confined: {missing} is missing (use a kernel with Landlock, or --sandbox=auto to run confined as far as possible)")]
     Missing { missing: String },
 
-    #[error("the network side could still read or delete {files}, which only the signer side may touch: keep PIN files and key files out of the state directory and the listeners' socket directories (the network side writes there), or start with --sandbox=off to run unconfined")]
+    #[error("the network side could still read or delete {files}, which only the signer side may touch: keep PIN files, key files and the rejected-PIN memory (HWKEY_PIN_STATE_DIR) out of the state directory and the listeners' socket directories (the network side writes there), or start with --sandbox=off to run unconfined")]
     Hole { files: String },
 }
 

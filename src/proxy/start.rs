@@ -150,6 +150,9 @@ fn sandbox_plan(settings: &Settings, bound: &BoundSet) -> sandbox::Plan {
     }
     let mut forbidden = settings.key.uri.secret_files();
     forbidden.extend(settings.key.uri.key_files());
+    if settings.key.uri.presents_pin() {
+        forbidden.push(crate::key::pin_memory::memory_secret());
+    }
     sandbox::Plan {
         read,
         write,

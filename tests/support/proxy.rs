@@ -226,9 +226,22 @@ impl Identity {
         state: &Path,
         extra: &[&str],
     ) -> String {
+        self.proxy_refused_with(upstream, key, state, extra, &[])
+    }
+
+    /// [`Identity::proxy_refused`] with more environment.
+    pub fn proxy_refused_with(
+        &self,
+        upstream: &TestUpstream,
+        key: &str,
+        state: &Path,
+        extra: &[&str],
+        envs: &[(&str, &Path)],
+    ) -> String {
         let out = crate::run_fail_within(
             hwkey()
                 .envs(self.envs())
+                .envs(envs.iter().copied())
                 .args(["proxy", "--key", key, "--cert"])
                 .arg(&self.cert)
                 .args(["--upstream", &upstream.url(), "--upstream-ca"])

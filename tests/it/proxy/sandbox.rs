@@ -109,6 +109,36 @@ fn the_self_check_refuses_a_pin_file_within_reach_in_every_mode_but_off() {
     assert_eq!(upstream.stats().tcp_connections, 0, "it went upstream");
 }
 
+/// The rejected-PIN memory in the state directory, where the network side could delete a
+/// record (and a restart would then spend one more of the token's tries), refuses the start,
+/// naming it, in `auto` and `required`; before, the proxy started (and the memory's default
+/// for a person was `~/.local/state/hwkey/rejected-pins`, inside the default state directory:
+/// now beside it, `key::pin_memory::tests::the_default_memory_is_beside_the_state_directory`).
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_rejected_pin_memory_the_network_side_could_delete_refuses_the_start() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let state = temp_dir();
+    let memory = state.path().join("rejected-pins");
+    for mode in ["auto", "required"] {
+        let text = id.proxy_refused_with(
+            &upstream,
+            &id.key_uri,
+            state.path(),
+            &["--sandbox", mode],
+            &[("HWKEY_PIN_STATE_DIR", &memory)],
+        );
+        assert!(
+            text.contains("only the signer side may touch")
+                && text.contains(&memory.display().to_string())
+                && text.contains("HWKEY_PIN_STATE_DIR"),
+            "{mode}: {text}"
+        );
+    }
+    assert_eq!(upstream.stats().tcp_connections, 0, "it went upstream");
+}
+
 /// What `open(path, flags)` returns inside process `pid`.
 fn open_inside(pid: u32, path: &std::path::Path, flags: i32) -> i64 {
     call_inside(pid, &format!("open(\"{}\", {flags})", path.display()))
