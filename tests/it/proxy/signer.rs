@@ -690,3 +690,79 @@ fn the_previous_certificate_is_never_read_through_a_link() {
     prev.push(".prev");
     assert!(!std::path::Path::new(&prev).exists(), "a .prev was written");
 }
+
+/// The rotation pointer (`current-key`, in the state directory the network side writes) names
+/// which key, never its password: against a swtpm that locks out after 3 failures, three
+/// pointers naming the configured key with three different wrong password files, each followed
+/// by a new signer, reach the TPM with no wrong password, and every signer signs with the
+/// configured one. (Before, each pointer's `pin-source` was presented: the third put the whole
+/// TPM into dictionary-attack lockout and the right password was refused.)
+#[cfg(feature = "tpm")]
+#[test]
+fn the_rotation_pointer_never_chooses_the_password_the_tpm_sees() {
+    let tpm = Swtpm::start();
+    let dir = temp_dir();
+    let secrets = temp_dir();
+    let uri = |password: &std::path::Path| {
+        format!(
+            "tpm:path={}?tcti={}&pin-source=file:{}",
+            dir.path().join("alice.tpm.pem").display(),
+            tpm.tcti(),
+            password.display()
+        )
+    };
+    let password = secrets.path().join("password");
+    write_private(&password, b"s3cret");
+    let key_uri = uri(&password);
+    run_ok(
+        hwkey()
+            .envs(tpm.envs())
+            .args(["key", "create", "--key", &key_uri]),
+    );
+    let pointers: Vec<String> = (0..3)
+        .map(|i| {
+            let wrong = secrets.path().join(format!("wrong-{i}"));
+            write_private(&wrong, format!("not it {i}").as_bytes());
+            uri(&wrong)
+        })
+        .collect();
+    require_tool("tpm2_dictionarylockout", "tpm2-tools");
+    run_ok(
+        Command::new("tpm2_dictionarylockout")
+            .envs(tpm.envs())
+            .args([
+                "--setup-parameters",
+                "--max-tries=3",
+                "--recovery-time=3600",
+                "--lockout-recovery-time=3600",
+            ]),
+    );
+    let envs = tpm.envs();
+    let before = lockout_counter(envs.clone());
+    let id = Identity::of_existing_key(support::proxy::Backend::Tpm(tpm), key_uri, dir);
+    let state = temp_dir();
+    let mut signer = SignerSide::start_with(&id, Some(state.path()));
+    let good = certificate_verify(b"TLS 1.3, client CertificateVerify");
+    for pointer in &pointers {
+        write_private(&state.path().join("current-key"), pointer.as_bytes());
+        // swtpm has no resource manager: a replaced signer's loaded objects stay until flushed.
+        run_ok(
+            Command::new("tpm2_flushcontext")
+                .envs(envs.clone())
+                .arg("-t"),
+        );
+        signer.respawn();
+        assert!(
+            matches!(
+                signer.sign(Purpose::Handshake, &good),
+                Reply::Signature { .. }
+            ),
+            "a signer after the pointer {pointer} does not sign"
+        );
+    }
+    assert_eq!(
+        lockout_counter(envs),
+        before,
+        "a wrong password from the pointer reached the TPM"
+    );
+}
