@@ -53,6 +53,7 @@ pub mod sandbox;
 pub mod sessions;
 pub mod settings;
 pub mod start;
+mod syscalls;
 pub mod threads;
 pub mod unix_client;
 pub mod upstream;

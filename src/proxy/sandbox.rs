@@ -1,7 +1,9 @@
 //! The network side confines itself before it reads any network byte: Landlock (the files it
 //! reads and writes, the TCP ports it connects to, no execution, no signals or abstract sockets
-//! outside its domain) and a seccomp filter (no `execve`, `ptrace`, `process_vm_*`, mounts,
-//! kernel modules, keyrings, BPF, io_uring, new namespaces…), with `no_new_privs`.
+//! outside its domain) and a seccomp allow-list (the calls it makes, with their arguments
+//! checked where a call does more than one thing, [`super::syscalls`]; `execve`, `ptrace`,
+//! mounts, modules, keyrings, BPF, io_uring, new namespaces and the rest answer `EPERM`), with
+//! `no_new_privs`.
 //!
 //! Best effort by default, as ghostunnel does: on a kernel without Landlock the proxy runs and
 //! says so (`hwkey_sandbox_enforced{layer}` 0, one log line naming the ABI and what is
@@ -21,10 +23,7 @@ use landlock::{
     Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset,
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
-use seccompiler::{
-    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    TargetArch,
-};
+use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
 
 /// Why `--sandbox=required` refused to start.
 #[derive(Debug, thiserror::Error)]
@@ -94,121 +93,6 @@ pub struct Report {
     /// Whether every capability was dropped (for a root network side: none left in any set).
     pub no_capabilities: bool,
 }
-
-/// The system calls the network side never makes; a call answers `EPERM`.
-fn denied_syscalls() -> Vec<i64> {
-    [
-        libc::SYS_execve,
-        libc::SYS_execveat,
-        libc::SYS_ptrace,
-        libc::SYS_process_vm_readv,
-        libc::SYS_process_vm_writev,
-        libc::SYS_mount,
-        libc::SYS_umount2,
-        libc::SYS_pivot_root,
-        libc::SYS_chroot,
-        libc::SYS_move_mount,
-        libc::SYS_open_tree,
-        libc::SYS_fsopen,
-        libc::SYS_fsmount,
-        libc::SYS_fspick,
-        libc::SYS_mount_setattr,
-        libc::SYS_init_module,
-        libc::SYS_finit_module,
-        libc::SYS_delete_module,
-        libc::SYS_kexec_load,
-        libc::SYS_kexec_file_load,
-        libc::SYS_add_key,
-        libc::SYS_request_key,
-        libc::SYS_keyctl,
-        libc::SYS_bpf,
-        libc::SYS_perf_event_open,
-        libc::SYS_userfaultfd,
-        libc::SYS_setns,
-        libc::SYS_unshare,
-        libc::SYS_open_by_handle_at,
-        libc::SYS_name_to_handle_at,
-        libc::SYS_swapon,
-        libc::SYS_swapoff,
-        libc::SYS_reboot,
-        libc::SYS_acct,
-        libc::SYS_quotactl,
-        // The network side runs on epoll (tokio) and never makes a ring. A ring's operations are
-        // not seen by seccomp, and io_uring is a large kernel attack surface (60 % of the
-        // submissions to Google's kCTF VRP exploited it; containerd 2.0's and Docker 25's
-        // default profiles deny it: containerd#9320, moby#46762). A compromised network side
-        // gets no ring.
-        libc::SYS_io_uring_setup,
-        libc::SYS_io_uring_enter,
-        libc::SYS_io_uring_register,
-    ]
-    .into_iter()
-    .chain(host_calls())
-    .chain(legacy_denied())
-    .collect()
-}
-
-/// Nothing the network side does changes a file's owner, mode or attributes, makes a device
-/// node, or sets the host name, the kernel log or the clocks: a root network side without
-/// capabilities is refused these by the kernel too, but a process of the file's owner is not
-/// (chmod of its own state files), and the filter says so for every uid.
-fn host_calls() -> Vec<i64> {
-    vec![
-        libc::SYS_fchmod,
-        libc::SYS_fchmodat,
-        libc::SYS_fchown,
-        libc::SYS_fchownat,
-        libc::SYS_setxattr,
-        libc::SYS_lsetxattr,
-        libc::SYS_fsetxattr,
-        libc::SYS_removexattr,
-        libc::SYS_lremovexattr,
-        libc::SYS_fremovexattr,
-        libc::SYS_mknodat,
-        libc::SYS_sethostname,
-        libc::SYS_setdomainname,
-        libc::SYS_syslog,
-        libc::SYS_settimeofday,
-        libc::SYS_clock_settime,
-        libc::SYS_clock_adjtime,
-        libc::SYS_adjtimex,
-        // Calls newer than the libc crate's tables, numbered alike on every architecture:
-        // fchmodat2 (Linux 6.6), setxattrat and removexattrat (6.13).
-        452,
-        463,
-        466,
-    ]
-}
-
-/// The older spellings of [`denied_syscalls`]' calls, on the architectures that have them.
-#[cfg(target_arch = "x86_64")]
-fn legacy_denied() -> Vec<i64> {
-    vec![
-        libc::SYS_chmod,
-        libc::SYS_chown,
-        libc::SYS_lchown,
-        libc::SYS_mknod,
-    ]
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn legacy_denied() -> Vec<i64> {
-    Vec::new()
-}
-
-/// The socket families the network side uses: UNIX (its listeners, the signer), IPv4 and IPv6
-/// (clients, API servers, DNS) and netlink (`NETLINK_SOCK_DIAG`: which uid holds a loopback
-/// client's socket, for admission by uid). A packet socket, Bluetooth, `AF_ALG` and the rest
-/// answer `EPERM`.
-const SOCKET_FAMILIES: [libc::c_int; 4] = [
-    libc::AF_UNIX,
-    libc::AF_INET,
-    libc::AF_INET6,
-    libc::AF_NETLINK,
-];
-
-/// `SOCK_PACKET`: the kernel makes an `AF_INET` socket of this type a packet socket.
-const SOCK_PACKET: u64 = 10;
 
 /// Confines this process as `plan` says, per `mode`, and checks the result.
 pub fn confine(mode: SandboxMode, plan: &Plan) -> Result<Report, SandboxError> {
@@ -322,19 +206,6 @@ fn landlock(plan: &Plan) -> Result<(landlock::RestrictionStatus, i32), landlock:
     Ok((status, abi))
 }
 
-/// The `clone` flags that make a new namespace. Denying `unshare` and `setns` alone left
-/// `clone(CLONE_NEWUSER)`: a new user namespace, where an unprivileged process holds every
-/// capability over the namespaced parts of the kernel (another large attack surface).
-const NEW_NAMESPACES: [libc::c_int; 7] = [
-    libc::CLONE_NEWNS,
-    libc::CLONE_NEWCGROUP,
-    libc::CLONE_NEWUTS,
-    libc::CLONE_NEWIPC,
-    libc::CLONE_NEWUSER,
-    libc::CLONE_NEWPID,
-    libc::CLONE_NEWNET,
-];
-
 /// On x86_64 the kernel also takes a system call's number with this bit set (the x32 ABI,
 /// where it is built in and enabled), under the same architecture seccomp sees. seccompiler's
 /// rules compare whole numbers, so `execve | X32_SYSCALL_BIT` would pass them.
@@ -342,7 +213,7 @@ const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 /// Why the seccomp filters are not (all) on; only logged (`--sandbox=required` then refuses).
 #[derive(Debug, thiserror::Error)]
-enum FilterError {
+pub(super) enum FilterError {
     #[error(
         "no seccomp filter for the {0} architecture (there is one for x86_64, aarch64 and riscv64)"
     )]
@@ -377,14 +248,14 @@ fn seccomp(dns: bool) -> Result<(), FilterError> {
     Ok(())
 }
 
-/// The filters' programs.
-/// - The first answers `EPERM` to every call in [`denied_syscalls`] and to a `clone` with any
-///   of [`NEW_NAMESPACES`] (its flags are its first argument on x86_64, aarch64 and riscv64,
-///   the architectures there is a filter for).
-/// - The second answers `ENOSYS` to `clone3`, whose flags are in memory where seccomp cannot
-///   read them: on `ENOSYS` glibc falls back to `clone`, which the first checks (Docker's
-///   default profile does the same). Threads are still made that way.
-/// - On x86_64 the third answers `EPERM` to every x32 call ([`X32_SYSCALL_BIT`]).
+/// The filters' programs, in the order they are installed (the last one installed decides
+/// first; a more restrictive answer from any wins).
+/// - The first answers `ENOSYS` to `clone3`, whose flags are in memory where seccomp cannot
+///   read them: on `ENOSYS` glibc falls back to `clone`, whose flags the allow-list checks
+///   (Docker's default profile does the same). Threads are still made that way.
+/// - On x86_64 the next answers `EPERM` to every x32 call ([`X32_SYSCALL_BIT`]).
+/// - The last is the allow-list ([`super::syscalls`]): every call it does not name, or names
+///   with other arguments, answers `EPERM`. Installed last, so it need not allow `seccomp`.
 fn filters(dns: bool) -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
     let arch = match std::env::consts::ARCH {
         "x86_64" => TargetArch::x86_64,
@@ -392,80 +263,24 @@ fn filters(dns: bool) -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
         "riscv64" => TargetArch::riscv64,
         other => return Err(FilterError::Architecture(other)),
     };
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied_syscalls()
-        .into_iter()
-        .map(|nr| (nr, Vec::new()))
-        .collect();
-    let mut clone = Vec::new();
-    for flag in NEW_NAMESPACES {
-        let flag = flag as u64;
-        clone.push(SeccompRule::new(vec![SeccompCondition::new(
-            0,
-            SeccompCmpArgLen::Qword,
-            SeccompCmpOp::MaskedEq(flag),
-            flag,
-        )?])?);
-    }
-    rules.insert(libc::SYS_clone, clone);
-    rules.insert(libc::SYS_socket, socket_rules(dns)?);
-    let refused = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )?;
     let clone3 = SeccompFilter::new(
         BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
     )?;
-    let mut programs = vec![refused.try_into()?, clone3.try_into()?];
+    let allowed = SeccompFilter::new(
+        super::syscalls::allowed(dns)?,
+        SeccompAction::Errno(libc::EPERM as u32),
+        SeccompAction::Allow,
+        arch,
+    )?;
+    let mut programs = vec![clone3.try_into()?];
     if cfg!(target_arch = "x86_64") {
         programs.push(x32_refused());
     }
+    programs.push(allowed.try_into()?);
     Ok(programs)
-}
-
-/// The sockets refused: another family than [`SOCKET_FAMILIES`], a raw or `SOCK_PACKET` one,
-/// and UDP unless names are resolved (`dns`). Each rule's conditions must all hold.
-fn socket_rules(dns: bool) -> Result<Vec<SeccompRule>, FilterError> {
-    let other_family = SOCKET_FAMILIES
-        .iter()
-        .map(|f| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f as u64))
-        .collect::<Result<Vec<_>, _>>()?;
-    // The type's low bits, its flags (SOCK_NONBLOCK, SOCK_CLOEXEC) aside.
-    let of_type = |t: u64| {
-        SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(0xf), t)
-            .and_then(|c| SeccompRule::new(vec![c]))
-    };
-    let mut rules = vec![
-        SeccompRule::new(other_family)?,
-        of_type(libc::SOCK_RAW as u64)?,
-        of_type(SOCK_PACKET)?,
-    ];
-    if !dns {
-        rules.extend(datagram_rules()?);
-    }
-    Ok(rules)
-}
-
-/// IPv4 and IPv6 datagram sockets (UDP), for a network side that resolves no name.
-fn datagram_rules() -> Result<Vec<SeccompRule>, FilterError> {
-    [libc::AF_INET, libc::AF_INET6]
-        .into_iter()
-        .map(|family| {
-            Ok(SeccompRule::new(vec![
-                SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, family as u64)?,
-                SeccompCondition::new(
-                    1,
-                    SeccompCmpArgLen::Dword,
-                    SeccompCmpOp::MaskedEq(0xf),
-                    libc::SOCK_DGRAM as u64,
-                )?,
-            ])?)
-        })
-        .collect()
 }
 
 /// A program that answers `EPERM` to every call numbered with [`X32_SYSCALL_BIT`] (written by
@@ -549,7 +364,7 @@ fn announce(plan: &Plan, report: &Report, holes: &[PathBuf]) {
         seccomp = report.seccomp,
         no_new_privs = report.no_new_privs,
         "sandbox: {landlock}; no execution, no signals outside; seccomp {}; {}",
-        if report.seccomp { "filter on (no execve, ptrace, mounts, modules, keyrings, BPF, io_uring, namespaces, chmod/chown, mknod, raw sockets)" } else { "NOT on" },
+        if report.seccomp { "allow-list on (no execve, ptrace, mounts, modules, keyrings, BPF, io_uring, namespaces, chmod/chown, mknod, links, raw sockets, TIOCSTI)" } else { "NOT on" },
         if report.no_capabilities { "no capabilities" } else { "capabilities KEPT" }
     );
     if !holes.is_empty() {
@@ -560,15 +375,24 @@ fn announce(plan: &Plan, report: &Report, holes: &[PathBuf]) {
 /// What the filter tests share: running a probe under the filters, and saying why a probe
 /// could not be tried.
 #[cfg(test)]
-mod try_filters {
+pub(super) mod try_filters {
     use super::*;
 
     /// Runs `probe` on a new thread that has the network side's filters (`apply_filter`: that
     /// thread only, and the threads it makes, not the test process).
-    pub(super) fn on_a_filtered_thread<T: Send + 'static>(
+    pub(in crate::proxy) fn on_a_filtered_thread<T: Send + 'static>(
         probe: impl FnOnce() -> T + Send + 'static,
     ) -> T {
-        let programs = filters(false).expect("the filters compile");
+        on_a_thread_filtered_for(false, probe)
+    }
+
+    /// [`on_a_filtered_thread`] with the filters of a network side that resolves names
+    /// (`dns`) or not.
+    pub(in crate::proxy) fn on_a_thread_filtered_for<T: Send + 'static>(
+        dns: bool,
+        probe: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let programs = filters(dns).expect("the filters compile");
         std::thread::spawn(move || {
             for program in &programs {
                 seccompiler::apply_filter(program).expect("filter on this thread");
@@ -581,7 +405,7 @@ mod try_filters {
 
     /// The system refuses what a probe needs even without the filters, so the filter's effect
     /// cannot be tried here: said on stderr, and a failure under `CI`.
-    pub(super) fn untried(why: &str) {
+    pub(in crate::proxy) fn untried(why: &str) {
         let why = format!("{why}: the filter's effect was not tried");
         assert!(std::env::var_os("CI").is_none(), "{why}");
         eprintln!("{why}");
@@ -591,7 +415,6 @@ mod try_filters {
 #[cfg(test)]
 mod tests {
     use super::try_filters::*;
-    use super::*;
 
     /// The network side's filter refuses a ring (io_uring), and still allows what it needs.
     /// The filter goes on one thread of the test process only (`apply_filter`, not the
@@ -601,13 +424,16 @@ mod tests {
     /// under `CI` that is a failure.
     #[test]
     fn the_filter_refuses_io_uring() {
-        let denied = denied_syscalls();
+        let allowed = super::super::syscalls::allowed(true).expect("rules");
         for call in [
             libc::SYS_io_uring_setup,
             libc::SYS_io_uring_enter,
             libc::SYS_io_uring_register,
         ] {
-            assert!(denied.contains(&call), "system call {call} is not denied");
+            assert!(
+                !allowed.contains_key(&call),
+                "system call {call} is allowed"
+            );
         }
         let unfiltered = std::thread::spawn(|| io_uring::IoUring::new(4).map(drop))
             .join()
