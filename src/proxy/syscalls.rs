@@ -1,5 +1,6 @@
-//! The system calls the network side may make once confined: an allow-list, every other call
-//! answering `EPERM`, with the arguments checked where a call does more than one thing.
+//! The network side's seccomp filters ([`install`]): the system calls it may make once confined,
+//! an allow-list, every other call answering `EPERM`, with the arguments checked where a call
+//! does more than one thing; `clone3` answered `ENOSYS` and x32 calls `EPERM` before it.
 //!
 //! The list is what the network side does (an epoll runtime, TLS, file reads in its state
 //! directory, the signer's socket, name resolution), measured by tracing `hwkey-net` through
@@ -22,7 +23,7 @@ use std::collections::BTreeMap;
 use seccompiler::SeccompCmpArgLen::{self, Dword, Qword};
 use seccompiler::{SeccompCmpOp, SeccompCondition, SeccompRule};
 
-use super::sandbox::FilterError;
+use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
 
 /// The calls allowed with any arguments.
 const ANY_ARGUMENTS: &[libc::c_long] = &[
@@ -264,6 +265,112 @@ fn rule(
     Ok(SeccompRule::new(conditions)?)
 }
 
+/// On x86_64 the kernel also takes a system call's number with this bit set (the x32 ABI,
+/// where it is built in and enabled), under the same architecture seccomp sees. seccompiler's
+/// rules compare whole numbers, so `execve | X32_SYSCALL_BIT` would pass them.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+/// Why the seccomp filters are not (all) on; only logged (`--sandbox=required` then refuses).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum FilterError {
+    #[error(
+        "no seccomp filter for the {0} architecture (there is one for x86_64, aarch64 and riscv64)"
+    )]
+    Architecture(&'static str),
+    #[error(transparent)]
+    Seccomp(#[from] seccompiler::Error),
+    #[error(transparent)]
+    Rules(#[from] seccompiler::BackendError),
+    #[error("only {installed} of the {total} seccomp filters are on: {error}")]
+    Partial {
+        installed: usize,
+        total: usize,
+        error: seccompiler::Error,
+    },
+}
+
+/// The seccomp filters, on every thread.
+pub(super) fn install(dns: bool) -> Result<(), FilterError> {
+    let programs = filters(dns)?;
+    for (installed, program) in programs.iter().enumerate() {
+        if let Err(error) = seccompiler::apply_filter_all_threads(program) {
+            return Err(match installed {
+                0 => error.into(),
+                _ => FilterError::Partial {
+                    installed,
+                    total: programs.len(),
+                    error,
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The filters' programs, in the order they are installed (the last one installed decides
+/// first; a more restrictive answer from any wins).
+/// - The first answers `ENOSYS` to `clone3`, whose flags are in memory where seccomp cannot
+///   read them: on `ENOSYS` glibc falls back to `clone`, whose flags the allow-list checks
+///   (Docker's default profile does the same). Threads are still made that way.
+/// - On x86_64 the next answers `EPERM` to every x32 call ([`X32_SYSCALL_BIT`]).
+/// - The last is the allow-list ([`super::syscalls`]): every call it does not name, or names
+///   with other arguments, answers `EPERM`. Installed last, so it need not allow `seccomp`.
+fn filters(dns: bool) -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => TargetArch::x86_64,
+        "aarch64" => TargetArch::aarch64,
+        "riscv64" => TargetArch::riscv64,
+        other => return Err(FilterError::Architecture(other)),
+    };
+    let clone3 = SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )?;
+    let allowed = SeccompFilter::new(
+        super::syscalls::allowed(dns)?,
+        SeccompAction::Errno(libc::EPERM as u32),
+        SeccompAction::Allow,
+        arch,
+    )?;
+    let mut programs = vec![clone3.try_into()?];
+    if cfg!(target_arch = "x86_64") {
+        programs.push(x32_refused());
+    }
+    programs.push(allowed.try_into()?);
+    Ok(programs)
+}
+
+/// A program that answers `EPERM` to every call numbered with [`X32_SYSCALL_BIT`] (written by
+/// hand: seccompiler's rules match single numbers).
+fn x32_refused() -> seccompiler::BpfProgram {
+    use seccompiler::sock_filter;
+    let op = |code: u32, jt: u8, jf: u8, k: u32| sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    vec![
+        // A = seccomp_data.nr
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+        op(
+            libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K,
+            0,
+            1,
+            X32_SYSCALL_BIT,
+        ),
+        op(
+            libc::BPF_RET | libc::BPF_K,
+            0,
+            0,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};
@@ -272,7 +379,7 @@ mod tests {
     use rustix::io::Errno;
     use rustix::net::{netlink, AddressFamily, SocketType};
 
-    use crate::proxy::sandbox::try_filters::{on_a_thread_filtered_for, untried};
+    use super::try_filters::{on_a_thread_filtered_for, untried};
 
     /// `ioctl(fd, TIOCSTI, "x")`: types a byte into `fd`'s terminal. Its errno.
     #[allow(
@@ -377,5 +484,224 @@ mod tests {
         assert_eq!(resolving.0, libc::EPERM, "TIOCSTI while resolving names");
         assert_eq!(resolving.1, Ok(()), "UDP while resolving names");
         assert_eq!(resolving.2, Ok(()), "route netlink while resolving names");
+    }
+}
+
+/// What the filter tests share: running a probe under the filters, and saying why a probe
+/// could not be tried.
+#[cfg(test)]
+pub(super) mod try_filters {
+    use super::*;
+
+    /// Runs `probe` on a new thread that has the network side's filters (`apply_filter`: that
+    /// thread only, and the threads it makes, not the test process).
+    pub(in crate::proxy) fn on_a_filtered_thread<T: Send + 'static>(
+        probe: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        on_a_thread_filtered_for(false, probe)
+    }
+
+    /// [`on_a_filtered_thread`] with the filters of a network side that resolves names
+    /// (`dns`) or not.
+    pub(in crate::proxy) fn on_a_thread_filtered_for<T: Send + 'static>(
+        dns: bool,
+        probe: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let programs = filters(dns).expect("the filters compile");
+        std::thread::spawn(move || {
+            for program in &programs {
+                seccompiler::apply_filter(program).expect("filter on this thread");
+            }
+            probe()
+        })
+        .join()
+        .expect("thread")
+    }
+
+    /// The system refuses what a probe needs even without the filters, so the filter's effect
+    /// cannot be tried here: said on stderr, and a failure under `CI`.
+    pub(in crate::proxy) fn untried(why: &str) {
+        let why = format!("{why}: the filter's effect was not tried");
+        assert!(std::env::var_os("CI").is_none(), "{why}");
+        eprintln!("{why}");
+    }
+}
+
+#[cfg(test)]
+mod io_uring_ring {
+    use super::try_filters::*;
+
+    /// The network side's filter refuses a ring (io_uring), and still allows what it needs.
+    /// The filter goes on one thread of the test process only (`apply_filter`, not the
+    /// all-threads variant the proxy uses), and the kernel must make rings for a thread
+    /// without it, or the test would prove nothing: where it does not (`io_uring_disabled`, a
+    /// container's default seccomp profile), only the list is checked, said on stderr, and
+    /// under `CI` that is a failure.
+    #[test]
+    fn the_filter_refuses_io_uring() {
+        let allowed = super::allowed(true).expect("rules");
+        for call in [
+            libc::SYS_io_uring_setup,
+            libc::SYS_io_uring_enter,
+            libc::SYS_io_uring_register,
+        ] {
+            assert!(
+                !allowed.contains_key(&call),
+                "system call {call} is allowed"
+            );
+        }
+        let unfiltered = std::thread::spawn(|| io_uring::IoUring::new(4).map(drop))
+            .join()
+            .expect("thread");
+        if let Err(e) = unfiltered {
+            return untried(&format!(
+                "this kernel makes no io_uring ring even without the filter ({e}); set \
+                 kernel.io_uring_disabled=0 (or run outside a container whose seccomp profile \
+                 denies io_uring) to try it"
+            ));
+        }
+        let filtered = on_a_filtered_thread(|| {
+            let ring = io_uring::IoUring::new(4).map(drop);
+            // What the network side does all day still works under the filter.
+            let socket = std::net::TcpListener::bind("127.0.0.1:0").map(drop);
+            (ring, socket)
+        });
+        assert_eq!(
+            filtered.0.as_ref().map_err(std::io::Error::raw_os_error),
+            Err(Some(libc::EPERM)),
+            "io_uring_setup under the filter"
+        );
+        assert!(
+            filtered.1.is_ok(),
+            "a socket under the filter: {:?}",
+            filtered.1
+        );
+    }
+}
+
+#[cfg(test)]
+mod namespaces {
+    use super::try_filters::*;
+
+    /// `clone(2)` with `flags` and `SIGCHLD`, like a fork: a child that exits at once, reaped
+    /// here. Ok, or the errno.
+    #[allow(
+        unsafe_code,
+        reason = "a raw clone(2): no safe binding makes a process with namespace flags"
+    )]
+    fn clone_with(flags: libc::c_int) -> Result<(), i32> {
+        let flags = (flags | libc::SIGCHLD) as libc::c_ulong;
+        // SAFETY: without CLONE_VM the child runs on a copy of this thread's memory and stack;
+        // it only calls _exit (async-signal-safe). The parent waits for it.
+        let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+        if pid == 0 {
+            // SAFETY: the child ends here without running anything of the parent's.
+            unsafe { libc::_exit(0) };
+        }
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child made above, writing its status into a local.
+        let waited = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+        assert_eq!(waited, pid as libc::pid_t, "waitpid");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child did not exit cleanly: {status:#x}"
+        );
+        Ok(())
+    }
+
+    /// `clone3(2)` with no arguments: its errno (the kernel refuses the empty arguments with
+    /// EINVAL, the filter answers before it with ENOSYS).
+    #[allow(
+        unsafe_code,
+        reason = "a raw clone3(2) with a null argument, which makes nothing"
+    )]
+    fn clone3_errno() -> i32 {
+        // SAFETY: a null pointer with size 0 is refused by the kernel (or the filter) before
+        // anything is read or made.
+        let r = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
+        assert_eq!(r, -1, "clone3 with no arguments made something");
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// Under the filters a thread cannot make a process in a new user or network namespace
+    /// (`unshare` was refused already; `clone` with the flags was not), `clone3` answers
+    /// ENOSYS, and threads are still made (glibc falls back to `clone`) as are plain
+    /// children. A thread without the filters must be able to make the user namespace, or
+    /// the test would prove nothing.
+    #[test]
+    fn the_filter_refuses_new_namespaces_and_threads_still_start() {
+        let unfiltered = std::thread::spawn(|| {
+            (
+                clone_with(libc::CLONE_NEWUSER).and(clone_with(libc::CLONE_NEWNET)),
+                clone3_errno(),
+            )
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(unfiltered.1, libc::EINVAL, "clone3 without the filter");
+        if let Err(e) = unfiltered.0 {
+            return untried(&format!(
+                "this system makes no user or network namespace even without the filter \
+                 (errno {e}); allow unprivileged user namespaces \
+                 (kernel.unprivileged_userns_clone=1) or run as root to try it"
+            ));
+        }
+        let (user, net, plain, clone3, thread) = on_a_filtered_thread(|| {
+            (
+                clone_with(libc::CLONE_NEWUSER),
+                clone_with(libc::CLONE_NEWNET),
+                clone_with(0),
+                clone3_errno(),
+                std::thread::spawn(|| 7).join().ok(),
+            )
+        });
+        assert_eq!(
+            user,
+            Err(libc::EPERM),
+            "clone(CLONE_NEWUSER) under the filter"
+        );
+        assert_eq!(
+            net,
+            Err(libc::EPERM),
+            "clone(CLONE_NEWNET) under the filter"
+        );
+        assert_eq!(plain, Ok(()), "a plain child under the filter");
+        assert_eq!(clone3, libc::ENOSYS, "clone3 under the filter");
+        assert_eq!(thread, Some(7), "a thread made under the filter");
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod x32 {
+    use super::try_filters::*;
+    use super::*;
+
+    /// An x32 system call's errno (getpid, numbered with the x32 bit), or 0 when it ran.
+    #[allow(
+        unsafe_code,
+        reason = "a raw system call by number: no binding makes x32 calls"
+    )]
+    fn x32_getpid_errno() -> i32 {
+        // SAFETY: getpid takes no arguments and changes nothing, whichever ABI runs it.
+        let r = unsafe { libc::syscall(X32_SYSCALL_BIT as libc::c_long | libc::SYS_getpid) };
+        if r >= 0 {
+            return 0;
+        }
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    /// Under the filters an x32 call answers EPERM before the kernel looks at it; without them
+    /// it runs (x32 enabled) or answers ENOSYS (the usual kernel), never EPERM. Through x32,
+    /// `execve` or `clone` would otherwise pass rules that name their x86_64 numbers.
+    #[test]
+    fn the_filter_refuses_x32_calls() {
+        let unfiltered = std::thread::spawn(x32_getpid_errno).join().expect("thread");
+        assert_ne!(unfiltered, libc::EPERM, "an x32 call without the filter");
+        let filtered = on_a_filtered_thread(|| (x32_getpid_errno(), std::process::id()));
+        assert_eq!(filtered.0, libc::EPERM, "an x32 call under the filter");
+        assert_eq!(filtered.1, std::process::id(), "getpid under the filter");
     }
 }
