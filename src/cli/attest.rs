@@ -19,6 +19,10 @@ pub enum AttestCommand {
         /// Persistent handle of the attestation key.
         #[arg(long, value_parser = parse_handle, default_value = crate::key::attestation::DEFAULT_AK_HANDLE_TEXT)]
         ak_handle: u32,
+        /// Which endorsement key to describe (and later activate with). Default: the RSA EK
+        /// when the TPM holds its certificate, else the ECC EK.
+        #[arg(long, value_enum)]
+        ek: Option<crate::key::attestation::EkKind>,
     },
     /// Check a request (PEM or DER) the way the approver does: its signature, its TPM evidence,
     /// and that the evidence's attestation key is registered in --trust. Prints the node and
@@ -50,7 +54,8 @@ pub enum AttestCommand {
         #[arg(long)]
         node: String,
     },
-    /// Node, step 2: TPM2_ActivateCredential with the attestation key and the RSA EK; prints
+    /// Node, step 2: TPM2_ActivateCredential with the attestation key and the EK the challenge
+    /// was made for (RSA-2048 or ECC P-256); prints
     /// the answer (only the TPM holding both can recover it).
     Activate {
         /// The challenge file.
@@ -135,8 +140,8 @@ pub(crate) fn parse_handle(s: &str) -> Result<u32, crate::key::attestation::Hand
 
 pub fn run(command: AttestCommand) -> anyhow::Result<()> {
     match command {
-        AttestCommand::Enroll { key, ak_handle } => {
-            let e = key::enroll(&key, ak_handle)?;
+        AttestCommand::Enroll { key, ak_handle, ek } => {
+            let e = key::enroll(&key, ak_handle, ek)?;
             use base64::Engine as _;
             let b64 = base64::engine::general_purpose::STANDARD;
             let indent = |pem: String| pem.lines().map(|l| format!("  {l}\n")).collect::<String>();

@@ -83,6 +83,17 @@ pub fn name_of(tpmt_public: &[u8]) -> Result<Vec<u8>, KeyError> {
     Ok(name)
 }
 
+/// Which endorsement key an enrollment describes and credential activation uses. A TPM has
+/// an RSA-2048 and an ECC P-256 EK (TCG EK Credential Profile, templates L-1 and L-2); some
+/// ship a certificate for only one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EkKind {
+    /// The RSA-2048 EK (certificate at NV index 0x01c00002).
+    Rsa,
+    /// The ECC NIST P-256 EK (certificate at NV index 0x01c0000a).
+    Ecc,
+}
+
 /// Where `hwkey attest enroll` makes the attestation key when no handle is given: the first
 /// persistent handle after the ones tpm2-tools' examples use for the EK and SRK.
 pub const DEFAULT_AK_HANDLE: u32 = 0x8101_0002;

@@ -72,12 +72,16 @@ pub fn delete(uri: &KeyUri) -> Result<Vec<String>, KeyError> {
 
 /// Makes sure the TPM a URI names has an attestation key at `ak_handle` and returns what an
 /// operator registers for it. PKCS#11 tokens offer no attestation hwkey can check.
-pub fn enroll(uri: &KeyUri, ak_handle: u32) -> Result<super::attestation::Enrollment, KeyError> {
+pub fn enroll(
+    uri: &KeyUri,
+    ak_handle: u32,
+    ek: Option<super::attestation::EkKind>,
+) -> Result<super::attestation::Enrollment, KeyError> {
     match uri {
         #[cfg(feature = "tpm")]
-        KeyUri::Tpm(u) => tpm::enroll(u, ak_handle),
+        KeyUri::Tpm(u) => tpm::enroll(u, ak_handle, ek),
         KeyUri::Pkcs11(_) => {
-            let _ = ak_handle;
+            let _ = (ak_handle, ek);
             Err(KeyError::NotAttestable {
                 key: format!("the PKCS#11 key {uri}"),
             })

@@ -364,6 +364,10 @@ pub enum Malformation {
     NoPublicAttributes,
     #[error("not an ECC key")]
     NotEcc,
+    #[error(
+        "neither an RSA-2048 EK's encrypted seed (256 bytes) nor an ECC P-256 EK's ephemeral point"
+    )]
+    NotAnEkSecret,
     #[error("{0}")]
     Unusable(#[source] Unusable),
     #[error("{0}")]

@@ -181,6 +181,89 @@ impl Swtpm {
         );
     }
 
+    /// Gives the TPM an ECC P-256 EK certificate at NV index 0x01c0000a, issued by the same
+    /// local CA as [`Swtpm::start_with_ek_certificate`]'s (which swtpm_setup makes for the RSA
+    /// EK and a P-384 EK only): what a manufacturer shipping the TCG L-2 template's
+    /// certificate does.
+    pub fn add_ecc_p256_ek_certificate(&self) {
+        let d = self.dir.path();
+        let conf = d.join("localca.conf");
+        assert!(
+            conf.exists(),
+            "start the TPM with start_with_ek_certificate first"
+        );
+        let work = d.join("ecc-p256");
+        fs::create_dir_all(&work).expect("mkdir");
+        let pem = work.join("ek.pem");
+        crate::run_ok(
+            Command::new("tpm2_createek")
+                .envs(self.envs())
+                .args(["-G", "ecc", "-c", "-", "-f", "pem", "-u"])
+                .arg(&pem),
+        );
+        let text = crate::run_ok(
+            Command::new("openssl")
+                .args(["ec", "-pubin", "-noout", "-text", "-in"])
+                .arg(&pem),
+        );
+        let text = String::from_utf8_lossy(&text.stdout).into_owned();
+        let hex: String = text
+            .lines()
+            .skip_while(|l| !l.starts_with("pub:"))
+            .skip(1)
+            .take_while(|l| l.starts_with(' '))
+            .flat_map(|l| l.chars().filter(char::is_ascii_hexdigit))
+            .collect();
+        assert_eq!(hex.len(), 130, "an uncompressed P-256 point: {text}");
+        crate::run_ok(
+            Command::new("swtpm_localca")
+                .args(["--type", "ek", "--ek"])
+                .arg(format!("x={},y={},id=secp256r1", &hex[2..66], &hex[66..]))
+                .arg("--dir")
+                .arg(&work)
+                .args(["--tpm-spec-family", "2.0", "--tpm-spec-level", "0"])
+                .args([
+                    "--tpm-spec-revision",
+                    "164",
+                    "--tpm-manufacturer",
+                    "id:00001014",
+                ])
+                .args([
+                    "--tpm-model",
+                    "swtpm",
+                    "--tpm-version",
+                    "id:20191023",
+                    "--tpm2",
+                ])
+                .arg("--configfile")
+                .arg(&conf)
+                .arg("--optsfile")
+                .arg(d.join("localca.options")),
+        );
+        let cert = work.join("ek.cert");
+        let size = fs::metadata(&cert).expect("the EK certificate").len();
+        crate::run_ok(Command::new("tpm2_nvdefine").envs(self.envs()).args([
+            "0x01c0000a",
+            "-C",
+            "p",
+            "-s",
+            &size.to_string(),
+            "-a",
+            "ppwrite|ppread|ownerread|authread|no_da|platformcreate",
+        ]));
+        crate::run_ok(
+            Command::new("tpm2_nvwrite")
+                .envs(self.envs())
+                .args(["0x01c0000a", "-C", "p", "-i"])
+                .arg(&cert),
+        );
+        crate::run_ok(
+            Command::new("tpm2_flushcontext")
+                .envs(self.envs())
+                .arg("-t"),
+        );
+    }
+
     /// What swtpm wrote to stdout/stderr so far.
     pub fn log(&self) -> String {
         self.guard.log()

@@ -27,7 +27,7 @@ use tss_esapi::traits::Marshall;
 use tss_esapi::Context;
 
 use super::rc;
-use crate::key::attestation::{Enrollment, TpmEvidence};
+use crate::key::attestation::{EkKind, Enrollment, TpmEvidence};
 use crate::key::{KeyAlgorithm, KeyError, Malformation};
 
 fn tpm_err(operation: &'static str) -> impl Fn(tss_esapi::Error) -> KeyError {
@@ -117,7 +117,7 @@ pub(crate) fn certify(
     let result = certify_with(ctx, key, KeyHandle::from(ak), ak_public, qualifying_data);
     close(ctx, ak);
     let mut evidence = result?;
-    evidence.ek_certificate = enrollment_ek(ctx).1;
+    evidence.ek_certificate = enrollment_ek(ctx, None).1;
     Ok(evidence)
 }
 
@@ -160,21 +160,34 @@ fn certify_with(
     })
 }
 
-/// The endorsement key an enrollment describes: the RSA-2048 EK when the manufacturer stored
-/// its certificate (the one credential activation uses), else the ECC P-256 EK (with its
-/// certificate if there is one).
-fn enrollment_ek(ctx: &mut Context) -> (AsymmetricAlgorithmSelection, Option<Vec<u8>>) {
-    [
-        AsymmetricAlgorithmSelection::Rsa(RsaKeyBits::Rsa2048),
-        AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256),
-    ]
-    .into_iter()
-    .find_map(|alg| {
-        ek::retrieve_ek_pubcert(ctx, alg)
-            .ok()
-            .map(|c| (alg, Some(c)))
-    })
-    .unwrap_or((AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256), None))
+/// The endorsement key an enrollment describes: the one asked for (with its certificate if the
+/// manufacturer stored one); by default the RSA-2048 EK when its certificate is there, else
+/// the ECC P-256 EK (with its certificate if there is one).
+fn enrollment_ek(
+    ctx: &mut Context,
+    ek: Option<EkKind>,
+) -> (AsymmetricAlgorithmSelection, Option<Vec<u8>>) {
+    if let Some(kind) = ek {
+        let alg = ek_algorithm(kind);
+        return (alg, ek::retrieve_ek_pubcert(ctx, alg).ok());
+    }
+    [EkKind::Rsa, EkKind::Ecc]
+        .into_iter()
+        .map(ek_algorithm)
+        .find_map(|alg| {
+            ek::retrieve_ek_pubcert(ctx, alg)
+                .ok()
+                .map(|c| (alg, Some(c)))
+        })
+        .unwrap_or((ek_algorithm(EkKind::Ecc), None))
+}
+
+/// The TCG template's algorithm of an EK kind.
+fn ek_algorithm(kind: EkKind) -> AsymmetricAlgorithmSelection {
+    match kind {
+        EkKind::Rsa => AsymmetricAlgorithmSelection::Rsa(RsaKeyBits::Rsa2048),
+        EkKind::Ecc => AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256),
+    }
 }
 
 /// What an operator registers for this TPM: the AK (made if missing) and the EK.
@@ -182,13 +195,14 @@ pub(crate) fn enroll(
     ctx: &mut Context,
     ak_handle: u32,
     tcti: &str,
+    ek: Option<EkKind>,
 ) -> Result<Enrollment, KeyError> {
     let (ak, ak_public) = ensure_ak(ctx, ak_handle, tcti)?;
     close(ctx, ak);
     let ak_public_bytes = ak_public
         .marshall()
         .map_err(tpm_err("marshalling TPMT_PUBLIC (AK)"))?;
-    let (ek_alg, ek_certificate) = enrollment_ek(ctx);
+    let (ek_alg, ek_certificate) = enrollment_ek(ctx, ek);
     let ek_handle =
         ek::create_ek_object_2(ctx, ek_alg, None).map_err(tpm_err("CreatePrimary (EK)"))?;
     let ek_public = ctx
@@ -208,8 +222,9 @@ pub(crate) fn enroll(
     })
 }
 
-/// TPM2_ActivateCredential: recovers the secret a verifier encrypted to this TPM's RSA EK for
-/// the AK at `ak_handle` (see `key::tpm::credential`). The TPM releases it only if the AK it names
+/// TPM2_ActivateCredential: recovers the secret a verifier encrypted to this TPM's EK (RSA-2048
+/// or ECC P-256, as the challenge says by its shape) for the AK at `ak_handle` (see
+/// `key::tpm::credential`). The TPM releases it only if the AK it names
 /// is loaded here, which is what the verifier wants to know.
 pub(crate) fn activate(
     ctx: &mut Context,
@@ -226,13 +241,14 @@ pub(crate) fn activate(
         .map_err(|e| malformed("the challenge's credential blob", e))?;
     let secret = EncryptedSecret::try_from(encrypted_secret.to_vec())
         .map_err(|e| malformed("the challenge's encrypted secret", e))?;
+    let kind =
+        super::credential::ek_kind_of(encrypted_secret).ok_or_else(|| KeyError::Malformed {
+            what: "the challenge's encrypted secret".into(),
+            problem: Malformation::NotAnEkSecret,
+        })?;
     let (ak, _) = super::persistent::open_persistent(ctx, ak_handle, tcti)?;
-    let ek = ek::create_ek_object_2(
-        ctx,
-        AsymmetricAlgorithmSelection::Rsa(RsaKeyBits::Rsa2048),
-        None,
-    )
-    .map_err(tpm_err("CreatePrimary (RSA EK)"));
+    let ek = ek::create_ek_object_2(ctx, ek_algorithm(kind), None)
+        .map_err(tpm_err("CreatePrimary (EK)"));
     let result = ek.and_then(|ek| {
         let r = activate_with(ctx, KeyHandle::from(ak), ek, id_object, secret);
         let _ = ctx.flush_context(ObjectHandle::from(ek));

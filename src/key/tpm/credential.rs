@@ -1,4 +1,5 @@
-//! TPM2_MakeCredential in software, for an RSA endorsement key: the verifier's half of
+//! TPM2_MakeCredential in software, for an RSA-2048 or ECC P-256 endorsement key: the
+//! verifier's half of
 //! credential activation (TPM 2.0 Part 1, "Credential Protection"; what `tpm2_makecredential
 //! --tcti none` computes).
 //!
@@ -7,8 +8,11 @@
 //! HMAC over the name). A node that answers with the secret has thereby shown that the AK it
 //! enrolled lives in the TPM whose EK certificate the verifier checked.
 //!
-//! For an RSA-2048 EK (nameAlg SHA-256, symmetric AES-128-CFB, the standard template):
-//! - seed: 32 random bytes, RSA-OAEP(SHA-256, label "IDENTITY\0") to the EK → `encryptedSecret`;
+//! For the standard EK templates (nameAlg SHA-256, symmetric AES-128-CFB):
+//! - RSA-2048 EK: seed = 32 random bytes, RSA-OAEP(SHA-256, label "IDENTITY\0") to the EK →
+//!   `encryptedSecret`;
+//! - ECC P-256 EK: an ephemeral key pair, seed = KDFe(SHA-256, ECDH x, "IDENTITY", ephemeral x,
+//!   EK x, 256), and the ephemeral point is `encryptedSecret`;
 //! - symmetric key = KDFa(SHA-256, seed, "STORAGE", name, ∅, 128);
 //! - encIdentity = AES-128-CFB(key, IV = 0, TPM2B_DIGEST(secret));
 //! - HMAC key = KDFa(SHA-256, seed, "INTEGRITY", ∅, ∅, 256);
@@ -34,28 +38,40 @@ pub struct Challenge {
 }
 
 /// Makes a challenge for the object `name` (the AK's TPM name), to the EK whose marshalled
-/// `TPMT_PUBLIC` is `ek_public`. Only RSA-2048 EKs with the standard parameters are supported.
+/// `TPMT_PUBLIC` is `ek_public`: an RSA-2048 or an ECC P-256 EK with the TCG templates'
+/// parameters (nameAlg SHA-256, AES-128-CFB).
 pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, CredentialError> {
     let public = Public::unmarshall(ek_public).map_err(CredentialError::EkPublic)?;
-    let Public::Rsa {
-        name_hashing_algorithm,
-        parameters,
-        unique,
-        object_attributes,
-        ..
-    } = public
-    else {
-        return Err(CredentialError::NotRsa);
+    let (name_alg, attributes, symmetric) = match &public {
+        Public::Rsa {
+            name_hashing_algorithm,
+            object_attributes,
+            parameters,
+            ..
+        } => (
+            *name_hashing_algorithm,
+            *object_attributes,
+            parameters.symmetric_definition_object(),
+        ),
+        Public::Ecc {
+            name_hashing_algorithm,
+            object_attributes,
+            parameters,
+            ..
+        } => (
+            *name_hashing_algorithm,
+            *object_attributes,
+            parameters.symmetric_definition_object(),
+        ),
+        _ => return Err(CredentialError::NotRsaOrEcc),
     };
-    if name_hashing_algorithm != HashingAlgorithm::Sha256 {
-        return Err(CredentialError::NameAlg(format!(
-            "{name_hashing_algorithm:?}"
-        )));
+    if name_alg != HashingAlgorithm::Sha256 {
+        return Err(CredentialError::NameAlg(format!("{name_alg:?}")));
     }
-    if !(object_attributes.restricted() && object_attributes.decrypt()) {
+    if !(attributes.restricted() && attributes.decrypt()) {
         return Err(CredentialError::NotRestrictedDecryption);
     }
-    if parameters.symmetric_definition_object()
+    if symmetric
         != (SymmetricDefinitionObject::Aes {
             key_bits: AesKeyBits::Aes128,
             mode: SymmetricMode::Cfb,
@@ -63,27 +79,111 @@ pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, Crede
     {
         return Err(CredentialError::Symmetric);
     }
-    let (modulus, exponent) =
-        super::rsa_parts(&parameters, &unique).map_err(CredentialError::Ek)?;
+    let random = ring::rand::SystemRandom::new();
+    let (seed, encrypted_secret) = match &public {
+        Public::Rsa {
+            parameters, unique, ..
+        } => rsa_seed(parameters, unique, &random)?,
+        Public::Ecc {
+            parameters, unique, ..
+        } => ecc_seed(parameters, unique, &random)?,
+        _ => return Err(CredentialError::NotRsaOrEcc),
+    };
+    let mut secret = zeroize::Zeroizing::new(vec![0u8; 32]);
+    random
+        .fill(&mut secret)
+        .map_err(|_| CredentialError::Random)?;
+    let credential_blob = protect(&seed, name, &secret)?;
+    Ok(Challenge {
+        credential_blob,
+        encrypted_secret,
+        secret,
+    })
+}
+
+/// Which EK an encrypted secret was made for, by its shape: an RSA-2048 EK's is the 256-byte
+/// OAEP ciphertext, an ECC P-256 EK's a `TPMS_ECC_POINT` of two 32-byte coordinates.
+pub fn ek_kind_of(encrypted_secret: &[u8]) -> Option<crate::key::attestation::EkKind> {
+    use crate::key::attestation::EkKind;
+    match encrypted_secret {
+        s if s.len() == 256 => Some(EkKind::Rsa),
+        s if s.len() == 68 && s[..2] == [0, 32] && s[34..36] == [0, 32] => Some(EkKind::Ecc),
+        _ => None,
+    }
+}
+
+/// The seed, OAEP-encrypted to an RSA-2048 EK (label "IDENTITY").
+fn rsa_seed(
+    parameters: &tss_esapi::structures::PublicRsaParameters,
+    unique: &tss_esapi::structures::PublicKeyRsa,
+    random: &ring::rand::SystemRandom,
+) -> Result<(zeroize::Zeroizing<Vec<u8>>, Vec<u8>), CredentialError> {
+    let (modulus, exponent) = super::rsa_parts(parameters, unique).map_err(CredentialError::Ek)?;
     if modulus.len() != 256 {
         return Err(CredentialError::ModulusBits(modulus.len() * 8));
     }
-    let random = ring::rand::SystemRandom::new();
     let mut seed = zeroize::Zeroizing::new(vec![0u8; 32]);
-    let mut secret = zeroize::Zeroizing::new(vec![0u8; 32]);
     random
         .fill(&mut seed)
-        .and_then(|()| random.fill(&mut secret))
         .map_err(|_| CredentialError::Random)?;
-    let encrypted_secret = rsa_oaep_sha256(modulus, exponent, b"IDENTITY\0", &seed, &random)?;
+    let encrypted = rsa_oaep_sha256(modulus, exponent, b"IDENTITY\0", &seed, random)?;
+    Ok((seed, encrypted))
+}
 
+/// The seed agreed with an ECC P-256 EK (TPM 2.0 Part 1, "Secret Sharing" with ECDH): an
+/// ephemeral key pair; Z the x-coordinate of ECDH(ephemeral, EK); seed = KDFe(SHA-256, Z,
+/// "IDENTITY", ephemeral x, EK x, 256). The TPM recomputes Z from the ephemeral point, which is
+/// the encrypted secret (`TPMS_ECC_POINT`).
+fn ecc_seed(
+    parameters: &tss_esapi::structures::PublicEccParameters,
+    unique: &tss_esapi::structures::EccPoint,
+    random: &ring::rand::SystemRandom,
+) -> Result<(zeroize::Zeroizing<Vec<u8>>, Vec<u8>), CredentialError> {
+    use ring::agreement;
+    if parameters.ecc_curve() != tss_esapi::interface_types::ecc::EccCurve::NistP256 {
+        return Err(CredentialError::Curve(format!(
+            "{:?}",
+            parameters.ecc_curve()
+        )));
+    }
+    let (ek_x, ek_y) = (unique.x().value(), unique.y().value());
+    if ek_x.len() > 32 || ek_y.len() > 32 {
+        return Err(CredentialError::EkPoint);
+    }
+    let mut point = vec![4u8];
+    for c in [ek_x, ek_y] {
+        point.extend(std::iter::repeat_n(0, 32 - c.len()));
+        point.extend_from_slice(c);
+    }
+    let ephemeral = agreement::EphemeralPrivateKey::generate(&agreement::ECDH_P256, random)
+        .map_err(|_| CredentialError::Random)?;
+    let ephemeral_public = ephemeral
+        .compute_public_key()
+        .map_err(|_| CredentialError::Random)?;
+    let (eph_x, eph_y) = ephemeral_public.as_ref()[1..].split_at(32);
+    let peer = agreement::UnparsedPublicKey::new(&agreement::ECDH_P256, point);
+    let seed =
+        agreement::agree_ephemeral(ephemeral, &peer, |z| kdfe(z, b"IDENTITY", eph_x, ek_x, 256))
+            .map_err(|_| CredentialError::EkPoint)?;
+    let mut encrypted = Vec::with_capacity(68);
+    for c in [eph_x, eph_y] {
+        encrypted.extend_from_slice(&u16_len(c)?);
+        encrypted.extend_from_slice(c);
+    }
+    Ok((seed, encrypted))
+}
+
+/// The credential blob for `secret` under `seed`, bound to the object `name`: encIdentity =
+/// AES-128-CFB(KDFa(seed, "STORAGE", name), IV 0, TPM2B(secret)), then TPM2B(HMAC(KDFa(seed,
+/// "INTEGRITY"), encIdentity ‖ name)) ‖ encIdentity.
+fn protect(seed: &[u8], name: &[u8], secret: &[u8]) -> Result<Vec<u8>, CredentialError> {
     let mut sym_key = zeroize::Zeroizing::new([0u8; 16]);
-    sym_key.copy_from_slice(&kdfa(&seed, b"STORAGE", name, &[], 128));
-    let mut plain = Vec::with_capacity(2 + secret.len());
-    plain.extend_from_slice(&u16_len(&secret)?);
-    plain.extend_from_slice(&secret);
+    sym_key.copy_from_slice(&kdfa(seed, b"STORAGE", name, &[], 128));
+    let mut plain = zeroize::Zeroizing::new(Vec::with_capacity(2 + secret.len()));
+    plain.extend_from_slice(&u16_len(secret)?);
+    plain.extend_from_slice(secret);
     let enc_identity = aes128_cfb_encrypt(&sym_key, [0; 16], &plain);
-    let hmac_key = kdfa(&seed, b"INTEGRITY", &[], &[], 256);
+    let hmac_key = kdfa(seed, b"INTEGRITY", &[], &[], 256);
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &hmac_key);
     let mut ctx = ring::hmac::Context::with_key(&key);
     ctx.update(&enc_identity);
@@ -93,11 +193,34 @@ pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, Crede
     credential_blob.extend_from_slice(&u16_len(outer.as_ref())?);
     credential_blob.extend_from_slice(outer.as_ref());
     credential_blob.extend_from_slice(&enc_identity);
-    Ok(Challenge {
-        credential_blob,
-        encrypted_secret,
-        secret,
-    })
+    Ok(credential_blob)
+}
+
+/// KDFe (TPM 2.0 Part 1, 11.4.10.3) with SHA-256: SHA-256(i ‖ Z ‖ label ‖ 0 ‖ partyU ‖ partyV)
+/// for i = 1, 2, …, truncated to `bits`.
+fn kdfe(
+    z: &[u8],
+    label: &[u8],
+    party_u: &[u8],
+    party_v: &[u8],
+    bits: u32,
+) -> zeroize::Zeroizing<Vec<u8>> {
+    let bytes = (bits as usize).div_ceil(8);
+    let mut out = zeroize::Zeroizing::new(Vec::with_capacity(bytes + 32));
+    let mut counter: u32 = 1;
+    while out.len() < bytes {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(&counter.to_be_bytes());
+        ctx.update(z);
+        ctx.update(label);
+        ctx.update(&[0]);
+        ctx.update(party_u);
+        ctx.update(party_v);
+        out.extend_from_slice(ctx.finish().as_ref());
+        counter += 1;
+    }
+    out.truncate(bytes);
+    out
 }
 
 fn u16_len(bytes: &[u8]) -> Result<[u8; 2], CredentialError> {
@@ -115,8 +238,12 @@ fn u16_len(bytes: &[u8]) -> Result<[u8; 2], CredentialError> {
 pub enum CredentialError {
     #[error("the EK public area: {0}")]
     EkPublic(#[source] tss_esapi::Error),
-    #[error("the EK is not an RSA key: credential activation supports RSA-2048 EKs (the TPM's RSA EK certificate, NV index 0x01c00002)")]
-    NotRsa,
+    #[error("the EK is neither an RSA nor an ECC key: credential activation supports the RSA-2048 and ECC P-256 EKs (certificates at NV indexes 0x01c00002 and 0x01c0000a)")]
+    NotRsaOrEcc,
+    #[error("the EK's curve is {0}, not NIST P-256 (the standard ECC EK template)")]
+    Curve(String),
+    #[error("the EK's public point is not a NIST P-256 point")]
+    EkPoint,
     #[error("the EK's nameAlg is {0}, not SHA-256 (the standard RSA-2048 EK template)")]
     NameAlg(String),
     #[error("the EK is not a restricted decryption key")]

@@ -168,15 +168,17 @@ fn key_auth(uri: &TpmUri, location: &TpmKeyLocation) -> Result<KeyAuth, KeyError
 pub fn enroll(
     uri: &TpmUri,
     ak_handle: u32,
+    ek: Option<crate::key::attestation::EkKind>,
 ) -> Result<crate::key::attestation::Enrollment, KeyError> {
     let tpm = connect(uri)?;
     tpm.with_conn(|conn| {
         conn.ensure_connected()?;
-        attest::enroll(&mut conn.ctx, ak_handle, tpm.tcti())
+        attest::enroll(&mut conn.ctx, ak_handle, tpm.tcti(), ek)
     })
 }
 
-/// TPM2_ActivateCredential with the AK at `ak_handle` and the RSA EK of the TPM the URI names
+/// TPM2_ActivateCredential with the AK at `ak_handle` and the EK of the TPM the URI names (the
+/// one the challenge was made for: RSA-2048 or ECC P-256)
 /// (see `key::tpm::credential`): the secret a verifier encrypted for that AK.
 pub fn activate(
     uri: &TpmUri,

@@ -514,3 +514,89 @@ mod untrusted_input {
         });
     }
 }
+
+/// A TPM's ECC P-256 EK works as its RSA EK does: enrolled with `--ek ecc` (its certificate
+/// from NV 0x01c0000a, issued by the test's manufacturer CA), challenged with an ECDH/KDFe seed,
+/// activated by the TPM, and registered. Its challenge cannot be opened with the RSA EK's
+/// credential machinery of another TPM, and before, `attest challenge` refused ECC EKs ("the EK
+/// is not an RSA key"), so a TPM shipping only an ECC EK certificate could not register.
+#[test]
+fn a_node_with_an_ecc_ek_registers_through_credential_activation() {
+    let (tpm, ek_ca) = Swtpm::start_with_ek_certificate();
+    tpm.add_ecc_p256_ek_certificate();
+    let other = Swtpm::start();
+    let work = temp_dir();
+    let d = work.path();
+    let key = |tcti: &str| format!("tpm:?tcti={tcti}");
+    let enrollment_text = stdout(&run_ok(hwkey().args([
+        "attest",
+        "enroll",
+        "--ek",
+        "ecc",
+        "--key",
+        &key(&tpm.tcti()),
+    ])));
+    let enrollment = d.join("node9.enroll");
+    std::fs::write(&enrollment, &enrollment_text).expect("write");
+    let pem_of = |field: &str| {
+        let start = enrollment_text.find(field).expect("field") + field.len();
+        enrollment_text[start..]
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .map(|l| format!("{}\n", l.trim()))
+            .collect::<String>()
+    };
+    let ek_cert = d.join("ek.pem");
+    std::fs::write(&ek_cert, pem_of("ekCertificatePem:")).expect("write");
+    let text = stdout(&run_ok(
+        std::process::Command::new("openssl")
+            .args(["x509", "-noout", "-text", "-in"])
+            .arg(&ek_cert),
+    ));
+    assert!(
+        text.contains("NIST CURVE: P-256") || text.contains("prime256v1"),
+        "{text}"
+    );
+    let (challenge, expect, answer) = (d.join("challenge"), d.join("expect"), d.join("answer"));
+    run_ok(
+        hwkey()
+            .args(["attest", "challenge"])
+            .arg(&enrollment)
+            .arg("--ek-ca")
+            .arg(&ek_ca)
+            .arg("--out")
+            .arg(&challenge)
+            .arg("--expect")
+            .arg(&expect)
+            .args(["--node", "node9"]),
+    );
+    let activate = |tcti: &str| {
+        let mut cmd = hwkey();
+        cmd.args(["attest", "activate"])
+            .arg(&challenge)
+            .args(["--key", &key(tcti)]);
+        cmd
+    };
+    // Another TPM cannot open it (it has no AK at the handle, nor this EK).
+    assert!(!activate(&other.tcti())
+        .output()
+        .expect("run")
+        .status
+        .success());
+    std::fs::write(&answer, stdout(&run_ok(&mut activate(&tpm.tcti())))).expect("write");
+    let trust = d.join("trust");
+    std::fs::create_dir(&trust).expect("trust dir");
+    let registered = stdout(&run_ok(
+        hwkey()
+            .args(["attest", "register"])
+            .arg(&enrollment)
+            .arg("--expect")
+            .arg(&expect)
+            .arg("--answer")
+            .arg(&answer)
+            .args(["--node", "node9", "--trust"])
+            .arg(&trust),
+    ));
+    assert!(registered.contains("registered node9"), "{registered}");
+}
