@@ -44,6 +44,11 @@ pub enum AttestCommand {
         /// The TPM manufacturers' CA certificates (PEM bundle; each one is trusted).
         #[arg(long)]
         ek_ca: PathBuf,
+        /// The manufacturers' certificate revocation lists (PEM bundle or one DER CRL;
+        /// repeatable): an EK certificate listed by its issuer is refused, and so is one whose
+        /// issuer's list here is stale or not the issuer's.
+        #[arg(long)]
+        ek_crl: Vec<PathBuf>,
         /// Where to write the challenge for the node.
         #[arg(long)]
         out: PathBuf,
@@ -182,10 +187,11 @@ pub fn run(command: AttestCommand) -> anyhow::Result<()> {
         AttestCommand::Challenge {
             enrollment,
             ek_ca,
+            ek_crl,
             out,
             expect,
             node,
-        } => ek::challenge(&enrollment, &ek_ca, &out, &expect, &node),
+        } => ek::challenge(&enrollment, &ek_ca, &ek_crl, &out, &expect, &node),
         AttestCommand::Activate {
             challenge,
             key,
@@ -217,6 +223,7 @@ mod ek {
     pub(super) fn challenge(
         enrollment: &Path,
         ek_ca: &Path,
+        ek_crl: &[std::path::PathBuf],
         out: &Path,
         expect: &Path,
         node: &str,
@@ -224,7 +231,16 @@ mod ek {
         let text = ek_trust::read_text(enrollment, "the enrollment")?;
         let ca = std::fs::read(ek_ca)
             .with_context(|| format!("cannot read --ek-ca {}", ek_ca.display()))?;
-        let (challenge, expected) = ek_trust::challenge(&text, &ca, node)
+        let mut crl_bytes = Vec::new();
+        for path in ek_crl {
+            let bytes = crate::small_file::read(path)
+                .with_context(|| format!("cannot read --ek-crl {}", path.display()))?;
+            let crls = crate::pki::ek_crl::EkCrls::parse(&bytes)
+                .with_context(|| format!("--ek-crl {}", path.display()))?;
+            crl_bytes.push(crls);
+        }
+        let crls = crate::pki::ek_crl::EkCrls::join(crl_bytes);
+        let (challenge, expected) = ek_trust::challenge(&text, &ca, &crls, node)
             .map_err(|e| anyhow::anyhow!("{}: {e}", enrollment.display()))?;
         let expected = zeroize::Zeroizing::new(serde_yaml_ng::to_string(&expected)?);
         atomic_file::write_atomic(expect, expected.as_bytes(), 0o600)
@@ -346,7 +362,14 @@ mod ek {
 
     const NO_TPM: &str = "this hwkey was built without the TPM 2.0 backend: rebuild it with `cargo build --features tpm`";
 
-    pub(super) fn challenge(_: &Path, _: &Path, _: &Path, _: &Path, _: &str) -> anyhow::Result<()> {
+    pub(super) fn challenge(
+        _: &Path,
+        _: &Path,
+        _: &[std::path::PathBuf],
+        _: &Path,
+        _: &Path,
+        _: &str,
+    ) -> anyhow::Result<()> {
         anyhow::bail!(NO_TPM)
     }
     pub(super) fn activate(_: &Path, _: &KeyUri, _: u32) -> anyhow::Result<()> {

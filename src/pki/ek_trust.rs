@@ -49,10 +49,11 @@ pub struct ExpectedAnswer {
 }
 
 /// Checks an enrollment against the manufacturer CAs (`ca_pem`, a PEM bundle: every certificate
-/// in it is trusted) and makes the challenge for it.
+/// in it is trusted) and their revocation lists (`crls`), and makes the challenge for it.
 pub fn challenge(
     enrollment_text: &str,
     ca_pem: &[u8],
+    crls: &super::ek_crl::EkCrls,
     node: &str,
 ) -> Result<(ChallengeFile, ExpectedAnswer), EkTrustError> {
     super::registration::check_node_name(node)?;
@@ -79,7 +80,7 @@ pub fn challenge(
     let cert_der = pem::parse(cert_pem)
         .map_err(EkTrustError::EkCertificatePem)?
         .into_contents();
-    let issuer = check_ek_certificate(&cert_der, ca_pem, &ek_public)?;
+    let issuer = check_ek_certificate(&cert_der, ca_pem, crls, &ek_public)?;
     let made = crate::key::tpm::credential::make_credential(&ek_public, &ak_name)?;
     let challenge = ChallengeFile {
         ak_name: hex::encode(&ak_name),
@@ -136,11 +137,13 @@ pub fn register(
     Ok((ak_name, text))
 }
 
-/// Checks that `cert_der` is signed by a certificate in `ca_pem`, is valid now, and certifies
-/// the key of `ek_public` (a `TPMT_PUBLIC`). Returns the issuer's name.
+/// Checks that `cert_der` is signed by a certificate in `ca_pem`, is valid now, is not revoked
+/// by a list in `crls`, and certifies the key of `ek_public` (a `TPMT_PUBLIC`). Returns the
+/// issuer's name.
 fn check_ek_certificate(
     cert_der: &[u8],
     ca_pem: &[u8],
+    crls: &super::ek_crl::EkCrls,
     ek_public: &[u8],
 ) -> Result<String, EkTrustError> {
     use x509_parser::prelude::*;
@@ -164,9 +167,11 @@ fn check_ek_certificate(
     let signed_by = cas.iter().find_map(|ca_der| {
         let (_, ca) = X509Certificate::from_der(ca_der).ok()?;
         (ca.subject() == cert.issuer() && cert.verify_signature(Some(ca.public_key())).is_ok())
-            .then(|| ca.subject().to_string())
+            .then_some(ca)
     });
-    let issuer = signed_by.ok_or_else(|| EkTrustError::UnknownIssuer(cert.issuer().to_string()))?;
+    let ca = signed_by.ok_or_else(|| EkTrustError::UnknownIssuer(cert.issuer().to_string()))?;
+    crls.check(&cert, &ca)?;
+    let issuer = ca.subject().to_string();
     let enrolled = crate::key::tpm::evidence::public_key_spki(ek_public)?;
     let (_, enrolled) =
         SubjectPublicKeyInfo::from_der(&enrolled).map_err(|e| EkTrustError::EkKey(e.into()))?;
@@ -219,6 +224,8 @@ pub enum EkTrustError {
     Evidence(#[from] crate::key::attestation::EvidenceInvalid),
     #[error(transparent)]
     Credential(#[from] crate::key::tpm::credential::CredentialError),
+    #[error(transparent)]
+    Revocation(#[from] super::ek_crl::CrlError),
     #[error("akName is not the name of akPublic")]
     AkName,
     #[error("the enrollment has no ekPublic: enroll the node again with this hwkey")]

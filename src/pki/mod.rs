@@ -5,6 +5,7 @@ pub mod attestation;
 pub mod cert;
 pub mod certificate;
 pub mod csr;
+pub mod ek_crl;
 #[cfg(feature = "tpm")]
 pub mod ek_trust;
 pub mod error;

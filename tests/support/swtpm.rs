@@ -264,6 +264,59 @@ impl Swtpm {
         );
     }
 
+    /// A CRL of the local CA that issued this TPM's EK certificates
+    /// ([`Swtpm::start_with_ek_certificate`]), listing `revoked` (PEM certificates it issued,
+    /// reason keyCompromise), valid from `last` to `next` (`YYYYMMDDHHMMSSZ`, or None: now to
+    /// 30 days on). Made with `openssl ca`, as the CA's operator would.
+    pub fn ek_crl(&self, revoked: &[&Path], dates: Option<(&str, &str)>) -> std::path::PathBuf {
+        let d = self.dir.path();
+        let ca = d.join("localca");
+        assert!(
+            ca.join("signkey.pem").exists(),
+            "start the TPM with start_with_ek_certificate first"
+        );
+        // Inside the TPM's directory, which goes with it.
+        let work = d.join(format!("crl-{}", fs::read_dir(d).expect("dir").count()));
+        fs::create_dir(&work).expect("mkdir");
+        fs::write(work.join("index.txt"), "").expect("index");
+        fs::write(work.join("crlnumber"), "1000\n").expect("crlnumber");
+        let conf = work.join("ca.cnf");
+        fs::write(
+            &conf,
+            format!(
+                "[ca]\ndefault_ca = ek\n[ek]\ndatabase = {w}/index.txt\ncrlnumber = {w}/crlnumber\ndefault_md = sha256\ndefault_crl_days = 30\n",
+                w = work.display()
+            ),
+        )
+        .expect("ca.cnf");
+        let openssl_ca = || {
+            let mut cmd = Command::new("openssl");
+            cmd.args(["ca", "-config"])
+                .arg(&conf)
+                .arg("-keyfile")
+                .arg(ca.join("signkey.pem"))
+                .arg("-cert")
+                .arg(ca.join("issuercert.pem"));
+            cmd
+        };
+        for cert in revoked {
+            crate::run_ok(
+                openssl_ca()
+                    .arg("-revoke")
+                    .arg(cert)
+                    .args(["-crl_reason", "keyCompromise"]),
+            );
+        }
+        let out = work.join("crl.pem");
+        let mut gen = openssl_ca();
+        gen.arg("-gencrl").arg("-out").arg(&out);
+        if let Some((last, next)) = dates {
+            gen.args(["-crl_lastupdate", last, "-crl_nextupdate", next]);
+        }
+        crate::run_ok(&mut gen);
+        out
+    }
+
     /// What swtpm wrote to stdout/stderr so far.
     pub fn log(&self) -> String {
         self.guard.log()

@@ -538,17 +538,12 @@ fn a_node_with_an_ecc_ek_registers_through_credential_activation() {
     ])));
     let enrollment = d.join("node9.enroll");
     std::fs::write(&enrollment, &enrollment_text).expect("write");
-    let pem_of = |field: &str| {
-        let start = enrollment_text.find(field).expect("field") + field.len();
-        enrollment_text[start..]
-            .lines()
-            .skip(1)
-            .take_while(|l| l.starts_with("  "))
-            .map(|l| format!("{}\n", l.trim()))
-            .collect::<String>()
-    };
     let ek_cert = d.join("ek.pem");
-    std::fs::write(&ek_cert, pem_of("ekCertificatePem:")).expect("write");
+    std::fs::write(
+        &ek_cert,
+        enrollment_pem(&enrollment_text, "ekCertificatePem:"),
+    )
+    .expect("ek");
     let text = stdout(&run_ok(
         std::process::Command::new("openssl")
             .args(["x509", "-noout", "-text", "-in"])
@@ -599,4 +594,96 @@ fn a_node_with_an_ecc_ek_registers_through_credential_activation() {
             .arg(&trust),
     ));
     assert!(registered.contains("registered node9"), "{registered}");
+}
+
+/// The PEM block of `field` in an enrollment's YAML (indented under it).
+fn enrollment_pem(enrollment_text: &str, field: &str) -> String {
+    let start = enrollment_text.find(field).expect("field") + field.len();
+    enrollment_text[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .map(|l| format!("{}\n", l.trim()))
+        .collect()
+}
+
+/// Revocation by the manufacturer's CRL (`attest challenge --ek-crl`): an EK certificate its
+/// issuer listed is refused, naming its serial, subject and reason; a stale list for the issuer
+/// and one whose signature is not the issuer's refuse too (fail closed: either could hide a
+/// newer revocation), a file without a CRL is an error; a current list that does not name the
+/// certificate lets the challenge through. Nothing is written when refused.
+#[test]
+fn an_ek_certificate_its_manufacturer_revoked_is_refused_naming_it() {
+    let (tpm, ek_ca) = Swtpm::start_with_ek_certificate();
+    let work = temp_dir();
+    let d = work.path();
+    let enrollment_text = stdout(&run_ok(hwkey().args([
+        "attest",
+        "enroll",
+        "--key",
+        &format!("tpm:?tcti={}", tpm.tcti()),
+    ])));
+    let enrollment = d.join("node3.enroll");
+    std::fs::write(&enrollment, &enrollment_text).expect("write");
+    let ek_cert = d.join("ek.pem");
+    std::fs::write(
+        &ek_cert,
+        enrollment_pem(&enrollment_text, "ekCertificatePem:"),
+    )
+    .expect("ek");
+    let out = d.join("challenge");
+    let challenge = |crl: &Path| {
+        let mut cmd = hwkey();
+        cmd.args(["attest", "challenge"])
+            .arg(&enrollment)
+            .arg("--ek-ca")
+            .arg(&ek_ca)
+            .arg("--ek-crl")
+            .arg(crl)
+            .arg("--out")
+            .arg(&out)
+            .arg("--expect")
+            .arg(d.join("expect"))
+            .args(["--node", "node3"]);
+        cmd
+    };
+    let serial = stdout(&run_ok(
+        std::process::Command::new("openssl")
+            .args(["x509", "-noout", "-serial", "-in"])
+            .arg(&ek_cert),
+    ));
+    let serial = serial
+        .trim()
+        .trim_start_matches("serial=")
+        .to_ascii_lowercase();
+    let revoked = tpm.ek_crl(&[&ek_cert], None);
+    let text = fails_with(&mut challenge(&revoked), &["is revoked by its issuer"]);
+    assert!(
+        text.to_ascii_lowercase().contains(&serial)
+            && text.contains("swtpm-localca")
+            && text.contains("KeyCompromise"),
+        "{text}"
+    );
+    assert!(!out.exists(), "a challenge was written for a revoked EK");
+    let stale = tpm.ek_crl(&[], Some(("20200101000000Z", "20200201000000Z")));
+    fails_with(&mut challenge(&stale), &["expired at", "fetch a fresh one"]);
+    let current = tpm.ek_crl(&[], None);
+    let mut forged = run_ok(
+        std::process::Command::new("openssl")
+            .args(["crl", "-outform", "der", "-in"])
+            .arg(&current),
+    )
+    .stdout;
+    let last = forged.len() - 1;
+    forged[last] ^= 1;
+    let forged_path = d.join("forged.crl");
+    std::fs::write(&forged_path, forged).expect("write");
+    fails_with(&mut challenge(&forged_path), &["is not signed by it"]);
+    fails_with(&mut challenge(&ek_cert), &["holds no X509 CRL block"]);
+    assert!(!out.exists());
+    run_ok(&mut challenge(&current));
+    assert!(
+        out.exists(),
+        "a current list without the EK certificate stops nothing"
+    );
 }
