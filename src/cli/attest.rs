@@ -170,6 +170,14 @@ pub fn run(command: AttestCommand) -> anyhow::Result<()> {
                     indent(key::der::to_pem("CERTIFICATE", cert))
                 );
             }
+            if !e.ek_intermediates.is_empty() {
+                let pems: String = e
+                    .ek_intermediates
+                    .iter()
+                    .map(|c| key::der::to_pem("CERTIFICATE", c))
+                    .collect();
+                print!("ekIntermediatesPem: |\n{}", indent(pems));
+            }
             Ok(())
         }
         AttestCommand::Verify { csr, trust } => verify(&csr, &trust),

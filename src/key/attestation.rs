@@ -60,6 +60,10 @@ pub struct Enrollment {
     pub ek_public: Vec<u8>,
     /// The EK certificate from the TPM's NV index (DER), when the manufacturer stored one.
     pub ek_certificate: Option<Vec<u8>>,
+    /// The certificates of the EK certificate's chain the manufacturer stored in NV (TCG EK
+    /// Credential Profile: indices 0x01c00100 to 0x01c001ff, DER, one or more each): the
+    /// intermediates between the EK certificate and the vendor's root.
+    pub ek_intermediates: Vec<Vec<u8>>,
 }
 
 /// The TPM name of an object from its marshalled `TPMT_PUBLIC`: nameAlg (2 bytes, big-endian)

@@ -80,7 +80,16 @@ pub fn challenge(
     let cert_der = pem::parse(cert_pem)
         .map_err(EkTrustError::EkCertificatePem)?
         .into_contents();
-    let issuer = check_ek_certificate(&cert_der, ca_pem, crls, &ek_public)?;
+    let intermediates: Vec<Vec<u8>> = match enrollment.ek_intermediates_pem.as_deref() {
+        Some(text) => ::pem::parse_many(text)
+            .map_err(EkTrustError::EkCertificatePem)?
+            .into_iter()
+            .filter(|p| p.tag() == "CERTIFICATE")
+            .map(|p| p.into_contents())
+            .collect(),
+        None => Vec::new(),
+    };
+    let issuer = check_ek_certificate(&cert_der, ca_pem, &intermediates, crls, &ek_public)?;
     let made = crate::key::tpm::credential::make_credential(&ek_public, &ak_name)?;
     let challenge = ChallengeFile {
         ak_name: hex::encode(&ak_name),
@@ -137,12 +146,14 @@ pub fn register(
     Ok((ak_name, text))
 }
 
-/// Checks that `cert_der` is signed by a certificate in `ca_pem`, is valid now, is not revoked
-/// by a list in `crls`, and certifies the key of `ek_public` (a `TPMT_PUBLIC`). Returns the
-/// issuer's name.
+/// Checks that `cert_der` chains to a certificate in `ca_pem` (directly, or through
+/// `intermediates`, the chain the TPM stored), is valid now, is not revoked by a list in
+/// `crls` (nor is an intermediate), and certifies the key of `ek_public` (a `TPMT_PUBLIC`).
+/// Returns its issuer's name.
 fn check_ek_certificate(
     cert_der: &[u8],
     ca_pem: &[u8],
+    intermediates: &[Vec<u8>],
     crls: &super::ek_crl::EkCrls,
     ek_public: &[u8],
 ) -> Result<String, EkTrustError> {
@@ -164,14 +175,7 @@ fn check_ek_certificate(
     if cas.is_empty() {
         return Err(EkTrustError::NoCa);
     }
-    let signed_by = cas.iter().find_map(|ca_der| {
-        let (_, ca) = X509Certificate::from_der(ca_der).ok()?;
-        (ca.subject() == cert.issuer() && cert.verify_signature(Some(ca.public_key())).is_ok())
-            .then_some(ca)
-    });
-    let ca = signed_by.ok_or_else(|| EkTrustError::UnknownIssuer(cert.issuer().to_string()))?;
-    crls.check(&cert, &ca)?;
-    let issuer = ca.subject().to_string();
+    let issuer = chain_to_anchor(&cert, &cas, intermediates, crls)?;
     let enrolled = crate::key::tpm::evidence::public_key_spki(ek_public)?;
     let (_, enrolled) =
         SubjectPublicKeyInfo::from_der(&enrolled).map_err(|e| EkTrustError::EkKey(e.into()))?;
@@ -179,6 +183,61 @@ fn check_ek_certificate(
         return Err(EkTrustError::OtherKey);
     }
     Ok(issuer)
+}
+
+/// How many intermediates a path from an EK certificate to a trusted CA may pass (vendors use
+/// one or two).
+const MAX_INTERMEDIATES: usize = 4;
+
+/// Walks from `leaf` to a certificate of `anchors` (each one trusted), through `intermediates`
+/// (untrusted: each must be signed in turn, a CA, valid now), checking each certificate on the
+/// way against its issuer's revocation lists. Returns the name of `leaf`'s issuer.
+fn chain_to_anchor(
+    leaf: &x509_parser::certificate::X509Certificate<'_>,
+    anchors: &[Vec<u8>],
+    intermediates: &[Vec<u8>],
+    crls: &super::ek_crl::EkCrls,
+) -> Result<String, EkTrustError> {
+    use x509_parser::prelude::*;
+    let (anchors, intermediates) = (parse_all(anchors), parse_all(intermediates));
+    let signs = |issuer: &X509Certificate<'_>, child: &X509Certificate<'_>| {
+        issuer.subject() == child.issuer()
+            && child.verify_signature(Some(issuer.public_key())).is_ok()
+    };
+    let is_ca = |c: &X509Certificate<'_>| {
+        c.basic_constraints()
+            .ok()
+            .flatten()
+            .is_some_and(|bc| bc.value.ca)
+            && c.validity().is_valid()
+    };
+    let mut current = leaf;
+    let mut issuer_name = None;
+    for _ in 0..=MAX_INTERMEDIATES {
+        if let Some(anchor) = anchors.iter().find(|a| signs(a, current)) {
+            crls.check(current, anchor)?;
+            return Ok(issuer_name.unwrap_or_else(|| anchor.subject().to_string()));
+        }
+        let Some(next) = intermediates.iter().find(|i| is_ca(i) && signs(i, current)) else {
+            break;
+        };
+        crls.check(current, next)?;
+        issuer_name.get_or_insert_with(|| next.subject().to_string());
+        current = next;
+    }
+    Err(EkTrustError::UnknownIssuer(leaf.issuer().to_string()))
+}
+
+/// The certificates of `ders` that parse.
+fn parse_all(ders: &[Vec<u8>]) -> Vec<x509_parser::certificate::X509Certificate<'_>> {
+    use x509_parser::prelude::FromDer as _;
+    ders.iter()
+        .filter_map(|d| {
+            x509_parser::certificate::X509Certificate::from_der(d)
+                .ok()
+                .map(|(_, c)| c)
+        })
+        .collect()
 }
 
 /// Whether two public keys are the same key (RSA: modulus and exponent; EC: the point), however
@@ -244,7 +303,7 @@ pub enum EkTrustError {
     CaPem(#[source] pem::PemError),
     #[error("--ek-ca holds no certificate")]
     NoCa,
-    #[error("the EK certificate (issuer {0}) is not signed by any certificate in --ek-ca")]
+    #[error("the EK certificate (issuer {0}) does not chain to a certificate in --ek-ca, directly or through the intermediates its TPM stores: add the vendor's root or intermediate CA to the bundle")]
     UnknownIssuer(String),
     #[error("the enrolled EK's key does not encode: {0}")]
     EkKey(#[source] x509_parser::error::X509Error),

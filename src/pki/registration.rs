@@ -153,6 +153,10 @@ pub struct EnrollmentFile {
     /// The EK certificate, PEM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ek_certificate_pem: Option<String>,
+    /// The intermediates of the EK certificate's chain the TPM stored in NV, PEM (the node's
+    /// word: used only to build a path to a CA the verifier trusts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ek_intermediates_pem: Option<String>,
     /// How the node was registered (written by `attest register`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered_by: Option<String>,

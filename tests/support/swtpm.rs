@@ -317,6 +317,54 @@ impl Swtpm {
         out
     }
 
+    /// The local CA's root and issuing (intermediate) certificates, PEM, of a TPM started with
+    /// [`Swtpm::start_with_ek_certificate`] (its bundle holds both).
+    pub fn ek_ca_files(&self) -> (std::path::PathBuf, std::path::PathBuf) {
+        let ca = self.dir.path().join("localca");
+        (
+            ca.join("swtpm-localca-rootca-cert.pem"),
+            ca.join("issuercert.pem"),
+        )
+    }
+
+    /// Stores `pems` (PEM certificate files), DER back to back, at NV index 0x01c00100, the
+    /// first of the TCG EK Credential Profile's EK-chain indices, as a manufacturer stores the
+    /// intermediates of the EK certificate's chain (replacing what was there).
+    pub fn store_ek_chain(&self, pems: &[&Path]) {
+        let mut der = Vec::new();
+        for pem in pems {
+            der.extend(
+                crate::run_ok(
+                    Command::new("openssl")
+                        .args(["x509", "-outform", "der", "-in"])
+                        .arg(pem),
+                )
+                .stdout,
+            );
+        }
+        let file = self.dir.path().join("ek-chain.der");
+        fs::write(&file, &der).expect("write the chain");
+        let _ = Command::new("tpm2_nvundefine")
+            .envs(self.envs())
+            .args(["0x01c00100", "-C", "p"])
+            .output();
+        crate::run_ok(Command::new("tpm2_nvdefine").envs(self.envs()).args([
+            "0x01c00100",
+            "-C",
+            "p",
+            "-s",
+            &der.len().to_string(),
+            "-a",
+            "ppwrite|ppread|ownerread|authread|no_da|platformcreate",
+        ]));
+        crate::run_ok(
+            Command::new("tpm2_nvwrite")
+                .envs(self.envs())
+                .args(["0x01c00100", "-C", "p", "-i"])
+                .arg(&file),
+        );
+    }
+
     /// What swtpm wrote to stdout/stderr so far.
     pub fn log(&self) -> String {
         self.guard.log()

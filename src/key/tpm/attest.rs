@@ -218,8 +218,44 @@ pub(crate) fn enroll(
         ek_public: ek_public
             .marshall()
             .map_err(tpm_err("marshalling TPMT_PUBLIC (EK)"))?,
+        ek_intermediates: if ek_certificate.is_some() {
+            ek_chain_from_nv(ctx)
+        } else {
+            Vec::new()
+        },
         ek_certificate,
     })
+}
+
+/// The EK certificate chain's range of NV indices (TCG EK Credential Profile 2.x, 2.2.1.5).
+const EK_CHAIN_NV: (u32, u32) = (0x01c0_0100, 0x01c0_01ff);
+
+/// The certificates the manufacturer stored in the EK chain's NV range, in index order; each
+/// index may hold several DER certificates back to back. An index that cannot be read or does
+/// not hold certificates is skipped (the verifier's bundle may still complete the chain).
+fn ek_chain_from_nv(ctx: &mut Context) -> Vec<Vec<u8>> {
+    let indices = super::handles::nv_indices(ctx, EK_CHAIN_NV.0, EK_CHAIN_NV.1).unwrap_or_default();
+    let mut out = Vec::new();
+    for index in indices {
+        let Ok(handle) = tss_esapi::handles::NvIndexTpmHandle::new(index) else {
+            continue;
+        };
+        let read = ctx
+            .execute_without_session(|ctx| {
+                ctx.tr_from_tpm_public(tss_esapi::handles::TpmHandle::NvIndex(handle))
+            })
+            .and_then(|object| {
+                let auth =
+                    tss_esapi::interface_types::resource_handles::NvAuth::NvIndex(object.into());
+                ctx.execute_with_nullauth_session(|ctx| {
+                    tss_esapi::abstraction::nv::read_full(ctx, auth, handle)
+                })
+            });
+        if let Ok(bytes) = read {
+            out.extend(crate::pki::cert::split_der_certificates(&bytes));
+        }
+    }
+    out
 }
 
 /// TPM2_ActivateCredential: recovers the secret a verifier encrypted to this TPM's EK (RSA-2048

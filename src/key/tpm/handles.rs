@@ -8,6 +8,22 @@ use tss_esapi::Context;
 use super::rc;
 use crate::key::KeyError;
 
+/// The NV indices present in `[first, last]` (e.g. the EK certificate chain's range).
+pub(crate) fn nv_indices(ctx: &mut Context, first: u32, last: u32) -> Result<Vec<u32>, KeyError> {
+    let (data, _) = ctx
+        .execute_without_session(|ctx| ctx.get_capability(CapabilityType::Handles, first, 256))
+        .map_err(rc::tpm_error("GetCapability(NV indices)"))?;
+    let CapabilityData::Handles(list) = data else {
+        return Ok(Vec::new());
+    };
+    Ok(list
+        .into_inner()
+        .into_iter()
+        .map(u32::from)
+        .filter(|h| (first..=last).contains(h))
+        .collect())
+}
+
 /// The persistent handles (0x81xxxxxx) present in the TPM.
 pub(crate) fn persistent_handles(ctx: &mut Context) -> Result<Vec<u32>, KeyError> {
     let mut out = Vec::new();

@@ -376,7 +376,7 @@ fn a_node_registers_by_its_ek_certificate_through_credential_activation() {
     let other_ca = support::TestCa::new(&other_ca).ca_path();
     fails_with(
         &mut challenge_cmd(&enrollment, &other_ca),
-        &["not signed by any certificate in --ek-ca"],
+        &["does not chain to a certificate in --ek-ca"],
     );
 
     // Another TPM's AK presented with this TPM's EK certificate: the challenge is made, but
@@ -686,4 +686,74 @@ fn an_ek_certificate_its_manufacturer_revoked_is_refused_naming_it() {
         out.exists(),
         "a current list without the EK certificate stops nothing"
     );
+}
+
+/// A verifier that trusts only the vendor's root: the EK certificate chains to it through the
+/// intermediate the TPM stores in its EK-chain NV range (0x01c00100, TCG EK Credential
+/// Profile), which `attest enroll` reads. Without that intermediate, or with a forged one in NV
+/// (the intermediate's name, another key: the TPM's word is never trusted), the challenge is
+/// refused and nothing is written. (Before, only a certificate of the bundle could have signed
+/// the EK certificate.)
+#[test]
+fn an_ek_certificate_chains_to_the_vendors_root_through_the_intermediate_its_tpm_stores() {
+    let (tpm, _bundle) = Swtpm::start_with_ek_certificate();
+    let (root, intermediate) = tpm.ek_ca_files();
+    let work = temp_dir();
+    let d = work.path();
+    let out = d.join("challenge");
+    let enroll_and_challenge = || {
+        let text = stdout(&run_ok(hwkey().args([
+            "attest",
+            "enroll",
+            "--key",
+            &format!("tpm:?tcti={}", tpm.tcti()),
+        ])));
+        let enrollment = d.join("node5.enroll");
+        std::fs::write(&enrollment, &text).expect("write");
+        let mut cmd = hwkey();
+        cmd.args(["attest", "challenge"])
+            .arg(&enrollment)
+            .arg("--ek-ca")
+            .arg(&root)
+            .arg("--out")
+            .arg(&out)
+            .arg("--expect")
+            .arg(d.join("expect"))
+            .args(["--node", "node5"]);
+        (text, cmd)
+    };
+    let (text, mut challenge) = enroll_and_challenge();
+    assert!(!text.contains("ekIntermediatesPem"), "{text}");
+    fails_with(
+        &mut challenge,
+        &["does not chain to a certificate in --ek-ca"],
+    );
+
+    let forged_key = d.join("forged.key");
+    let forged = d.join("forged.pem");
+    run_ok(
+        std::process::Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
+            ])
+            .args(["-subj", "/CN=swtpm-localca"])
+            .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+            .arg("-keyout")
+            .arg(&forged_key)
+            .arg("-out")
+            .arg(&forged),
+    );
+    tpm.store_ek_chain(&[&forged]);
+    let (text, mut challenge) = enroll_and_challenge();
+    assert!(text.contains("ekIntermediatesPem"), "{text}");
+    fails_with(
+        &mut challenge,
+        &["does not chain to a certificate in --ek-ca"],
+    );
+    assert!(!out.exists());
+
+    tpm.store_ek_chain(&[&intermediate]);
+    let (_, mut challenge) = enroll_and_challenge();
+    run_ok(&mut challenge);
+    assert!(out.exists(), "no challenge through the stored intermediate");
 }
