@@ -248,6 +248,23 @@ pub fn order_chain(spki: &[u8], mut certs: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
     out
 }
 
+/// The certificates written back to back in `bytes` (DER, as a TPM's EK chain NV index holds
+/// them), up to the first thing that is not one (padding, or the end).
+pub fn split_der_certificates(bytes: &[u8]) -> Vec<Vec<u8>> {
+    use x509_parser::prelude::FromDer as _;
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while let Ok((after, _)) = x509_parser::certificate::X509Certificate::from_der(rest) {
+        let used = rest.len() - after.len();
+        if used == 0 {
+            break;
+        }
+        out.push(rest[..used].to_vec());
+        rest = after;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -252,7 +252,7 @@ fn ek_chain_from_nv(ctx: &mut Context) -> Vec<Vec<u8>> {
                 })
             });
         if let Ok(bytes) = read {
-            out.extend(crate::pki::cert::split_der_certificates(&bytes));
+            out.extend(crate::key::der::split_der_certificates(&bytes));
         }
     }
     out
