@@ -38,7 +38,16 @@ pub fn memory_dir() -> PathBuf {
     if crate::state_dir::own_uid() == 0 {
         return PathBuf::from(SYSTEM_DIR);
     }
-    default_dir(&crate::state_dir::StateDir::proxy_default())
+    let state = crate::state_dir::StateDir::proxy_default();
+    let dir = default_dir(&state);
+    // Records from before the memory moved out of the state directory come along, so a PIN
+    // refused then is not tried once more (a rename: atomic, and only when the new place is
+    // not there yet).
+    let old = state.join("rejected-pins");
+    if dir != old && !dir.exists() && old.is_dir() {
+        let _ = std::fs::rename(&old, &dir);
+    }
+    dir
 }
 
 /// A user's default, given the proxy's default state directory.

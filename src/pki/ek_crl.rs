@@ -13,6 +13,13 @@
 use x509_parser::prelude::*;
 use x509_parser::revocation_list::CertificateRevocationList;
 
+/// CRL extensions that make a list partial (a delta CRL, or one scoped by an issuing
+/// distribution point): such a list does not say a certificate it omits is good.
+const PARTIAL: [&str; 2] = ["2.5.29.27", "2.5.29.28"];
+
+/// Critical CRL extensions understood: none beyond the partial ones (refused above).
+const KNOWN_CRITICAL: [&str; 0] = [];
+
 /// The CRLs given, DER each.
 #[derive(Debug, Default, Clone)]
 pub struct EkCrls(Vec<Vec<u8>>);
@@ -22,7 +29,7 @@ impl EkCrls {
     /// parse: a file that holds something else is an error, not an empty list.
     pub fn parse(bytes: &[u8]) -> Result<EkCrls, CrlError> {
         let ders: Vec<Vec<u8>> = if bytes.starts_with(&[0x30]) {
-            vec![bytes.to_vec()]
+            split_der(bytes)?
         } else {
             ::pem::parse_many(bytes)
                 .map_err(CrlError::Pem)?
@@ -45,20 +52,39 @@ impl EkCrls {
         EkCrls(parts.into_iter().flat_map(|p| p.0).collect())
     }
 
-    /// Checks `cert`, issued by `issuer`, against every list of that issuer.
+    /// Checks `cert`, issued by `issuer`, against that issuer's newest list here (a partial,
+    /// unsigned or stale one refuses).
     pub fn check(
         &self,
         cert: &X509Certificate<'_>,
         issuer: &X509Certificate<'_>,
     ) -> Result<(), CrlError> {
-        for der in &self.0 {
-            let Ok((_, crl)) = CertificateRevocationList::from_der(der) else {
-                continue;
-            };
-            if crl.issuer() != issuer.subject() {
-                continue;
+        let issuer_name = issuer.subject().to_string();
+        let lists: Vec<CertificateRevocationList<'_>> = self
+            .0
+            .iter()
+            .filter_map(|der| {
+                CertificateRevocationList::from_der(der)
+                    .ok()
+                    .map(|(_, c)| c)
+            })
+            .filter(|crl| {
+                crl.issuer().as_raw() == issuer.subject().as_raw()
+                    || crl.issuer().to_string() == issuer_name
+            })
+            .collect();
+        // The issuer's newest list decides (an older one beside it is history, not a refusal).
+        let newest = lists.iter().max_by_key(|crl| crl.last_update().timestamp());
+        if let Some(crl) = newest {
+            if let Some(ext) = crl.extensions().iter().find(|e| {
+                e.critical && !KNOWN_CRITICAL.contains(&e.oid.to_id_string().as_str())
+                    || PARTIAL.contains(&e.oid.to_id_string().as_str())
+            }) {
+                return Err(CrlError::Partial {
+                    issuer: issuer_name,
+                    extension: ext.oid.to_id_string(),
+                });
             }
-            let issuer_name = issuer.subject().to_string();
             crl.verify_signature(issuer.public_key())
                 .map_err(|_| CrlError::NotSignedByIssuer {
                     issuer: issuer_name.clone(),
@@ -93,6 +119,19 @@ impl EkCrls {
     }
 }
 
+/// The CRLs written back to back in a DER file; anything after the last one is an error.
+fn split_der(bytes: &[u8]) -> Result<Vec<Vec<u8>>, CrlError> {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let (after, _) =
+            CertificateRevocationList::from_der(rest).map_err(|e| CrlError::Parse(e.into()))?;
+        out.push(rest[..rest.len() - after.len()].to_vec());
+        rest = after;
+    }
+    Ok(out)
+}
+
 /// Why an EK certificate is refused by, or a file is not, a revocation list.
 #[derive(Debug, thiserror::Error)]
 #[allow(
@@ -114,6 +153,8 @@ pub enum CrlError {
         since: String,
         reason: String,
     },
+    #[error("the CRL given for {issuer} is partial or has a critical extension hwkey does not know ({extension}): give the issuer's full CRL")]
+    Partial { issuer: String, extension: String },
     #[error("the CRL given for {issuer} is not signed by it: fetch the issuer's CRL again")]
     NotSignedByIssuer { issuer: String },
     #[error(

@@ -175,6 +175,7 @@ fn check_ek_certificate(
     if cas.is_empty() {
         return Err(EkTrustError::NoCa);
     }
+    check_is_ek_certificate(&cert)?;
     let issuer = chain_to_anchor(&cert, &cas, intermediates, crls)?;
     let enrolled = crate::key::tpm::evidence::public_key_spki(ek_public)?;
     let (_, enrolled) =
@@ -183,6 +184,34 @@ fn check_ek_certificate(
         return Err(EkTrustError::OtherKey);
     }
     Ok(issuer)
+}
+
+/// `tcg-kp-EKCertificate` (TCG EK Credential Profile): the extended key usage that makes a
+/// certificate an EK certificate.
+const TCG_KP_EK_CERTIFICATE: &str = "2.23.133.8.1";
+
+/// A certificate under a vendor's CA is an EK certificate only if it says so: the EK extended
+/// key usage, and not a CA. Without this, any end-entity certificate from a CA that also issues
+/// EK certificates (a TLS client's, a device's software key) would pass for a TPM's EK, and its
+/// holder could answer the credential in software.
+fn check_is_ek_certificate(
+    cert: &x509_parser::certificate::X509Certificate<'_>,
+) -> Result<(), EkTrustError> {
+    let is_ek = cert.extended_key_usage().ok().flatten().is_some_and(|eku| {
+        eku.value
+            .other
+            .iter()
+            .any(|oid| oid.to_id_string() == TCG_KP_EK_CERTIFICATE)
+    });
+    let is_ca = cert
+        .basic_constraints()
+        .ok()
+        .flatten()
+        .is_some_and(|bc| bc.value.ca);
+    if !is_ek || is_ca {
+        return Err(EkTrustError::NotAnEkCertificate(cert.subject().to_string()));
+    }
+    Ok(())
 }
 
 /// How many intermediates a path from an EK certificate to a trusted CA may pass (vendors use
@@ -305,6 +334,8 @@ pub enum EkTrustError {
     NoCa,
     #[error("the EK certificate (issuer {0}) does not chain to a certificate in --ek-ca, directly or through the intermediates its TPM stores: add the vendor's root or intermediate CA to the bundle")]
     UnknownIssuer(String),
+    #[error("the certificate given as the EK certificate ({0}) is not one: it lacks the EK extended key usage (tcg-kp-EKCertificate, 2.23.133.8.1) or is a CA; enroll the node again from its TPM")]
+    NotAnEkCertificate(String),
     #[error("the enrolled EK's key does not encode: {0}")]
     EkKey(#[source] x509_parser::error::X509Error),
     #[error("the EK certificate is for another key than the enrolled EK")]

@@ -16,7 +16,9 @@
 //! `NETLINK_ROUTE` (the resolver's address sorting); `socketpair` only for UNIX; `ioctl`
 //! only for non-blocking mode, close-on-exec, the bytes waiting and the terminal check (never
 //! `TIOCSTI`, which types into the terminal that started the proxy); `prctl` only for thread
-//! names and reading the dumpable flag; `prlimit64` only reading its own limits.
+//! names and reading the dumpable flag; `prlimit64` only on itself, setting nothing but the
+//! descriptor limit; stream and datagram sockets only with the TCP and UDP protocols (not
+//! MPTCP, which Landlock's port rules do not cover, nor SCTP).
 
 use std::collections::BTreeMap;
 
@@ -111,7 +113,6 @@ const ANY_ARGUMENTS: &[libc::c_long] = &[
     libc::SYS_getdents64,
     libc::SYS_getcwd,
     libc::SYS_mkdirat,
-    libc::SYS_renameat,
     libc::SYS_renameat2,
     libc::SYS_unlinkat,
     libc::SYS_fsync,
@@ -147,6 +148,7 @@ const LEGACY: &[libc::c_long] = &[
     libc::SYS_readlink,
     libc::SYS_mkdir,
     libc::SYS_rename,
+    libc::SYS_renameat,
     libc::SYS_unlink,
     libc::SYS_rmdir,
     libc::SYS_poll,
@@ -161,7 +163,11 @@ const LEGACY: &[libc::c_long] = &[
     libc::SYS_arch_prctl,
 ];
 
-#[cfg(not(target_arch = "x86_64"))]
+/// aarch64's older spelling (riscv64 has only `renameat2`).
+#[cfg(target_arch = "aarch64")]
+const LEGACY: &[libc::c_long] = &[libc::SYS_renameat];
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 const LEGACY: &[libc::c_long] = &[];
 
 /// Namespace flags a `clone` must not carry.
@@ -208,11 +214,19 @@ pub fn allowed(dns: bool) -> Result<BTreeMap<i64, Vec<SeccompRule>>, FilterError
     rules.insert(libc::SYS_prctl, one_of(0, &PRCTLS)?);
     rules.insert(
         libc::SYS_prlimit64,
-        // Its own process, and no new limit (a pointer: all 64 bits compared).
-        vec![rule(&[
-            (0, Dword, SeccompCmpOp::Eq, 0),
-            (2, Qword, SeccompCmpOp::Eq, 0),
-        ])?],
+        // Its own process: reading any limit (no new limit: a pointer, all 64 bits compared),
+        // and setting the descriptor limit (raised to fit --max-connections, within the hard
+        // limit the kernel enforces).
+        vec![
+            rule(&[
+                (0, Dword, SeccompCmpOp::Eq, 0),
+                (2, Qword, SeccompCmpOp::Eq, 0),
+            ])?,
+            rule(&[
+                (0, Dword, SeccompCmpOp::Eq, 0),
+                (1, Dword, SeccompCmpOp::Eq, libc::RLIMIT_NOFILE as u64),
+            ])?,
+        ],
     );
     Ok(rules)
 }
@@ -223,10 +237,31 @@ fn socket_rules(dns: bool) -> Result<Vec<SeccompRule>, FilterError> {
     // The type's low bits, its flags (SOCK_NONBLOCK, SOCK_CLOEXEC) aside.
     let of_type = |t: libc::c_int| (1, Dword, SeccompCmpOp::MaskedEq(0xf), t as u64);
     let family = |f: libc::c_int| (0, Dword, SeccompCmpOp::Eq, f as u64);
+    let protocol = |p: libc::c_int| (2, Dword, SeccompCmpOp::Eq, p as u64);
     let mut rules = vec![
         rule(&[family(libc::AF_UNIX)])?,
-        rule(&[family(libc::AF_INET), of_type(libc::SOCK_STREAM)])?,
-        rule(&[family(libc::AF_INET6), of_type(libc::SOCK_STREAM)])?,
+        // TCP only: MPTCP (a stream socket too) is outside Landlock's port rules, SCTP loads
+        // a module.
+        rule(&[
+            family(libc::AF_INET),
+            of_type(libc::SOCK_STREAM),
+            protocol(0),
+        ])?,
+        rule(&[
+            family(libc::AF_INET),
+            of_type(libc::SOCK_STREAM),
+            protocol(libc::IPPROTO_TCP),
+        ])?,
+        rule(&[
+            family(libc::AF_INET6),
+            of_type(libc::SOCK_STREAM),
+            protocol(0),
+        ])?,
+        rule(&[
+            family(libc::AF_INET6),
+            of_type(libc::SOCK_STREAM),
+            protocol(libc::IPPROTO_TCP),
+        ])?,
         rule(&[
             family(libc::AF_NETLINK),
             (2, Dword, SeccompCmpOp::Eq, libc::NETLINK_SOCK_DIAG as u64),
@@ -234,8 +269,26 @@ fn socket_rules(dns: bool) -> Result<Vec<SeccompRule>, FilterError> {
     ];
     if dns {
         rules.extend([
-            rule(&[family(libc::AF_INET), of_type(libc::SOCK_DGRAM)])?,
-            rule(&[family(libc::AF_INET6), of_type(libc::SOCK_DGRAM)])?,
+            rule(&[
+                family(libc::AF_INET),
+                of_type(libc::SOCK_DGRAM),
+                protocol(0),
+            ])?,
+            rule(&[
+                family(libc::AF_INET),
+                of_type(libc::SOCK_DGRAM),
+                protocol(libc::IPPROTO_UDP),
+            ])?,
+            rule(&[
+                family(libc::AF_INET6),
+                of_type(libc::SOCK_DGRAM),
+                protocol(0),
+            ])?,
+            rule(&[
+                family(libc::AF_INET6),
+                of_type(libc::SOCK_DGRAM),
+                protocol(libc::IPPROTO_UDP),
+            ])?,
             rule(&[
                 family(libc::AF_NETLINK),
                 (2, Dword, SeccompCmpOp::Eq, NETLINK_ROUTE),
@@ -422,7 +475,9 @@ mod tests {
                 assert_eq!(std::thread::spawn(|| 7).join().ok(), Some(7));
                 let _ = std::time::SystemTime::now();
                 let _ = std::io::IsTerminal::is_terminal(&std::io::stderr());
-                rustix::process::getrlimit(rustix::process::Resource::Nofile);
+                let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+                // The proxy raises its descriptor limit to fit --max-connections once confined.
+                rustix::process::setrlimit(rustix::process::Resource::Nofile, nofile)?;
                 rustix::thread::set_name(c"hwkey-test")?;
                 if dns {
                     let found = std::net::ToSocketAddrs::to_socket_addrs(&("localhost", 80))?;
@@ -454,6 +509,14 @@ mod tests {
                 SocketType::DGRAM,
                 Some(netlink::SOCK_DIAG),
             );
+            // IPPROTO_MPTCP: a stream socket Landlock's TCP port rules do not cover.
+            let mptcp = rustix::net::socket(
+                AddressFamily::INET,
+                SocketType::STREAM,
+                Some(rustix::net::Protocol::from_raw(
+                    rustix::net::RawProtocol::new(262).expect("nonzero"),
+                )),
+            );
             let symlink = std::os::unix::fs::symlink("/etc/passwd", &link);
             let _ = std::fs::remove_file(&link);
             let limit = rustix::process::getrlimit(rustix::process::Resource::Core);
@@ -465,6 +528,7 @@ mod tests {
                 symlink.map_err(|e| e.raw_os_error()),
                 rustix::process::setrlimit(rustix::process::Resource::Core, limit),
                 rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable),
+                mptcp.map(drop),
             )
         };
         let unfiltered = std::thread::spawn(probe.clone()).join().expect("thread");
@@ -480,6 +544,7 @@ mod tests {
         assert_eq!(filtered.4, Err(Some(libc::EPERM)), "symlink");
         assert_eq!(filtered.5, eperm, "setrlimit");
         assert_eq!(filtered.6, eperm, "PR_SET_DUMPABLE");
+        assert_eq!(filtered.7, eperm, "an MPTCP socket");
         let resolving = on_a_thread_filtered_for(true, probe);
         assert_eq!(resolving.0, libc::EPERM, "TIOCSTI while resolving names");
         assert_eq!(resolving.1, Ok(()), "UDP while resolving names");

@@ -757,3 +757,58 @@ fn an_ek_certificate_chains_to_the_vendors_root_through_the_intermediate_its_tpm
     run_ok(&mut challenge);
     assert!(out.exists(), "no challenge through the stored intermediate");
 }
+
+/// A certificate the vendor's CA issued for the enrolled EK's key that is not an EK certificate
+/// (no tcg-kp-EKCertificate extended key usage: a client certificate, say) is refused: otherwise
+/// anyone holding the key of any certificate under a vendor CA could answer the credential in
+/// software. Before, only the chain and the key were checked, and the challenge was made.
+#[test]
+fn a_certificate_that_is_not_an_ek_certificate_is_refused() {
+    let (tpm, ek_ca) = Swtpm::start_with_ek_certificate();
+    let (_, issuing) = tpm.ek_ca_files();
+    let work = temp_dir();
+    let d = work.path();
+    let text = stdout(&run_ok(hwkey().args([
+        "attest",
+        "enroll",
+        "--key",
+        &format!("tpm:?tcti={}", tpm.tcti()),
+    ])));
+    let ek_key = d.join("ek.pub.pem");
+    std::fs::write(&ek_key, enrollment_pem(&text, "ekPublicKeyPem:")).expect("write");
+    let not_ek = d.join("not-ek.pem");
+    run_ok(
+        std::process::Command::new("openssl")
+            .args(["x509", "-new", "-subj", "/CN=not-an-ek", "-days", "30"])
+            .arg("-force_pubkey")
+            .arg(&ek_key)
+            .arg("-CA")
+            .arg(&issuing)
+            .arg("-CAkey")
+            .arg(issuing.with_file_name("signkey.pem"))
+            .arg("-out")
+            .arg(&not_ek),
+    );
+    let real = enrollment_pem(&text, "ekCertificatePem:");
+    let forged: String = std::fs::read_to_string(&not_ek).expect("read");
+    let indent = |pem: &str| pem.lines().map(|l| format!("  {l}\n")).collect::<String>();
+    let swapped = text.replace(&indent(&real), &indent(&forged));
+    assert_ne!(swapped, text, "the certificate was not swapped");
+    let enrollment = d.join("node6.enroll");
+    std::fs::write(&enrollment, swapped).expect("write");
+    let out = d.join("challenge");
+    fails_with(
+        hwkey()
+            .args(["attest", "challenge"])
+            .arg(&enrollment)
+            .arg("--ek-ca")
+            .arg(&ek_ca)
+            .arg("--out")
+            .arg(&out)
+            .arg("--expect")
+            .arg(d.join("expect"))
+            .args(["--node", "node6"]),
+        &["is not one", "2.23.133.8.1"],
+    );
+    assert!(!out.exists());
+}

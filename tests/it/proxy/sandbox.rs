@@ -59,10 +59,10 @@ fn the_network_side_runs_confined() {
         log.contains("sandbox: Landlock ABI") && log.contains("enforced"),
         "{log}"
     );
-    // The filter names what it refuses, io_uring included (src/proxy/sandbox.rs's unit test
+    // The filter names what it refuses, io_uring included (src/proxy/syscalls.rs's unit test
     // runs the same filter on a thread and sees io_uring_setup refused).
     assert!(
-        log.contains("BPF, io_uring, namespaces, chmod/chown, mknod, raw sockets)"),
+        log.contains("allow-list on (no execve, ptrace, mounts, modules, keyrings, BPF, io_uring, namespaces, chmod/chown, mknod, links, raw sockets, TIOCSTI)"),
         "{log}"
     );
     assert!(log.contains("; no capabilities "), "{log}");
