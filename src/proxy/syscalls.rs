@@ -186,7 +186,7 @@ const IOCTLS: [u64; 5] = [0x5421, 0x5451, 0x5450, 0x541B, 0x5401];
 const PRCTLS: [u64; 3] = [15, 16, 3];
 
 /// `NETLINK_ROUTE`: glibc's resolver reads the interfaces' addresses to sort its answers.
-const NETLINK_ROUTE: u64 = 0;
+const NETLINK_ROUTE: libc::c_int = 0;
 
 /// The allow-list as seccompiler rules: a call with no rules is allowed whatever its
 /// arguments; one with rules when any rule's conditions all hold.
@@ -231,69 +231,30 @@ pub fn allowed(dns: bool) -> Result<BTreeMap<i64, Vec<SeccompRule>>, FilterError
     Ok(rules)
 }
 
-/// The sockets allowed: UNIX; IPv4 and IPv6 streams, and datagrams when names are resolved
-/// (`dns`); netlink for socket diagnostics, and for routes when names are resolved.
+/// The sockets allowed: UNIX; IPv4 and IPv6 TCP streams (protocol 0 or TCP: not MPTCP, which
+/// Landlock's port rules do not cover, nor SCTP), and UDP when names are resolved (`dns`);
+/// netlink for socket diagnostics, and for routes when names are resolved.
 fn socket_rules(dns: bool) -> Result<Vec<SeccompRule>, FilterError> {
     // The type's low bits, its flags (SOCK_NONBLOCK, SOCK_CLOEXEC) aside.
     let of_type = |t: libc::c_int| (1, Dword, SeccompCmpOp::MaskedEq(0xf), t as u64);
     let family = |f: libc::c_int| (0, Dword, SeccompCmpOp::Eq, f as u64);
     let protocol = |p: libc::c_int| (2, Dword, SeccompCmpOp::Eq, p as u64);
-    let mut rules = vec![
-        rule(&[family(libc::AF_UNIX)])?,
-        // TCP only: MPTCP (a stream socket too) is outside Landlock's port rules, SCTP loads
-        // a module.
-        rule(&[
-            family(libc::AF_INET),
-            of_type(libc::SOCK_STREAM),
-            protocol(0),
-        ])?,
-        rule(&[
-            family(libc::AF_INET),
-            of_type(libc::SOCK_STREAM),
-            protocol(libc::IPPROTO_TCP),
-        ])?,
-        rule(&[
-            family(libc::AF_INET6),
-            of_type(libc::SOCK_STREAM),
-            protocol(0),
-        ])?,
-        rule(&[
-            family(libc::AF_INET6),
-            of_type(libc::SOCK_STREAM),
-            protocol(libc::IPPROTO_TCP),
-        ])?,
-        rule(&[
-            family(libc::AF_NETLINK),
-            (2, Dword, SeccompCmpOp::Eq, libc::NETLINK_SOCK_DIAG as u64),
-        ])?,
-    ];
+    let mut kinds = vec![(libc::SOCK_STREAM, libc::IPPROTO_TCP)];
+    let mut netlink = vec![libc::NETLINK_SOCK_DIAG];
     if dns {
-        rules.extend([
-            rule(&[
-                family(libc::AF_INET),
-                of_type(libc::SOCK_DGRAM),
-                protocol(0),
-            ])?,
-            rule(&[
-                family(libc::AF_INET),
-                of_type(libc::SOCK_DGRAM),
-                protocol(libc::IPPROTO_UDP),
-            ])?,
-            rule(&[
-                family(libc::AF_INET6),
-                of_type(libc::SOCK_DGRAM),
-                protocol(0),
-            ])?,
-            rule(&[
-                family(libc::AF_INET6),
-                of_type(libc::SOCK_DGRAM),
-                protocol(libc::IPPROTO_UDP),
-            ])?,
-            rule(&[
-                family(libc::AF_NETLINK),
-                (2, Dword, SeccompCmpOp::Eq, NETLINK_ROUTE),
-            ])?,
-        ]);
+        kinds.push((libc::SOCK_DGRAM, libc::IPPROTO_UDP));
+        netlink.push(NETLINK_ROUTE);
+    }
+    let mut rules = vec![rule(&[family(libc::AF_UNIX)])?];
+    for (kind, named) in kinds {
+        for f in [libc::AF_INET, libc::AF_INET6] {
+            for p in [0, named] {
+                rules.push(rule(&[family(f), of_type(kind), protocol(p)])?);
+            }
+        }
+    }
+    for p in netlink {
+        rules.push(rule(&[family(libc::AF_NETLINK), protocol(p)])?);
     }
     Ok(rules)
 }
