@@ -38,13 +38,19 @@ pub fn memory_dir() -> PathBuf {
     if crate::state_dir::own_uid() == 0 {
         return PathBuf::from(SYSTEM_DIR);
     }
+    default_dir(&crate::state_dir::StateDir::proxy_default())
+}
+
+/// [`memory_dir`] for reading and writing records: a person's records from before the memory
+/// moved out of the state directory come along, so a PIN refused then is not tried once more
+/// (a rename: atomic, and only when the default is in use and not there yet). Only where
+/// records are used: a process that merely names the directory (the proxy's sandbox plan)
+/// moves nothing.
+fn records_dir() -> PathBuf {
+    let dir = memory_dir();
     let state = crate::state_dir::StateDir::proxy_default();
-    let dir = default_dir(&state);
-    // Records from before the memory moved out of the state directory come along, so a PIN
-    // refused then is not tried once more (a rename: atomic, and only when the new place is
-    // not there yet).
     let old = state.join("rejected-pins");
-    if dir != old && !dir.exists() && old.is_dir() {
+    if dir == default_dir(&state) && dir != old && !dir.exists() && old.is_dir() {
         let _ = std::fs::rename(&old, &dir);
     }
     dir
@@ -86,7 +92,7 @@ impl Record {
         source: &PinSource,
         pin: &str,
     ) -> std::io::Result<Record> {
-        let dir = memory_dir();
+        let dir = records_dir();
         let identity = match source {
             // The PIN's keyed hash, not the file's metadata: a rewrite that restores size and
             // modification time is still another PIN.
@@ -163,7 +169,7 @@ pub(crate) struct TokenLock {
 /// Takes the login lock of token `token_id` (waits while another process holds it).
 pub(crate) fn lock_token(token_id: &str) -> std::io::Result<TokenLock> {
     use std::os::unix::fs::OpenOptionsExt;
-    let dir = memory_dir();
+    let dir = records_dir();
     ensure_dir(&dir)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -185,7 +191,7 @@ pub(crate) fn lock_token(token_id: &str) -> std::io::Result<TokenLock> {
 )]
 pub(crate) fn forget_token(token_id: &str) {
     let prefix = format!("{}-", token_prefix(token_id));
-    let Ok(entries) = std::fs::read_dir(memory_dir()) else {
+    let Ok(entries) = std::fs::read_dir(records_dir()) else {
         return;
     };
     for entry in entries.flatten() {

@@ -240,23 +240,7 @@ impl Swtpm {
                 .arg("--optsfile")
                 .arg(d.join("localca.options")),
         );
-        let cert = work.join("ek.cert");
-        let size = fs::metadata(&cert).expect("the EK certificate").len();
-        crate::run_ok(Command::new("tpm2_nvdefine").envs(self.envs()).args([
-            "0x01c0000a",
-            "-C",
-            "p",
-            "-s",
-            &size.to_string(),
-            "-a",
-            "ppwrite|ppread|ownerread|authread|no_da|platformcreate",
-        ]));
-        crate::run_ok(
-            Command::new("tpm2_nvwrite")
-                .envs(self.envs())
-                .args(["0x01c0000a", "-C", "p", "-i"])
-                .arg(&cert),
-        );
+        self.write_manufacturer_nv("0x01c0000a", &work.join("ek.cert"));
         crate::run_ok(
             Command::new("tpm2_flushcontext")
                 .envs(self.envs())
@@ -344,24 +328,32 @@ impl Swtpm {
         }
         let file = self.dir.path().join("ek-chain.der");
         fs::write(&file, &der).expect("write the chain");
+        self.write_manufacturer_nv("0x01c00100", &file);
+    }
+
+    /// Writes `file` to the NV index `index` as a manufacturer does: defined by the platform
+    /// (replacing an index already there), readable by the owner and with its own
+    /// authorization, not subject to dictionary-attack protection.
+    fn write_manufacturer_nv(&self, index: &str, file: &Path) {
+        let size = fs::metadata(file).expect("the NV contents").len();
         let _ = Command::new("tpm2_nvundefine")
             .envs(self.envs())
-            .args(["0x01c00100", "-C", "p"])
+            .args([index, "-C", "p"])
             .output();
         crate::run_ok(Command::new("tpm2_nvdefine").envs(self.envs()).args([
-            "0x01c00100",
+            index,
             "-C",
             "p",
             "-s",
-            &der.len().to_string(),
+            &size.to_string(),
             "-a",
             "ppwrite|ppread|ownerread|authread|no_da|platformcreate",
         ]));
         crate::run_ok(
             Command::new("tpm2_nvwrite")
                 .envs(self.envs())
-                .args(["0x01c00100", "-C", "p", "-i"])
-                .arg(&file),
+                .args([index, "-C", "p", "-i"])
+                .arg(file),
         );
     }
 

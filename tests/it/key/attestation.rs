@@ -528,14 +528,7 @@ fn a_node_with_an_ecc_ek_registers_through_credential_activation() {
     let work = temp_dir();
     let d = work.path();
     let key = |tcti: &str| format!("tpm:?tcti={tcti}");
-    let enrollment_text = stdout(&run_ok(hwkey().args([
-        "attest",
-        "enroll",
-        "--ek",
-        "ecc",
-        "--key",
-        &key(&tpm.tcti()),
-    ])));
+    let enrollment_text = enroll(&tpm, &["--ek", "ecc"]);
     let enrollment = d.join("node9.enroll");
     std::fs::write(&enrollment, &enrollment_text).expect("write");
     let ek_cert = d.join("ek.pem");
@@ -554,18 +547,7 @@ fn a_node_with_an_ecc_ek_registers_through_credential_activation() {
         "{text}"
     );
     let (challenge, expect, answer) = (d.join("challenge"), d.join("expect"), d.join("answer"));
-    run_ok(
-        hwkey()
-            .args(["attest", "challenge"])
-            .arg(&enrollment)
-            .arg("--ek-ca")
-            .arg(&ek_ca)
-            .arg("--out")
-            .arg(&challenge)
-            .arg("--expect")
-            .arg(&expect)
-            .args(["--node", "node9"]),
-    );
+    run_ok(&mut challenge_cmd(&enrollment, &ek_ca, d, "node9"));
     let activate = |tcti: &str| {
         let mut cmd = hwkey();
         cmd.args(["attest", "activate"])
@@ -596,6 +578,32 @@ fn a_node_with_an_ecc_ek_registers_through_credential_activation() {
     assert!(registered.contains("registered node9"), "{registered}");
 }
 
+/// `hwkey attest enroll` of `tpm`'s TPM with `extra` arguments: the enrollment's text.
+fn enroll(tpm: &Swtpm, extra: &[&str]) -> String {
+    stdout(&run_ok(
+        hwkey()
+            .args(["attest", "enroll"])
+            .args(extra)
+            .args(["--key", &format!("tpm:?tcti={}", tpm.tcti())]),
+    ))
+}
+
+/// `hwkey attest challenge ENROLLMENT --ek-ca CA --out DIR/challenge --expect DIR/expect
+/// --node NODE`.
+fn challenge_cmd(enrollment: &Path, ca: &Path, dir: &Path, node: &str) -> std::process::Command {
+    let mut cmd = hwkey();
+    cmd.args(["attest", "challenge"])
+        .arg(enrollment)
+        .arg("--ek-ca")
+        .arg(ca)
+        .arg("--out")
+        .arg(dir.join("challenge"))
+        .arg("--expect")
+        .arg(dir.join("expect"))
+        .args(["--node", node]);
+    cmd
+}
+
 /// The PEM block of `field` in an enrollment's YAML (indented under it).
 fn enrollment_pem(enrollment_text: &str, field: &str) -> String {
     let start = enrollment_text.find(field).expect("field") + field.len();
@@ -617,12 +625,7 @@ fn an_ek_certificate_its_manufacturer_revoked_is_refused_naming_it() {
     let (tpm, ek_ca) = Swtpm::start_with_ek_certificate();
     let work = temp_dir();
     let d = work.path();
-    let enrollment_text = stdout(&run_ok(hwkey().args([
-        "attest",
-        "enroll",
-        "--key",
-        &format!("tpm:?tcti={}", tpm.tcti()),
-    ])));
+    let enrollment_text = enroll(&tpm, &[]);
     let enrollment = d.join("node3.enroll");
     std::fs::write(&enrollment, &enrollment_text).expect("write");
     let ek_cert = d.join("ek.pem");
@@ -633,18 +636,8 @@ fn an_ek_certificate_its_manufacturer_revoked_is_refused_naming_it() {
     .expect("ek");
     let out = d.join("challenge");
     let challenge = |crl: &Path| {
-        let mut cmd = hwkey();
-        cmd.args(["attest", "challenge"])
-            .arg(&enrollment)
-            .arg("--ek-ca")
-            .arg(&ek_ca)
-            .arg("--ek-crl")
-            .arg(crl)
-            .arg("--out")
-            .arg(&out)
-            .arg("--expect")
-            .arg(d.join("expect"))
-            .args(["--node", "node3"]);
+        let mut cmd = challenge_cmd(&enrollment, &ek_ca, d, "node3");
+        cmd.arg("--ek-crl").arg(crl);
         cmd
     };
     let serial = stdout(&run_ok(
@@ -702,25 +695,10 @@ fn an_ek_certificate_chains_to_the_vendors_root_through_the_intermediate_its_tpm
     let d = work.path();
     let out = d.join("challenge");
     let enroll_and_challenge = || {
-        let text = stdout(&run_ok(hwkey().args([
-            "attest",
-            "enroll",
-            "--key",
-            &format!("tpm:?tcti={}", tpm.tcti()),
-        ])));
+        let text = enroll(&tpm, &[]);
         let enrollment = d.join("node5.enroll");
         std::fs::write(&enrollment, &text).expect("write");
-        let mut cmd = hwkey();
-        cmd.args(["attest", "challenge"])
-            .arg(&enrollment)
-            .arg("--ek-ca")
-            .arg(&root)
-            .arg("--out")
-            .arg(&out)
-            .arg("--expect")
-            .arg(d.join("expect"))
-            .args(["--node", "node5"]);
-        (text, cmd)
+        (text, challenge_cmd(&enrollment, &root, d, "node5"))
     };
     let (text, mut challenge) = enroll_and_challenge();
     assert!(!text.contains("ekIntermediatesPem"), "{text}");
@@ -768,12 +746,7 @@ fn a_certificate_that_is_not_an_ek_certificate_is_refused() {
     let (_, issuing) = tpm.ek_ca_files();
     let work = temp_dir();
     let d = work.path();
-    let text = stdout(&run_ok(hwkey().args([
-        "attest",
-        "enroll",
-        "--key",
-        &format!("tpm:?tcti={}", tpm.tcti()),
-    ])));
+    let text = enroll(&tpm, &[]);
     let ek_key = d.join("ek.pub.pem");
     std::fs::write(&ek_key, enrollment_pem(&text, "ekPublicKeyPem:")).expect("write");
     let not_ek = d.join("not-ek.pem");
@@ -798,16 +771,7 @@ fn a_certificate_that_is_not_an_ek_certificate_is_refused() {
     std::fs::write(&enrollment, swapped).expect("write");
     let out = d.join("challenge");
     fails_with(
-        hwkey()
-            .args(["attest", "challenge"])
-            .arg(&enrollment)
-            .arg("--ek-ca")
-            .arg(&ek_ca)
-            .arg("--out")
-            .arg(&out)
-            .arg("--expect")
-            .arg(d.join("expect"))
-            .args(["--node", "node6"]),
+        &mut challenge_cmd(&enrollment, &ek_ca, d, "node6"),
         &["is not one", "2.23.133.8.1"],
     );
     assert!(!out.exists());
