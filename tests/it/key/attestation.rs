@@ -660,6 +660,41 @@ fn an_ek_certificate_its_manufacturer_revoked_is_refused_naming_it() {
     assert!(!out.exists(), "a challenge was written for a revoked EK");
     let stale = tpm.ek_crl(&[], Some(("20200101000000Z", "20200201000000Z")));
     fails_with(&mut challenge(&stale), &["expired at", "fetch a fresh one"]);
+    // Two lists of the issuer in one DER file, in either order: the newest decides. An older
+    // list that does not name the certificate hides nothing the newer one says; a stale older
+    // one beside a current one is history, not a refusal.
+    let der = |pem: &Path| {
+        run_ok(
+            std::process::Command::new("openssl")
+                .args(["crl", "-outform", "der", "-in"])
+                .arg(pem),
+        )
+        .stdout
+    };
+    let older = tpm.ek_crl(&[], Some(("20260101000000Z", "20991231000000Z")));
+    let both = |first: &Path, second: &Path, name: &str| {
+        let path = d.join(name);
+        std::fs::write(&path, [der(first), der(second)].concat()).expect("write");
+        path
+    };
+    for pair in [
+        both(&older, &revoked, "older-then-revoking.crl"),
+        both(&revoked, &older, "revoking-then-older.crl"),
+    ] {
+        fails_with(&mut challenge(&pair), &["is revoked by its issuer"]);
+    }
+    assert!(!out.exists());
+    let current_first = tpm.ek_crl(&[], None);
+    run_ok(&mut challenge(&both(
+        &stale,
+        &current_first,
+        "stale-then-current.crl",
+    )));
+    assert!(
+        out.exists(),
+        "a stale older list beside a current one refused"
+    );
+    std::fs::remove_file(&out).expect("rm");
     let current = tpm.ek_crl(&[], None);
     let mut forged = run_ok(
         std::process::Command::new("openssl")

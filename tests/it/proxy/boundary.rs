@@ -16,8 +16,8 @@ fn code(out: &std::process::Output) -> String {
 
 /// A network side started as root holds no capability in any set (it kept them all:
 /// `CapEff 000001fffeffffff`), and inside it `mknod` of a character device, a packet socket,
-/// a raw socket, a UDP socket (its API server is an address: nothing to resolve) and `chmod`
-/// of a root-only file all fail, while `/etc/hosts` opens (the calls were made).
+/// a raw socket, a UDP socket (its API server is an address: nothing to resolve), an MPTCP
+/// socket, a symbolic link in its state directory and `chmod` of a root-only file all fail, while `/etc/hosts` opens (the calls were made).
 #[test]
 fn a_root_network_side_holds_no_capability_and_makes_no_device_or_raw_socket() {
     require_root("this test checks what a network side started as root may do");
@@ -47,6 +47,23 @@ fn a_root_network_side_holds_no_capability_and_makes_no_device_or_raw_socket() {
     // The API server is an address: no name to resolve, so no UDP either.
     assert_eq!(call_inside(pid, "socket(2, 2, 0)"), -1, "a UDP socket");
     assert_eq!(call_inside(pid, "socket(10, 2, 0)"), -1, "a UDP6 socket");
+    // IPPROTO_MPTCP: a stream socket outside Landlock's TCP port rules; TCP itself still opens.
+    assert_eq!(call_inside(pid, "socket(2, 1, 262)"), -1, "an MPTCP socket");
+    assert!(call_inside(pid, "socket(2, 1, 6)") >= 0, "a TCP socket");
+    // No link in the state directory it writes (to point a file it reads elsewhere).
+    let link = proxy.state_dir.join("planted");
+    assert_eq!(
+        call_inside(
+            pid,
+            &format!("symlink(\"/etc/shadow\", \"{}\")", link.display())
+        ),
+        -1,
+        "a symbolic link"
+    );
+    assert!(
+        std::fs::symlink_metadata(&link).is_err(),
+        "the link was made"
+    );
     let secret = dir.path().join("root-only");
     std::fs::write(&secret, "x").expect("write");
     use std::os::unix::fs::PermissionsExt;
