@@ -89,6 +89,7 @@ fn main() {
                 name.extend((0..32u32).map(|b| (b as usize * 7 + i) as u8));
                 name
             },
+            ek_sha256: None,
         })
         .collect();
     trusted.push(attestation::parse_registration("bench-0", &registration).expect("registration"));

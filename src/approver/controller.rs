@@ -31,13 +31,16 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::watch;
 
+use super::ek_join::CREDENTIAL_SIGNER;
+use super::ek_join::{Binding, CarrierCandidate, Carriers, Join};
 use super::error::ApproverError;
 use super::evaluate::{self, Candidate, Evaluated, Rules, Seen};
-use super::evaluate::{PersonCandidate, PersonProof};
+use super::evaluate::{KeptMetadata, PersonCandidate, PersonProof};
 use super::evidence_index::{Claim, EvidenceIndex};
 use super::lease::Validity;
 use super::metrics::ApproverMetrics;
 use super::person;
+use super::policy;
 use super::policy::{Reason, Violation};
 use super::queue::{Queued, WorkQueue, LANE_MAX};
 use super::trust::{Registry, Trust, FRESH_FOR};
@@ -91,12 +94,17 @@ enum Work {
     Settle(Box<Seen>, Box<Candidate>),
     /// A person's request, to be settled against the people trust.
     Person(Box<Seen>, Box<PersonCandidate>),
+    /// A carrier request, to be settled against the trust (EK CAs, bindings); `true` when it
+    /// is approved already and only its certificate is missing.
+    Carrier(Box<Seen>, Box<CarrierCandidate>, bool),
 }
 
 impl Work {
     fn seen(&self) -> &Seen {
         match self {
-            Work::Deny(s, _) | Work::Settle(s, _) | Work::Person(s, _) => s,
+            Work::Deny(s, _) | Work::Settle(s, _) | Work::Person(s, _) | Work::Carrier(s, _, _) => {
+                s
+            }
         }
     }
 
@@ -110,6 +118,44 @@ impl Work {
 struct Writing {
     decision: Decision,
     granted: Option<Box<Candidate>>,
+    /// The carrier it answers, claimed while it is written.
+    answering: Option<String>,
+}
+
+/// What a decision writes besides its condition.
+#[derive(Debug, Clone)]
+enum Effect {
+    /// Nothing.
+    None,
+    /// The carrier certificate, as `status.certificate` (after the approval, unless the
+    /// request is approved already).
+    Issue { pem: String, approved: bool },
+    /// The binding, in the trust ConfigMap, before the approval.
+    Record(Box<Binding>),
+    /// A Failed condition instead of a denial: the request is approved already (its
+    /// certificate's write failed, and it can no longer be issued).
+    Fail,
+}
+
+/// A decision made: the request, the decision, the evidence it claimed and what else to write.
+struct Decided {
+    seen: Box<Seen>,
+    decision: Decision,
+    granted: Option<Box<Candidate>>,
+    effect: Effect,
+}
+
+impl Decided {
+    /// A denial that writes nothing else.
+    fn denied(seen: Box<Seen>, v: Violation) -> Decided {
+        let decision = denial(&seen, v);
+        Decided {
+            seen,
+            decision,
+            granted: None,
+            effect: Effect::None,
+        }
+    }
 }
 
 type WriteFuture = Pin<Box<dyn Future<Output = (String, Result<Recorded, ApproverError>)> + Send>>;
@@ -149,6 +195,8 @@ pub struct Controller {
     /// The people trust (None: no people policy).
     people: Option<Trust>,
     index: EvidenceIndex,
+    /// The carrier requests seen and answered (TPMs joining by their EK certificate).
+    carriers: Carriers,
     queue: WorkQueue<Work>,
     writing: std::collections::HashMap<String, Writing>,
     metrics: Arc<ApproverMetrics>,
@@ -189,6 +237,7 @@ impl Controller {
             trust,
             people,
             index: EvidenceIndex::default(),
+            carriers: Carriers::default(),
             queue: WorkQueue::default(),
             writing: Default::default(),
             metrics,
@@ -320,6 +369,9 @@ impl Controller {
             .set(i64::try_from(self.queue.len()).unwrap_or(i64::MAX));
         let lifetime = evaluate::evidence_lifetime(self.settings.rules.evidence_max_age);
         self.index.prune(now_unix().saturating_sub(lifetime));
+        if let Some(join) = &self.settings.rules.ek_join {
+            self.carriers.prune(now_unix(), join.ttl);
+        }
         self.metrics
             .evidence_index
             .set(i64::try_from(self.index.len()).unwrap_or(i64::MAX));
@@ -347,6 +399,9 @@ impl Controller {
             Ok(watcher::Event::Apply(csr)) => self.observe(&csr),
             Ok(watcher::Event::Delete(csr)) => {
                 let seen = Seen::of(&csr);
+                if seen.signer == CREDENTIAL_SIGNER {
+                    self.carriers.deleted(&seen.name);
+                }
                 self.queue.remove(&seen.uid);
                 self.index.forget_uid(&seen.uid);
             }
@@ -365,18 +420,9 @@ impl Controller {
             return;
         }
         let seen = Seen::of(csr);
-        if let Some(approved) = evaluate::is_decided(csr) {
-            self.queue.remove(&seen.uid);
-            if approved {
-                let held = Request::from_pem(&csr.spec.request.0)
-                    .ok()
-                    .and_then(|r| attestation::evidence_digest(&r));
-                if let Some((digest, made_at)) = held {
-                    self.index.approved(digest, made_at, &seen.uid, &seen.name);
-                }
-            } else {
-                self.index.forget_uid(&seen.uid);
-            }
+        let issue_only = self.note_carrier(csr, &seen);
+        if let Some(approved) = evaluate::is_decided(csr).filter(|_| !issue_only) {
+            self.observe_decided(csr, &seen, approved);
             return;
         }
         let started = Instant::now();
@@ -403,12 +449,45 @@ impl Controller {
                 }
                 Work::Person(Box::new(seen), p)
             }
+            Evaluated::Carrier(c) => Work::Carrier(Box::new(seen), c, issue_only),
         };
         let (uid, requester) = (work.seen().uid.clone(), work.seen().requester.clone());
         if self.queue.put(&uid, &requester, work) == Queued::LaneFull {
             self.metrics.deferred.inc();
             self.deferred = true;
             tracing::debug!(requester = %super::policy::bounded(&requester), "this requester has too many open requests queued; the rest wait for the next resync");
+        }
+    }
+
+    /// Takes note of a carrier request's facts (any state); returns whether it is approved
+    /// but not issued (its certificate's write failed: it is issued now).
+    fn note_carrier(&mut self, csr: &CertificateSigningRequest, seen: &Seen) -> bool {
+        if seen.signer != CREDENTIAL_SIGNER {
+            return false;
+        }
+        if let Some(facts) = super::ek_join::facts_of(csr) {
+            self.carriers.seen(&seen.name, facts);
+        }
+        evaluate::is_decided(csr) == Some(true)
+            && !has_certificate(csr)
+            && !has_condition(csr, "Failed")
+    }
+
+    /// A decided request: an approved one holds its evidence (and the credential it answered).
+    fn observe_decided(&mut self, csr: &CertificateSigningRequest, seen: &Seen, approved: bool) {
+        self.queue.remove(&seen.uid);
+        if !approved {
+            self.index.forget_uid(&seen.uid);
+            return;
+        }
+        if let Some(carrier) = answered_carrier(csr) {
+            self.carriers.answered_by(carrier, &seen.name);
+        }
+        let held = Request::from_pem(&csr.spec.request.0)
+            .ok()
+            .and_then(|r| attestation::evidence_digest(&r));
+        if let Some((digest, made_at)) = held {
+            self.index.approved(digest, made_at, &seen.uid, &seen.name);
         }
     }
 
@@ -438,7 +517,7 @@ impl Controller {
             let waits = |w: &Work| {
                 let waits = match w {
                     Work::Deny(..) => false,
-                    Work::Settle(..) => nodes.is_none(),
+                    Work::Settle(..) | Work::Carrier(..) => nodes.is_none(),
                     Work::Person(..) => people.is_none(),
                 };
                 passed_over.set(passed_over.get() || waits);
@@ -458,62 +537,191 @@ impl Controller {
                 self.queue.put_back(&uid, work);
                 return;
             }
-            let Some((seen, decision, granted)) = self.decide(work, [&nodes, &people]) else {
+            let Some(decided) = self.decide(work, [&nodes, &people]) else {
                 self.queue.retry(&uid, Instant::now());
                 continue;
             };
-            writes.push(self.start_write(uid, *seen, decision, granted));
+            writes.push(self.start_write(uid, decided));
         }
     }
 
     /// The decision for `work`, with the `[nodes, people]` trusts as read (None when the one
     /// it needs is not fresh: it waits).
-    #[allow(clippy::type_complexity)]
     fn decide(
         &mut self,
         work: Work,
         [nodes, people]: [&Option<Arc<Registry>>; 2],
-    ) -> Option<(Box<Seen>, Decision, Option<Box<Candidate>>)> {
+    ) -> Option<Decided> {
         Some(match work {
-            Work::Deny(seen, v) => {
-                let decision = Decision {
-                    name: seen.name.clone(),
-                    approved: false,
-                    reason: v.reason,
-                    message: v.message,
-                };
-                (seen, decision, None)
-            }
+            Work::Deny(seen, v) => Decided::denied(seen, v),
             Work::Settle(seen, candidate) => {
                 let nodes = nodes.as_ref()?;
+                if candidate.claim.is_some() {
+                    return Some(self.settle_answer(seen, candidate, nodes));
+                }
                 let (decision, granted) = self.settle(&seen, candidate, &nodes.aks, "node");
-                (seen, decision, granted)
+                Decided {
+                    seen,
+                    decision,
+                    granted,
+                    effect: Effect::None,
+                }
             }
             Work::Person(seen, candidate) => {
                 let people = people.as_ref()?;
                 let (decision, granted) = self.settle_person(&seen, *candidate, people);
-                (seen, decision, granted)
+                Decided {
+                    seen,
+                    decision,
+                    granted,
+                    effect: Effect::None,
+                }
+            }
+            Work::Carrier(seen, candidate, approved) => {
+                let nodes = nodes.as_ref()?;
+                self.settle_carrier(seen, &candidate, approved, nodes)
             }
         })
     }
 
+    /// A carrier request: its credential in a carrier certificate, or the denial.
+    fn settle_carrier(
+        &self,
+        seen: Box<Seen>,
+        candidate: &CarrierCandidate,
+        approved: bool,
+        nodes: &Registry,
+    ) -> Decided {
+        let join = self.settings.rules.ek_join.as_deref().map(|settings| Join {
+            settings,
+            nodes: &nodes.aks,
+            ek: &nodes.ek,
+        });
+        let issued = match join {
+            Some(join) => join.issue(candidate, now_unix()),
+            None => Err(policy::violation(
+                Reason::EkCertificateUntrusted,
+                "this approver is not configured for TPMs that join by their EK certificate",
+            )),
+        };
+        match issued {
+            Ok((pem, message)) => Decided {
+                decision: Decision {
+                    name: seen.name.clone(),
+                    approved: true,
+                    reason: Reason::EkCertificateVerified,
+                    message,
+                },
+                seen,
+                granted: None,
+                effect: Effect::Issue { pem, approved },
+            },
+            Err(v) => {
+                let decision = denial(&seen, v);
+                Decided {
+                    seen,
+                    decision,
+                    granted: None,
+                    effect: if approved { Effect::Fail } else { Effect::None },
+                }
+            }
+        }
+    }
+
+    /// The binding a request's answer earns, or why it earns none.
+    fn answer_of(
+        &self,
+        seen: &Seen,
+        candidate: &Candidate,
+        nodes: &Registry,
+    ) -> Result<Binding, Violation> {
+        let (Some(settings), Some(claim)) =
+            (self.settings.rules.ek_join.as_deref(), &candidate.claim)
+        else {
+            return Err(policy::violation(
+                Reason::CredentialInvalid,
+                "no credential is answered",
+            ));
+        };
+        let join = Join {
+            settings,
+            nodes: &nodes.aks,
+            ek: &nodes.ek,
+        };
+        join.answer(
+            &self.carriers,
+            claim,
+            &candidate.node,
+            &candidate.attested.ak_name,
+            &seen.requester,
+            now_unix(),
+        )
+    }
+
+    /// A kubelet request that answers a credential: judged by its answer (never by a
+    /// registration alone), then like any attested request (fresh, the evidence its own).
+    fn settle_answer(
+        &mut self,
+        seen: Box<Seen>,
+        candidate: Box<Candidate>,
+        nodes: &Registry,
+    ) -> Decided {
+        let binding = match self.answer_of(&seen, &candidate, nodes) {
+            Ok(b) => b,
+            Err(v) => {
+                self.index
+                    .forget(&candidate.attested.evidence_digest, &seen.uid);
+                return Decided::denied(seen, v);
+            }
+        };
+        // The AK is trusted for this node from this answer on: settle as a registered one.
+        let registered = [crate::pki::registration::RegisteredAk {
+            node: candidate.node.clone(),
+            ak_name: candidate.attested.ak_name.clone(),
+            ek_sha256: Some(binding.ek_sha256.clone()),
+        }];
+        let (mut decision, granted) = self.settle(&seen, candidate, &registered, "node");
+        let effect = if decision.approved {
+            decision.message = format!(
+                "{}; the TPM (EK {}) answered the credential of carrier request {}, and the node is bound to it",
+                decision.message, binding.ek_sha256, binding.carrier
+            );
+            self.carriers.answered_by(&binding.carrier, &seen.name);
+            Effect::Record(Box::new(binding))
+        } else {
+            Effect::None
+        };
+        Decided {
+            seen,
+            decision,
+            granted,
+            effect,
+        }
+    }
+
     /// Remembers what is being written (to give the evidence back if the write fails) and
     /// returns the write.
-    fn start_write(
-        &mut self,
-        uid: String,
-        seen: Seen,
-        decision: Decision,
-        granted: Option<Box<Candidate>>,
-    ) -> WriteFuture {
+    fn start_write(&mut self, uid: String, decided: Decided) -> WriteFuture {
+        let answering = match &decided.effect {
+            Effect::Record(b) => Some(b.carrier.clone()),
+            _ => None,
+        };
         self.writing.insert(
             uid.clone(),
             Writing {
-                decision: decision.clone(),
-                granted,
+                decision: decided.decision.clone(),
+                granted: decided.granted,
+                answering,
             },
         );
-        write(self.api.clone(), self.validity.clone(), uid, seen, decision)
+        write(
+            self.api.clone(),
+            self.validity.clone(),
+            self.trust.clone(),
+            uid,
+            *decided.seen,
+            (decided.decision, decided.effect),
+        )
     }
 
     fn start_refresh(&mut self, refresh: &mut Option<Refresh>) {
@@ -687,18 +895,24 @@ impl Controller {
             Ok(Recorded::Conflict) => {
                 self.queue.done(uid);
                 self.release(uid, writing.granted, &decision.name);
+                if let Some(carrier) = &writing.answering {
+                    self.carriers.release(carrier, &decision.name);
+                }
                 self.metrics.conflicts.inc();
                 tracing::info!(csr = %decision.name, "changed since it was read (decided by another approver, or deleted): left as it is");
             }
             Err(e) => {
                 self.release(uid, writing.granted, &decision.name);
+                if let Some(carrier) = &writing.answering {
+                    self.carriers.release(carrier, &decision.name);
+                }
                 if mode == Mode::Once {
                     self.queue.done(uid);
                     tracing::error!(csr = %decision.name, error = %e, "cannot record a decision; it stays open");
                     self.failures.push(e);
                 } else {
                     self.metrics.retries.inc();
-                    tracing::error!(csr = %decision.name, error = %e, "cannot record a decision now; retrying with backoff");
+                    tracing::error!(csr = %decision.name, approved = decision.approved, reason = %decision.reason, error = %e, "cannot record a decision now; retrying with backoff");
                     self.queue.retry(uid, Instant::now());
                 }
             }
@@ -744,9 +958,10 @@ pub enum Recorded {
 fn write(
     api: Api<CertificateSigningRequest>,
     validity: Option<Validity>,
+    trust: Option<Trust>,
     uid: String,
     seen: Seen,
-    decision: Decision,
+    (decision, effect): (Decision, Effect),
 ) -> WriteFuture {
     Box::pin(async move {
         if let Some(v) = &validity {
@@ -754,10 +969,200 @@ fn write(
                 return (uid, Err(e));
             }
         }
-        let result = record(&api, &seen, &decision).await;
+        let result = match effect {
+            Effect::None => record(&api, &seen, &decision).await,
+            Effect::Record(binding) => match record_binding(trust.as_ref(), &binding).await {
+                Ok(()) => record(&api, &seen, &decision).await,
+                Err(source) => Err(ApproverError::Record {
+                    node: binding.node.clone(),
+                    source,
+                }),
+            },
+            Effect::Issue { pem, approved } => issue(&api, &seen, &decision, &pem, approved).await,
+            Effect::Fail => fail(&api, &seen, &decision).await,
+        };
         (uid, result)
     })
 }
+
+/// Records `binding` in the trust ConfigMap if the binding policy still allows it on what the
+/// ConfigMap holds at the moment of writing.
+async fn record_binding(
+    trust: Option<&Trust>,
+    binding: &Binding,
+) -> Result<(), super::trust::RecordError> {
+    let Some(trust) = trust else {
+        return Err(super::trust::RecordError::NotAConfigMap(
+            "not configured".into(),
+        ));
+    };
+    trust
+        .record(&binding.node, &binding.text, |read| {
+            super::binding::check(
+                &binding.node,
+                &binding.ek_sha256,
+                read.ek.binding.as_deref(),
+                &read.nodes,
+            )
+            .map(|_| ())
+        })
+        .await
+}
+
+/// Approves a carrier request (unless `approved` already) and writes its certificate through
+/// the `status` subresource (RBAC: `update` on certificatesigningrequests/status, `sign` on
+/// the signer).
+async fn issue(
+    api: &Api<CertificateSigningRequest>,
+    seen: &Seen,
+    decision: &Decision,
+    pem: &str,
+    approved: bool,
+) -> Result<Recorded, ApproverError> {
+    let mut current = match api.get(&seen.name).await {
+        Ok(c) if c.metadata.uid.as_deref() == Some(seen.uid.as_str()) => c,
+        Ok(_) => return Ok(Recorded::Conflict),
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Recorded::Conflict),
+        Err(source) => {
+            return Err(ApproverError::Issue {
+                name: seen.name.clone(),
+                source,
+            })
+        }
+    };
+    if !approved {
+        let fresh = Seen {
+            metadata: KeptMetadata::Kept {
+                annotations: current.metadata.annotations.clone(),
+                labels: current.metadata.labels.clone(),
+            },
+            ..seen.clone()
+        };
+        if record(api, &fresh, decision).await? == Recorded::Conflict {
+            return Ok(Recorded::Conflict);
+        }
+        current = api
+            .get(&seen.name)
+            .await
+            .map_err(|source| ApproverError::Issue {
+                name: seen.name.clone(),
+                source,
+            })?;
+    }
+    let status = current.status.get_or_insert_with(Default::default);
+    status.certificate = Some(k8s_openapi::ByteString(pem.as_bytes().to_vec()));
+    match api
+        .replace_status(&seen.name, &PostParams::default(), &current)
+        .await
+    {
+        Ok(_) => Ok(Recorded::Yes),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Recorded::Conflict),
+        Err(source) => Err(ApproverError::Issue {
+            name: seen.name.clone(),
+            source,
+        }),
+    }
+}
+
+/// Writes a Failed condition (through `status`, as a signer does) on an approved request that
+/// cannot be issued.
+async fn fail(
+    api: &Api<CertificateSigningRequest>,
+    seen: &Seen,
+    decision: &Decision,
+) -> Result<Recorded, ApproverError> {
+    let issue_error = |source| ApproverError::Issue {
+        name: seen.name.clone(),
+        source,
+    };
+    let mut current = match api.get(&seen.name).await {
+        Ok(c) if c.metadata.uid.as_deref() == Some(seen.uid.as_str()) => c,
+        Ok(_) => return Ok(Recorded::Conflict),
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Recorded::Conflict),
+        Err(source) => return Err(issue_error(source)),
+    };
+    let status = current.status.get_or_insert_with(Default::default);
+    status
+        .conditions
+        .get_or_insert_with(Vec::new)
+        .push(CertificateSigningRequestCondition {
+            type_: "Failed".into(),
+            status: "True".into(),
+            reason: Some(decision.reason.as_str().into()),
+            message: Some(decision.message.clone()),
+            ..Default::default()
+        });
+    match api
+        .replace_status(&seen.name, &PostParams::default(), &current)
+        .await
+    {
+        Ok(_) => Ok(Recorded::Yes),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(Recorded::Conflict),
+        Err(source) => Err(issue_error(source)),
+    }
+}
+
+/// Whether a request has a condition of `kind` (True).
+fn has_condition(csr: &CertificateSigningRequest, kind: &str) -> bool {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == kind && c.status == "True"))
+}
+
+/// Whether a request's certificate has been written.
+fn has_certificate(csr: &CertificateSigningRequest) -> bool {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.certificate.as_ref())
+        .is_some_and(|c| !c.0.is_empty())
+}
+
+/// The carrier an approved kubelet request answered, from its annotation.
+fn answered_carrier(csr: &CertificateSigningRequest) -> Option<&str> {
+    csr.metadata
+        .annotations
+        .as_ref()?
+        .get(crate::pki::ek_join::ANNOTATION_CARRIER)
+        .map(String::as_str)
+}
+
+/// The decision that writes a denial.
+fn denial(seen: &Seen, v: Violation) -> Decision {
+    Decision {
+        name: seen.name.clone(),
+        approved: false,
+        reason: v.reason,
+        message: v.message,
+    }
+}
+
+/// The annotations and labels to write back (None: the request changed or is gone).
+async fn kept_metadata(
+    api: &Api<CertificateSigningRequest>,
+    seen: &Seen,
+    decision: &Decision,
+) -> Result<Option<(Option<Labels>, Option<Labels>)>, ApproverError> {
+    match &seen.metadata {
+        KeptMetadata::Kept {
+            annotations,
+            labels,
+        } => Ok(Some((annotations.clone(), labels.clone()))),
+        KeptMetadata::ReadAgain => match api.get(&seen.name).await {
+            Ok(c) if c.metadata.uid.as_deref() == Some(seen.uid.as_str()) => {
+                Ok(Some((c.metadata.annotations, c.metadata.labels)))
+            }
+            Ok(_) => Ok(None),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+            Err(source) => Err(ApproverError::Approve {
+                name: decision.name.clone(),
+                source,
+            }),
+        },
+    }
+}
+
+type Labels = std::collections::BTreeMap<String, String>;
 
 /// The PUT itself.
 pub async fn record(
@@ -765,6 +1170,9 @@ pub async fn record(
     seen: &Seen,
     decision: &Decision,
 ) -> Result<Recorded, ApproverError> {
+    let Some((annotations, labels)) = kept_metadata(api, seen, decision).await? else {
+        return Ok(Recorded::Conflict);
+    };
     let mut conditions = seen.conditions.clone();
     conditions.push(CertificateSigningRequestCondition {
         type_: if decision.approved {
@@ -782,6 +1190,8 @@ pub async fn record(
             name: Some(seen.name.clone()),
             uid: Some(seen.uid.clone()),
             resource_version: Some(seen.resource_version.clone()),
+            annotations,
+            labels,
             ..Default::default()
         },
         spec: CertificateSigningRequestSpec {

@@ -29,6 +29,23 @@ pub enum ApproverError {
     #[error(transparent)]
     Trust(#[from] super::trust::TrustError),
 
+    #[error("cannot record the binding of node '{node}' to its TPM: {source}")]
+    Record {
+        node: String,
+        #[source]
+        source: super::trust::RecordError,
+    },
+
+    #[error("cannot issue the credential of CertificateSigningRequest {name}: {source} (the approver's account needs `update` on certificatesigningrequests/status and `sign` on signer hwkey.dev/tpm-credential: see deploy/approver-ek.yaml)")]
+    Issue {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("cannot make the carrier certificate: {0}")]
+    Carrier(String),
+
     #[error("not writing a decision: this replica's Lease was last renewed {elapsed:?} ago, past the renew deadline ({deadline:?}); another replica may lead now")]
     LeaseExpired {
         elapsed: Duration,

@@ -47,6 +47,8 @@ pub struct Rules {
     pub evidence_max_age: Duration,
     /// The people policy (`kubernetes.io/kube-apiserver-client`), when configured.
     pub people: Option<PeopleRules>,
+    /// TPMs that join by their EK certificate (`hwkey.dev/tpm-credential`), when configured.
+    pub ek_join: Option<std::sync::Arc<super::ek_join::JoinSettings>>,
 }
 
 /// A request's identity and state, without its bytes: all the approver keeps of it.
@@ -66,6 +68,48 @@ pub struct Seen {
     pub usages: Vec<String>,
     /// `status.conditions` as read (kept on the write).
     pub conditions: Vec<CertificateSigningRequestCondition>,
+    /// `metadata.annotations` and `metadata.labels` as read, kept on the write (an API server
+    /// before 1.21 takes the approval's metadata from its body, so a body without them would
+    /// wipe them: a joining node's credential annotations, an operator's labels).
+    pub metadata: KeptMetadata,
+}
+
+/// The annotations and labels an approval writes back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeptMetadata {
+    /// Small enough to keep (at most [`KEPT_METADATA_MAX`] bytes).
+    Kept {
+        /// `metadata.annotations`.
+        annotations: Option<std::collections::BTreeMap<String, String>>,
+        /// `metadata.labels`.
+        labels: Option<std::collections::BTreeMap<String, String>>,
+    },
+    /// Larger: read again right before the write (an attacker's megabyte annotations are not
+    /// kept for every queued request).
+    ReadAgain,
+}
+
+/// The most annotation and label bytes kept per request.
+pub const KEPT_METADATA_MAX: usize = 4096;
+
+impl KeptMetadata {
+    /// What to keep of `meta`.
+    pub fn of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> KeptMetadata {
+        let size = |m: &Option<std::collections::BTreeMap<String, String>>| {
+            m.iter()
+                .flatten()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+        };
+        if size(&meta.annotations) + size(&meta.labels) <= KEPT_METADATA_MAX {
+            KeptMetadata::Kept {
+                annotations: meta.annotations.clone(),
+                labels: meta.labels.clone(),
+            }
+        } else {
+            KeptMetadata::ReadAgain
+        }
+    }
 }
 
 impl Seen {
@@ -85,6 +129,7 @@ impl Seen {
                 .as_ref()
                 .and_then(|s| s.conditions.clone())
                 .unwrap_or_default(),
+            metadata: KeptMetadata::of(meta),
         }
     }
 }
@@ -132,6 +177,8 @@ pub struct Candidate {
     pub attested: Attested,
     /// Its rank among requests with the same evidence.
     pub rank: Rank,
+    /// The credential it answers (a TPM joining by its EK certificate), if any.
+    pub claim: Option<super::ek_join::Claim>,
 }
 
 /// What the request alone decides.
@@ -146,6 +193,9 @@ pub enum Evaluated {
     /// A person's request: approved if the people trust's allow list admits the requester (and,
     /// for a TPM key, its AK is registered for them and the evidence is its own).
     Person(Box<PersonCandidate>),
+    /// A carrier request (a TPM joining by its EK certificate): issued if its EK certificate
+    /// is trusted and the binding policy allows it.
+    Carrier(Box<super::ek_join::CarrierCandidate>),
 }
 
 /// How a person proved the key.
@@ -176,6 +226,15 @@ pub struct PersonCandidate {
 
 /// Judges an open request of ours. `now` is the approver's clock (Unix seconds).
 pub fn evaluate(csr: &CertificateSigningRequest, rules: &Rules, now: i64) -> Evaluated {
+    if csr.spec.signer_name == super::ek_join::CREDENTIAL_SIGNER {
+        if rules.ek_join.is_none() {
+            return Evaluated::Ignore;
+        }
+        return match judge_carrier(csr, rules, now) {
+            Ok(c) => Evaluated::Carrier(Box::new(c)),
+            Err(v) => Evaluated::Deny(v),
+        };
+    }
     if csr.spec.signer_name == CLIENT_SIGNER {
         if let Some(people) = &rules.people {
             return match judge_person(csr, rules, people, now) {
@@ -293,9 +352,50 @@ fn judge(
     }
     let usages = csr.spec.usages.clone().unwrap_or_default();
     let identity = policy::check_node_client(&request, Some(&usages))?;
-    let class = check_requester(csr, &identity.node, &rules.bootstrap_groups)
+    let mut candidate = attested_node(csr, &request, identity.node, rules, now)?;
+    if rules.ek_join.is_some() {
+        candidate.claim = super::ek_join::claim_of(csr)?;
+    }
+    Ok(Some(candidate))
+}
+
+/// Judges a carrier request by itself: a node's subject and nothing else, usages
+/// [`CARRIER_USAGES`](crate::pki::ek_join::CARRIER_USAGES), a requester that may ask for the
+/// node, fresh TPM2_Certify evidence of its key, and an enrollment whose AK is the evidence's
+/// ([`super::ek_join::carrier_candidate`]).
+fn judge_carrier(
+    csr: &CertificateSigningRequest,
+    rules: &Rules,
+    now: i64,
+) -> Result<super::ek_join::CarrierCandidate, Violation> {
+    use crate::pki::ek_join::CARRIER_USAGES;
+    let request = Request::from_pem(&csr.spec.request.0)?;
+    let identity = policy::check_node_client(&request, None)?;
+    let usages = csr.spec.usages.clone().unwrap_or_default();
+    if usages != CARRIER_USAGES {
+        return Err(deny(
+            Reason::UsagesNotAllowed,
+            format!(
+                "a carrier request's usages are {CARRIER_USAGES:?}, not {}",
+                policy::bounded(&format!("{usages:?}"))
+            ),
+        ));
+    }
+    let candidate = attested_node(csr, &request, identity.node, rules, now)?;
+    super::ek_join::carrier_candidate(csr, candidate.node, &candidate.attested.ak_name)
+}
+
+/// A request for `node` by a requester entitled to ask for it, with fresh TPM evidence.
+fn attested_node(
+    csr: &CertificateSigningRequest,
+    request: &Request,
+    node: String,
+    rules: &Rules,
+    now: i64,
+) -> Result<Candidate, Violation> {
+    let class = check_requester(csr, &node, &rules.bootstrap_groups)
         .map_err(|r| deny(Reason::RequesterNotAllowed, r.to_string()))?;
-    attested(csr, &request, identity.node, class, rules, now).map(Some)
+    attested(csr, request, node, class, rules, now)
 }
 
 /// The TPM evidence of `request` verified and fresh: a candidate for `name` (a node, or a
@@ -330,6 +430,7 @@ fn attested(
             revision,
             uid,
         },
+        claim: None,
     })
 }
 

@@ -5,6 +5,8 @@
 //!   reads it ([`crate::pki::request`]).
 //! - [`evaluate`]: what a request's own content decides (policy, requester, evidence,
 //!   freshness).
+//! - [`ek_join`]: TPMs that join by their EK certificate: carrier requests, credential
+//!   answers, and [`binding`], which TPM may be which node.
 //! - [`evidence_index`]: which request holds each piece of evidence (used once).
 //! - [`queue`]: decisions waiting to be written, served fairly per requester.
 //! - [`controller`]: the loop (kube's watcher, paged), settling against the trust and writing
@@ -20,7 +22,9 @@
 //! Threads: a small multi-thread runtime, so the Lease's renewals, the liveness probe and the
 //! decision loop never wait for one another.
 
+pub mod binding;
 pub mod controller;
+pub mod ek_join;
 pub mod error;
 pub mod evaluate;
 pub mod evidence_index;
@@ -61,11 +65,24 @@ pub struct ApproverOptions {
 
 /// Checks that every signer has a policy (`people`: whether a people trust is configured): the
 /// approver refuses to start otherwise.
-pub fn check_signers(signer_names: &[String], people: bool) -> Result<(), ApproverError> {
+pub fn check_signers(
+    signer_names: &[String],
+    people: bool,
+    ek_join: bool,
+) -> Result<(), ApproverError> {
     for signer in signer_names {
-        SignerPolicy::for_signer(signer, people)?;
+        SignerPolicy::for_signer(signer, people, ek_join)?;
     }
     Ok(())
+}
+
+/// [`check_signers`] for `options`.
+fn check_options(options: &ApproverOptions) -> Result<(), ApproverError> {
+    check_signers(
+        &options.settings.signer_names,
+        options.people.is_some(),
+        options.settings.rules.ek_join.is_some(),
+    )
 }
 
 /// Reads both trust sources once (each that is configured).
@@ -100,7 +117,7 @@ pub async fn decide_once(
     options: ApproverOptions,
     metrics: Arc<ApproverMetrics>,
 ) -> Result<Round, ApproverError> {
-    check_signers(&options.settings.signer_names, options.people.is_some())?;
+    check_options(&options)?;
     let (trust, people) = load_trusts(&options, client, &metrics).await?;
     let settings = options.settings;
     learn_lifetime_support(client, &settings).await;
@@ -119,7 +136,7 @@ pub async fn run(
     metrics: Arc<ApproverMetrics>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), ApproverError> {
-    check_signers(&options.settings.signer_names, options.people.is_some())?;
+    check_options(&options)?;
     let (trust, people) = load_trusts(&options, client, &metrics).await?;
     let followers: Vec<_> = [&trust, &people]
         .into_iter()

@@ -61,6 +61,24 @@ label_values! {
         UnknownAttestationKey => "UnknownAttestationKey",
         /// The evidence's AK is registered, for another node.
         SubjectMismatch => "SubjectMismatch",
+        /// Issued (a carrier request): the TPM's EK certificate chains to a manufacturer CA
+        /// and the binding policy allows it; the credential is in the carrier certificate.
+        EkCertificateVerified => "EKCertificateVerified",
+        /// A carrier request's EK certificate does not chain to a trusted manufacturer CA, is
+        /// revoked or expired, is not an EK certificate, or is for another key.
+        EkCertificateUntrusted => "EKCertificateUntrusted",
+        /// The binding policy's allow list does not name this TPM for this node.
+        TpmNotAllowed => "TPMNotAllowed",
+        /// This TPM holds another node name already.
+        TpmBoundToAnotherNode => "TPMBoundToAnotherNode",
+        /// This node name is held by another TPM (or by an operator's registration).
+        NodeBoundToAnotherTpm => "NodeBoundToAnotherTPM",
+        /// The answer to a credential is wrong, or its carrier is not this request's.
+        CredentialInvalid => "CredentialInvalid",
+        /// The credential's answer came after it expired.
+        CredentialExpired => "CredentialExpired",
+        /// The credential was answered already, by another request.
+        CredentialReplayed => "CredentialReplayed",
     }
 }
 
@@ -69,7 +87,10 @@ impl Reason {
     pub fn approves(self) -> bool {
         matches!(
             self,
-            Reason::AttestedTpmKey | Reason::AttestedPivKey | Reason::SameKeyRenewal
+            Reason::AttestedTpmKey
+                | Reason::AttestedPivKey
+                | Reason::SameKeyRenewal
+                | Reason::EkCertificateVerified
         )
     }
 
@@ -135,7 +156,7 @@ impl From<Malformed> for Violation {
 
 /// An approver asked to decide for a signer hwkey has no policy for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("hwkey has no approval policy for signer '{signer}': it approves only {KUBELET_SIGNER} (node client certificates, checked like Kubernetes' ValidateKubeletClientCSR) and, with --people-trust or --people-trust-configmap, {CLIENT_SIGNER} (people renewing their own identity); approving another signer's requests would issue identities no policy checked")]
+#[error("hwkey has no approval policy for signer '{signer}': it approves only {KUBELET_SIGNER} (node client certificates, checked like Kubernetes' ValidateKubeletClientCSR) and, with --people-trust or --people-trust-configmap, {CLIENT_SIGNER} (people renewing their own identity) and, with --ek-ca and --credential-key, hwkey.dev/tpm-credential (TPMs joining by their EK certificate); approving another signer's requests would issue identities no policy checked")]
 pub struct NoPolicy {
     /// The signer asked for (escaped).
     pub signer: String,
@@ -149,17 +170,24 @@ pub enum SignerPolicy {
     /// `kubernetes.io/kube-apiserver-client`: people renewing their own identity
     /// ([`super::person`]), only when a people trust is configured.
     PersonClient,
+    /// `hwkey.dev/tpm-credential`: carrier requests of TPMs joining by their EK certificate
+    /// ([`super::ek_join`]), only when the manufacturer CAs and a credential key are
+    /// configured.
+    TpmCredential,
 }
 
 impl SignerPolicy {
     /// The policy for `signer` (`people`: whether a people trust is configured), or why the
     /// approver must not start for it.
-    pub fn for_signer(signer: &str, people: bool) -> Result<SignerPolicy, NoPolicy> {
+    pub fn for_signer(signer: &str, people: bool, ek_join: bool) -> Result<SignerPolicy, NoPolicy> {
         if signer == KUBELET_SIGNER {
             return Ok(SignerPolicy::KubeletClient);
         }
         if signer == CLIENT_SIGNER && people {
             return Ok(SignerPolicy::PersonClient);
+        }
+        if signer == crate::pki::ek_join::CREDENTIAL_SIGNER && ek_join {
+            return Ok(SignerPolicy::TpmCredential);
         }
         Err(NoPolicy {
             signer: signer.escape_debug().to_string(),
@@ -404,11 +432,11 @@ pub(super) mod tests {
     #[test]
     fn only_the_kubelet_client_signer_has_a_policy_without_a_people_trust() {
         assert_eq!(
-            SignerPolicy::for_signer("kubernetes.io/kube-apiserver-client-kubelet", false),
+            SignerPolicy::for_signer("kubernetes.io/kube-apiserver-client-kubelet", false, false),
             Ok(SignerPolicy::KubeletClient)
         );
         assert_eq!(
-            SignerPolicy::for_signer("kubernetes.io/kube-apiserver-client", true),
+            SignerPolicy::for_signer("kubernetes.io/kube-apiserver-client", true, false),
             Ok(SignerPolicy::PersonClient)
         );
         for other in [
@@ -416,7 +444,7 @@ pub(super) mod tests {
             "kubernetes.io/kubelet-serving",
             "example.com/anything",
         ] {
-            let e = SignerPolicy::for_signer(other, false)
+            let e = SignerPolicy::for_signer(other, false, false)
                 .expect_err(other)
                 .to_string();
             assert!(e.contains("no approval policy"), "{e}");

@@ -86,6 +86,23 @@ pub enum TrustSource {
     },
 }
 
+/// A binding that could not be written to the trust source.
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message"
+)]
+pub enum RecordError {
+    #[error("the trust is {0}, which the approver does not write: TPMs that join by their EK certificate need --trust-configmap")]
+    NotAConfigMap(String),
+    #[error("{0} (the approver's account needs get and update on its trust ConfigMap: see deploy/approver-ek.yaml)")]
+    Api(#[source] kube::Error),
+    #[error("no answer {1} the trust ConfigMap within {0:?}")]
+    Timeout(Duration, &'static str),
+    #[error("the trust changed since the decision: {0}")]
+    Changed(super::policy::Violation),
+}
+
 /// A `--trust-configmap` that is not `NAMESPACE/NAME`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("'{0}' is not NAMESPACE/NAME (example: hwkey-system/hwkey-approver-trust)")]
@@ -129,6 +146,8 @@ pub struct Registry {
     pub piv: Vec<crate::pki::registration::RegisteredPiv>,
     /// The `_allow` entry's text, if any.
     pub allow: Option<String>,
+    /// What a node trust holds for TPMs that join by their EK certificate.
+    pub ek: crate::pki::registration::EkEntries,
 }
 
 /// Whose registrations a source holds: it decides the words and the metrics of a reading.
@@ -183,6 +202,9 @@ pub struct Trust {
     state: Arc<RwLock<State>>,
     /// One reading at a time.
     reading: Arc<tokio::sync::Mutex<()>>,
+    /// One binding written at a time: each reads what the one before wrote, so this replica's
+    /// own writes never conflict.
+    writing: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// What one reading of the source found.
@@ -207,6 +229,7 @@ impl Trust {
             metrics,
             state: Arc::default(),
             reading: Arc::default(),
+            writing: Arc::default(),
         };
         match trust.read().await? {
             Reading::Entries(read) => trust.install(read).await,
@@ -349,6 +372,7 @@ impl Trust {
             aks: read.nodes,
             piv: read.piv,
             allow: read.allow,
+            ek: read.ek,
         };
         let changed = match self.state.write() {
             Ok(mut state) => {
@@ -471,6 +495,42 @@ impl Trust {
                 }
             }
         }
+    }
+
+    /// Writes `text` as the entry of `node` (a binding the approver made: a TPM that joined by
+    /// its EK certificate), if `still(what the ConfigMap holds now)` agrees. The ConfigMap is
+    /// read and replaced with its resourceVersion, so a change between the two fails the write
+    /// (409) and the caller decides again on the new content. A directory is never written: it
+    /// is an operator's (or a mounted ConfigMap, read-only).
+    pub async fn record(
+        &self,
+        node: &str,
+        text: &str,
+        still: impl Fn(&TrustRead) -> Result<(), super::policy::Violation>,
+    ) -> Result<(), RecordError> {
+        let TrustSource::ConfigMap { namespace, name } = &self.source else {
+            return Err(RecordError::NotAConfigMap(self.source.to_string()));
+        };
+        let _one = self.writing.lock().await;
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let timed = |e| RecordError::Timeout(READ_TIMEOUT, e);
+        let mut map = tokio::time::timeout(READ_TIMEOUT, api.get(name))
+            .await
+            .map_err(|_| timed("reading"))?
+            .map_err(RecordError::Api)?;
+        still(&from_config_map(&map)).map_err(RecordError::Changed)?;
+        map.data
+            .get_or_insert_with(Default::default)
+            .insert(node.to_string(), text.to_string());
+        tokio::time::timeout(
+            READ_TIMEOUT,
+            api.replace(name, &PostParams::default(), &map),
+        )
+        .await
+        .map_err(|_| timed("writing"))?
+        .map_err(RecordError::Api)?;
+        self.reread().await;
+        Ok(())
     }
 
     /// Reads the source again now, logging what fails (the trust stays as it was then).

@@ -58,6 +58,24 @@ pub struct ApproverArgs {
     /// servers 1.22 and later; older ones issue for their --cluster-signing-duration).
     #[arg(long, default_value = "24h", value_parser = crate::duration::parse_duration)]
     people_max_lifetime: Duration,
+    /// TPM manufacturers' CA certificates (PEM bundle; repeatable), beside the trust's
+    /// `_ek-ca.pem` entry: with --signer-name hwkey.dev/tpm-credential, a TPM whose EK
+    /// certificate chains to one may join as a node by itself (`hwkey bootstrap --attest
+    /// --ek-proof`), no operator step per node.
+    #[arg(long, value_name = "FILE")]
+    ek_ca: Vec<PathBuf>,
+    /// The manufacturers' CRLs (PEM bundle or DER; repeatable), beside the trust's
+    /// `_ek-crl.pem` entry: a revoked EK certificate (or intermediate) is refused, naming it.
+    #[arg(long, value_name = "FILE")]
+    ek_crl: Vec<PathBuf>,
+    /// The key (at least 32 random bytes, e.g. `head -c 32 /dev/urandom`) the credentials'
+    /// secrets are derived with: every replica needs the same (mount one Secret). Needed with
+    /// --signer-name hwkey.dev/tpm-credential.
+    #[arg(long, value_name = "FILE")]
+    credential_key: Option<PathBuf>,
+    /// How long a joining node has to answer its credential.
+    #[arg(long, default_value = "1h", value_parser = crate::duration::parse_duration)]
+    credential_ttl: Duration,
     /// More PIV attestation roots and intermediates (PEM), beside Yubico's shipped ones; may
     /// be given more than once.
     #[arg(long, value_name = "FILE")]
@@ -137,8 +155,9 @@ fn options(args: &ApproverArgs) -> anyhow::Result<crate::approver::ApproverOptio
         &args.people_trust_configmap,
         "people-trust",
     )?;
-    approver::check_signers(&args.signer_names, people.is_some())?;
     let names = |signer: &str| args.signer_names.iter().any(|s| s == signer);
+    let ek_join = ek_join_settings(args, names(approver::ek_join::CREDENTIAL_SIGNER), &trust)?;
+    approver::check_signers(&args.signer_names, people.is_some(), ek_join.is_some())?;
     if names(KUBELET_SIGNER) && trust.is_none() {
         anyhow::bail!("--signer-name {KUBELET_SIGNER} needs the registered nodes: pass --trust DIR or --trust-configmap NAMESPACE/NAME");
     }
@@ -177,11 +196,90 @@ fn options(args: &ApproverArgs) -> anyhow::Result<crate::approver::ApproverOptio
                 bootstrap_groups: args.bootstrap_groups.clone(),
                 evidence_max_age: args.evidence_max_age,
                 people: people_rules,
+                ek_join,
             },
         },
         trust,
         people,
     })
+}
+
+/// The settings for TPMs that join by their EK certificate, when the carrier signer is asked
+/// for.
+#[cfg(feature = "tpm")]
+fn ek_join_settings(
+    args: &ApproverArgs,
+    asked: bool,
+    trust: &Option<crate::approver::trust::TrustSource>,
+) -> anyhow::Result<Option<std::sync::Arc<crate::approver::ek_join::JoinSettings>>> {
+    use crate::approver::ek_join::CREDENTIAL_SIGNER;
+    use crate::approver::trust::TrustSource;
+    use anyhow::Context as _;
+    let configured =
+        !args.ek_ca.is_empty() || !args.ek_crl.is_empty() || args.credential_key.is_some();
+    if !asked {
+        if configured {
+            anyhow::bail!("--ek-ca, --ek-crl and --credential-key are for TPMs that join by their EK certificate: add --signer-name {CREDENTIAL_SIGNER}, or drop them");
+        }
+        return Ok(None);
+    }
+    if !args
+        .signer_names
+        .iter()
+        .any(|s| s == crate::pki::csr::KUBELET_SIGNER)
+    {
+        anyhow::bail!("--signer-name {CREDENTIAL_SIGNER} needs --signer-name {}: a joining node answers its credential in its kubelet client request", crate::pki::csr::KUBELET_SIGNER);
+    }
+    if !matches!(trust, Some(TrustSource::ConfigMap { .. })) {
+        anyhow::bail!("--signer-name {CREDENTIAL_SIGNER} needs --trust-configmap: the approver records each TPM's binding to its node name there");
+    }
+    let Some(key_path) = &args.credential_key else {
+        anyhow::bail!("--signer-name {CREDENTIAL_SIGNER} needs --credential-key FILE: 32 random bytes or more, the same for every replica (e.g. a Secret made with `head -c 32 /dev/urandom`)");
+    };
+    let key = zeroize::Zeroizing::new(
+        crate::small_file::read(key_path)
+            .with_context(|| format!("--credential-key {}: cannot read it", key_path.display()))?,
+    );
+    if key.len() < 32 {
+        anyhow::bail!("--credential-key {} holds {} bytes: make it 32 random bytes or more (`head -c 32 /dev/urandom > FILE`)", key_path.display(), key.len());
+    }
+    if args.credential_ttl < Duration::from_secs(5)
+        || args.credential_ttl > Duration::from_secs(24 * 3600)
+    {
+        anyhow::bail!(
+            "--credential-ttl {:?} is out of range: use 5s to 24h",
+            args.credential_ttl
+        );
+    }
+    let mut ca_pem = Vec::new();
+    for path in &args.ek_ca {
+        let bytes = crate::small_file::read(path)
+            .with_context(|| format!("--ek-ca {}: cannot read it", path.display()))?;
+        let certs = ::pem::parse_many(&bytes)
+            .with_context(|| format!("--ek-ca {}: not PEM", path.display()))?;
+        if !certs.iter().any(|c| c.tag() == "CERTIFICATE") {
+            anyhow::bail!("--ek-ca {} holds no CERTIFICATE", path.display());
+        }
+        ca_pem.extend_from_slice(&bytes);
+        ca_pem.push(b'\n');
+    }
+    let mut crls = Vec::new();
+    for path in &args.ek_crl {
+        let bytes = crate::small_file::read(path)
+            .with_context(|| format!("--ek-crl {}: cannot read it", path.display()))?;
+        crls.push(
+            crate::pki::ek_crl::EkCrls::parse(&bytes)
+                .with_context(|| format!("--ek-crl {}", path.display()))?,
+        );
+    }
+    Ok(Some(std::sync::Arc::new(
+        crate::approver::ek_join::JoinSettings {
+            ca_pem,
+            crls,
+            key,
+            ttl: args.credential_ttl,
+        },
+    )))
 }
 
 #[cfg(feature = "tpm")]

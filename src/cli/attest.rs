@@ -147,37 +147,7 @@ pub fn run(command: AttestCommand) -> anyhow::Result<()> {
     match command {
         AttestCommand::Enroll { key, ak_handle, ek } => {
             let e = key::enroll(&key, ak_handle, ek)?;
-            use base64::Engine as _;
-            let b64 = base64::engine::general_purpose::STANDARD;
-            let indent = |pem: String| pem.lines().map(|l| format!("  {l}\n")).collect::<String>();
-            print!(
-                "# hwkey attest enroll: store this file as TRUST_DIR/NODE_NAME for the approver\n\
-                 akHandle: {ak_handle:#010x}\n\
-                 akName: {}\n\
-                 akPublic: {}\n\
-                 akPublicKeyPem: |\n{}\
-                 ekPublic: {}\n\
-                 ekPublicKeyPem: |\n{}",
-                hex::encode(&e.ak_name),
-                b64.encode(&e.ak_public),
-                indent(key::der::to_pem("PUBLIC KEY", &e.ak_spki)),
-                b64.encode(&e.ek_public),
-                indent(key::der::to_pem("PUBLIC KEY", &e.ek_spki)),
-            );
-            if let Some(cert) = &e.ek_certificate {
-                print!(
-                    "ekCertificatePem: |\n{}",
-                    indent(key::der::to_pem("CERTIFICATE", cert))
-                );
-            }
-            if !e.ek_intermediates.is_empty() {
-                let pems: String = e
-                    .ek_intermediates
-                    .iter()
-                    .map(|c| key::der::to_pem("CERTIFICATE", c))
-                    .collect();
-                print!("ekIntermediatesPem: |\n{}", indent(pems));
-            }
+            print!("{}", e.to_yaml(ak_handle));
             Ok(())
         }
         AttestCommand::Verify { csr, trust } => verify(&csr, &trust),

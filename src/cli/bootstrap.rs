@@ -48,6 +48,23 @@ pub struct BootstrapArgs {
     policy: super::KeyPolicy,
     #[command(flatten)]
     attest: super::attest::AttestArgs,
+    /// With --attest, on a node whose TPM nobody registered: prove the TPM by its
+    /// manufacturer's EK certificate first (the approver checks it, encrypts a credential to
+    /// the EK for the AK, and this TPM alone answers it); no operator step per node. Takes the
+    /// EK to use (rsa or ecc; default: the RSA EK when its certificate is in NV, else the ECC).
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "auto", value_name = "EK")]
+    ek_proof: Option<EkChoice>,
+}
+
+/// `--ek-proof`'s value.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum EkChoice {
+    /// The RSA EK when its certificate is in NV, else the ECC EK.
+    Auto,
+    /// The RSA-2048 EK.
+    Rsa,
+    /// The ECC P-256 EK.
+    Ecc,
 }
 
 pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
@@ -72,6 +89,11 @@ pub fn run(args: BootstrapArgs) -> anyhow::Result<()> {
         command: crate::exec::plugin_command().context("cannot find the hwkey binary's path")?,
         require_non_extractable: args.policy.required(),
         attest: args.attest.ak_handle(),
+        ek_proof: args.ek_proof.map(|c| match c {
+            EkChoice::Auto => None,
+            EkChoice::Rsa => Some(crate::key::attestation::EkKind::Rsa),
+            EkChoice::Ecc => Some(crate::key::attestation::EkKind::Ecc),
+        }),
     };
     match bootstrap::bootstrap(&options)? {
         Bootstrapped::AlreadyDone { subject, not_after } => eprintln!(

@@ -66,6 +66,44 @@ pub struct Enrollment {
     pub ek_intermediates: Vec<Vec<u8>>,
 }
 
+impl Enrollment {
+    /// The enrollment as `hwkey attest enroll` prints it (YAML; what an operator stores as
+    /// TRUST_DIR/NODE_NAME, and what a joining node's carrier request carries).
+    pub fn to_yaml(&self, ak_handle: u32) -> String {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let indent = |pem: String| pem.lines().map(|l| format!("  {l}\n")).collect::<String>();
+        let mut out = format!(
+            "# hwkey attest enroll: store this file as TRUST_DIR/NODE_NAME for the approver\n\
+             akHandle: {ak_handle:#010x}\n\
+             akName: {}\n\
+             akPublic: {}\n\
+             akPublicKeyPem: |\n{}\
+             ekPublic: {}\n\
+             ekPublicKeyPem: |\n{}",
+            hex::encode(&self.ak_name),
+            b64.encode(&self.ak_public),
+            indent(super::der::to_pem("PUBLIC KEY", &self.ak_spki)),
+            b64.encode(&self.ek_public),
+            indent(super::der::to_pem("PUBLIC KEY", &self.ek_spki)),
+        );
+        if let Some(cert) = &self.ek_certificate {
+            out.push_str("ekCertificatePem: |\n");
+            out.push_str(&indent(super::der::to_pem("CERTIFICATE", cert)));
+        }
+        if !self.ek_intermediates.is_empty() {
+            let pems: String = self
+                .ek_intermediates
+                .iter()
+                .map(|c| super::der::to_pem("CERTIFICATE", c))
+                .collect();
+            out.push_str("ekIntermediatesPem: |\n");
+            out.push_str(&indent(pems));
+        }
+        out
+    }
+}
+
 /// The TPM name of an object from its marshalled `TPMT_PUBLIC`: nameAlg (2 bytes, big-endian)
 /// followed by the nameAlg digest of the whole structure.
 pub fn name_of(tpmt_public: &[u8]) -> Result<Vec<u8>, KeyError> {

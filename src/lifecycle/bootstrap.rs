@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use super::context::KubeconfigProblem;
 use super::issued::Target;
+#[cfg(feature = "tpm")]
+use super::renew::submit_and_install;
 use super::renew::{request_and_install, Ask, Renewed};
 use super::{client, LifecycleError, KUBELET_SIGNER};
 use crate::key::{Key, KeyAlgorithm, KeyError, KeyUri};
@@ -48,6 +50,10 @@ pub struct BootstrapOptions {
     pub require_non_extractable: bool,
     /// Carry TPM2_Certify evidence by the attestation key at this persistent handle (`--attest`).
     pub attest: Option<u32>,
+    /// Prove the TPM by its EK certificate first (`--ek-proof`): the approver then trusts the
+    /// AK with no operator step, and binds the node name to this TPM. The EK to use (None: the
+    /// RSA EK when its certificate is in NV, else the ECC EK).
+    pub ek_proof: Option<Option<crate::key::attestation::EkKind>>,
 }
 
 /// What bootstrapping did.
@@ -80,21 +86,44 @@ pub fn bootstrap(options: &BootstrapOptions) -> Result<Bootstrapped, LifecycleEr
         Some(p) => Target::File(p.clone()),
         None => Target::KeyStore(key.clone()),
     };
-    let renewed = request_and_install(
-        &key,
-        &Ask {
-            subject: &subject,
-            signer_name: Some(KUBELET_SIGNER),
-            expiration_seconds: None,
-            wait: options.wait,
-            attest: options.attest,
-            current_certificate: None,
-            current_lifetime: None,
-        },
-        &config,
-        client::Identity::Config,
-        &target,
-    )?;
+    let ask = Ask {
+        subject: &subject,
+        signer_name: Some(KUBELET_SIGNER),
+        expiration_seconds: None,
+        wait: options.wait,
+        attest: options.attest,
+        current_certificate: None,
+        current_lifetime: None,
+    };
+    let renewed = match (options.ek_proof, options.attest) {
+        #[cfg(feature = "tpm")]
+        (Some(ek), Some(ak_handle)) => {
+            let proof = super::ek_proof::Proof {
+                uri: &options.key,
+                node_name: &options.node_name,
+                subject: &subject,
+                ak_handle,
+                ek,
+                wait: options.wait,
+            };
+            let answer = super::ek_proof::prove(&key, &proof, &config)?;
+            let mut submission = super::renew::prepare(&key, &ask)?;
+            submission.annotations = answer.annotations();
+            submit_and_install(&key, &submission, options.wait, &config, client::Identity::Config, &target)?
+        }
+        #[cfg(not(feature = "tpm"))]
+        (Some(_), Some(_)) => {
+            return Err(LifecycleError::EkProof(
+                "this hwkey was built without the TPM 2.0 backend: rebuild it with `cargo build --features tpm`".into(),
+            ))
+        }
+        (Some(_), None) => {
+            return Err(LifecycleError::EkProof(
+                "--ek-proof needs --attest: the EK proves the attestation key, which certifies the node key".into(),
+            ))
+        }
+        (None, _) => request_and_install(&key, &ask, &config, client::Identity::Config, &target)?,
+    };
     write_kubelet_kubeconfig(options, &config, &ca_file)?;
     Ok(Bootstrapped::Issued(renewed))
 }

@@ -30,6 +30,8 @@ pub struct Submission {
     pub expiration_asked: bool,
     /// `metadata.generateName`: the server appends a random suffix.
     pub name_prefix: String,
+    /// `metadata.annotations` (a joining TPM's enrollment, or its credential's answer).
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// How a request ended.
@@ -63,6 +65,8 @@ pub async fn create(
     let object = CertificateSigningRequest {
         metadata: ObjectMeta {
             generate_name: Some(submission.name_prefix.clone()),
+            annotations: (!submission.annotations.is_empty())
+                .then(|| submission.annotations.clone()),
             ..Default::default()
         },
         spec: CertificateSigningRequestSpec {

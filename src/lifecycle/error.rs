@@ -106,6 +106,9 @@ pub enum LifecycleError {
     #[error("{0}")]
     Kubelet(String),
 
+    #[error("the TPM's EK proof: {0}")]
+    EkProof(String),
+
     #[error("{task} panicked: {source}")]
     Panicked {
         task: &'static str,

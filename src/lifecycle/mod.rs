@@ -12,7 +12,8 @@
 //!   bootstrap token from a kubeconfig.
 //! - [`csr_api`]: create the CertificateSigningRequest and wait for its outcome.
 //! - [`issued`]: check and install what was issued, keeping the previous certificate.
-//! - [`renew`] (`hwkey renew`) and [`bootstrap`] (`hwkey bootstrap`, kubelet TLS bootstrapping).
+//! - [`renew`] (`hwkey renew`) and [`bootstrap`] (`hwkey bootstrap`, kubelet TLS bootstrapping);
+//!   [`ek_proof`]: a TPM proving itself by its EK certificate first (`--ek-proof`).
 //!
 //! Threads: the key is opened and the CSR signed on the calling thread, before any runtime
 //! exists; the API calls run on a small multi-thread runtime (handshake signatures run under
@@ -22,6 +23,8 @@ pub mod bootstrap;
 pub mod client;
 pub mod context;
 pub mod csr_api;
+#[cfg(feature = "tpm")]
+pub mod ek_proof;
 pub mod error;
 pub mod issued;
 pub mod renew;

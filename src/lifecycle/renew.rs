@@ -184,6 +184,7 @@ pub(crate) fn prepare(key: &Key, ask: &Ask<'_>) -> Result<Submission, LifecycleE
             .or(ask.current_lifetime.filter(|_| for_a_person))
             .map(|s| i32::try_from(s).unwrap_or(i32::MAX)),
         name_prefix: format!("hwkey-{}-", k8s_name_part(&cn)),
+        annotations: Default::default(),
     })
 }
 
@@ -239,12 +240,25 @@ pub(crate) fn request_and_install(
 ) -> Result<Renewed, LifecycleError> {
     // Signed in the hardware, on this thread, before any runtime exists.
     let submission = prepare(key, ask)?;
+    submit_and_install(key, &submission, ask.wait, config, identity, target)
+}
+
+/// Submits `submission` as `identity`, waits for the outcome, checks and installs the
+/// certificate at `target`.
+pub(crate) fn submit_and_install(
+    key: &Key,
+    submission: &Submission,
+    wait: Duration,
+    config: &kube::Config,
+    identity: client::Identity,
+    target: &Target,
+) -> Result<Renewed, LifecycleError> {
     let server = config.cluster_url.to_string();
     let runtime = super::client::runtime()?;
     let mut notes = Vec::new();
     let (csr_name, pem) = runtime.block_on(async {
         let client = client::build(config, identity)?;
-        submit(&client, &server, &submission, ask.wait, &mut notes).await
+        submit(&client, &server, submission, wait, &mut notes).await
     })?;
     let issued = issued::check(&csr_name, &pem, key)?;
     let installed = issued::install(target, &issued)?;

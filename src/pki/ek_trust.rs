@@ -57,6 +57,48 @@ pub fn challenge(
     node: &str,
 ) -> Result<(ChallengeFile, ExpectedAnswer), EkTrustError> {
     super::registration::check_node_name(node)?;
+    let checked = check_enrollment(enrollment_text, ca_pem, crls)?;
+    let made = crate::key::tpm::credential::make_credential(&checked.ek_public, &checked.ak_name)?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let challenge = ChallengeFile {
+        ak_name: hex::encode(&checked.ak_name),
+        credential_blob: b64.encode(&made.credential_blob),
+        encrypted_secret: b64.encode(&made.encrypted_secret),
+    };
+    let expected = ExpectedAnswer {
+        node: node.to_string(),
+        enrollment_sha256: sha256_hex(enrollment_text.as_bytes()),
+        ak_name: hex::encode(&checked.ak_name),
+        ek_issuer: checked.issuer,
+        secret: hex::encode(&made.secret),
+    };
+    Ok((challenge, expected))
+}
+
+/// What an enrollment proved once its EK certificate was checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedEnrollment {
+    /// The AK's TPM name (an attestation key's: restricted, signing, fixedTPM).
+    pub ak_name: Vec<u8>,
+    /// The AK's `TPMT_PUBLIC`.
+    pub ak_public: Vec<u8>,
+    /// The EK's `TPMT_PUBLIC`: what the credential is encrypted to.
+    pub ek_public: Vec<u8>,
+    /// SHA-256 of the EK's SubjectPublicKeyInfo (DER), hex: how a TPM is known across
+    /// reinstalls and in vendors' manifests.
+    pub ek_sha256: String,
+    /// Who issued the EK certificate.
+    pub issuer: String,
+}
+
+/// Checks an enrollment's AK and its EK certificate against the manufacturer CAs (`ca_pem`, a
+/// PEM bundle: every certificate in it is trusted) and their revocation lists (`crls`). What
+/// is not checked here is whether the AK is in that TPM: the credential's answer proves it.
+pub fn check_enrollment(
+    enrollment_text: &str,
+    ca_pem: &[u8],
+    crls: &super::ek_crl::EkCrls,
+) -> Result<CheckedEnrollment, EkTrustError> {
     let enrollment = EnrollmentFile::parse(enrollment_text)?;
     let b64 = base64::engine::general_purpose::STANDARD;
     let ak_public = enrollment.ak_public()?;
@@ -90,20 +132,14 @@ pub fn challenge(
         None => Vec::new(),
     };
     let issuer = check_ek_certificate(&cert_der, ca_pem, &intermediates, crls, &ek_public)?;
-    let made = crate::key::tpm::credential::make_credential(&ek_public, &ak_name)?;
-    let challenge = ChallengeFile {
-        ak_name: hex::encode(&ak_name),
-        credential_blob: b64.encode(&made.credential_blob),
-        encrypted_secret: b64.encode(&made.encrypted_secret),
-    };
-    let expected = ExpectedAnswer {
-        node: node.to_string(),
-        enrollment_sha256: sha256_hex(enrollment_text.as_bytes()),
-        ak_name: hex::encode(&ak_name),
-        ek_issuer: issuer,
-        secret: hex::encode(&made.secret),
-    };
-    Ok((challenge, expected))
+    let ek_spki = crate::key::tpm::evidence::public_key_spki(&ek_public)?;
+    Ok(CheckedEnrollment {
+        ak_name,
+        ak_public,
+        ek_public,
+        ek_sha256: sha256_hex(&ek_spki),
+        issuer,
+    })
 }
 
 /// Checks the node's answer, the enrollment and the node's name against what was challenged;
@@ -330,7 +366,7 @@ pub enum EkTrustError {
     EkCertificateExpired { from: String, to: String },
     #[error("--ek-ca is not PEM: {0}")]
     CaPem(#[source] pem::PemError),
-    #[error("--ek-ca holds no certificate")]
+    #[error("no TPM manufacturer CA is given (--ek-ca, or the approver trust's _ek-ca.pem entry)")]
     NoCa,
     #[error("the EK certificate (issuer {0}) does not chain to a certificate in --ek-ca, directly or through the intermediates its TPM stores: add the vendor's root or intermediate CA to the bundle")]
     UnknownIssuer(String),

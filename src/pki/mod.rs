@@ -6,6 +6,7 @@ pub mod cert;
 pub mod certificate;
 pub mod csr;
 pub mod ek_crl;
+pub mod ek_join;
 #[cfg(feature = "tpm")]
 pub mod ek_trust;
 pub mod error;

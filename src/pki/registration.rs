@@ -41,6 +41,10 @@ pub enum RegistrationError {
     NameMismatch { given: String, derived: String },
     #[error("it registers node '{registered}', but it is stored as '{entry}'")]
     NodeMismatch { registered: String, entry: String },
+    #[error(
+        "'{given}' is not an EK hash (64 hex digits: SHA-256 of the EK's SubjectPublicKeyInfo)"
+    )]
+    EkSha256 { given: String },
     #[error("no entry is a usable registration: {reasons}")]
     NothingUsable { reasons: String },
     #[error("it is not a PIV registration (piv: with serials, and optionally pinPolicy, touchPolicy, minFirmware): {0}")]
@@ -58,6 +62,10 @@ pub struct RegisteredAk {
     pub node: String,
     /// The AK's TPM name (nameAlg || digest of `akPublic`).
     pub ak_name: Vec<u8>,
+    /// SHA-256 of the TPM's EK public key (SubjectPublicKeyInfo DER), hex, lowercase: written
+    /// when the approver bound the node to a TPM by its EK certificate (`ekSha256`). A node
+    /// registered without it is bound to its AK only.
+    pub ek_sha256: Option<String>,
 }
 
 /// A person's registered PIV devices (a people trust entry that starts with `piv:`), and what
@@ -157,6 +165,10 @@ pub struct EnrollmentFile {
     /// word: used only to build a path to a CA the verifier trusts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ek_intermediates_pem: Option<String>,
+    /// SHA-256 of the EK's SubjectPublicKeyInfo, hex (written by the approver when a TPM
+    /// joined by its EK certificate: the binding of the node name to that TPM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ek_sha256: Option<String>,
     /// How the node was registered (written by `attest register`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered_by: Option<String>,
@@ -196,11 +208,23 @@ impl EnrollmentFile {
         ak_public: &[u8],
         registered_by: &str,
     ) -> Result<String, RegistrationError> {
+        EnrollmentFile::canonical_bound(node, ak_public, None, registered_by)
+    }
+
+    /// As [`EnrollmentFile::canonical`], binding the node to the TPM whose EK public key has
+    /// SHA-256 `ek_sha256` (what the approver writes when a TPM joins by its EK certificate).
+    pub fn canonical_bound(
+        node: &str,
+        ak_public: &[u8],
+        ek_sha256: Option<&str>,
+        registered_by: &str,
+    ) -> Result<String, RegistrationError> {
         let name = derive_name(ak_public)?;
         let fields = EnrollmentFile {
             node: Some(node.to_string()),
             ak_name: Some(hex::encode(&name)),
             ak_public: base64::engine::general_purpose::STANDARD.encode(ak_public),
+            ek_sha256: ek_sha256.map(str::to_string),
             registered_by: Some(registered_by.to_string()),
             ..EnrollmentFile::default()
         };
@@ -234,6 +258,18 @@ pub fn check_node_name(name: &str) -> Result<(), RegistrationError> {
     }
 }
 
+/// An EK hash as written: 64 hex digits, taken lowercase.
+pub fn check_ek_sha256(given: &str) -> Result<String, RegistrationError> {
+    let h = given.trim().to_ascii_lowercase();
+    if h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(h)
+    } else {
+        Err(RegistrationError::EkSha256 {
+            given: given.escape_debug().to_string(),
+        })
+    }
+}
+
 /// Reads one entry: `text` registered for node `entry`.
 pub fn parse_registration(entry: &str, text: &str) -> Result<RegisteredAk, RegistrationError> {
     check_node_name(entry)?;
@@ -246,9 +282,14 @@ pub fn parse_registration(entry: &str, text: &str) -> Result<RegisteredAk, Regis
             });
         }
     }
+    let ek_sha256 = match &fields.ek_sha256 {
+        Some(h) => Some(check_ek_sha256(h)?),
+        None => None,
+    };
     Ok(RegisteredAk {
         node: entry.to_string(),
         ak_name: fields.ak_name()?,
+        ek_sha256,
     })
 }
 
@@ -279,6 +320,16 @@ pub enum EntryProblem {
 /// lowercase letter or digit.
 pub const ALLOW_ENTRY: &str = "_allow";
 
+/// The entry of a node trust source that holds TPM manufacturers' CA certificates (PEM), beside
+/// the approver's `--ek-ca` files: EK certificates that chain to one may join by themselves.
+pub const EK_CA_ENTRY: &str = "_ek-ca.pem";
+
+/// The entry that holds the manufacturers' CRLs (PEM), beside `--ek-crl`.
+pub const EK_CRL_ENTRY: &str = "_ek-crl.pem";
+
+/// The entry that holds the binding policy of TPMs to node names (`firstUse`, `allow`).
+pub const EK_BINDING_ENTRY: &str = "_ek-binding";
+
 /// What a trust source held: the usable registrations and the skipped entries.
 #[derive(Debug, Clone, Default)]
 pub struct TrustRead {
@@ -291,6 +342,19 @@ pub struct TrustRead {
     /// The text of the [`ALLOW_ENTRY`] entry, when there is one (read by the people policy;
     /// a node trust ignores it).
     pub allow: Option<String>,
+    /// The EK entries ([`EK_CA_ENTRY`], [`EK_CRL_ENTRY`], [`EK_BINDING_ENTRY`]), as text.
+    pub ek: EkEntries,
+}
+
+/// What a node trust source holds for TPMs that join by their EK certificate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EkEntries {
+    /// Manufacturers' CA certificates (PEM).
+    pub ca: Option<String>,
+    /// Manufacturers' CRLs (PEM).
+    pub crl: Option<String>,
+    /// The binding policy (YAML).
+    pub binding: Option<String>,
 }
 
 impl TrustRead {
@@ -298,23 +362,34 @@ impl TrustRead {
     pub fn from_entries<'a>(entries: impl IntoIterator<Item = (&'a str, &'a str)>) -> TrustRead {
         let mut read = TrustRead::default();
         for (entry, text) in entries {
-            if entry == ALLOW_ENTRY {
-                read.allow = Some(text.to_string());
-                continue;
-            }
-            let parsed = if is_piv_entry(text) {
-                parse_piv(entry, text).map(|p| read.piv.push(p))
-            } else {
-                parse_registration(entry, text).map(|ak| read.nodes.push(ak))
+            let special = match entry {
+                ALLOW_ENTRY => &mut read.allow,
+                EK_CA_ENTRY => &mut read.ek.ca,
+                EK_CRL_ENTRY => &mut read.ek.crl,
+                EK_BINDING_ENTRY => &mut read.ek.binding,
+                _ => {
+                    read.add_entry(entry, text);
+                    continue;
+                }
             };
-            if let Err(e) = parsed {
-                read.invalid.push(InvalidEntry {
-                    entry: entry.to_string(),
-                    problem: e.into(),
-                });
-            }
+            *special = Some(text.to_string());
         }
         read
+    }
+
+    /// One node's or person's entry: parsed, or reported.
+    fn add_entry(&mut self, entry: &str, text: &str) {
+        let parsed = if is_piv_entry(text) {
+            parse_piv(entry, text).map(|p| self.piv.push(p))
+        } else {
+            parse_registration(entry, text).map(|ak| self.nodes.push(ak))
+        };
+        if let Err(e) = parsed {
+            self.invalid.push(InvalidEntry {
+                entry: entry.to_string(),
+                problem: e.into(),
+            });
+        }
     }
 
     /// Fails when entries exist and none of them is usable (a source that is wholly wrong, not

@@ -29,12 +29,29 @@ impl Swtpm {
     /// issued, as a TPM vendor's would be. Returns the simulator and the CA bundle (root and
     /// issuing certificate) a verifier trusts.
     pub fn start_with_ek_certificate() -> (Swtpm, std::path::PathBuf) {
+        Swtpm::start_manufactured(None)
+    }
+
+    /// As [`Swtpm::start_with_ek_certificate`], with the EK certificates issued by the local CA
+    /// kept in `ca` (made there by the first TPM): TPMs of one manufacturer. The TPM's
+    /// `localca` is a link to it, so its CRLs ([`Swtpm::ek_crl`]) are that CA's.
+    pub fn start_with_ek_certificate_from(ca: &Path) -> (Swtpm, std::path::PathBuf) {
+        Swtpm::start_manufactured(Some(ca))
+    }
+
+    fn start_manufactured(shared: Option<&Path>) -> (Swtpm, std::path::PathBuf) {
         require_tool("swtpm", "swtpm");
         require_tool("swtpm_setup", "swtpm-tools");
         let dir = temp_dir();
         let d = dir.path();
         let ca = d.join("localca");
-        fs::create_dir_all(&ca).expect("create the local CA dir");
+        match shared {
+            Some(shared) => {
+                fs::create_dir_all(shared).expect("create the shared local CA dir");
+                std::os::unix::fs::symlink(shared, &ca).expect("link the shared local CA");
+            }
+            None => fs::create_dir_all(&ca).expect("create the local CA dir"),
+        }
         fs::create_dir_all(d.join("state")).expect("create swtpm state dir");
         let write = |name: &str, text: String| {
             fs::write(d.join(name), text).expect("write swtpm_setup config")

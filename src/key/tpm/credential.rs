@@ -41,6 +41,22 @@ pub struct Challenge {
 /// `TPMT_PUBLIC` is `ek_public`: an RSA-2048 or an ECC P-256 EK with the TCG templates'
 /// parameters (nameAlg SHA-256, AES-128-CFB).
 pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, CredentialError> {
+    let random = ring::rand::SystemRandom::new();
+    let mut secret = zeroize::Zeroizing::new(vec![0u8; 32]);
+    random
+        .fill(&mut secret)
+        .map_err(|_| CredentialError::Random)?;
+    make_credential_for(ek_public, name, secret)
+}
+
+/// As [`make_credential`], for a secret the caller chose: the in-cluster approver derives it
+/// (an HMAC of what the challenge is bound to), so that any replica can check the answer
+/// without storing it.
+pub fn make_credential_for(
+    ek_public: &[u8],
+    name: &[u8],
+    secret: zeroize::Zeroizing<Vec<u8>>,
+) -> Result<Challenge, CredentialError> {
     let public = Public::unmarshall(ek_public).map_err(CredentialError::EkPublic)?;
     let (name_alg, attributes, symmetric) = match &public {
         Public::Rsa {
@@ -89,10 +105,6 @@ pub fn make_credential(ek_public: &[u8], name: &[u8]) -> Result<Challenge, Crede
         } => ecc_seed(parameters, unique, &random)?,
         _ => return Err(CredentialError::NotRsaOrEcc),
     };
-    let mut secret = zeroize::Zeroizing::new(vec![0u8; 32]);
-    random
-        .fill(&mut secret)
-        .map_err(|_| CredentialError::Random)?;
     let credential_blob = protect(&seed, name, &secret)?;
     Ok(Challenge {
         credential_blob,

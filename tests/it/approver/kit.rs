@@ -296,7 +296,8 @@ pub(crate) fn submit_request(
 /// The usages kubelet asks for.
 pub(crate) const NODE_USAGES: &str = "[digital signature, key encipherment, client auth]";
 
-/// Writes a CertificateSigningRequest object for `pem` with `usages` (a YAML list).
+/// Writes a CertificateSigningRequest object for `pem` with `usages` (a YAML list). It carries
+/// a label and an annotation of the test kit's, which an approval must keep.
 pub(crate) fn csr_object(
     dir: &Path,
     name: &str,
@@ -304,13 +305,32 @@ pub(crate) fn csr_object(
     signer: &str,
     usages: &str,
 ) -> std::path::PathBuf {
+    csr_object_with(dir, name, pem, signer, usages, &[])
+}
+
+/// The kit's annotation on every request it makes ([`csr_object`]).
+pub(crate) const KIT_ANNOTATION: (&str, &str) = ("hwkey-test/note", "made by the test kit");
+
+/// As [`csr_object`], with more annotations.
+pub(crate) fn csr_object_with(
+    dir: &Path,
+    name: &str,
+    pem: &[u8],
+    signer: &str,
+    usages: &str,
+    annotations: &[(&str, &str)],
+) -> std::path::PathBuf {
     use base64::Engine as _;
     let request = base64::engine::general_purpose::STANDARD.encode(pem);
     let object = dir.join(format!("{name}.yaml"));
+    let annotations: String = std::iter::once(KIT_ANNOTATION)
+        .chain(annotations.iter().copied())
+        .map(|(k, v)| format!("    {k}: \"{v}\"\n"))
+        .collect();
     std::fs::write(
         &object,
         format!(
-            "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {name}\nspec:\n  signerName: {signer}\n  usages: {usages}\n  request: {request}\n"
+            "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {name}\n  labels:\n    hwkey-test/made-by: kit\n  annotations:\n{annotations}spec:\n  signerName: {signer}\n  usages: {usages}\n  request: {request}\n"
         ),
     )
     .expect("write CSR object");

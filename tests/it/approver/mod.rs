@@ -11,3 +11,4 @@ mod people;
 mod people_piv;
 mod replicas;
 mod round_two;
+mod zero_touch;

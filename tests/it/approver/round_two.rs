@@ -268,6 +268,15 @@ fn the_approver_decides_on_what_go_reads_who_is_entitled_and_what_the_trust_hold
         failed.join("\n"),
         replica.child.log()
     );
+    // The approval keeps the request's annotations and labels (an API server before 1.21 takes
+    // the approval's metadata from its body).
+    for (field, want) in [
+        ("{.metadata.annotations}", super::kit::KIT_ANNOTATION.1),
+        ("{.metadata.labels}", "hwkey-test/made-by"),
+    ] {
+        let got = csr_field(&cluster, "zz-node-a-renewal", field);
+        assert!(got.contains(want), "{field} after the approval: {got}");
+    }
     assert!(
         csr_field(&cluster, "empty-rdn", "{.status.conditions[0].message}").contains("empty RDN"),
         "{}",
