@@ -60,10 +60,11 @@ pub enum AttestCommand {
         node: String,
     },
     /// Node, step 2: TPM2_ActivateCredential with the attestation key and the EK the challenge
-    /// was made for (RSA-2048 or ECC P-256); prints
-    /// the answer (only the TPM holding both can recover it).
+    /// was made for (RSA-2048 or ECC P-256); prints the answer (only the TPM holding both can
+    /// recover it). Also opens the credential of a carrier certificate (PEM) the approver
+    /// issued to `hwkey bootstrap --ek-proof`.
     Activate {
-        /// The challenge file.
+        /// The challenge file, or a carrier certificate.
         challenge: PathBuf,
         /// The TPM: any tpm: URI naming it.
         #[arg(long, value_parser = super::KeyUriParser, env = "HWKEY_KEY")]
@@ -237,23 +238,34 @@ mod ek {
     pub(super) fn activate(challenge: &Path, uri: &KeyUri, ak_handle: u32) -> anyhow::Result<()> {
         let text = std::fs::read_to_string(challenge)
             .with_context(|| format!("cannot read the challenge {}", challenge.display()))?;
-        let c: ChallengeFile = serde_yaml_ng::from_str(&text).with_context(|| {
-            format!(
-                "{} is not a challenge from `hwkey attest challenge`",
-                challenge.display()
+        let (blob, secret, ak) = if text.trim_start().starts_with("-----BEGIN CERTIFICATE") {
+            // A carrier certificate (the approver's answer to `hwkey bootstrap --ek-proof`).
+            let c = crate::pki::ek_join::credential_of(text.as_bytes())
+                .with_context(|| format!("{} is not a carrier certificate", challenge.display()))?;
+            (
+                c.credential_blob,
+                c.encrypted_secret,
+                "the carrier's".to_string(),
             )
-        })?;
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let blob = b64
-            .decode(c.credential_blob.trim())
-            .context("credentialBlob is not base64")?;
-        let secret = b64
-            .decode(c.encrypted_secret.trim())
-            .context("encryptedSecret is not base64")?;
+        } else {
+            let c: ChallengeFile = serde_yaml_ng::from_str(&text).with_context(|| {
+                format!(
+                    "{} is not a challenge from `hwkey attest challenge` nor a carrier certificate",
+                    challenge.display()
+                )
+            })?;
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let blob = b64
+                .decode(c.credential_blob.trim())
+                .context("credentialBlob is not base64")?;
+            let secret = b64
+                .decode(c.encrypted_secret.trim())
+                .context("encryptedSecret is not base64")?;
+            (blob, secret, c.ak_name)
+        };
         let answer = key::activate(uri, ak_handle, &blob, &secret).with_context(|| {
             format!(
-                "the TPM did not release the secret: its RSA EK or the AK at {ak_handle:#010x} is not the one enrolled (AK {})",
-                c.ak_name
+                "the TPM did not release the secret: its EK or the AK at {ak_handle:#010x} is not the one enrolled (AK {ak})"
             )
         })?;
         println!("{}", hex::encode(&answer));

@@ -359,11 +359,12 @@ fn a_fleet_joins_by_its_ek_certificates_and_every_attack_is_refused() {
     assert!(text(&out).contains("revoked"), "{}", text(&out));
 
     answers_are_not_reusable(&cluster, dir, &node_e, &second, &log);
+    a_spliced_enrollment_opens_in_neither_tpm(&cluster, dir, &maker, &log);
     let log_before = replica.child.log();
     assert_eq!(replica.terminate().code(), Some(0), "{log_before}");
     an_answer_after_expiry_is_refused(&cluster, dir, &maker, &ca, &key);
     let entries = trust_entries(&cluster);
-    for refused in ["node-x", "node-v", "node-z", "node-w"] {
+    for refused in ["node-x", "node-v", "node-z", "node-w", "node-s"] {
         assert!(
             !entries.contains_key(refused),
             "{refused} is in the trust: {entries:?}"
@@ -447,6 +448,23 @@ fn answers_are_not_reusable(
         annotation("hwkey.dev/credential-carrier"),
         annotation("hwkey.dev/credential-answer"),
     );
+    // The carrier certificate opens in node-e's TPM (and `hwkey attest activate` reads it):
+    // the secret is the answer node-e gave.
+    {
+        use base64::Engine as _;
+        let cert = base64::engine::general_purpose::STANDARD
+            .decode(csr_field(cluster, &carrier, "{.status.certificate}").trim())
+            .expect("base64");
+        let path = dir.join("node-e-carrier.pem");
+        std::fs::write(&path, cert).expect("write");
+        let opened = run_ok(
+            hwkey()
+                .args(["attest", "activate"])
+                .arg(&path)
+                .args(["--key", &format!("tpm:?tcti={}", node_e.tcti)]),
+        );
+        assert_eq!(String::from_utf8_lossy(&opened.stdout).trim(), answer);
+    }
     let node_key = format!(
         "tpm:path={}?tcti={}",
         node_e.dir.join("node.tpm.pem").display(),
@@ -596,4 +614,101 @@ fn an_answer_after_expiry_is_refused(
         replica.child.log()
     );
     stop_bootstrap_proxy(&node_w.dir.join("state"));
+}
+
+/// The EK certificate of one TPM with the AK of another, in one carrier request (a peer that
+/// lies: the EK's chain and the AK's attributes each hold, so a credential is issued): neither
+/// TPM can open it, so no answer exists and nothing is bound.
+fn a_spliced_enrollment_opens_in_neither_tpm(
+    cluster: &KubeCluster,
+    dir: &Path,
+    maker: &Path,
+    log: &dyn Fn() -> String,
+) {
+    let (ek_tpm, _) = Swtpm::start_with_ek_certificate_from(maker);
+    let (ak_tpm, _) = Swtpm::start_with_ek_certificate_from(maker);
+    let enroll = |tpm: &Swtpm| -> serde_yaml_ng::Mapping {
+        let out = run_ok(hwkey().args([
+            "attest",
+            "enroll",
+            "--key",
+            &format!("tpm:?tcti={}", tpm.tcti()),
+        ]));
+        serde_yaml_ng::from_slice(&out.stdout).expect("enrollment YAML")
+    };
+    let (mut spliced, ak) = (enroll(&ek_tpm), enroll(&ak_tpm));
+    for field in ["akName", "akPublic", "akPublicKeyPem"] {
+        spliced.insert(field.into(), ak[field].clone());
+    }
+    let key = format!(
+        "tpm:path={}?tcti={}",
+        dir.join("spliced.tpm.pem").display(),
+        ak_tpm.tcti()
+    );
+    run_ok(hwkey().args(["key", "create", "--key", &key, "--algorithm", "ec-p256"]));
+    let pem = run_ok(hwkey().args([
+        "csr",
+        "--key",
+        &key,
+        "--subject",
+        "CN=system:node:node-s,O=system:nodes",
+        "--attest",
+    ]))
+    .stdout;
+    use base64::Engine as _;
+    let object = serde_json::json!({
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {
+            "name": "spliced-carrier",
+            "annotations": {"hwkey.dev/tpm-enrollment": serde_yaml_ng::to_string(&spliced).expect("yaml")},
+        },
+        "spec": {
+            "signerName": CARRIER_SIGNER,
+            "usages": ["digital signature"],
+            "request": base64::engine::general_purpose::STANDARD.encode(&pem),
+        },
+    });
+    let path = dir.join("spliced-carrier.json");
+    std::fs::write(&path, object.to_string()).expect("write");
+    create_as_bootstrap(cluster, &path);
+    assert_decided(
+        cluster,
+        "spliced-carrier",
+        "Approved",
+        "EKCertificateVerified",
+        log,
+    );
+    wait_until(
+        "the spliced carrier is issued",
+        Duration::from_secs(30),
+        || {
+            csrs(cluster)
+                .iter()
+                .any(|c| c.name == "spliced-carrier" && c.issued)
+        },
+    );
+    let cert = base64::engine::general_purpose::STANDARD
+        .decode(csr_field(cluster, "spliced-carrier", "{.status.certificate}").trim())
+        .expect("base64");
+    let carrier = dir.join("spliced-carrier.pem");
+    std::fs::write(&carrier, cert).expect("write");
+    for (which, tpm) in [("the EK's TPM", &ek_tpm), ("the AK's TPM", &ak_tpm)] {
+        let out = hwkey()
+            .args(["attest", "activate"])
+            .arg(&carrier)
+            .args(["--key", &format!("tpm:?tcti={}", tpm.tcti())])
+            .output()
+            .expect("run hwkey attest activate");
+        assert!(
+            !out.status.success(),
+            "{which} opened the credential: {}",
+            text(&out)
+        );
+        assert!(
+            text(&out).contains("did not release the secret"),
+            "{which}: {}",
+            text(&out)
+        );
+    }
 }
