@@ -195,6 +195,135 @@ struct ApiBench<'a> {
     people: People,
 }
 
+/// What the enrolments row needs: a TPM with an EK certificate, its CA, a credential key,
+/// 8 carrier requests (PEM) for 8 node names, its enrollment and the trust ConfigMap.
+struct Enrolments {
+    _tpm: Swtpm,
+    ca: std::path::PathBuf,
+    key: std::path::PathBuf,
+    carriers: Vec<Vec<u8>>,
+    enrollment: String,
+}
+
+impl Enrolments {
+    fn new(cluster: &KubeCluster, dir: &std::path::Path) -> Result<Enrolments, String> {
+        let (tpm, ca) = Swtpm::start_with_ek_certificate();
+        let tcti = tpm.tcti();
+        let enrollment = String::from_utf8_lossy(
+            &run_ok(hwkey().args(["attest", "enroll", "--key", &format!("tpm:?tcti={tcti}")]))
+                .stdout,
+        )
+        .into_owned();
+        let mut carriers = Vec::new();
+        for i in 0..8 {
+            let key = format!(
+                "tpm:path={}?tcti={tcti}",
+                dir.join(format!("e{i}.pem")).display()
+            );
+            run_ok(hwkey().args(["key", "create", "--key", &key, "--algorithm", "ec-p256"]));
+            carriers.push(
+                run_ok(hwkey().args([
+                    "csr",
+                    "--key",
+                    &key,
+                    "--subject",
+                    &format!("CN=system:node:bench-e{i},O=system:nodes"),
+                    "--attest",
+                ]))
+                .stdout,
+            );
+        }
+        let key = dir.join("credential.key");
+        std::fs::write(&key, [0x5au8; 32]).map_err(|e| e.to_string())?;
+        cluster.apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hwkey-system\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: hwkey-approver-trust\n  namespace: hwkey-system\n");
+        Ok(Enrolments {
+            _tpm: tpm,
+            ca,
+            key,
+            carriers,
+            enrollment,
+        })
+    }
+
+    /// Creates `n` carrier requests and decides them with `--once`: decisions per second and
+    /// the approver's peak resident set (MiB, polled every 20 ms).
+    fn once(&self, bench: &ApiBench<'_>, n: usize) -> (f64, f64) {
+        use base64::Engine as _;
+        let annotation: String = self
+            .enrollment
+            .lines()
+            .map(|l| format!("      {l}\n"))
+            .collect();
+        let mut objects = String::new();
+        for i in 0..n {
+            let request = base64::engine::general_purpose::STANDARD
+                .encode(&self.carriers[i % self.carriers.len()]);
+            objects.push_str(&format!(
+                "---\napiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: carrier-{i:05}\n  annotations:\n    hwkey.dev/tpm-enrollment: |\n{annotation}spec:\n  signerName: hwkey.dev/tpm-credential\n  usages: [digital signature]\n  request: {request}\n"
+            ));
+        }
+        let file = bench.dir.join("carriers.yaml");
+        std::fs::write(&file, objects).expect("write objects");
+        run_ok(
+            Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&bench.cluster.bootstrap_kubeconfig)
+                .args(["create", "-o", "name", "-f"])
+                .arg(&file),
+        );
+        let start = Instant::now();
+        let mut child = hwkey()
+            .arg("approver")
+            .arg("--kubeconfig")
+            .arg(&bench.cluster.admin_kubeconfig)
+            .args([
+                "--signer-name",
+                SIGNER,
+                "--signer-name",
+                "hwkey.dev/tpm-credential",
+                "--once",
+            ])
+            .args(["--bootstrap-group", support::kube::BOOTSTRAP_GROUP])
+            .args(["--trust-configmap", "hwkey-system/hwkey-approver-trust"])
+            .arg("--ek-ca")
+            .arg(&self.ca)
+            .arg("--credential-key")
+            .arg(&self.key)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the approver");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let reader = std::thread::spawn(move || {
+            let mut out = String::new();
+            std::io::Read::read_to_string(&mut stdout, &mut out).expect("read stdout");
+            out
+        });
+        let mut peak_kib = 0.0f64;
+        while child.try_wait().expect("wait").is_none() {
+            let hwm = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("VmHWM:"))
+                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                });
+            if let Some(kib) = hwm {
+                peak_kib = peak_kib.max(kib);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let out = reader.join().expect("stdout");
+        let issued = out
+            .lines()
+            .filter(|l| l.contains("EKCertificateVerified"))
+            .count();
+        assert_eq!(issued, n, "{issued} of {n} carriers issued:\n{out}");
+        bench.clear();
+        (rate, peak_kib / 1024.0)
+    }
+}
+
 /// A person for the people policy's rows: benchp, opted in by name under certificateOnly (for
 /// the same-key row) and with a YubiKey registered (for the PIV row).
 struct People {
@@ -356,7 +485,50 @@ impl<'a> ApiBench<'a> {
         rows.push(self.flood_at_start());
         rows.push(self.flood_while_running());
         rows.push(self.restart_with_large_requests());
+        rows.push(self.enrolments());
         rows
+    }
+
+    /// Issue 52: TPMs joining by their EK certificate. N carrier requests (8 distinct ones, of
+    /// a swtpm with an EK certificate, for 8 node names) decided by `hwkey approver --once`:
+    /// each has its EK chain checked, a credential made and a carrier certificate written
+    /// (approval, then status: four API round trips); against the same number of attested
+    /// kubelet requests decided in the same run (one round trip each). The approver's peak
+    /// resident set over the carriers' pass is the memory figure.
+    fn enrolments(&self) -> Row {
+        let n = common::pick(1000, 200);
+        let setup = match Enrolments::new(&self.cluster, self.dir) {
+            Ok(s) => s,
+            Err(why) => {
+                return Row::new(AREA, "enrolments decided per second", "CSRs/s", None)
+                    .note(format!("not measured: {why}"))
+            }
+        };
+        let rounds = common::pick(3, 1);
+        let (mut carriers, mut kubelet, mut peaks) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let (rate, peak) = setup.once(self, n);
+            carriers.push(rate);
+            peaks.push(peak);
+            kubelet.push(self.once(Build::This, "attested", n, self.attested));
+        }
+        let peak = Stat::of(&peaks);
+        Row::new(
+            AREA,
+            &format!("{n} pending enrolments (carrier requests of TPMs joining by their EK certificate) decided per second through kube-apiserver 1.20 (--once)"),
+            "CSRs/s",
+            Some(Stat::of(&carriers)),
+        )
+        .versus(
+            "attested kubelet requests (node policy), same count, same run",
+            Some(Stat::of(&kubelet)),
+            Some(Stat::of(&common::paired_ratios(&carriers, &kubelet))),
+        )
+        .target("peak RSS ≤ 64 MiB", Some(peak.median <= 64.0))
+        .note(format!(
+            "approver peak resident set over the {n} enrolments: {:.1} MiB (median of {rounds})",
+            peak.median
+        ))
     }
 
     /// Creates `count` CSR objects named `PREFIX-N` holding `requests` (in turn) as `kubeconfig`.

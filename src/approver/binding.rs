@@ -6,7 +6,10 @@
 //!   A second TPM for the name is denied (`NodeBoundToAnotherTPM`), and so is one TPM asking
 //!   for a second name (`TPMBoundToAnotherNode`). The same TPM re-joins (a reinstalled node).
 //! - `allow`: EK public key hashes per node name (a vendor's shipping manifest). A name listed
-//!   there admits only its TPMs; with `firstUse: false`, a name not listed admits none.
+//!   there admits only its TPMs, and a TPM listed there takes only its names; with
+//!   `firstUse: false`, a name not listed admits none.
+//! - `deny`: EK hashes refused under any name (a removed node's TPM).
+//! - A name whose entry is malformed is held (by whoever it was): fix or remove the entry.
 //!
 //! A node registered by an operator without an EK (`hwkey attest enroll`) is bound to its AK:
 //! no TPM joins under its name until the operator removes the entry.
@@ -25,6 +28,8 @@ pub struct BindingPolicy {
     pub first_use: bool,
     /// EK SubjectPublicKeyInfo SHA-256 hashes (lowercase hex) allowed per node name.
     pub allow: BTreeMap<String, Vec<String>>,
+    /// EK hashes refused under any name (a removed node's TPM that must not join again).
+    pub deny: Vec<String>,
 }
 
 /// An `_ek-binding` entry that cannot be read: no TPM joins until it is fixed.
@@ -34,9 +39,9 @@ pub struct BindingPolicy {
     reason = "each variant is documented by its #[error] message"
 )]
 pub enum BindingError {
-    #[error("the {EK_BINDING_ENTRY} entry is not `firstUse: BOOL` and `allow: {{NODE: [EK SHA-256, ...]}}`: {0}")]
+    #[error("the {EK_BINDING_ENTRY} entry is not `firstUse: BOOL`, `allow: {{NODE: [EK SHA-256, ...]}}` and `deny: [EK SHA-256, ...]`: {0}")]
     Yaml(#[source] serde_yaml_ng::Error),
-    #[error("the {EK_BINDING_ENTRY} entry's allow list for {node}: {source}")]
+    #[error("the {EK_BINDING_ENTRY} entry's list for {node}: {source}")]
     Hash {
         node: String,
         #[source]
@@ -49,6 +54,7 @@ impl Default for BindingPolicy {
         BindingPolicy {
             first_use: true,
             allow: BTreeMap::new(),
+            deny: Vec::new(),
         }
     }
 }
@@ -60,6 +66,8 @@ struct BindingFile {
     first_use: bool,
     #[serde(default)]
     allow: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    deny: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -85,41 +93,52 @@ impl BindingPolicy {
                 })?;
             allow.insert(node, hashes);
         }
+        let deny = file
+            .deny
+            .iter()
+            .map(|h| check_ek_sha256(h))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| BindingError::Hash {
+                node: "deny".into(),
+                source,
+            })?;
         Ok(BindingPolicy {
             first_use: file.first_use,
             allow,
+            deny,
         })
     }
 }
 
+/// What the trust holds that a binding decision reads: the registrations that parse, and the
+/// names of the entries that do not (each still holds its name: a malformed entry is not a
+/// free name).
+#[derive(Debug, Clone, Copy)]
+pub struct Held<'a> {
+    /// The usable registrations.
+    pub nodes: &'a [RegisteredAk],
+    /// The names of the entries that were skipped as malformed.
+    pub invalid: &'a [String],
+}
+
+fn deny(reason: Reason, message: String) -> Violation {
+    Violation { reason, message }
+}
+
 /// Whether the TPM whose EK hashes to `ek_sha256` may be node `node`, given the policy text
-/// (`_ek-binding`) and the recorded registrations. Ok(true): it holds the name already (a
-/// re-join); Ok(false): it takes a free name.
+/// (`_ek-binding`) and what the trust holds. Ok(true): it holds the name already (a re-join);
+/// Ok(false): it takes a free name.
 pub fn check(
     node: &str,
     ek_sha256: &str,
     policy: Option<&str>,
-    nodes: &[RegisteredAk],
+    held: Held<'_>,
 ) -> Result<bool, Violation> {
-    let deny = |reason, message: String| Violation { reason, message };
     let policy =
         BindingPolicy::parse(policy).map_err(|e| deny(Reason::TpmNotAllowed, e.to_string()))?;
-    match policy.allow.get(node) {
-        Some(allowed) if !allowed.iter().any(|h| h == ek_sha256) => {
-            return Err(deny(
-                Reason::TpmNotAllowed,
-                format!("the TPM with EK {ek_sha256} is not on the allow list of node '{node}' ({EK_BINDING_ENTRY})"),
-            ))
-        }
-        None if !policy.first_use => {
-            return Err(deny(
-                Reason::TpmNotAllowed,
-                format!("node '{node}' is not on the allow list ({EK_BINDING_ENTRY}) and firstUse is off"),
-            ))
-        }
-        _ => {}
-    }
-    let elsewhere: Vec<&str> = nodes
+    check_policy(node, ek_sha256, &policy)?;
+    let elsewhere: Vec<&str> = held
+        .nodes
         .iter()
         .filter(|n| n.node != node && n.ek_sha256.as_deref() == Some(ek_sha256))
         .map(|n| n.node.as_str())
@@ -128,12 +147,18 @@ pub fn check(
         return Err(deny(
             Reason::TpmBoundToAnotherNode,
             format!(
-                "the TPM with EK {ek_sha256} holds node name {} already: one TPM is one node (to rename the node, remove that entry from the trust first)",
+                "the TPM with EK {ek_sha256} holds node name {} already: one EK is one node (to rename the node, remove that entry from the trust first)",
                 elsewhere.join(", ")
             ),
         ));
     }
-    match nodes.iter().find(|n| n.node == node) {
+    if held.invalid.iter().any(|n| n == node) {
+        return Err(deny(
+            Reason::NodeBoundToAnotherTpm,
+            format!("the trust's entry for node '{node}' is malformed (see the approver's log or the ConfigMap's Events), so nobody can tell which TPM holds the name: fix or remove the entry"),
+        ));
+    }
+    match held.nodes.iter().find(|n| n.node == node) {
         None => Ok(false),
         Some(n) if n.ek_sha256.as_deref() == Some(ek_sha256) => Ok(true),
         Some(n) => Err(deny(
@@ -143,6 +168,40 @@ pub fn check(
                 None => format!("node '{node}' is registered by an operator (AK {}); remove its entry from the trust to let a TPM join as it by its EK certificate", hex::encode(&n.ak_name)),
             },
         )),
+    }
+}
+
+/// The policy's own word: the deny list, the allow list (for the name, and for the TPM: an EK
+/// listed under some names takes only those), and `firstUse`.
+fn check_policy(node: &str, ek_sha256: &str, policy: &BindingPolicy) -> Result<(), Violation> {
+    if policy.deny.iter().any(|h| h == ek_sha256) {
+        return Err(deny(
+            Reason::TpmNotAllowed,
+            format!("the TPM with EK {ek_sha256} is on the deny list ({EK_BINDING_ENTRY})"),
+        ));
+    }
+    let listed: Vec<&str> = policy
+        .allow
+        .iter()
+        .filter(|(_, hashes)| hashes.iter().any(|h| h == ek_sha256))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    if !listed.is_empty() && !listed.contains(&node) {
+        return Err(deny(
+            Reason::TpmNotAllowed,
+            format!("the TPM with EK {ek_sha256} is on the allow list ({EK_BINDING_ENTRY}) for {} only, not for '{node}'", listed.join(", ")),
+        ));
+    }
+    match policy.allow.get(node) {
+        Some(allowed) if !allowed.iter().any(|h| h == ek_sha256) => Err(deny(
+            Reason::TpmNotAllowed,
+            format!("the TPM with EK {ek_sha256} is not on the allow list of node '{node}' ({EK_BINDING_ENTRY})"),
+        )),
+        None if !policy.first_use => Err(deny(
+            Reason::TpmNotAllowed,
+            format!("node '{node}' is not on the allow list ({EK_BINDING_ENTRY}) and firstUse is off"),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -165,37 +224,68 @@ mod tests {
         r.expect_err("denied").reason
     }
 
+    fn held(nodes: &[RegisteredAk]) -> Held<'_> {
+        Held {
+            nodes,
+            invalid: &[],
+        }
+    }
+
     #[test]
     fn first_use_holds_a_name_for_its_tpm_and_a_tpm_to_its_name() {
         let nodes = [entry("node-a", Some(A)), entry("node-op", None)];
-        assert_eq!(check("node-b", B, None, &nodes), Ok(false));
-        assert_eq!(check("node-a", A, None, &nodes), Ok(true));
+        assert_eq!(check("node-b", B, None, held(&nodes)), Ok(false));
+        assert_eq!(check("node-a", A, None, held(&nodes)), Ok(true));
         assert_eq!(
-            reason(check("node-a", B, None, &nodes)),
+            reason(check("node-a", B, None, held(&nodes))),
             Reason::NodeBoundToAnotherTpm
         );
         assert_eq!(
-            reason(check("node-b", A, None, &nodes)),
+            reason(check("node-b", A, None, held(&nodes))),
             Reason::TpmBoundToAnotherNode
         );
-        let by_operator = check("node-op", B, None, &nodes).expect_err("denied");
+        let by_operator = check("node-op", B, None, held(&nodes)).expect_err("denied");
         assert_eq!(by_operator.reason, Reason::NodeBoundToAnotherTpm);
         assert!(by_operator.message.contains("operator"), "{by_operator}");
+        // A malformed entry still holds its name.
+        let invalid = ["node-bad".to_string()];
+        let with_bad = Held {
+            nodes: &nodes,
+            invalid: &invalid,
+        };
+        assert_eq!(
+            reason(check("node-bad", B, None, with_bad)),
+            Reason::NodeBoundToAnotherTpm
+        );
+    }
+
+    #[test]
+    fn a_denied_tpm_takes_no_name_and_an_allowed_one_only_its_own() {
+        let policy = format!("deny: [\"{B}\"]\nallow:\n  node-a: [\"{A}\"]\n");
+        assert_eq!(
+            reason(check("node-c", B, Some(&policy), held(&[]))),
+            Reason::TpmNotAllowed
+        );
+        assert_eq!(
+            reason(check("node-c", A, Some(&policy), held(&[]))),
+            Reason::TpmNotAllowed
+        );
+        assert_eq!(check("node-a", A, Some(&policy), held(&[])), Ok(false));
     }
 
     #[test]
     fn an_allow_list_admits_only_its_tpms_and_first_use_can_be_off() {
         let upper = A.to_ascii_uppercase();
         let policy = format!("allow:\n  node-a: [\"{upper}\"]\n");
-        assert_eq!(check("node-a", A, Some(&policy), &[]), Ok(false));
+        assert_eq!(check("node-a", A, Some(&policy), held(&[])), Ok(false));
         assert_eq!(
-            reason(check("node-a", B, Some(&policy), &[])),
+            reason(check("node-a", B, Some(&policy), held(&[]))),
             Reason::TpmNotAllowed
         );
-        assert_eq!(check("node-c", B, Some(&policy), &[]), Ok(false));
+        assert_eq!(check("node-c", B, Some(&policy), held(&[])), Ok(false));
         let strict = format!("firstUse: false\n{policy}");
         assert_eq!(
-            reason(check("node-c", B, Some(&strict), &[])),
+            reason(check("node-c", B, Some(&strict), held(&[]))),
             Reason::TpmNotAllowed
         );
         for bad in [
@@ -205,7 +295,7 @@ mod tests {
             "allow: [x]",
         ] {
             assert_eq!(
-                reason(check("node-a", A, Some(bad), &[])),
+                reason(check("node-a", A, Some(bad), held(&[]))),
                 Reason::TpmNotAllowed,
                 "{bad}"
             );

@@ -6,7 +6,8 @@
 //! - Memory is bounded whatever is in the cluster: the watcher lists in pages of
 //!   [`PAGE_SIZE`] (an attacker's megabyte requests arrive a few at a time), a request larger
 //!   than 64 KiB is denied unread, and nothing of a request is kept but its uid, name, version,
-//!   requester and the decision's reason.
+//!   requester, small annotations and labels (to write back) and the decision's reason (a
+//!   carrier request waiting also keeps its enrollment, at most 16 KiB).
 //! - A (re)list is finished before anything is written, so the evidence index has seen every
 //!   listed request before ranking them; the watcher relists after a 410, a dead connection
 //!   (its idle deadline) and every [`RESYNC`].
@@ -97,20 +98,24 @@ enum Work {
     /// A carrier request, to be settled against the trust (EK CAs, bindings); `true` when it
     /// is approved already and only its certificate is missing.
     Carrier(Box<Seen>, Box<CarrierCandidate>, bool),
+    /// An approved carrier that cannot be issued any more: a Failed condition.
+    Fail(Box<Seen>, Violation),
 }
 
 impl Work {
     fn seen(&self) -> &Seen {
         match self {
-            Work::Deny(s, _) | Work::Settle(s, _) | Work::Person(s, _) | Work::Carrier(s, _, _) => {
-                s
-            }
+            Work::Deny(s, _)
+            | Work::Settle(s, _)
+            | Work::Person(s, _)
+            | Work::Carrier(s, _, _)
+            | Work::Fail(s, _) => s,
         }
     }
 
     /// Whether writing it needs a fresh reading of a trust source.
     fn settles(&self) -> bool {
-        !matches!(self, Work::Deny(..))
+        !matches!(self, Work::Deny(..) | Work::Fail(..))
     }
 }
 
@@ -435,6 +440,7 @@ impl Controller {
                 self.queue.remove(&seen.uid);
                 return;
             }
+            Evaluated::Deny(v) if issue_only => Work::Fail(Box::new(seen), v),
             Evaluated::Deny(v) => {
                 self.index.forget_uid(&seen.uid);
                 Work::Deny(Box::new(seen), v)
@@ -465,8 +471,11 @@ impl Controller {
         if seen.signer != CREDENTIAL_SIGNER {
             return false;
         }
-        if let Some(facts) = super::ek_join::facts_of(csr) {
-            self.carriers.seen(&seen.name, facts);
+        // Only an approved carrier's credential can be answered: others are not remembered.
+        if evaluate::is_decided(csr) == Some(true) {
+            if let Some(facts) = super::ek_join::facts_of(csr) {
+                self.carriers.seen(&seen.name, facts);
+            }
         }
         evaluate::is_decided(csr) == Some(true)
             && !has_certificate(csr)
@@ -481,7 +490,7 @@ impl Controller {
             return;
         }
         if let Some(carrier) = answered_carrier(csr) {
-            self.carriers.answered_by(carrier, &seen.name);
+            self.carriers.answered_by(carrier, &seen.name, now_unix());
         }
         let held = Request::from_pem(&csr.spec.request.0)
             .ok()
@@ -516,7 +525,7 @@ impl Controller {
             let passed_over = std::cell::Cell::new(false);
             let waits = |w: &Work| {
                 let waits = match w {
-                    Work::Deny(..) => false,
+                    Work::Deny(..) | Work::Fail(..) => false,
                     Work::Settle(..) | Work::Carrier(..) => nodes.is_none(),
                     Work::Person(..) => people.is_none(),
                 };
@@ -554,6 +563,10 @@ impl Controller {
     ) -> Option<Decided> {
         Some(match work {
             Work::Deny(seen, v) => Decided::denied(seen, v),
+            Work::Fail(seen, v) => Decided {
+                effect: Effect::Fail,
+                ..Decided::denied(seen, v)
+            },
             Work::Settle(seen, candidate) => {
                 let nodes = nodes.as_ref()?;
                 if candidate.claim.is_some() {
@@ -594,7 +607,10 @@ impl Controller {
     ) -> Decided {
         let join = self.settings.rules.ek_join.as_deref().map(|settings| Join {
             settings,
-            nodes: &nodes.aks,
+            held: super::binding::Held {
+                nodes: &nodes.aks,
+                invalid: &nodes.invalid,
+            },
             ek: &nodes.ek,
         });
         let issued = match join {
@@ -645,7 +661,10 @@ impl Controller {
         };
         let join = Join {
             settings,
-            nodes: &nodes.aks,
+            held: super::binding::Held {
+                nodes: &nodes.aks,
+                invalid: &nodes.invalid,
+            },
             ek: &nodes.ek,
         };
         join.answer(
@@ -686,7 +705,8 @@ impl Controller {
                 "{}; the TPM (EK {}) answered the credential of carrier request {}, and the node is bound to it",
                 decision.message, binding.ek_sha256, binding.carrier
             );
-            self.carriers.answered_by(&binding.carrier, &seen.name);
+            self.carriers
+                .answered_by(&binding.carrier, &seen.name, now_unix());
             Effect::Record(Box::new(binding))
         } else {
             Effect::None
@@ -998,11 +1018,16 @@ async fn record_binding(
     };
     trust
         .record(&binding.node, &binding.text, |read| {
+            let invalid: Vec<String> = read.invalid.iter().map(|i| i.entry.clone()).collect();
+            let held = super::binding::Held {
+                nodes: &read.nodes,
+                invalid: &invalid,
+            };
             super::binding::check(
                 &binding.node,
                 &binding.ek_sha256,
                 read.ek.binding.as_deref(),
-                &read.nodes,
+                held,
             )
             .map(|_| ())
         })
@@ -1118,8 +1143,22 @@ fn has_certificate(csr: &CertificateSigningRequest) -> bool {
         .is_some_and(|c| !c.0.is_empty())
 }
 
-/// The carrier an approved kubelet request answered, from its annotation.
+/// The carrier an approved kubelet request answered, from its annotation (counted only for
+/// requests hwkey approved as attested: another approver's approval marks nothing).
 fn answered_carrier(csr: &CertificateSigningRequest) -> Option<&str> {
+    let attested = csr
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter().any(|c| {
+                c.type_ == "Approved"
+                    && c.reason.as_deref() == Some(Reason::AttestedTpmKey.as_str())
+            })
+        });
+    if !attested {
+        return None;
+    }
     csr.metadata
         .annotations
         .as_ref()?

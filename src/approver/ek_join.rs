@@ -13,8 +13,10 @@
 //!   it. The approval then records the binding in the trust ConfigMap, where renewals find
 //!   the AK like any registered node's.
 //!
-//! What the approver keeps of carriers is [`CarrierFacts`] (a few hundred bytes each, for the
-//! credential's lifetime), learnt from its own watch: any replica settles an answer.
+//! What the approver keeps of carriers is [`CarrierFacts`] (under a kilobyte each: the AK's
+//! public area, hashes, names) of the carriers it approved, for the credential's lifetime and
+//! ten minutes more, learnt from its own watch: any replica settles an answer. A carrier
+//! waiting in the queue also holds its enrollment (at most [`ek_join::ENROLLMENT_MAX`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,7 +26,7 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use super::policy::{self, Reason, Violation};
 use crate::pki::ek_crl::EkCrls;
 use crate::pki::ek_join::{self, Credential};
-use crate::pki::registration::{EnrollmentFile, RegisteredAk};
+use crate::pki::registration::EnrollmentFile;
 use crate::pki::request::Request;
 
 pub use crate::pki::ek_join::CREDENTIAL_SIGNER;
@@ -204,7 +206,7 @@ fn facts_from(
         .and_then(|p| {
             x509_parser::parse_x509_certificate(p.contents())
                 .ok()
-                .map(|(_, c)| c.issuer().to_string())
+                .map(|(_, c)| policy::bounded(&c.issuer().to_string()))
         })
         .unwrap_or_else(|| "an unreadable certificate".into());
     Ok(CarrierFacts {
@@ -256,8 +258,10 @@ pub fn carrier_candidate(
 #[derive(Debug, Default)]
 pub struct Carriers {
     facts: HashMap<String, CarrierFacts>,
-    /// Carrier name → the request that answered it (approved, or being written).
-    answered: HashMap<String, String>,
+    /// Carrier name → the request that answered it (approved, or being written), and when
+    /// that was learnt (Unix seconds). Kept apart from the facts: after a restart the list may
+    /// bring the answer before its carrier.
+    answered: HashMap<String, (String, i64)>,
 }
 
 impl Carriers {
@@ -271,15 +275,19 @@ impl Carriers {
         self.facts.remove(name);
     }
 
-    /// An approved kubelet request answered `carrier`.
-    pub fn answered_by(&mut self, carrier: &str, request: &str) {
+    /// An approved kubelet request answered `carrier` (learnt at `now`).
+    pub fn answered_by(&mut self, carrier: &str, request: &str, now: i64) {
         self.answered
-            .insert(carrier.to_string(), request.to_string());
+            .insert(carrier.to_string(), (request.to_string(), now));
     }
 
     /// A write that would have answered `carrier` did not happen.
     pub fn release(&mut self, carrier: &str, request: &str) {
-        if self.answered.get(carrier).is_some_and(|r| r == request) {
+        if self
+            .answered
+            .get(carrier)
+            .is_some_and(|(r, _)| r == request)
+        {
             self.answered.remove(carrier);
         }
     }
@@ -354,8 +362,8 @@ pub struct Binding {
 pub struct Join<'a> {
     /// The settings.
     pub settings: &'a JoinSettings,
-    /// The trust's registrations.
-    pub nodes: &'a [RegisteredAk],
+    /// What the trust holds.
+    pub held: super::binding::Held<'a>,
     /// The trust's EK entries.
     pub ek: &'a crate::pki::registration::EkEntries,
 }
@@ -389,7 +397,7 @@ impl Join<'_> {
             &candidate.node,
             &facts.ek_sha256,
             self.ek.binding.as_deref(),
-            self.nodes,
+            self.held,
         )?;
         let secret = ek_join::credential_secret(
             &self.settings.key,
@@ -427,6 +435,25 @@ impl Join<'_> {
     fn anchors(&self) -> Result<(Vec<u8>, EkCrls), Violation> {
         let mut ca = self.settings.ca_pem.clone();
         if let Some(more) = &self.ek.ca {
+            // Read apart first, so that the entry at fault is the one named.
+            let certs = ::pem::parse_many(more.as_bytes()).map_err(|e| {
+                deny(
+                    Reason::EkCertificateUntrusted,
+                    format!(
+                        "the trust's {} entry is not PEM: {e}",
+                        crate::pki::registration::EK_CA_ENTRY
+                    ),
+                )
+            })?;
+            if !certs.iter().any(|c| c.tag() == "CERTIFICATE") {
+                return Err(deny(
+                    Reason::EkCertificateUntrusted,
+                    format!(
+                        "the trust's {} entry holds no CERTIFICATE",
+                        crate::pki::registration::EK_CA_ENTRY
+                    ),
+                ));
+            }
             ca.push(b'\n');
             ca.extend_from_slice(more.as_bytes());
         }
@@ -468,7 +495,7 @@ impl Join<'_> {
         if now > expires_at {
             return Err(deny(Reason::CredentialExpired, format!("the credential of carrier request '{carrier}' expired {} s ago: bootstrap again", now - expires_at)));
         }
-        if let Some(by) = carriers.answered.get(&claim.carrier) {
+        if let Some((by, _)) = carriers.answered.get(&claim.carrier) {
             return Err(deny(Reason::CredentialReplayed, format!("the credential of carrier request '{carrier}' was answered already, by request {by}: a credential is answered once")));
         }
         let secret = ek_join::credential_secret(
@@ -480,13 +507,13 @@ impl Join<'_> {
             expires_at,
         );
         if !ek_join::answer_matches(&secret, &claim.answer) {
-            return Err(invalid(format!("the answer is not the secret of carrier request '{carrier}'s credential: the AK is not in the TPM whose EK certificate was checked")));
+            return Err(invalid(format!("the answer is not the secret of carrier request '{carrier}'s credential: the AK is not in the TPM whose EK certificate was checked (or the approver's replicas do not share one --credential-key and --credential-ttl)")));
         }
         super::binding::check(
             node,
             &facts.ek_sha256,
             self.ek.binding.as_deref(),
-            self.nodes,
+            self.held,
         )?;
         let text = EnrollmentFile::canonical_bound(
             node,

@@ -382,6 +382,12 @@ fn judge_carrier(
         ));
     }
     let candidate = attested_node(csr, &request, identity.node, rules, now)?;
+    if candidate.rank.class != 1 {
+        return Err(deny(
+            Reason::RequesterNotAllowed,
+            "a carrier request comes from a bootstrap identity: a node that holds its certificate renews with it (a node whose entry was removed does not bind its name again by itself)",
+        ));
+    }
     super::ek_join::carrier_candidate(csr, candidate.node, &candidate.attested.ak_name)
 }
 

@@ -95,12 +95,25 @@ pub enum TrustSource {
 pub enum RecordError {
     #[error("the trust is {0}, which the approver does not write: TPMs that join by their EK certificate need --trust-configmap")]
     NotAConfigMap(String),
-    #[error("{0} (the approver's account needs get and update on its trust ConfigMap: see deploy/approver-ek.yaml)")]
-    Api(#[source] kube::Error),
+    #[error("{source}{}", api_hint(source))]
+    Api {
+        #[source]
+        source: kube::Error,
+    },
     #[error("no answer {1} the trust ConfigMap within {0:?}")]
     Timeout(Duration, &'static str),
     #[error("the trust changed since the decision: {0}")]
     Changed(super::policy::Violation),
+}
+
+/// What to do about an API error writing a binding.
+fn api_hint(e: &kube::Error) -> &'static str {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => " (the approver's account needs get and update on its trust ConfigMap: see deploy/approver-ek.yaml)",
+        kube::Error::Api(s) if s.code == 409 => " (it changed meanwhile: the request is decided again on what it holds now)",
+        kube::Error::Api(s) if s.code == 413 || s.code == 422 => " (the ConfigMap is full: a ConfigMap holds 1 MiB, about 1,000 bindings; remove the entries of nodes that are gone)",
+        _ => "",
+    }
 }
 
 /// A `--trust-configmap` that is not `NAMESPACE/NAME`.
@@ -148,6 +161,8 @@ pub struct Registry {
     pub allow: Option<String>,
     /// What a node trust holds for TPMs that join by their EK certificate.
     pub ek: crate::pki::registration::EkEntries,
+    /// The names of the entries skipped as malformed (each still holds its node name).
+    pub invalid: Vec<String>,
 }
 
 /// Whose registrations a source holds: it decides the words and the metrics of a reading.
@@ -373,6 +388,7 @@ impl Trust {
             piv: read.piv,
             allow: read.allow,
             ek: read.ek,
+            invalid: read.invalid.iter().map(|i| i.entry.clone()).collect(),
         };
         let changed = match self.state.write() {
             Ok(mut state) => {
@@ -517,7 +533,7 @@ impl Trust {
         let mut map = tokio::time::timeout(READ_TIMEOUT, api.get(name))
             .await
             .map_err(|_| timed("reading"))?
-            .map_err(RecordError::Api)?;
+            .map_err(|source| RecordError::Api { source })?;
         still(&from_config_map(&map)).map_err(RecordError::Changed)?;
         map.data
             .get_or_insert_with(Default::default)
@@ -528,7 +544,7 @@ impl Trust {
         )
         .await
         .map_err(|_| timed("writing"))?
-        .map_err(RecordError::Api)?;
+        .map_err(|source| RecordError::Api { source })?;
         self.reread().await;
         Ok(())
     }

@@ -36,8 +36,8 @@ pub const CARRIER_USAGES: &[&str] = &["digital signature"];
 /// [`ENROLLMENT_MAX`] bytes.
 pub const ANNOTATION_ENROLLMENT: &str = "hwkey.dev/tpm-enrollment";
 
-/// The largest enrollment read (an EK certificate and a few intermediates fit many times).
-pub const ENROLLMENT_MAX: usize = 32 * 1024;
+/// The largest enrollment read (an EK certificate and a few intermediates fit: about 5 KiB).
+pub const ENROLLMENT_MAX: usize = 16 * 1024;
 
 /// The content bytes of hwkey's UUID arc, `2.25.142373734267622900942609493865913809953` (the
 /// TPM2_Certify statement type is this arc itself).

@@ -364,11 +364,11 @@ pub enum EkTrustError {
     EkCertificate(#[source] x509_parser::error::X509Error),
     #[error("the EK certificate is not valid now ({from} to {to})")]
     EkCertificateExpired { from: String, to: String },
-    #[error("--ek-ca is not PEM: {0}")]
+    #[error("the manufacturer CAs (--ek-ca, the trust's _ek-ca.pem) are not PEM: {0}")]
     CaPem(#[source] pem::PemError),
     #[error("no TPM manufacturer CA is given (--ek-ca, or the approver trust's _ek-ca.pem entry)")]
     NoCa,
-    #[error("the EK certificate (issuer {0}) does not chain to a certificate in --ek-ca, directly or through the intermediates its TPM stores: add the vendor's root or intermediate CA to the bundle")]
+    #[error("the EK certificate (issuer {0}) does not chain to a trusted manufacturer CA (--ek-ca; for the approver also the trust's _ek-ca.pem), directly or through the intermediates its TPM stores: add the vendor's root or intermediate CA to the bundle")]
     UnknownIssuer(String),
     #[error("the certificate given as the EK certificate ({0}) is not one: it lacks the EK extended key usage (tcg-kp-EKCertificate, 2.23.133.8.1) or is a CA; enroll the node again from its TPM")]
     NotAnEkCertificate(String),

@@ -359,6 +359,7 @@ fn a_fleet_joins_by_its_ek_certificates_and_every_attack_is_refused() {
     assert!(text(&out).contains("revoked"), "{}", text(&out));
 
     answers_are_not_reusable(&cluster, dir, &node_e, &second, &log);
+    a_node_itself_gets_no_carrier(&cluster, &id.ca, dir, &node_r, &log);
     a_spliced_enrollment_opens_in_neither_tpm(&cluster, dir, &maker, &log);
     let log_before = replica.child.log();
     assert_eq!(replica.terminate().code(), Some(0), "{log_before}");
@@ -655,22 +656,8 @@ fn a_spliced_enrollment_opens_in_neither_tpm(
         "--attest",
     ]))
     .stdout;
-    use base64::Engine as _;
-    let object = serde_json::json!({
-        "apiVersion": "certificates.k8s.io/v1",
-        "kind": "CertificateSigningRequest",
-        "metadata": {
-            "name": "spliced-carrier",
-            "annotations": {"hwkey.dev/tpm-enrollment": serde_yaml_ng::to_string(&spliced).expect("yaml")},
-        },
-        "spec": {
-            "signerName": CARRIER_SIGNER,
-            "usages": ["digital signature"],
-            "request": base64::engine::general_purpose::STANDARD.encode(&pem),
-        },
-    });
-    let path = dir.join("spliced-carrier.json");
-    std::fs::write(&path, object.to_string()).expect("write");
+    let enrollment = serde_yaml_ng::to_string(&spliced).expect("yaml");
+    let path = carrier_object(dir, "spliced-carrier", &pem, &enrollment);
     create_as_bootstrap(cluster, &path);
     assert_decided(
         cluster,
@@ -688,6 +675,7 @@ fn a_spliced_enrollment_opens_in_neither_tpm(
                 .any(|c| c.name == "spliced-carrier" && c.issued)
         },
     );
+    use base64::Engine as _;
     let cert = base64::engine::general_purpose::STANDARD
         .decode(csr_field(cluster, "spliced-carrier", "{.status.certificate}").trim())
         .expect("base64");
@@ -711,4 +699,79 @@ fn a_spliced_enrollment_opens_in_neither_tpm(
             text(&out)
         );
     }
+}
+
+/// A carrier request object (JSON) named `name` for the PEM request `pem`, carrying
+/// `enrollment` as the enrollment annotation.
+fn carrier_object(dir: &Path, name: &str, pem: &[u8], enrollment: &str) -> PathBuf {
+    use base64::Engine as _;
+    let object = serde_json::json!({
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {
+            "name": name,
+            "annotations": {"hwkey.dev/tpm-enrollment": enrollment},
+        },
+        "spec": {
+            "signerName": CARRIER_SIGNER,
+            "usages": ["digital signature"],
+            "request": base64::engine::general_purpose::STANDARD.encode(pem),
+        },
+    });
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(&path, object.to_string()).expect("write");
+    path
+}
+
+/// A node that holds its certificate asks for a carrier as itself (a node whose entry an
+/// operator removed would bind its name again so): only bootstrap identities get carriers.
+fn a_node_itself_gets_no_carrier(
+    cluster: &KubeCluster,
+    ca: &support::ca::TestCa,
+    dir: &Path,
+    node_r: &Node,
+    log: &dyn Fn() -> String,
+) {
+    let key = format!(
+        "tpm:path={}?tcti={}",
+        node_r.dir.join("node.tpm.pem").display(),
+        node_r.tcti
+    );
+    let pem = run_ok(hwkey().args([
+        "csr",
+        "--key",
+        &key,
+        "--subject",
+        "CN=system:node:node-r,O=system:nodes",
+        "--attest",
+    ]))
+    .stdout;
+    let enrollment = run_ok(hwkey().args([
+        "attest",
+        "enroll",
+        "--key",
+        &format!("tpm:?tcti={}", node_r.tcti),
+    ]))
+    .stdout;
+    let path = carrier_object(
+        dir,
+        "carrier-by-the-node",
+        &pem,
+        &String::from_utf8_lossy(&enrollment),
+    );
+    let (cert, cert_key) = ca.client_cert(
+        dir,
+        "node-r-client",
+        "system:node:node-r",
+        Some("system:nodes"),
+    );
+    let as_node = cluster.cert_kubeconfig("node-r", &cert, &cert_key);
+    create_with(&as_node, &path);
+    assert_decided(
+        cluster,
+        "carrier-by-the-node",
+        "Denied",
+        "RequesterNotAllowed",
+        log,
+    );
 }
