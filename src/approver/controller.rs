@@ -10,7 +10,8 @@
 //!   carrier request waiting also keeps its enrollment, at most 16 KiB).
 //! - A (re)list is finished before anything is written, so the evidence index has seen every
 //!   listed request before ranking them; the watcher relists after a 410, a dead connection
-//!   (its idle deadline) and every [`RESYNC`].
+//!   (its idle deadline) and every [`RESYNC`], and the loop starts a new list at once when a
+//!   watch cannot resume from its version (an etcd restore: `must_relist`).
 //! - Every failed write comes back with backoff ([`WorkQueue::retry`]), from the first list
 //!   on. A write carries the resourceVersion and uid that were read, so two deciders (a lease
 //!   handover, `--leader-elect=false`) write one condition per request (409 for the other).
@@ -179,8 +180,18 @@ enum Next {
 struct InFlight {
     writes: FuturesUnordered<WriteFuture>,
     refresh: Option<Refresh>,
+    /// A reading of the API server's current resource version (see [`PROBE_EVERY`]).
+    probe: Option<Probe>,
     tick: tokio::time::Interval,
 }
+
+type Probe = Pin<Box<dyn Future<Output = Option<u64>> + Send>>;
+
+/// How often the loop asks the API server for its current resource version (a list of one
+/// request): a version lower than one the watch has seen means etcd was restored, and a watch
+/// resuming from a version etcd has not reached yet stays silent until it does, so only a new
+/// list sees what happened since.
+pub const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 /// Whether the loop follows the requests until stopped, or decides the listed ones and ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,6 +222,12 @@ pub struct Controller {
     listed_once: bool,
     /// A full lane left requests out: list again once the queue has drained.
     deferred: bool,
+    /// The watch cannot resume from its version: list again now.
+    relist_now: bool,
+    /// The newest resource version seen on the current watch.
+    newest_version: u64,
+    /// When the API server's version was last asked for.
+    probed_at: Option<Instant>,
     trust_retry_at: Option<Instant>,
     /// `--once`: the decisions written and the failures.
     decided: Vec<Decision>,
@@ -250,6 +267,9 @@ impl Controller {
             listing: None,
             listed_once: false,
             deferred: false,
+            relist_now: false,
+            newest_version: 0,
+            probed_at: None,
             trust_retry_at: None,
             decided: Vec::new(),
             failures: Vec::new(),
@@ -278,6 +298,7 @@ impl Controller {
         let mut io = InFlight {
             writes: FuturesUnordered::new(),
             refresh: None,
+            probe: None,
             tick: tokio::time::interval(Duration::from_secs(1)),
         };
         while self.one_watch(mode, &mut leading, &mut stop, &mut io).await == Next::Resync {}
@@ -303,6 +324,8 @@ impl Controller {
             watcher::watcher(self.api.clone(), self.watcher_config()).default_backoff()
         );
         let resync_at = tokio::time::Instant::now() + RESYNC;
+        self.newest_version = 0;
+        io.probe = None;
         let mut listening = true;
         loop {
             if let Some(next) = self.before_waiting(mode, *leading.borrow(), io) {
@@ -315,6 +338,9 @@ impl Controller {
                 event = stream.next(), if listening => match event {
                     Some(event) => {
                         self.on_event(event);
+                        if std::mem::take(&mut self.relist_now) {
+                            return Next::Resync;
+                        }
                         listening = mode == Mode::Follow || !self.listed_once || self.listing.is_some();
                     }
                     None => return Next::Resync,
@@ -329,7 +355,17 @@ impl Controller {
                 _ = sleep_until(next_due), if next_due.is_some() => {}
                 changed = leading.changed() => if changed.is_err() { return Next::End },
                 _ = tokio::time::sleep_until(resync_at), if mode == Mode::Follow => return Next::Resync,
-                _ = io.tick.tick() => self.housekeeping(),
+                Some(current) = futures::future::OptionFuture::from(io.probe.as_mut()), if io.probe.is_some() => {
+                    io.probe = None;
+                    if current.is_some_and(|c| c < self.newest_version) {
+                        tracing::warn!(current = ?current, seen = self.newest_version, "the API server's resource version went back (etcd restored): listing everything again");
+                        return Next::Resync;
+                    }
+                }
+                _ = io.tick.tick() => {
+                    self.housekeeping();
+                    self.start_probe(&mut io.probe);
+                }
             }
         }
     }
@@ -412,8 +448,15 @@ impl Controller {
             }
             Err(e) => {
                 self.metrics.watch_errors.inc();
+                let relist = must_relist(&e);
                 let e = ApproverError::Watch { source: e };
-                tracing::warn!(error = %e, "watching requests failed; kube's watcher retries with backoff");
+                if relist {
+                    // kube's watcher would retry from the version it holds, forever.
+                    tracing::warn!(error = %e, "the API server no longer has the version this watch resumes from (an etcd restore, or compaction): listing everything again");
+                    self.relist_now = true;
+                } else {
+                    tracing::warn!(error = %e, "watching requests failed; kube's watcher retries with backoff");
+                }
             }
         }
     }
@@ -425,6 +468,9 @@ impl Controller {
             return;
         }
         let seen = Seen::of(csr);
+        if let Ok(v) = seen.resource_version.parse::<u64>() {
+            self.newest_version = self.newest_version.max(v);
+        }
         let issue_only = self.note_carrier(csr, &seen);
         if let Some(approved) = evaluate::is_decided(csr).filter(|_| !issue_only) {
             self.observe_decided(csr, &seen, approved);
@@ -463,6 +509,30 @@ impl Controller {
             self.deferred = true;
             tracing::debug!(requester = %super::policy::bounded(&requester), "this requester has too many open requests queued; the rest wait for the next resync");
         }
+    }
+
+    /// Asks for the API server's current resource version every [`PROBE_EVERY`], once the
+    /// watch has seen one to compare with.
+    fn start_probe(&mut self, probe: &mut Option<Probe>) {
+        if probe.is_some()
+            || self.newest_version == 0
+            || self.probed_at.is_some_and(|at| at.elapsed() < PROBE_EVERY)
+        {
+            return;
+        }
+        self.probed_at = Some(Instant::now());
+        let api = self.api.clone();
+        *probe = Some(Box::pin(async move {
+            let params = kube::api::ListParams::default().limit(1);
+            let listed = tokio::time::timeout(PROBE_EVERY, api.list_metadata(&params)).await;
+            listed
+                .ok()?
+                .ok()?
+                .metadata
+                .resource_version?
+                .parse()
+                .ok()
+        }));
     }
 
     /// Takes note of a carrier request's facts (any state); returns whether it is approved
@@ -1125,6 +1195,28 @@ async fn fail(
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(Recorded::Conflict),
         Err(source) => Err(issue_error(source)),
     }
+}
+
+/// Whether a watch error means the API server no longer has the version the watch resumes
+/// from, so that only a new list helps (client-go's reflector relists on the same two): 410
+/// Gone (compacted), or "too large resource version" (504, cause ResourceVersionTooLarge),
+/// which a restored etcd answers to every version written before the restore. kube's watcher
+/// relists on a 410 in a watch's events, but retries a watch that fails to start from the same
+/// version forever.
+fn must_relist(e: &watcher::Error) -> bool {
+    let status = match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.as_ref(),
+        watcher::Error::WatchError(s) => s.as_ref(),
+        _ => return false,
+    };
+    let too_large = status.message.contains("Too large resource version")
+        || status.details.as_ref().is_some_and(|d| {
+            d.causes
+                .iter()
+                .any(|c| c.reason == "ResourceVersionTooLarge")
+        });
+    status.code == 410 || (status.code == 504 && too_large)
 }
 
 /// Whether a request has a condition of `kind` (True).

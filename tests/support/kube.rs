@@ -68,6 +68,10 @@ pub struct KubeCluster {
     ca_path: PathBuf,
     /// kube-apiserver's arguments but the port (for more API servers on the same etcd).
     apiserver_args: Vec<std::ffi::OsString>,
+    /// etcd's command line (to start it again on the same ports).
+    etcd_cmd: (PathBuf, Vec<std::ffi::OsString>, u16),
+    /// How node certificates are approved (objects installed again after an etcd restore).
+    approval: Approval,
     pub port: u16,
     /// Admin kubeconfig (`system:masters`).
     pub admin_kubeconfig: PathBuf,
@@ -137,6 +141,11 @@ impl KubeCluster {
             .arg(format!(
                 "--initial-cluster=default=http://127.0.0.1:{etcd_peer}"
             ));
+        let etcd_cmd = (
+            PathBuf::from(cmd.get_program()),
+            cmd.get_args().map(|a| a.to_os_string()).collect(),
+            etcd_client,
+        );
         let mut etcd = ChildGuard::spawn(&mut cmd, "etcd", &d.join("etcd.log"));
         etcd.wait_for_port(etcd_client, Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("etcd did not start: {e}\n{}", etcd.log()));
@@ -232,6 +241,8 @@ impl KubeCluster {
         let cluster = KubeCluster {
             ca_path: ca.ca_path(),
             apiserver_args,
+            etcd_cmd,
+            approval,
             port,
             admin_kubeconfig,
             bootstrap_kubeconfig,
@@ -245,6 +256,57 @@ impl KubeCluster {
             cluster.apply(AUTO_APPROVAL_OBJECTS);
         }
         cluster
+    }
+
+    /// What an operator restoring etcd from nothing does: the API server stops, etcd starts
+    /// again on an empty data directory (same ports), the API server starts again on the same
+    /// port and certificates, and the bootstrap token and node RBAC are installed again. Every
+    /// object is gone and resource versions start over (lower than any a client holds);
+    /// kube-controller-manager and every client are left running.
+    pub fn restore_wiped_etcd(&mut self) {
+        self.apiserver.kill();
+        self.etcd.kill();
+        let d = self.dir.path().to_path_buf();
+        std::fs::remove_dir_all(d.join("etcd")).expect("wipe etcd's data directory");
+        let (program, args, client_port) = self.etcd_cmd.clone();
+        let mut etcd = ChildGuard::spawn(
+            Command::new(program).args(args),
+            "etcd (restored)",
+            &d.join("etcd-restored.log"),
+        );
+        etcd.wait_for_port(client_port, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("etcd did not start again: {e}\n{}", etcd.log()));
+        self.etcd = etcd;
+        let mut cmd = Command::new(kube_bin_dir().join("kube-apiserver"));
+        cmd.args(&self.apiserver_args)
+            .arg(format!("--secure-port={}", self.port));
+        self.apiserver = ChildGuard::spawn(
+            &mut cmd,
+            "kube-apiserver (restored)",
+            &d.join("apiserver-restored.log"),
+        );
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let out = self
+                .kubectl()
+                .args(["get", "--raw", "/readyz", "--request-timeout=5s"])
+                .output()
+                .expect("run kubectl");
+            if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok" {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kube-apiserver not ready again after {READY_TIMEOUT:?}: {}\n{}",
+                output_text(&out),
+                tail(&self.apiserver.log())
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        self.apply(BOOTSTRAP_TOKEN_OBJECTS);
+        if self.approval == Approval::BuiltIn {
+            self.apply(AUTO_APPROVAL_OBJECTS);
+        }
     }
 
     /// The API server's port on 127.0.0.1.

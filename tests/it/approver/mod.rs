@@ -10,5 +10,6 @@ mod people;
 #[cfg(feature = "pkcs11")]
 mod people_piv;
 mod replicas;
+mod restore;
 mod round_two;
 mod zero_touch;

@@ -376,7 +376,7 @@ fn a_node_registers_by_its_ek_certificate_through_credential_activation() {
     let other_ca = support::TestCa::new(&other_ca).ca_path();
     fails_with(
         &mut challenge_cmd(&enrollment, &other_ca),
-        &["does not chain to a certificate in --ek-ca"],
+        &["does not chain to a trusted manufacturer CA (--ek-ca"],
     );
 
     // Another TPM's AK presented with this TPM's EK certificate: the challenge is made, but
@@ -739,7 +739,7 @@ fn an_ek_certificate_chains_to_the_vendors_root_through_the_intermediate_its_tpm
     assert!(!text.contains("ekIntermediatesPem"), "{text}");
     fails_with(
         &mut challenge,
-        &["does not chain to a certificate in --ek-ca"],
+        &["does not chain to a trusted manufacturer CA (--ek-ca"],
     );
 
     let forged_key = d.join("forged.key");
@@ -761,7 +761,7 @@ fn an_ek_certificate_chains_to_the_vendors_root_through_the_intermediate_its_tpm
     assert!(text.contains("ekIntermediatesPem"), "{text}");
     fails_with(
         &mut challenge,
-        &["does not chain to a certificate in --ek-ca"],
+        &["does not chain to a trusted manufacturer CA (--ek-ca"],
     );
     assert!(!out.exists());
 
