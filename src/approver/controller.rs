@@ -525,13 +525,7 @@ impl Controller {
         *probe = Some(Box::pin(async move {
             let params = kube::api::ListParams::default().limit(1);
             let listed = tokio::time::timeout(PROBE_EVERY, api.list_metadata(&params)).await;
-            listed
-                .ok()?
-                .ok()?
-                .metadata
-                .resource_version?
-                .parse()
-                .ok()
+            listed.ok()?.ok()?.metadata.resource_version?.parse().ok()
         }));
     }
 
