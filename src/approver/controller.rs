@@ -226,6 +226,12 @@ pub struct Controller {
     relist_now: bool,
     /// The newest resource version seen on the current watch.
     newest_version: u64,
+    /// The highest version the API server answered a probe with (etcd's revision never goes
+    /// down but by a restore).
+    highest_probe: u64,
+    /// What a probe's answer is compared with: the highest version known when it was sent (a
+    /// write landing after the probe's read cannot make it look like a step back).
+    probe_baseline: u64,
     /// When the API server's version was last asked for.
     probed_at: Option<Instant>,
     trust_retry_at: Option<Instant>,
@@ -269,6 +275,8 @@ impl Controller {
             deferred: false,
             relist_now: false,
             newest_version: 0,
+            highest_probe: 0,
+            probe_baseline: 0,
             probed_at: None,
             trust_retry_at: None,
             decided: Vec::new(),
@@ -338,7 +346,7 @@ impl Controller {
                 event = stream.next(), if listening => match event {
                     Some(event) => {
                         self.on_event(event);
-                        if std::mem::take(&mut self.relist_now) {
+                        if std::mem::take(&mut self.relist_now) && mode == Mode::Follow {
                             return Next::Resync;
                         }
                         listening = mode == Mode::Follow || !self.listed_once || self.listing.is_some();
@@ -357,14 +365,15 @@ impl Controller {
                 _ = tokio::time::sleep_until(resync_at), if mode == Mode::Follow => return Next::Resync,
                 Some(current) = futures::future::OptionFuture::from(io.probe.as_mut()), if io.probe.is_some() => {
                     io.probe = None;
-                    if current.is_some_and(|c| c < self.newest_version) {
-                        tracing::warn!(current = ?current, seen = self.newest_version, "the API server's resource version went back (etcd restored): listing everything again");
+                    if self.version_went_back(current) {
                         return Next::Resync;
                     }
                 }
                 _ = io.tick.tick() => {
                     self.housekeeping();
-                    self.start_probe(&mut io.probe);
+                    if mode == Mode::Follow {
+                        self.start_probe(&mut io.probe);
+                    }
                 }
             }
         }
@@ -511,15 +520,13 @@ impl Controller {
         }
     }
 
-    /// Asks for the API server's current resource version every [`PROBE_EVERY`], once the
-    /// watch has seen one to compare with.
+    /// Asks for the API server's current resource version every [`PROBE_EVERY`] (`--once`
+    /// never lists twice, so it never asks).
     fn start_probe(&mut self, probe: &mut Option<Probe>) {
-        if probe.is_some()
-            || self.newest_version == 0
-            || self.probed_at.is_some_and(|at| at.elapsed() < PROBE_EVERY)
-        {
+        if probe.is_some() || self.probed_at.is_some_and(|at| at.elapsed() < PROBE_EVERY) {
             return;
         }
+        self.probe_baseline = self.newest_version.max(self.highest_probe);
         self.probed_at = Some(Instant::now());
         let api = self.api.clone();
         *probe = Some(Box::pin(async move {
@@ -527,6 +534,21 @@ impl Controller {
             let listed = tokio::time::timeout(PROBE_EVERY, api.list_metadata(&params)).await;
             listed.ok()?.ok()?.metadata.resource_version?.parse().ok()
         }));
+    }
+
+    /// Whether a probe's answer is a step back from what was known when it was sent: etcd
+    /// restored (from nothing or from a backup). The next probe starts a new baseline.
+    fn version_went_back(&mut self, current: Option<u64>) -> bool {
+        let Some(current) = current else {
+            return false;
+        };
+        if current < self.probe_baseline {
+            tracing::warn!(current, known = self.probe_baseline, "the API server's resource version went back (etcd restored): listing everything again");
+            self.highest_probe = 0;
+            return true;
+        }
+        self.highest_probe = self.highest_probe.max(current);
+        false
     }
 
     /// Takes note of a carrier request's facts (any state); returns whether it is approved
