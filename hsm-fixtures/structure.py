@@ -13,7 +13,9 @@ Prints the measures the structure rounds track and fails (exit 1) when:
     loop too: a child importing an item *defined* in its parent's `mod.rs` (a climb; a
     re-export is not one) and `mod.rs` using that child (relative paths count) is a cycle;
   - the proxy's children climb to items of `proxy/mod.rs` more than twice;
-  - a function returns `Result<_, String>`, or 20 or more `reason: String` fields remain.
+  - a function returns `Result<_, String>`, or 20 or more `reason: String` fields remain;
+  - a comment in src/ names an issue by its number ("issue 38"): the history is in git and
+    docs/BENCHMARKS.md, and a comment says what the code does and why.
 
 It reads the code after stripping comments, strings and character literals, so braces and
 paths inside them do not count. Usage: python3 hsm-fixtures/structure.py [--verbose]
@@ -28,6 +30,7 @@ TIGHT_FOLDERS = {"proxy": 60, "approver": 60}
 ASSEMBLY = ("src/proxy/start.rs", "run", 40)
 MAX_PROXY_CLIMBS = 2
 MAX_REASON_STRING = 19
+ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? \d+")
 
 # Each top-level module of the library and the layer it belongs to: a module may import from
 # its own layer's modules only where listed below as allowed, and from any lower layer.
@@ -237,6 +240,7 @@ def main():
     verbose = "--verbose" in sys.argv
     failures = []
     long_fns, reason_strings, result_strings, cfg_features = [], 0, 0, 0
+    issue_numbers = []
     files = {}
     for root, _, names in os.walk("src"):
         for name in names:
@@ -246,6 +250,10 @@ def main():
                     text = f.read()
                 code = without_tests(strip(text))
                 files[path] = code
+                for number, line in enumerate(text.splitlines(), 1):
+                    comment = line.split("//", 1)[1] if "//" in line else ""
+                    if ISSUE_NUMBER.search(comment):
+                        issue_numbers.append(f"{path}:{number}")
     modules = frozenset(tuple(module_of(p)) for p in files)
     file_of = {tuple(module_of(p)): p for p in files}
     edges = {}
@@ -330,6 +338,9 @@ def main():
     print(f"`reason: String` fields: {reason_strings} (at most {MAX_REASON_STRING})")
     print(f"functions returning Result<_, String>: {result_strings}")
     print(f"lines with cfg(feature …): {cfg_features}")
+    print(f"comments naming an issue number: {len(issue_numbers)}")
+    for where in issue_numbers:
+        print(f"  {where}")
     print(f"imports against the layering: {len(layering)}")
     for l in sorted(set(layering)):
         print(f"  {l}")
@@ -353,6 +364,8 @@ def main():
         failures.append(f"{reason_strings} `reason: String` fields")
     if result_strings:
         failures.append(f"{result_strings} Result<_, String>")
+    if issue_numbers:
+        failures.append(f"{len(issue_numbers)} comments naming an issue number")
     if layering:
         failures.append(f"{len(set(layering))} imports against the layering")
     if cycles:

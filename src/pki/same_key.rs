@@ -489,7 +489,7 @@ mod tests {
         })
     }
 
-    /// Issue 50, finding 4: a CA-issued certificate whose subject is `O=devs, CN=alice`, an
+    /// A CA-issued certificate (a review's finding) whose subject is `O=devs, CN=alice`, an
     /// empty RDN, then `CN=root`. x509-parser reads `CN=alice,O=devs` (it stops at the empty
     /// RDN), the request's subject, and approved the renewal; Go reads CN=root, the user
     /// kube-apiserver would authenticate. It is refused now, with the reason.

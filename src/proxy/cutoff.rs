@@ -4,8 +4,8 @@
 //!
 //! One timer watches both deadlines, the earlier first. A connection's task holds this future
 //! for the connection's whole life; an idle timer and a retirement timer side by side held two
-//! tokio timers and a select, about 300 bytes more per connection (docs/BENCHMARKS.md, issue 38
-//! round seven).
+//! tokio timers and a select, about 300 bytes more per connection (docs/BENCHMARKS.md,
+//! "the 2 KiB per connection found").
 
 use std::time::Duration;
 

@@ -1,16 +1,16 @@
 //! The data path of an established UNIX-socket connection: an event loop per core, with no
-//! runtime between the sockets and rustls (issue 38).
+//! runtime between the sockets and rustls.
 //!
 //! A keep-alive request through a tokio task costs the proxy its runtime's work per event
 //! (the task's wake-up and poll, the waker, the scheduler's bookkeeping) and the stream layers
 //! between the socket and rustls (tokio-rustls, the read-ahead, the copy buffer, the activity
 //! counter): 1.5–2 µs per request above a relay that does the same TLS work in a plain event
-//! loop (docs/BENCHMARKS.md, issue 38 round five). Here the connection's two sockets and its
-//! rustls client connection move, once the upstream handshake is done and the client's first
-//! bytes are forwarded, to one of N threads (N = the cores) that each wait on their own epoll:
-//! one `epoll_wait` wakes the loop for every ready connection, a read goes straight into
-//! rustls, and the plaintext rustls opens is written to the client from rustls's own buffer
-//! (no copy buffer on the way down).
+//! loop (docs/BENCHMARKS.md, "the TLS floor on a thread per core"). Here the connection's two
+//! sockets and its rustls client connection move, once the upstream handshake is done and the
+//! client's first bytes are forwarded, to one of N threads (N = the cores) that each wait on
+//! their own epoll: one `epoll_wait` wakes the loop for every ready connection, a read goes
+//! straight into rustls, and the plaintext rustls opens is written to the client from rustls's
+//! own buffer (no copy buffer on the way down).
 //!
 //! What the connection's task did, it still decides: the task waits (asleep) for the loop's
 //! outcome, its idle timeout and the retirement of its certificate, and asks the loop to close
