@@ -576,7 +576,7 @@ fn answers_are_not_reusable(
     );
 }
 
-/// With a 15 s credential lifetime: the node's TPM is paused after its carrier request is made
+/// With a 30 s credential lifetime: the node's TPM is paused after its carrier request is made
 /// and until the credential expired; its late answer is denied (CredentialExpired). Meanwhile
 /// another bootstrap token's flood of carrier requests, pending when the approver starts,
 /// does not delay node-w's carrier (lanes per requester).
@@ -636,9 +636,13 @@ fn an_answer_after_expiry_is_refused(
             .args(["create", "-o", "name", "-f"])
             .arg(dir.join("flood.yaml")),
     );
-    let replica = start_approver(cluster, dir, "approver-short", ca, key, "15s");
-    wait_until("the carrier is issued", Duration::from_secs(14), || {
-        csrs(cluster).iter().any(|c| c.name == carrier && c.issued)
+    let replica = start_approver(cluster, dir, "approver-short", ca, key, "30s");
+    // Waits on the decision, not on a clock: on a slow machine the approver may start so late
+    // that the carrier itself is refused as expired, which the assertion below accepts too.
+    wait_until("the carrier is decided", Duration::from_secs(60), || {
+        csrs(cluster)
+            .iter()
+            .any(|c| c.name == carrier && (c.issued || c.decision == "Denied"))
     });
     let written_before = replica
         .child
@@ -658,7 +662,9 @@ fn an_answer_after_expiry_is_refused(
         "{written_before} of the flood's {FLOOD} decisions were written before node-w's carrier (at most {bound})\n{}",
         replica.child.log()
     );
-    std::thread::sleep(Duration::from_secs(17).saturating_sub(created.elapsed()));
+    // `created` was taken after the carrier was seen, so after it was made: 32 s from it is
+    // past the 30 s credential.
+    std::thread::sleep(Duration::from_secs(32).saturating_sub(created.elapsed()));
     drop(paused);
     let deadline = Instant::now() + Duration::from_secs(90);
     let status = loop {
@@ -841,6 +847,22 @@ fn a_node_itself_gets_no_carrier(
         "carrier-by-the-node",
         "Denied",
         "RequesterNotAllowed",
+        log,
+    );
+    // A carrier whose enrollment is 200 KB (the API server keeps annotations up to 256 KiB):
+    // refused unread, as a request larger than its bound is.
+    let padded = format!(
+        "{}# {}\n",
+        String::from_utf8_lossy(&enrollment),
+        "x".repeat(200_000)
+    );
+    let path = carrier_object(dir, "carrier-huge-enrollment", &pem, &padded);
+    create_as_bootstrap(cluster, &path);
+    assert_decided(
+        cluster,
+        "carrier-huge-enrollment",
+        "Denied",
+        "MalformedRequest",
         log,
     );
 }
