@@ -242,19 +242,8 @@ fn a_node_registers_by_its_ek_certificate_through_credential_activation() {
     let enrollment = d.join("node7.enroll");
     std::fs::write(&enrollment, &enrollment_text).expect("write");
     let (challenge, expect, answer) = (d.join("challenge"), d.join("expect"), d.join("answer"));
-    let challenge_cmd = |enrollment: &Path, ca: &Path| {
-        let mut cmd = hwkey();
-        cmd.args(["attest", "challenge"])
-            .arg(enrollment)
-            .arg("--ek-ca")
-            .arg(ca)
-            .arg("--out")
-            .arg(&challenge)
-            .arg("--expect")
-            .arg(&expect)
-            .args(["--node", "node7"]);
-        cmd
-    };
+    // The challenge goes to DIR/challenge and the expected answer to DIR/expect.
+    let challenge_cmd = |enrollment: &Path, ca: &Path| challenge_cmd(enrollment, ca, d, "node7");
     run_ok(&mut challenge_cmd(&enrollment, &ek_ca));
     use std::os::unix::fs::PermissionsExt as _;
     let mode = std::fs::metadata(&expect)
