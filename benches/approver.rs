@@ -90,6 +90,7 @@ fn main() {
                 name
             },
             ek_sha256: None,
+            addresses: None,
         })
         .collect();
     trusted.push(attestation::parse_registration("bench-0", &registration).expect("registration"));

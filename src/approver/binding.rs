@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::policy::{Reason, Violation};
+use super::reason::{Reason, Violation};
 use crate::pki::registration::{check_ek_sha256, RegisteredAk, EK_BINDING_ENTRY};
 
 /// The `_ek-binding` entry.
@@ -217,6 +217,7 @@ mod tests {
             node: node.into(),
             ak_name: vec![0, 11, 1],
             ek_sha256: ek.map(str::to_string),
+            addresses: None,
         }
     }
 

@@ -24,29 +24,24 @@ use std::time::{Duration, Instant};
 
 use futures::stream::FuturesUnordered;
 use futures::{Future, StreamExt};
-use k8s_openapi::api::certificates::v1::{
-    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
-    CertificateSigningRequestStatus,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::watch;
 
-use super::ek_join::CREDENTIAL_SIGNER;
-use super::ek_join::{Binding, CarrierCandidate, Carriers, Join};
+use super::decision::{Decided, Decision, Effect};
+use super::ek_join::{Carriers, CREDENTIAL_SIGNER};
 use super::error::ApproverError;
-use super::evaluate::{self, Candidate, Evaluated, Rules, Seen};
-use super::evaluate::{KeptMetadata, PersonCandidate, PersonProof};
-use super::evidence_index::{Claim, EvidenceIndex};
+use super::evaluate::{self, Candidate, Rules, Seen};
+use super::evidence_index::EvidenceIndex;
 use super::lease::Validity;
 use super::metrics::ApproverMetrics;
-use super::person;
-use super::policy;
-use super::policy::{Reason, Violation};
+use super::policy::{
+    self, carrier, Configured, Judged, Pending, Settling, SignerPolicy, Violation,
+};
 use super::queue::{Queued, WorkQueue, LANE_MAX};
-use super::trust::{Registry, Trust, FRESH_FOR};
-use crate::metric_labels::LabelValue;
+use super::trust::{Registry, Trust, TrustKind, FRESH_FOR};
+use super::write::{write, Recorded, WriteFuture};
 use crate::pki::attestation;
 use crate::pki::request::Request;
 
@@ -65,19 +60,6 @@ pub const RESYNC: Duration = Duration::from_secs(15 * 60);
 /// How long a failed trust reading waits before the next.
 const TRUST_RETRY: Duration = Duration::from_secs(1);
 
-/// One decision, as written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
-    /// The request's name.
-    pub name: String,
-    /// Approved (true) or denied.
-    pub approved: bool,
-    /// The condition's reason.
-    pub reason: Reason,
-    /// The condition's message.
-    pub message: String,
-}
-
 /// What the approver decides for and with what.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -92,31 +74,23 @@ pub struct Settings {
 enum Work {
     /// Denied by the request alone.
     Deny(Box<Seen>, Violation),
-    /// To be settled against the trust and the evidence index.
-    Settle(Box<Seen>, Box<Candidate>),
-    /// A person's request, to be settled against the people trust.
-    Person(Box<Seen>, Box<PersonCandidate>),
-    /// A carrier request, to be settled against the trust (EK CAs, bindings); `true` when it
-    /// is approved already and only its certificate is missing.
-    Carrier(Box<Seen>, Box<CarrierCandidate>, bool),
-    /// An approved carrier that cannot be issued any more: a Failed condition.
+    /// To be settled by its policy against the trust.
+    Settle(Box<Seen>, Pending),
+    /// Approved, but it can no longer be finished (a carrier whose certificate's write
+    /// failed): a Failed condition.
     Fail(Box<Seen>, Violation),
 }
 
 impl Work {
     fn seen(&self) -> &Seen {
         match self {
-            Work::Deny(s, _)
-            | Work::Settle(s, _)
-            | Work::Person(s, _)
-            | Work::Carrier(s, _, _)
-            | Work::Fail(s, _) => s,
+            Work::Deny(s, _) | Work::Settle(s, _) | Work::Fail(s, _) => s,
         }
     }
 
     /// Whether writing it needs a fresh reading of a trust source.
     fn settles(&self) -> bool {
-        !matches!(self, Work::Deny(..) | Work::Fail(..))
+        matches!(self, Work::Settle(..))
     }
 }
 
@@ -128,43 +102,6 @@ struct Writing {
     answering: Option<String>,
 }
 
-/// What a decision writes besides its condition.
-#[derive(Debug, Clone)]
-enum Effect {
-    /// Nothing.
-    None,
-    /// The carrier certificate, as `status.certificate` (after the approval, unless the
-    /// request is approved already).
-    Issue { pem: String, approved: bool },
-    /// The binding, in the trust ConfigMap, before the approval.
-    Record(Box<Binding>),
-    /// A Failed condition instead of a denial: the request is approved already (its
-    /// certificate's write failed, and it can no longer be issued).
-    Fail,
-}
-
-/// A decision made: the request, the decision, the evidence it claimed and what else to write.
-struct Decided {
-    seen: Box<Seen>,
-    decision: Decision,
-    granted: Option<Box<Candidate>>,
-    effect: Effect,
-}
-
-impl Decided {
-    /// A denial that writes nothing else.
-    fn denied(seen: Box<Seen>, v: Violation) -> Decided {
-        let decision = denial(&seen, v);
-        Decided {
-            seen,
-            decision,
-            granted: None,
-            effect: Effect::None,
-        }
-    }
-}
-
-type WriteFuture = Pin<Box<dyn Future<Output = (String, Result<Recorded, ApproverError>)> + Send>>;
 type Refresh = Pin<Box<dyn Future<Output = Result<(), ApproverError>> + Send>>;
 
 /// What the loop does after one watcher.
@@ -206,6 +143,8 @@ pub enum Mode {
 pub struct Controller {
     api: Api<CertificateSigningRequest>,
     settings: Settings,
+    /// The policy of each signer decided for.
+    policies: Vec<(String, SignerPolicy)>,
     /// The registered nodes (None: no kubelet signer decided).
     trust: Option<Trust>,
     /// The people trust (None: no people policy).
@@ -259,9 +198,16 @@ impl Controller {
         metrics: Arc<ApproverMetrics>,
         validity: Option<Validity>,
     ) -> Controller {
+        let configured = Configured::of(&settings.rules);
+        let policies = settings
+            .signer_names
+            .iter()
+            .filter_map(|s| Some((s.clone(), SignerPolicy::for_signer(s, configured).ok()?)))
+            .collect();
         Controller {
             api: Api::all(client.clone()),
             settings,
+            policies,
             trust,
             people,
             index: EvidenceIndex::default(),
@@ -485,32 +431,30 @@ impl Controller {
             self.observe_decided(csr, &seen, approved);
             return;
         }
+        let Some(policy) = self.policy_of(&seen.signer) else {
+            return;
+        };
         let started = Instant::now();
-        let evaluated = evaluate::evaluate(csr, &self.settings.rules, now_unix());
+        let judged = policy.judge(csr, &self.settings.rules, now_unix());
         self.metrics
             .verify_seconds
             .observe(started.elapsed().as_secs_f64());
-        let work = match evaluated {
-            Evaluated::Ignore => {
+        let work = match judged {
+            Judged::Ignore => {
                 self.queue.remove(&seen.uid);
                 return;
             }
-            Evaluated::Deny(v) if issue_only => Work::Fail(Box::new(seen), v),
-            Evaluated::Deny(v) => {
+            Judged::Deny(v) if issue_only => Work::Fail(Box::new(seen), v),
+            Judged::Deny(v) => {
                 self.index.forget_uid(&seen.uid);
                 Work::Deny(Box::new(seen), v)
             }
-            Evaluated::Candidate(c) => {
-                self.index_waiting(&c, &seen.name);
-                Work::Settle(Box::new(seen), c)
-            }
-            Evaluated::Person(p) => {
-                if let PersonProof::Attested(c) = &p.proof {
+            Judged::Settle(pending) => {
+                if let Some(c) = pending.evidence() {
                     self.index_waiting(c, &seen.name);
                 }
-                Work::Person(Box::new(seen), p)
+                Work::Settle(Box::new(seen), pending)
             }
-            Evaluated::Carrier(c) => Work::Carrier(Box::new(seen), c, issue_only),
         };
         let (uid, requester) = (work.seen().uid.clone(), work.seen().requester.clone());
         if self.queue.put(&uid, &requester, work) == Queued::LaneFull {
@@ -559,13 +503,19 @@ impl Controller {
         }
         // Only an approved carrier's credential can be answered: others are not remembered.
         if evaluate::is_decided(csr) == Some(true) {
-            if let Some(facts) = super::ek_join::facts_of(csr) {
+            if let Some(facts) = carrier::facts_of(csr) {
                 self.carriers.seen(&seen.name, facts);
             }
         }
-        evaluate::is_decided(csr) == Some(true)
-            && !has_certificate(csr)
-            && !has_condition(csr, "Failed")
+        carrier::issue_only(csr)
+    }
+
+    /// The policy of `signer`, when this approver decides for it.
+    fn policy_of(&self, signer: &str) -> Option<SignerPolicy> {
+        self.policies
+            .iter()
+            .find(|(name, _)| name == signer)
+            .map(|(_, p)| *p)
     }
 
     /// A decided request: an approved one holds its evidence (and the credential it answered).
@@ -575,7 +525,7 @@ impl Controller {
             self.index.forget_uid(&seen.uid);
             return;
         }
-        if let Some(carrier) = answered_carrier(csr) {
+        if let Some(carrier) = carrier::answered_carrier(csr) {
             self.carriers.answered_by(carrier, &seen.name, now_unix());
         }
         let held = Request::from_pem(&csr.spec.request.0)
@@ -612,8 +562,10 @@ impl Controller {
             let waits = |w: &Work| {
                 let waits = match w {
                     Work::Deny(..) | Work::Fail(..) => false,
-                    Work::Settle(..) | Work::Carrier(..) => nodes.is_none(),
-                    Work::Person(..) => people.is_none(),
+                    Work::Settle(_, p) => match p.reads() {
+                        TrustKind::Nodes => self.trust.is_some() && nodes.is_none(),
+                        TrustKind::People => self.people.is_some() && people.is_none(),
+                    },
                 };
                 passed_over.set(passed_over.get() || waits);
                 waits
@@ -647,161 +599,26 @@ impl Controller {
         work: Work,
         [nodes, people]: [&Option<Arc<Registry>>; 2],
     ) -> Option<Decided> {
-        Some(match work {
-            Work::Deny(seen, v) => Decided::denied(seen, v),
-            Work::Fail(seen, v) => Decided {
+        match work {
+            Work::Deny(seen, v) => Some(Decided::denied(seen, v)),
+            Work::Fail(seen, v) => Some(Decided {
                 effect: Effect::Fail,
                 ..Decided::denied(seen, v)
-            },
-            Work::Settle(seen, candidate) => {
-                let nodes = nodes.as_ref()?;
-                if candidate.claim.is_some() {
-                    return Some(self.settle_answer(seen, candidate, nodes));
-                }
-                let (decision, granted) = self.settle(&seen, candidate, &nodes.aks, "node");
-                Decided {
+            }),
+            Work::Settle(seen, pending) => {
+                let mut settling = Settling {
+                    rules: &self.settings.rules,
+                    index: &mut self.index,
+                    carriers: &mut self.carriers,
+                    now: now_unix(),
+                };
+                policy::settle(
+                    &mut settling,
                     seen,
-                    decision,
-                    granted,
-                    effect: Effect::None,
-                }
+                    pending,
+                    [nodes.as_ref(), people.as_ref()],
+                )
             }
-            Work::Person(seen, candidate) => {
-                let people = people.as_ref()?;
-                let (decision, granted) = self.settle_person(&seen, *candidate, people);
-                Decided {
-                    seen,
-                    decision,
-                    granted,
-                    effect: Effect::None,
-                }
-            }
-            Work::Carrier(seen, candidate, approved) => {
-                let nodes = nodes.as_ref()?;
-                self.settle_carrier(seen, &candidate, approved, nodes)
-            }
-        })
-    }
-
-    /// A carrier request: its credential in a carrier certificate, or the denial.
-    fn settle_carrier(
-        &self,
-        seen: Box<Seen>,
-        candidate: &CarrierCandidate,
-        approved: bool,
-        nodes: &Registry,
-    ) -> Decided {
-        let join = self.settings.rules.ek_join.as_deref().map(|settings| Join {
-            settings,
-            held: super::binding::Held {
-                nodes: &nodes.aks,
-                invalid: &nodes.invalid,
-            },
-            ek: &nodes.ek,
-        });
-        let issued = match join {
-            Some(join) => join.issue(candidate, now_unix()),
-            None => Err(policy::violation(
-                Reason::EkCertificateUntrusted,
-                "this approver is not configured for TPMs that join by their EK certificate",
-            )),
-        };
-        match issued {
-            Ok((pem, message)) => Decided {
-                decision: Decision {
-                    name: seen.name.clone(),
-                    approved: true,
-                    reason: Reason::EkCertificateVerified,
-                    message,
-                },
-                seen,
-                granted: None,
-                effect: Effect::Issue { pem, approved },
-            },
-            Err(v) => {
-                let decision = denial(&seen, v);
-                Decided {
-                    seen,
-                    decision,
-                    granted: None,
-                    effect: if approved { Effect::Fail } else { Effect::None },
-                }
-            }
-        }
-    }
-
-    /// The binding a request's answer earns, or why it earns none.
-    fn answer_of(
-        &self,
-        seen: &Seen,
-        candidate: &Candidate,
-        nodes: &Registry,
-    ) -> Result<Binding, Violation> {
-        let (Some(settings), Some(claim)) =
-            (self.settings.rules.ek_join.as_deref(), &candidate.claim)
-        else {
-            return Err(policy::violation(
-                Reason::CredentialInvalid,
-                "no credential is answered",
-            ));
-        };
-        let join = Join {
-            settings,
-            held: super::binding::Held {
-                nodes: &nodes.aks,
-                invalid: &nodes.invalid,
-            },
-            ek: &nodes.ek,
-        };
-        join.answer(
-            &self.carriers,
-            claim,
-            &candidate.node,
-            &candidate.attested.ak_name,
-            &seen.requester,
-            now_unix(),
-        )
-    }
-
-    /// A kubelet request that answers a credential: judged by its answer (never by a
-    /// registration alone), then like any attested request (fresh, the evidence its own).
-    fn settle_answer(
-        &mut self,
-        seen: Box<Seen>,
-        candidate: Box<Candidate>,
-        nodes: &Registry,
-    ) -> Decided {
-        let binding = match self.answer_of(&seen, &candidate, nodes) {
-            Ok(b) => b,
-            Err(v) => {
-                self.index
-                    .forget(&candidate.attested.evidence_digest, &seen.uid);
-                return Decided::denied(seen, v);
-            }
-        };
-        // The AK is trusted for this node from this answer on: settle as a registered one.
-        let registered = [crate::pki::registration::RegisteredAk {
-            node: candidate.node.clone(),
-            ak_name: candidate.attested.ak_name.clone(),
-            ek_sha256: Some(binding.ek_sha256.clone()),
-        }];
-        let (mut decision, granted) = self.settle(&seen, candidate, &registered, "node");
-        let effect = if decision.approved {
-            decision.message = format!(
-                "{}; the TPM (EK {}) answered the credential of carrier request {}, and the node is bound to it",
-                decision.message, binding.ek_sha256, binding.carrier
-            );
-            self.carriers
-                .answered_by(&binding.carrier, &seen.name, now_unix());
-            Effect::Record(Box::new(binding))
-        } else {
-            Effect::None
-        };
-        Decided {
-            seen,
-            decision,
-            granted,
-            effect,
         }
     }
 
@@ -861,130 +678,16 @@ impl Controller {
         }
     }
 
-    /// The decision for a request that passed every check of its own: still fresh, its AK
-    /// registered for its node, and the evidence its own (see [`EvidenceIndex`]).
-    fn settle(
-        &mut self,
-        seen: &Seen,
-        candidate: Box<Candidate>,
-        nodes: &[crate::pki::registration::RegisteredAk],
-        what: &str,
-    ) -> (Decision, Option<Box<Candidate>>) {
-        let deny = |reason: Reason, message: String| Decision {
-            name: seen.name.clone(),
-            approved: false,
-            reason,
-            message,
-        };
-        let digest = candidate.attested.evidence_digest;
-        let lifetime = evaluate::evidence_lifetime(self.settings.rules.evidence_max_age);
-        let age = now_unix().saturating_sub(i64::try_from(candidate.attested.made_at).unwrap_or(0));
-        if age > lifetime {
-            self.index.forget(&digest, &seen.uid);
-            return (deny(Reason::EvidenceStale, format!("the evidence is {age} s old now (at most {lifetime} s): the request waited too long for a decision; make a new request on the node")), None);
-        }
-        let admitted =
-            match attestation::admit_as(candidate.attested.clone(), &candidate.node, nodes, what) {
-                Ok(a) => a,
-                Err(r) => {
-                    self.index.forget(&digest, &seen.uid);
-                    return (deny(Reason::of(r.refusal), r.message), None);
-                }
-            };
-        match self.index.claim(&digest, &seen.uid) {
-            Claim::HeldBy(other) => {
-                self.index.forget(&digest, &seen.uid);
-                (
-                    deny(
-                        Reason::EvidenceReused,
-                        format!("the same TPM evidence is in request {other}, which holds it: evidence is used once"),
-                    ),
-                    None,
-                )
-            }
-            Claim::Granted => (
-                Decision {
-                    name: seen.name.clone(),
-                    approved: true,
-                    reason: Reason::AttestedTpmKey,
-                    message: format!(
-                        "the key is in the TPM of {what} '{}' (attestation key {})",
-                        admitted.node, admitted.ak_name
-                    ),
-                },
-                Some(candidate),
-            ),
-        }
-    }
-
-    /// The decision for a person's request that passed every check of its own: the allow list
-    /// admits the requester; a TPM key is then settled like a node's, against the AKs
-    /// registered per user.
-    fn settle_person(
-        &mut self,
-        seen: &Seen,
-        candidate: PersonCandidate,
-        people: &Registry,
-    ) -> (Decision, Option<Box<Candidate>>) {
-        let same_key = matches!(candidate.proof, PersonProof::SameKey(_));
-        let allowed = person::admit(
-            &candidate.user,
-            &candidate.orgs,
-            same_key,
-            people.allow.as_deref(),
-        );
-        if let Err(v) = allowed {
-            if let PersonProof::Attested(c) = &candidate.proof {
-                self.index.forget(&c.attested.evidence_digest, &seen.uid);
-            }
-            let decision = Decision {
-                name: seen.name.clone(),
-                approved: false,
-                reason: v.reason,
-                message: v.message,
-            };
-            return (decision, None);
-        }
-        match candidate.proof {
-            PersonProof::SameKey(held) if held.not_after < now_unix() => {
-                let decision = Decision {
-                    name: seen.name.clone(),
-                    approved: false,
-                    reason: Reason::EvidenceInvalid,
-                    message: "the attached certificate expired while the request waited: a person whose certificate expired enrols again".into(),
-                };
-                (decision, None)
-            }
-            PersonProof::SameKey(held) => {
-                let until = time::OffsetDateTime::from_unix_timestamp(held.not_after)
-                    .map(|t| t.to_string())
-                    .unwrap_or_else(|_| held.not_after.to_string());
-                let decision = Decision {
-                    name: seen.name.clone(),
-                    approved: true,
-                    reason: Reason::SameKeyRenewal,
-                    message: format!(
-                        "'{}' renews with the key of the certificate they hold (serial {}, valid until {until})",
-                        super::policy::bounded(&candidate.user),
-                        held.serial
-                    ),
-                };
-                (decision, None)
-            }
-            PersonProof::Attested(c) => self.settle(seen, c, &people.aks, "user"),
-            PersonProof::Piv(facts) => {
-                (settle_piv(seen, &candidate.user, &facts, &people.piv), None)
-            }
-        }
-    }
-
     fn on_written(&mut self, uid: &str, result: Result<Recorded, ApproverError>, mode: Mode) {
         let Some(writing) = self.writing.remove(uid) else {
             return;
         };
-        let decision = writing.decision;
+        let mut decision = writing.decision;
+        if let Ok(Recorded::Instead(now)) = &result {
+            decision = (**now).clone();
+        }
         match result {
-            Ok(Recorded::Yes) => {
+            Ok(Recorded::Yes | Recorded::Instead(_)) => {
                 self.queue.done(uid);
                 self.metrics.decided(decision.reason);
                 tracing::info!(
@@ -1046,173 +749,6 @@ fn now_unix() -> i64 {
     i64::try_from(attestation::unix_now()).unwrap_or(i64::MAX)
 }
 
-/// What became of a decision sent to the API server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recorded {
-    /// The condition is on the request.
-    Yes,
-    /// The request changed since it was read (another approver or replica decided it, or it
-    /// was deleted): nothing was written, and the new state will be seen again.
-    Conflict,
-}
-
-/// Writes `decision` through the `approval` subresource (PUT: RBAC verb `update`), unless
-/// this replica's Lease is out of date. The body is the request as it was read without its
-/// bytes (the API server keeps the spec of the stored object on this subresource): its uid and
-/// resourceVersion are the precondition, so a write over a changed or re-created request is
-/// refused with 409 and reported as [`Recorded::Conflict`].
-fn write(
-    api: Api<CertificateSigningRequest>,
-    validity: Option<Validity>,
-    trust: Option<Trust>,
-    uid: String,
-    seen: Seen,
-    (decision, effect): (Decision, Effect),
-) -> WriteFuture {
-    Box::pin(async move {
-        if let Some(v) = &validity {
-            if let Err(e) = v.check() {
-                return (uid, Err(e));
-            }
-        }
-        let result = match effect {
-            Effect::None => record(&api, &seen, &decision).await,
-            Effect::Record(binding) => match record_binding(trust.as_ref(), &binding).await {
-                Ok(()) => record(&api, &seen, &decision).await,
-                Err(source) => Err(ApproverError::Record {
-                    node: binding.node.clone(),
-                    source,
-                }),
-            },
-            Effect::Issue { pem, approved } => issue(&api, &seen, &decision, &pem, approved).await,
-            Effect::Fail => fail(&api, &seen, &decision).await,
-        };
-        (uid, result)
-    })
-}
-
-/// Records `binding` in the trust ConfigMap if the binding policy still allows it on what the
-/// ConfigMap holds at the moment of writing.
-async fn record_binding(
-    trust: Option<&Trust>,
-    binding: &Binding,
-) -> Result<(), super::trust::RecordError> {
-    let Some(trust) = trust else {
-        return Err(super::trust::RecordError::NotAConfigMap(
-            "not configured".into(),
-        ));
-    };
-    trust
-        .record(&binding.node, &binding.text, |read| {
-            let invalid: Vec<String> = read.invalid.iter().map(|i| i.entry.clone()).collect();
-            let held = super::binding::Held {
-                nodes: &read.nodes,
-                invalid: &invalid,
-            };
-            super::binding::check(
-                &binding.node,
-                &binding.ek_sha256,
-                read.ek.binding.as_deref(),
-                held,
-            )
-            .map(|_| ())
-        })
-        .await
-}
-
-/// Approves a carrier request (unless `approved` already) and writes its certificate through
-/// the `status` subresource (RBAC: `update` on certificatesigningrequests/status, `sign` on
-/// the signer).
-async fn issue(
-    api: &Api<CertificateSigningRequest>,
-    seen: &Seen,
-    decision: &Decision,
-    pem: &str,
-    approved: bool,
-) -> Result<Recorded, ApproverError> {
-    let mut current = match api.get(&seen.name).await {
-        Ok(c) if c.metadata.uid.as_deref() == Some(seen.uid.as_str()) => c,
-        Ok(_) => return Ok(Recorded::Conflict),
-        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Recorded::Conflict),
-        Err(source) => {
-            return Err(ApproverError::Issue {
-                name: seen.name.clone(),
-                source,
-            })
-        }
-    };
-    if !approved {
-        let fresh = Seen {
-            metadata: KeptMetadata::Kept {
-                annotations: current.metadata.annotations.clone(),
-                labels: current.metadata.labels.clone(),
-            },
-            ..seen.clone()
-        };
-        if record(api, &fresh, decision).await? == Recorded::Conflict {
-            return Ok(Recorded::Conflict);
-        }
-        current = api
-            .get(&seen.name)
-            .await
-            .map_err(|source| ApproverError::Issue {
-                name: seen.name.clone(),
-                source,
-            })?;
-    }
-    let status = current.status.get_or_insert_with(Default::default);
-    status.certificate = Some(k8s_openapi::ByteString(pem.as_bytes().to_vec()));
-    match api
-        .replace_status(&seen.name, &PostParams::default(), &current)
-        .await
-    {
-        Ok(_) => Ok(Recorded::Yes),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Recorded::Conflict),
-        Err(source) => Err(ApproverError::Issue {
-            name: seen.name.clone(),
-            source,
-        }),
-    }
-}
-
-/// Writes a Failed condition (through `status`, as a signer does) on an approved request that
-/// cannot be issued.
-async fn fail(
-    api: &Api<CertificateSigningRequest>,
-    seen: &Seen,
-    decision: &Decision,
-) -> Result<Recorded, ApproverError> {
-    let issue_error = |source| ApproverError::Issue {
-        name: seen.name.clone(),
-        source,
-    };
-    let mut current = match api.get(&seen.name).await {
-        Ok(c) if c.metadata.uid.as_deref() == Some(seen.uid.as_str()) => c,
-        Ok(_) => return Ok(Recorded::Conflict),
-        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Recorded::Conflict),
-        Err(source) => return Err(issue_error(source)),
-    };
-    let status = current.status.get_or_insert_with(Default::default);
-    status
-        .conditions
-        .get_or_insert_with(Vec::new)
-        .push(CertificateSigningRequestCondition {
-            type_: "Failed".into(),
-            status: "True".into(),
-            reason: Some(decision.reason.as_str().into()),
-            message: Some(decision.message.clone()),
-            ..Default::default()
-        });
-    match api
-        .replace_status(&seen.name, &PostParams::default(), &current)
-        .await
-    {
-        Ok(_) => Ok(Recorded::Yes),
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(Recorded::Conflict),
-        Err(source) => Err(issue_error(source)),
-    }
-}
-
 /// Whether a watch error means the API server no longer has the version the watch resumes
 /// from, so that only a new list helps (client-go's reflector relists on the same two): 410
 /// Gone (compacted), or "too large resource version" (504, cause ResourceVersionTooLarge),
@@ -1233,157 +769,4 @@ fn must_relist(e: &watcher::Error) -> bool {
                 .any(|c| c.reason == "ResourceVersionTooLarge")
         });
     status.code == 410 || (status.code == 504 && too_large)
-}
-
-/// Whether a request has a condition of `kind` (True).
-fn has_condition(csr: &CertificateSigningRequest, kind: &str) -> bool {
-    csr.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == kind && c.status == "True"))
-}
-
-/// Whether a request's certificate has been written.
-fn has_certificate(csr: &CertificateSigningRequest) -> bool {
-    csr.status
-        .as_ref()
-        .and_then(|s| s.certificate.as_ref())
-        .is_some_and(|c| !c.0.is_empty())
-}
-
-/// The carrier an approved kubelet request answered, from its annotation (counted only for
-/// requests hwkey approved as attested: another approver's approval marks nothing).
-fn answered_carrier(csr: &CertificateSigningRequest) -> Option<&str> {
-    let attested = csr
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| {
-            c.iter().any(|c| {
-                c.type_ == "Approved"
-                    && c.reason.as_deref() == Some(Reason::AttestedTpmKey.as_str())
-            })
-        });
-    if !attested {
-        return None;
-    }
-    csr.metadata
-        .annotations
-        .as_ref()?
-        .get(crate::pki::ek_join::ANNOTATION_CARRIER)
-        .map(String::as_str)
-}
-
-/// The decision that writes a denial.
-fn denial(seen: &Seen, v: Violation) -> Decision {
-    Decision {
-        name: seen.name.clone(),
-        approved: false,
-        reason: v.reason,
-        message: v.message,
-    }
-}
-
-/// The annotations and labels to write back (None: the request changed or is gone).
-async fn kept_metadata(
-    api: &Api<CertificateSigningRequest>,
-    seen: &Seen,
-    decision: &Decision,
-) -> Result<Option<(Option<Labels>, Option<Labels>)>, ApproverError> {
-    match &seen.metadata {
-        KeptMetadata::Kept {
-            annotations,
-            labels,
-        } => Ok(Some((annotations.clone(), labels.clone()))),
-        KeptMetadata::ReadAgain => match api.get(&seen.name).await {
-            Ok(c) if c.metadata.uid.as_deref() == Some(seen.uid.as_str()) => {
-                Ok(Some((c.metadata.annotations, c.metadata.labels)))
-            }
-            Ok(_) => Ok(None),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
-            Err(source) => Err(ApproverError::Approve {
-                name: decision.name.clone(),
-                source,
-            }),
-        },
-    }
-}
-
-type Labels = std::collections::BTreeMap<String, String>;
-
-/// The PUT itself.
-pub async fn record(
-    api: &Api<CertificateSigningRequest>,
-    seen: &Seen,
-    decision: &Decision,
-) -> Result<Recorded, ApproverError> {
-    let Some((annotations, labels)) = kept_metadata(api, seen, decision).await? else {
-        return Ok(Recorded::Conflict);
-    };
-    let mut conditions = seen.conditions.clone();
-    conditions.push(CertificateSigningRequestCondition {
-        type_: if decision.approved {
-            "Approved".into()
-        } else {
-            "Denied".into()
-        },
-        status: "True".into(),
-        reason: Some(decision.reason.as_str().into()),
-        message: Some(decision.message.clone()),
-        ..Default::default()
-    });
-    let body = CertificateSigningRequest {
-        metadata: ObjectMeta {
-            name: Some(seen.name.clone()),
-            uid: Some(seen.uid.clone()),
-            resource_version: Some(seen.resource_version.clone()),
-            annotations,
-            labels,
-            ..Default::default()
-        },
-        spec: CertificateSigningRequestSpec {
-            signer_name: seen.signer.clone(),
-            usages: Some(seen.usages.clone()),
-            ..Default::default()
-        },
-        status: Some(CertificateSigningRequestStatus {
-            conditions: Some(conditions),
-            ..Default::default()
-        }),
-    };
-    match api
-        .replace_subresource::<CertificateSigningRequest>(
-            "approval",
-            &seen.name,
-            &PostParams::default(),
-            &body,
-        )
-        .await
-    {
-        Ok(_) => Ok(Recorded::Yes),
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(Recorded::Conflict),
-        Err(source) => Err(ApproverError::Approve {
-            name: decision.name.clone(),
-            source,
-        }),
-    }
-}
-/// The decision for a person's key attested by a YubiKey: the devices registered for them
-/// decide ([`person::settle_piv`]).
-fn settle_piv(
-    seen: &Seen,
-    user: &str,
-    facts: &crate::pki::piv::PivFacts,
-    registered: &[crate::pki::registration::RegisteredPiv],
-) -> Decision {
-    let (approved, reason, message) = match person::settle_piv(user, facts, registered) {
-        Ok(m) => (true, Reason::AttestedPivKey, m),
-        Err(v) => (false, v.reason, v.message),
-    };
-    Decision {
-        name: seen.name.clone(),
-        approved,
-        reason,
-        message,
-    }
 }

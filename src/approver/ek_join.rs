@@ -23,11 +23,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 
-use super::policy::{self, Reason, Violation};
+use super::reason::{self, Reason, Violation};
 use crate::pki::ek_crl::EkCrls;
 use crate::pki::ek_join::{self, Credential};
 use crate::pki::registration::EnrollmentFile;
-use crate::pki::request::Request;
 
 pub use crate::pki::ek_join::CREDENTIAL_SIGNER;
 
@@ -141,11 +140,9 @@ fn deny(reason: Reason, message: impl Into<String>) -> Violation {
     }
 }
 
-/// The facts of any carrier request whose enrollment reads (None otherwise: an answer to it
-/// cannot be checked, so none is accepted).
-pub fn facts_of(csr: &CertificateSigningRequest) -> Option<CarrierFacts> {
-    let request = Request::from_pem(&csr.spec.request.0).ok()?;
-    let node = policy::check_node_client(&request, None).ok()?.node;
+/// The facts of any carrier request for `node` whose enrollment reads (None otherwise: an
+/// answer to it cannot be checked, so none is accepted).
+pub fn facts_of(csr: &CertificateSigningRequest, node: String) -> Option<CarrierFacts> {
     let text = enrollment_text(csr).ok()?;
     let enrollment = EnrollmentFile::parse(text).ok()?;
     facts_from(csr, node, &enrollment).ok()
@@ -206,7 +203,7 @@ fn facts_from(
         .and_then(|p| {
             x509_parser::parse_x509_certificate(p.contents())
                 .ok()
-                .map(|(_, c)| policy::bounded(&c.issuer().to_string()))
+                .map(|(_, c)| reason::bounded(&c.issuer().to_string()))
         })
         .unwrap_or_else(|| "an unreadable certificate".into());
     Ok(CarrierFacts {
@@ -311,14 +308,14 @@ impl Carriers {
         ak_name: &[u8],
         requester: &str,
     ) -> Result<&CarrierFacts, Violation> {
-        let carrier = policy::bounded(&claim.carrier);
+        let carrier = reason::bounded(&claim.carrier);
         let facts = self.facts.get(&claim.carrier).ok_or_else(|| {
             invalid(format!("there is no carrier request '{carrier}' with a TPM enrollment (expired and deleted, or never made)"))
         })?;
         let mismatch = if facts.requester != requester {
             format!(
                 "was made by {}, not by this request's requester",
-                policy::bounded(&facts.requester)
+                reason::bounded(&facts.requester)
             )
         } else if facts.node != node {
             format!("is for node '{}', not '{node}'", facts.node)
@@ -489,7 +486,7 @@ impl Join<'_> {
         requester: &str,
         now: i64,
     ) -> Result<Binding, Violation> {
-        let carrier = policy::bounded(&claim.carrier);
+        let carrier = reason::bounded(&claim.carrier);
         let facts = carriers.matching(claim, node, ak_name, requester)?;
         let expires_at = self.expiry(facts);
         if now > expires_at {

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::pki::csr::{CLIENT_SIGNER, KUBELET_SIGNER, SERVING_SIGNER};
+
 /// Why the approver could not do something (start, read, write, lead).
 #[derive(Debug, thiserror::Error)]
 #[allow(
@@ -11,7 +13,7 @@ use std::time::Duration;
 )]
 pub enum ApproverError {
     #[error(transparent)]
-    Policy(#[from] super::policy::NoPolicy),
+    Policy(#[from] NoPolicy),
 
     #[error("cannot record the decision on CertificateSigningRequest {name}: {source} (the approver's account needs `update` on certificatesigningrequests/approval and `approve` on the signer: see deploy/approver.yaml)")]
     Approve {
@@ -39,6 +41,13 @@ pub enum ApproverError {
     #[error("cannot issue the credential of CertificateSigningRequest {name}: {source} (the approver's account needs `update` on certificatesigningrequests/status and `sign` on signer hwkey.dev/tpm-credential: see deploy/approver-ek.yaml)")]
     Issue {
         name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("cannot read Node {node} to check a serving request's names: {source} (the approver's account needs `get` on nodes: see deploy/approver-serving.yaml)")]
+    ReadNode {
+        node: String,
         #[source]
         source: kube::Error,
     },
@@ -79,4 +88,12 @@ pub enum ApproverError {
         count: usize,
         first: Box<ApproverError>,
     },
+}
+
+/// An approver asked to decide for a signer hwkey has no policy for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("hwkey has no approval policy for signer '{signer}': it approves only {} (node client certificates, checked like Kubernetes' ValidateKubeletClientCSR) and, with --people-trust or --people-trust-configmap, {} (people renewing their own identity) and, with --ek-ca and --credential-key, hwkey.dev/tpm-credential (TPMs joining by their EK certificate) and {} (a node's serving certificate for its own addresses); approving another signer's requests would issue identities no policy checked", KUBELET_SIGNER, CLIENT_SIGNER, SERVING_SIGNER)]
+pub struct NoPolicy {
+    /// The signer asked for (escaped).
+    pub signer: String,
 }

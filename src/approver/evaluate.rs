@@ -1,20 +1,11 @@
-//! One request, judged by what the request alone shows: its bytes, its requester, its evidence
-//! and its times. What depends on the cluster's state (the registered nodes, other requests
-//! with the same evidence) is settled right before the decision is written
-//! ([`super::controller`]).
+//! What every policy reads the same way: the request as the loop keeps it ([`Seen`]), the rules,
+//! a requester's entitlement to a node ([`attested_node`]), TPM evidence verified and fresh
+//! ([`attested`]), and the rank that decides which of several requests with the same evidence
+//! gets it. The policies themselves are in [`super::policy`]; what depends on the cluster's
+//! state is settled right before the decision is written ([`super::controller`]).
 //!
-//! In order, the first check that fails is the denial's reason ([`Reason`]):
-//!
-//! 1. `spec.request` is at most 64 KiB and exactly one CERTIFICATE REQUEST block, read
-//!    strictly as one [`Request`] (the bytes Go signs from);
-//! 2. the signer's policy ([`policy::check_node_client`]): subject, SANs, requested
-//!    extensions and attributes, `spec.usages`;
-//! 3. the requester may ask for that node: the node itself, or a bootstrap identity in one of
-//!    the configured bootstrap groups;
-//! 4. the request's own signature and its TPM evidence hold, bound to its exact subject and key
-//!    ([`crate::pki::attestation::verify_evidence`]);
-//! 5. it is fresh: the evidence was made within the window before the request was created, and
-//!    the request has not waited longer than the window since.
+//! Evidence is fresh when it was made within the window before the request was created, and
+//! the request has not waited longer than the window since.
 
 use std::time::Duration;
 
@@ -22,34 +13,16 @@ use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
 };
 
-use super::person::{self, PeopleRules};
-use super::policy::{self, Reason, Violation};
+use super::reason::{self, Reason, Violation};
 use crate::pki::attestation::{self, Attested};
-use crate::pki::csr::CLIENT_SIGNER;
 use crate::pki::request::Request;
 use crate::pki::same_key::SameKey;
-use crate::pki::same_key::{self, Proof};
 
 /// How far a node's clock may run ahead of the API server's: evidence made up to this long
 /// after its request was created is still fresh.
 pub const CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
 
-pub use super::policy::OnMissingEvidence;
-
-/// The rules a decision applies beyond the signer's policy.
-#[derive(Debug, Clone)]
-pub struct Rules {
-    /// Requests without evidence: deny or leave alone.
-    pub on_missing_evidence: OnMissingEvidence,
-    /// Groups whose bootstrap identities (`system:bootstrap:*`) may ask for a node identity.
-    pub bootstrap_groups: Vec<String>,
-    /// How old evidence may be when its request is created.
-    pub evidence_max_age: Duration,
-    /// The people policy (`kubernetes.io/kube-apiserver-client`), when configured.
-    pub people: Option<PeopleRules>,
-    /// TPMs that join by their EK certificate (`hwkey.dev/tpm-credential`), when configured.
-    pub ek_join: Option<std::sync::Arc<super::ek_join::JoinSettings>>,
-}
+pub use super::rules::{OnMissingEvidence, Rules};
 
 /// A request's identity and state, without its bytes: all the approver keeps of it.
 #[derive(Debug, Clone, PartialEq)]
@@ -181,23 +154,6 @@ pub struct Candidate {
     pub claim: Option<super::ek_join::Claim>,
 }
 
-/// What the request alone decides.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Evaluated {
-    /// Left to other approvers (`--on-missing-evidence ignore` and no evidence).
-    Ignore,
-    /// Denied, whatever else holds.
-    Deny(Violation),
-    /// Approved if its node's AK is registered and no better-ranked request holds its evidence.
-    Candidate(Box<Candidate>),
-    /// A person's request: approved if the people trust's allow list admits the requester (and,
-    /// for a TPM key, its AK is registered for them and the evidence is its own).
-    Person(Box<PersonCandidate>),
-    /// A carrier request (a TPM joining by its EK certificate): issued if its EK certificate
-    /// is trusted and the binding policy allows it.
-    Carrier(Box<super::ek_join::CarrierCandidate>),
-}
-
 /// How a person proved the key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PersonProof {
@@ -224,114 +180,6 @@ pub struct PersonCandidate {
     pub proof: PersonProof,
 }
 
-/// Judges an open request of ours. `now` is the approver's clock (Unix seconds).
-pub fn evaluate(csr: &CertificateSigningRequest, rules: &Rules, now: i64) -> Evaluated {
-    if csr.spec.signer_name == super::ek_join::CREDENTIAL_SIGNER {
-        if rules.ek_join.is_none() {
-            return Evaluated::Ignore;
-        }
-        return match judge_carrier(csr, rules, now) {
-            Ok(c) => Evaluated::Carrier(Box::new(c)),
-            Err(v) => Evaluated::Deny(v),
-        };
-    }
-    if csr.spec.signer_name == CLIENT_SIGNER {
-        if let Some(people) = &rules.people {
-            return match judge_person(csr, rules, people, now) {
-                Ok(Some(p)) => Evaluated::Person(Box::new(p)),
-                Ok(None) => Evaluated::Ignore,
-                Err(v) => Evaluated::Deny(v),
-            };
-        }
-    }
-    match judge(csr, rules, now) {
-        Ok(Some(c)) => Evaluated::Candidate(Box::new(c)),
-        Ok(None) => Evaluated::Ignore,
-        Err(v) => Evaluated::Deny(v),
-    }
-}
-
-/// A person's request: [`person::check_request`], then its proof of the key.
-fn judge_person(
-    csr: &CertificateSigningRequest,
-    rules: &Rules,
-    people: &PeopleRules,
-    now: i64,
-) -> Result<Option<PersonCandidate>, Violation> {
-    let request = Request::from_pem(&csr.spec.request.0)?;
-    let proof = same_key::proof_of(&request);
-    if proof == Proof::Missing && people.on_missing_proof == OnMissingEvidence::Ignore {
-        // Left for a human only when the requester asks for their own name (an enrolment
-        // waiting for its first hardware proof); one approval away from someone else's name
-        // is a request nobody should have to remember to deny.
-        return person::check_requester_is_subject(csr, &request).map(|()| None);
-    }
-    let (user, groups, orgs) = person::check_request(csr, &request, people)?;
-    let proof = match proof {
-        Proof::Missing => {
-            return Err(deny(
-                Reason::NoEvidence,
-                "the request carries neither the requester's current certificate (a renewal with the same key: hwkey renew) nor TPM evidence (a new key: --attest)",
-            ))
-        }
-        Proof::Unreadable(m) => return Err(deny(Reason::EvidenceInvalid, m)),
-        Proof::CurrentCertificate(cert) => PersonProof::SameKey(
-            same_key::verify(&request, &cert, &people.client_cas, now)
-                .map_err(|r| deny(Reason::of(r.refusal), r.message))?,
-        ),
-        Proof::PivAttestation { attestation, certs } => {
-            PersonProof::Piv(Box::new(piv_facts(&request, &attestation, &certs, people, now)?))
-        }
-        Proof::TpmCertify => PersonProof::Attested(Box::new(attested(
-            csr,
-            &request,
-            user.clone(),
-            0,
-            rules,
-            now,
-        )?)),
-    };
-    Ok(Some(PersonCandidate {
-        user,
-        groups,
-        orgs,
-        proof,
-    }))
-}
-
-/// A PIV attestation that holds for this request: exactly one device certificate, a chain to
-/// a configured root, the attested key the request's own (and its signature, possession).
-fn piv_facts(
-    request: &Request,
-    attestation: &[u8],
-    certs: &[Vec<u8>],
-    people: &PeopleRules,
-    now: i64,
-) -> Result<crate::pki::piv::PivFacts, Violation> {
-    let invalid = |m: String| deny(Reason::EvidenceInvalid, m);
-    let [f9] = certs else {
-        return Err(invalid(format!(
-            "a PIV attestation carries exactly the device's attestation certificate (f9), not {} certificates",
-            certs.len()
-        )));
-    };
-    if !request.signature_verifies() {
-        return Err(invalid(
-            "the request's own signature does not verify with its key".into(),
-        ));
-    }
-    let facts = people
-        .piv_roots
-        .verify(attestation, f9, now)
-        .map_err(|e| invalid(format!("the PIV attestation does not hold: {e}")))?;
-    if facts.spki != request.spki_der() {
-        return Err(invalid(
-            "the PIV attestation is for another key than the request's".into(),
-        ));
-    }
-    Ok(facts)
-}
-
 fn deny(reason: Reason, message: impl Into<String>) -> Violation {
     Violation {
         reason,
@@ -339,60 +187,8 @@ fn deny(reason: Reason, message: impl Into<String>) -> Violation {
     }
 }
 
-fn judge(
-    csr: &CertificateSigningRequest,
-    rules: &Rules,
-    now: i64,
-) -> Result<Option<Candidate>, Violation> {
-    let request = Request::from_pem(&csr.spec.request.0)?;
-    if request.attributes_of(attestation::OID_EVIDENCE).is_empty()
-        && rules.on_missing_evidence == OnMissingEvidence::Ignore
-    {
-        return Ok(None);
-    }
-    let usages = csr.spec.usages.clone().unwrap_or_default();
-    let identity = policy::check_node_client(&request, Some(&usages))?;
-    let mut candidate = attested_node(csr, &request, identity.node, rules, now)?;
-    if rules.ek_join.is_some() {
-        candidate.claim = super::ek_join::claim_of(csr)?;
-    }
-    Ok(Some(candidate))
-}
-
-/// Judges a carrier request by itself: a node's subject and nothing else, usages
-/// [`CARRIER_USAGES`](crate::pki::ek_join::CARRIER_USAGES), a requester that may ask for the
-/// node, fresh TPM2_Certify evidence of its key, and an enrollment whose AK is the evidence's
-/// ([`super::ek_join::carrier_candidate`]).
-fn judge_carrier(
-    csr: &CertificateSigningRequest,
-    rules: &Rules,
-    now: i64,
-) -> Result<super::ek_join::CarrierCandidate, Violation> {
-    use crate::pki::ek_join::CARRIER_USAGES;
-    let request = Request::from_pem(&csr.spec.request.0)?;
-    let identity = policy::check_node_client(&request, None)?;
-    let usages = csr.spec.usages.clone().unwrap_or_default();
-    if usages != CARRIER_USAGES {
-        return Err(deny(
-            Reason::UsagesNotAllowed,
-            format!(
-                "a carrier request's usages are {CARRIER_USAGES:?}, not {}",
-                policy::bounded(&format!("{usages:?}"))
-            ),
-        ));
-    }
-    let candidate = attested_node(csr, &request, identity.node, rules, now)?;
-    if candidate.rank.class != 1 {
-        return Err(deny(
-            Reason::RequesterNotAllowed,
-            "a carrier request comes from a bootstrap identity: a node that holds its certificate renews with it (a node whose entry was removed does not bind its name again by itself)",
-        ));
-    }
-    super::ek_join::carrier_candidate(csr, candidate.node, &candidate.attested.ak_name)
-}
-
 /// A request for `node` by a requester entitled to ask for it, with fresh TPM evidence.
-fn attested_node(
+pub fn attested_node(
     csr: &CertificateSigningRequest,
     request: &Request,
     node: String,
@@ -406,7 +202,7 @@ fn attested_node(
 
 /// The TPM evidence of `request` verified and fresh: a candidate for `name` (a node, or a
 /// person registered by user name) of requester `class`.
-fn attested(
+pub fn attested(
     csr: &CertificateSigningRequest,
     request: &Request,
     name: String,
@@ -487,15 +283,15 @@ fn check_requester(
     reason = "each variant is documented by its #[error] message"
 )]
 pub enum RequesterRefused {
-    #[error("{} is a bootstrap identity, and no bootstrap group is allowed (pass --bootstrap-group with the group of the nodes' bootstrap tokens)", policy::bounded(.user))]
+    #[error("{} is a bootstrap identity, and no bootstrap group is allowed (pass --bootstrap-group with the group of the nodes' bootstrap tokens)", reason::bounded(.user))]
     NoBootstrapGroup { user: String },
-    #[error("{} is in groups {}, none of the bootstrap groups allowed to join nodes ({allowed:?})", policy::bounded(.user), policy::bounded(&format!("{groups:?}")))]
+    #[error("{} is in groups {}, none of the bootstrap groups allowed to join nodes ({allowed:?})", reason::bounded(.user), reason::bounded(&format!("{groups:?}")))]
     OtherGroups {
         user: String,
         groups: Vec<String>,
         allowed: Vec<String>,
     },
-    #[error("{} may not ask for system:node:{node}: only that node itself or a bootstrap identity of an allowed group may", policy::bounded(.user))]
+    #[error("{} may not ask for system:node:{node}: only that node itself or a bootstrap identity of an allowed group may", reason::bounded(.user))]
     NotTheNode { user: String, node: String },
 }
 
@@ -545,6 +341,17 @@ fn check_fresh(created: i64, now: i64, made_at: u64, max_age: Duration) -> Resul
 /// evidence is approved, so the reuse index may forget it.
 pub fn evidence_lifetime(max_age: Duration) -> i64 {
     i64::try_from((max_age + CLOCK_SKEW).as_secs()).unwrap_or(i64::MAX)
+}
+
+/// A serving request that passed every check of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServingCandidate {
+    /// N.
+    pub node: String,
+    /// The names asked for.
+    pub names: crate::pki::san::Names,
+    /// What its TPM evidence proved, if it carries any.
+    pub attested: Option<Box<Candidate>>,
 }
 
 #[cfg(test)]

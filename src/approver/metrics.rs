@@ -34,7 +34,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use super::policy::Reason;
+use super::reason::Reason;
 use crate::label_values;
 use crate::metric_labels::LabelValue;
 

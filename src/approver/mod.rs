@@ -22,8 +22,10 @@
 //! Threads: a small multi-thread runtime, so the Lease's renewals, the liveness probe and the
 //! decision loop never wait for one another.
 
+pub mod allow_list;
 pub mod binding;
 pub mod controller;
+pub mod decision;
 pub mod ek_join;
 pub mod error;
 pub mod evaluate;
@@ -31,16 +33,20 @@ pub mod evidence_index;
 pub mod lease;
 pub mod lifetime;
 pub mod metrics;
-pub mod person;
 pub mod policy;
 pub mod queue;
+pub mod reason;
+pub mod rules;
+pub mod settings;
 pub mod trust;
+pub mod write;
 
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
-pub use self::controller::{Decision, Mode, Round, Settings};
+pub use self::controller::{Mode, Round, Settings};
+pub use self::decision::Decision;
 pub use self::error::ApproverError;
 pub use self::evaluate::{OnMissingEvidence, Rules};
 pub use self::policy::{Reason, SignerPolicy};
@@ -63,26 +69,19 @@ pub struct ApproverOptions {
     pub people: Option<TrustSource>,
 }
 
-/// Checks that every signer has a policy (`people`: whether a people trust is configured): the
-/// approver refuses to start otherwise.
-pub fn check_signers(
-    signer_names: &[String],
-    people: bool,
-    ek_join: bool,
-) -> Result<(), ApproverError> {
+/// Checks that every signer has a policy with what `rules` configure: the approver refuses to
+/// start otherwise.
+pub fn check_signers(signer_names: &[String], rules: &Rules) -> Result<(), ApproverError> {
+    let configured = policy::Configured::of(rules);
     for signer in signer_names {
-        SignerPolicy::for_signer(signer, people, ek_join)?;
+        SignerPolicy::for_signer(signer, configured)?;
     }
     Ok(())
 }
 
 /// [`check_signers`] for `options`.
 fn check_options(options: &ApproverOptions) -> Result<(), ApproverError> {
-    check_signers(
-        &options.settings.signer_names,
-        options.people.is_some(),
-        options.settings.rules.ek_join.is_some(),
-    )
+    check_signers(&options.settings.signer_names, &options.settings.rules)
 }
 
 /// Reads both trust sources once (each that is configured).

@@ -103,7 +103,7 @@ pub enum RecordError {
     #[error("no answer {1} the trust ConfigMap within {0:?}")]
     Timeout(Duration, &'static str),
     #[error("the trust changed since the decision: {0}")]
-    Changed(super::policy::Violation),
+    Changed(super::reason::Violation),
 }
 
 /// What to do about an API error writing a binding.
@@ -522,7 +522,7 @@ impl Trust {
         &self,
         node: &str,
         text: &str,
-        still: impl Fn(&TrustRead) -> Result<(), super::policy::Violation>,
+        still: impl Fn(&TrustRead) -> Result<(), super::reason::Violation>,
     ) -> Result<(), RecordError> {
         let TrustSource::ConfigMap { namespace, name } = &self.source else {
             return Err(RecordError::NotAConfigMap(self.source.to_string()));
@@ -564,7 +564,7 @@ fn allow_problem(allow: Option<&str>) -> Option<String> {
             "it has no '{}' entry: nobody may renew a person's certificate",
             registration::ALLOW_ENTRY
         )),
-        Some(text) => super::person::AllowList::parse(text).err().map(|e| {
+        Some(text) => super::allow_list::AllowList::parse(text).err().map(|e| {
             format!(
                 "its '{}' entry is refused, so nobody may renew: {e}",
                 registration::ALLOW_ENTRY

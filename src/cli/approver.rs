@@ -13,9 +13,11 @@ pub struct ApproverArgs {
     kubeconfig: Option<PathBuf>,
     /// A signerName whose requests this approver decides (repeatable). Only signers hwkey has a
     /// policy for are accepted: kubernetes.io/kube-apiserver-client-kubelet (node client
-    /// certificates) and, with --people-trust or --people-trust-configmap,
-    /// kubernetes.io/kube-apiserver-client (people renewing their own identity); any other
-    /// refuses to start.
+    /// certificates); kubernetes.io/kubelet-serving (a node's serving certificate for its own
+    /// addresses); with --people-trust or --people-trust-configmap,
+    /// kubernetes.io/kube-apiserver-client (people renewing their own identity); with
+    /// --credential-key, hwkey.dev/tpm-credential (TPMs joining by their EK certificate); any
+    /// other refuses to start.
     #[arg(long = "signer-name", required = true)]
     signer_names: Vec<String>,
     /// A group whose bootstrap-token identities (system:bootstrap:*) may ask for a node's first
@@ -89,6 +91,15 @@ pub struct ApproverArgs {
     /// (RequesterNotAllowed); with `deny` it is always denied (NoEvidence).
     #[arg(long, value_enum, default_value = "ignore")]
     people_on_missing_proof: OnMissing,
+    /// With --signer-name kubernetes.io/kubelet-serving: approve a node's serving certificate
+    /// only when the node holds an attested client identity (its AK registered in the trust).
+    #[arg(long)]
+    serving_require_attested_node: bool,
+    /// With --signer-name kubernetes.io/kubelet-serving: the longest lifetime a serving
+    /// request may ask for (spec.expirationSeconds; a request asking none gets the signer's
+    /// --cluster-signing-duration).
+    #[arg(long, value_parser = crate::duration::parse_duration)]
+    serving_max_lifetime: Option<Duration>,
     /// Requests without TPM evidence: deny them (NoEvidence) or leave them to other approvers.
     #[arg(long, value_enum, default_value = "deny")]
     on_missing_evidence: OnMissing,
@@ -134,152 +145,31 @@ enum OnMissing {
 /// Where a service account's namespace is, in a pod.
 const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
-/// The approver's settings from the flags: the trust source, the signers (each must have a
-/// policy) and the decision rules.
+/// The approver's settings from the flags, checked by the library.
 #[cfg(feature = "tpm")]
 fn options(args: &ApproverArgs) -> anyhow::Result<crate::approver::ApproverOptions> {
-    use crate::approver::person::PeopleRules;
-    use crate::approver::trust::TrustSource;
-    use crate::approver::{self, ApproverOptions, Rules, Settings};
-    use crate::pki::csr::{CLIENT_SIGNER, KUBELET_SIGNER};
-    let source = |dir: &Option<PathBuf>, map: &Option<String>, flag: &str| match (dir, map) {
-        (Some(dir), _) => Ok(Some(TrustSource::Dir(dir.clone()))),
-        (None, Some(spec)) => TrustSource::config_map(spec)
-            .map(Some)
-            .map_err(|e| anyhow::anyhow!("--{flag}-configmap: {e}")),
-        (None, None) => Ok(None),
+    let flags = crate::approver::settings::Flags {
+        signer_names: args.signer_names.clone(),
+        bootstrap_groups: args.bootstrap_groups.clone(),
+        evidence_max_age: args.evidence_max_age,
+        trust: args.trust.clone(),
+        trust_configmap: args.trust_configmap.clone(),
+        people_trust: args.people_trust.clone(),
+        people_trust_configmap: args.people_trust_configmap.clone(),
+        people_client_ca: args.people_client_ca.clone(),
+        people_max_lifetime: args.people_max_lifetime,
+        people_on_missing_proof: on_missing(args.people_on_missing_proof),
+        piv_roots: args.piv_roots.clone(),
+        no_yubico_piv_roots: args.no_yubico_piv_roots,
+        ek_ca: args.ek_ca.clone(),
+        ek_crl: args.ek_crl.clone(),
+        credential_key: args.credential_key.clone(),
+        credential_ttl: args.credential_ttl,
+        on_missing_evidence: on_missing(args.on_missing_evidence),
+        serving_require_attested_node: args.serving_require_attested_node,
+        serving_max_lifetime: args.serving_max_lifetime,
     };
-    let trust = source(&args.trust, &args.trust_configmap, "trust")?;
-    let people = source(
-        &args.people_trust,
-        &args.people_trust_configmap,
-        "people-trust",
-    )?;
-    let names = |signer: &str| args.signer_names.iter().any(|s| s == signer);
-    let ek_join = ek_join_settings(args, names(approver::ek_join::CREDENTIAL_SIGNER), &trust)?;
-    approver::check_signers(&args.signer_names, people.is_some(), ek_join.is_some())?;
-    if names(KUBELET_SIGNER) && trust.is_none() {
-        anyhow::bail!("--signer-name {KUBELET_SIGNER} needs the registered nodes: pass --trust DIR or --trust-configmap NAMESPACE/NAME");
-    }
-    if people.is_some() && !names(CLIENT_SIGNER) {
-        anyhow::bail!("a people trust is given but --signer-name {CLIENT_SIGNER} is not: add it, or drop the people trust");
-    }
-    let people_rules = match (&people, &args.people_client_ca) {
-        (None, _) => None,
-        (Some(_), None) => anyhow::bail!("a people trust needs --people-client-ca FILE: the CA of the cluster's client certificates, which a same-key renewal's certificate must chain to"),
-        (Some(_), Some(path)) => Some(PeopleRules {
-            client_cas: crate::pki::same_key::ClientCas::from_pem_file(path)
-                .map_err(|e| anyhow::anyhow!("--people-client-ca: {e}"))?,
-            max_lifetime: args.people_max_lifetime,
-            expiration_known: crate::approver::lifetime::LifetimeSupport::new(true),
-            piv_roots: piv_roots(&args.piv_roots, args.no_yubico_piv_roots)?,
-            on_missing_proof: on_missing(args.people_on_missing_proof),
-        }),
-    };
-    if trust.is_some() && trust == people {
-        anyhow::bail!("the people trust and the nodes' trust are one source: a user's AK entry would also register a node of that name; give the people their own directory or ConfigMap");
-    }
-    if args.people_max_lifetime < Duration::from_secs(600) {
-        anyhow::bail!("--people-max-lifetime {:?} is below the 10 minutes Kubernetes accepts for spec.expirationSeconds", args.people_max_lifetime);
-    }
-    if args.evidence_max_age > Duration::from_secs(50 * 60) || args.evidence_max_age.is_zero() {
-        anyhow::bail!(
-            "--evidence-max-age {:?} is out of range: use 1s to 50m (decided requests are kept an hour, and a reused copy must still find its original)",
-            args.evidence_max_age
-        );
-    }
-    Ok(ApproverOptions {
-        settings: Settings {
-            signer_names: args.signer_names.clone(),
-            rules: Rules {
-                on_missing_evidence: on_missing(args.on_missing_evidence),
-                bootstrap_groups: args.bootstrap_groups.clone(),
-                evidence_max_age: args.evidence_max_age,
-                people: people_rules,
-                ek_join,
-            },
-        },
-        trust,
-        people,
-    })
-}
-
-/// The settings for TPMs that join by their EK certificate, when the carrier signer is asked
-/// for.
-#[cfg(feature = "tpm")]
-fn ek_join_settings(
-    args: &ApproverArgs,
-    asked: bool,
-    trust: &Option<crate::approver::trust::TrustSource>,
-) -> anyhow::Result<Option<std::sync::Arc<crate::approver::ek_join::JoinSettings>>> {
-    use crate::approver::ek_join::CREDENTIAL_SIGNER;
-    use crate::approver::trust::TrustSource;
-    use anyhow::Context as _;
-    let configured =
-        !args.ek_ca.is_empty() || !args.ek_crl.is_empty() || args.credential_key.is_some();
-    if !asked {
-        if configured {
-            anyhow::bail!("--ek-ca, --ek-crl and --credential-key are for TPMs that join by their EK certificate: add --signer-name {CREDENTIAL_SIGNER}, or drop them");
-        }
-        return Ok(None);
-    }
-    if !args
-        .signer_names
-        .iter()
-        .any(|s| s == crate::pki::csr::KUBELET_SIGNER)
-    {
-        anyhow::bail!("--signer-name {CREDENTIAL_SIGNER} needs --signer-name {}: a joining node answers its credential in its kubelet client request", crate::pki::csr::KUBELET_SIGNER);
-    }
-    if !matches!(trust, Some(TrustSource::ConfigMap { .. })) {
-        anyhow::bail!("--signer-name {CREDENTIAL_SIGNER} needs --trust-configmap: the approver records each TPM's binding to its node name there");
-    }
-    let Some(key_path) = &args.credential_key else {
-        anyhow::bail!("--signer-name {CREDENTIAL_SIGNER} needs --credential-key FILE: 32 random bytes or more, the same for every replica (e.g. a Secret made with `head -c 32 /dev/urandom`)");
-    };
-    let key = zeroize::Zeroizing::new(
-        crate::small_file::read(key_path)
-            .with_context(|| format!("--credential-key {}: cannot read it", key_path.display()))?,
-    );
-    if key.len() < 32 {
-        anyhow::bail!("--credential-key {} holds {} bytes: make it 32 random bytes or more (`head -c 32 /dev/urandom > FILE`)", key_path.display(), key.len());
-    }
-    if args.credential_ttl < Duration::from_secs(5)
-        || args.credential_ttl > Duration::from_secs(24 * 3600)
-    {
-        anyhow::bail!(
-            "--credential-ttl {:?} is out of range: use 5s to 24h",
-            args.credential_ttl
-        );
-    }
-    let mut ca_pem = Vec::new();
-    for path in &args.ek_ca {
-        let bytes = crate::small_file::read(path)
-            .with_context(|| format!("--ek-ca {}: cannot read it", path.display()))?;
-        let certs = ::pem::parse_many(&bytes)
-            .with_context(|| format!("--ek-ca {}: not PEM", path.display()))?;
-        if !certs.iter().any(|c| c.tag() == "CERTIFICATE") {
-            anyhow::bail!("--ek-ca {} holds no CERTIFICATE", path.display());
-        }
-        ca_pem.extend_from_slice(&bytes);
-        ca_pem.push(b'\n');
-    }
-    let mut crls = Vec::new();
-    for path in &args.ek_crl {
-        let bytes = crate::small_file::read(path)
-            .with_context(|| format!("--ek-crl {}: cannot read it", path.display()))?;
-        crls.push(
-            crate::pki::ek_crl::EkCrls::parse(&bytes)
-                .with_context(|| format!("--ek-crl {}", path.display()))?,
-        );
-    }
-    Ok(Some(std::sync::Arc::new(
-        crate::approver::ek_join::JoinSettings {
-            ca_pem,
-            crls,
-            key,
-            ttl: args.credential_ttl,
-        },
-    )))
+    Ok(flags.check()?)
 }
 
 #[cfg(feature = "tpm")]
@@ -436,31 +326,4 @@ async fn decide_once(
 #[cfg(not(feature = "tpm"))]
 pub fn run(_args: ApproverArgs) -> anyhow::Result<()> {
     anyhow::bail!("this hwkey was built without the TPM 2.0 backend, which checks TPM evidence: rebuild it with `cargo build --features tpm`")
-}
-
-/// Yubico's shipped PIV roots (unless `no_yubico`) plus each `--piv-roots` file.
-#[cfg(feature = "tpm")]
-fn piv_roots(files: &[PathBuf], no_yubico: bool) -> anyhow::Result<crate::pki::piv::PivRoots> {
-    use crate::pki::piv::PivRoots;
-    use anyhow::Context as _;
-    let mut roots = if no_yubico {
-        PivRoots::none()
-    } else {
-        PivRoots::yubico()
-    };
-    for file in files {
-        let text = crate::small_file::read_to_string(file)
-            .with_context(|| format!("--piv-roots {}", file.display()))?;
-        let more = PivRoots::from_pem(&text).with_context(|| {
-            format!(
-                "--piv-roots {}: give a PEM bundle of PIV attestation roots and intermediates",
-                file.display()
-            )
-        })?;
-        roots.add(more);
-    }
-    if no_yubico && files.is_empty() {
-        anyhow::bail!("--no-yubico-piv-roots needs --piv-roots FILE: with no root, no PIV attestation could ever hold");
-    }
-    Ok(roots)
 }

@@ -13,6 +13,9 @@ use crate::key::{der, Key, KeyAlgorithm, SignScheme};
 pub const KUBELET_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 /// The signer of other client certificates (people, controllers).
 pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+/// The signer of kubelets' serving certificates (`serverTLSBootstrap: true`), which nothing in
+/// Kubernetes approves.
+pub const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
 
 pub use super::request::{OID_EXTENSION_REQUEST, OID_SUBJECT_ALT_NAME};
 const OID_ECDSA_SHA256: &[u64] = &[1, 2, 840, 10045, 4, 3, 2];
@@ -246,10 +249,11 @@ pub fn to_pem(csr_der: &[u8]) -> String {
     der::to_pem("CERTIFICATE REQUEST", csr_der)
 }
 
-/// Wraps a CSR in a `certificates.k8s.io/v1` CertificateSigningRequest (YAML) for a client
-/// certificate: usages `digital signature` and `client auth`, as the kube-apiserver client
-/// signers require, plus `key encipherment` for the kubelet signer (kube-controller-manager
-/// before 1.22 signs node client certificates only with exactly those three).
+/// Wraps a CSR in a `certificates.k8s.io/v1` CertificateSigningRequest (YAML): usages `digital
+/// signature` and `client auth`, as the kube-apiserver client signers require, plus `key
+/// encipherment` for the kubelet signer (kube-controller-manager before 1.22 signs node client
+/// certificates only with exactly those three); `server auth` instead of `client auth` for the
+/// kubelet serving signer.
 pub fn kubernetes_object(
     name: &str,
     csr_pem: &str,
@@ -261,10 +265,10 @@ pub fn kubernetes_object(
     let mut spec = serde_json::json!({
         "request": request,
         "signerName": signer_name,
-        "usages": if signer_name == "kubernetes.io/kube-apiserver-client-kubelet" {
-            &["digital signature", "key encipherment", "client auth"][..]
-        } else {
-            &["digital signature", "client auth"][..]
+        "usages": match signer_name {
+            KUBELET_SIGNER => &["digital signature", "key encipherment", "client auth"][..],
+            SERVING_SIGNER => &["digital signature", "key encipherment", "server auth"][..],
+            _ => &["digital signature", "client auth"][..],
         },
     });
     if let Some(s) = expiration_seconds {

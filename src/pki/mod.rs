@@ -18,6 +18,7 @@ pub mod registration;
 pub mod request;
 pub mod request_pem;
 pub mod same_key;
+pub mod san;
 pub mod tls;
 
 pub use error::PkiError;

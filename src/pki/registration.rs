@@ -53,6 +53,8 @@ pub enum RegistrationError {
     NoSerial,
     #[error("its minFirmware: {0}")]
     Firmware(#[source] super::piv_policy::BadFirmware),
+    #[error("addresses: '{given}' is neither an IP address nor a host name (a node's serving certificate may name only what is listed)")]
+    Address { given: String },
 }
 
 /// A registered node: its name (the entry's name) and its AK's TPM name.
@@ -66,6 +68,9 @@ pub struct RegisteredAk {
     /// when the approver bound the node to a TPM by its EK certificate (`ekSha256`). A node
     /// registered without it is bound to its AK only.
     pub ek_sha256: Option<String>,
+    /// The node's names and addresses for its serving certificate (`addresses`), when the
+    /// registration lists them: they then decide instead of the Node's status.
+    pub addresses: Option<Vec<String>>,
 }
 
 /// A person's registered PIV devices (a people trust entry that starts with `piv:`), and what
@@ -172,6 +177,10 @@ pub struct EnrollmentFile {
     /// How the node was registered (written by `attest register`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered_by: Option<String>,
+    /// The node's host names and IP addresses its serving certificate may name (an operator's
+    /// word, instead of the Node's self-reported status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addresses: Option<Vec<String>>,
 }
 
 impl EnrollmentFile {
@@ -286,10 +295,22 @@ pub fn parse_registration(entry: &str, text: &str) -> Result<RegisteredAk, Regis
         Some(h) => Some(check_ek_sha256(h)?),
         None => None,
     };
+    if let Some(list) = &fields.addresses {
+        for given in list {
+            if given.parse::<std::net::IpAddr>().is_err()
+                && super::san::normalize_host(given).is_none()
+            {
+                return Err(RegistrationError::Address {
+                    given: given.escape_debug().to_string(),
+                });
+            }
+        }
+    }
     Ok(RegisteredAk {
         node: entry.to_string(),
         ak_name: fields.ak_name()?,
         ek_sha256,
+        addresses: fields.addresses.clone(),
     })
 }
 

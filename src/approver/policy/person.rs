@@ -36,17 +36,23 @@
 //! (their name, or their AK or YubiKey entry) is refused from then on, whatever proof they
 //! carry.
 
-use std::time::Duration;
-
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use serde::Deserialize;
-use yasna::models::ObjectIdentifier;
 
-use super::policy::{self, bounded, violation, Reason, Violation};
+use super::strict::{self, Purpose};
+use super::verdict::{Pending, Settling};
+use crate::approver::allow_list::{Admitted, AllowList};
+use crate::approver::decision::{Decided, Decision, Effect};
+use crate::approver::evaluate::{
+    self, Candidate, OnMissingEvidence, PersonCandidate, PersonProof, Seen,
+};
+use crate::approver::reason::bounded;
+use crate::approver::reason::{violation, Reason, Violation};
+use crate::approver::rules::PeopleRules;
+use crate::approver::trust::Registry;
 use crate::pki::piv::PivFacts;
 use crate::pki::registration::RegisteredPiv;
-use crate::pki::request::{Request, OID_COMMON_NAME, OID_ORGANIZATION};
-use crate::pki::same_key::ClientCas;
+use crate::pki::request::{Request, OID_COMMON_NAME};
+use crate::pki::same_key::{self, Proof};
 
 /// The group that bypasses authorization: approved into a certificate only when the allow list
 /// names it.
@@ -59,96 +65,6 @@ const NOT_PEOPLE: [&str; 4] = [
     "system:bootstrappers",
     "system:unauthenticated",
 ];
-
-/// The people policy's settings.
-#[derive(Debug, Clone)]
-pub struct PeopleRules {
-    /// The CA(s) of the cluster's client certificates: a current certificate must chain here.
-    pub client_cas: ClientCas,
-    /// The longest lifetime asked for (`spec.expirationSeconds`) that is approved.
-    pub max_lifetime: Duration,
-    /// Whether the API server knows `spec.expirationSeconds` (1.22 and later): then a request
-    /// must ask for a lifetime within [`PeopleRules::max_lifetime`]. Shared with the task that
-    /// reads the API server's version again ([`super::lifetime`]).
-    pub expiration_known: super::lifetime::LifetimeSupport,
-    /// The PIV attestation roots a YubiKey's chain must end at (Yubico's, as shipped, and
-    /// `--piv-roots`).
-    pub piv_roots: crate::pki::piv::PivRoots,
-    /// Requests that carry no proof of the key (an administrator enrolling someone, a
-    /// controller's own request): left to a human approver by default, since a denial is
-    /// final and would block every enrolment.
-    pub on_missing_proof: super::policy::OnMissingEvidence,
-}
-
-/// Who may renew (the people trust's `_allow` entry, YAML), by name, and with which proof.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct AllowList {
-    /// People who may renew their own identity, with hardware proof only (TPM evidence by an
-    /// AK, or a YubiKey's PIV attestation, registered under their name).
-    #[serde(default)]
-    pub users: Vec<String>,
-    /// People who may also renew with their current certificate alone: possession of the key,
-    /// not proof that hardware holds it. An administrator's explicit opt-in, person by person.
-    #[serde(default)]
-    pub certificate_only: Vec<String>,
-    /// Groups a listed person's certificate may carry that must be named to be carried
-    /// (`system:masters`). A group admits nobody (see the module's header).
-    #[serde(default)]
-    pub groups: Vec<String>,
-}
-
-/// Which proofs admit a person, from the allow list's words for them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admitted {
-    /// Hardware proof only (listed under `users`).
-    Hardware,
-    /// Hardware proof, or the current certificate alone (listed under `certificateOnly`).
-    HardwareOrCertificate,
-}
-
-impl AllowList {
-    /// Reads the `_allow` entry.
-    pub fn parse(text: &str) -> Result<AllowList, AllowListError> {
-        let list: AllowList = serde_yaml_ng::from_str(text).map_err(AllowListError::Yaml)?;
-        if list
-            .users
-            .iter()
-            .chain(&list.certificate_only)
-            .chain(&list.groups)
-            .any(String::is_empty)
-        {
-            return Err(AllowListError::EmptyName);
-        }
-        Ok(list)
-    }
-
-    /// Which proofs admit `user`, or None when the list does not name them. Only a name
-    /// admits: never a group, which for a person with a client certificate is that
-    /// certificate's own O.
-    pub fn admits(&self, user: &str) -> Option<Admitted> {
-        if self.certificate_only.iter().any(|u| u == user) {
-            Some(Admitted::HardwareOrCertificate)
-        } else if self.users.iter().any(|u| u == user) {
-            Some(Admitted::Hardware)
-        } else {
-            None
-        }
-    }
-}
-
-/// Why a people trust's `_allow` entry is refused (then nobody may renew).
-#[derive(Debug, thiserror::Error)]
-#[allow(
-    missing_docs,
-    reason = "each variant is documented by its #[error] message"
-)]
-pub enum AllowListError {
-    #[error("it is not YAML with 'users' and 'groups' lists: {0}")]
-    Yaml(#[source] serde_yaml_ng::Error),
-    #[error("it lists an empty name")]
-    EmptyName,
-}
 
 /// The requester, from the request object (set by the API server, not the requester).
 fn requester(csr: &CertificateSigningRequest) -> (String, Vec<String>) {
@@ -189,26 +105,8 @@ pub fn check_subject(
     groups: &[String],
 ) -> Result<Vec<String>, Violation> {
     let refuse = |m: String| violation(Reason::SubjectNotAllowed, m);
-    let (cn, o) = (
-        ObjectIdentifier::from_slice(OID_COMMON_NAME),
-        ObjectIdentifier::from_slice(OID_ORGANIZATION),
-    );
-    if let Some(other) = request.subject.iter().find(|a| a.oid != cn && a.oid != o) {
-        return Err(refuse(format!(
-            "the subject has attribute {} ('{}'): a person's subject is CN and O only",
-            other.oid,
-            bounded(&other.value)
-        )));
-    }
-    let cns = request.subject_values(OID_COMMON_NAME);
-    let [name] = cns.as_slice() else {
-        return Err(refuse(format!(
-            "the subject must have exactly one CN, not {} ({}): Kubernetes would take the last",
-            cns.len(),
-            policy::list(&cns)
-        )));
-    };
-    if *name != user {
+    let (name, orgs) = strict::cn_and_o(request, "a person's")?;
+    if name != user {
         return Err(violation(
             Reason::RequesterNotAllowed,
             format!(
@@ -218,7 +116,6 @@ pub fn check_subject(
             ),
         ));
     }
-    let orgs = request.subject_values(OID_ORGANIZATION);
     for org in &orgs {
         if !groups.iter().any(|g| g == org) {
             return Err(refuse(format!(
@@ -290,19 +187,19 @@ pub fn check_request(
     request: &Request,
     rules: &PeopleRules,
 ) -> Result<(String, Vec<String>, Vec<String>), Violation> {
-    policy::check_usages(&csr.spec.usages.clone().unwrap_or_default())?;
+    super::check_usages(&csr.spec.usages.clone().unwrap_or_default())?;
     let (user, groups) = requester(csr);
     check_person(&user, &groups)?;
     let orgs = check_subject(request, &user, &groups)?;
-    policy::check_attributes(request)?;
-    policy::check_extensions(request)?;
+    strict::check_attributes(request)?;
+    strict::check_extensions(request, Purpose::Client)?;
     check_lifetime(csr, rules)?;
     Ok((user, groups, orgs))
 }
 
 /// What the allow list (the `_allow` entry's text) decides for `user` asking for `orgs`:
 /// which proofs admit them, or the denial.
-pub fn settle(user: &str, orgs: &[String], allow: Option<&str>) -> Result<Admitted, Violation> {
+pub fn allowed(user: &str, orgs: &[String], allow: Option<&str>) -> Result<Admitted, Violation> {
     let refuse = |m: String| violation(Reason::RequesterNotAllowed, m);
     let list = match allow.map(AllowList::parse) {
         None => {
@@ -339,7 +236,7 @@ pub fn settle(user: &str, orgs: &[String], allow: Option<&str>) -> Result<Admitt
     Ok(admitted)
 }
 
-/// [`settle`], then the proof the allow list asks of `user`: a renewal with the current
+/// [`allowed`], then the proof the allow list asks of `user`: a renewal with the current
 /// certificate alone (`certificate_only_proof`) only for a person named under
 /// `certificateOnly`.
 pub fn admit(
@@ -348,7 +245,7 @@ pub fn admit(
     certificate_only_proof: bool,
     allow: Option<&str>,
 ) -> Result<(), Violation> {
-    match settle(user, orgs, allow)? {
+    match allowed(user, orgs, allow)? {
         Admitted::Hardware if certificate_only_proof => Err(violation(
             Reason::HardwareProofRequired,
             format!(
@@ -363,7 +260,7 @@ pub fn admit(
 /// What the people trust's PIV registrations decide for `user`'s attested key: the approval's
 /// message, or the denial. The device must be registered for that user (by serial), and the
 /// slot's policies and the firmware at least what the entry requires.
-pub fn settle_piv(
+pub fn piv_registered(
     user: &str,
     facts: &PivFacts,
     registered: &[RegisteredPiv],
@@ -438,9 +335,188 @@ fn check_piv_requirements(
     Ok(())
 }
 
+/// Judges a person's request by itself: [`check_request`], then its proof of the key.
+pub fn judge(
+    csr: &CertificateSigningRequest,
+    rules: &evaluate::Rules,
+    now: i64,
+) -> Result<Option<Pending>, Violation> {
+    let Some(people) = &rules.people else {
+        return Ok(None);
+    };
+    let request = Request::from_pem(&csr.spec.request.0)?;
+    let proof = same_key::proof_of(&request);
+    if proof == Proof::Missing && people.on_missing_proof == OnMissingEvidence::Ignore {
+        // Left for a human only when the requester asks for their own name (an enrolment
+        // waiting for its first hardware proof); one approval away from someone else's name
+        // is a request nobody should have to remember to deny.
+        return check_requester_is_subject(csr, &request).map(|()| None);
+    }
+    let (user, groups, orgs) = check_request(csr, &request, people)?;
+    let proof = match proof {
+        Proof::Missing => {
+            return Err(violation(
+                Reason::NoEvidence,
+                "the request carries neither the requester's current certificate (a renewal with the same key: hwkey renew) nor TPM evidence (a new key: --attest)",
+            ))
+        }
+        Proof::Unreadable(m) => return Err(violation(Reason::EvidenceInvalid, m)),
+        Proof::CurrentCertificate(cert) => PersonProof::SameKey(
+            same_key::verify(&request, &cert, &people.client_cas, now)
+                .map_err(|r| violation(Reason::of(r.refusal), r.message))?,
+        ),
+        Proof::PivAttestation { attestation, certs } => {
+            PersonProof::Piv(Box::new(piv_facts(&request, &attestation, &certs, people, now)?))
+        }
+        Proof::TpmCertify => PersonProof::Attested(Box::new(evaluate::attested(
+            csr,
+            &request,
+            user.clone(),
+            0,
+            rules,
+            now,
+        )?)),
+    };
+    Ok(Some(Pending::Person(Box::new(PersonCandidate {
+        user,
+        groups,
+        orgs,
+        proof,
+    }))))
+}
+
+/// A PIV attestation that holds for this request: exactly one device certificate, a chain to
+/// a configured root, the attested key the request's own (and its signature, possession).
+fn piv_facts(
+    request: &Request,
+    attestation: &[u8],
+    certs: &[Vec<u8>],
+    people: &PeopleRules,
+    now: i64,
+) -> Result<crate::pki::piv::PivFacts, Violation> {
+    let invalid = |m: String| violation(Reason::EvidenceInvalid, m);
+    let [f9] = certs else {
+        return Err(invalid(format!(
+            "a PIV attestation carries exactly the device's attestation certificate (f9), not {} certificates",
+            certs.len()
+        )));
+    };
+    if !request.signature_verifies() {
+        return Err(invalid(
+            "the request's own signature does not verify with its key".into(),
+        ));
+    }
+    let facts = people
+        .piv_roots
+        .verify(attestation, f9, now)
+        .map_err(|e| invalid(format!("the PIV attestation does not hold: {e}")))?;
+    if facts.spki != request.spki_der() {
+        return Err(invalid(
+            "the PIV attestation is for another key than the request's".into(),
+        ));
+    }
+    Ok(facts)
+}
+
+/// The decision for a person's request that passed every check of its own: the allow list
+/// admits the requester; a TPM key is then settled like a node's, against the AKs
+/// registered per user.
+pub fn settle(
+    s: &mut Settling<'_>,
+    seen: Box<Seen>,
+    candidate: PersonCandidate,
+    people: &Registry,
+) -> Decided {
+    let (decision, granted) = verdict(s, &seen, candidate, people);
+    Decided {
+        seen,
+        decision,
+        granted,
+        effect: Effect::None,
+    }
+}
+
+fn verdict(
+    s: &mut Settling<'_>,
+    seen: &Seen,
+    candidate: PersonCandidate,
+    people: &Registry,
+) -> (Decision, Option<Box<Candidate>>) {
+    let same_key = matches!(candidate.proof, PersonProof::SameKey(_));
+    let allowed = admit(
+        &candidate.user,
+        &candidate.orgs,
+        same_key,
+        people.allow.as_deref(),
+    );
+    if let Err(v) = allowed {
+        if let PersonProof::Attested(c) = &candidate.proof {
+            s.index.forget(&c.attested.evidence_digest, &seen.uid);
+        }
+        let decision = Decision {
+            name: seen.name.clone(),
+            approved: false,
+            reason: v.reason,
+            message: v.message,
+        };
+        return (decision, None);
+    }
+    match candidate.proof {
+        PersonProof::SameKey(held) if held.not_after < s.now => {
+            let decision = Decision {
+                name: seen.name.clone(),
+                approved: false,
+                reason: Reason::EvidenceInvalid,
+                message: "the attached certificate expired while the request waited: a person whose certificate expired enrols again".into(),
+            };
+            (decision, None)
+        }
+        PersonProof::SameKey(held) => {
+            let until = time::OffsetDateTime::from_unix_timestamp(held.not_after)
+                .map(|t| t.to_string())
+                .unwrap_or_else(|_| held.not_after.to_string());
+            let decision = Decision {
+                name: seen.name.clone(),
+                approved: true,
+                reason: Reason::SameKeyRenewal,
+                message: format!(
+                    "'{}' renews with the key of the certificate they hold (serial {}, valid until {until})",
+                    bounded(&candidate.user),
+                    held.serial
+                ),
+            };
+            (decision, None)
+        }
+        PersonProof::Attested(c) => {
+            super::node_client::settle_attested(s, seen, c, &people.aks, "user")
+        }
+        PersonProof::Piv(facts) => (settle_piv(seen, &candidate.user, &facts, &people.piv), None),
+    }
+}
+
+/// The decision for a person's key attested by a YubiKey: the devices registered for them
+/// decide ([`piv_registered`]).
+fn settle_piv(
+    seen: &Seen,
+    user: &str,
+    facts: &crate::pki::piv::PivFacts,
+    registered: &[crate::pki::registration::RegisteredPiv],
+) -> Decision {
+    let (approved, reason, message) = match piv_registered(user, facts, registered) {
+        Ok(m) => (true, Reason::AttestedPivKey, m),
+        Err(v) => (false, v.reason, v.message),
+    };
+    Decision {
+        name: seen.name.clone(),
+        approved,
+        reason,
+        message,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::policy::tests::request;
+    use super::super::signer::tests::request;
     use super::*;
 
     fn groups(list: &[&str]) -> Vec<String> {
@@ -493,7 +569,7 @@ mod tests {
     }
 
     fn decide(user: &str, orgs: &[&str], allow: Option<&str>) -> Result<Admitted, Violation> {
-        settle(user, &groups(orgs), allow)
+        allowed(user, &groups(orgs), allow)
     }
 
     #[test]
@@ -547,7 +623,7 @@ mod tests {
             touch_policy: Some(TouchPolicy::Cached),
             min_firmware: Some(Firmware(5, 4, 0)),
         };
-        assert!(settle_piv(
+        assert!(piv_registered(
             "alice",
             &facts,
             &[entry("bob", &[1]), entry("alice", &[4242])]
@@ -590,7 +666,7 @@ mod tests {
                 Reason::EvidenceInvalid,
             ),
         ] {
-            let v = settle_piv("alice", &facts, &registered).expect_err(what);
+            let v = piv_registered("alice", &facts, &registered).expect_err(what);
             assert_eq!(v.reason, want, "{what}: {v}");
         }
     }

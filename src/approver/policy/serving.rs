@@ -1,0 +1,375 @@
+//! `kubernetes.io/kubelet-serving`: a kubelet's serving certificate (`serverTLSBootstrap:
+//! true`), which nothing in Kubernetes approves. Approved only for the node's own names and
+//! addresses, so no node can get a certificate for another node's IP or name and sit between
+//! the API server and that kubelet (`kubectl logs/exec`).
+//!
+//! What the request alone decides ([`judge`]):
+//!
+//! 1. the requester is `system:node:N` in group `system:nodes`, and the subject is exactly
+//!    `CN=system:node:N, O=system:nodes`;
+//! 2. usages are server auth and digital signature, key encipherment at most; no extension
+//!    but key usage, extended key usage (server auth alone) and subject alternative names; no
+//!    attribute but one extension request and hwkey's evidence;
+//! 3. at least one name, each a DNS name (a host name, no wildcard) or an IP address, read as
+//!    Go reads them ([`crate::pki::san`]);
+//! 4. a lifetime asked for is at most `--serving-max-lifetime`;
+//! 5. TPM evidence, if the request carries it, holds and is fresh.
+//!
+//! What the cluster decides when the decision is written ([`settle`], [`check_node`]): with
+//! `--serving-require-attested-node`, N's AK is registered in the trust; evidence, if any, is
+//! by N's registered AK (reported: the serving key is in the same TPM); and every name is one
+//! of N's addresses: those registered for N in the trust when its entry lists `addresses`,
+//! else `Node N`'s `status.addresses` as the API server holds them at that moment (no DNS
+//! lookup). DNS names compare as Go's `VerifyHostname` does (ASCII case-insensitive; one
+//! trailing dot ignored); IP addresses as Go's `net.IP.Equal` (an IPv4-mapped IPv6 address is
+//! its IPv4 address).
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::Node;
+
+use super::node_client::check_node_subject;
+use super::strict::{self, Purpose};
+use super::verdict::{Pending, Settling};
+use crate::approver::decision::{Decided, Decision, Effect, NodeCheck};
+use crate::approver::error::ApproverError;
+use crate::approver::evaluate::{self, Seen, ServingCandidate};
+use crate::approver::reason::bounded;
+use crate::approver::reason::{violation, Reason, Violation};
+use crate::approver::rules::{Rules, ServingRules};
+use crate::approver::trust::Registry;
+use crate::pki::attestation;
+use crate::pki::request::Request;
+use crate::pki::san::{self, Names};
+
+/// Judges a serving request by itself.
+pub fn judge(
+    csr: &CertificateSigningRequest,
+    rules: &Rules,
+    now: i64,
+) -> Result<Option<Pending>, Violation> {
+    let Some(serving) = &rules.serving else {
+        return Ok(None);
+    };
+    let request = Request::from_pem(&csr.spec.request.0)?;
+    let node = check_node_subject(&request)?;
+    check_requester(csr, &node)?;
+    strict::check_attributes(&request)?;
+    let value = strict::check_extensions(&request, Purpose::Server)?;
+    check_usages(&csr.spec.usages.clone().unwrap_or_default())?;
+    let Some(value) = value else {
+        return Err(violation(
+            Reason::SubjectAltNameNotAllowed,
+            "the request names no DNS name or IP address: a serving certificate names the node's own",
+        ));
+    };
+    let names = san::read(value).map_err(|e| {
+        let reason = match e {
+            san::Refused::Malformed(_) => Reason::MalformedRequest,
+            _ => Reason::SubjectAltNameNotAllowed,
+        };
+        violation(reason, e.to_string())
+    })?;
+    check_lifetime(csr, serving)?;
+    let attested = if request.attributes_of(attestation::OID_EVIDENCE).is_empty() {
+        None
+    } else {
+        Some(Box::new(evaluate::attested(
+            csr,
+            &request,
+            node.clone(),
+            0,
+            rules,
+            now,
+        )?))
+    };
+    Ok(Some(Pending::Serving(Box::new(ServingCandidate {
+        node,
+        names,
+        attested,
+    }))))
+}
+
+/// The node itself, as the API server authenticated it (its user and its group).
+fn check_requester(csr: &CertificateSigningRequest, node: &str) -> Result<(), Violation> {
+    let user = csr.spec.username.clone().unwrap_or_default();
+    let groups = csr.spec.groups.clone().unwrap_or_default();
+    if user == format!("system:node:{node}") && groups.iter().any(|g| g == "system:nodes") {
+        return Ok(());
+    }
+    Err(violation(
+        Reason::RequesterNotAllowed,
+        format!(
+            "{} (groups {}) may not ask for system:node:{node}'s serving certificate: only that node itself, in group system:nodes, may",
+            bounded(&user),
+            bounded(&format!("{groups:?}"))
+        ),
+    ))
+}
+
+/// `spec.usages`: {digital signature, server auth}, plus key encipherment at most, each once.
+fn check_usages(usages: &[String]) -> Result<(), Violation> {
+    let mut sorted: Vec<&str> = usages.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    if sorted == ["digital signature", "server auth"]
+        || sorted == ["digital signature", "key encipherment", "server auth"]
+    {
+        return Ok(());
+    }
+    Err(violation(
+        Reason::UsagesNotAllowed,
+        format!(
+            "usages {} are not a serving certificate's: [digital signature, server auth], optionally key encipherment",
+            bounded(&format!("{usages:?}"))
+        ),
+    ))
+}
+
+/// A lifetime asked for is at most the maximum.
+fn check_lifetime(csr: &CertificateSigningRequest, rules: &ServingRules) -> Result<(), Violation> {
+    let (Some(max), Some(asked)) = (rules.max_lifetime, csr.spec.expiration_seconds) else {
+        return Ok(());
+    };
+    if u64::try_from(asked).map_or(true, |s| s > max.as_secs()) {
+        return Err(violation(
+            Reason::LifetimeNotAllowed,
+            format!(
+                "the request asks for {asked} s: a serving certificate is issued for at most {} s",
+                max.as_secs()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The decision for a serving request against the trust (`nodes`, when configured): names
+/// registered for the node decide now; otherwise the Node's addresses decide when it is
+/// written ([`Effect::NodeAddresses`]).
+pub fn settle(
+    s: &mut Settling<'_>,
+    seen: Box<Seen>,
+    candidate: ServingCandidate,
+    nodes: Option<&Registry>,
+) -> Decided {
+    let registered = nodes.map_or(&[][..], |n| &n.aks[..]);
+    let require = s
+        .rules
+        .serving
+        .as_ref()
+        .is_some_and(|r| r.require_attested_node);
+    let proof = match proof_of(&candidate, registered, require) {
+        Ok(p) => p,
+        Err(v) => return Decided::denied(seen, v),
+    };
+    let check = NodeCheck {
+        node: candidate.node,
+        names: candidate.names,
+        proof,
+    };
+    let listed = registered
+        .iter()
+        .find(|r| r.node == check.node)
+        .and_then(|r| r.addresses.as_ref());
+    let (checked, effect) = match listed {
+        Some(addresses) => {
+            let owned = Addresses::of_strings(addresses.iter().map(String::as_str));
+            (
+                owned.check(&check, "registered for it in the trust"),
+                Effect::None,
+            )
+        }
+        None => (
+            Ok(describe(&check.names)),
+            Effect::NodeAddresses(Box::new(check.clone())),
+        ),
+    };
+    match checked {
+        Ok(message) => Decided {
+            decision: Decision {
+                name: seen.name.clone(),
+                approved: true,
+                reason: Reason::NodeAddressesVerified,
+                message: format!("{message}{}", check.proof),
+            },
+            seen,
+            granted: None,
+            effect,
+        },
+        Err(v) => Decided::denied(seen, v),
+    }
+}
+
+/// What proves the node's hardware, for the message: its serving key attested by its
+/// registered AK, or its client identity attested; a denial when evidence is carried but not
+/// by the node's AK, or when an attested node is required and this one is not.
+fn proof_of(
+    candidate: &ServingCandidate,
+    registered: &[crate::pki::registration::RegisteredAk],
+    require: bool,
+) -> Result<String, Violation> {
+    let node = &candidate.node;
+    let has_ak = registered.iter().any(|r| r.node == *node);
+    if require && !has_ak {
+        return Err(violation(
+            Reason::NodeNotAttested,
+            format!("node '{node}' holds no attested client identity (no AK is registered for it in the trust): this approver issues serving certificates only to attested nodes"),
+        ));
+    }
+    Ok(match &candidate.attested {
+        Some(attested) => {
+            let a = attestation::admit_as(attested.attested.clone(), node, registered, "node")
+                .map_err(|r| violation(Reason::of(r.refusal), r.message))?;
+            format!(
+                "; the serving key is in node '{node}''s TPM (attestation key {})",
+                a.ak_name
+            )
+        }
+        None if has_ak => "; the node's client identity is attested, the serving key is not".into(),
+        None => String::new(),
+    })
+}
+
+/// The names, for a message.
+fn describe(names: &Names) -> String {
+    let ips: Vec<String> = names.ips.iter().map(IpAddr::to_string).collect();
+    format!(
+        "every name is the node's: DNS {}, IP {}",
+        bounded(&format!("{:?}", names.dns)),
+        bounded(&format!("{ips:?}"))
+    )
+}
+
+/// A node's names and addresses, normalized for comparison.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Addresses {
+    /// Host names (`Hostname`, `InternalDNS`, `ExternalDNS`), lower case, no trailing dot.
+    pub dns: Vec<String>,
+    /// IP addresses (`InternalIP`, `ExternalIP`), IPv4-mapped ones as IPv4.
+    pub ips: Vec<IpAddr>,
+}
+
+impl Addresses {
+    /// A Node's `status.addresses` (all five types; others, and values that are no host name
+    /// or address, match nothing).
+    pub fn of_node(node: &Node) -> Addresses {
+        let mut out = Addresses::default();
+        for a in node
+            .status
+            .iter()
+            .flat_map(|s| s.addresses.iter().flatten())
+        {
+            match a.type_.as_str() {
+                "Hostname" | "InternalDNS" | "ExternalDNS" => out.add_dns(&a.address),
+                "InternalIP" | "ExternalIP" => out.add_ip(&a.address),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Addresses registered in the trust: each an IP address or a host name.
+    pub fn of_strings<'a>(values: impl Iterator<Item = &'a str>) -> Addresses {
+        let mut out = Addresses::default();
+        for v in values {
+            if v.parse::<IpAddr>().is_ok() {
+                out.add_ip(v);
+            } else {
+                out.add_dns(v);
+            }
+        }
+        out
+    }
+
+    fn add_dns(&mut self, name: &str) {
+        if let Some(n) = san::normalize_host(name) {
+            self.dns.push(n);
+        }
+    }
+
+    fn add_ip(&mut self, ip: &str) {
+        if let Ok(ip) = ip.parse::<IpAddr>() {
+            self.ips.push(san::canonical(ip));
+        }
+    }
+
+    /// Every name of `check` is one of these (`whose`: where they come from, for the message).
+    pub fn check(&self, check: &NodeCheck, whose: &str) -> Result<String, Violation> {
+        let not_owned = |what: String| {
+            violation(
+                Reason::SubjectAltNameNotOwned,
+                format!(
+                    "{what} is not an address of node '{}' ({whose}): a node's serving certificate names its own addresses only",
+                    check.node
+                ),
+            )
+        };
+        for name in &check.names.dns {
+            let normal = san::normalize_host(name);
+            if !normal.is_some_and(|n| self.dns.contains(&n)) {
+                return Err(not_owned(format!("DNS name '{}'", bounded(name))));
+            }
+        }
+        for ip in &check.names.ips {
+            if !self.ips.contains(ip) {
+                return Err(not_owned(format!("IP address {ip}")));
+            }
+        }
+        Ok(format!(
+            "{} (the node's addresses {whose})",
+            describe(&check.names)
+        ))
+    }
+}
+
+/// The decision when it is written: `decision` if every name is one of the Node's addresses
+/// as the API server holds them now, else the denial; a Node that is gone denies.
+pub async fn check_node(
+    client: kube::Client,
+    check: &NodeCheck,
+    decision: Decision,
+) -> Result<Decision, ApproverError> {
+    let nodes: kube::Api<Node> = kube::Api::all(client);
+    let node = match nodes.get_opt(&check.node).await {
+        Ok(Some(node)) => node,
+        Ok(None) => {
+            return Ok(Decision {
+                approved: false,
+                reason: Reason::NodeNotFound,
+                message: format!(
+                    "node '{}' does not exist (deleted while its request waited, or never registered): a serving certificate is issued for a registered node's addresses",
+                    check.node
+                ),
+                ..decision
+            })
+        }
+        Err(source) => {
+            return Err(ApproverError::ReadNode {
+                node: check.node.clone(),
+                source,
+            })
+        }
+    };
+    let proof = &check.proof;
+    Ok(
+        match Addresses::of_node(&node).check(check, "in its status") {
+            Ok(m) => Decision {
+                message: format!("{m}{proof}"),
+                ..decision
+            },
+            Err(v) => Decision {
+                approved: false,
+                ..denial_of(&decision.name, v)
+            },
+        },
+    )
+}
+
+fn denial_of(name: &str, v: Violation) -> Decision {
+    Decision {
+        name: name.to_string(),
+        approved: false,
+        reason: v.reason,
+        message: v.message,
+    }
+}
