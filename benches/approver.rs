@@ -18,6 +18,10 @@
 //!   proof at every renewal, a chain of three signatures checked each time), against the
 //!   same-key renewals in the same run (goal: ≥ 0.9×).
 //!
+//! - **Kubelet serving certificates**: serving requests decided per second, each checked
+//!   against its Node's addresses read at the decision, against the node client policy's
+//!   attested requests in the same run.
+//!
 //! Results go to target/hwkey-bench/approver.json; benches/report.rs puts them in
 //! docs/BENCHMARKS.md.
 
@@ -487,7 +491,95 @@ impl<'a> ApiBench<'a> {
         rows.push(self.flood_while_running());
         rows.push(self.restart_with_large_requests());
         rows.push(self.enrolments());
+        rows.push(self.serving_vs_node());
         rows
+    }
+
+    /// Kubelet serving requests (`kubernetes.io/kubelet-serving`) decided per second by
+    /// `hwkey approver --once`, each checked against its Node's addresses read when the decision
+    /// is written (a GET, then the approval: two API round trips), against the node client
+    /// policy's attested requests in the same run (one round trip each), alternating.
+    fn serving_vs_node(&self) -> Row {
+        let n = common::pick(1000, 200);
+        let what = format!("{n} kubelet serving requests decided per second through kube-apiserver 1.20 (--once; each checked against its Node's addresses)");
+        let request = match self.serving_request() {
+            Ok(r) => r,
+            Err(why) => {
+                return Row::new(AREA, &what, "CSRs/s", None).note(format!("not measured: {why}"))
+            }
+        };
+        let rounds = common::pick(3, 1);
+        let (mut serving, mut node) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            serving.push(self.once_serving(n, &request));
+            node.push(self.once(Build::This, "attested", n, self.attested));
+        }
+        let ratio = Stat::of(&common::paired_ratios(&serving, &node));
+        Row::new(AREA, &what, "CSRs/s", Some(Stat::of(&serving))).versus(
+            "the node client policy's attested requests, same cluster, alternating",
+            Some(Stat::of(&node)),
+            Some(ratio),
+        )
+    }
+
+    /// Node bench-0 (its status: its name and 10.0.0.1) and a serving request of its for them.
+    fn serving_request(&self) -> Result<Vec<u8>, String> {
+        let node = self.dir.join("bench-0-node.json");
+        std::fs::write(
+            &node,
+            r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench-0"}, "status": {"addresses": [{"type": "Hostname", "address": "bench-0"}, {"type": "InternalIP", "address": "10.0.0.1"}]}}"#,
+        )
+        .map_err(|e| e.to_string())?;
+        let _ = self
+            .cluster
+            .kubectl()
+            .args(["delete", "node", "bench-0"])
+            .output();
+        self.cluster
+            .kubectl_ok(&["create", "-f", &node.display().to_string()]);
+        let out = self.dir.join("serving.csr");
+        run_ok(
+            Command::new("openssl")
+                .args(["req", "-new", "-newkey", "ec", "-pkeyopt"])
+                .args(["ec_paramgen_curve:P-256", "-nodes"])
+                .args(["-subj", "/O=system:nodes/CN=system:node:bench-0"])
+                .args(["-addext", "subjectAltName=DNS:bench-0,IP:10.0.0.1"])
+                .arg("-keyout")
+                .arg(self.dir.join("serving.key"))
+                .arg("-out")
+                .arg(&out),
+        );
+        std::fs::read(&out).map_err(|e| e.to_string())
+    }
+
+    /// `hwkey approver --once` for the serving signer over `n` copies of `request`, created as
+    /// bench-0: decisions per second (all approved).
+    fn once_serving(&self, n: usize, request: &[u8]) -> f64 {
+        const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
+        self.create_objects(
+            SERVING_SIGNER,
+            "[digital signature, key encipherment, server auth]",
+            &self.as_node,
+            "serving",
+            n,
+            &[request.to_vec()],
+        );
+        let start = Instant::now();
+        let out = run_ok(
+            hwkey()
+                .arg("approver")
+                .arg("--kubeconfig")
+                .arg(&self.cluster.admin_kubeconfig)
+                .args(["--signer-name", SERVING_SIGNER, "--once"]),
+        );
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let approved = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("NodeAddressesVerified"))
+            .count();
+        assert_eq!(approved, n, "serving: {approved} of {n} approved");
+        self.clear();
+        rate
     }
 
     /// Issue 52: TPMs joining by their EK certificate. N carrier requests (8 distinct ones, of
@@ -552,13 +644,27 @@ impl<'a> ApiBench<'a> {
         count: usize,
         requests: &[Vec<u8>],
     ) {
+        let usages = "[digital signature, key encipherment, client auth]";
+        self.create_objects(signer, usages, kubeconfig, prefix, count, requests);
+    }
+
+    /// [`ApiBench::create_for`] with `usages` (a YAML list).
+    fn create_objects(
+        &self,
+        signer: &str,
+        usages: &str,
+        kubeconfig: &std::path::Path,
+        prefix: &str,
+        count: usize,
+        requests: &[Vec<u8>],
+    ) {
         use base64::Engine as _;
         let mut objects = String::new();
         for i in 0..count {
             let request =
                 base64::engine::general_purpose::STANDARD.encode(&requests[i % requests.len()]);
             objects.push_str(&format!(
-                "---\napiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {prefix}-{i:05}\nspec:\n  signerName: {signer}\n  usages: [digital signature, key encipherment, client auth]\n  request: {request}\n"
+                "---\napiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {prefix}-{i:05}\nspec:\n  signerName: {signer}\n  usages: {usages}\n  request: {request}\n"
             ));
         }
         let file = self.dir.join(format!("{prefix}.yaml"));

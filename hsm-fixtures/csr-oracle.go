@@ -17,6 +17,9 @@ package main
 
 import (
 	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
@@ -25,7 +28,9 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"math/big"
 	"os"
+	"time"
 )
 
 type attribute struct {
@@ -62,6 +67,9 @@ type reading struct {
 	Emails        []string `json:"emails,omitempty"`
 	IPs           []string `json:"ips,omitempty"`
 	URIs          []string `json:"uris,omitempty"`
+	// The subjectAltName extension of a certificate issued from this request (hex), as
+	// kube-controller-manager's signer makes it: Go's own encoding of the names it parsed.
+	IssuedSan string `json:"issuedSan,omitempty"`
 	Extensions    []extension `json:"extensions,omitempty"`
 	// The SubjectPublicKeyInfo as it appears in the request, and as an issued certificate
 	// would hold it (re-marshalled from the parsed key), hex.
@@ -158,12 +166,47 @@ func read(der []byte) reading {
 			ID: e.Id.String(), Critical: e.Critical, Value: hex.EncodeToString(e.Value),
 		})
 	}
+	out.IssuedSan = issuedSan(csr)
 	if csr.PublicKey != nil {
 		if spki, err := x509.MarshalPKIXPublicKey(csr.PublicKey); err == nil {
 			out.IssuedSPKI = hex.EncodeToString(spki)
 		}
 	}
 	return out
+}
+
+// issuer signs the certificates issuedSan makes (one key for the run).
+var issuer, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+
+// issuedSan is the subjectAltName extension of a certificate made from the request's names
+// with x509.CreateCertificate, as kube-controller-manager's signer copies them (hex), or "".
+func issuedSan(csr *x509.CertificateRequest) string {
+	if len(csr.DNSNames)+len(csr.IPAddresses)+len(csr.EmailAddresses)+len(csr.URIs) == 0 {
+		return ""
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:   big.NewInt(1),
+		DNSNames:       csr.DNSNames,
+		IPAddresses:    csr.IPAddresses,
+		EmailAddresses: csr.EmailAddresses,
+		URIs:           csr.URIs,
+		NotBefore:      time.Unix(0, 0),
+		NotAfter:       time.Unix(1<<31, 0),
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &issuer.PublicKey, issuer)
+	if err != nil {
+		return ""
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return ""
+	}
+	for _, e := range cert.Extensions {
+		if e.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 17}) {
+			return hex.EncodeToString(e.Value)
+		}
+	}
+	return ""
 }
 
 func nonNil(s []string) []string {

@@ -51,6 +51,8 @@ pub struct GoReading {
     #[serde(default)]
     pub uris: Vec<String>,
     #[serde(default)]
+    pub issued_san: String,
+    #[serde(default)]
     pub extensions: Vec<GoExtension>,
     #[serde(default)]
     pub raw_spki: String,

@@ -373,3 +373,109 @@ fn denial_of(name: &str, v: Violation) -> Decision {
         message: v.message,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(dns: &[&str], ips: &[&str]) -> NodeCheck {
+        NodeCheck {
+            node: "node-a".into(),
+            names: Names {
+                dns: dns.iter().map(|d| d.to_string()).collect(),
+                ips: ips
+                    .iter()
+                    .map(|i| san::canonical(i.parse().expect("ip")))
+                    .collect(),
+            },
+            proof: String::new(),
+        }
+    }
+
+    /// Names compare as Go's VerifyHostname and net.IP.Equal do; anything else is not the
+    /// node's.
+    #[test]
+    fn a_name_is_the_nodes_when_go_would_take_it_for_one_of_its_addresses() {
+        let owned = Addresses::of_strings(
+            [
+                "Node-A.example.",
+                "10.0.0.1",
+                "::ffff:10.0.0.9",
+                "2001:db8::1",
+            ]
+            .into_iter(),
+        );
+        for ok in [
+            check(&["node-a.example"], &["10.0.0.1"]),
+            check(&["NODE-A.EXAMPLE."], &["::ffff:10.0.0.1"]),
+            check(&[], &["10.0.0.9", "2001:db8:0:0::1"]),
+        ] {
+            assert!(owned.check(&ok, "test").is_ok(), "{ok:?}");
+        }
+        for bad in [
+            check(&["node-b.example"], &[]),
+            check(&["node-a.example.com"], &[]),
+            check(&["node-a"], &[]),
+            check(&[], &["10.0.0.2"]),
+            check(&[], &["::a00:1"]),
+        ] {
+            let v = owned.check(&bad, "test").expect_err("not the node's");
+            assert_eq!(v.reason, Reason::SubjectAltNameNotOwned, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_nodes_status_counts_all_five_address_types_and_nothing_else() {
+        use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
+        let node = Node {
+            status: Some(NodeStatus {
+                addresses: Some(
+                    [
+                        ("Hostname", "node-a"),
+                        ("InternalDNS", "node-a.internal"),
+                        ("ExternalDNS", "node-a.example"),
+                        ("InternalIP", "10.0.0.1"),
+                        ("ExternalIP", "203.0.113.1"),
+                        ("SomethingElse", "evil.example"),
+                        ("InternalIP", "not-an-ip"),
+                    ]
+                    .iter()
+                    .map(|(t, a)| NodeAddress {
+                        type_: t.to_string(),
+                        address: a.to_string(),
+                    })
+                    .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let owned = Addresses::of_node(&node);
+        assert_eq!(
+            owned.dns,
+            ["node-a", "node-a.internal", "node-a.example"].map(String::from)
+        );
+        assert_eq!(owned.ips.len(), 2);
+        assert!(owned.check(&check(&["evil.example"], &[]), "test").is_err());
+    }
+
+    #[test]
+    fn usages_are_a_serving_certificates() {
+        let u = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(check_usages(&u(&["server auth", "digital signature"])).is_ok());
+        assert!(check_usages(&u(&[
+            "key encipherment",
+            "server auth",
+            "digital signature"
+        ]))
+        .is_ok());
+        for bad in [
+            &["digital signature", "client auth"][..],
+            &["digital signature", "server auth", "client auth"],
+            &["server auth"],
+            &["digital signature", "server auth", "server auth"],
+        ] {
+            assert!(check_usages(&u(bad)).is_err(), "{bad:?}");
+        }
+    }
+}

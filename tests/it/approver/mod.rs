@@ -14,5 +14,6 @@ mod people_piv;
 mod replicas;
 mod restore;
 mod round_two;
+mod san_oracle;
 mod serving;
 mod zero_touch;

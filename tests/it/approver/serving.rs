@@ -55,6 +55,27 @@ fn set_addresses(cluster: &KubeCluster, name: &str, addresses: &[(&str, &str)]) 
     ]);
 }
 
+/// How many serving requests node B floods with.
+const FLOOD: usize = 300;
+
+/// `count` serving requests from node B for node A's name, created at once.
+fn flood_as_node_b(cluster: &KubeCluster, dir: &Path, count: usize) {
+    let pem = openssl_request(
+        dir,
+        "flood",
+        "/O=system:nodes/CN=system:node:node-b",
+        Some("subjectAltName=DNS:node-a"),
+    );
+    let folder = dir.join("flood");
+    std::fs::create_dir_all(&folder).expect("folder");
+    for i in 0..count {
+        let name = format!("flood-{i:05}");
+        let path = csr_object(dir, &name, &pem, SERVING_SIGNER, SERVING_USAGES);
+        std::fs::rename(&path, folder.join(format!("{name}.yaml"))).expect("move");
+    }
+    create_as(cluster, "system:node:node-b", &["system:nodes"], &folder);
+}
+
 /// `kubectl create -f OBJECT` as `user` in `groups` (the admin impersonates: the API server
 /// writes `spec.username` and `spec.groups` as it authenticated them).
 fn create_as(cluster: &KubeCluster, user: &str, groups: &[&str], object: &Path) {
@@ -222,6 +243,13 @@ fn a_node_gets_a_serving_certificate_for_its_own_addresses_only() {
     Ask::serving("c-deleted", "node-c", "DNS:node-c,IP:10.0.0.3").create(&cluster, dir);
     cluster.kubectl_ok(&["delete", "node", "node-c"]);
 
+    // Node B floods; node A's client renewal waits behind it in the list.
+    let flood = FLOOD;
+    flood_as_node_b(&cluster, dir, flood);
+    let renewal = a_tpm.request("CN=system:node:node-a,O=system:nodes", &[]);
+    let object = csr_object(dir, "zzzz-a-renewal", &renewal, KUBELET_SIGNER, NODE_USAGES);
+    create_as(&cluster, "system:node:node-a", &["system:nodes"], &object);
+
     let account = cluster.service_account_kubeconfig("hwkey-system", "hwkey-approver");
     let replica = Replica::start_extra(
         &account,
@@ -231,6 +259,41 @@ fn a_node_gets_a_serving_certificate_for_its_own_addresses_only() {
     );
     let log = || replica.child.log();
     assert_decided(&cluster, "c-deleted", "Denied", "NodeNotFound", &log);
+    assert_decided(
+        &cluster,
+        "zzzz-a-renewal",
+        "Approved",
+        "AttestedTPMKey",
+        &log,
+    );
+    // The order decisions were written in, from the approver's own log: the renewal's write
+    // starts after at most one of the flood's (lanes take turns), and the flood writes started
+    // before it (at most IN_FLIGHT - 1 at once) may finish first.
+    let text = log();
+    let renewal_line = text
+        .lines()
+        .position(|l| l.contains("approved=") && l.contains("csr=zzzz-a-renewal"))
+        .expect("the renewal's decision is logged");
+    let flood_before = text
+        .lines()
+        .take(renewal_line)
+        .filter(|l| l.contains("approved=") && l.contains("csr=flood-"))
+        .count();
+    eprintln!("serving flood: {flood_before} of {flood} flood decisions were written before node A's renewal");
+    assert!(
+        flood_before <= hwkey::approver::controller::IN_FLIGHT + 1,
+        "{flood_before} of node B's flood were written before node A's renewal\n{}",
+        log()
+    );
+    wait_until("the flood is decided", Duration::from_secs(120), || {
+        replica.decided("denied", "SubjectAltNameNotOwned") >= flood as f64
+    });
+    // Not vacuous: the log names every flood decision.
+    let logged = log()
+        .lines()
+        .filter(|l| l.contains("approved=") && l.contains("csr=flood-"))
+        .count();
+    assert_eq!(logged, flood, "flood decisions in the log");
 
     legitimate(&cluster, dir, &a_tpm, &log);
     refused(&cluster, dir, &log);
