@@ -181,7 +181,9 @@ fn serve(
                 let mut upstream = std::net::TcpStream::connect(("127.0.0.1", upstream_port))
                     .expect("floor upstream");
                 upstream.set_nodelay(true).expect("nodelay");
-                let tls = tls.as_ref().map(|config| handshake(config, &mut upstream));
+                let tls = tls
+                    .as_ref()
+                    .map(|config| super::floor_tls::handshake(config, &mut upstream));
                 let i = pairs.len() as u64;
                 epoll::add(&ep, &client, epoll::EventData::new_u64(2 * i + 1), readable)
                     .expect("epoll add");
@@ -225,19 +227,6 @@ fn copy_once(from: &mut impl Read, to: &mut impl Write, buf: &mut [u8]) -> bool 
         Ok(0) | Err(_) => false,
         Ok(n) => to.write_all(&buf[..n]).is_ok(),
     }
-}
-
-/// A TLS client connection to the upstream, its handshake done (blocking).
-pub(super) fn handshake(
-    config: &Arc<ClientConfig>,
-    upstream: &mut std::net::TcpStream,
-) -> rustls::ClientConnection {
-    let name = ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
-    let mut tls = rustls::ClientConnection::new(config.clone(), name).expect("floor TLS");
-    while tls.is_handshaking() {
-        tls.complete_io(upstream).expect("floor TLS handshake");
-    }
-    tls
 }
 
 /// One read of the client's plain bytes (it is readable), sealed into records and written to

@@ -49,6 +49,7 @@ mod baseline;
 mod clients;
 mod fixture;
 mod floor;
+mod floor_tls;
 mod handshakes;
 mod kubectl;
 mod memory;

@@ -252,7 +252,7 @@ pub(super) fn serve(
                     upstream.set_nodelay(true).expect("nodelay");
                     let tls = tls
                         .as_ref()
-                        .map(|config| super::floor::handshake(config, &mut upstream));
+                        .map(|config| super::floor_tls::handshake(config, &mut upstream));
                     let i = pairs.len();
                     let mut pair = Pair {
                         client,

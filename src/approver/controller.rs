@@ -36,10 +36,13 @@ use super::evaluate::{self, Candidate, Rules, Seen};
 use super::evidence_index::EvidenceIndex;
 use super::lease::Validity;
 use super::metrics::ApproverMetrics;
+use super::node_addresses::NodeIndex;
 use super::policy::{
     self, carrier, Configured, Judged, Pending, Settling, SignerPolicy, Violation,
 };
 use super::queue::{Queued, WorkQueue, LANE_MAX};
+pub use super::relist::PROBE_EVERY;
+use super::relist::{must_relist, Probe, Versions};
 use super::trust::{Registry, Trust, TrustKind, FRESH_FOR};
 use super::write::{write, Recorded, WriteFuture};
 use crate::pki::attestation;
@@ -122,14 +125,6 @@ struct InFlight {
     tick: tokio::time::Interval,
 }
 
-type Probe = Pin<Box<dyn Future<Output = Option<u64>> + Send>>;
-
-/// How often the loop asks the API server for its current resource version (a list of one
-/// request): a version lower than one the watch has seen means etcd was restored, and a watch
-/// resuming from a version etcd has not reached yet stays silent until it does, so only a new
-/// list sees what happened since.
-pub const PROBE_EVERY: Duration = Duration::from_secs(5);
-
 /// Whether the loop follows the requests until stopped, or decides the listed ones and ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -145,6 +140,8 @@ pub struct Controller {
     settings: Settings,
     /// The policy of each signer decided for.
     policies: Vec<(String, SignerPolicy)>,
+    /// Every Node's names and addresses (read by serving decisions only).
+    nodes: NodeIndex,
     /// The registered nodes (None: no kubelet signer decided).
     trust: Option<Trust>,
     /// The people trust (None: no people policy).
@@ -163,16 +160,8 @@ pub struct Controller {
     deferred: bool,
     /// The watch cannot resume from its version: list again now.
     relist_now: bool,
-    /// The newest resource version seen on the current watch.
-    newest_version: u64,
-    /// The highest version the API server answered a probe with (etcd's revision never goes
-    /// down but by a restore).
-    highest_probe: u64,
-    /// What a probe's answer is compared with: the highest version known when it was sent (a
-    /// write landing after the probe's read cannot make it look like a step back).
-    probe_baseline: u64,
-    /// When the API server's version was last asked for.
-    probed_at: Option<Instant>,
+    /// The resource versions seen, and the probe that tells an etcd restore.
+    versions: Versions,
     trust_retry_at: Option<Instant>,
     /// `--once`: the decisions written and the failures.
     decided: Vec<Decision>,
@@ -208,6 +197,7 @@ impl Controller {
             api: Api::all(client.clone()),
             settings,
             policies,
+            nodes: NodeIndex::default(),
             trust,
             people,
             index: EvidenceIndex::default(),
@@ -220,10 +210,7 @@ impl Controller {
             listed_once: false,
             deferred: false,
             relist_now: false,
-            newest_version: 0,
-            highest_probe: 0,
-            probe_baseline: 0,
-            probed_at: None,
+            versions: Versions::default(),
             trust_retry_at: None,
             decided: Vec::new(),
             failures: Vec::new(),
@@ -278,7 +265,7 @@ impl Controller {
             watcher::watcher(self.api.clone(), self.watcher_config()).default_backoff()
         );
         let resync_at = tokio::time::Instant::now() + RESYNC;
-        self.newest_version = 0;
+        self.versions.new_watch();
         io.probe = None;
         let mut listening = true;
         loop {
@@ -311,14 +298,14 @@ impl Controller {
                 _ = tokio::time::sleep_until(resync_at), if mode == Mode::Follow => return Next::Resync,
                 Some(current) = futures::future::OptionFuture::from(io.probe.as_mut()), if io.probe.is_some() => {
                     io.probe = None;
-                    if self.version_went_back(current) {
+                    if self.versions.went_back(current) {
                         return Next::Resync;
                     }
                 }
                 _ = io.tick.tick() => {
                     self.housekeeping();
-                    if mode == Mode::Follow {
-                        self.start_probe(&mut io.probe);
+                    if mode == Mode::Follow && io.probe.is_none() {
+                        io.probe = self.versions.probe(&self.api);
                     }
                 }
             }
@@ -424,7 +411,7 @@ impl Controller {
         }
         let seen = Seen::of(csr);
         if let Ok(v) = seen.resource_version.parse::<u64>() {
-            self.newest_version = self.newest_version.max(v);
+            self.versions.saw(v);
         }
         let issue_only = self.note_carrier(csr, &seen);
         if let Some(approved) = evaluate::is_decided(csr).filter(|_| !issue_only) {
@@ -462,37 +449,6 @@ impl Controller {
             self.deferred = true;
             tracing::debug!(requester = %super::policy::bounded(&requester), "this requester has too many open requests queued; the rest wait for the next resync");
         }
-    }
-
-    /// Asks for the API server's current resource version every [`PROBE_EVERY`] (`--once`
-    /// never lists twice, so it never asks).
-    fn start_probe(&mut self, probe: &mut Option<Probe>) {
-        if probe.is_some() || self.probed_at.is_some_and(|at| at.elapsed() < PROBE_EVERY) {
-            return;
-        }
-        self.probe_baseline = self.newest_version.max(self.highest_probe);
-        self.probed_at = Some(Instant::now());
-        let api = self.api.clone();
-        *probe = Some(Box::pin(async move {
-            let params = kube::api::ListParams::default().limit(1);
-            let listed = tokio::time::timeout(PROBE_EVERY, api.list_metadata(&params)).await;
-            listed.ok()?.ok()?.metadata.resource_version?.parse().ok()
-        }));
-    }
-
-    /// Whether a probe's answer is a step back from what was known when it was sent: etcd
-    /// restored (from nothing or from a backup). The next probe starts a new baseline.
-    fn version_went_back(&mut self, current: Option<u64>) -> bool {
-        let Some(current) = current else {
-            return false;
-        };
-        if current < self.probe_baseline {
-            tracing::warn!(current, known = self.probe_baseline, "the API server's resource version went back (etcd restored): listing everything again");
-            self.highest_probe = 0;
-            return true;
-        }
-        self.highest_probe = self.highest_probe.max(current);
-        false
     }
 
     /// Takes note of a carrier request's facts (any state); returns whether it is approved
@@ -641,6 +597,7 @@ impl Controller {
             self.api.clone(),
             self.validity.clone(),
             self.trust.clone(),
+            self.nodes.clone(),
             uid,
             *decided.seen,
             (decided.decision, decided.effect),
@@ -747,26 +704,4 @@ async fn sleep_until(at: Option<Instant>) {
 
 fn now_unix() -> i64 {
     i64::try_from(attestation::unix_now()).unwrap_or(i64::MAX)
-}
-
-/// Whether a watch error means the API server no longer has the version the watch resumes
-/// from, so that only a new list helps (client-go's reflector relists on the same two): 410
-/// Gone (compacted), or "too large resource version" (504, cause ResourceVersionTooLarge),
-/// which a restored etcd answers to every version written before the restore. kube's watcher
-/// relists on a 410 in a watch's events, but retries a watch that fails to start from the same
-/// version forever.
-fn must_relist(e: &watcher::Error) -> bool {
-    let status = match e {
-        watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.as_ref(),
-        watcher::Error::WatchError(s) => s.as_ref(),
-        _ => return false,
-    };
-    let too_large = status.message.contains("Too large resource version")
-        || status.details.as_ref().is_some_and(|d| {
-            d.causes
-                .iter()
-                .any(|c| c.reason == "ResourceVersionTooLarge")
-        });
-    status.code == 410 || (status.code == 504 && too_large)
 }

@@ -14,6 +14,7 @@ use super::ek_join::Binding;
 use super::error::ApproverError;
 use super::evaluate::{KeptMetadata, Seen};
 use super::lease::Validity;
+use super::node_addresses::NodeIndex;
 use super::policy::serving;
 use super::trust::Trust;
 use crate::metric_labels::LabelValue;
@@ -45,6 +46,7 @@ pub fn write(
     api: Api<CertificateSigningRequest>,
     validity: Option<Validity>,
     trust: Option<Trust>,
+    nodes: NodeIndex,
     uid: String,
     seen: Seen,
     (decision, effect): (Decision, Effect),
@@ -68,7 +70,7 @@ pub fn write(
             Effect::Fail => fail(&api, &seen, &decision).await,
             Effect::NodeAddresses(check) => {
                 let client = api.clone().into_client();
-                match serving::check_node(client, &check, decision.clone()).await {
+                match serving::check_node(client, &nodes, &check, decision.clone()).await {
                     Ok(now) if now == decision => record(&api, &seen, &decision).await,
                     Ok(now) => match record(&api, &seen, &now).await {
                         Ok(Recorded::Yes) => Ok(Recorded::Instead(Box::new(now))),

@@ -637,4 +637,24 @@ mod tests {
         assert!(!is_piv_entry(&enrollment()));
         assert!(parse_registration("alice", text).is_err());
     }
+
+    /// A node's `addresses:` are host names or IP addresses, nothing else; they are kept.
+    #[test]
+    fn registered_addresses_are_host_names_or_ips() {
+        let with = |list: &str| format!("{}addresses: {list}\n", enrollment());
+        let ok = parse_registration(
+            "node-a",
+            &with("[node-a.example, 10.0.0.1, \"2001:db8::1\"]"),
+        )
+        .expect("addresses");
+        assert_eq!(ok.addresses.map(|a| a.len()), Some(3));
+        for bad in ["[\"*.example\"]", "[\"\"]", "[\"a b\"]", "[\"10.0.0.1/8\"]"] {
+            let e = parse_registration("node-a", &with(bad)).expect_err(bad);
+            assert!(
+                e.to_string()
+                    .contains("neither an IP address nor a host name"),
+                "{e}"
+            );
+        }
+    }
 }

@@ -37,7 +37,7 @@ pub enum Refused {
     Kind(&'static str),
     #[error("DNS name '{0}' is a wildcard: a serving certificate names the node's own names only")]
     Wildcard(String),
-    #[error("DNS name '{0}' is not a host name (letters, digits and hyphens in dot-separated labels of 1 to 63, at most 253 in all)")]
+    #[error("DNS name '{0}' is not a host name (letters, digits and hyphens in dot-separated labels of 1 to 63, at most 253 in all, the last not all digits)")]
     NotAHostName(String),
     #[error("an IP address of {0} bytes: an address is 4 (IPv4) or 16 (IPv6) bytes")]
     IpLength(usize),
@@ -109,7 +109,13 @@ fn dns_name(content: &[u8]) -> Result<String, Refused> {
         return Err(Refused::Wildcard(shown()));
     }
     let text = std::str::from_utf8(content).map_err(|_| Refused::NotAHostName(shown()))?;
-    if normalize_host(text).is_none() {
+    // A last label of digits reads as an IPv4 address to some clients (inet_aton's 10.1).
+    let numeric = |n: String| {
+        n.rsplit('.')
+            .next()
+            .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if normalize_host(text).is_none_or(numeric) {
         return Err(Refused::NotAHostName(shown()));
     }
     Ok(text.to_string())
@@ -221,6 +227,7 @@ mod tests {
             (names(&[(0x82, b"*.example")]), "wildcard"),
             (names(&[(0x82, b"a..b")]), "not a host name"),
             (names(&[(0x82, b"")]), "not a host name"),
+            (names(&[(0x82, b"10.0.0.2")]), "not a host name"),
             (
                 names(&[(0x82, "b\u{fc}cher".as_bytes())]),
                 "not a host name",

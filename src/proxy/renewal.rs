@@ -239,7 +239,7 @@ async fn renew_once(shared: &Renewal, settings: &RenewSettings) -> Result<Issued
         current.clone()
     };
     let rotated = !Arc::ptr_eq(&key, &current);
-    let result = request_and_install(shared, settings, &current, &key).await;
+    let result = install_and_prove(shared, settings, &current, &key).await;
     if result.is_err() && rotated {
         tracing::info!(key = %key.describe(), "deleting the key made for the failed renewal");
         discard_key(key).await;
@@ -377,7 +377,7 @@ async fn upstream_roots(
 }
 
 /// The part of [`renew_once`] after the key is chosen: request, install, prove.
-async fn request_and_install(
+async fn install_and_prove(
     shared: &Renewal,
     settings: &RenewSettings,
     current: &Arc<Key>,

@@ -20,11 +20,11 @@
 //! by N's registered AK (reported: the serving key is in the same TPM); and every name is one
 //! of N's addresses: those registered for N in the trust when its entry lists `addresses`,
 //! else `Node N`'s `status.addresses` as the API server holds them at that moment (no DNS
-//! lookup). DNS names compare as Go's `VerifyHostname` does (ASCII case-insensitive; one
-//! trailing dot ignored); IP addresses as Go's `net.IP.Equal` (an IPv4-mapped IPv6 address is
-//! its IPv4 address).
-
-use std::net::IpAddr;
+//! lookup), and none of them another Node's name or address (a node writes its own status, so
+//! it could claim another's). DNS names compare ASCII case-insensitively with a trailing dot
+//! read as the same name (Go's clients match a dotted name only when asked for the dotted
+//! name, so it is the node's own either way); IP addresses as Go's `net.IP.Equal` (an
+//! IPv4-mapped IPv6 address is its IPv4 address).
 
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Node;
@@ -35,13 +35,17 @@ use super::verdict::{Pending, Settling};
 use crate::approver::decision::{Decided, Decision, Effect, NodeCheck};
 use crate::approver::error::ApproverError;
 use crate::approver::evaluate::{self, Seen, ServingCandidate};
+use crate::approver::node_addresses::{describe, Addresses, NodeIndex};
 use crate::approver::reason::bounded;
 use crate::approver::reason::{violation, Reason, Violation};
 use crate::approver::rules::{Rules, ServingRules};
 use crate::approver::trust::Registry;
 use crate::pki::attestation;
 use crate::pki::request::Request;
-use crate::pki::san::{self, Names};
+use crate::pki::san;
+
+/// The most names a serving request may ask for (kubelet asks for its node's addresses).
+pub const MAX_NAMES: usize = 64;
 
 /// Judges a serving request by itself.
 pub fn judge(
@@ -71,6 +75,15 @@ pub fn judge(
         };
         violation(reason, e.to_string())
     })?;
+    if names.dns.len() + names.ips.len() > MAX_NAMES {
+        return Err(violation(
+            Reason::SubjectAltNameNotAllowed,
+            format!(
+                "the request names {} DNS names and IP addresses: a serving certificate names at most {MAX_NAMES}",
+                names.dns.len() + names.ips.len()
+            ),
+        ));
+    }
     check_lifetime(csr, serving)?;
     let attested = if request.attributes_of(attestation::OID_EVIDENCE).is_empty() {
         None
@@ -167,6 +180,12 @@ pub fn settle(
         names: candidate.names,
         proof,
     };
+    if nodes.is_some_and(|n| n.invalid.contains(&check.node)) {
+        return Decided::denied(seen, violation(
+            Reason::SubjectAltNameNotOwned,
+            format!("node '{}''s trust entry is malformed (see the approver's log and the hwkey_approver_trust_invalid_entries metric): the names registered for it cannot be read, and its own status does not stand in for them", check.node),
+        ));
+    }
     let listed = registered
         .iter()
         .find(|r| r.node == check.node)
@@ -230,139 +249,42 @@ fn proof_of(
     })
 }
 
-/// The names, for a message.
-fn describe(names: &Names) -> String {
-    let ips: Vec<String> = names.ips.iter().map(IpAddr::to_string).collect();
-    format!(
-        "every name is the node's: DNS {}, IP {}",
-        bounded(&format!("{:?}", names.dns)),
-        bounded(&format!("{ips:?}"))
-    )
-}
-
-/// A node's names and addresses, normalized for comparison.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Addresses {
-    /// Host names (`Hostname`, `InternalDNS`, `ExternalDNS`), lower case, no trailing dot.
-    pub dns: Vec<String>,
-    /// IP addresses (`InternalIP`, `ExternalIP`), IPv4-mapped ones as IPv4.
-    pub ips: Vec<IpAddr>,
-}
-
-impl Addresses {
-    /// A Node's `status.addresses` (all five types; others, and values that are no host name
-    /// or address, match nothing).
-    pub fn of_node(node: &Node) -> Addresses {
-        let mut out = Addresses::default();
-        for a in node
-            .status
-            .iter()
-            .flat_map(|s| s.addresses.iter().flatten())
-        {
-            match a.type_.as_str() {
-                "Hostname" | "InternalDNS" | "ExternalDNS" => out.add_dns(&a.address),
-                "InternalIP" | "ExternalIP" => out.add_ip(&a.address),
-                _ => {}
-            }
-        }
-        out
-    }
-
-    /// Addresses registered in the trust: each an IP address or a host name.
-    pub fn of_strings<'a>(values: impl Iterator<Item = &'a str>) -> Addresses {
-        let mut out = Addresses::default();
-        for v in values {
-            if v.parse::<IpAddr>().is_ok() {
-                out.add_ip(v);
-            } else {
-                out.add_dns(v);
-            }
-        }
-        out
-    }
-
-    fn add_dns(&mut self, name: &str) {
-        if let Some(n) = san::normalize_host(name) {
-            self.dns.push(n);
-        }
-    }
-
-    fn add_ip(&mut self, ip: &str) {
-        if let Ok(ip) = ip.parse::<IpAddr>() {
-            self.ips.push(san::canonical(ip));
-        }
-    }
-
-    /// Every name of `check` is one of these (`whose`: where they come from, for the message).
-    pub fn check(&self, check: &NodeCheck, whose: &str) -> Result<String, Violation> {
-        let not_owned = |what: String| {
-            violation(
-                Reason::SubjectAltNameNotOwned,
-                format!(
-                    "{what} is not an address of node '{}' ({whose}): a node's serving certificate names its own addresses only",
-                    check.node
-                ),
-            )
-        };
-        for name in &check.names.dns {
-            let normal = san::normalize_host(name);
-            if !normal.is_some_and(|n| self.dns.contains(&n)) {
-                return Err(not_owned(format!("DNS name '{}'", bounded(name))));
-            }
-        }
-        for ip in &check.names.ips {
-            if !self.ips.contains(ip) {
-                return Err(not_owned(format!("IP address {ip}")));
-            }
-        }
-        Ok(format!(
-            "{} (the node's addresses {whose})",
-            describe(&check.names)
-        ))
-    }
-}
-
 /// The decision when it is written: `decision` if every name is one of the Node's addresses
-/// as the API server holds them now, else the denial; a Node that is gone denies.
+/// as the API server holds them now and none is another Node's name or address (`others`,
+/// read within [`crate::approver::node_addresses::FRESH_FOR`]), else the denial; a Node that is gone denies.
 pub async fn check_node(
     client: kube::Client,
+    others: &NodeIndex,
     check: &NodeCheck,
     decision: Decision,
 ) -> Result<Decision, ApproverError> {
-    let nodes: kube::Api<Node> = kube::Api::all(client);
-    let node = match nodes.get_opt(&check.node).await {
-        Ok(Some(node)) => node,
-        Ok(None) => {
-            return Ok(Decision {
-                approved: false,
-                reason: Reason::NodeNotFound,
-                message: format!(
-                    "node '{}' does not exist (deleted while its request waited, or never registered): a serving certificate is issued for a registered node's addresses",
-                    check.node
-                ),
-                ..decision
-            })
-        }
-        Err(source) => {
-            return Err(ApproverError::ReadNode {
-                node: check.node.clone(),
-                source,
-            })
-        }
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    let read_error = |source| ApproverError::ReadNode {
+        node: check.node.clone(),
+        source,
     };
-    let proof = &check.proof;
-    Ok(
-        match Addresses::of_node(&node).check(check, "in its status") {
-            Ok(m) => Decision {
-                message: format!("{m}{proof}"),
-                ..decision
-            },
-            Err(v) => Decision {
-                approved: false,
-                ..denial_of(&decision.name, v)
-            },
+    let Some(node) = nodes.get_opt(&check.node).await.map_err(read_error)? else {
+        return Ok(Decision {
+            approved: false,
+            reason: Reason::NodeNotFound,
+            message: format!(
+                "node '{}' does not exist (deleted while its request waited, or never registered): a serving certificate is issued for a registered node's addresses",
+                check.node
+            ),
+            ..decision
+        });
+    };
+    let owners = others.read(&client).await.map_err(read_error)?;
+    let checked = Addresses::of_node(&node)
+        .check(check, "in its status")
+        .and_then(|m| owners.none_of_others(check).map(|()| m));
+    Ok(match checked {
+        Ok(m) => Decision {
+            message: format!("{m}{}", check.proof),
+            ..decision
         },
-    )
+        Err(v) => denial_of(&decision.name, v),
+    })
 }
 
 fn denial_of(name: &str, v: Violation) -> Decision {
@@ -377,6 +299,7 @@ fn denial_of(name: &str, v: Violation) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pki::san::Names;
 
     fn check(dns: &[&str], ips: &[&str]) -> NodeCheck {
         NodeCheck {
@@ -477,5 +400,121 @@ mod tests {
         ] {
             assert!(check_usages(&u(bad)).is_err(), "{bad:?}");
         }
+    }
+
+    /// Settles `names` for node-a against a trust where node-a's entry lists `addresses`
+    /// (None: no list) and whose AK is registered (`attested`).
+    /// A trust whose node-a entry is malformed: its own status does not stand in.
+    fn settled_with_invalid() -> Decided {
+        settled_in((&["node-a"], &[]), None, false, false, true)
+    }
+
+    fn settled(
+        names: (&[&str], &[&str]),
+        addresses: Option<&[&str]>,
+        attested: bool,
+        require: bool,
+    ) -> Decided {
+        settled_in(names, addresses, attested, require, false)
+    }
+
+    fn settled_in(
+        names: (&[&str], &[&str]),
+        addresses: Option<&[&str]>,
+        attested: bool,
+        require: bool,
+        invalid: bool,
+    ) -> Decided {
+        let rules = Rules {
+            on_missing_evidence: crate::approver::reason::OnMissingEvidence::Deny,
+            bootstrap_groups: Vec::new(),
+            evidence_max_age: std::time::Duration::from_secs(900),
+            people: None,
+            ek_join: None,
+            serving: Some(ServingRules {
+                require_attested_node: require,
+                max_lifetime: None,
+            }),
+        };
+        let registry = Registry {
+            aks: attested
+                .then(|| crate::pki::registration::RegisteredAk {
+                    node: "node-a".into(),
+                    ak_name: vec![0, 11, 1],
+                    ek_sha256: None,
+                    addresses: addresses.map(|a| a.iter().map(|s| s.to_string()).collect()),
+                })
+                .into_iter()
+                .collect(),
+            invalid: if invalid {
+                vec!["node-a".into()]
+            } else {
+                Vec::new()
+            },
+            ..Registry::default()
+        };
+        let (mut index, mut carriers) = Default::default();
+        let mut s = Settling {
+            rules: &rules,
+            index: &mut index,
+            carriers: &mut carriers,
+            now: 0,
+        };
+        let seen = Seen {
+            uid: "u".into(),
+            name: "serving-a".into(),
+            resource_version: "1".into(),
+            requester: "system:node:node-a".into(),
+            signer: crate::pki::csr::SERVING_SIGNER.into(),
+            usages: Vec::new(),
+            conditions: Vec::new(),
+            metadata: crate::approver::evaluate::KeptMetadata::ReadAgain,
+        };
+        let candidate = ServingCandidate {
+            node: "node-a".into(),
+            names: check(names.0, names.1).names,
+            attested: None,
+        };
+        settle(&mut s, Box::new(seen), candidate, Some(&registry))
+    }
+
+    /// A trust entry's `addresses:` decide at once, with no Node read; without one, the Node's
+    /// status decides when the decision is written; an attested node may be required.
+    #[test]
+    fn registered_addresses_decide_at_once_and_the_node_status_otherwise() {
+        let listed: &[&str] = &["node-a.example", "10.0.0.1"];
+        let ok = settled(
+            (&["NODE-A.example."], &["10.0.0.1"]),
+            Some(listed),
+            true,
+            false,
+        );
+        assert!(ok.decision.approved, "{:?}", ok.decision);
+        assert!(matches!(ok.effect, Effect::None));
+        assert!(ok
+            .decision
+            .message
+            .contains("registered for it in the trust"));
+        // The Node's status may say more; the registered list is all that counts.
+        let beyond = settled(
+            (&["node-a.example"], &["10.0.0.7"]),
+            Some(listed),
+            true,
+            false,
+        );
+        assert_eq!(beyond.decision.reason, Reason::SubjectAltNameNotOwned);
+        assert!(!beyond.decision.approved);
+        let later = settled((&["node-a"], &[]), None, true, false);
+        assert!(matches!(later.effect, Effect::NodeAddresses(_)));
+        assert!(later
+            .decision
+            .message
+            .contains("client identity is attested"));
+        let malformed = settled_with_invalid();
+        assert_eq!(malformed.decision.reason, Reason::SubjectAltNameNotOwned);
+        assert!(malformed.decision.message.contains("malformed"));
+        let unattested = settled((&["node-a"], &[]), None, false, true);
+        assert_eq!(unattested.decision.reason, Reason::NodeNotAttested);
+        assert!(matches!(unattested.effect, Effect::None));
     }
 }

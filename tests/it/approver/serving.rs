@@ -321,6 +321,27 @@ fn a_node_gets_a_serving_certificate_for_its_own_addresses_only() {
         "SubjectAltNameNotOwned",
         &log,
     );
+    // Node A writes node B's IP and name into its own status (what its kubelet may do: a node
+    // writes its own Node's status) and asks for them: another node's, refused.
+    set_addresses(
+        &cluster,
+        "node-a",
+        &[
+            ("Hostname", "node-a"),
+            ("InternalIP", "10.0.9.1"),
+            ("InternalIP", "10.0.0.2"),
+            ("Hostname", "node-b"),
+        ],
+    );
+    for (name, san) in [
+        ("a-claims-b-ip", "DNS:node-a,IP:10.0.0.2"),
+        ("a-claims-b-name", "DNS:node-b"),
+    ] {
+        Ask::serving(name, "node-a", san).create(&cluster, dir);
+        assert_decided(&cluster, name, "Denied", "SubjectAltNameNotOwned", &log);
+        let message = csr_field(&cluster, name, "{.status.conditions[0].message}");
+        assert!(message.contains("node 'node-b'"), "{message}");
+    }
     assert!(replica.decided("approved", "NodeAddressesVerified") >= 4.0);
     assert_eq!(replica.terminate().code(), Some(0));
 }
