@@ -45,7 +45,7 @@ pub enum ApproverError {
         source: kube::Error,
     },
 
-    #[error("cannot read Node {node} to check a serving request's names: {source} (the approver's account needs `get` on nodes: see deploy/approver-serving.yaml)")]
+    #[error("cannot read Node {node} (or every Node's addresses) to check a serving request's names: {source} (the approver's account needs `get` and `list` on nodes: see deploy/approver-serving.yaml)")]
     ReadNode {
         node: String,
         #[source]
