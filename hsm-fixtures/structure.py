@@ -19,7 +19,9 @@ Prints the measures the structure rounds track and fails (exit 1) when:
   - a file in src/ holds more than 600 lines without its tests, unless OVER_BUDGET lists it
     with the reason (and a listed file that fits the budget again fails too, so the list
     only shrinks);
-  - two modules of a bench import each other (benches/ is checked for cycles like src/).
+  - two modules of a bench import each other (benches/ is checked for cycles like src/);
+  - two public functions in src/ share a name, unless ROLES names it with the one thing every
+    function of that name does (each backend's `sign`, each command's `run`).
 
 It reads the code after stripping comments, strings and character literals, so braces and
 paths inside them do not count. Usage: python3 hsm-fixtures/structure.py [--verbose]
@@ -35,6 +37,30 @@ ASSEMBLY = ("src/proxy/start.rs", "run", 40)
 MAX_PROXY_CLIMBS = 2
 MAX_REASON_STRING = 19
 ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? \d+")
+# Names several public functions may share because each does the same thing for its own part
+# (a backend, a command, a policy): the one thing, which a reader can check.
+ROLES = {
+    "run": "a command's or a component's entry point",
+    "judge": "an approver policy's reading of a request by itself",
+    "settle": "an approver policy's decision against the trust (and its dispatch)",
+    "activate": "TPM2_ActivateCredential, dispatched by the key layer to the TPM backend",
+    "enroll": "a TPM's enrollment (EK, AK), dispatched by the key layer to the TPM backend",
+    "create": "a new key (or request) in its backend, dispatched by the key layer",
+    "delete": "a key deleted from its backend, dispatched by the key layer",
+    "list": "the keys a backend holds, dispatched by the key layer",
+    "open": "a key opened in its backend, dispatched by the key layer",
+    "store_chain": "a certificate chain stored beside a key in its backend",
+    "sign": "a signature made inside a backend's hardware",
+    "parse": "one kind of key URI read (pkcs11:, tpm:)",
+    "serve": "a listener's accept loop",
+    "connect": "a tunnel opened through an egress proxy of one kind",
+    "attribute": "the PKCS#10 attribute carrying one kind of hardware proof",
+    "public_spki": "a backend's public key object as a SubjectPublicKeyInfo",
+    "ec_spki": "an EC point as a SubjectPublicKeyInfo, from DER or from a TPM public area",
+    "facts_of": "what a request proves, read for the approver",
+    "admit": "a request's evidence admitted against the registered AKs",
+}
+
 # Lines a file in src/ may hold without its tests.
 MAX_FILE_LINES = 600
 # The files over that budget, each with why it is not split yet. Nothing is added here without
@@ -417,6 +443,12 @@ def main():
         failures.append(f"{len(unlisted)} files over {MAX_FILE_LINES} lines")
     if fits_again:
         failures.append(f"{len(fits_again)} files listed in OVER_BUDGET that fit")
+    shared = shared_names(files)
+    print(f"public function names shared without a role in ROLES: {len(shared)}")
+    for name, paths_ in sorted(shared.items()):
+        print(f"  {name}: {', '.join(paths_)}")
+    if shared:
+        failures.append(f"{len(shared)} public function names shared by different things")
     bench_cycles = benches_cycles()
     print(f"import cycles between modules of a bench: {len(bench_cycles)}")
     for c in bench_cycles:
@@ -430,6 +462,16 @@ def main():
         return 1
     print("structure.py: ok")
     return 0
+
+
+def shared_names(files):
+    """Public free functions (not methods) whose name appears in more than one file and has no
+    role in ROLES."""
+    seen = {}
+    for path, code in files.items():
+        for m in re.finditer(r"^pub(?:\([a-z]+\))?\s+(?:async\s+)?fn\s+([A-Za-z_][A-Za-z0-9_]*)", code, re.M):
+            seen.setdefault(m.group(1), set()).add(path)
+    return {n: sorted(p) for n, p in seen.items() if len(p) > 1 and n not in ROLES}
 
 
 def benches_cycles():

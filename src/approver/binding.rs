@@ -128,7 +128,7 @@ fn deny(reason: Reason, message: String) -> Violation {
 /// Whether the TPM whose EK hashes to `ek_sha256` may be node `node`, given the policy text
 /// (`_ek-binding`) and what the trust holds. Ok(true): it holds the name already (a re-join);
 /// Ok(false): it takes a free name.
-pub fn check(
+pub fn check_binding(
     node: &str,
     ek_sha256: &str,
     policy: Option<&str>,
@@ -235,17 +235,17 @@ mod tests {
     #[test]
     fn first_use_holds_a_name_for_its_tpm_and_a_tpm_to_its_name() {
         let nodes = [entry("node-a", Some(A)), entry("node-op", None)];
-        assert_eq!(check("node-b", B, None, held(&nodes)), Ok(false));
-        assert_eq!(check("node-a", A, None, held(&nodes)), Ok(true));
+        assert_eq!(check_binding("node-b", B, None, held(&nodes)), Ok(false));
+        assert_eq!(check_binding("node-a", A, None, held(&nodes)), Ok(true));
         assert_eq!(
-            reason(check("node-a", B, None, held(&nodes))),
+            reason(check_binding("node-a", B, None, held(&nodes))),
             Reason::NodeBoundToAnotherTpm
         );
         assert_eq!(
-            reason(check("node-b", A, None, held(&nodes))),
+            reason(check_binding("node-b", A, None, held(&nodes))),
             Reason::TpmBoundToAnotherNode
         );
-        let by_operator = check("node-op", B, None, held(&nodes)).expect_err("denied");
+        let by_operator = check_binding("node-op", B, None, held(&nodes)).expect_err("denied");
         assert_eq!(by_operator.reason, Reason::NodeBoundToAnotherTpm);
         assert!(by_operator.message.contains("operator"), "{by_operator}");
         // A malformed entry still holds its name.
@@ -255,7 +255,7 @@ mod tests {
             invalid: &invalid,
         };
         assert_eq!(
-            reason(check("node-bad", B, None, with_bad)),
+            reason(check_binding("node-bad", B, None, with_bad)),
             Reason::NodeBoundToAnotherTpm
         );
     }
@@ -264,29 +264,38 @@ mod tests {
     fn a_denied_tpm_takes_no_name_and_an_allowed_one_only_its_own() {
         let policy = format!("deny: [\"{B}\"]\nallow:\n  node-a: [\"{A}\"]\n");
         assert_eq!(
-            reason(check("node-c", B, Some(&policy), held(&[]))),
+            reason(check_binding("node-c", B, Some(&policy), held(&[]))),
             Reason::TpmNotAllowed
         );
         assert_eq!(
-            reason(check("node-c", A, Some(&policy), held(&[]))),
+            reason(check_binding("node-c", A, Some(&policy), held(&[]))),
             Reason::TpmNotAllowed
         );
-        assert_eq!(check("node-a", A, Some(&policy), held(&[])), Ok(false));
+        assert_eq!(
+            check_binding("node-a", A, Some(&policy), held(&[])),
+            Ok(false)
+        );
     }
 
     #[test]
     fn an_allow_list_admits_only_its_tpms_and_first_use_can_be_off() {
         let upper = A.to_ascii_uppercase();
         let policy = format!("allow:\n  node-a: [\"{upper}\"]\n");
-        assert_eq!(check("node-a", A, Some(&policy), held(&[])), Ok(false));
         assert_eq!(
-            reason(check("node-a", B, Some(&policy), held(&[]))),
+            check_binding("node-a", A, Some(&policy), held(&[])),
+            Ok(false)
+        );
+        assert_eq!(
+            reason(check_binding("node-a", B, Some(&policy), held(&[]))),
             Reason::TpmNotAllowed
         );
-        assert_eq!(check("node-c", B, Some(&policy), held(&[])), Ok(false));
+        assert_eq!(
+            check_binding("node-c", B, Some(&policy), held(&[])),
+            Ok(false)
+        );
         let strict = format!("firstUse: false\n{policy}");
         assert_eq!(
-            reason(check("node-c", B, Some(&strict), held(&[]))),
+            reason(check_binding("node-c", B, Some(&strict), held(&[]))),
             Reason::TpmNotAllowed
         );
         for bad in [
@@ -296,7 +305,7 @@ mod tests {
             "allow: [x]",
         ] {
             assert_eq!(
-                reason(check("node-a", A, Some(bad), held(&[]))),
+                reason(check_binding("node-a", A, Some(bad), held(&[]))),
                 Reason::TpmNotAllowed,
                 "{bad}"
             );

@@ -142,7 +142,7 @@ fn deny(reason: Reason, message: impl Into<String>) -> Violation {
 
 /// The facts of any carrier request for `node` whose enrollment reads (None otherwise: an
 /// answer to it cannot be checked, so none is accepted).
-pub fn facts_of(csr: &CertificateSigningRequest, node: String) -> Option<CarrierFacts> {
+pub fn facts_for(csr: &CertificateSigningRequest, node: String) -> Option<CarrierFacts> {
     let text = enrollment_text(csr).ok()?;
     let enrollment = EnrollmentFile::parse(text).ok()?;
     facts_from(csr, node, &enrollment).ok()
@@ -390,7 +390,7 @@ impl Join<'_> {
                 "the enrollment reads two ways",
             ));
         }
-        let rejoin = super::binding::check(
+        let rejoin = super::binding::check_binding(
             &candidate.node,
             &facts.ek_sha256,
             self.ek.binding.as_deref(),
@@ -506,7 +506,7 @@ impl Join<'_> {
         if !ek_join::answer_matches(&secret, &claim.answer) {
             return Err(invalid(format!("the answer is not the secret of carrier request '{carrier}'s credential: the AK is not in the TPM whose EK certificate was checked (or the approver's replicas do not share one --credential-key and --credential-ttl)")));
         }
-        super::binding::check(
+        super::binding::check_binding(
             node,
             &facts.ek_sha256,
             self.ek.binding.as_deref(),

@@ -97,7 +97,7 @@ impl Addresses {
         }
         Ok(format!(
             "{} (the node's addresses {whose})",
-            describe(&check.names)
+            describe_names(&check.names)
         ))
     }
 }
@@ -189,7 +189,7 @@ impl NodeIndex {
 }
 
 /// The names, for a message.
-pub fn describe(names: &Names) -> String {
+pub fn describe_names(names: &Names) -> String {
     let ips: Vec<String> = names.ips.iter().map(IpAddr::to_string).collect();
     format!(
         "every name is the node's: DNS {}, IP {}",

@@ -154,7 +154,7 @@ pub fn bounded(value: &str) -> String {
 }
 
 /// Up to four values, bounded, for a message.
-pub fn list(values: &[&str]) -> String {
+pub fn bounded_list(values: &[&str]) -> String {
     let shown: Vec<String> = values.iter().take(4).map(|v| bounded(v)).collect();
     format!(
         "[{}{}]",

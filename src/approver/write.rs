@@ -42,7 +42,7 @@ pub enum Recorded {
 /// bytes (the API server keeps the spec of the stored object on this subresource): its uid and
 /// resourceVersion are the precondition, so a write over a changed or re-created request is
 /// refused with 409 and reported as [`Recorded::Conflict`].
-pub fn write(
+pub fn write_decision(
     api: Api<CertificateSigningRequest>,
     validity: Option<Validity>,
     trust: Option<Trust>,
@@ -102,7 +102,7 @@ async fn record_binding(
                 nodes: &read.nodes,
                 invalid: &invalid,
             };
-            super::binding::check(
+            super::binding::check_binding(
                 &binding.node,
                 &binding.ek_sha256,
                 read.ek.binding.as_deref(),

@@ -197,8 +197,10 @@ pub fn run(args: ApproverArgs) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let config = kube_config(args.kubeconfig.as_deref()).await?;
-        let client =
-            crate::lifecycle::client::build(&config, crate::lifecycle::client::Identity::Config)?;
+        let client = crate::lifecycle::client::build_client(
+            &config,
+            crate::lifecycle::client::Identity::Config,
+        )?;
         let metrics = Arc::new(ApproverMetrics::default());
         if args.once {
             return decide_once(&client, options, metrics).await;

@@ -499,7 +499,7 @@ fn piv_verify(
         None => PivRoots::yubico(),
     };
     let now = i64::try_from(crate::pki::attestation::unix_now()).unwrap_or(i64::MAX);
-    let facts = piv::verify(&leaf, &device, &roots, now)
+    let facts = piv::verify_attestation(&leaf, &device, &roots, now)
         .map_err(|e| anyhow::anyhow!("the PIV attestation does not hold: {e}"))?;
     if let Some(path) = pubkey {
         if public_key_file(path)? != facts.spki {

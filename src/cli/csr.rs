@@ -50,7 +50,7 @@ pub fn run(args: CsrArgs) -> anyhow::Result<()> {
         Some(der) => der,
         None => csr::build(&key, &request)?,
     };
-    let pem = csr::to_pem(&der);
+    let pem = csr::request_pem(&der);
     let text = match &args.k8s_name {
         None => pem,
         Some(name) => {

@@ -151,7 +151,7 @@ fn check_signature(r: &mut Report, key: &Key) -> bool {
     };
     let message = b"hwkey doctor test signature";
     match key.sign(scheme, message) {
-        Ok(sig) => match verify::verify(key.spki_der(), scheme, message, &sig) {
+        Ok(sig) => match verify::verify_signature(key.spki_der(), scheme, message, &sig) {
             Ok(true) => r.ok(
                 "sign",
                 format!("a {scheme} signature verifies against the public key"),

@@ -62,7 +62,7 @@ pub struct RenewArgs {
 
 pub fn run(args: RenewArgs) -> anyhow::Result<()> {
     let from_kubeconfig = match &args.kubeconfig {
-        Some(path) => Some(context::read(path, args.context.as_deref())?),
+        Some(path) => Some(context::read_extension(path, args.context.as_deref())?),
         None => None,
     };
     let key: KeyUri = match args.key {

@@ -150,7 +150,7 @@ pub enum KeyError {
         source: Option<Cause>,
     },
 
-    /// `reason` explains the TPM response code in words (`rc::describe`); `source` is
+    /// `reason` explains the TPM response code in words (`rc::describe_error`); `source` is
     /// tss-esapi's error itself, when there is one.
     #[error("TPM {operation} failed: {reason}")]
     Tpm {

@@ -109,7 +109,7 @@ fn resolve_in(name: &str, dirs: &[PathBuf]) -> Result<PathBuf, KeyError> {
 }
 
 /// Every module registered for hwkey, by name (the first file of a name wins).
-pub fn list() -> Vec<Registered> {
+pub fn registered_modules() -> Vec<Registered> {
     list_in(&config_dirs())
 }
 

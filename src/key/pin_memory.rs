@@ -139,7 +139,7 @@ impl Record {
     pub(crate) fn remember(&self, token: &str, source: &PinSource) {
         let text = format!(
             "token '{token}' rejected the PIN from {} (CKR_PIN_INCORRECT); hwkey will not present it again until that source changes.\n",
-            describe(source)
+            describe_source(source)
         );
         let result = self
             .path
@@ -208,7 +208,7 @@ fn token_prefix(token_id: &str) -> String {
 }
 
 /// How a PIN source is named in messages (never the PIN).
-pub(crate) fn describe(source: &PinSource) -> String {
+pub(crate) fn describe_source(source: &PinSource) -> String {
     match source {
         PinSource::File(p) => format!("file {}", p.display()),
         PinSource::Env(v) => format!("environment variable {v}"),

@@ -36,7 +36,7 @@ pub fn verify_key_bits(
 }
 
 /// Checks `signature` over `message` against a DER SubjectPublicKeyInfo.
-pub fn verify(
+pub fn verify_signature(
     spki: &[u8],
     scheme: SignScheme,
     message: &[u8],

@@ -134,7 +134,7 @@ pub fn bootstrap(options: &BootstrapOptions) -> Result<Bootstrapped, LifecycleEr
 fn cluster_exec_api_version(config: &kube::Config) -> ExecApiVersion {
     let version = super::client::runtime().ok().and_then(|rt| {
         rt.block_on(async {
-            let client = client::build(config, client::Identity::Config).ok()?;
+            let client = client::build_client(config, client::Identity::Config).ok()?;
             client.apiserver_version().await.ok()
         })
     });

@@ -94,11 +94,14 @@ pub enum ClientProblem {
 
 /// Builds a client for `config` (server URL, CA bundle, TLS server name, and for
 /// [`Identity::Config`] its credentials).
-pub fn build(config: &kube::Config, identity: Identity) -> Result<kube::Client, LifecycleError> {
+pub fn build_client(
+    config: &kube::Config,
+    identity: Identity,
+) -> Result<kube::Client, LifecycleError> {
     build_via(config, identity, None)
 }
 
-/// Like [`build`], reaching the API server through `egress` (the proxy's own way out) instead
+/// Like [`build_client`], reaching the API server through `egress` (the proxy's own way out) instead
 /// of the one the config and the environment name.
 pub fn build_via(
     config: &kube::Config,

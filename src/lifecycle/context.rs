@@ -102,7 +102,10 @@ pub fn cluster(
 
 /// The hwkey extension of context `context` (default: the current one) of the kubeconfig at
 /// `path`; it names at least the key and the upstream.
-pub fn read(path: &Path, context: Option<&str>) -> Result<HwkeyExtension, LifecycleError> {
+pub fn read_extension(
+    path: &Path,
+    context: Option<&str>,
+) -> Result<HwkeyExtension, LifecycleError> {
     let kubeconfig = read_file(path)?;
     let (name, cluster) = cluster(path, &kubeconfig, context, false)?;
     let ext = match HwkeyExtension::of_cluster(&cluster) {

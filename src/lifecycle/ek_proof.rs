@@ -78,7 +78,7 @@ pub fn prove(
     };
     let csr_der = csr::build_attested(key, &request, ak_handle)?;
     let submission = Submission {
-        csr_pem: csr::to_pem(&csr_der),
+        csr_pem: csr::request_pem(&csr_der),
         signer_name: ek_join::CREDENTIAL_SIGNER.to_string(),
         usages: ek_join::CARRIER_USAGES
             .iter()
@@ -95,7 +95,7 @@ pub fn prove(
     let server = config.cluster_url.to_string();
     let runtime = client::runtime()?;
     let (carrier, pem) = runtime.block_on(async {
-        let client = client::build(config, client::Identity::Config)?;
+        let client = client::build_client(config, client::Identity::Config)?;
         let name = super::csr_api::create(&client, &server, &submission).await?;
         tracing::info!(csr = %name, "carrier request created; waiting for the approver's credential");
         match super::csr_api::wait(&client, &name, proof.wait).await? {

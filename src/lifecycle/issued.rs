@@ -53,7 +53,7 @@ pub enum IssuedProblem {
 }
 
 /// Parses the PEM chain of CertificateSigningRequest `name` and checks it against `key`.
-pub fn check(name: &str, pem_chain: &[u8], key: &Key) -> Result<Issued, LifecycleError> {
+pub fn check_issued(name: &str, pem_chain: &[u8], key: &Key) -> Result<Issued, LifecycleError> {
     let bad = |problem| LifecycleError::BadIssued {
         name: name.to_string(),
         problem,

@@ -175,7 +175,7 @@ pub(crate) fn prepare(key: &Key, ask: &Ask<'_>) -> Result<Submission, LifecycleE
     };
     let for_a_person = signer_name == CLIENT_SIGNER;
     Ok(Submission {
-        csr_pem: csr::to_pem(&csr_der),
+        csr_pem: csr::request_pem(&csr_der),
         signer_name,
         usages: CLIENT_USAGES.iter().map(|u| u.to_string()).collect(),
         expiration_asked: ask.expiration_seconds.is_some(),
@@ -257,10 +257,10 @@ pub(crate) fn submit_and_install(
     let runtime = super::client::runtime()?;
     let mut notes = Vec::new();
     let (csr_name, pem) = runtime.block_on(async {
-        let client = client::build(config, identity)?;
+        let client = client::build_client(config, identity)?;
         submit(&client, &server, submission, wait, &mut notes).await
     })?;
-    let issued = issued::check(&csr_name, &pem, key)?;
+    let issued = issued::check_issued(&csr_name, &pem, key)?;
     let installed = issued::install(target, &issued)?;
     tracing::info!(csr = %csr_name, subject = %issued.subject, not_after = %issued.not_after, installed = %installed, "certificate rotated");
     Ok(Renewed {

@@ -252,8 +252,9 @@ pub fn verify_evidence(request: &Request) -> Result<Attested, Refused> {
         )
     })?;
     let qualifying = qualifying_data(request.subject_der(), request.spki_der(), made_at);
-    let ak_name = crate::key::tpm::evidence::verify(&evidence, request.spki_der(), &qualifying)
-        .map_err(|e| refused(Refusal::EvidenceInvalid, e.0))?;
+    let ak_name =
+        crate::key::tpm::evidence::verify_certify(&evidence, request.spki_der(), &qualifying)
+            .map_err(|e| refused(Refusal::EvidenceInvalid, e.0))?;
     let ek_certificate_issuer = evidence.ek_certificate.as_deref().map(|der| {
         x509_parser::parse_x509_certificate(der)
             .map(|(_, c)| c.issuer().to_string())

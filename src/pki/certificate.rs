@@ -267,7 +267,7 @@ impl Certificate {
     /// this certificate.
     pub fn is_signed_by(&self, issuer: &Certificate) -> bool {
         issuer.subject_der() == self.issuer_der()
-            && crate::key::verify::verify(
+            && crate::key::verify::verify_signature(
                 issuer.spki_der(),
                 self.scheme,
                 &self.der[self.tbs.clone()],

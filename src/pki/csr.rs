@@ -245,7 +245,7 @@ fn write_san_extension(w: yasna::DERWriter, request: &CsrRequest) {
 }
 
 /// The CSR as PEM (`CERTIFICATE REQUEST`).
-pub fn to_pem(csr_der: &[u8]) -> String {
+pub fn request_pem(csr_der: &[u8]) -> String {
     der::to_pem("CERTIFICATE REQUEST", csr_der)
 }
 

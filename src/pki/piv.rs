@@ -15,7 +15,7 @@
 //! (2.25.231984930622501349305922061980282871705) whose statement is the attestation
 //! certificate, and the bundle's `certs` holding exactly the f9 certificate.
 //!
-//! [`verify`] is strict where a chain can be bent (every certificate read by the strict
+//! [`verify_attestation`] is strict where a chain can be bent (every certificate read by the strict
 //! reader: DER only, nothing after it, no unknown critical extension; each link's signature;
 //! validity now; exactly one f9), and accepts the quirks of real devices (an f9 certificate
 //! without basic constraints). The roots are Yubico's public ones, shipped as data
@@ -240,9 +240,9 @@ impl PivRoots {
         self.verified = Arc::default();
     }
 
-    /// [`verify`], remembering the chains that verified: a person's attestation is the same
+    /// [`verify_attestation`], remembering the chains that verified: a person's attestation is the same
     /// bytes at every renewal, so the chain's signatures are checked once and its validity
-    /// against `now` every time. The same answer as [`verify`], at the cost of a hash.
+    /// against `now` every time. The same answer as [`verify_attestation`], at the cost of a hash.
     pub fn verify(&self, attestation: &[u8], f9: &[u8], now: i64) -> Result<PivFacts, PivRefusal> {
         let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
         hash.update(&(attestation.len() as u64).to_be_bytes());
@@ -284,7 +284,7 @@ impl PivRoots {
 
 /// Checks `attestation` (the slot's certificate) and `f9` (the device's) against `roots` at
 /// `now` (Unix seconds): the facts it proves about the attested key.
-pub fn verify(
+pub fn verify_attestation(
     attestation: &[u8],
     f9: &[u8],
     roots: &PivRoots,
@@ -293,7 +293,7 @@ pub fn verify(
     verify_with_window(attestation, f9, roots, now).map(|(facts, _, _)| facts)
 }
 
-/// [`verify`], and the window in which every certificate of the path is valid.
+/// [`verify_attestation`], and the window in which every certificate of the path is valid.
 fn verify_with_window(
     attestation: &[u8],
     f9: &[u8],
@@ -483,7 +483,7 @@ mod tests {
 
     #[test]
     fn a_real_yubikey_attestation_holds_with_what_it_says() {
-        let facts = verify(
+        let facts = verify_attestation(
             &der(ATTESTATION_543),
             &der(F9_543),
             &PivRoots::yubico(),
@@ -519,24 +519,25 @@ mod tests {
         let roots = PivRoots::yubico();
         let (leaf, f9) = (der(ATTESTATION_543), der(F9_543));
         // 2052-05-01: after the root and the device certificates expire.
-        let late = verify(&leaf, &f9, &roots, 2_597_788_800).expect_err("expired");
+        let late = verify_attestation(&leaf, &f9, &roots, 2_597_788_800).expect_err("expired");
         assert!(matches!(late, PivRefusal::NotValidNow { .. }), "{late}");
-        let early = verify(&leaf, &f9, &roots, 1_000_000_000).expect_err("not yet");
+        let early = verify_attestation(&leaf, &f9, &roots, 1_000_000_000).expect_err("not yet");
         assert!(matches!(early, PivRefusal::NotValidNow { .. }), "{early}");
-        let swapped = verify(&f9, &leaf, &roots, NOW).expect_err("swapped");
+        let swapped = verify_attestation(&f9, &leaf, &roots, NOW).expect_err("swapped");
         assert!(
             matches!(swapped, PivRefusal::NotSignedByF9 { .. }),
             "{swapped}"
         );
         let mut trailing = leaf.clone();
         trailing.push(0);
-        let refused = verify(&trailing, &f9, &roots, NOW).expect_err("trailing byte");
+        let refused = verify_attestation(&trailing, &f9, &roots, NOW).expect_err("trailing byte");
         assert!(
             matches!(refused, PivRefusal::Unreadable { .. }),
             "{refused}"
         );
         // The device certificate of another YubiKey (signed by another root) does not sign it.
-        let other = verify(&leaf, &der(F9_437), &roots, NOW).expect_err("another device");
+        let other =
+            verify_attestation(&leaf, &der(F9_437), &roots, NOW).expect_err("another device");
         assert!(matches!(other, PivRefusal::NotSignedByF9 { .. }), "{other}");
     }
 
@@ -546,14 +547,15 @@ mod tests {
     #[test]
     fn a_yubikey_4_chains_only_to_a_root_added_and_has_no_serial() {
         let (leaf, f9) = (der(ATTESTATION_437), der(F9_437));
-        let refused = verify(&leaf, &f9, &PivRoots::yubico(), NOW).expect_err("U2F root");
+        let refused =
+            verify_attestation(&leaf, &f9, &PivRoots::yubico(), NOW).expect_err("U2F root");
         assert!(
             matches!(refused, PivRefusal::NoPathToRoot { .. }),
             "{refused}"
         );
         let mut roots = PivRoots::yubico();
         roots.add(PivRoots::from_pem(U2F_ROOT).expect("the U2F root"));
-        let refused = verify(&leaf, &f9, &roots, NOW).expect_err("no serial");
+        let refused = verify_attestation(&leaf, &f9, &roots, NOW).expect_err("no serial");
         assert!(
             matches!(refused, PivRefusal::Missing { what: "serial", .. }),
             "{refused}"
@@ -584,7 +586,7 @@ mod tests {
     fn a_5_7_4_attestation_chains_through_the_shipped_intermediates() {
         let roots = PivRoots::yubico();
         let f9 = der(F9_574);
-        let facts = verify(&der(ATTESTATION_574), &f9, &roots, NOW).expect("5.7.4");
+        let facts = verify_attestation(&der(ATTESTATION_574), &f9, &roots, NOW).expect("5.7.4");
         assert_eq!(
             (
                 facts.serial,
@@ -601,7 +603,8 @@ mod tests {
         );
         assert_eq!(facts.slot.as_deref(), Some("9c"));
         assert_eq!(facts.root, "Yubico Attestation Root 1");
-        let second = verify(&der(ATTESTATION_574_2), &f9, &roots, NOW).expect("second device");
+        let second =
+            verify_attestation(&der(ATTESTATION_574_2), &f9, &roots, NOW).expect("second device");
         assert_eq!(second.serial, 38_906_331);
         // Root 1 alone, without the intermediates: no path.
         let root_only: String = YUBICO_PEM
@@ -609,7 +612,7 @@ mod tests {
             .find(|part| part.starts_with("CN = Yubico Attestation Root 1"))
             .expect("Root 1 in the shipped file")
             .to_string();
-        let refused = verify(
+        let refused = verify_attestation(
             &der(ATTESTATION_574),
             &f9,
             &PivRoots::from_pem(&root_only).expect("Root 1"),
@@ -684,7 +687,8 @@ mod tests {
         let issuer = rcgen::Issuer::from_ca_cert_der(f9.der(), &f9_key).expect("issuer");
         let leaf = leaf.signed_by(&slot_key, &issuer).expect("leaf");
         let roots = PivRoots::from_pem(&format!("{}{}", old.pem(), new.pem())).expect("roots");
-        let facts = verify(leaf.der(), f9.der(), &roots, NOW).expect("through the valid issue");
+        let facts =
+            verify_attestation(leaf.der(), f9.der(), &roots, NOW).expect("through the valid issue");
         assert_eq!(facts.serial, 7);
     }
 

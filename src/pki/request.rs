@@ -223,7 +223,7 @@ impl Request {
 
     /// Whether the request's own signature verifies with its own key (proof of possession).
     pub fn signature_verifies(&self) -> bool {
-        crate::key::verify::verify(
+        crate::key::verify::verify_signature(
             self.spki_der(),
             self.scheme,
             &self.der[self.info.clone()],

@@ -180,7 +180,7 @@ fn refused(refusal: Refusal, message: impl Into<String>) -> Refused {
 /// Checks that `cert_der` is a valid client certificate from `cas` for exactly the request's
 /// subject and public key, and that the request's own signature verifies (possession). `now`
 /// is Unix seconds.
-pub fn verify(
+pub fn verify_same_key(
     request: &Request,
     cert_der: &[u8],
     cas: &ClientCas,
@@ -389,7 +389,7 @@ mod tests {
         let good = issue(&cluster, &key, &alice, t - hour, t + hour);
         let ok = request(&key, "alice", &["devs"], Some(attribute(&good)));
         assert_eq!(proof_of(&ok), Proof::CurrentCertificate(good.clone()));
-        assert!(verify(&ok, &good, &cas, unix).is_ok());
+        assert!(verify_same_key(&ok, &good, &cas, unix).is_ok());
 
         let other_key = rcgen::KeyPair::generate().expect("key");
         let rotated = request(&other_key, "alice", &["devs"], Some(attribute(&good)));
@@ -433,13 +433,13 @@ mod tests {
                 "CN=bob",
             ),
         ] {
-            let refused = verify(request, cert, &cas, unix).expect_err(what);
+            let refused = verify_same_key(request, cert, &cas, unix).expect_err(what);
             assert_eq!(refused.refusal, want, "{what}: {refused}");
             assert!(refused.message.contains(words), "{what}: {refused}");
         }
         let more_groups = request(&key, "alice", &["devs", "ops"], None);
         assert_eq!(
-            verify(&more_groups, &good, &cas, unix).map_err(|r| r.refusal),
+            verify_same_key(&more_groups, &good, &cas, unix).map_err(|r| r.refusal),
             Err(Refusal::SubjectMismatch)
         );
     }
@@ -519,7 +519,8 @@ mod tests {
         });
         let hidden = issue_raw(&cluster, &key, &subject);
         let alice = request(&key, "alice", &["devs"], Some(attribute(&hidden)));
-        let refused = verify(&alice, &hidden, &cas, unix).expect_err("an empty RDN hides CN=root");
+        let refused =
+            verify_same_key(&alice, &hidden, &cas, unix).expect_err("an empty RDN hides CN=root");
         assert_eq!(refused.refusal, Refusal::EvidenceInvalid, "{refused}");
         assert!(refused.message.contains("empty RDN"), "{refused}");
         // The same certificate without the empty RDN and CN=root holds: only the hidden part
@@ -531,7 +532,7 @@ mod tests {
             })
         });
         let good = issue_raw(&cluster, &key, &plain);
-        assert!(verify(&alice, &good, &cas, unix).is_ok());
+        assert!(verify_same_key(&alice, &good, &cas, unix).is_ok());
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub enum Refused {
 }
 
 /// The DNS names and IP addresses of a requested subjectAltName extension's value.
-pub fn read(value: &[u8]) -> Result<Names, Refused> {
+pub fn read_names(value: &[u8]) -> Result<Names, Refused> {
     let mut names = Names {
         dns: Vec::new(),
         ips: Vec::new(),
@@ -198,7 +198,7 @@ mod tests {
     #[test]
     fn dns_names_and_addresses_are_read_as_go_writes_them() {
         let mapped = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2];
-        let read = read(&names(&[
+        let read = read_names(&names(&[
             (0x82, b"Node-A.example."),
             (0x87, &[10, 0, 0, 1]),
             (0x87, &mapped),
@@ -237,7 +237,7 @@ mod tests {
             (vec![0x30, 0x81, 0x02, 0x82, 0x00], "shortest form"),
             ([names(&[(0x82, b"a")]), vec![0]].concat(), "exactly one"),
         ] {
-            let e = super::read(&value).expect_err(want).to_string();
+            let e = super::read_names(&value).expect_err(want).to_string();
             assert!(e.contains(want), "{want}: {e}");
         }
     }

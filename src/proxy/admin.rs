@@ -31,7 +31,7 @@ use tokio::sync::watch;
 
 use super::admission::Admission;
 use super::error::UpstreamError;
-use super::listener::{accept_error, admit, check_peer, Bound};
+use super::listener::{accept_error, admit_connection, check_peer, Bound};
 use super::metrics::Metrics;
 use super::ratelimit::RateLimited;
 use super::renewal::RenewalStatus;
@@ -265,7 +265,7 @@ impl Admin {
     ) -> Option<(Box<dyn super::bridge::ClientIo>, Admitted, Reached)> {
         match accepted {
             Accepted::Tcp(s, peer) => {
-                let ticket = admit(&self.admission, &self.metrics, &s, peer)?;
+                let ticket = admit_connection(&self.admission, &self.metrics, &s, peer)?;
                 let reached = if s.local_addr().is_ok_and(|a| a.ip().is_loopback()) {
                     Reached::Loopback
                 } else {

@@ -7,45 +7,53 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::error::StartError;
-use super::listener::Bound;
 use crate::endpoint::ListenAddr;
 
-/// A listener bound outside any runtime.
+/// A bound listener of either kind, before or after it is handed to the runtime: one enum for
+/// every listener kind, so a new kind is one arm here and its accept.
 #[derive(Debug)]
-pub enum StdBound {
+pub enum Socket<U, T> {
     /// A UNIX socket (removed on exit).
     Unix {
         /// The bound socket.
-        listener: std::os::unix::net::UnixListener,
+        listener: U,
         /// Its path.
         path: PathBuf,
     },
     /// A TCP socket (loopback TLS).
     Tcp {
         /// The bound socket.
-        listener: std::net::TcpListener,
+        listener: T,
         /// The address it got (port 0 resolved).
         addr: SocketAddr,
     },
 }
 
-impl StdBound {
+/// A listener bound outside any runtime.
+pub type StdBound = Socket<std::os::unix::net::UnixListener, std::net::TcpListener>;
+
+/// A bound listener in the runtime, not yet accepting.
+pub type Bound = Socket<tokio::net::UnixListener, tokio::net::TcpListener>;
+
+impl<U, T> Socket<U, T> {
     /// What it listens on, with the real port when port 0 was asked for.
     pub fn addr(&self) -> ListenAddr {
         match self {
-            StdBound::Unix { path, .. } => ListenAddr::Unix(path.clone()),
-            StdBound::Tcp { addr, .. } => ListenAddr::Tcp(*addr),
+            Socket::Unix { path, .. } => ListenAddr::Unix(path.clone()),
+            Socket::Tcp { addr, .. } => ListenAddr::Tcp(*addr),
         }
     }
 
     /// The socket file to remove at exit, if any.
     pub fn socket_path(&self) -> Option<&Path> {
         match self {
-            StdBound::Unix { path, .. } => Some(path),
-            StdBound::Tcp { .. } => None,
+            Socket::Unix { path, .. } => Some(path),
+            Socket::Tcp { .. } => None,
         }
     }
+}
 
+impl StdBound {
     /// The listener for the runtime this is called in.
     pub fn into_tokio(self) -> Result<Bound, StartError> {
         let addr = self.addr();

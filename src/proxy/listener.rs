@@ -20,7 +20,6 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -28,7 +27,7 @@ use std::time::{Duration, Instant};
 use rustls::server::{Acceptor, WebPkiClientVerifier};
 use rustls::ServerConfig;
 use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::watch;
 use tokio_rustls::LazyConfigAcceptor;
 
@@ -94,47 +93,10 @@ pub enum LoopbackRefused {
 /// The HTTP/2 client connection preface (RFC 9113, section 3.4).
 pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// A bound listener, not yet accepting.
-#[derive(Debug)]
-pub enum Bound {
-    /// A UNIX socket (removed on exit).
-    Unix {
-        /// The bound socket.
-        listener: UnixListener,
-        /// Its path.
-        path: PathBuf,
-    },
-    /// A TCP socket (loopback TLS).
-    Tcp {
-        /// The bound socket.
-        listener: TcpListener,
-        /// The address it got (port 0 resolved).
-        addr: SocketAddr,
-    },
-}
-
-impl Bound {
-    /// What it listens on, with the real port when port 0 was asked for.
-    pub fn addr(&self) -> ListenAddr {
-        match self {
-            Bound::Unix { path, .. } => ListenAddr::Unix(path.clone()),
-            Bound::Tcp { addr, .. } => ListenAddr::Tcp(*addr),
-        }
-    }
-
-    /// The socket file to remove at exit, if any.
-    pub fn socket_path(&self) -> Option<&Path> {
-        match self {
-            Bound::Unix { path, .. } => Some(path),
-            Bound::Tcp { .. } => None,
-        }
-    }
-}
+pub use super::bind::Bound;
 
 /// The effective uid of this process: UNIX-socket peers must match it (or be allowed).
-pub fn own_uid() -> u32 {
-    crate::state_dir::own_uid()
-}
+pub use crate::state_dir::own_uid;
 
 /// Checks a UNIX-socket peer's uid (`SO_PEERCRED`); Err(uid) when it must be refused.
 pub fn check_peer(stream: &impl std::os::fd::AsFd, allowed: &[u32]) -> Result<u32, Option<u32>> {
@@ -373,7 +335,7 @@ fn spawn_connection(
                 let Some(stream) = handed_over(TcpStream::from_std(stream), "register") else {
                     return;
                 };
-                let admitted = admit(&shared.preauth, &shared.metrics, &stream, peer);
+                let admitted = admit_connection(&shared.preauth, &shared.metrics, &stream, peer);
                 drop(waiting);
                 let Some(preauth) = admitted else {
                     return;
@@ -397,7 +359,7 @@ fn handed_over<S>(step: std::io::Result<S>, what: &str) -> Option<S> {
 
 /// Admits a loopback TCP connection by its peer's uid ([`super::admission`]), counting the
 /// connections shed for it. None when the stream has no addresses any more.
-pub(crate) fn admit(
+pub(crate) fn admit_connection(
     gate: &Arc<Admission>,
     metrics: &Metrics,
     stream: &TcpStream,

@@ -286,7 +286,7 @@ async fn request_certificate(
         source,
     })??;
     let (name, pem) = submit_to_one(shared, settings, &submission).await?;
-    let issued = issued::check(&name, &pem, key)?;
+    let issued = issued::check_issued(&name, &pem, key)?;
     if let Some(current) = current_not_after {
         if issued.not_after_unix <= current {
             return Err(LifecycleError::NotLonger {

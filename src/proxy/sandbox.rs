@@ -119,7 +119,7 @@ pub fn confine(mode: SandboxMode, plan: &Plan) -> Result<Report, SandboxError> {
         }
         Err(e) => tracing::warn!(error = %e, "Landlock could not be set up"),
     }
-    match super::syscalls::install(plan.dns) {
+    match super::syscalls::install_filters(plan.dns) {
         Ok(()) => report.seccomp = true,
         Err(e) => tracing::warn!(error = %e, "the seccomp filter could not be installed"),
     }

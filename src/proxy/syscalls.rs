@@ -1,4 +1,4 @@
-//! The network side's seccomp filters ([`install`]): the system calls it may make once confined,
+//! The network side's seccomp filters ([`install_filters`]): the system calls it may make once confined,
 //! an allow-list, every other call answering `EPERM`, with the arguments checked where a call
 //! does more than one thing; `clone3` answered `ENOSYS` and x32 calls `EPERM` before it.
 //!
@@ -190,7 +190,7 @@ const NETLINK_ROUTE: libc::c_int = 0;
 
 /// The allow-list as seccompiler rules: a call with no rules is allowed whatever its
 /// arguments; one with rules when any rule's conditions all hold.
-pub fn allowed(dns: bool) -> Result<BTreeMap<i64, Vec<SeccompRule>>, FilterError> {
+pub fn allowed_syscalls(dns: bool) -> Result<BTreeMap<i64, Vec<SeccompRule>>, FilterError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ANY_ARGUMENTS
         .iter()
         .chain(LEGACY)
@@ -304,7 +304,7 @@ pub(super) enum FilterError {
 }
 
 /// The seccomp filters, on every thread.
-pub(super) fn install(dns: bool) -> Result<(), FilterError> {
+pub(super) fn install_filters(dns: bool) -> Result<(), FilterError> {
     let programs = filters(dns)?;
     for (installed, program) in programs.iter().enumerate() {
         if let Err(error) = seccompiler::apply_filter_all_threads(program) {
@@ -343,7 +343,7 @@ fn filters(dns: bool) -> Result<Vec<seccompiler::BpfProgram>, FilterError> {
         arch,
     )?;
     let allowed = SeccompFilter::new(
-        super::syscalls::allowed(dns)?,
+        super::syscalls::allowed_syscalls(dns)?,
         SeccompAction::Errno(libc::EPERM as u32),
         SeccompAction::Allow,
         arch,
@@ -565,7 +565,7 @@ mod io_uring_ring {
     /// under `CI` that is a failure.
     #[test]
     fn the_filter_refuses_io_uring() {
-        let allowed = super::allowed(true).expect("rules");
+        let allowed = super::allowed_syscalls(true).expect("rules");
         for call in [
             libc::SYS_io_uring_setup,
             libc::SYS_io_uring_enter,

@@ -12,7 +12,7 @@ use crate::approver::error::ApproverError;
 use crate::approver::evaluate::Candidate;
 use crate::approver::policy::{self, Settling};
 use crate::approver::trust::{Registry, Trust, TrustKind, FRESH_FOR};
-use crate::approver::write::{write, Recorded, WriteFuture};
+use crate::approver::write::{write_decision, Recorded, WriteFuture};
 
 impl Controller {
     /// Starts writes while there is room: in turn per requester; a settlement needs the trust
@@ -104,7 +104,7 @@ impl Controller {
                 answering,
             },
         );
-        write(
+        write_decision(
             self.api.clone(),
             self.validity.clone(),
             self.trust.clone(),

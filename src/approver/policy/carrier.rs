@@ -21,11 +21,11 @@ use crate::metric_labels::LabelValue;
 use crate::pki::request::Request;
 
 /// The facts of a carrier request whose subject is a node's and whose enrollment reads, to
-/// remember once it is approved ([`ek_join::facts_of`]).
+/// remember once it is approved ([`ek_join::facts_for`]).
 pub fn facts_of(csr: &CertificateSigningRequest) -> Option<ek_join::CarrierFacts> {
     let request = Request::from_pem(&csr.spec.request.0).ok()?;
     let node = super::check_node_client(&request, None).ok()?.node;
-    ek_join::facts_of(csr, node)
+    ek_join::facts_for(csr, node)
 }
 
 /// Whether an approved carrier still waits for its certificate (its write failed): it is

@@ -29,4 +29,4 @@ pub use self::node_client::{check_node_client, check_usages, NodeIdentity};
 pub use self::signer::{settle, Configured, SignerPolicy};
 pub use self::verdict::{Judged, Pending, Settling};
 pub use crate::approver::error::NoPolicy;
-pub use crate::approver::reason::{bounded, list, OnMissingEvidence, Reason, Violation};
+pub use crate::approver::reason::{bounded, bounded_list, OnMissingEvidence, Reason, Violation};

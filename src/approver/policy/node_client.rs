@@ -13,7 +13,7 @@ use crate::approver::decision::{Decided, Decision, Effect};
 use crate::approver::ek_join::{Binding, Join};
 use crate::approver::evaluate::{self, Candidate, OnMissingEvidence, Seen};
 use crate::approver::evidence_index::Claim;
-use crate::approver::reason::{bounded, list};
+use crate::approver::reason::{bounded, bounded_list};
 use crate::approver::reason::{violation, Reason, Violation};
 use crate::approver::trust::Registry;
 use crate::pki::attestation;
@@ -50,7 +50,7 @@ pub fn check_node_subject(request: &Request) -> Result<String, Violation> {
     if orgs != ["system:nodes"] {
         return Err(refuse(format!(
             "O must be exactly [system:nodes], not {}",
-            list(&orgs)
+            bounded_list(&orgs)
         )));
     }
     cn.strip_prefix("system:node:")

@@ -199,7 +199,11 @@ pub fn check_request(
 
 /// What the allow list (the `_allow` entry's text) decides for `user` asking for `orgs`:
 /// which proofs admit them, or the denial.
-pub fn allowed(user: &str, orgs: &[String], allow: Option<&str>) -> Result<Admitted, Violation> {
+pub fn allow_list_admits(
+    user: &str,
+    orgs: &[String],
+    allow: Option<&str>,
+) -> Result<Admitted, Violation> {
     let refuse = |m: String| violation(Reason::RequesterNotAllowed, m);
     let list = match allow.map(AllowList::parse) {
         None => {
@@ -236,16 +240,16 @@ pub fn allowed(user: &str, orgs: &[String], allow: Option<&str>) -> Result<Admit
     Ok(admitted)
 }
 
-/// [`allowed`], then the proof the allow list asks of `user`: a renewal with the current
+/// [`allow_list_admits`], then the proof the allow list asks of `user`: a renewal with the current
 /// certificate alone (`certificate_only_proof`) only for a person named under
 /// `certificateOnly`.
-pub fn admit(
+pub fn admit_person(
     user: &str,
     orgs: &[String],
     certificate_only_proof: bool,
     allow: Option<&str>,
 ) -> Result<(), Violation> {
-    match allowed(user, orgs, allow)? {
+    match allow_list_admits(user, orgs, allow)? {
         Admitted::Hardware if certificate_only_proof => Err(violation(
             Reason::HardwareProofRequired,
             format!(
@@ -362,7 +366,7 @@ pub fn judge(
         }
         Proof::Unreadable(m) => return Err(violation(Reason::EvidenceInvalid, m)),
         Proof::CurrentCertificate(cert) => PersonProof::SameKey(
-            same_key::verify(&request, &cert, &people.client_cas, now)
+            same_key::verify_same_key(&request, &cert, &people.client_cas, now)
                 .map_err(|r| violation(Reason::of(r.refusal), r.message))?,
         ),
         Proof::PivAttestation { attestation, certs } => {
@@ -443,7 +447,7 @@ fn verdict(
     people: &Registry,
 ) -> (Decision, Option<Box<Candidate>>) {
     let same_key = matches!(candidate.proof, PersonProof::SameKey(_));
-    let allowed = admit(
+    let allowed = admit_person(
         &candidate.user,
         &candidate.orgs,
         same_key,
@@ -569,7 +573,7 @@ mod tests {
     }
 
     fn decide(user: &str, orgs: &[&str], allow: Option<&str>) -> Result<Admitted, Violation> {
-        allowed(user, &groups(orgs), allow)
+        allow_list_admits(user, &groups(orgs), allow)
     }
 
     #[test]

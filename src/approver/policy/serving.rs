@@ -35,7 +35,7 @@ use super::verdict::{Pending, Settling};
 use crate::approver::decision::{Decided, Decision, Effect, NodeCheck};
 use crate::approver::error::ApproverError;
 use crate::approver::evaluate::{self, Seen, ServingCandidate};
-use crate::approver::node_addresses::{describe, Addresses, NodeIndex};
+use crate::approver::node_addresses::{describe_names, Addresses, NodeIndex};
 use crate::approver::reason::bounded;
 use crate::approver::reason::{violation, Reason, Violation};
 use crate::approver::rules::{Rules, ServingRules};
@@ -68,7 +68,7 @@ pub fn judge(
             "the request names no DNS name or IP address: a serving certificate names the node's own",
         ));
     };
-    let names = san::read(value).map_err(|e| {
+    let names = san::read_names(value).map_err(|e| {
         let reason = match e {
             san::Refused::Malformed(_) => Reason::MalformedRequest,
             _ => Reason::SubjectAltNameNotAllowed,
@@ -199,7 +199,7 @@ pub fn settle(
             )
         }
         None => (
-            Ok(describe(&check.names)),
+            Ok(describe_names(&check.names)),
             Effect::NodeAddresses(Box::new(check.clone())),
         ),
     };

@@ -5,7 +5,7 @@
 
 use yasna::models::ObjectIdentifier;
 
-use crate::approver::reason::{bounded, list, violation, Reason, Violation};
+use crate::approver::reason::{bounded, bounded_list, violation, Reason, Violation};
 use crate::pki::attestation::OID_EVIDENCE;
 use crate::pki::request::{
     Request, OID_COMMON_NAME, OID_EXTENSION_REQUEST, OID_EXT_KEY_USAGE, OID_KEY_USAGE,
@@ -55,7 +55,7 @@ pub fn cn_and_o<'r>(
         return Err(refuse(format!(
             "the subject must have exactly one CN, not {} ({}): Kubernetes would take the last",
             cns.len(),
-            list(&cns)
+            bounded_list(&cns)
         )));
     };
     Ok((one, request.subject_values(OID_ORGANIZATION)))

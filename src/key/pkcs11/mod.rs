@@ -460,7 +460,7 @@ impl Pkcs11Key {
         message: &[u8],
         signature: &[u8],
     ) -> Result<(), KeyError> {
-        match super::verify::verify(&self.spki, scheme, message, signature) {
+        match super::verify::verify_signature(&self.spki, scheme, message, signature) {
             Ok(true) => Ok(()),
             // ring checks moduli of 2048 bits and more only; smaller keys go unchecked.
             _ if matches!(self.algorithm, KeyAlgorithm::Rsa { bits } if bits < 2048) => Ok(()),

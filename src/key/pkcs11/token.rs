@@ -242,7 +242,7 @@ impl Token {
         if record.exists() {
             return Err(KeyError::PinRemembered {
                 token: self.label.clone(),
-                source_desc: pin_memory::describe(source),
+                source_desc: pin_memory::describe_source(source),
                 record: record.path().to_path_buf(),
             });
         }
@@ -283,7 +283,7 @@ impl Token {
         if pin_len == 0 || pin_len < min || too_long {
             return Err(KeyError::PinLength {
                 token: self.label.clone(),
-                source_desc: pin_memory::describe(source),
+                source_desc: pin_memory::describe_source(source),
                 len: pin_len,
                 min: min.max(1),
                 max,

@@ -39,7 +39,7 @@ pub fn public_key_spki(tpmt_public: &[u8]) -> Result<Vec<u8>, EvidenceInvalid> {
 /// TPM (`fixedTPM`, `fixedParent`, `sensitiveDataOrigin`) and signs; and that the TPM put
 /// `qualifying_data` into it. Whether the AK is trusted is the caller's question (its name is
 /// returned).
-pub fn verify(
+pub fn verify_certify(
     evidence: &TpmEvidence,
     expected_spki: &[u8],
     qualifying_data: &[u8],
@@ -104,7 +104,7 @@ fn check_ak_signature(
             )))
         }
     };
-    let verified = crate::key::verify::verify(
+    let verified = crate::key::verify::verify_signature(
         &ak_spki,
         crate::key::SignScheme::EcdsaP256Sha256,
         &evidence.attest,

@@ -124,7 +124,7 @@ impl LoadedKey {
             a.refused.store(true, Ordering::SeqCst);
             return Err(KeyError::TpmAuthRemembered {
                 key: a.key.clone(),
-                source_desc: crate::key::pin_memory::describe(&a.source),
+                source_desc: crate::key::pin_memory::describe_source(&a.source),
                 record: r.path().to_path_buf(),
             });
         }
@@ -189,13 +189,13 @@ impl LoadedKey {
             if rc::is_connection_lost(&err) {
                 tracing::warn!(
                     "TPM connection lost during {operation} ({}); reconnecting",
-                    rc::describe(&err)
+                    rc::describe_error(&err)
                 );
                 conn.reconnect()?;
             } else if rc::is_object_gone(&err) {
                 tracing::warn!(
                     "the TPM lost the key during {operation} ({}); reloading it",
-                    rc::describe(&err)
+                    rc::describe_error(&err)
                 );
                 self.forget(conn);
             } else {
@@ -297,7 +297,7 @@ impl Drop for LoadedKey {
                 conn.ctx.flush_context(ObjectHandle::from(handle))
             };
             if let Err(e) = result {
-                tracing::warn!("could not release a TPM key: {}", rc::describe(&e));
+                tracing::warn!("could not release a TPM key: {}", rc::describe_error(&e));
             }
         });
     }

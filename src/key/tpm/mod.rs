@@ -148,7 +148,7 @@ fn key_auth(uri: &TpmUri, location: &TpmKeyLocation) -> Result<KeyAuth, KeyError
     if let Some(r) = record.as_ref().filter(|r| r.exists()) {
         return Err(KeyError::TpmAuthRemembered {
             key,
-            source_desc: crate::key::pin_memory::describe(source),
+            source_desc: crate::key::pin_memory::describe_source(source),
             record: r.path().to_path_buf(),
         });
     }

@@ -94,7 +94,7 @@ pub(crate) fn create_persistent(
     if let Err(e) = ctx.flush_context(new.handle.into()) {
         tracing::warn!(
             "could not flush the new key's transient copy: {}",
-            rc::describe(&e)
+            rc::describe_error(&e)
         );
     }
     match evicted {

@@ -220,7 +220,10 @@ fn release(ctx: &mut Context, parent: Parent) {
         Parent::Persistent(mut h) => ctx.tr_close(&mut h),
     };
     if let Err(e) = result {
-        tracing::warn!("could not release the TPM parent key: {}", rc::describe(&e));
+        tracing::warn!(
+            "could not release the TPM parent key: {}",
+            rc::describe_error(&e)
+        );
     }
 }
 

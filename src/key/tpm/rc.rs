@@ -154,7 +154,7 @@ fn hint(kind: Tss2ResponseCodeKind) -> &'static str {
 }
 
 /// Words for any tss-esapi error, with the raw code for searching and a hint where one helps.
-pub(crate) fn describe(err: &Error) -> String {
+pub(crate) fn describe_error(err: &Error) -> String {
     let Some(raw) = raw_rc(err) else {
         return match err {
             Error::WrapperError(kind) => format!("tss-esapi refused the request: {kind}"),
@@ -184,7 +184,7 @@ pub(crate) fn describe(err: &Error) -> String {
 /// Why a connection through `tcti` failed, in words an operator can act on: tpm2-abrmd's
 /// "no connection" is also what a full daemon answers, and any local user can fill it.
 pub(crate) fn connect_reason(tcti: &str, err: &Error) -> String {
-    let reason = describe(err);
+    let reason = describe_error(err);
     let tcti_failed = raw_rc(err).is_some_and(|raw| (raw >> 16) & 0xff == LAYER_TCTI);
     if tcti_failed && tcti.trim_start().starts_with("tabrmd") {
         return format!(
@@ -202,7 +202,7 @@ pub(crate) fn connect_reason(tcti: &str, err: &Error) -> String {
 pub(crate) fn tpm_error(operation: &'static str) -> impl Fn(Error) -> KeyError {
     move |err| KeyError::Tpm {
         operation,
-        reason: describe(&err),
+        reason: describe_error(&err),
         source: Some(Box::new(err)),
     }
 }
@@ -229,7 +229,7 @@ mod tests {
         assert_eq!(tpm_kind(&err), None);
         assert!(is_connection_lost(&err));
         assert!(!is_object_gone(&err));
-        let text = describe(&err);
+        let text = describe_error(&err);
         assert!(text.contains("TCTI I/O error"), "{text}");
         assert!(text.contains("0xa000a"), "{text}");
     }
@@ -244,6 +244,6 @@ mod tests {
         // TPM_RC_OBJECT_MEMORY.
         let err = Error::Tss2Error(Tss2ResponseCode::from(0x902));
         assert_eq!(tpm_kind(&err), Some(Tss2ResponseCodeKind::ObjectMemory));
-        assert!(describe(&err).contains("tpm2_flushcontext"));
+        assert!(describe_error(&err).contains("tpm2_flushcontext"));
     }
 }

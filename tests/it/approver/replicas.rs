@@ -198,7 +198,7 @@ fn replayed_evidence_request(key: &str) -> Vec<u8> {
     let replayed =
         hwkey::pki::csr::build_with_evidence(&node_key, &subject, &evidence).expect("CSR");
     drop(node_key); // swtpm serves one connection at a time
-    hwkey::pki::csr::to_pem(&replayed).into_bytes()
+    hwkey::pki::csr::request_pem(&replayed).into_bytes()
 }
 
 /// A real TPM nobody registered, asking for node5 with evidence: (the TPM, the request).

@@ -156,7 +156,7 @@ fn ours(der: &[u8]) -> Option<Result<san::Names, san::Refused>> {
     let [extension] = request.extensions.as_slice() else {
         return None;
     };
-    (extension.oid == oid).then(|| san::read(&extension.value))
+    (extension.oid == oid).then(|| san::read_names(&extension.value))
 }
 
 /// What differs between hwkey's accepted reading and Go's.
@@ -182,7 +182,7 @@ fn differences(names: &san::Names, go: &support::oracle::GoReading) -> Vec<Strin
     }
     // The certificate Go would issue holds exactly the names hwkey compared, IPv4 in 4 bytes.
     let issued = hex_decode(&go.issued_san);
-    match san::read(&issued) {
+    match san::read_names(&issued) {
         Ok(read) if read == *names => {
             for ip in names.ips.iter().filter(|ip| ip.is_ipv4()) {
                 let four = match ip {

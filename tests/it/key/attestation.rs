@@ -124,7 +124,7 @@ fn attested_requests_are_admitted_and_everything_else_is_refused_with_its_reason
     let replayed = hwkey::pki::csr::build_with_evidence(&key, &second, &evidence).expect("CSR");
     drop(key); // swtpm serves one connection at a time: let the CLI have it
     let replayed_path = node.dir.path().join("replayed.csr");
-    std::fs::write(&replayed_path, hwkey::pki::csr::to_pem(&replayed)).expect("write");
+    std::fs::write(&replayed_path, hwkey::pki::csr::request_pem(&replayed)).expect("write");
     fails_with(
         &mut node.verify(&replayed_path, &node.trust()),
         &["EvidenceInvalid", "another request"],
@@ -143,10 +143,12 @@ fn evidence_is_bound_to_its_request() {
     // The same subject and key at another time is another binding too.
     let q3 = hwkey::pki::attestation::qualifying_data(b"subject-1", key.spki_der(), 2);
     let evidence = key.certify(0x8101_0002, &q1).expect("certify");
-    let ak = hwkey::key::tpm::evidence::verify(&evidence, key.spki_der(), &q1).expect("holds");
+    let ak =
+        hwkey::key::tpm::evidence::verify_certify(&evidence, key.spki_der(), &q1).expect("holds");
     assert_eq!(&ak[..2], &[0x00, 0x0b]);
     for other in [&q2, &q3] {
-        let e = hwkey::key::tpm::evidence::verify(&evidence, key.spki_der(), other).unwrap_err();
+        let e = hwkey::key::tpm::evidence::verify_certify(&evidence, key.spki_der(), other)
+            .unwrap_err();
         assert!(e.0.contains("another request"), "{e}");
     }
     // And for another key: a software key's SPKI.
@@ -154,13 +156,13 @@ fn evidence_is_bound_to_its_request() {
     let other_spki = pem::parse(other.public_key_pem())
         .expect("pem")
         .into_contents();
-    let e = hwkey::key::tpm::evidence::verify(&evidence, &other_spki, &q1).unwrap_err();
+    let e = hwkey::key::tpm::evidence::verify_certify(&evidence, &other_spki, &q1).unwrap_err();
     assert!(e.0.contains("not the key of the request"), "{e}");
     // A flipped bit in TPMS_ATTEST breaks the AK's signature.
     let mut broken = evidence.clone();
     let last = broken.attest.len() - 1;
     broken.attest[last] ^= 1;
-    let e = hwkey::key::tpm::evidence::verify(&broken, key.spki_der(), &q1).unwrap_err();
+    let e = hwkey::key::tpm::evidence::verify_certify(&broken, key.spki_der(), &q1).unwrap_err();
     assert!(e.0.contains("does not verify"), "{e}");
 }
 
@@ -456,7 +458,7 @@ mod untrusted_input {
         drop(key);
         for (i, csr) in requests.iter().enumerate() {
             let path = node.dir.path().join(format!("mutated-{i}.csr"));
-            std::fs::write(&path, hwkey::pki::csr::to_pem(csr)).expect("write");
+            std::fs::write(&path, hwkey::pki::csr::request_pem(csr)).expect("write");
             let out = support::run_fail(&mut node.verify(&path, &node.trust()));
             let text = support::output_text(&out);
             assert!(text.contains("EvidenceInvalid"), "{text}");
@@ -473,7 +475,7 @@ mod untrusted_input {
         use hwkey::pki::attestation;
         use hwkey::pki::request::Request;
         let (der, evidence) = attested();
-        let pem = hwkey::pki::csr::to_pem(&der);
+        let pem = hwkey::pki::csr::request_pem(&der);
         proptest!(config(1500), |(at in 0usize..4096, byte in any::<u8>(), cut in 0usize..4096,
                                   junk in proptest::collection::vec(any::<u8>(), 0..64))| {
             // The DER, one byte changed, cut short, or with junk appended.
@@ -498,7 +500,7 @@ mod untrusted_input {
                 let i = at % blob.len();
                 blob[i] ^= byte | 1;
             }
-            let _ = hwkey::key::tpm::evidence::verify(&e, &[], &[0u8; 32]);
+            let _ = hwkey::key::tpm::evidence::verify_certify(&e, &[], &[0u8; 32]);
             let _ = hwkey::pki::registration::parse_registration("node-a", &String::from_utf8_lossy(&junk));
         });
     }

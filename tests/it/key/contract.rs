@@ -96,7 +96,7 @@ impl Device {
 /// Verifies with ring against the key's SPKI.
 fn verify(key: &Key, scheme: SignScheme, message: &[u8], signature: &[u8]) {
     assert!(
-        hwkey::key::verify::verify(key.spki_der(), scheme, message, signature)
+        hwkey::key::verify::verify_signature(key.spki_der(), scheme, message, signature)
             .expect("the key's SPKI parses"),
         "{}: the {scheme} signature does not verify with ring",
         key.describe()

@@ -38,7 +38,7 @@ fn a_piv_attestation_holds_only_on_an_unbent_chain_to_a_configured_root() {
     // Firmware before 5.7.4: root → f9 → attestation.
     let device = PivDevice::new(&ChainShape::default());
     let attestation = device.attest(&spki, slot);
-    let facts = piv::verify(&attestation, &device.f9_der(), &roots(&device), now())
+    let facts = piv::verify_attestation(&attestation, &device.f9_der(), &roots(&device), now())
         .expect("a device's own chain");
     assert_eq!(
         (facts.serial, facts.touch_policy, facts.slot.as_deref()),
@@ -52,7 +52,7 @@ fn a_piv_attestation_holds_only_on_an_unbent_chain_to_a_configured_root() {
         f9_basic_constraints: false,
         ..ChainShape::default()
     });
-    piv::verify(&old.attest(&spki, slot), &old.f9_der(), &roots(&old), now())
+    piv::verify_attestation(&old.attest(&spki, slot), &old.f9_der(), &roots(&old), now())
         .expect("an f9 without basic constraints");
 
     // Firmware 5.7.4: two intermediates the device does not carry; they come from the roots
@@ -62,9 +62,15 @@ fn a_piv_attestation_holds_only_on_an_unbent_chain_to_a_configured_root() {
         ..ChainShape::default()
     });
     let attested = new.attest(&spki, slot);
-    piv::verify(&attested, &new.f9_der(), &roots(&new), now()).expect("the 5.7.4 chain");
+    piv::verify_attestation(&attested, &new.f9_der(), &roots(&new), now())
+        .expect("the 5.7.4 chain");
     let root_only = PivRoots::from_pem(&new.root_only_pem()).expect("root");
-    let r = refusal(piv::verify(&attested, &new.f9_der(), &root_only, now()));
+    let r = refusal(piv::verify_attestation(
+        &attested,
+        &new.f9_der(),
+        &root_only,
+        now(),
+    ));
     assert!(matches!(r, PivRefusal::NoPathToRoot { .. }), "{r}");
 
     // A root named as Yubico's, with another key: no path to Yubico's real roots.
@@ -72,7 +78,7 @@ fn a_piv_attestation_holds_only_on_an_unbent_chain_to_a_configured_root() {
         root_cn: "Yubico PIV Root CA Serial 263751",
         ..ChainShape::default()
     });
-    let r = refusal(piv::verify(
+    let r = refusal(piv::verify_attestation(
         &impostor.attest(&spki, slot),
         &impostor.f9_der(),
         &PivRoots::yubico(),
@@ -81,7 +87,7 @@ fn a_piv_attestation_holds_only_on_an_unbent_chain_to_a_configured_root() {
     assert!(matches!(r, PivRefusal::NoPathToRoot { .. }), "{r}");
 
     // Another device's f9 certificate does not sign this device's attestation.
-    let r = refusal(piv::verify(
+    let r = refusal(piv::verify_attestation(
         &attestation,
         &old.f9_der(),
         &roots(&old),
@@ -124,7 +130,12 @@ fn a_piv_attestation_holds_only_on_an_unbent_chain_to_a_configured_root() {
         PivRoots::from_pem(&pem::encode(&pem::Pem::new("CERTIFICATE", device.f9_der())))
             .expect("the f9 as an intermediate"),
     );
-    let r = refusal(piv::verify(&forged, &slot_cert, &careless, now()));
+    let r = refusal(piv::verify_attestation(
+        &forged,
+        &slot_cert,
+        &careless,
+        now(),
+    ));
     assert!(matches!(r, PivRefusal::F9IsASlotAttestation { .. }), "{r}");
 
     // An expired chain.
@@ -132,7 +143,7 @@ fn a_piv_attestation_holds_only_on_an_unbent_chain_to_a_configured_root() {
         expired: true,
         ..ChainShape::default()
     });
-    let r = refusal(piv::verify(
+    let r = refusal(piv::verify_attestation(
         &expired.attest(&spki, slot),
         &expired.f9_der(),
         &roots(&expired),
@@ -144,7 +155,7 @@ fn a_piv_attestation_holds_only_on_an_unbent_chain_to_a_configured_root() {
     let critical = rcgen::CustomExtension::from_oid_content(&[1, 2, 3, 4], vec![0x05, 0x00]);
     let mut critical = critical;
     critical.set_criticality(true);
-    let r = refusal(piv::verify(
+    let r = refusal(piv::verify_attestation(
         &device.attest_with(&spki, slot, vec![critical]),
         &device.f9_der(),
         &roots(&device),
@@ -153,7 +164,7 @@ fn a_piv_attestation_holds_only_on_an_unbent_chain_to_a_configured_root() {
     assert!(matches!(r, PivRefusal::Unreadable { .. }), "{r}");
     let mut trailing = attestation.clone();
     trailing.extend_from_slice(&[0x05, 0x00]);
-    let r = refusal(piv::verify(
+    let r = refusal(piv::verify_attestation(
         &trailing,
         &device.f9_der(),
         &roots(&device),
@@ -299,7 +310,8 @@ fn a_key_on_a_piv_token_carries_its_attestation_and_keeps_its_own_certificate() 
     };
     assert_eq!(carried, attestation);
     assert_eq!(certs, vec![device.f9_der()]);
-    let facts = piv::verify(&carried, &certs[0], &roots(&device), now()).expect("holds");
+    let facts =
+        piv::verify_attestation(&carried, &certs[0], &roots(&device), now()).expect("holds");
     assert_eq!(
         (facts.serial, facts.spki.as_slice()),
         (777, request.spki_der())
@@ -309,7 +321,7 @@ fn a_key_on_a_piv_token_carries_its_attestation_and_keeps_its_own_certificate() 
     // attestation certificate is not.
     let dir = temp_dir();
     let ca = support::ca::TestCa::new(dir.path());
-    let csr = hwkey::pki::csr::to_pem(request.der());
+    let csr = hwkey::pki::csr::request_pem(request.der());
     let own = pem::parse(ca.sign_csr_pem(&csr, 1))
         .expect("PEM")
         .into_contents();

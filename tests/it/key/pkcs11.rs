@@ -44,7 +44,8 @@ fn uri(token: &str, object: &str) -> KeyUri {
 /// Verifies a signature with ring against the key's SPKI.
 fn verify(key: &Key, scheme: SignScheme, message: &[u8], signature: &[u8]) {
     assert!(
-        hwkey::key::verify::verify(key.spki_der(), scheme, message, signature).expect("spki"),
+        hwkey::key::verify::verify_signature(key.spki_der(), scheme, message, signature)
+            .expect("spki"),
         "{scheme} signature does not verify"
     );
 }
@@ -606,7 +607,7 @@ fn a_key_replaced_on_the_token_is_never_signed_with() {
         match key.sign(scheme, b"after") {
             Ok(sig) => panic!(
                 "signed after its key was replaced (with the new key: {:?})",
-                hwkey::key::verify::verify(other.spki_der(), scheme, b"after", &sig)
+                hwkey::key::verify::verify_signature(other.spki_der(), scheme, b"after", &sig)
             ),
             Err(e) => assert!(
                 e.to_string().contains("another key under this label"),

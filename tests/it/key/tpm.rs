@@ -35,7 +35,7 @@ fn tpm_uri(tpm: &Swtpm) -> KeyUri {
 /// Verifies with ring against `spki`.
 fn verify(spki: &[u8], scheme: SignScheme, message: &[u8], signature: &[u8]) {
     assert!(
-        hwkey::key::verify::verify(spki, scheme, message, signature)
+        hwkey::key::verify::verify_signature(spki, scheme, message, signature)
             .expect("the key's SPKI parses"),
         "{scheme} signature does not verify with ring"
     );
