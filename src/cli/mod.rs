@@ -200,17 +200,7 @@ fn exit_code(result: anyhow::Result<()>) -> ExitCode {
 fn pin_refused(e: &anyhow::Error) -> bool {
     use crate::key::KeyError;
     use crate::pki::PkiError;
-    let is_pin = |k: &KeyError| {
-        matches!(
-            k,
-            KeyError::PinIncorrect { .. }
-                | KeyError::PinRemembered { .. }
-                | KeyError::PinLength { .. }
-                | KeyError::PinFinalTry { .. }
-                | KeyError::PinLocked { .. }
-                | KeyError::SignerPinRefused { .. }
-        )
-    };
+    let is_pin = KeyError::is_pin_refusal;
     let in_pki = |p: &PkiError| matches!(p, PkiError::Key(k) if is_pin(k));
     e.chain().any(|cause| {
         if let Some(k) = cause.downcast_ref::<KeyError>() {

@@ -261,6 +261,27 @@ pub enum KeyError {
     NoSignatureMechanism { key: String, missing: &'static str },
 }
 
+impl KeyError {
+    /// Whether this is a PIN or password refusal: the device refused it (a PKCS#11 PIN, a TPM
+    /// key's authValue), hwkey refused to present one refused before, or the signer process
+    /// reported such a refusal. Callers must not retry without a new PIN; hwkey exits
+    /// [`crate::key::pin::EXIT_PIN_REFUSED`] on it, so a supervisor does not restart into the
+    /// device's lockout.
+    pub fn is_pin_refusal(&self) -> bool {
+        matches!(
+            self,
+            KeyError::PinIncorrect { .. }
+                | KeyError::PinRemembered { .. }
+                | KeyError::PinLength { .. }
+                | KeyError::PinFinalTry { .. }
+                | KeyError::PinLocked { .. }
+                | KeyError::TpmAuthRejected { .. }
+                | KeyError::TpmAuthRemembered { .. }
+                | KeyError::SignerPinRefused { .. }
+        )
+    }
+}
+
 /// What is wrong with a persistent storage key named as a parent, for [`KeyError::TpmParent`].
 #[derive(Debug, thiserror::Error)]
 #[allow(

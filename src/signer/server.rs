@@ -150,7 +150,7 @@ pub fn serve(socket: OwnedFd, config: SignerConfig) -> u8 {
     let signer = match open(config) {
         Ok(s) => Arc::new(s),
         Err(e) => {
-            let exit_code = if pin_refused(&e) {
+            let exit_code = if e.is_pin_refusal() {
                 // The supervisor reads this before the network side hears of the refusal:
                 // it does not present the same PIN again.
                 tell_supervisor(super::supervisor::PIN_REFUSED_MARK);
@@ -593,24 +593,11 @@ fn refused(message: String) -> RemoteError {
 
 fn remote_error(e: &KeyError) -> RemoteError {
     RemoteError {
-        kind: if pin_refused(e) {
+        kind: if e.is_pin_refusal() {
             RemoteKind::PinRefused
         } else {
             RemoteKind::Failed
         },
         message: e.to_string(),
     }
-}
-
-fn pin_refused(e: &KeyError) -> bool {
-    matches!(
-        e,
-        KeyError::PinIncorrect { .. }
-            | KeyError::PinRemembered { .. }
-            | KeyError::PinLength { .. }
-            | KeyError::PinFinalTry { .. }
-            | KeyError::PinLocked { .. }
-            | KeyError::TpmAuthRejected { .. }
-            | KeyError::TpmAuthRemembered { .. }
-    )
 }
