@@ -80,7 +80,6 @@ OVER_BUDGET = {
     "src/kubeconfig.rs": "the kubeconfig model and its hwkey extension, read and written",
     "src/approver/trust.rs": "the trust sources (directory, ConfigMap), their following and "
         "the binding record, which share one reading type",
-    "src/signer/server.rs": "the signer process's side of the protocol and its confinement",
     "src/proxy/start.rs": "the proxy's assembly: components do not build themselves yet",
     "src/proxy/renewal.rs": "the proxy's renewal loop, its hot swap and its proof of the "
         "new certificate",

@@ -366,7 +366,7 @@ pub struct Join<'a> {
 }
 
 impl Join<'_> {
-    /// The carrier certificate for a carrier request that passed [`judge_carrier`], or why
+    /// The carrier certificate for a carrier request that passed `policy::carrier::judge`, or why
     /// none is issued.
     pub fn issue(
         &self,

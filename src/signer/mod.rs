@@ -11,6 +11,7 @@
 //! against it ([`policy`]); a compromised network side can make handshakes, never sign a CSR
 //! for another name, a JWT or arbitrary data.
 
+pub mod config;
 pub mod error;
 pub mod policy;
 pub mod protocol;
@@ -18,9 +19,9 @@ pub mod remote;
 pub mod server;
 pub mod supervisor;
 
+pub use config::SignerConfig;
 pub use error::SignerError;
 pub use remote::SignerClient;
-pub use server::SignerConfig;
 pub use supervisor::Supervisor;
 
 /// Opens `key` in a signer process of its own, as the proxy does: for the one-shot commands

@@ -23,9 +23,10 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
 };
 
+use super::config::{SignerConfig, SignerConfigWire};
 use super::error::SignerError;
 use super::protocol;
-use super::server::{self, SignerConfig, SignerConfigWire};
+use super::server;
 
 /// The hidden subcommand that runs the supervisor.
 pub const SUPERVISOR_COMMAND: &str = "signer-supervisor";

@@ -1,5 +1,5 @@
 //! The decision loop: kube's watcher brings the requests of our signers; each is judged from
-//! its own content at once ([`evaluate`]) and kept only as a small [`Work`] item in a fair
+//! its own content at once (its policy's `judge`) and kept only as a small `Work` item in a fair
 //! queue ([`WorkQueue`]); items are settled against the trust and the evidence index and
 //! written up to [`IN_FLIGHT`] at a time, while this replica leads.
 //!

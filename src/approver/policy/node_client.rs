@@ -126,7 +126,7 @@ pub fn settle(
 }
 
 /// The decision for a request that passed every check of its own: still fresh, its AK
-/// registered for its node, and the evidence its own (see [`EvidenceIndex`]).
+/// registered for its node, and the evidence its own (see [`crate::approver::evidence_index::EvidenceIndex`]).
 pub fn settle_attested(
     s: &mut Settling<'_>,
     seen: &Seen,

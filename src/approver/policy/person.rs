@@ -3,7 +3,7 @@
 //! for them vouches for, every time, and nothing else.
 //!
 //! What the request alone decides ([`check_request`], then the proof in
-//! [`super::evaluate`]), in order:
+//! [`judge`]), in order:
 //!
 //! 1. `spec.usages` are a client certificate's;
 //! 2. the requester is a person: not `system:*` (service accounts, nodes, bootstrap tokens,
@@ -27,7 +27,7 @@
 //!   the groups a certificate may carry that need saying (`system:masters`).
 //! - **which proof**: hardware, by default: TPM evidence by an AK registered under the
 //!   person's name, or the PIV attestation of a YubiKey whose serial their entry lists
-//!   ([`settle_piv`]), for the first certificate and for every renewal. The current certificate
+//!   ([`piv_registered`]), for the first certificate and for every renewal. The current certificate
 //!   alone proves possession of a key, not where the key lives (a stolen session, a
 //!   certificate from before hwkey, a software key): it is accepted only for a person the
 //!   allow list names under `certificateOnly`.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use hwkey::key::{Purpose, SignScheme};
 use hwkey::signer::protocol::{self, Envelope, KeyInfo, RemoteKind, Reply, Request};
-use hwkey::signer::server::{SignerConfig, SignerConfigWire};
+use hwkey::signer::config::{SignerConfig, SignerConfigWire};
 use support::proxy::{Identity, ProxyProcess};
 use support::upstream::TestUpstream;
 use support::*;
