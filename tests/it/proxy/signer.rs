@@ -12,8 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hwkey::key::{Purpose, SignScheme};
-use hwkey::signer::protocol::{self, Envelope, KeyInfo, RemoteKind, Reply, Request};
 use hwkey::signer::config::{SignerConfig, SignerConfigWire};
+use hwkey::signer::protocol::{self, Envelope, KeyInfo, RemoteKind, Reply, Request};
 use support::proxy::{Identity, ProxyProcess};
 use support::upstream::TestUpstream;
 use support::*;
