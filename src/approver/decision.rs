@@ -68,11 +68,18 @@ impl Decided {
 
 /// The decision that writes a denial.
 pub fn denial(seen: &Seen, v: Violation) -> Decision {
-    Decision {
-        name: seen.name.clone(),
-        approved: false,
-        reason: v.reason,
-        message: v.message,
+    Decision::denied(&seen.name, v)
+}
+
+impl Decision {
+    /// The denial of request `name` for `v`.
+    pub fn denied(name: &str, v: Violation) -> Decision {
+        Decision {
+            name: name.to_string(),
+            approved: false,
+            reason: v.reason,
+            message: v.message,
+        }
     }
 }
 

@@ -199,8 +199,23 @@ pub fn describe_names(names: &Names) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// What node-a asks for: DNS names and IP addresses (as Go reads them).
+    pub(crate) fn check(dns: &[&str], ips: &[&str]) -> NodeCheck {
+        NodeCheck {
+            node: "node-a".into(),
+            names: Names {
+                dns: dns.iter().map(|d| d.to_string()).collect(),
+                ips: ips
+                    .iter()
+                    .map(|i| san::canonical(i.parse().expect("ip")))
+                    .collect(),
+            },
+            proof: String::new(),
+        }
+    }
     use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
 
     fn node(name: &str, addresses: &[(&str, &str)]) -> Node {
@@ -236,17 +251,7 @@ mod tests {
             ],
         ));
         owners.add(&node("node-b", &[("InternalIP", "10.0.0.2")]));
-        let ask = |dns: &[&str], ips: &[&str]| NodeCheck {
-            node: "node-a".into(),
-            names: Names {
-                dns: dns.iter().map(|d| d.to_string()).collect(),
-                ips: ips
-                    .iter()
-                    .map(|i| san::canonical(i.parse().expect("ip")))
-                    .collect(),
-            },
-            proof: String::new(),
-        };
+        let ask = check;
         assert!(owners
             .none_of_others(&ask(&["node-a"], &["10.0.0.1"]))
             .is_ok());

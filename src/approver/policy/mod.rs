@@ -25,8 +25,9 @@ pub mod signer;
 pub mod strict;
 pub mod verdict;
 
-pub use self::node_client::{check_node_client, check_usages, NodeIdentity};
+pub use self::node_client::{check_node_client, NodeIdentity};
 pub use self::signer::{settle, Configured, SignerPolicy};
+pub use self::strict::check_usages;
 pub use self::verdict::{Judged, Pending, Settling};
 pub use crate::approver::error::NoPolicy;
 pub use crate::approver::reason::{bounded, bounded_list, OnMissingEvidence, Reason, Violation};

@@ -37,7 +37,7 @@ pub fn check_node_client(
     strict::check_attributes(request)?;
     strict::check_extensions(request, Purpose::Client)?;
     if let Some(usages) = usages {
-        check_usages(usages)?;
+        strict::check_usages(usages, Purpose::Client)?;
     }
     Ok(NodeIdentity { node })
 }
@@ -62,25 +62,6 @@ pub fn check_node_subject(request: &Request) -> Result<String, Violation> {
                 bounded(cn)
             ))
         })
-}
-
-/// `spec.usages`: {digital signature, client auth}, plus key encipherment at most, each once.
-pub fn check_usages(usages: &[String]) -> Result<(), Violation> {
-    let mut sorted: Vec<&str> = usages.iter().map(String::as_str).collect();
-    sorted.sort_unstable();
-    let ok = sorted == ["client auth", "digital signature"]
-        || sorted == ["client auth", "digital signature", "key encipherment"];
-    if ok {
-        Ok(())
-    } else {
-        Err(violation(
-            Reason::UsagesNotAllowed,
-            format!(
-                "usages {} are not a client certificate's: [digital signature, client auth], optionally key encipherment",
-                bounded(&format!("{usages:?}"))
-            ),
-        ))
-    }
 }
 
 /// Judges a node client request by itself: the policy, then a requester entitled to the node
@@ -267,6 +248,7 @@ mod tests {
     #[test]
     fn usages_are_a_node_clients() {
         let u = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let check_usages = |u: &[String]| strict::check_usages(u, Purpose::Client);
         assert!(check_usages(&u(&["digital signature", "client auth"])).is_ok());
         assert!(check_usages(&u(&[
             "client auth",
@@ -399,6 +381,51 @@ mod tests {
                 }
             })
         })
+    }
+
+    /// A serving request may name SANs, once: a second SAN extension (Go keeps the last) or
+    /// a SAN in a second extension request is refused, whatever the first one says.
+    #[test]
+    fn a_serving_requests_names_are_read_from_exactly_one_extension() {
+        let san = |name: &str| {
+            yasna::construct_der(|w| {
+                w.write_sequence(|w| {
+                    w.next()
+                        .write_tagged_implicit(yasna::Tag::context(2), |w| w.write_ia5_string(name))
+                })
+            })
+        };
+        let one = request_with(&[(
+            OID_EXTENSION_REQUEST,
+            extensions(&[(OID_SUBJECT_ALT_NAME, san("node-a"))]),
+        )]);
+        let value = strict::check_extensions(&one, Purpose::Server).expect("one SAN");
+        assert_eq!(value, Some(san("node-a").as_slice()));
+        for attributes in [
+            vec![(
+                OID_EXTENSION_REQUEST,
+                extensions(&[
+                    (OID_SUBJECT_ALT_NAME, san("node-a")),
+                    (OID_SUBJECT_ALT_NAME, san("node-b")),
+                ]),
+            )],
+            vec![
+                (
+                    OID_EXTENSION_REQUEST,
+                    extensions(&[(OID_SUBJECT_ALT_NAME, san("node-a"))]),
+                ),
+                (
+                    OID_EXTENSION_REQUEST,
+                    extensions(&[(OID_SUBJECT_ALT_NAME, san("node-b"))]),
+                ),
+            ],
+        ] {
+            let request = request_with(&attributes);
+            let refused = strict::check_attributes(&request)
+                .and_then(|()| strict::check_extensions(&request, Purpose::Server).map(|_| ()))
+                .expect_err("two SANs");
+            assert_eq!(refused.reason, Reason::ExtensionNotAllowed, "{refused}");
+        }
     }
 
     /// Two of anything: a second extension request, the same extension twice, a SAN hidden

@@ -187,7 +187,10 @@ pub fn check_request(
     request: &Request,
     rules: &PeopleRules,
 ) -> Result<(String, Vec<String>, Vec<String>), Violation> {
-    super::check_usages(&csr.spec.usages.clone().unwrap_or_default())?;
+    strict::check_usages(
+        &csr.spec.usages.clone().unwrap_or_default(),
+        Purpose::Client,
+    )?;
     let (user, groups) = requester(csr);
     check_person(&user, &groups)?;
     let orgs = check_subject(request, &user, &groups)?;

@@ -61,7 +61,10 @@ pub fn judge(
     check_requester(csr, &node)?;
     strict::check_attributes(&request)?;
     let value = strict::check_extensions(&request, Purpose::Server)?;
-    check_usages(&csr.spec.usages.clone().unwrap_or_default())?;
+    strict::check_usages(
+        &csr.spec.usages.clone().unwrap_or_default(),
+        Purpose::Server,
+    )?;
     let Some(value) = value else {
         return Err(violation(
             Reason::SubjectAltNameNotAllowed,
@@ -117,24 +120,6 @@ fn check_requester(csr: &CertificateSigningRequest, node: &str) -> Result<(), Vi
             "{} (groups {}) may not ask for system:node:{node}'s serving certificate: only that node itself, in group system:nodes, may",
             bounded(&user),
             bounded(&format!("{groups:?}"))
-        ),
-    ))
-}
-
-/// `spec.usages`: {digital signature, server auth}, plus key encipherment at most, each once.
-fn check_usages(usages: &[String]) -> Result<(), Violation> {
-    let mut sorted: Vec<&str> = usages.iter().map(String::as_str).collect();
-    sorted.sort_unstable();
-    if sorted == ["digital signature", "server auth"]
-        || sorted == ["digital signature", "key encipherment", "server auth"]
-    {
-        return Ok(());
-    }
-    Err(violation(
-        Reason::UsagesNotAllowed,
-        format!(
-            "usages {} are not a serving certificate's: [digital signature, server auth], optionally key encipherment",
-            bounded(&format!("{usages:?}"))
         ),
     ))
 }
@@ -283,37 +268,14 @@ pub async fn check_node(
             message: format!("{m}{}", check.proof),
             ..decision
         },
-        Err(v) => denial_of(&decision.name, v),
+        Err(v) => Decision::denied(&decision.name, v),
     })
-}
-
-fn denial_of(name: &str, v: Violation) -> Decision {
-    Decision {
-        name: name.to_string(),
-        approved: false,
-        reason: v.reason,
-        message: v.message,
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pki::san::Names;
-
-    fn check(dns: &[&str], ips: &[&str]) -> NodeCheck {
-        NodeCheck {
-            node: "node-a".into(),
-            names: Names {
-                dns: dns.iter().map(|d| d.to_string()).collect(),
-                ips: ips
-                    .iter()
-                    .map(|i| san::canonical(i.parse().expect("ip")))
-                    .collect(),
-            },
-            proof: String::new(),
-        }
-    }
+    use crate::approver::node_addresses::tests::check;
 
     /// Names compare as Go's VerifyHostname and net.IP.Equal do; anything else is not the
     /// node's.
@@ -385,6 +347,7 @@ mod tests {
     #[test]
     fn usages_are_a_serving_certificates() {
         let u = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let check_usages = |u: &[String]| strict::check_usages(u, Purpose::Server);
         assert!(check_usages(&u(&["server auth", "digital signature"])).is_ok());
         assert!(check_usages(&u(&[
             "key encipherment",
@@ -402,13 +365,13 @@ mod tests {
         }
     }
 
-    /// Settles `names` for node-a against a trust where node-a's entry lists `addresses`
-    /// (None: no list) and whose AK is registered (`attested`).
     /// A trust whose node-a entry is malformed: its own status does not stand in.
     fn settled_with_invalid() -> Decided {
         settled_in((&["node-a"], &[]), None, false, false, true)
     }
 
+    /// Settles `names` for node-a against a trust where node-a's entry lists `addresses`
+    /// (None: no list) and whose AK is registered (`attested`).
     fn settled(
         names: (&[&str], &[&str]),
         addresses: Option<&[&str]>,

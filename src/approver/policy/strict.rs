@@ -202,3 +202,29 @@ fn san_kinds(value: &[u8]) -> String {
         kinds.join(", ")
     }
 }
+
+/// `spec.usages`: {digital signature, the purpose's auth}, plus key encipherment at most, each
+/// once.
+pub fn check_usages(usages: &[String], purpose: Purpose) -> Result<(), Violation> {
+    let (_, auth) = purpose.eku();
+    let mut sorted: Vec<&str> = usages.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    let mut want = vec!["digital signature", auth];
+    want.sort_unstable();
+    let mut with_encipherment = vec!["digital signature", "key encipherment", auth];
+    with_encipherment.sort_unstable();
+    if sorted == want || sorted == with_encipherment {
+        return Ok(());
+    }
+    let kind = match purpose {
+        Purpose::Client => "a client",
+        Purpose::Server => "a serving",
+    };
+    Err(violation(
+        Reason::UsagesNotAllowed,
+        format!(
+            "usages {} are not {kind} certificate's: [digital signature, {auth}], optionally key encipherment",
+            bounded(&format!("{usages:?}"))
+        ),
+    ))
+}

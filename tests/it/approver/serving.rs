@@ -117,15 +117,11 @@ impl<'a> Ask<'a> {
 
     fn object(&self, dir: &Path) -> PathBuf {
         let subject = format!("/O=system:nodes/CN=system:node:{}", self.cn_node);
-        let ext = match (self.san, self.more) {
-            (Some(s), _) => Some(format!("subjectAltName={s}")),
-            (None, Some(m)) => Some(m.to_string()),
-            (None, None) => None,
+        let san = self.san.map(|s| format!("subjectAltName={s}"));
+        let pem = match (san.as_deref(), self.more) {
+            (Some(s), Some(m)) => openssl_two(dir, self.name, &subject, s, m),
+            (one, None) | (None, one) => openssl_request(dir, self.name, &subject, one),
         };
-        let mut pem = openssl_request(dir, self.name, &subject, ext.as_deref());
-        if let (Some(s), Some(m)) = (self.san, self.more) {
-            pem = openssl_two(dir, self.name, &subject, &format!("subjectAltName={s}"), m);
-        }
         csr_object(dir, self.name, &pem, self.signer, self.usages)
     }
 
