@@ -12,7 +12,7 @@ use clap::Args;
 use merge::Merge;
 
 use crate::proxy::{self, NetworkSideSettings, SettingsInput};
-use crate::signer::Supervisor;
+use crate::signer::{SignerConfig, Supervisor};
 
 #[derive(Debug, Args)]
 #[command(
@@ -65,7 +65,15 @@ pub fn run(args: ProxyArgs, log_format: &str) -> anyhow::Result<()> {
         let pin = crate::key::pin::read_pin_line(std::io::stdin().lock())?;
         settings.key.uri = settings.key.uri.with_pin_value(pin);
     }
-    let config = proxy::signer_config(&settings)?;
+    let rotation = settings.renewal.as_ref().is_some_and(|r| r.rotate_key);
+    let config = SignerConfig::for_proxy(
+        settings.key.uri.clone(),
+        rotation.then_some(&settings.state_dir),
+        settings.key.cert.clone(),
+        settings.upstream.ca.clone(),
+        settings.key.allow_tls12_fallback,
+        settings.key.require_non_extractable,
+    )?;
     let network_settings = NetworkSideSettings::new(&given);
     drop(given);
     let supervisor = Supervisor::start_with(&config, Some(&network_settings))?;

@@ -31,8 +31,10 @@ use tokio::sync::watch;
 
 use super::admission::Admission;
 use super::error::UpstreamError;
+use super::limits::ADMIN_MAX_CONNECTIONS;
 use super::listener::{accept_error, admit_connection, check_peer, Bound};
 use super::metrics::Metrics;
+use super::parts::Parts;
 use super::ratelimit::RateLimited;
 use super::renewal::RenewalStatus;
 use super::settings::AdminSettings;
@@ -55,6 +57,25 @@ pub struct Admin {
     pub settings: AdminSettings,
     /// The last renewal failure (`--renew`): `/healthz` says "degraded" with it.
     pub renewal: Arc<RenewalStatus>,
+}
+
+impl Admin {
+    /// The admin listener's component, reporting `renewal`'s state.
+    pub fn build(section: &AdminSettings, parts: &Parts, renewal: Arc<RenewalStatus>) -> Admin {
+        Admin {
+            upstream: parts.upstream.clone(),
+            metrics: parts.metrics.clone(),
+            health: HealthState::default(),
+            admission: Admission::new(
+                ADMIN_MAX_CONNECTIONS,
+                ADMIN_RESERVED,
+                owner_uids(),
+                allowed_uids(section),
+            ),
+            settings: section.clone(),
+            renewal,
+        }
+    }
 }
 
 /// How long a test signature's result stands for.
@@ -175,11 +196,6 @@ enum Unhealthy {
     Timeout { addr: String },
 }
 
-/// At most this many admin connections at once, so no local user can exhaust the proxy's
-/// descriptors through the admin listener. On loopback TCP they are admitted by uid
-/// ([`super::admission`]): another uid's flood sheds its own oldest connections, never the
-/// proxy's own uid's (a supervisor's `/healthz` probe runs as the proxy's user or root).
-pub const ADMIN_MAX_CONNECTIONS: usize = 32;
 /// Admin places other uids can never take.
 pub const ADMIN_RESERVED: usize = 8;
 /// How long an admin client may take to send its request headers.

@@ -26,8 +26,11 @@ use tokio::sync::watch;
 use super::lifetime::Activity;
 use super::listener::{check_peer, own_uid};
 use super::metrics::Metrics;
+use super::parts::Parts;
+use super::settings::ClientSettings;
 use super::upstream::Upstream;
 use crate::control_api::{ControlError, LoopbackCredential, ProxyInfo, API_VERSION};
+use crate::endpoint::ListenAddr;
 use crate::pki::loopback_ca::{rfc3339, LoopbackCa};
 use crate::stop::stopped;
 
@@ -49,6 +52,34 @@ pub struct Control {
     pub metrics: Arc<Metrics>,
     /// The key and certificate the credentials are capped by and the info names.
     pub upstream: Arc<Upstream>,
+}
+
+impl Control {
+    /// The control socket's component: the loopback CA it mints with, and what it announces
+    /// (the first loopback TLS listener's URL and the UNIX sockets among `bound`).
+    pub fn build(settings: &ClientSettings, parts: Parts, bound: &[ListenAddr]) -> Control {
+        let loopback_url = bound.iter().find_map(|a| match a {
+            ListenAddr::Tcp(s) => Some(format!("https://{s}")),
+            ListenAddr::Unix(_) => None,
+        });
+        let unix_sockets = bound
+            .iter()
+            .filter_map(|a| match a {
+                ListenAddr::Unix(p) => Some(p.clone()),
+                ListenAddr::Tcp(_) => None,
+            })
+            .collect();
+        Control {
+            ca: parts.ca,
+            credential_validity: settings.credential_validity,
+            loopback_url,
+            unix_sockets,
+            allowed_uids: settings.allow_uids.clone(),
+            activity: parts.activity,
+            metrics: parts.metrics,
+            upstream: parts.upstream,
+        }
+    }
 }
 /// The longest loopback credential handed out.
 pub const MAX_VALIDITY: Duration = Duration::from_secs(24 * 3600);

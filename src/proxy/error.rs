@@ -17,11 +17,8 @@ use crate::pki::PkiError;
     reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
 )]
 pub enum StartError {
-    #[error(transparent)]
+    #[error("{0}")]
     Settings(#[from] super::settings::SettingsError),
-
-    #[error("--rotate-key: {0}")]
-    RotateKey(#[source] crate::key::KeyError),
 
     #[error("{0}")]
     Signer(#[source] crate::signer::SignerError),
@@ -32,7 +29,7 @@ pub enum StartError {
     #[error("{why}; the proxy stops so that its service manager (or the next kubectl) starts a whole new one")]
     SignerSideGone { why: String },
 
-    #[error(transparent)]
+    #[error("{0}")]
     Sandbox(#[from] super::sandbox::SandboxError),
 
     #[error("invalid --tls-server-name '{given}': not a DNS name or IP address")]
@@ -86,10 +83,10 @@ pub enum StartError {
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),
 
-    #[error(transparent)]
+    #[error("{0}")]
     Key(#[from] KeyError),
 
-    #[error(transparent)]
+    #[error("{0}")]
     Pki(#[from] PkiError),
 }
 

@@ -214,3 +214,16 @@ pub async fn drain(activity: &Activity, timeout: Duration) -> bool {
         }
     }
 }
+
+/// Waits for open connections to finish, at most `timeout`, and says how the proxy stopped.
+pub async fn drain_and_report(activity: &Activity, timeout: Duration, reason: &StopReason) {
+    tracing::info!(%reason, open = activity.open(), "stopping: draining open connections");
+    if drain(activity, timeout).await {
+        eprintln!("hwkey proxy: stopped ({reason})");
+    } else {
+        eprintln!(
+            "hwkey proxy: stopped ({reason}); {} connection(s) still open after {timeout:?} were closed",
+            activity.open(),
+        );
+    }
+}

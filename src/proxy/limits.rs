@@ -6,8 +6,17 @@
 //! itself — so the
 //! proxy never runs into EMFILE by its own configuration.
 
-use super::admin::ADMIN_MAX_CONNECTIONS;
-use super::listener::PREAUTH_BUDGET;
+/// How many loopback TLS handshakes may be unauthenticated at once: a flood from another local
+/// user can hold at most this many descriptors, and never the `--max-connections` slots of
+/// authenticated clients. Admission is by uid ([`super::admission`]): the proxy's own uid and
+/// `--allow-uid` are never turned away by another uid.
+pub const PREAUTH_BUDGET: usize = 128;
+
+/// At most this many admin connections at once, so no local user can exhaust the proxy's
+/// descriptors through the admin listener. On loopback TCP they are admitted by uid
+/// ([`super::admission`]): another uid's flood sheds its own oldest connections, never the
+/// proxy's own uid's (a supervisor's `/healthz` probe runs as the proxy's user or root).
+pub const ADMIN_MAX_CONNECTIONS: usize = 32;
 
 /// Descriptors kept for everything but bridged connections: the listeners, the token or TPM,
 /// log files, the control socket's clients.

@@ -37,9 +37,12 @@ use super::admission::{Admission, Ticket};
 use super::bridge::Bridge;
 use super::error::StartError;
 use super::lifetime::Activity;
+pub use super::limits::PREAUTH_BUDGET;
 use super::metrics::{ListenerKind, Metrics, Refusal};
+use super::parts::Parts;
 use super::ratelimit::RateLimited;
 use super::readahead::ReadAhead;
+use super::settings::ClientSettings;
 use super::threads::Spawner;
 use super::unix_client::ClientUnixStream;
 use crate::endpoint::ListenAddr;
@@ -71,6 +74,45 @@ pub struct Clients {
     pub connections: Spawner,
     /// Connects upstream and relays.
     pub bridge: Bridge,
+}
+
+impl Clients {
+    /// The client connections' component (and the bridge they use), from the clients'
+    /// settings and the addresses bound for them (the loopback certificate names them).
+    pub fn build(
+        settings: &ClientSettings,
+        parts: &Parts,
+        bound: &[ListenAddr],
+    ) -> Result<Clients, StartError> {
+        let c = settings;
+        Ok(Clients {
+            awaiting: Arc::new(Semaphore::new(AWAITING_ADMISSION)),
+            local_tls: LocalTls::new(&parts.ca, &loopback_names(bound))?,
+            preauth: Admission::new(
+                PREAUTH_BUDGET,
+                PREAUTH_RESERVED,
+                vec![own_uid()],
+                c.allow_uids.clone(),
+            ),
+            slots: Arc::new(Semaphore::new(super::limits::fit_connections(
+                c.max_connections.max(1),
+                parts.connections.threads() + 1,
+                parts.loops.len(),
+            ))),
+            allowed_uids: c.allow_uids.clone(),
+            handshake_timeout: c.handshake_timeout,
+            metrics: parts.metrics.clone(),
+            activity: parts.activity.clone(),
+            connections: parts.connections.clone(),
+            bridge: Bridge {
+                upstream: parts.upstream.clone(),
+                metrics: parts.metrics.clone(),
+                idle_timeout: c.idle_timeout,
+                rotation_close: c.rotation_close,
+                relay_loops: Some(parts.loops.clone()),
+            },
+        })
+    }
 }
 
 /// Why a loopback client's certificate is refused after a (resumed) handshake.
@@ -245,11 +287,6 @@ fn poll_any(listeners: &[Bound], first: usize, cx: &mut Context<'_>) -> Poll<(us
     Poll::Pending
 }
 
-/// How many loopback TLS handshakes may be unauthenticated at once: a flood from another local
-/// user can hold at most this many descriptors, and never the `--max-connections` slots of
-/// authenticated clients. Admission is by uid ([`super::admission`]): the proxy's own uid and
-/// `--allow-uid` are never turned away by another uid.
-pub const PREAUTH_BUDGET: usize = 128;
 /// How many accepted connections may wait for their admission at once (the connection
 /// threads are busy, a flood arrives faster than the kernel answers who is calling).
 pub const AWAITING_ADMISSION: usize = 256;

@@ -12,7 +12,8 @@
 //!    signature runs under `block_in_place` on the task's connection thread.
 //! 3. [`bridge`]: copy both ways until both sides close (or the idle timeout).
 //!
-//! The components, each built by [`start`] from exactly the handles it uses:
+//! The components, each building itself (`build`) from its settings section and the handles of
+//! [`parts`] it uses, ordered by [`start`]:
 //! - [`settings`]: flags, environment and the config file, merged and checked once;
 //! - [`upstream`]: the connector, holding the key in use, its chain and the certificate epoch;
 //! - [`listener`] and [`bridge`]: the client connections;
@@ -41,6 +42,8 @@ pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod notify;
+pub mod opened;
+pub mod parts;
 pub mod privileges;
 pub mod ratelimit;
 pub mod readahead;
@@ -50,8 +53,10 @@ pub mod reload;
 pub mod renewal;
 pub mod rotation;
 pub mod sandbox;
+pub mod sandbox_plan;
 pub mod sessions;
 pub mod settings;
+pub mod sockets;
 pub mod start;
 mod syscalls;
 pub mod threads;
@@ -62,4 +67,4 @@ mod write_through;
 pub use error::{StartError, UpstreamError};
 pub use lifetime::StopReason;
 pub use settings::{NetworkSideSettings, Settings, SettingsError, SettingsInput};
-pub use start::{run, signer_config};
+pub use start::run;

@@ -6,6 +6,10 @@
 
 use sd_notify::NotifyState;
 
+use super::settings::Settings;
+use super::sockets::Announced;
+use crate::key::Key;
+
 /// The proxy listens and serves.
 pub fn ready() {
     send("READY=1", &[NotifyState::Ready]);
@@ -28,6 +32,34 @@ fn send(what: &str, states: &[NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(false, states) {
         tracing::warn!(error = %e, "cannot notify systemd ({what})");
     }
+}
+
+/// The ready line (tests and supervisors wait for it; it holds no secret), the log line and
+/// systemd's READY=1.
+pub fn announce_ready(settings: &Settings, bound: &Announced, key: &Key) {
+    let listen_text: Vec<String> = bound.clients.iter().map(ToString::to_string).collect();
+    let via = settings
+        .upstream
+        .targets
+        .first()
+        .and_then(|u| settings.upstream.egress.proxy_for(&u.host, u.port))
+        .map(|p| format!(" via={p}"))
+        .unwrap_or_default();
+    let upstreams = settings.upstream_text();
+    eprintln!(
+        "hwkey proxy: ready: listen={} control=unix:{} admin={} upstream={}{via} key={}",
+        listen_text.join(","),
+        settings.state_dir.control_socket().display(),
+        bound
+            .admin
+            .as_ref()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "none".into()),
+        upstreams,
+        key.describe(),
+    );
+    tracing::info!(listen = %listen_text.join(","), upstream = %upstreams, "proxy ready");
+    ready();
 }
 
 #[cfg(test)]

@@ -33,6 +33,8 @@ use tokio::sync::watch;
 
 use super::error::StartError;
 use super::metrics::Metrics;
+use super::parts::Parts;
+use super::settings::Settings;
 use super::upstream::Upstream;
 use crate::pki::cert;
 use crate::signer::protocol::WatchedFile;
@@ -54,6 +56,21 @@ pub struct Reloader {
     pub interval: Duration,
     /// Reads the watched files.
     pub files: Arc<SignerLink>,
+}
+
+impl Reloader {
+    /// The reloader: SIGHUP and the watched files (`settings`' certificate and CA bundle,
+    /// read by the signer side behind `parts.link`).
+    pub fn build(settings: &Settings, parts: &Parts) -> Reloader {
+        Reloader {
+            upstream: parts.upstream.clone(),
+            metrics: parts.metrics.clone(),
+            cert: settings.key.cert.clone(),
+            upstream_ca: settings.upstream.ca.clone(),
+            interval: settings.reload.interval,
+            files: parts.link.clone(),
+        }
+    }
 }
 
 /// Runs until `stop`: reloads on SIGHUP and on changes of the watched files every

@@ -26,6 +26,8 @@ use tokio::sync::watch;
 
 use super::error::UpstreamError;
 use super::metrics::{Metrics, RenewalFailure};
+use super::parts::Parts;
+use super::settings::Settings;
 use super::upstream::Upstream;
 use crate::backoff::Backoff;
 use crate::key::{Key, KeyUri};
@@ -55,6 +57,34 @@ pub struct Renewal {
     pub lock: Option<crate::lifecycle::renewal_lock::LockFile>,
     /// Reads the upstream CA bundle (the network side is confined away from its directory).
     pub files: Arc<crate::signer::remote::SignerLink>,
+}
+
+impl Renewal {
+    /// The renewal's component (`--renew`), reporting into `status`; `None` without `--renew`.
+    pub fn build(
+        settings: &Settings,
+        parts: &Parts,
+        status: Arc<RenewalStatus>,
+    ) -> Option<Renewal> {
+        let r = settings.renewal.as_ref()?;
+        Some(Renewal {
+            upstream: parts.upstream.clone(),
+            metrics: parts.metrics.clone(),
+            status,
+            settings: RenewSettings {
+                key: settings.key.uri.clone(),
+                cert: settings.key.cert.clone(),
+                upstream_ca: settings.upstream.ca.clone(),
+                tls_server_name: settings.upstream.tls_server_name.clone(),
+                versions: parts.versions,
+                rotate_key: r.rotate_key,
+                attest: r.attest,
+                state_dir: settings.state_dir.clone(),
+            },
+            lock: parts.renew_lock.clone(),
+            files: parts.link.clone(),
+        })
+    }
 }
 
 /// The last renewal failure, cleared by a success: `/healthz` reports "degraded" when the
@@ -508,7 +538,7 @@ const UPSTREAM_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
 /// How the API server refused a renewed certificate (see [`upstream_accepts`]).
 #[derive(Debug, thiserror::Error)]
 enum Refused {
-    #[error(transparent)]
+    #[error("{0}")]
     Connect(#[from] UpstreamError),
     #[error("{0}")]
     Send(#[source] std::io::Error),

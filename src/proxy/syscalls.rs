@@ -291,9 +291,9 @@ pub(super) enum FilterError {
         "no seccomp filter for the {0} architecture (there is one for x86_64, aarch64 and riscv64)"
     )]
     Architecture(&'static str),
-    #[error(transparent)]
+    #[error("{0}")]
     Seccomp(#[from] seccompiler::Error),
-    #[error(transparent)]
+    #[error("{0}")]
     Rules(#[from] seccompiler::BackendError),
     #[error("only {installed} of the {total} seccomp filters are on: {error}")]
     Partial {

@@ -87,6 +87,35 @@ impl TryFrom<SignerConfigWire> for SignerConfig {
 }
 
 impl SignerConfig {
+    /// What a proxy's signer serves: `key` (with `rotation_state`, `--rotate-key`'s state
+    /// directory, the key the last rotation left within `key`'s series), the identity's
+    /// certificate and the key policy. Made by the process that starts the supervisor, before
+    /// any network input; checks that a rotation can name a next key before anything starts.
+    pub fn for_proxy(
+        key: KeyUri,
+        rotation_state: Option<&crate::state_dir::StateDir>,
+        cert: Option<PathBuf>,
+        upstream_ca: Option<PathBuf>,
+        tls12: bool,
+        require_non_extractable: bool,
+    ) -> Result<SignerConfig, super::SignerError> {
+        if let Some(state) = rotation_state {
+            let current = crate::key::rotation::current_key(&key, state);
+            crate::key::rotation::next_key_uri(&current).map_err(super::SignerError::RotateKey)?;
+        }
+        Ok(SignerConfig {
+            key,
+            rotation_state: rotation_state.map(|s| s.path().to_path_buf()),
+            cert,
+            identity: None,
+            upstream_ca,
+            // TLS 1.2 is offered, and its transcripts signed, only when asked for: a TLS 1.2
+            // transcript is a much looser shape than a TLS 1.3 CertificateVerify.
+            tls12,
+            require_non_extractable,
+        })
+    }
+
     /// Reads the identity's chain from `cert`, unless it was read already: done once, by the
     /// process that starts the supervisor (and by the supervisor for a configuration without
     /// it), before the network side exists.

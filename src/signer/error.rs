@@ -35,6 +35,8 @@ pub enum SignerError {
     Identity(#[source] crate::pki::PkiError),
     #[error("the device refused the PIN and the PIN source still holds the same one: fix it (the next request tries again once it changed)")]
     PinUnchanged,
+    #[error("--rotate-key: {0}")]
+    RotateKey(#[source] crate::key::KeyError),
     #[error("no answer from the signer within {0:?}")]
     Timeout(std::time::Duration),
 }
