@@ -59,10 +59,10 @@ pub enum ProbeError {
         body: String,
     },
 
-    #[error(transparent)]
+    #[error("{0}")]
     Key(#[from] KeyError),
 
-    #[error(transparent)]
+    #[error("{0}")]
     Pki(#[from] PkiError),
 }
 

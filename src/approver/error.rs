@@ -12,7 +12,7 @@ use crate::pki::csr::{CLIENT_SIGNER, KUBELET_SIGNER, SERVING_SIGNER};
     reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
 )]
 pub enum ApproverError {
-    #[error(transparent)]
+    #[error("{0}")]
     Policy(#[from] NoPolicy),
 
     #[error("cannot record the decision on CertificateSigningRequest {name}: {source} (the approver's account needs `update` on certificatesigningrequests/approval and `approve` on the signer: see deploy/approver.yaml)")]
@@ -28,7 +28,7 @@ pub enum ApproverError {
         source: kube::runtime::watcher::Error,
     },
 
-    #[error(transparent)]
+    #[error("{0}")]
     Trust(#[from] super::trust::TrustError),
 
     #[error("cannot record the binding of node '{node}' to its TPM: {source}")]

@@ -63,7 +63,7 @@ pub struct Flags {
     reason = "each variant is documented by its #[error] message"
 )]
 pub enum SettingsError {
-    #[error(transparent)]
+    #[error("{0}")]
     Policy(#[from] ApproverError),
     #[error("--{flag}-configmap: {source}")]
     ConfigMapName {

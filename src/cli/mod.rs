@@ -196,46 +196,19 @@ fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     }
 }
 
-/// True when the error chain holds a PIN rejection, wherever a layer wrapped it.
+/// True when the error chain holds a PIN rejection, wherever a layer wrapped it: every layer
+/// wraps the one below as its `source`, so the key layer's error is in the chain itself.
 fn pin_refused(e: &anyhow::Error) -> bool {
+    use crate::exec::ExecError;
     use crate::key::KeyError;
-    use crate::pki::PkiError;
-    let is_pin = KeyError::is_pin_refusal;
-    let in_pki = |p: &PkiError| matches!(p, PkiError::Key(k) if is_pin(k));
     e.chain().any(|cause| {
-        if let Some(k) = cause.downcast_ref::<KeyError>() {
-            return is_pin(k);
-        }
-        if let Some(p) = cause.downcast_ref::<PkiError>() {
-            return in_pki(p);
-        }
-        if let Some(p) = cause.downcast_ref::<crate::proxy::StartError>() {
-            return match p {
-                crate::proxy::StartError::Key(k) => is_pin(k),
-                crate::proxy::StartError::Pki(p) => in_pki(p),
-                _ => false,
-            };
-        }
-        match cause.downcast_ref::<crate::exec::ExecError>() {
-            Some(crate::exec::ExecError::Key(k)) => return is_pin(k),
-            Some(crate::exec::ExecError::ProxyPinRefused { .. }) => return true,
-            _ => {}
-        }
-        if let Some(l) = cause.downcast_ref::<crate::lifecycle::LifecycleError>() {
-            return match l {
-                crate::lifecycle::LifecycleError::Key(k) => is_pin(k),
-                crate::lifecycle::LifecycleError::Pki(p) => in_pki(p),
-                _ => false,
-            };
-        }
-        if let Some(p) = cause.downcast_ref::<crate::probe::ProbeError>() {
-            return match p {
-                crate::probe::ProbeError::Key(k) => is_pin(k),
-                crate::probe::ProbeError::Pki(p) => in_pki(p),
-                _ => false,
-            };
-        }
-        false
+        cause
+            .downcast_ref::<KeyError>()
+            .is_some_and(KeyError::is_pin_refusal)
+            || matches!(
+                cause.downcast_ref::<ExecError>(),
+                Some(ExecError::ProxyPinRefused { .. })
+            )
     })
 }
 
@@ -285,3 +258,44 @@ fn init_logging(format: LogFormat) {
 
 pub(crate) use crate::key::KeyPolicy;
 pub(crate) use crate::key::KeyUriParser;
+
+#[cfg(test)]
+mod tests {
+    use super::{one_line, pin_refused};
+    use crate::key::{KeyError, LocateError, PinError};
+    use crate::pki::PkiError;
+    use crate::proxy::StartError;
+
+    fn refused() -> KeyError {
+        KeyError::Pin(PinError::Incorrect { token: "t".into() })
+    }
+
+    /// Exit 77 (PIN refused) whatever layer wraps the key layer's refusal, and the message is
+    /// the refusal's once; any other error exits 1.
+    #[test]
+    fn a_pin_refusal_is_found_under_every_layer_and_printed_once() {
+        let text = refused().to_string();
+        let wrapped: Vec<anyhow::Error> = vec![
+            refused().into(),
+            StartError::Key(refused()).into(),
+            StartError::Pki(PkiError::Key(refused())).into(),
+            crate::lifecycle::LifecycleError::Pki(PkiError::Key(refused())).into(),
+            crate::exec::ExecError::Key(refused()).into(),
+            crate::probe::ProbeError::Key(refused()).into(),
+            anyhow::Error::from(StartError::Pki(PkiError::Key(refused()))).context("proxy to x"),
+        ];
+        for e in &wrapped {
+            assert!(pin_refused(e), "{e:?}");
+            assert_eq!(one_line(e).matches(&text).count(), 1, "{}", one_line(e));
+            assert!(
+                e.chain().any(|c| c.downcast_ref::<KeyError>().is_some()),
+                "the key layer's error is in the chain: {e:?}"
+            );
+        }
+        let other = KeyError::Locate(LocateError::NoKeySelected);
+        assert!(!pin_refused(&StartError::Key(other).into()));
+        assert!(!pin_refused(
+            &StartError::Pki(PkiError::Key(KeyError::Locate(LocateError::NoModule))).into()
+        ));
+    }
+}

@@ -21,10 +21,10 @@ pub enum ExecError {
     #[error("the cluster's client.authentication.k8s.io/exec extension is not hwkey's: {0} (regenerate the kubeconfig with `hwkey kubeconfig`)")]
     BadExtension(#[source] serde_json::Error),
 
-    #[error(transparent)]
+    #[error("{0}")]
     Endpoint(#[from] crate::endpoint::EndpointError),
 
-    #[error(transparent)]
+    #[error("{0}")]
     Duration(#[from] crate::duration::InvalidDuration),
 
     #[error("unsupported exec credential apiVersion '{given}': use client.authentication.k8s.io/v1 or client.authentication.k8s.io/v1beta1 in the kubeconfig's exec block")]
@@ -74,7 +74,7 @@ pub enum ExecError {
         pid: String,
     },
 
-    #[error(transparent)]
+    #[error("{0}")]
     Key(#[from] KeyError),
 
     #[error("{0}")]

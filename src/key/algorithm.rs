@@ -7,6 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::KeyError;
+use crate::key::CapabilityError;
 
 /// The kind of key pair a hardware key holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -102,9 +103,9 @@ impl FromStr for KeyAlgorithm {
             "rsa-2048" | "rsa2048" => Ok(KeyAlgorithm::Rsa { bits: 2048 }),
             "rsa-3072" | "rsa3072" => Ok(KeyAlgorithm::Rsa { bits: 3072 }),
             "rsa-4096" | "rsa4096" => Ok(KeyAlgorithm::Rsa { bits: 4096 }),
-            _ => Err(KeyError::UnknownAlgorithm {
+            _ => Err(KeyError::Capability(CapabilityError::UnknownAlgorithm {
                 given: s.to_string(),
-            }),
+            })),
         }
     }
 }

@@ -6,6 +6,7 @@ use std::fmt;
 use super::{
     attestation, KeyAlgorithm, KeyError, KeyUri, Protection, Purpose, SignScheme, SigningPath,
 };
+use crate::key::CapabilityError;
 
 /// What a hardware backend provides. One job: sign inside the device.
 pub trait KeyBackend: Send + Sync + fmt::Debug {
@@ -60,9 +61,9 @@ pub trait KeyBackend: Send + Sync + fmt::Debug {
         keep_previous: bool,
     ) -> Result<String, KeyError> {
         let _ = (chain, keep_previous);
-        Err(KeyError::Unsupported(
+        Err(KeyError::Capability(CapabilityError::Unsupported(
             "only a key held by a signer installs its identity's certificate file".into(),
-        ))
+        )))
     }
 
     /// Deletes this key, `uri`, from its device (with its public key and certificates); says
@@ -114,9 +115,9 @@ pub trait KeyBackend: Send + Sync + fmt::Debug {
         qualifying_data: &[u8],
     ) -> Result<attestation::TpmEvidence, KeyError> {
         let _ = (ak_handle, qualifying_data);
-        Err(KeyError::NotAttestable {
+        Err(KeyError::Capability(CapabilityError::NotAttestable {
             key: self.describe(),
-        })
+        }))
     }
 
     /// How signatures are made (decided when the key was opened). Backends whose RSA keys can

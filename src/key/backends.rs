@@ -6,7 +6,7 @@
 use super::pkcs11;
 #[cfg(feature = "tpm")]
 use super::tpm;
-use super::{KeyAlgorithm, KeyBackend, KeyError, KeyListing, KeyUri};
+use super::{CapabilityError, KeyAlgorithm, KeyBackend, KeyError, KeyListing, KeyUri};
 
 /// The error for a URI whose backend this build does not contain.
 #[cfg(not(all(feature = "pkcs11", feature = "tpm")))]
@@ -15,7 +15,7 @@ fn not_built(uri: &KeyUri) -> KeyError {
         KeyUri::Pkcs11(_) => ("PKCS#11", "pkcs11"),
         KeyUri::Tpm(_) => ("TPM 2.0", "tpm"),
     };
-    KeyError::BackendNotBuilt { backend, feature }
+    KeyError::Capability(CapabilityError::BackendNotBuilt { backend, feature })
 }
 
 /// Opens the key a URI names on its backend.
@@ -82,9 +82,9 @@ pub fn enroll(
         KeyUri::Tpm(u) => tpm::enroll(u, ak_handle, ek),
         KeyUri::Pkcs11(_) => {
             let _ = (ak_handle, ek);
-            Err(KeyError::NotAttestable {
+            Err(KeyError::Capability(CapabilityError::NotAttestable {
                 key: format!("the PKCS#11 key {uri}"),
-            })
+            }))
         }
         #[cfg(not(feature = "tpm"))]
         KeyUri::Tpm(_) => Err(not_built(uri)),
@@ -104,9 +104,9 @@ pub fn activate(
         KeyUri::Tpm(u) => tpm::activate(u, ak_handle, credential_blob, encrypted_secret),
         KeyUri::Pkcs11(_) => {
             let _ = (ak_handle, credential_blob, encrypted_secret);
-            Err(KeyError::NotAttestable {
+            Err(KeyError::Capability(CapabilityError::NotAttestable {
                 key: format!("the PKCS#11 key {uri}"),
-            })
+            }))
         }
         #[cfg(not(feature = "tpm"))]
         KeyUri::Tpm(_) => Err(not_built(uri)),

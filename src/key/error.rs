@@ -17,25 +17,124 @@ pub enum KeyError {
     #[error("invalid key URI '{uri}': {reason}")]
     InvalidUri { uri: String, reason: String },
 
-    #[error(
-        "unknown algorithm '{given}': use one of ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096"
-    )]
-    UnknownAlgorithm { given: String },
-
-    #[error("{backend} keys cannot use algorithm {algorithm}: {hint}")]
-    UnsupportedAlgorithm {
-        backend: &'static str,
-        algorithm: String,
-        hint: String,
+    #[error("{what} is malformed: {problem}")]
+    Malformed {
+        what: String,
+        #[source]
+        problem: Malformation,
     },
 
-    #[error("key {key} ({algorithm}) cannot sign with {scheme}")]
-    UnsupportedScheme {
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("the certificate for {subject} holds a different public key than {key}: use the certificate issued for this key (check with `hwkey cert show`)")]
+    CertificateMismatch { key: String, subject: String },
+
+    #[error("the signer refused to sign: {reason} (the key signs only TLS handshakes, requests for its own identity and health checks)")]
+    SignerRefused { reason: String },
+
+    #[error("{message}")]
+    Signer { message: String },
+
+    #[error("{0}")]
+    Pin(#[from] PinError),
+
+    #[error("{0}")]
+    Locate(#[from] LocateError),
+
+    #[error("{0}")]
+    Capability(#[from] CapabilityError),
+
+    #[error("{0}")]
+    Device(#[from] DeviceError),
+}
+
+impl KeyError {
+    /// Whether this is a PIN or password refusal: the device refused it (a PKCS#11 PIN, a TPM
+    /// key's authValue), hwkey refused to present one refused before, or the signer process
+    /// reported such a refusal. Callers must not retry without a new PIN; hwkey exits
+    /// [`crate::key::pin::EXIT_PIN_REFUSED`] on it, so a supervisor does not restart into the
+    /// device's lockout.
+    pub fn is_pin_refusal(&self) -> bool {
+        matches!(self, KeyError::Pin(p) if p.is_refusal())
+    }
+}
+
+/// A PIN or key password that is missing, unreadable, or refused (by the device, or by hwkey
+/// because the device refused it before): [`PinError::is_refusal`] says which must not be
+/// retried.
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
+pub enum PinError {
+    #[error("token '{token}' needs a PIN: add pin-source=file:/path/to/pin or pin-source=env:VAR to the URI")]
+    Required { token: String },
+
+    #[error("cannot read the PIN from {source_desc}: {reason}")]
+    Unreadable { source_desc: String, reason: String },
+
+    #[error("the PIN from {source_desc} is {} and token '{token}' takes PINs of {min} to {max} bytes, so hwkey did not present it (a wrong PIN spends one of the token's few attempts): put the PIN into {source_desc}", if *.len == 0 { "empty".to_string() } else { format!("{} bytes long", .len) })]
+    Length {
+        token: String,
+        source_desc: String,
+        len: usize,
+        min: usize,
+        max: usize,
+    },
+
+    #[error("the PIN for token '{token}' was rejected (CKR_PIN_INCORRECT); hwkey made exactly one attempt and, because tokens lock after a few wrong PINs, will not present this PIN again (in any process) until its source changes: fix the PIN source and try again")]
+    Incorrect { token: String },
+
+    #[error("the PIN from {source_desc} was rejected by token '{token}' before (CKR_PIN_INCORRECT), so hwkey did not present it again: tokens lock after a few wrong PINs. Fix the PIN in {source_desc} (hwkey tries a changed PIN once), or, if the token's PIN was changed instead, delete {}", .record.display())]
+    Remembered {
+        token: String,
+        source_desc: String,
+        record: PathBuf,
+    },
+
+    #[error("cannot use the rejected-PIN memory in {} ({reason}): hwkey presents a PIN only where it can remember a rejection, because tokens lock after a few wrong PINs. Make that directory writable by this user, or point HWKEY_PIN_STATE_DIR at one that is", .dir.display())]
+    Memory { dir: PathBuf, reason: String },
+
+    #[error("token '{token}' has one user-PIN attempt left (CKF_USER_PIN_FINAL_TRY): hwkey will not spend it, because a wrong PIN now locks the token. Check the PIN, then allow this one attempt with HWKEY_ALLOW_FINAL_PIN_TRY=1")]
+    FinalTry { token: String },
+
+    #[error("token '{token}' has locked its user PIN (CKR_PIN_LOCKED): unlock it with the SO PIN (e.g. `softhsm2-util` / `pkcs11-tool --unlock-pin`)")]
+    Locked { token: String },
+
+    #[error("{key} has a password (authValue): add pin-source=file:/path/to/password or pin-source=env:VAR to the key URI")]
+    TpmAuthRequired { key: String },
+
+    #[error("the TPM refused the password of {key} (TPM_RC_AUTH_FAIL): every wrong password counts toward the TPM's dictionary-attack lockout, after which the TPM refuses all password use for a while, so hwkey presents this password no more until its source changes. Fix the password source; `tpm2_getcap properties-variable` shows the failure counter, `tpm2_dictionarylockout --clear-lockout` (with the lockout password) resets it")]
+    TpmAuthRejected { key: String },
+
+    #[error("the TPM refused the owner-hierarchy authorization for {operation}: if the owner hierarchy has a password (set with `tpm2_changeauth -c owner`), give it with owner-pin-source=file:/path/to/password or owner-pin-source=env:VAR on the tpm: URI; if one was given, it is not the owner password")]
+    TpmOwnerAuthRefused { operation: &'static str },
+
+    #[error("the password from {source_desc} was refused for {key} before, so hwkey did not present it again: the TPM's dictionary-attack lockout counts every wrong password. Fix the password in {source_desc} (a changed password is tried once), or, if the key's password was changed instead, delete {}", .record.display())]
+    TpmAuthRemembered {
         key: String,
-        algorithm: String,
-        scheme: String,
+        source_desc: String,
+        record: PathBuf,
     },
 
+    #[error("{message}")]
+    SignerRefused { message: String },
+}
+
+/// The module, token or key a URI names cannot be found (or is already there).
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
+pub enum LocateError {
     #[error("no PKCS#11 module given: add module-name=NAME (a module p11-kit registers, e.g. softhsm2) or module-path=/path/to/module.so to the URI's query, set HWKEY_PKCS11_MODULE, or install p11-kit's proxy module (p11-kit-modules)")]
     NoModule,
 
@@ -83,49 +182,84 @@ pub enum KeyError {
     #[error("{key} on {place} has no public-key object, no certificate with its CKA_ID, and no CKA_EC_POINT of its own, so its public key is unknown: write its public key or certificate to the token with the same CKA_ID (e.g. `pkcs11-tool --write-object cert.der --type cert --id ID`)")]
     NoPublicKey { key: String, place: String },
 
-    #[error("{key} asks for the PIN at every signature (CKA_ALWAYS_AUTHENTICATE), and the token does not offer {missing}, which hwkey signs such keys with (it re-authenticates between C_SignInit and the data, so the token must hash); use a key without PIN-always, or a token that offers {missing}")]
-    NoReauthMechanism { key: String, missing: &'static str },
-
     #[error("{what} already exists on {place}: choose another object/id/path, or delete it first with `hwkey key delete --yes`")]
     KeyExists { what: String, place: String },
 
     #[error("the URI names no key: add object=LABEL or id=%XX (or path=/ handle= for a TPM)")]
     NoKeySelected,
 
-    #[error("token '{token}' needs a PIN: add pin-source=file:/path/to/pin or pin-source=env:VAR to the URI")]
-    PinRequired { token: String },
+    #[error("the TPM's persistent handle {parent:#010x} {problem}; hwkey never changes a persistent handle it did not make")]
+    TpmParent {
+        parent: u32,
+        #[source]
+        problem: ParentProblem,
+    },
+}
 
-    #[error("cannot read the PIN from {source_desc}: {reason}")]
-    PinUnreadable { source_desc: String, reason: String },
+/// What this key, its device or this build cannot do.
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
+pub enum CapabilityError {
+    #[error(
+        "unknown algorithm '{given}': use one of ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096"
+    )]
+    UnknownAlgorithm { given: String },
 
-    #[error("the PIN from {source_desc} is {} and token '{token}' takes PINs of {min} to {max} bytes, so hwkey did not present it (a wrong PIN spends one of the token's few attempts): put the PIN into {source_desc}", if *.len == 0 { "empty".to_string() } else { format!("{} bytes long", .len) })]
-    PinLength {
-        token: String,
-        source_desc: String,
-        len: usize,
-        min: usize,
-        max: usize,
+    #[error("{backend} keys cannot use algorithm {algorithm}: {hint}")]
+    UnsupportedAlgorithm {
+        backend: &'static str,
+        algorithm: String,
+        hint: String,
     },
 
-    #[error("the PIN for token '{token}' was rejected (CKR_PIN_INCORRECT); hwkey made exactly one attempt and, because tokens lock after a few wrong PINs, will not present this PIN again (in any process) until its source changes: fix the PIN source and try again")]
-    PinIncorrect { token: String },
-
-    #[error("the PIN from {source_desc} was rejected by token '{token}' before (CKR_PIN_INCORRECT), so hwkey did not present it again: tokens lock after a few wrong PINs. Fix the PIN in {source_desc} (hwkey tries a changed PIN once), or, if the token's PIN was changed instead, delete {}", .record.display())]
-    PinRemembered {
-        token: String,
-        source_desc: String,
-        record: PathBuf,
+    #[error("key {key} ({algorithm}) cannot sign with {scheme}")]
+    UnsupportedScheme {
+        key: String,
+        algorithm: String,
+        scheme: String,
     },
 
-    #[error("cannot use the rejected-PIN memory in {} ({reason}): hwkey presents a PIN only where it can remember a rejection, because tokens lock after a few wrong PINs. Make that directory writable by this user, or point HWKEY_PIN_STATE_DIR at one that is", .dir.display())]
-    PinMemory { dir: PathBuf, reason: String },
+    #[error("{key} asks for the PIN at every signature (CKA_ALWAYS_AUTHENTICATE), and the token does not offer {missing}, which hwkey signs such keys with (it re-authenticates between C_SignInit and the data, so the token must hash); use a key without PIN-always, or a token that offers {missing}")]
+    NoReauthMechanism { key: String, missing: &'static str },
 
-    #[error("token '{token}' has one user-PIN attempt left (CKF_USER_PIN_FINAL_TRY): hwkey will not spend it, because a wrong PIN now locks the token. Check the PIN, then allow this one attempt with HWKEY_ALLOW_FINAL_PIN_TRY=1")]
-    PinFinalTry { token: String },
+    #[error("{key} has no place beside it to store a certificate chain: keep the chain in a PEM file and pass it with --cert FILE")]
+    TpmNoChainStore { key: String },
 
-    #[error("token '{token}' has locked its user PIN (CKR_PIN_LOCKED): unlock it with the SO PIN (e.g. `softhsm2-util` / `pkcs11-tool --unlock-pin`)")]
-    PinLocked { token: String },
+    #[error("{0}")]
+    Unsupported(String),
 
+    #[error("{key} could leave its device: {reasons}. A hardware identity needs a key that cannot (create one with `hwkey key create`); to use this key anyway, pass --require-non-extractable=false")]
+    Extractable { key: String, reasons: String },
+
+    #[error("{key} cannot be attested: only TPM keys can prove where they live (TPM2_Certify); use a TPM key (tpm:…) or leave out --attest")]
+    NotAttestable { key: String },
+
+    #[error("this hwkey was built without the {backend} backend: rebuild it with `cargo build --features {feature}` (both backends are in the default build)")]
+    BackendNotBuilt {
+        backend: &'static str,
+        feature: &'static str,
+    },
+
+    #[error("cannot encode an RSA-PSS signature: {reason}")]
+    PssEncoding { reason: String },
+
+    #[error("{key} cannot sign a TLS 1.3 handshake: the token offers RSA PKCS#1 v1.5 only (it lacks {missing}), and TLS 1.3 allows RSA keys only RSA-PSS. Ways out: use an EC key (`hwkey key create --algorithm ec-p256`), or allow TLS 1.2 with PKCS#1 v1.5 signatures (--allow-tls12-fallback, config `allow-tls12-fallback = true`)")]
+    NoTls13Signature { key: String, missing: &'static str },
+
+    #[error("{key} cannot sign at all: the token lacks {missing}; use a key of another algorithm (e.g. `hwkey key create --algorithm ec-p256`)")]
+    NoSignatureMechanism { key: String, missing: &'static str },
+}
+
+/// The device or its library failed while doing what was asked.
+#[derive(Debug, thiserror::Error)]
+#[allow(
+    missing_docs,
+    reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
+)]
+pub enum DeviceError {
     /// `reason` names the return value the way PKCS#11 documents it (`CKR_PIN_INCORRECT from
     /// C_Login`); `source` is cryptoki's error itself, for `{:#}` chains and for callers that
     /// match on it (`source.downcast_ref::<cryptoki::error::Error>()`).
@@ -160,29 +294,6 @@ pub enum KeyError {
         source: Option<Cause>,
     },
 
-    #[error("{key} has a password (authValue): add pin-source=file:/path/to/password or pin-source=env:VAR to the key URI")]
-    TpmAuthRequired { key: String },
-
-    #[error("the TPM refused the password of {key} (TPM_RC_AUTH_FAIL): every wrong password counts toward the TPM's dictionary-attack lockout, after which the TPM refuses all password use for a while, so hwkey presents this password no more until its source changes. Fix the password source; `tpm2_getcap properties-variable` shows the failure counter, `tpm2_dictionarylockout --clear-lockout` (with the lockout password) resets it")]
-    TpmAuthRejected { key: String },
-
-    #[error("the TPM refused the owner-hierarchy authorization for {operation}: if the owner hierarchy has a password (set with `tpm2_changeauth -c owner`), give it with owner-pin-source=file:/path/to/password or owner-pin-source=env:VAR on the tpm: URI; if one was given, it is not the owner password")]
-    TpmOwnerAuthRefused { operation: &'static str },
-
-    #[error("the password from {source_desc} was refused for {key} before, so hwkey did not present it again: the TPM's dictionary-attack lockout counts every wrong password. Fix the password in {source_desc} (a changed password is tried once), or, if the key's password was changed instead, delete {}", .record.display())]
-    TpmAuthRemembered {
-        key: String,
-        source_desc: String,
-        record: PathBuf,
-    },
-
-    #[error("the TPM's persistent handle {parent:#010x} {problem}; hwkey never changes a persistent handle it did not make")]
-    TpmParent {
-        parent: u32,
-        #[source]
-        problem: ParentProblem,
-    },
-
     #[error("TPM key file {path} is not a usable TSS2 PRIVATE KEY: {problem}")]
     Tss2Pem {
         path: PathBuf,
@@ -205,84 +316,28 @@ pub enum KeyError {
         scheme: String,
         hint: String,
     },
-
-    #[error("{key} has no place beside it to store a certificate chain: keep the chain in a PEM file and pass it with --cert FILE")]
-    TpmNoChainStore { key: String },
-
-    #[error("{what} is malformed: {problem}")]
-    Malformed {
-        what: String,
-        #[source]
-        problem: Malformation,
-    },
-
-    #[error("{action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-
-    #[error("the certificate for {subject} holds a different public key than {key}: use the certificate issued for this key (check with `hwkey cert show`)")]
-    CertificateMismatch { key: String, subject: String },
-
-    #[error("{0}")]
-    Unsupported(String),
-
-    #[error("the signer refused to sign: {reason} (the key signs only TLS handshakes, requests for its own identity and health checks)")]
-    SignerRefused { reason: String },
-
-    #[error("{message}")]
-    SignerPinRefused { message: String },
-
-    #[error("{message}")]
-    Signer { message: String },
-
-    #[error("{key} could leave its device: {reasons}. A hardware identity needs a key that cannot (create one with `hwkey key create`); to use this key anyway, pass --require-non-extractable=false")]
-    Extractable { key: String, reasons: String },
-
-    #[error("{key} cannot be attested: only TPM keys can prove where they live (TPM2_Certify); use a TPM key (tpm:…) or leave out --attest")]
-    NotAttestable { key: String },
-
-    #[error("this hwkey was built without the {backend} backend: rebuild it with `cargo build --features {feature}` (both backends are in the default build)")]
-    BackendNotBuilt {
-        backend: &'static str,
-        feature: &'static str,
-    },
-
-    #[error("cannot encode an RSA-PSS signature: {reason}")]
-    PssEncoding { reason: String },
-
-    #[error("{key} cannot sign a TLS 1.3 handshake: the token offers RSA PKCS#1 v1.5 only (it lacks {missing}), and TLS 1.3 allows RSA keys only RSA-PSS. Ways out: use an EC key (`hwkey key create --algorithm ec-p256`), or allow TLS 1.2 with PKCS#1 v1.5 signatures (--allow-tls12-fallback, config `allow-tls12-fallback = true`)")]
-    NoTls13Signature { key: String, missing: &'static str },
-
-    #[error("{key} cannot sign at all: the token lacks {missing}; use a key of another algorithm (e.g. `hwkey key create --algorithm ec-p256`)")]
-    NoSignatureMechanism { key: String, missing: &'static str },
 }
 
-impl KeyError {
-    /// Whether this is a PIN or password refusal: the device refused it (a PKCS#11 PIN, a TPM
-    /// key's authValue), hwkey refused to present one refused before, or the signer process
-    /// reported such a refusal. Callers must not retry without a new PIN; hwkey exits
-    /// [`crate::key::pin::EXIT_PIN_REFUSED`] on it, so a supervisor does not restart into the
-    /// device's lockout.
-    pub fn is_pin_refusal(&self) -> bool {
+impl PinError {
+    /// Whether the PIN was refused (by the device, by hwkey's memory of a refusal, by its
+    /// length, or by the signer process reporting one): retrying with the same PIN spends the
+    /// device's few attempts, so callers stop until the PIN source changes.
+    pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            KeyError::PinIncorrect { .. }
-                | KeyError::PinRemembered { .. }
-                | KeyError::PinLength { .. }
-                | KeyError::PinFinalTry { .. }
-                | KeyError::PinLocked { .. }
-                | KeyError::TpmAuthRejected { .. }
-                | KeyError::TpmAuthRemembered { .. }
-                | KeyError::SignerPinRefused { .. }
+            PinError::Incorrect { .. }
+                | PinError::Remembered { .. }
+                | PinError::Length { .. }
+                | PinError::FinalTry { .. }
+                | PinError::Locked { .. }
+                | PinError::TpmAuthRejected { .. }
+                | PinError::TpmAuthRemembered { .. }
+                | PinError::SignerRefused { .. }
         )
     }
 }
 
-/// What is wrong with a persistent storage key named as a parent, for [`KeyError::TpmParent`].
+/// What is wrong with a persistent storage key named as a parent, for [`KeyError::Locate(LocateError::TpmParent)`].
 #[derive(Debug, thiserror::Error)]
 #[allow(
     missing_docs,
@@ -297,7 +352,7 @@ pub enum ParentProblem {
     NotTheParent,
 }
 
-/// Why a key cannot be used, for [`KeyError::TpmKeyUnusable`] (and a TSS2 key file's
+/// Why a key cannot be used, for [`KeyError::Device(DeviceError::TpmKeyUnusable)`] (and a TSS2 key file's
 /// [`Tss2Problem::Unusable`]).
 #[derive(Debug, thiserror::Error)]
 #[allow(
@@ -395,7 +450,7 @@ pub enum Malformation {
     Tpm(#[source] Cause),
 }
 
-/// What is wrong with a TSS2 PRIVATE KEY file, for [`KeyError::Tss2Pem`].
+/// What is wrong with a TSS2 PRIVATE KEY file, for [`KeyError::Device(DeviceError::Tss2Pem)`].
 #[derive(Debug, thiserror::Error)]
 #[allow(
     missing_docs,

@@ -36,7 +36,10 @@ pub mod verify;
 
 pub use algorithm::{HashAlg, KeyAlgorithm, SignScheme};
 pub use backend::{KeyBackend, KeyListing, PivAttestationCerts, SessionStats};
-pub use error::{Cause, KeyError, Malformation, ParentProblem, Tss2Problem, Unusable};
+pub use error::{
+    CapabilityError, Cause, DeviceError, KeyError, LocateError, Malformation, ParentProblem,
+    PinError, Tss2Problem, Unusable,
+};
 pub use opened::Key;
 pub use protection::{KeyPolicy, Protection};
 pub use purpose::{Purpose, HEALTH_CHECK_MESSAGE};

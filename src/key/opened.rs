@@ -7,6 +7,7 @@ use super::{
     attestation, backends, der, KeyAlgorithm, KeyError, KeyUri, Protection, Purpose, SignScheme,
     SigningPath,
 };
+use crate::key::CapabilityError;
 
 /// An opened hardware key, ready to sign from any thread.
 #[derive(Debug)]
@@ -123,11 +124,11 @@ impl Key {
     fn check_scheme(&self, scheme: SignScheme) -> Result<(), KeyError> {
         let algorithm = self.algorithm();
         if !algorithm.schemes().contains(&scheme) || !self.signing_path().offers(scheme) {
-            return Err(KeyError::UnsupportedScheme {
+            return Err(KeyError::Capability(CapabilityError::UnsupportedScheme {
                 key: self.describe(),
                 algorithm: algorithm.to_string(),
                 scheme: scheme.to_string(),
-            });
+            }));
         }
         Ok(())
     }

@@ -16,6 +16,7 @@
 use std::path::{Path, PathBuf};
 
 use super::KeyError;
+use crate::key::LocateError;
 
 /// The program name `enable-in:` / `disable-in:` are matched against.
 const PROGRAM: &str = "hwkey";
@@ -80,11 +81,13 @@ pub fn resolve(name: &str) -> Result<PathBuf, KeyError> {
 }
 
 fn resolve_in(name: &str, dirs: &[PathBuf]) -> Result<PathBuf, KeyError> {
-    let not_found = |known: Vec<String>| KeyError::UnknownModuleName {
-        name: name.to_string(),
-        known,
-        dirs: dirs.into(),
-        user_skipped: !user_config_allowed(),
+    let not_found = |known: Vec<String>| {
+        KeyError::Locate(LocateError::UnknownModuleName {
+            name: name.to_string(),
+            known,
+            dirs: dirs.into(),
+            user_skipped: !user_config_allowed(),
+        })
     };
     if name.is_empty() || name.contains('/') || name.starts_with('.') {
         return Err(not_found(names_in(dirs)));
@@ -95,10 +98,10 @@ fn resolve_in(name: &str, dirs: &[PathBuf]) -> Result<PathBuf, KeyError> {
             Ok(text) => {
                 return match parse(name, &file, &text) {
                     Some(m) => Ok(m.path),
-                    None => Err(KeyError::ModuleNameUnusable {
+                    None => Err(KeyError::Locate(LocateError::ModuleNameUnusable {
                         name: name.to_string(),
                         file,
-                    }),
+                    })),
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -235,7 +238,7 @@ mod tests {
             Path::new("/o.so")
         );
         match resolve_in("none", &dirs) {
-            Err(KeyError::UnknownModuleName { known, .. }) => {
+            Err(KeyError::Locate(LocateError::UnknownModuleName { known, .. })) => {
                 assert_eq!(known, ["hsm", "other"])
             }
             other => panic!("{other:?}"),

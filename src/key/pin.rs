@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use zeroize::{Zeroize, Zeroizing};
 
 use super::KeyError;
+use crate::key::PinError;
 
 /// The `pin-source` (or `pin-value`) of a key URI.
 #[derive(Clone, PartialEq, Eq)]
@@ -64,21 +65,25 @@ impl PinSource {
     pub fn read(&self) -> Result<Zeroizing<String>, KeyError> {
         match self {
             PinSource::File(path) => {
-                let bytes = read_pin_file(path).map_err(|e| KeyError::PinUnreadable {
-                    source_desc: format!("file {}", path.display()),
-                    reason: e.to_string(),
+                let bytes = read_pin_file(path).map_err(|e| {
+                    KeyError::Pin(PinError::Unreadable {
+                        source_desc: format!("file {}", path.display()),
+                        reason: e.to_string(),
+                    })
                 })?;
-                let text = std::str::from_utf8(&bytes).map_err(|_| KeyError::PinUnreadable {
-                    source_desc: format!("file {}", path.display()),
-                    reason: "it is not UTF-8 text".into(),
+                let text = std::str::from_utf8(&bytes).map_err(|_| {
+                    KeyError::Pin(PinError::Unreadable {
+                        source_desc: format!("file {}", path.display()),
+                        reason: "it is not UTF-8 text".into(),
+                    })
                 })?;
                 let pin = text.strip_suffix('\n').unwrap_or(text);
                 let pin = pin.strip_suffix('\r').unwrap_or(pin);
                 if pin.len() > MAX_PIN_LEN {
-                    return Err(KeyError::PinUnreadable {
+                    return Err(KeyError::Pin(PinError::Unreadable {
                         source_desc: format!("file {}", path.display()),
                         reason: format!("it is longer than {MAX_PIN_LEN} bytes: not a PIN file"),
-                    });
+                    }));
                 }
                 Ok(Zeroizing::new(pin.to_string()))
             }
@@ -103,10 +108,10 @@ fn env_pin(
             "it is not UTF-8 text"
         }
     };
-    Err(KeyError::PinUnreadable {
+    Err(KeyError::Pin(PinError::Unreadable {
         source_desc: format!("environment variable {var}"),
         reason: reason.into(),
-    })
+    }))
 }
 
 /// Reads a PIN file: a regular file (a FIFO is refused at once, not waited on while the token's
@@ -201,18 +206,18 @@ pub fn read_pin_line(mut reader: impl std::io::Read) -> Result<Zeroizing<String>
             Ok(0) => break,
             Ok(_) if byte[0] == b'\n' => break,
             Ok(_) if buf.len() == MAX_PIN_LEN => {
-                return Err(KeyError::PinUnreadable {
+                return Err(KeyError::Pin(PinError::Unreadable {
                     source_desc: "standard input".into(),
                     reason: format!("longer than {MAX_PIN_LEN} bytes"),
-                })
+                }))
             }
             Ok(_) => buf.push(byte[0]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                return Err(KeyError::PinUnreadable {
+                return Err(KeyError::Pin(PinError::Unreadable {
                     source_desc: "standard input".into(),
                     reason: e.to_string(),
-                })
+                }))
             }
         }
         byte[0] = 0;
@@ -220,15 +225,17 @@ pub fn read_pin_line(mut reader: impl std::io::Read) -> Result<Zeroizing<String>
     if buf.last() == Some(&b'\r') {
         buf.pop();
     }
-    let text = std::str::from_utf8(&buf).map_err(|_| KeyError::PinUnreadable {
-        source_desc: "standard input".into(),
-        reason: "it is not UTF-8 text".into(),
+    let text = std::str::from_utf8(&buf).map_err(|_| {
+        KeyError::Pin(PinError::Unreadable {
+            source_desc: "standard input".into(),
+            reason: "it is not UTF-8 text".into(),
+        })
     })?;
     if text.is_empty() {
-        return Err(KeyError::PinUnreadable {
+        return Err(KeyError::Pin(PinError::Unreadable {
             source_desc: "standard input".into(),
             reason: "no PIN was written to it".into(),
-        });
+        }));
     }
     let mut pin = Zeroizing::new(String::with_capacity(MAX_PIN_LEN));
     lock_in_ram(pin.as_ptr(), pin.capacity());
@@ -287,7 +294,7 @@ mod tests {
 
     fn unreadable(source: &PinSource) -> String {
         match source.read() {
-            Err(e @ KeyError::PinUnreadable { .. }) => e.to_string(),
+            Err(e @ KeyError::Pin(PinError::Unreadable { .. })) => e.to_string(),
             other => panic!("expected PinUnreadable, got {:?}", other.map(|_| "a PIN")),
         }
     }

@@ -7,6 +7,7 @@
 //! identity bound to it proves nothing about the machine holding it.
 
 use super::KeyError;
+use crate::key::CapabilityError;
 
 /// How a key's protection is known.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,10 +97,10 @@ impl Protection {
         if self.exportable.is_empty() {
             return Ok(());
         }
-        Err(KeyError::Extractable {
+        Err(KeyError::Capability(CapabilityError::Extractable {
             key: describe.to_string(),
             reasons: self.exportable.join("; "),
-        })
+        }))
     }
 }
 

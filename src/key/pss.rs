@@ -8,6 +8,7 @@
 use ring::rand::SecureRandom;
 
 use super::{HashAlg, KeyError};
+use crate::key::CapabilityError;
 
 /// Encodes the digest `m_hash` for a `mod_bits`-bit RSA key with MGF1 of the same hash and a
 /// random salt of the hash length; returns the encoded message left-padded to the modulus
@@ -16,8 +17,10 @@ pub(crate) fn encode(m_hash: &[u8], hash: HashAlg, mod_bits: usize) -> Result<Ve
     let mut salt = vec![0u8; hash.output_len()];
     ring::rand::SystemRandom::new()
         .fill(&mut salt)
-        .map_err(|_| KeyError::PssEncoding {
-            reason: "the system random number generator failed".into(),
+        .map_err(|_| {
+            KeyError::Capability(CapabilityError::PssEncoding {
+                reason: "the system random number generator failed".into(),
+            })
         })?;
     encode_with_salt(m_hash, hash, mod_bits, &salt)
 }
@@ -33,9 +36,9 @@ fn encode_with_salt(
     let em_bits = mod_bits.saturating_sub(1);
     let em_len = em_bits.div_ceil(8);
     if em_len < h_len + salt.len() + 2 {
-        return Err(KeyError::PssEncoding {
+        return Err(KeyError::Capability(CapabilityError::PssEncoding {
             reason: format!("a {mod_bits}-bit RSA key is too small for PSS with {hash:?}"),
-        });
+        }));
     }
     let mut m_prime = vec![0u8; 8];
     m_prime.extend_from_slice(m_hash);

@@ -6,68 +6,20 @@
 //! A series key is the configured key's label (PKCS#11, same token and module) or file name
 //! (TPM, same directory and TPM) with a `-r<unix time>` suffix.
 
-use std::path::Path;
-
-use super::{KeyError, KeyUri, TpmKeyLocation};
+use super::{KeyError, KeyUri};
 use crate::state_dir::{StateDir, CURRENT_KEY_FILE};
 
 /// The URI of the next key of a rotation after `current`: its label or file name with a fresh
 /// `-r<unix time>` suffix in place of any previous one.
 pub fn next_key_uri(current: &KeyUri) -> Result<KeyUri, KeyError> {
-    let stamp = super::attestation::unix_now();
-    match current {
-        KeyUri::Pkcs11(u) => {
-            let label = u.object.as_deref().ok_or_else(|| {
-                KeyError::Unsupported(
-                    "--rotate-key needs a key named by object= (its label)".into(),
-                )
-            })?;
-            Ok(KeyUri::Pkcs11(
-                u.with_key(Some(format!("{}-r{stamp}", base(label))), None),
-            ))
-        }
-        KeyUri::Tpm(t) => match &t.key {
-            Some(TpmKeyLocation::Path(p)) => {
-                let mut t = t.clone();
-                t.key = Some(TpmKeyLocation::Path(
-                    p.with_file_name(format!("{}-r{stamp}.tpm.pem", base(stem(p)))),
-                ));
-                Ok(KeyUri::Tpm(t))
-            }
-            _ => Err(KeyError::Unsupported(
-                "--rotate-key needs a TPM key file (tpm:path=…), not a persistent handle".into(),
-            )),
-        },
-    }
+    current.next_in_series(super::attestation::unix_now())
 }
 
 /// Whether `candidate` belongs to the rotation series of `configured`: the same device (token
 /// and module; TPM and directory) and the configured name with a `-r<digits>` suffix, or the
 /// configured key itself.
 pub fn in_series(configured: &KeyUri, candidate: &KeyUri) -> bool {
-    match (configured, candidate) {
-        (KeyUri::Pkcs11(c), KeyUri::Pkcs11(k)) => {
-            let device = |u: &super::Pkcs11Uri| {
-                KeyUri::Pkcs11(u.with_key(None, None))
-                    .without_pin()
-                    .to_string()
-            };
-            let same_device = device(c) == device(k);
-            match (c.object.as_deref(), k.object.as_deref()) {
-                (Some(cl), Some(kl)) => same_device && k.id.is_none() && named_in(cl, kl),
-                _ => false,
-            }
-        }
-        (KeyUri::Tpm(c), KeyUri::Tpm(k)) => match (&c.key, &k.key) {
-            (Some(TpmKeyLocation::Path(cp)), Some(TpmKeyLocation::Path(kp))) => {
-                c.tcti == k.tcti
-                    && cp.parent() == kp.parent()
-                    && (kp == cp || named_in(stem(cp), stem(kp)))
-            }
-            _ => false,
-        },
-        _ => false,
-    }
+    candidate.in_series_of(configured)
 }
 
 /// Whether `a` and `b` name the same key, whatever their spelling: the same URI without PIN, or
@@ -75,25 +27,7 @@ pub fn in_series(configured: &KeyUri, candidate: &KeyUri) -> bool {
 /// dropped, or the same file once links are followed). What protects the configured key from
 /// deletion must not be fooled by a spelling that [`in_series`] accepts.
 pub fn same_key(a: &KeyUri, b: &KeyUri) -> bool {
-    if a.without_pin().to_string() == b.without_pin().to_string() {
-        return true;
-    }
-    match (a, b) {
-        (KeyUri::Tpm(a), KeyUri::Tpm(b)) => match (&a.key, &b.key) {
-            (Some(TpmKeyLocation::Path(ap)), Some(TpmKeyLocation::Path(bp))) => {
-                ap == bp
-                    || matches!(
-                        (std::fs::canonicalize(ap), std::fs::canonicalize(bp)),
-                        (Ok(x), Ok(y)) if x == y
-                    )
-            }
-            (Some(TpmKeyLocation::Handle(x)), Some(TpmKeyLocation::Handle(y))) => {
-                x == y && a.tcti == b.tcti
-            }
-            _ => false,
-        },
-        _ => false,
-    }
+    a.same_key_as(b)
 }
 
 /// The key a proxy uses: the one a rotation left in `STATE/current-key` (with the configured
@@ -109,7 +43,7 @@ pub fn current_key(configured: &KeyUri, state_dir: &StateDir) -> KeyUri {
         }
     };
     let left = match text.trim().parse::<KeyUri>() {
-        Ok(uri) => pointed_key(uri, configured),
+        Ok(uri) => uri.key_of(configured),
         Err(e) => {
             tracing::error!(error = %e, "ignoring an unreadable {CURRENT_KEY_FILE}");
             return configured.clone();
@@ -124,62 +58,16 @@ pub fn current_key(configured: &KeyUri, state_dir: &StateDir) -> KeyUri {
     uri
 }
 
-/// The key the pointer names, with everything but *which* key taken from the configured key:
-/// the PIN source (a TPM's owner password, parent and TCTI too). Whoever could write the pointer
-/// must not choose the password the signer presents: three wrong ones put a whole TPM into
-/// dictionary-attack lockout.
-fn pointed_key(left: KeyUri, configured: &KeyUri) -> KeyUri {
-    match (left, configured) {
-        (KeyUri::Pkcs11(u), KeyUri::Pkcs11(c)) => KeyUri::Pkcs11(crate::key::Pkcs11Uri {
-            object: u.object,
-            id: u.id,
-            ..c.clone()
-        }),
-        (KeyUri::Tpm(u), KeyUri::Tpm(c)) => KeyUri::Tpm(crate::key::TpmUri {
-            key: u.key,
-            ..c.clone()
-        }),
-        (_, configured) => configured.clone(),
-    }
-}
-
 /// Records `key` as the one in use in `state_dir`'s pointer: its URI without any password
 /// source (readers take only which key from it, see [`current_key`]; operators read it to
 /// update `--key`).
 pub fn record_current(state_dir: &StateDir, key: &KeyUri) -> std::io::Result<()> {
-    let shown = match key.without_pin() {
-        KeyUri::Tpm(u) => KeyUri::Tpm(crate::key::TpmUri {
-            owner_pin: None,
-            ..u
-        }),
-        other => other,
-    };
+    let shown = key.for_pointer();
     crate::atomic_file::write_atomic(
         &state_dir.current_key(),
         format!("{shown}\n").as_bytes(),
         0o600,
     )
-}
-
-/// `name` without a `-r<digits>` suffix.
-fn base(name: &str) -> &str {
-    match name.rsplit_once("-r") {
-        Some((b, n)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => b,
-        _ => name,
-    }
-}
-
-/// Whether `name` is `configured`'s base name, with or without a `-r<digits>` suffix.
-fn named_in(configured: &str, name: &str) -> bool {
-    base(name) == base(configured)
-}
-
-/// A TPM key file's name without `.tpm.pem` / `.pem`.
-fn stem(path: &Path) -> &str {
-    let file = path.file_name().and_then(|f| f.to_str()).unwrap_or("key");
-    file.strip_suffix(".tpm.pem")
-        .or_else(|| file.strip_suffix(".pem"))
-        .unwrap_or(file)
 }
 
 #[cfg(test)]

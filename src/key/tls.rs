@@ -13,6 +13,7 @@ use rustls::sign::{CertifiedKey, Signer, SigningKey};
 use rustls::{SignatureAlgorithm, SignatureScheme};
 
 use super::{der, Key, KeyAlgorithm, KeyError, SignScheme, SigningPath};
+use crate::key::CapabilityError;
 
 /// How a failed hardware signature reads inside rustls's error (`rustls::Error::General`).
 const SIGNATURE_FAILED: &str = "hardware signature failed";
@@ -49,14 +50,18 @@ pub fn protocol_versions(
             );
             Ok(&TLS12_ONLY)
         }
-        SigningPath::Pkcs1Only { missing } => Err(KeyError::NoTls13Signature {
-            key: key.describe(),
-            missing,
-        }),
-        SigningPath::Unusable { missing } => Err(KeyError::NoSignatureMechanism {
-            key: key.describe(),
-            missing,
-        }),
+        SigningPath::Pkcs1Only { missing } => {
+            Err(KeyError::Capability(CapabilityError::NoTls13Signature {
+                key: key.describe(),
+                missing,
+            }))
+        }
+        SigningPath::Unusable { missing } => Err(KeyError::Capability(
+            CapabilityError::NoSignatureMechanism {
+                key: key.describe(),
+                missing,
+            },
+        )),
     }
 }
 

@@ -16,6 +16,7 @@ use super::issued::Target;
 use super::renew::submit_and_install;
 use super::renew::{request_and_install, Ask, Renewed};
 use super::{client, LifecycleError, KUBELET_SIGNER};
+use crate::key::LocateError;
 use crate::key::{Key, KeyAlgorithm, KeyError, KeyUri};
 use crate::kubeconfig::{self, Consumer, ExecApiVersion, Request};
 use crate::pki::cert;
@@ -165,13 +166,15 @@ fn check_node_name(name: &str) -> Result<(), LifecycleError> {
 fn open_or_create(uri: &KeyUri, create: Option<KeyAlgorithm>) -> Result<Key, LifecycleError> {
     match Key::open(uri) {
         Ok(k) => Ok(k),
-        Err(KeyError::KeyNotFound { .. }) if create.is_some() => create_key(uri, create),
+        Err(KeyError::Locate(LocateError::KeyNotFound { .. })) if create.is_some() => {
+            create_key(uri, create)
+        }
         Err(KeyError::Io { ref source, .. })
             if create.is_some() && source.kind() == std::io::ErrorKind::NotFound =>
         {
             create_key(uri, create)
         }
-        Err(e @ (KeyError::KeyNotFound { .. } | KeyError::Io { .. })) => {
+        Err(e @ (KeyError::Locate(LocateError::KeyNotFound { .. }) | KeyError::Io { .. })) => {
             Err(LifecycleError::Kubelet(format!(
                 "{e}; to create the node key now, add --create-key ec-p256"
             )))

@@ -14,7 +14,7 @@ use crate::pki::PkiError;
     reason = "each variant is documented by its #[error] message, which says what went wrong and how to fix it"
 )]
 pub enum LifecycleError {
-    #[error(transparent)]
+    #[error("{0}")]
     RenewalLock(#[from] super::renewal_lock::RenewalLockError),
 
     #[error("invalid API server URL '{url}': {problem} (example: https://10.0.0.1:6443)")]
@@ -122,9 +122,9 @@ pub enum LifecycleError {
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),
 
-    #[error(transparent)]
+    #[error("{0}")]
     Key(#[from] KeyError),
 
-    #[error(transparent)]
+    #[error("{0}")]
     Pki(#[from] PkiError),
 }

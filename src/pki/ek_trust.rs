@@ -342,13 +342,13 @@ pub fn read_text(path: &Path, what: &'static str) -> Result<String, EkTrustError
     reason = "each variant is documented by its #[error] message"
 )]
 pub enum EkTrustError {
-    #[error(transparent)]
+    #[error("{0}")]
     Registration(#[from] super::registration::RegistrationError),
-    #[error(transparent)]
+    #[error("{0}")]
     Evidence(#[from] crate::key::attestation::EvidenceInvalid),
-    #[error(transparent)]
+    #[error("{0}")]
     Credential(#[from] crate::key::tpm::credential::CredentialError),
-    #[error(transparent)]
+    #[error("{0}")]
     Revocation(#[from] super::ek_crl::CrlError),
     #[error("akName is not the name of akPublic")]
     AkName,

@@ -103,6 +103,6 @@ pub enum PkiError {
         problem: super::request::Malformed,
     },
 
-    #[error(transparent)]
+    #[error("{0}")]
     Key(#[from] KeyError),
 }

@@ -330,7 +330,7 @@ pub struct InvalidEntry {
     reason = "each variant is documented by its #[error] message"
 )]
 pub enum EntryProblem {
-    #[error(transparent)]
+    #[error("{0}")]
     Registration(#[from] RegistrationError),
     #[error("{0}")]
     Unreadable(#[source] Arc<std::io::Error>),

@@ -25,6 +25,7 @@ use super::protocol::{
 use super::supervisor::Supervisor;
 use crate::backoff::Backoff;
 use crate::key::attestation::TpmEvidence;
+use crate::key::{CapabilityError, PinError};
 use crate::key::{
     Key, KeyAlgorithm, KeyBackend, KeyError, KeyUri, Protection, Purpose, SignScheme, SigningPath,
 };
@@ -414,9 +415,9 @@ impl SignerLink {
         }
         if restart.not_before.is_some_and(|t| Instant::now() < t) {
             return Err(match &restart.pin_refused {
-                Some(message) => KeyError::SignerPinRefused {
+                Some(message) => KeyError::Pin(PinError::SignerRefused {
                     message: message.clone(),
-                },
+                }),
                 None => KeyError::Signer {
                     message: "the signer is gone; it is being restarted".into(),
                 },
@@ -443,8 +444,8 @@ impl SignerLink {
                 // A refused PIN is asked about again after the backoff: the supervisor starts
                 // no signer while the PIN source still holds the refused PIN, and one as soon
                 // as it was fixed.
-                restart.pin_refused =
-                    matches!(e, KeyError::SignerPinRefused { .. }).then(|| e.to_string());
+                restart.pin_refused = matches!(e, KeyError::Pin(PinError::SignerRefused { .. }))
+                    .then(|| e.to_string());
                 restart.not_before = Some(Instant::now() + restart.backoff.next_delay());
                 tracing::error!(error = %e, "cannot restart the signer");
                 Err(e)
@@ -612,9 +613,9 @@ impl KeyBackend for RemoteKey {
     }
 
     fn protection(&self) -> Result<Protection, KeyError> {
-        Err(KeyError::Unsupported(
+        Err(KeyError::Capability(CapabilityError::Unsupported(
             "the signer checked the key's protection when it opened it".into(),
-        ))
+        )))
     }
 
     fn certify(&self, _ak_handle: u32, _qualifying_data: &[u8]) -> Result<TpmEvidence, KeyError> {
@@ -699,9 +700,9 @@ fn key_error(error: RemoteError) -> KeyError {
         RemoteKind::Refused => KeyError::SignerRefused {
             reason: error.message,
         },
-        RemoteKind::PinRefused => KeyError::SignerPinRefused {
+        RemoteKind::PinRefused => KeyError::Pin(PinError::SignerRefused {
             message: error.message,
-        },
+        }),
         RemoteKind::Failed => KeyError::Signer {
             message: error.message,
         },
@@ -710,9 +711,9 @@ fn key_error(error: RemoteError) -> KeyError {
 
 pub(crate) fn signer_error(e: &SignerError) -> KeyError {
     match e {
-        SignerError::PinUnchanged => KeyError::SignerPinRefused {
+        SignerError::PinUnchanged => KeyError::Pin(PinError::SignerRefused {
             message: e.to_string(),
-        },
+        }),
         _ => KeyError::Signer {
             message: e.to_string(),
         },

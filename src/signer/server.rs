@@ -18,6 +18,7 @@ use super::protocol::{
     self, KeyInfo, PathWire, RemoteError, RemoteKind, Reply, Request, WatchedFile, FIRST_KEY,
     VERSION,
 };
+use crate::key::CapabilityError;
 use crate::key::{Key, KeyError};
 
 /// Threads serving requests at once.
@@ -154,7 +155,7 @@ fn open(config: SignerConfig) -> Result<Signer, KeyError> {
     key.require_non_extractable(config.require_non_extractable)?;
     let leaf = identity_leaf(&config, &key)?;
     let policy = Policy::for_certificate(&leaf, config.tls12)
-        .map_err(|r| KeyError::Unsupported(r.to_string()))?;
+        .map_err(|r| KeyError::Capability(CapabilityError::Unsupported(r.to_string())))?;
     Ok(Signer {
         config,
         policy,
@@ -175,16 +176,22 @@ fn identity_leaf(config: &SignerConfig, key: &Key) -> Result<Vec<u8>, KeyError> 
     let leaf = match (&config.identity, &config.cert) {
         (Some(chain), _) => chain.first().cloned(),
         (None, Some(_)) => {
-            return Err(KeyError::Unsupported(
+            return Err(KeyError::Capability(CapabilityError::Unsupported(
                 "the signer was started without the identity read from --cert".into(),
-            ))
+            )))
         }
         (None, None) => key.stored_chain()?.and_then(|c| c.into_iter().next()),
     }
-    .ok_or_else(|| KeyError::Unsupported("the identity has no certificate".into()))?;
+    .ok_or_else(|| {
+        KeyError::Capability(CapabilityError::Unsupported(
+            "the identity has no certificate".into(),
+        ))
+    })?;
     if config.rotation_state.is_none() {
         let (_, cert) = x509_parser::parse_x509_certificate(&leaf).map_err(|e| {
-            KeyError::Unsupported(format!("the identity's certificate does not parse: {e}"))
+            KeyError::Capability(CapabilityError::Unsupported(format!(
+                "the identity's certificate does not parse: {e}"
+            )))
         })?;
         if cert.public_key().raw != key.spki_der() {
             return Err(KeyError::CertificateMismatch {

@@ -6,6 +6,7 @@ use cryptoki::session::Session;
 
 use super::objects::KeyIdent;
 use super::token::Token;
+use crate::key::CapabilityError;
 use crate::key::{KeyAlgorithm, KeyError};
 
 /// Generates a key pair and returns the private key's handle.
@@ -51,11 +52,13 @@ pub(crate) fn generate(
         }
         KeyAlgorithm::Rsa { bits } => {
             if ![2048, 3072, 4096].contains(&bits) {
-                return Err(KeyError::UnsupportedAlgorithm {
-                    backend: "PKCS#11",
-                    algorithm: alg.to_string(),
-                    hint: "create rsa-2048, rsa-3072 or rsa-4096 keys".into(),
-                });
+                return Err(KeyError::Capability(
+                    CapabilityError::UnsupportedAlgorithm {
+                        backend: "PKCS#11",
+                        algorithm: alg.to_string(),
+                        hint: "create rsa-2048, rsa-3072 or rsa-4096 keys".into(),
+                    },
+                ));
             }
             public.push(Attribute::ModulusBits(u64::from(bits).into()));
             public.push(Attribute::PublicExponent(vec![0x01, 0x00, 0x01]));

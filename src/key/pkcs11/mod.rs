@@ -39,6 +39,7 @@ use super::{
     der, KeyAlgorithm, KeyBackend, KeyError, KeyListing, KeyUri, Pkcs11Uri, SessionStats,
     SignScheme, SigningPath,
 };
+use crate::key::{CapabilityError, DeviceError, LocateError};
 
 /// How many sessions one key may have open at once. Enough for every core of a busy proxy; small
 /// enough for tokens that allow only a few sessions.
@@ -67,10 +68,10 @@ pub struct Pkcs11Key {
 /// module if needed. Decided on cryptoki's typed return value, carried as the error's source.
 fn device_gone(ck: Option<&CkError>, err: &KeyError) -> bool {
     let ck = ck.or(match err {
-        KeyError::Pkcs11 {
+        KeyError::Device(DeviceError::Pkcs11 {
             source: Some(cause),
             ..
-        } => cause.downcast_ref::<CkError>(),
+        }) => cause.downcast_ref::<CkError>(),
         _ => None,
     });
     matches!(
@@ -170,10 +171,10 @@ fn check_reauthentication(
     if offered.contains(&needed.0) {
         return Ok(());
     }
-    Err(KeyError::NoReauthMechanism {
+    Err(KeyError::Capability(CapabilityError::NoReauthMechanism {
         key: ident.describe(),
         missing: needed.1,
-    })
+    }))
 }
 
 /// Reads the token's mechanism list once per key and picks how an RSA key signs (see
@@ -245,18 +246,23 @@ pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, Key
         let same_label = existing.label.as_deref() == Some(label.as_str());
         let same_id = uri.id.as_ref().is_some_and(|id| *id == existing.id);
         if same_label || same_id {
-            return Err(KeyError::KeyExists {
+            return Err(KeyError::Locate(LocateError::KeyExists {
                 what: format!("a key {}", existing.describe()),
                 place: token.place(),
-            });
+            }));
         }
     }
     let id = match &uri.id {
         Some(id) => id.clone(),
         None => {
             let mut id = vec![0u8; 8];
-            ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id)
-                .map_err(|_| KeyError::Unsupported("the system random generator failed".into()))?;
+            ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id).map_err(
+                |_| {
+                    KeyError::Capability(CapabilityError::Unsupported(
+                        "the system random generator failed".into(),
+                    ))
+                },
+            )?;
             id
         }
     };
@@ -279,11 +285,11 @@ pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, Key
 pub fn list(uri: &Pkcs11Uri) -> Result<Vec<KeyListing>, KeyError> {
     let token = Token::find(uri)?;
     let _calls = token.enter();
-    let session = token
-        .try_open_session()?
-        .ok_or_else(|| KeyError::SessionLimit {
+    let session = token.try_open_session()?.ok_or_else(|| {
+        KeyError::Device(DeviceError::SessionLimit {
             token: token.place(),
-        })?;
+        })
+    })?;
     let mut out = Vec::new();
     for (handle, ident) in objects::private_keys(&token, &session)? {
         let algorithm = match objects::algorithm(&token, &session, handle) {
@@ -408,11 +414,21 @@ impl Pkcs11Key {
         &self,
         scheme: SignScheme,
         message: &[u8],
-    ) -> Result<Vec<u8>, (Option<CkError>, KeyError)> {
-        let session = self.pool.get(&self.token).map_err(|e| (None, e))?;
-        let handle = self.current_handle(&session).map_err(|e| (None, e))?;
+    ) -> Result<Vec<u8>, (Option<CkError>, Box<KeyError>)> {
+        // The error is boxed: this is the cold path, and the pair would be the largest value
+        // every signature returns.
+        let session = self
+            .pool
+            .get(&self.token)
+            .map_err(|e| (None, Box::new(e)))?;
+        let handle = self
+            .current_handle(&session)
+            .map_err(|e| (None, Box::new(e)))?;
         let signed = if self.always_auth {
-            let attempt = self.token.prepare_context_login().map_err(|e| (None, e))?;
+            let attempt = self
+                .token
+                .prepare_context_login()
+                .map_err(|e| (None, Box::new(e)))?;
             sign::sign_reauthenticated(session.session(), handle, scheme, message, || {
                 attempt.present(session.session(), UserType::ContextSpecific)
             })
@@ -429,24 +445,24 @@ impl Pkcs11Key {
             Ok(sig) => {
                 if scheme.is_pss() && matches!(self.path, SigningPath::SoftwarePss { .. }) {
                     self.check_raw_rsa(scheme, message, &sig)
-                        .map_err(|e| (None, e))?;
+                        .map_err(|e| (None, Box::new(e)))?;
                 }
                 Ok(sig)
             }
-            Err(SignError::Encoding(e)) => Err((None, e)),
+            Err(SignError::Encoding(e)) => Err((None, Box::new(e))),
             // The context login failed after C_SignInit: the signing operation is still active
             // on this session (SoftHSM answers the next C_SignInit with CKR_OPERATION_ACTIVE).
             // Closing the session ends it; a pooled session kept would fail every signature.
             Err(SignError::Login(e)) => {
                 session.discard();
-                Err((None, e))
+                Err((None, Box::new(e)))
             }
             Err(SignError::Token(e)) => {
                 let err = self.token.err("C_Sign", &e);
                 if session_lost(&e) {
                     session.discard();
                 }
-                Err((Some(e), err))
+                Err((Some(e), Box::new(err)))
             }
         }
     }
@@ -464,14 +480,14 @@ impl Pkcs11Key {
             Ok(true) => Ok(()),
             // ring checks moduli of 2048 bits and more only; smaller keys go unchecked.
             _ if matches!(self.algorithm, KeyAlgorithm::Rsa { bits } if bits < 2048) => Ok(()),
-            Ok(false) => Err(KeyError::Pkcs11 {
+            Ok(false) => Err(KeyError::Device(DeviceError::Pkcs11 {
                 source: None,
                 operation: "C_Sign (CKM_RSA_X_509 for RSA-PSS)",
                 token: self.token.label.clone(),
                 reason: "the token's raw RSA result does not verify against the key's public \
                          key; the signature was discarded"
                     .into(),
-            }),
+            })),
             Err(e) => Err(e),
         }
     }
@@ -516,10 +532,10 @@ impl Pkcs11Key {
             self.algorithm,
         )?;
         if !der::same_public_key(&spki, &self.spki) {
-            return Err(KeyError::TpmKeyUnusable {
+            return Err(KeyError::Device(DeviceError::TpmKeyUnusable {
                 key: self.describe(),
                 problem: crate::key::Unusable::ReplacedOnToken,
-            });
+            }));
         }
         Ok(handle)
     }
@@ -561,10 +577,10 @@ impl KeyBackend for Pkcs11Key {
                     self.describe()
                 );
                 match self.recover() {
-                    Ok(()) => self.sign_once(scheme, message).map_err(|(_, e)| e),
+                    Ok(()) => self.sign_once(scheme, message).map_err(|(_, e)| *e),
                     Err(e) if device_gone(None, &e) => {
                         self.reattach()?;
-                        self.sign_once(scheme, message).map_err(|(_, e)| e)
+                        self.sign_once(scheme, message).map_err(|(_, e)| *e)
                     }
                     Err(e) => Err(e),
                 }
@@ -572,9 +588,9 @@ impl KeyBackend for Pkcs11Key {
             Err((ck, err)) if device_gone(ck.as_ref(), &err) => {
                 tracing::warn!("{}: {err}; looking for the token again", self.describe());
                 self.reattach()?;
-                self.sign_once(scheme, message).map_err(|(_, e)| e)
+                self.sign_once(scheme, message).map_err(|(_, e)| *e)
             }
-            Err((_, e)) => Err(e),
+            Err((_, e)) => Err(*e),
         }
     }
 

@@ -25,6 +25,7 @@ use cryptoki::context::{CInitializeArgs, CInitializeFlags, Pkcs11};
 use cryptoki::error::{Error as CkError, RvError};
 
 use crate::key::KeyError;
+use crate::key::LocateError;
 
 /// A loaded module: its context and its generation.
 type Loaded = (Pkcs11, Arc<Calls>);
@@ -147,23 +148,25 @@ pub(crate) fn load(path: &Path) -> Result<(Pkcs11, Arc<Calls>), KeyError> {
         return Ok((ctx.clone(), calls.clone()));
     }
     if !path.exists() {
-        return Err(KeyError::ModuleLoad {
+        return Err(KeyError::Locate(LocateError::ModuleLoad {
             path: path.to_path_buf(),
             reason: "no such file".into(),
-        });
+        }));
     }
-    let ctx = Pkcs11::new(path).map_err(|e| KeyError::ModuleLoad {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
+    let ctx = Pkcs11::new(path).map_err(|e| {
+        KeyError::Locate(LocateError::ModuleLoad {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
     })?;
     // OS_LOCKING_OK: we call the module from many threads (one session per thread at a time).
     match ctx.initialize(CInitializeArgs::new(CInitializeFlags::OS_LOCKING_OK)) {
         Ok(()) | Err(CkError::Pkcs11(RvError::CryptokiAlreadyInitialized, _)) => {}
         Err(e) => {
-            return Err(KeyError::ModuleLoad {
+            return Err(KeyError::Locate(LocateError::ModuleLoad {
                 path: path.to_path_buf(),
                 reason: format!("C_Initialize failed: {}", super::rv::ckr(&e)),
-            })
+            }))
         }
     }
     let calls = Arc::new(Calls::default());

@@ -9,6 +9,7 @@ use cryptoki::session::Session;
 
 use super::token::{Token, TokenSession};
 use crate::key::{der, KeyAlgorithm, KeyError, Pkcs11Uri};
+use crate::key::{CapabilityError, DeviceError, LocateError};
 
 /// What identifies a key object on a token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +43,7 @@ impl KeyIdent {
 /// The search template for the private key a URI names.
 pub(crate) fn private_key_template(uri: &Pkcs11Uri) -> Result<Vec<Attribute>, KeyError> {
     if uri.object.is_none() && uri.id.is_none() {
-        return Err(KeyError::NoKeySelected);
+        return Err(KeyError::Locate(LocateError::NoKeySelected));
     }
     let mut t = vec![Attribute::Class(ObjectClass::PRIVATE_KEY)];
     if let Some(o) = &uri.object {
@@ -70,17 +71,17 @@ pub(crate) struct FoundKey {
 
 /// Finds the token a URI names, opens a logged-in session on it and finds exactly one private
 /// key: how every operation on a named key starts. A read takes a session only if the token has
-/// one to spare (else [`KeyError::SessionLimit`], naming the token); a write opens a read-write
+/// one to spare (else [`KeyError::Device(DeviceError::SessionLimit)`], naming the token); a write opens a read-write
 /// session.
 pub(crate) fn find_key(uri: &Pkcs11Uri, access: Access) -> Result<FoundKey, KeyError> {
     let token = Token::find(uri)?;
     let _calls = token.enter();
     let session = match access {
-        Access::Read => token
-            .try_open_session()?
-            .ok_or_else(|| KeyError::SessionLimit {
+        Access::Read => token.try_open_session()?.ok_or_else(|| {
+            KeyError::Device(DeviceError::SessionLimit {
                 token: token.place(),
-            })?,
+            })
+        })?,
         Access::Write => token.open_session(true)?,
     };
     let handle = find_private_key(&token, &session, uri)?;
@@ -113,20 +114,20 @@ pub(crate) fn find_private_key(
         .map_err(|e| token.err("C_FindObjects", &e))?;
     match found.as_slice() {
         [one] => Ok(*one),
-        [] => Err(KeyError::KeyNotFound {
+        [] => Err(KeyError::Locate(LocateError::KeyNotFound {
             what: uri.key_desc(),
             place: token.place(),
             present: private_keys(token, session)?
                 .iter()
                 .map(|(_, ident)| ident.describe())
                 .collect(),
-        }),
-        many => Err(KeyError::Unsupported(format!(
+        })),
+        many => Err(KeyError::Capability(CapabilityError::Unsupported(format!(
             "{} matches {} private keys on {}: add id=%XX to the URI to choose one",
             uri.key_desc(),
             many.len(),
             token.place()
-        ))),
+        )))),
     }
 }
 
@@ -205,18 +206,18 @@ pub(crate) fn algorithm(
             .as_deref()
             .and_then(KeyAlgorithm::from_ec_params_der)
             .ok_or_else(|| {
-                KeyError::Unsupported(format!(
+                KeyError::Capability(CapabilityError::Unsupported(format!(
                     "an EC key on {} uses a curve hwkey does not support (only P-256 and P-384)",
                     token.place()
-                ))
+                )))
             }),
         Some(t) if t == KeyType::RSA => Ok(KeyAlgorithm::Rsa {
             bits: bits.unwrap_or(0),
         }),
-        other => Err(KeyError::Unsupported(format!(
+        other => Err(KeyError::Capability(CapabilityError::Unsupported(format!(
             "a key of type {other:?} on {}: hwkey supports EC (P-256, P-384) and RSA keys",
             token.place()
-        ))),
+        )))),
     }
 }
 
@@ -250,10 +251,10 @@ pub(crate) fn public_spki(
     }
     match spki_from_key_object(token, session, private, alg) {
         Ok(spki) => Ok(spki),
-        Err(_) if alg.is_ec() => Err(KeyError::NoPublicKey {
+        Err(_) if alg.is_ec() => Err(KeyError::Locate(LocateError::NoPublicKey {
             key: ident.describe(),
             place: token.place(),
-        }),
+        })),
         Err(e) => Err(e),
     }
 }

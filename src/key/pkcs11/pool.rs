@@ -18,6 +18,7 @@ use cryptoki::session::Session;
 
 use super::module::CallGuard;
 use super::token::{Token, TokenSession};
+use crate::key::DeviceError;
 use crate::key::{KeyError, SessionStats};
 
 /// The sessions of one key.
@@ -124,9 +125,9 @@ impl SessionPool {
     /// one of them), or fail if it has none.
     fn shrink_to(&self, have: usize, token: &Token) -> Result<(), KeyError> {
         if have == 0 {
-            return Err(KeyError::SessionLimit {
+            return Err(KeyError::Device(DeviceError::SessionLimit {
                 token: token.place(),
-            });
+            }));
         }
         if self.max.swap(have, Ordering::Relaxed) != have {
             tracing::warn!(

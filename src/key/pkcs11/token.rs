@@ -20,6 +20,7 @@ use super::module::{CallGuard, Calls};
 use super::rv::ckr;
 use crate::key::pin::PinSource;
 use crate::key::pin_memory::{self, Record};
+use crate::key::{DeviceError, LocateError, PinError};
 use crate::key::{KeyError, Pkcs11Uri};
 
 /// One token in one module, with what is needed to (re)log in.
@@ -59,7 +60,10 @@ impl Token {
             let _calls = calls.enter();
             locate(&ctx, uri, &module)
         };
-        if matches!(found, Err(KeyError::TokenNotFound { .. })) {
+        if matches!(
+            found,
+            Err(KeyError::Locate(LocateError::TokenNotFound { .. }))
+        ) {
             std::thread::sleep(std::time::Duration::from_millis(200));
             if super::module::reinitialize(&module, &ctx, &calls) {
                 let _calls = calls.enter();
@@ -177,9 +181,9 @@ impl Token {
         }
         let Some(source) = &self.pin else {
             if self.login_required {
-                return Err(KeyError::PinRequired {
+                return Err(KeyError::Pin(PinError::Required {
                     token: self.label.clone(),
-                });
+                }));
             }
             return Ok(());
         };
@@ -200,9 +204,9 @@ impl Token {
     /// `C_SignInit` and `C_Login`.
     pub(crate) fn prepare_context_login(&self) -> Result<PinAttempt<'_>, KeyError> {
         let Some(source) = &self.pin else {
-            return Err(KeyError::PinRequired {
+            return Err(KeyError::Pin(PinError::Required {
                 token: self.label.clone(),
-            });
+            }));
         };
         let in_process = self.login.lock().unwrap_or_else(|p| p.into_inner());
         self.prepare_pin(source, in_process)
@@ -217,16 +221,17 @@ impl Token {
     ) -> Result<PinAttempt<'a>, KeyError> {
         let pin = source.read()?;
         // Fail closed: a PIN whose rejection could not be remembered is not presented.
-        let across_processes =
-            pin_memory::lock_token(&self.identity()).map_err(|e| KeyError::PinMemory {
+        let across_processes = pin_memory::lock_token(&self.identity()).map_err(|e| {
+            KeyError::Pin(PinError::Memory {
                 dir: pin_memory::memory_dir(),
                 reason: e.to_string(),
-            })?;
+            })
+        })?;
         let record = Record::for_source(&self.identity(), source, &pin).map_err(|e| {
-            KeyError::PinMemory {
+            KeyError::Pin(PinError::Memory {
                 dir: pin_memory::memory_dir(),
                 reason: e.to_string(),
-            }
+            })
         })?;
         let rejected_here = self
             .pin_rejected
@@ -235,20 +240,22 @@ impl Token {
             .as_deref()
             == Some(record.path());
         if rejected_here {
-            return Err(KeyError::PinIncorrect {
+            return Err(KeyError::Pin(PinError::Incorrect {
                 token: self.label.clone(),
-            });
+            }));
         }
         if record.exists() {
-            return Err(KeyError::PinRemembered {
+            return Err(KeyError::Pin(PinError::Remembered {
                 token: self.label.clone(),
                 source_desc: pin_memory::describe_source(source),
                 record: record.path().to_path_buf(),
-            });
+            }));
         }
-        record.check_writable().map_err(|e| KeyError::PinMemory {
-            dir: pin_memory::memory_dir(),
-            reason: e.to_string(),
+        record.check_writable().map_err(|e| {
+            KeyError::Pin(PinError::Memory {
+                dir: pin_memory::memory_dir(),
+                reason: e.to_string(),
+            })
         })?;
         let record = Some(record);
         self.check_pin_attempts(source, pin.len())?;
@@ -281,20 +288,20 @@ impl Token {
         // for the minimum; an empty PIN is never one a token with a PIN takes.
         let too_long = max >= min && max > 0 && pin_len > max;
         if pin_len == 0 || pin_len < min || too_long {
-            return Err(KeyError::PinLength {
+            return Err(KeyError::Pin(PinError::Length {
                 token: self.label.clone(),
                 source_desc: pin_memory::describe_source(source),
                 len: pin_len,
                 min: min.max(1),
                 max,
-            });
+            }));
         }
         if info.user_pin_final_try()
             && std::env::var("HWKEY_ALLOW_FINAL_PIN_TRY").as_deref() != Ok("1")
         {
-            return Err(KeyError::PinFinalTry {
+            return Err(KeyError::Pin(PinError::FinalTry {
                 token: self.label.clone(),
-            });
+            }));
         }
         if info.user_pin_count_low() {
             tracing::warn!(
@@ -367,12 +374,12 @@ impl Drop for TokenSession {
 }
 
 fn pkcs11_err(operation: &'static str, token: &str, e: &CkError) -> KeyError {
-    KeyError::Pkcs11 {
+    KeyError::Device(DeviceError::Pkcs11 {
         operation,
         token: token.to_string(),
         reason: ckr(e),
         source: Some(cause(e)),
-    }
+    })
 }
 
 /// cryptoki's error as the cause of a [`KeyError`]: a return value stays a typed
@@ -411,13 +418,13 @@ impl PinAttempt<'_> {
                         Some(r.path().to_path_buf());
                     r.remember(&token.label, self.source);
                 }
-                Err(KeyError::PinIncorrect {
+                Err(KeyError::Pin(PinError::Incorrect {
                     token: token.label.clone(),
-                })
+                }))
             }
-            Err(CkError::Pkcs11(RvError::PinLocked, _)) => Err(KeyError::PinLocked {
+            Err(CkError::Pkcs11(RvError::PinLocked, _)) => Err(KeyError::Pin(PinError::Locked {
                 token: token.label.clone(),
-            }),
+            })),
             Err(e) => Err(token.err("C_Login", &e)),
         }
     }
@@ -467,23 +474,26 @@ fn locate(
         || uri.manufacturer.is_some()
         || uri.model.is_some();
     if !selects && present.len() != 1 {
-        return Err(KeyError::NoTokenSelected { module, present });
+        return Err(KeyError::Locate(LocateError::NoTokenSelected {
+            module,
+            present,
+        }));
     }
     // Two tokens that both fit (one label in two slots, a proxy module listing two modules'
     // tokens): which one signs must not depend on slot order.
     if chosen.len() > 1 {
-        return Err(KeyError::AmbiguousToken {
+        return Err(KeyError::Locate(LocateError::AmbiguousToken {
             token: uri.token_desc(),
             module,
             serials: chosen.iter().map(|c| c.2.clone()).collect(),
-        });
+        }));
     }
     let Some((slot, label, serial, login_required)) = chosen.pop() else {
-        return Err(KeyError::TokenNotFound {
+        return Err(KeyError::Locate(LocateError::TokenNotFound {
             token: uri.token_desc(),
             module,
             present,
-        });
+        }));
     };
     Ok((slot, label, serial, login_required))
 }

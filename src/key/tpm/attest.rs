@@ -28,6 +28,7 @@ use tss_esapi::Context;
 
 use super::rc;
 use crate::key::attestation::{EkKind, Enrollment, TpmEvidence};
+use crate::key::{DeviceError, LocateError};
 use crate::key::{KeyAlgorithm, KeyError, Malformation};
 
 fn tpm_err(operation: &'static str) -> impl Fn(tss_esapi::Error) -> KeyError {
@@ -47,14 +48,14 @@ pub(crate) fn ensure_ak(
             let a = public.object_attributes();
             if !(a.restricted() && a.sign_encrypt()) {
                 close(ctx, object);
-                return Err(KeyError::TpmKeyUnusable {
+                return Err(KeyError::Device(DeviceError::TpmKeyUnusable {
                     key: format!("TPM persistent object {h:#010x}"),
                     problem: crate::key::Unusable::NotAttestationKey,
-                });
+                }));
             }
             Ok((object, public))
         }
-        Err(KeyError::KeyNotFound { .. }) => create_ak(ctx, h),
+        Err(KeyError::Locate(LocateError::KeyNotFound { .. })) => create_ak(ctx, h),
         Err(e) => Err(e),
     }
 }

@@ -32,6 +32,7 @@ use zeroize::Zeroizing;
 
 use super::rc;
 use crate::backoff::Backoff;
+use crate::key::DeviceError;
 use crate::key::KeyError;
 
 /// Open TPMs by canonical TCTI string.
@@ -116,10 +117,12 @@ impl Conn {
         let Some(password) = &self.owner_auth else {
             return Ok(());
         };
-        let auth = Auth::try_from(password.to_vec()).map_err(|e| KeyError::Tpm {
-            operation: "setting the owner-hierarchy password",
-            reason: format!("it is too long for this TPM's name algorithm: {e}"),
-            source: Some(Box::new(e)),
+        let auth = Auth::try_from(password.to_vec()).map_err(|e| {
+            KeyError::Device(DeviceError::Tpm {
+                operation: "setting the owner-hierarchy password",
+                reason: format!("it is too long for this TPM's name algorithm: {e}"),
+                source: Some(Box::new(e)),
+            })
         })?;
         self.ctx
             .tr_set_auth(ObjectHandle::Owner, auth)
@@ -134,24 +137,26 @@ impl Conn {
         };
         let since = b.at.elapsed();
         if since < b.wait {
-            return Err(KeyError::TpmConnect {
+            return Err(KeyError::Device(DeviceError::TpmConnect {
                 source: None,
                 tcti: self.tcti.clone(),
                 reason: format!(
                     "the connection to the TPM was lost and reconnecting failed; the next attempt is in {} ms",
                     (b.wait - since).as_millis()
                 ),
-            });
+            }));
         }
         self.reconnect()
     }
 }
 
 fn open_context(tcti: &str, conf: TctiNameConf) -> Result<Context, KeyError> {
-    Context::new(conf).map_err(|e| KeyError::TpmConnect {
-        tcti: tcti.to_string(),
-        reason: rc::connect_reason(tcti, &e),
-        source: Some(Box::new(e)),
+    Context::new(conf).map_err(|e| {
+        KeyError::Device(DeviceError::TpmConnect {
+            tcti: tcti.to_string(),
+            reason: rc::connect_reason(tcti, &e),
+            source: Some(Box::new(e)),
+        })
     })
 }
 
@@ -171,12 +176,14 @@ impl Tpm {
     /// the same TPM (which would deadlock on swtpm); connecting is quick or fails quickly except
     /// on an unresponsive network host.
     pub(crate) fn connect(tcti: &str) -> Result<Arc<Tpm>, KeyError> {
-        let conf = TctiNameConf::from_str(tcti).map_err(|_| KeyError::TpmConnect {
-            source: None,
-            tcti: tcti.to_string(),
-            reason: format!(
-                "this is not a TCTI configuration hwkey understands (use {KNOWN_TCTIS})"
-            ),
+        let conf = TctiNameConf::from_str(tcti).map_err(|_| {
+            KeyError::Device(DeviceError::TpmConnect {
+                source: None,
+                tcti: tcti.to_string(),
+                reason: format!(
+                    "this is not a TCTI configuration hwkey understands (use {KNOWN_TCTIS})"
+                ),
+            })
         })?;
         let canonical = CString::try_from(conf.clone())
             .ok()

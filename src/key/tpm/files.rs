@@ -11,6 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::tss2_pem::{self, Tss2Key};
+use crate::key::{DeviceError, LocateError};
 use crate::key::{KeyError, Malformation};
 
 /// Where the certificate chain of the key file `key` is kept: `<key without .pem>.crt.pem`.
@@ -66,9 +67,11 @@ pub(crate) fn read_chain(path: &Path) -> Result<Option<Vec<Vec<u8>>>, KeyError> 
 /// Reads and parses a key file; a missing file is `KeyNotFound` listing its neighbours.
 pub(crate) fn read_key_file(path: &Path) -> Result<Tss2Key, KeyError> {
     let data = fs::read(path).map_err(|e| missing_or_io(path, e))?;
-    Tss2Key::from_file_bytes(&data).map_err(|problem| KeyError::Tss2Pem {
-        path: path.to_path_buf(),
-        problem,
+    Tss2Key::from_file_bytes(&data).map_err(|problem| {
+        KeyError::Device(DeviceError::Tss2Pem {
+            path: path.to_path_buf(),
+            problem,
+        })
     })
 }
 
@@ -90,11 +93,11 @@ pub(crate) fn missing_or_io(path: &Path, e: io::Error) -> KeyError {
         })
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .collect();
-    KeyError::KeyNotFound {
+    KeyError::Locate(LocateError::KeyNotFound {
         what: format!("TPM key file {}", path.display()),
         place: format!("this machine (directory {})", dir.display()),
         present,
-    }
+    })
 }
 
 /// Candidate key files in a directory, sorted.

@@ -28,19 +28,22 @@ use tss_esapi::structures::{
 use tss_esapi::Context;
 
 use super::{primary, rc};
+use crate::key::CapabilityError;
 use crate::key::{KeyAlgorithm, KeyError};
 
 /// Refuses, before any TPM command, the algorithms hwkey never creates in a TPM.
 pub(crate) fn check_creatable(alg: KeyAlgorithm) -> Result<(), KeyError> {
     match alg {
         KeyAlgorithm::EcP256 | KeyAlgorithm::EcP384 | KeyAlgorithm::Rsa { bits: 2048 } => Ok(()),
-        KeyAlgorithm::Rsa { .. } => Err(KeyError::UnsupportedAlgorithm {
-            backend: "TPM",
-            algorithm: alg.to_string(),
-            hint: "TPM 2.0 chips are only required to implement RSA-2048 (and RSA is slow \
+        KeyAlgorithm::Rsa { .. } => Err(KeyError::Capability(
+            CapabilityError::UnsupportedAlgorithm {
+                backend: "TPM",
+                algorithm: alg.to_string(),
+                hint: "TPM 2.0 chips are only required to implement RSA-2048 (and RSA is slow \
                    inside a TPM): use ec-p256 (recommended) or rsa-2048"
-                .into(),
-        }),
+                    .into(),
+            },
+        )),
     }
 }
 
@@ -55,22 +58,24 @@ pub(crate) fn check_supported(ctx: &mut Context, alg: KeyAlgorithm) -> Result<()
     if curves.contains(&wanted) {
         return Ok(());
     }
-    Err(KeyError::UnsupportedAlgorithm {
-        backend: "TPM",
-        algorithm: alg.to_string(),
-        hint: format!(
-            "this TPM does not implement that curve (it has: {}); use ec-p256 or rsa-2048",
-            if curves.is_empty() {
-                "no ECC curves".to_string()
-            } else {
-                curves
-                    .iter()
-                    .map(|c| format!("{c:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            }
-        ),
-    })
+    Err(KeyError::Capability(
+        CapabilityError::UnsupportedAlgorithm {
+            backend: "TPM",
+            algorithm: alg.to_string(),
+            hint: format!(
+                "this TPM does not implement that curve (it has: {}); use ec-p256 or rsa-2048",
+                if curves.is_empty() {
+                    "no ECC curves".to_string()
+                } else {
+                    curves
+                        .iter()
+                        .map(|c| format!("{c:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+        },
+    ))
 }
 
 /// The public template of a new signing key; a key with a password is dictionary-attack

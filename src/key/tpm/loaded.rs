@@ -24,6 +24,7 @@ use tss_esapi::Context;
 use super::context::{Conn, Tpm};
 use super::tss2_pem::Tss2Key;
 use super::{rc, KeyError};
+use crate::key::{DeviceError, PinError};
 
 /// Where a key comes from, kept to load it again.
 pub(crate) enum Source {
@@ -110,30 +111,35 @@ impl LoadedKey {
             return Ok(None);
         };
         if a.refused.load(Ordering::SeqCst) {
-            return Err(KeyError::TpmAuthRejected { key: a.key.clone() });
+            return Err(KeyError::Pin(PinError::TpmAuthRejected {
+                key: a.key.clone(),
+            }));
         }
         if a.accepted.load(Ordering::SeqCst) {
             return Ok(None);
         }
-        let lock =
-            crate::key::pin_memory::lock_token(&a.identity).map_err(|e| KeyError::PinMemory {
+        let lock = crate::key::pin_memory::lock_token(&a.identity).map_err(|e| {
+            KeyError::Pin(PinError::Memory {
                 dir: crate::key::pin_memory::memory_dir(),
                 reason: e.to_string(),
-            })?;
+            })
+        })?;
         if let Some(r) = a.record.as_ref().filter(|r| r.exists()) {
             a.refused.store(true, Ordering::SeqCst);
-            return Err(KeyError::TpmAuthRemembered {
+            return Err(KeyError::Pin(PinError::TpmAuthRemembered {
                 key: a.key.clone(),
                 source_desc: crate::key::pin_memory::describe_source(&a.source),
                 record: r.path().to_path_buf(),
-            });
+            }));
         }
         // Fail closed: a refusal that could not be written down would be tried again by the
         // next process, and the TPM counts every wrong password towards its lockout.
         if let Some(r) = &a.record {
-            r.check_writable().map_err(|e| KeyError::PinMemory {
-                dir: crate::key::pin_memory::memory_dir(),
-                reason: e.to_string(),
+            r.check_writable().map_err(|e| {
+                KeyError::Pin(PinError::Memory {
+                    dir: crate::key::pin_memory::memory_dir(),
+                    reason: e.to_string(),
+                })
             })?;
         }
         Ok(Some(lock))
@@ -149,15 +155,15 @@ impl LoadedKey {
     /// After a refusal: remember it (here and on disk) and say so.
     fn auth_refused(&self) -> KeyError {
         let Some(a) = &self.auth else {
-            return KeyError::TpmAuthRejected {
+            return KeyError::Pin(PinError::TpmAuthRejected {
                 key: "the TPM key".into(),
-            };
+            });
         };
         a.refused.store(true, Ordering::SeqCst);
         if let Some(r) = &a.record {
             r.remember(&a.key, &a.source);
         }
-        KeyError::TpmAuthRejected { key: a.key.clone() }
+        KeyError::Pin(PinError::TpmAuthRejected { key: a.key.clone() })
     }
 
     /// The TCTI of the TPM holding the key.
@@ -256,10 +262,10 @@ impl LoadedKey {
                     super::persistent::open_persistent(&mut conn.ctx, *handle, self.tpm.tcti())?;
                 if &now != public {
                     let _ = conn.ctx.tr_close(&mut object);
-                    return Err(KeyError::TpmKeyUnusable {
+                    return Err(KeyError::Device(DeviceError::TpmKeyUnusable {
                         key: format!("TPM persistent key {handle:#010x}"),
                         problem: crate::key::Unusable::ReplacedAtHandle,
-                    });
+                    }));
                 }
                 KeyHandle::from(object)
             }

@@ -48,6 +48,7 @@ use super::{
 use crate::atomic_file;
 use crate::key::pin_memory::Record;
 use crate::key::uri::TpmKeyLocation;
+use crate::key::{CapabilityError, DeviceError, LocateError, PinError};
 use context::Tpm;
 use loaded::{KeyAuth, LoadedKey, Source};
 use names::location_desc;
@@ -64,14 +65,16 @@ pub struct TpmKey {
 
 /// Opens the key a URI names and loads it into the TPM.
 pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
-    let location = uri.key.clone().ok_or(KeyError::NoKeySelected)?;
+    let location = uri.key.clone().ok_or(LocateError::NoKeySelected)?;
     let tcti = uri.tcti();
     match &location {
         TpmKeyLocation::Path(path) => {
             let file = files::read_key_file(path)?;
-            let info = KeyInfo::from_public(&file.public).map_err(|e| KeyError::Tss2Pem {
-                path: path.clone(),
-                problem: Tss2Problem::Unusable(e),
+            let info = KeyInfo::from_public(&file.public).map_err(|e| {
+                KeyError::Device(DeviceError::Tss2Pem {
+                    path: path.clone(),
+                    problem: Tss2Problem::Unusable(e),
+                })
             })?;
             let auth = if file.empty_auth {
                 None
@@ -95,9 +98,11 @@ pub fn open(uri: &TpmUri) -> Result<TpmKey, KeyError> {
                 let (object, public) = persistent::open_persistent(&mut conn.ctx, *h, &tcti)?;
                 Ok::<_, KeyError>((object, public, conn.generation()))
             })?;
-            let info = KeyInfo::from_public(&public).map_err(|problem| KeyError::TpmKeyUnusable {
-                key: location_desc(&location),
-                problem,
+            let info = KeyInfo::from_public(&public).map_err(|problem| {
+                KeyError::Device(DeviceError::TpmKeyUnusable {
+                    key: location_desc(&location),
+                    problem,
+                })
             });
             // Closes the ESYS handle on drop, also if the key is unusable.
             let source = Source::Persistent { handle: *h, public };
@@ -133,24 +138,25 @@ fn connect(uri: &TpmUri) -> Result<std::sync::Arc<Tpm>, KeyError> {
 fn key_auth(uri: &TpmUri, location: &TpmKeyLocation) -> Result<KeyAuth, KeyError> {
     let key = location_desc(location);
     let Some(source) = &uri.pin else {
-        return Err(KeyError::TpmAuthRequired { key });
+        return Err(KeyError::Pin(PinError::TpmAuthRequired { key }));
     };
     let password = source.read()?;
     let identity = format!("tpm\n{}\n{key}", uri.tcti());
     // Fail closed, as for a PKCS#11 PIN: a TPM counts every wrong password towards its
     // dictionary-attack lockout.
-    let record =
-        Record::for_source(&identity, source, &password).map_err(|e| KeyError::PinMemory {
+    let record = Record::for_source(&identity, source, &password).map_err(|e| {
+        KeyError::Pin(PinError::Memory {
             dir: crate::key::pin_memory::memory_dir(),
             reason: e.to_string(),
-        })?;
+        })
+    })?;
     let record = Some(record);
     if let Some(r) = record.as_ref().filter(|r| r.exists()) {
-        return Err(KeyError::TpmAuthRemembered {
+        return Err(KeyError::Pin(PinError::TpmAuthRemembered {
             key,
             source_desc: crate::key::pin_memory::describe_source(source),
             record: r.path().to_path_buf(),
-        });
+        }));
     }
     Ok(KeyAuth {
         value: zeroize::Zeroizing::new(password.as_bytes().to_vec()),
@@ -203,14 +209,13 @@ pub fn activate(
 /// if that file or persistent handle is taken.
 pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
     keygen::check_creatable(alg)?;
-    let location = uri.key.clone().ok_or(KeyError::NoKeySelected)?;
+    let location = uri.key.clone().ok_or(LocateError::NoKeySelected)?;
     let tcti = uri.tcti();
     match &location {
         TpmKeyLocation::Path(path) => {
-            let exists = || KeyError::KeyExists {
-                what: location_desc(&location),
-                place: "this machine".into(),
-            };
+            let place = "this machine".to_string();
+            let what = location_desc(&location);
+            let exists = || KeyError::from(LocateError::KeyExists { what, place });
             if fs::symlink_metadata(path).is_ok() {
                 return Err(exists());
             }
@@ -234,7 +239,7 @@ pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
                 empty_auth: auth.is_none(),
             };
             let info = created_info(&file.public);
-            let pem = file.to_pem().map_err(|e| KeyError::Tpm {
+            let pem = file.to_pem().map_err(|e| DeviceError::Tpm {
                 operation: "encoding the TSS2 key file",
                 reason: e.to_string(),
                 source: Some(Box::new(e)),
@@ -283,10 +288,12 @@ pub fn create(uri: &TpmUri, alg: KeyAlgorithm) -> Result<TpmKey, KeyError> {
 }
 
 fn created_info(public: &Public) -> Result<KeyInfo, KeyError> {
-    KeyInfo::from_public(public).map_err(|e| KeyError::Tpm {
-        operation: "Create (signing key)",
-        reason: format!("the TPM made a key hwkey cannot use: {e}"),
-        source: Some(Box::new(e)),
+    KeyInfo::from_public(public).map_err(|e| {
+        KeyError::Device(DeviceError::Tpm {
+            operation: "Create (signing key)",
+            reason: format!("the TPM made a key hwkey cannot use: {e}"),
+            source: Some(Box::new(e)),
+        })
     })
 }
 
@@ -330,9 +337,11 @@ pub fn list(uri: &TpmUri) -> Result<Vec<KeyListing>, KeyError> {
         }
         Some(TpmKeyLocation::Path(path)) => {
             let file = files::read_key_file(path)?;
-            let info = KeyInfo::from_public(&file.public).map_err(|e| KeyError::Tss2Pem {
-                path: path.clone(),
-                problem: Tss2Problem::Unusable(e),
+            let info = KeyInfo::from_public(&file.public).map_err(|e| {
+                KeyError::Device(DeviceError::Tss2Pem {
+                    path: path.clone(),
+                    problem: Tss2Problem::Unusable(e),
+                })
             })?;
             let has_cert = files::chain_path(path).exists();
             Ok(vec![listing(
@@ -355,16 +364,16 @@ pub fn list(uri: &TpmUri) -> Result<Vec<KeyListing>, KeyError> {
 /// Deletes a key: removes the key file and the chain beside it, or evicts the persistent key.
 /// Returns what it removed.
 pub fn delete(uri: &TpmUri) -> Result<Vec<String>, KeyError> {
-    let location = uri.key.clone().ok_or(KeyError::NoKeySelected)?;
+    let location = uri.key.clone().ok_or(LocateError::NoKeySelected)?;
     match &location {
         TpmKeyLocation::Path(path) => {
             // Never remove a file that is not a TSS2 key, whatever the URI says.
             let data = fs::read(path).map_err(|e| files::missing_or_io(path, e))?;
             if !tss2_pem::is_tss2_file(&data) {
-                return Err(KeyError::Tss2Pem {
+                return Err(KeyError::Device(DeviceError::Tss2Pem {
                     path: path.clone(),
                     problem: Tss2Problem::NotTss2File,
-                });
+                }));
             }
             fs::remove_file(path).map_err(|e| KeyError::io("remove the TPM key file", path, e))?;
             let mut removed = vec![location_desc(&location)];
@@ -387,7 +396,7 @@ pub fn delete(uri: &TpmUri) -> Result<Vec<String>, KeyError> {
 
 /// Stores a certificate chain (DER, leaf first) beside a key file as `<key>.crt.pem`.
 pub fn store_chain(uri: &TpmUri, chain: &[Vec<u8>]) -> Result<String, KeyError> {
-    let location = uri.key.clone().ok_or(KeyError::NoKeySelected)?;
+    let location = uri.key.clone().ok_or(LocateError::NoKeySelected)?;
     match &location {
         TpmKeyLocation::Path(path) => {
             if chain.is_empty() {
@@ -402,9 +411,9 @@ pub fn store_chain(uri: &TpmUri, chain: &[Vec<u8>]) -> Result<String, KeyError> 
                 .map_err(|e| KeyError::io("write the certificate chain", &chain_path, e))?;
             Ok(chain_path.display().to_string())
         }
-        TpmKeyLocation::Handle(_) => Err(KeyError::TpmNoChainStore {
+        TpmKeyLocation::Handle(_) => Err(KeyError::Capability(CapabilityError::TpmNoChainStore {
             key: location_desc(&location),
-        }),
+        })),
     }
 }
 

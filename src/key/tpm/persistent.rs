@@ -18,6 +18,7 @@ use super::names::{location_desc, tpm_place};
 use super::public::KeyInfo;
 use super::{keygen, rc};
 use crate::key::uri::TpmKeyLocation;
+use crate::key::{DeviceError, LocateError};
 use crate::key::{KeyAlgorithm, KeyError};
 
 fn persistent_handle(h: u32) -> Result<PersistentTpmHandle, KeyError> {
@@ -37,10 +38,12 @@ pub(crate) fn open_persistent(
     let handle = persistent_handle(h)?;
     // Asking the handle list first keeps libtss2 from printing errors for a missing handle.
     let present = persistent_handles(ctx)?;
-    let not_found = |present: &[u32]| KeyError::KeyNotFound {
-        what: location_desc(&TpmKeyLocation::Handle(h)),
-        place: tpm_place(tcti),
-        present: handle_list(present),
+    let not_found = |present: &[u32]| {
+        KeyError::Locate(LocateError::KeyNotFound {
+            what: location_desc(&TpmKeyLocation::Handle(h)),
+            place: tpm_place(tcti),
+            present: handle_list(present),
+        })
     };
     if !present.contains(&h) {
         return Err(not_found(&present));
@@ -75,9 +78,11 @@ pub(crate) fn create_persistent(
     h: u32,
     tcti: &str,
 ) -> Result<(ObjectHandle, Public), KeyError> {
-    let exists = || KeyError::KeyExists {
-        what: format!("persistent handle {h:#010x}"),
-        place: tpm_place(tcti),
+    let exists = || {
+        KeyError::Locate(LocateError::KeyExists {
+            what: format!("persistent handle {h:#010x}"),
+            place: tpm_place(tcti),
+        })
     };
     let persistent = persistent_handle(h)?;
     if persistent_exists(ctx, h)? {
@@ -110,10 +115,10 @@ pub(crate) fn evict_persistent(ctx: &mut Context, h: u32, tcti: &str) -> Result<
     let (mut object, public) = open_persistent(ctx, h, tcti)?;
     if let Err(problem) = KeyInfo::from_public(&public) {
         let _ = ctx.tr_close(&mut object);
-        return Err(KeyError::TpmKeyUnusable {
+        return Err(KeyError::Device(DeviceError::TpmKeyUnusable {
             key: location_desc(&TpmKeyLocation::Handle(h)),
             problem: crate::key::Unusable::NotDeletable(Box::new(problem)),
-        });
+        }));
     }
     let persistent = persistent_handle(h)?;
     let result = ctx.execute_with_session(Some(AuthSession::Password), |ctx| {

@@ -41,6 +41,7 @@ use tss_esapi::structures::{
 use tss_esapi::Context;
 
 use super::rc;
+use crate::key::{DeviceError, LocateError};
 use crate::key::{KeyError, ParentProblem};
 
 /// The owner hierarchy handle, as TSS2 key files write it for "the standard primary".
@@ -139,14 +140,14 @@ fn load_parent(ctx: &mut Context, parent: u32) -> Result<Parent, KeyError> {
     if parent >> 24 == 0x81 {
         return open_persistent_parent(ctx, parent).map(Parent::Persistent);
     }
-    Err(KeyError::Tpm {
+    Err(KeyError::Device(DeviceError::Tpm {
         source: None,
         operation: "loading the parent key",
         reason: format!(
             "parent {parent:#010x} is neither the owner hierarchy (0x40000001) nor a persistent \
              key (0x81xxxxxx)"
         ),
-    })
+    }))
 }
 
 /// A persistent storage key named as a parent, made by another tool (an SRK at 0x81000001 is
@@ -158,7 +159,7 @@ fn open_persistent_parent(ctx: &mut Context, parent: u32) -> Result<ObjectHandle
             .iter()
             .map(|h| format!("{h:#010x}"))
             .collect::<Vec<_>>();
-        return Err(KeyError::TpmParent {
+        return Err(KeyError::Locate(LocateError::TpmParent {
             parent,
             problem: ParentProblem::Missing {
                 present: if present.is_empty() {
@@ -167,7 +168,7 @@ fn open_persistent_parent(ctx: &mut Context, parent: u32) -> Result<ObjectHandle
                     present.join(", ")
                 },
             },
-        });
+        }));
     }
     let handle =
         PersistentTpmHandle::new(parent).map_err(rc::tpm_error("naming the persistent parent"))?;
@@ -187,10 +188,10 @@ fn open_persistent_parent(ctx: &mut Context, parent: u32) -> Result<ObjectHandle
     if !storage {
         let _ = ctx.tr_close(&mut object);
         public.map_err(rc::tpm_error("ReadPublic (persistent parent)"))?;
-        return Err(KeyError::TpmParent {
+        return Err(KeyError::Locate(LocateError::TpmParent {
             parent,
             problem: ParentProblem::NotAStorageKey,
-        });
+        }));
     }
     Ok(object)
 }
@@ -204,10 +205,10 @@ pub(crate) fn load_error(parent: u32) -> impl Fn(tss_esapi::Error) -> KeyError {
             Some(Tss2ResponseCodeKind::Integrity | Tss2ResponseCodeKind::Binding)
         );
         if foreign && parent >> 24 == 0x81 {
-            KeyError::TpmParent {
+            KeyError::Locate(LocateError::TpmParent {
                 parent,
                 problem: ParentProblem::NotTheParent,
-            }
+            })
         } else {
             rc::tpm_error("Load (key file)")(e)
         }

@@ -10,6 +10,7 @@ use tss_esapi::constants::response_code::{Tss2ResponseCode, Tss2ResponseCodeKind
 use tss_esapi::Error;
 
 use crate::key::KeyError;
+use crate::key::{DeviceError, PinError};
 
 /// TSS2 layer numbers (bits 16..24 of a `TSS2_RC`, tss2_common.h).
 const LAYER_TPM: u32 = 0;
@@ -200,10 +201,12 @@ pub(crate) fn connect_reason(tcti: &str, err: &Error) -> String {
 
 /// The generic mapping: a TPM operation failed.
 pub(crate) fn tpm_error(operation: &'static str) -> impl Fn(Error) -> KeyError {
-    move |err| KeyError::Tpm {
-        operation,
-        reason: describe_error(&err),
-        source: Some(Box::new(err)),
+    move |err| {
+        KeyError::Device(DeviceError::Tpm {
+            operation,
+            reason: describe_error(&err),
+            source: Some(Box::new(err)),
+        })
     }
 }
 
@@ -212,7 +215,7 @@ pub(crate) fn tpm_error(operation: &'static str) -> impl Fn(Error) -> KeyError {
 pub(crate) fn owner_error(operation: &'static str) -> impl Fn(Error) -> KeyError {
     move |err| {
         if is_auth_fail(&err) {
-            KeyError::TpmOwnerAuthRefused { operation }
+            KeyError::Pin(PinError::TpmOwnerAuthRefused { operation })
         } else {
             tpm_error(operation)(err)
         }

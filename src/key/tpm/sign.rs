@@ -31,6 +31,7 @@ use tss_esapi::Context;
 
 use super::loaded::LoadedKey;
 use super::public::{left_pad, KeyInfo, PssMethod};
+use crate::key::DeviceError;
 use crate::key::{der, HashAlg, KeyError, SignScheme};
 
 /// Signs `message` with the key.
@@ -82,10 +83,12 @@ pub(crate) fn sign(
             other => return Err(unexpected(&other)),
         }
     };
-    let signature = left_pad(&raw, info.modulus_len).map_err(|e| KeyError::Tpm {
-        operation: "Sign",
-        reason: format!("the TPM returned an RSA result of the wrong size: {e}"),
-        source: Some(Box::new(e)),
+    let signature = left_pad(&raw, info.modulus_len).map_err(|e| {
+        KeyError::Device(DeviceError::Tpm {
+            operation: "Sign",
+            reason: format!("the TPM returned an RSA result of the wrong size: {e}"),
+            source: Some(Box::new(e)),
+        })
     })?;
     check_rsa(info, describe, scheme, message, &signature)?;
     Ok(signature)
@@ -117,14 +120,14 @@ fn tpm_sign(
 }
 
 fn unexpected(signature: &Signature) -> KeyError {
-    KeyError::Tpm {
+    KeyError::Device(DeviceError::Tpm {
         source: None,
         operation: "Sign",
         reason: format!(
             "the TPM answered with a {:?} signature",
             signature.algorithm()
         ),
-    }
+    })
 }
 
 /// Verifies an RSA signature against the key's own public key (see the module comment).
@@ -150,9 +153,9 @@ fn check_rsa(
         "the TPM computed a wrong signature; the signature was discarded (check the TPM's \
          health with `tpm2_selftest --fulltest`)"
     };
-    Err(KeyError::TpmBadSignature {
+    Err(KeyError::Device(DeviceError::TpmBadSignature {
         key: describe(),
         scheme: scheme.to_string(),
         hint: hint.into(),
-    })
+    }))
 }

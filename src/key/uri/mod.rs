@@ -13,6 +13,7 @@
 
 mod pkcs11;
 mod query;
+mod series;
 mod tpm;
 
 use std::fmt;
@@ -219,6 +220,56 @@ impl clap::builder::TypedValueParser for KeyUriParser {
             clap::Error::raw(ErrorKind::ValueValidation, format!("invalid {flag}: {e}\n"))
                 .with_cmd(cmd)
         })
+    }
+}
+
+/// Rotation series (`--rotate-key`), dispatched to each backend's URI: which key comes next,
+/// which keys belong to a series, and which spellings name one key.
+impl KeyUri {
+    /// The next key of the series after this one, stamped `stamp` (unix seconds).
+    pub fn next_in_series(&self, stamp: u64) -> Result<KeyUri, KeyError> {
+        match self {
+            KeyUri::Pkcs11(u) => u.next_in_series(stamp).map(KeyUri::Pkcs11),
+            KeyUri::Tpm(u) => u.next_in_series(stamp).map(KeyUri::Tpm),
+        }
+    }
+
+    /// Whether this key belongs to `configured`'s series (the configured key included).
+    pub fn in_series_of(&self, configured: &KeyUri) -> bool {
+        match (configured, self) {
+            (KeyUri::Pkcs11(c), KeyUri::Pkcs11(k)) => k.in_series_of(c),
+            (KeyUri::Tpm(c), KeyUri::Tpm(k)) => k.in_series_of(c),
+            _ => false,
+        }
+    }
+
+    /// Whether this and `other` name the same key, whatever their spelling.
+    pub fn same_key_as(&self, other: &KeyUri) -> bool {
+        if self.without_pin().to_string() == other.without_pin().to_string() {
+            return true;
+        }
+        match (self, other) {
+            (KeyUri::Tpm(a), KeyUri::Tpm(b)) => a.same_key_as(b),
+            _ => false,
+        }
+    }
+
+    /// The key this URI names, with everything but which key taken from `configured` (a
+    /// URI of another backend: `configured` itself).
+    pub fn key_of(self, configured: &KeyUri) -> KeyUri {
+        match (self, configured) {
+            (KeyUri::Pkcs11(u), KeyUri::Pkcs11(c)) => KeyUri::Pkcs11(u.key_of(c)),
+            (KeyUri::Tpm(u), KeyUri::Tpm(c)) => KeyUri::Tpm(u.key_of(c)),
+            (_, configured) => configured.clone(),
+        }
+    }
+
+    /// As a rotation pointer records it: which key, without any password source.
+    pub fn for_pointer(&self) -> KeyUri {
+        match self.without_pin() {
+            KeyUri::Tpm(u) => KeyUri::Tpm(u.for_pointer()),
+            other => other,
+        }
     }
 }
 

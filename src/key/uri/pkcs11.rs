@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use percent_encoding::{percent_decode_str, utf8_percent_encode};
 
 use super::query::{decode, invalid, pairs, parse_pin_source, pin_query, PinSource, ESCAPE};
+use crate::key::{CapabilityError, LocateError};
 use zeroize::Zeroizing;
 
 use crate::key::KeyError;
@@ -126,7 +127,7 @@ impl Pkcs11Uri {
         }
         match std::env::var_os("HWKEY_PKCS11_MODULE") {
             Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
-            _ => crate::key::p11kit::proxy_module().ok_or(KeyError::NoModule),
+            _ => crate::key::p11kit::proxy_module().ok_or(KeyError::Locate(LocateError::NoModule)),
         }
     }
 
@@ -204,5 +205,49 @@ impl fmt::Display for Pkcs11Uri {
             write!(f, "?{}", query.join("&"))?;
         }
         Ok(())
+    }
+}
+
+/// Its place in a rotation series (`--rotate-key`): the key named by its label (`object=`),
+/// on the same token of the same module.
+impl Pkcs11Uri {
+    /// The next key of the series after this one.
+    pub(crate) fn next_in_series(&self, stamp: u64) -> Result<Pkcs11Uri, KeyError> {
+        let label = self.object.as_deref().ok_or_else(|| {
+            CapabilityError::Unsupported(
+                "--rotate-key needs a key named by object= (its label)".into(),
+            )
+        })?;
+        Ok(self.with_key(Some(super::series::next_name(label, stamp)), None))
+    }
+
+    /// Whether this key belongs to `configured`'s series: the same token and module, and the
+    /// configured label with or without a `-r<digits>` suffix.
+    pub(crate) fn in_series_of(&self, configured: &Pkcs11Uri) -> bool {
+        let device = |u: &Pkcs11Uri| {
+            let device_only = Pkcs11Uri {
+                pin: None,
+                ..u.with_key(None, None)
+            };
+            device_only.to_string()
+        };
+        match (configured.object.as_deref(), self.object.as_deref()) {
+            (Some(c), Some(k)) => {
+                device(configured) == device(self)
+                    && self.id.is_none()
+                    && super::series::named_in(c, k)
+            }
+            _ => false,
+        }
+    }
+
+    /// The key this URI names, with everything but which key (the module, the token, the PIN
+    /// source) taken from `configured`.
+    pub(crate) fn key_of(self, configured: &Pkcs11Uri) -> Pkcs11Uri {
+        Pkcs11Uri {
+            object: self.object,
+            id: self.id,
+            ..configured.clone()
+        }
     }
 }

@@ -8,7 +8,7 @@ use percent_encoding::utf8_percent_encode;
 use super::query::{
     decode, invalid, pairs, parse_pin_source, pin_query, source_query, PinSource, ESCAPE,
 };
-use crate::key::KeyError;
+use crate::key::{CapabilityError, KeyError};
 
 /// Where a TPM key lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,5 +152,80 @@ impl fmt::Display for TpmUri {
             write!(f, "?{}", query.join("&"))?;
         }
         Ok(())
+    }
+}
+
+/// Its place in a rotation series (`--rotate-key`): key files in one directory, of one TPM.
+impl TpmUri {
+    /// The next key of the series after this one: its file name with a fresh suffix.
+    pub(crate) fn next_in_series(&self, stamp: u64) -> Result<TpmUri, KeyError> {
+        match &self.key {
+            Some(TpmKeyLocation::Path(p)) => {
+                let name = super::series::next_name(super::series::stem(p), stamp);
+                let mut next = self.clone();
+                next.key = Some(TpmKeyLocation::Path(
+                    p.with_file_name(format!("{name}.tpm.pem")),
+                ));
+                Ok(next)
+            }
+            _ => Err(CapabilityError::Unsupported(
+                "--rotate-key needs a TPM key file (tpm:path=…), not a persistent handle".into(),
+            )
+            .into()),
+        }
+    }
+
+    /// Whether this key belongs to `configured`'s series: the same TPM and directory, and the
+    /// configured file or its name with a `-r<digits>` suffix.
+    pub(crate) fn in_series_of(&self, configured: &TpmUri) -> bool {
+        match (&configured.key, &self.key) {
+            (Some(TpmKeyLocation::Path(cp)), Some(TpmKeyLocation::Path(kp))) => {
+                configured.tcti == self.tcti
+                    && cp.parent() == kp.parent()
+                    && (kp == cp
+                        || super::series::named_in(
+                            super::series::stem(cp),
+                            super::series::stem(kp),
+                        ))
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether this and `other` name one key whatever their spelling: key files that are one
+    /// file (the same path, or the same file once links are followed), or one persistent handle
+    /// of one TPM.
+    pub(crate) fn same_key_as(&self, other: &TpmUri) -> bool {
+        match (&self.key, &other.key) {
+            (Some(TpmKeyLocation::Path(ap)), Some(TpmKeyLocation::Path(bp))) => {
+                ap == bp
+                    || matches!(
+                        (std::fs::canonicalize(ap), std::fs::canonicalize(bp)),
+                        (Ok(x), Ok(y)) if x == y
+                    )
+            }
+            (Some(TpmKeyLocation::Handle(x)), Some(TpmKeyLocation::Handle(y))) => {
+                x == y && self.tcti == other.tcti
+            }
+            _ => false,
+        }
+    }
+
+    /// The key this URI names, with everything but which key (the TPM, the parent, the
+    /// passwords) taken from `configured`.
+    pub(crate) fn key_of(self, configured: &TpmUri) -> TpmUri {
+        TpmUri {
+            key: self.key,
+            ..configured.clone()
+        }
+    }
+
+    /// As the rotation pointer records it: no password source at all.
+    pub(crate) fn for_pointer(self) -> TpmUri {
+        TpmUri {
+            pin: None,
+            owner_pin: None,
+            ..self
+        }
     }
 }

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use hwkey::key::{CapabilityError, LocateError};
 use hwkey::key::{Key, KeyAlgorithm, KeyError, KeyUri, SignScheme};
 use support::hwkey;
 #[cfg(feature = "tpm")]
@@ -114,7 +115,9 @@ fn every_scheme_of_every_algorithm_verifies(device: Device) {
             Ok(key) => key,
             // A backend that does not make this algorithm says so, naming one it makes (the
             // TPM backend makes no RSA-3072: TPMs need only implement RSA-2048).
-            Err(KeyError::UnsupportedAlgorithm { hint, .. }) if alg != KeyAlgorithm::EcP256 => {
+            Err(KeyError::Capability(CapabilityError::UnsupportedAlgorithm { hint, .. }))
+                if alg != KeyAlgorithm::EcP256 =>
+            {
                 assert!(hint.contains("ec-p256"), "no way out named: {hint}");
                 continue;
             }
@@ -138,7 +141,9 @@ fn every_scheme_of_every_algorithm_verifies(device: Device) {
         };
         assert!(matches!(
             key.sign(foreign, b"x"),
-            Err(KeyError::UnsupportedScheme { .. })
+            Err(KeyError::Capability(
+                CapabilityError::UnsupportedScheme { .. }
+            ))
         ));
         assert_eq!(key.signatures(), before);
     }
@@ -194,7 +199,7 @@ fn errors_name_the_key_and_change_nothing(device: Device) {
     // A key that is not there: KeyNotFound naming what was asked for.
     let missing = device.uri("missing");
     match Key::open(&missing) {
-        Err(KeyError::KeyNotFound { what, .. }) => {
+        Err(KeyError::Locate(LocateError::KeyNotFound { what, .. })) => {
             assert!(what.contains("missing"), "the error names the key: {what}")
         }
         Err(KeyError::Io { path, .. }) => assert!(path.ends_with("missing.pem"), "{path:?}"),
@@ -208,7 +213,9 @@ fn errors_name_the_key_and_change_nothing(device: Device) {
         .spki_der()
         .to_vec();
     match Key::create(&uri, KeyAlgorithm::EcP256) {
-        Err(KeyError::KeyExists { what, .. }) => assert!(what.contains("taken"), "{what}"),
+        Err(KeyError::Locate(LocateError::KeyExists { what, .. })) => {
+            assert!(what.contains("taken"), "{what}")
+        }
         Err(other) => panic!("expected KeyExists, got {other}"),
         Ok(_) => panic!("created a second key over the first"),
     }

@@ -14,6 +14,7 @@ use cryptoki::object::{Attribute, AttributeType, ObjectClass};
 use cryptoki::session::UserType;
 use cryptoki::types::AuthPin;
 use hwkey::key::{Key, KeyAlgorithm, KeyError, KeyUri, SignScheme};
+use hwkey::key::{LocateError, PinError};
 use support::session_limit::LimitedModule;
 use support::SoftHsm;
 
@@ -77,7 +78,7 @@ fn threads_creating_the_same_key_at_once_make_one() {
         results
             .iter()
             .filter_map(|r| r.as_ref().err())
-            .all(|e| matches!(e, KeyError::KeyExists { .. })),
+            .all(|e| matches!(e, KeyError::Locate(LocateError::KeyExists { .. }))),
         "the others were told it exists: {results:?}"
     );
     Key::open(&uri("creating", "same")).expect("one key by that name");
@@ -371,7 +372,7 @@ fn a_wrong_pin_fails_once_and_the_right_pin_still_works() {
     .expect("uri");
     std::env::set_var("HWKEY_WRONG_PIN", "000000");
     match Key::open(&wrong) {
-        Err(KeyError::PinIncorrect { token }) => assert_eq!(token, "pin"),
+        Err(KeyError::Pin(PinError::Incorrect { token })) => assert_eq!(token, "pin"),
         other => panic!("expected PinIncorrect, got {other:?}"),
     }
     let _ = hsm;
@@ -493,7 +494,7 @@ fn reinit_child() {
     let absent: KeyUri = hsm.key_uri("absent", "k").parse().expect("URI");
     assert!(matches!(
         Key::open(&absent),
-        Err(KeyError::TokenNotFound { .. })
+        Err(KeyError::Locate(LocateError::TokenNotFound { .. }))
     ));
     let after = signed.load(Ordering::SeqCst);
     while signed.load(Ordering::SeqCst) < after + 200 {

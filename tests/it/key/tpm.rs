@@ -12,6 +12,7 @@ use std::path::Path;
 use std::process::Command;
 
 use hwkey::key::{der, Key, KeyAlgorithm, KeyError, KeyUri, SignScheme};
+use hwkey::key::{CapabilityError, DeviceError, LocateError};
 use support::{require_tool, run_ok, temp_dir, Swtpm};
 
 fn file_uri(path: &Path, tpm: &Swtpm) -> KeyUri {
@@ -184,13 +185,22 @@ fn handle_keys_sign_every_scheme_and_reopen() {
     assert!(handles[0].contains("handle=0x81000101"), "{handles:?}");
     let err = hwkey::key::store_chain(&handle_uri(0x8100_0101, &tpm), &[vec![0x30, 0x00]])
         .expect_err("no chain for handles");
-    assert!(matches!(err, KeyError::TpmNoChainStore { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            KeyError::Capability(CapabilityError::TpmNoChainStore { .. })
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("--cert"), "{err}");
 
     // Creating over a taken handle changes nothing.
     let err = Key::create(&handle_uri(0x8100_0101, &tpm), KeyAlgorithm::EcP256)
         .expect_err("handle taken");
-    assert!(matches!(err, KeyError::KeyExists { .. }), "{err}");
+    assert!(
+        matches!(err, KeyError::Locate(LocateError::KeyExists { .. })),
+        "{err}"
+    );
     let again = Key::open(&handle_uri(0x8100_0101, &tpm)).expect("still there");
     assert_eq!(again.algorithm(), KeyAlgorithm::EcP256);
     drop(again);
@@ -200,7 +210,7 @@ fn handle_keys_sign_every_scheme_and_reopen() {
     assert_eq!(removed.len(), 1, "{removed:?}");
     let err = Key::open(&handle_uri(0x8100_0102, &tpm)).expect_err("evicted");
     match &err {
-        KeyError::KeyNotFound { present, .. } => {
+        KeyError::Locate(LocateError::KeyNotFound { present, .. }) => {
             assert_eq!(present, &vec!["0x81000101".to_string()], "{err}")
         }
         other => panic!("expected KeyNotFound, got {other}"),
@@ -271,9 +281,15 @@ fn swtpm_pss_signatures_verify_with_ring_and_storage_keys_are_not_deleted() {
     }
 
     let err = Key::open(&handle_uri(0x8100_0201, &tpm)).expect_err("a storage key");
-    assert!(matches!(err, KeyError::TpmKeyUnusable { .. }), "{err}");
+    assert!(
+        matches!(err, KeyError::Device(DeviceError::TpmKeyUnusable { .. })),
+        "{err}"
+    );
     let err = hwkey::key::delete(&handle_uri(0x8100_0201, &tpm)).expect_err("storage key kept");
-    assert!(matches!(err, KeyError::TpmKeyUnusable { .. }), "{err}");
+    assert!(
+        matches!(err, KeyError::Device(DeviceError::TpmKeyUnusable { .. })),
+        "{err}"
+    );
     assert!(err.to_string().contains("tpm2_evictcontrol"), "{err}");
     let listed = hwkey::key::list(&tpm_uri(&tpm)).expect("list");
     assert_eq!(
@@ -406,16 +422,22 @@ fn errors_name_the_problem_and_change_nothing() {
         .parse()
         .expect("uri");
     match Key::open(&uri).expect_err("no TPM there") {
-        KeyError::TpmConnect { tcti, .. } => assert_eq!(tcti, dead),
+        KeyError::Device(DeviceError::TpmConnect { tcti, .. }) => assert_eq!(tcti, dead),
         other => panic!("expected TpmConnect, got {other}"),
     }
     let uri: KeyUri = format!("tpm:?tcti={dead}").parse().expect("uri");
     let err = hwkey::key::list(&uri).expect_err("no TPM there");
-    assert!(matches!(err, KeyError::TpmConnect { .. }), "{err}");
+    assert!(
+        matches!(err, KeyError::Device(DeviceError::TpmConnect { .. })),
+        "{err}"
+    );
     assert!(err.to_string().contains(&dead), "{err}");
     let uri: KeyUri = "tpm:?tcti=bogus:whatever".parse().expect("uri");
     let err = hwkey::key::list(&uri).expect_err("unknown TCTI");
-    assert!(matches!(err, KeyError::TpmConnect { .. }), "{err}");
+    assert!(
+        matches!(err, KeyError::Device(DeviceError::TpmConnect { .. })),
+        "{err}"
+    );
 
     // A corrupt TSS2 file: Tss2Pem naming the path, the file untouched.
     let good = dir.path().join("good.pem");
@@ -437,7 +459,7 @@ fn errors_name_the_problem_and_change_nothing() {
         let path = dir.path().join(name);
         fs::write(&path, &contents).expect("write corrupt file");
         match Key::open(&file_uri(&path, &tpm)).expect_err("corrupt") {
-            KeyError::Tss2Pem { path: p, .. } => assert_eq!(p, path),
+            KeyError::Device(DeviceError::Tss2Pem { path: p, .. }) => assert_eq!(p, path),
             other => panic!("expected Tss2Pem for {name}, got {other}"),
         }
         assert_eq!(fs::read(&path).expect("read"), contents, "{name} unchanged");
@@ -445,19 +467,25 @@ fn errors_name_the_problem_and_change_nothing() {
     // Deleting a file that is not a TSS2 key is refused.
     let err =
         hwkey::key::delete(&file_uri(&dir.path().join("notpem.pem"), &tpm)).expect_err("not a key");
-    assert!(matches!(err, KeyError::Tss2Pem { .. }), "{err}");
+    assert!(
+        matches!(err, KeyError::Device(DeviceError::Tss2Pem { .. })),
+        "{err}"
+    );
     assert!(dir.path().join("notpem.pem").exists());
 
     // Creating over an existing file: KeyExists, the file byte-identical.
     let err =
         Key::create(&file_uri(&good, &tpm), KeyAlgorithm::Rsa { bits: 2048 }).expect_err("exists");
-    assert!(matches!(err, KeyError::KeyExists { .. }), "{err}");
+    assert!(
+        matches!(err, KeyError::Locate(LocateError::KeyExists { .. })),
+        "{err}"
+    );
     assert_eq!(fs::read(&good).expect("read"), good_bytes);
 
     // A missing file: KeyNotFound, listing the key files that are there.
     let err = Key::open(&file_uri(&dir.path().join("missing.pem"), &tpm)).expect_err("missing");
     match &err {
-        KeyError::KeyNotFound { present, .. } => {
+        KeyError::Locate(LocateError::KeyNotFound { present, .. }) => {
             assert_eq!(present, &vec!["good.pem".to_string()], "{err}")
         }
         other => panic!("expected KeyNotFound, got {other}"),
@@ -471,7 +499,10 @@ fn errors_name_the_problem_and_change_nothing() {
         )
         .expect_err("too big");
         assert!(
-            matches!(err, KeyError::UnsupportedAlgorithm { .. }),
+            matches!(
+                err,
+                KeyError::Capability(CapabilityError::UnsupportedAlgorithm { .. })
+            ),
             "{err}"
         );
         assert!(err.to_string().contains("ec-p256"), "{err}");
@@ -533,7 +564,10 @@ fn key_files_list_store_chains_and_delete() {
     assert!(!a.exists() && !crt.exists());
     assert_eq!(hwkey::key::list(&dir_uri).expect("list").len(), 1);
     let err = hwkey::key::delete(&file_uri(&a, &tpm)).expect_err("gone");
-    assert!(matches!(err, KeyError::KeyNotFound { .. }), "{err}");
+    assert!(
+        matches!(err, KeyError::Locate(LocateError::KeyNotFound { .. })),
+        "{err}"
+    );
 }
 
 /// swtpm restarts (a TPM reset: the TCP connection breaks and transient objects are gone):
