@@ -14,6 +14,8 @@ pub(crate) struct Fixture {
     /// To the proxy's loopback TLS listener with a loopback credential.
     pub(crate) loopback: Arc<ClientConfig>,
     pub(crate) loopback_h2: Arc<ClientConfig>,
+    /// The same with no session cache: a new kubectl process's full loopback handshake.
+    pub(crate) loopback_fresh: Arc<ClientConfig>,
     /// The software client certificate and key files (for kubectl's plain kubeconfig).
     pub(crate) soft_cert: PathBuf,
     pub(crate) soft_key: PathBuf,
@@ -44,6 +46,7 @@ impl Fixture {
             direct_h2: client_config(&ca, &cert, &key, &[b"h2"], true),
             loopback: client_config(&lca, &lcert, &lkey, &[b"http/1.1"], true),
             loopback_h2: client_config(&lca, &lcert, &lkey, &[b"h2"], true),
+            loopback_fresh: client_config(&lca, &lcert, &lkey, &[b"http/1.1"], false),
             id,
             upstream,
             proxy,

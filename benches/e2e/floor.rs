@@ -29,6 +29,9 @@ use super::*;
 /// The floor relay's thread; stopped on drop.
 pub(crate) struct FloorRelay {
     pub(crate) socket: PathBuf,
+    /// The loopback TCP port of the two-sided TLS floor ([`FloorRelay::start_both_tls`]); 0
+    /// for the floors on a UNIX socket.
+    pub(crate) port: u16,
     tid: Arc<AtomicI32>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -45,6 +48,9 @@ enum Mode {
     Uring,
     /// Speaks TLS to the upstream through an io_uring.
     UringTls(Arc<ClientConfig>),
+    /// Terminates TLS from loopback TCP clients with the first configuration and speaks TLS to
+    /// the upstream with the second (epoll, `read`/`write`): the loopback path's floor.
+    BothTls(Arc<rustls::ServerConfig>, Arc<ClientConfig>),
 }
 
 /// The relay's read size: the proxy's largest copy buffer and read-ahead.
@@ -87,9 +93,41 @@ impl FloorRelay {
         FloorRelay::spawn(upstream_port, Mode::Tls(config))
     }
 
+    /// The two-sided TLS floor: clients speak TLS to it on a loopback TCP port (`server`, the
+    /// proxy's loopback configuration), and it speaks TLS to the upstream (`client`); each
+    /// client's handshake is done at accept, blocking, on the relay's thread
+    /// ([`super::loopback_floor`]).
+    pub(crate) fn start_both_tls(
+        upstream_port: u16,
+        server: Arc<rustls::ServerConfig>,
+        client: Arc<ClientConfig>,
+    ) -> FloorRelay {
+        FloorRelay::spawn(upstream_port, Mode::BothTls(server, client))
+    }
+
     fn spawn(upstream_port: u16, mode: Mode) -> FloorRelay {
         let dir = temp_dir();
         let socket = dir.path().join("floor.sock");
+        if let Mode::BothTls(server, client) = mode {
+            let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("floor TCP port");
+            let port = listener.local_addr().expect("floor port").port();
+            let (tid, stop) = (
+                Arc::new(AtomicI32::new(0)),
+                Arc::new(AtomicBool::new(false)),
+            );
+            let (t, s) = (tid.clone(), stop.clone());
+            let thread = std::thread::Builder::new()
+                .name("loopback-floor".into())
+                .spawn(move || {
+                    t.store(
+                        rustix::thread::gettid().as_raw_nonzero().get(),
+                        Ordering::SeqCst,
+                    );
+                    super::loopback_floor::serve(listener, upstream_port, &server, &client, &s)
+                })
+                .expect("loopback floor thread");
+            return FloorRelay::started(socket, port, tid, stop, thread, dir);
+        }
         let listener = UnixListener::bind(&socket).expect("floor relay socket");
         let tid = Arc::new(AtomicI32::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -99,6 +137,7 @@ impl FloorRelay {
             Mode::Tls(_) => "tls-floor",
             Mode::Uring => "uring-floor",
             Mode::UringTls(_) => "uring-tls-floor",
+            Mode::BothTls(..) => unreachable!("started above"),
         };
         let thread = std::thread::Builder::new()
             .name(name.into())
@@ -114,14 +153,28 @@ impl FloorRelay {
                     Mode::UringTls(config) => {
                         super::uring_floor::serve(listener, upstream_port, Some(config), &s)
                     }
+                    Mode::BothTls(..) => unreachable!("started above"),
                 }
             })
             .expect("floor relay thread");
+        FloorRelay::started(socket, 0, tid, stop, thread, dir)
+    }
+
+    /// The relay once its thread has said which it is.
+    fn started(
+        socket: PathBuf,
+        port: u16,
+        tid: Arc<AtomicI32>,
+        stop: Arc<AtomicBool>,
+        thread: std::thread::JoinHandle<()>,
+        dir: tempfile::TempDir,
+    ) -> FloorRelay {
         while tid.load(Ordering::SeqCst) == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
         FloorRelay {
             socket,
+            port,
             tid,
             stop,
             thread: Some(thread),

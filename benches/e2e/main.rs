@@ -52,6 +52,8 @@ mod floor;
 mod floor_tls;
 mod handshakes;
 mod kubectl;
+mod loopback;
+mod loopback_floor;
 mod memory;
 mod peers;
 mod requests;
@@ -65,6 +67,7 @@ use fixture::*;
 use floor::*;
 use handshakes::*;
 use kubectl::*;
+use loopback::*;
 use memory::*;
 use peers::*;
 use requests::*;
@@ -133,6 +136,10 @@ fn main() {
     if wanted("requests") {
         step("keep-alive requests");
         rows.extend(rt.block_on(requests(&f)));
+    }
+    if wanted("loopback") {
+        step("the loopback TLS path against its floor");
+        rows.extend(rt.block_on(loopback(&f)));
     }
     if wanted("peers") {
         step("against ghostunnel");

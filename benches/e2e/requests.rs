@@ -267,8 +267,8 @@ fn thread_cpu_ns() -> u64 {
 pub(crate) struct Trial {
     pub(crate) per_second: f64,
     pub(crate) cpu_us: f64,
-    p50: f64,
-    p99: f64,
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
     /// The proxy's context switches per request (voluntary + involuntary, all its threads).
     switches: f64,
     /// System calls per request, in a counted trial ([`load_counted`]).
@@ -280,9 +280,9 @@ pub(crate) struct Trial {
 /// `futex` (one thread waking or waiting for another).
 #[derive(Default, Clone, Copy)]
 pub(crate) struct Calls {
-    all: f64,
-    waits: f64,
-    futex: f64,
+    pub(crate) all: f64,
+    pub(crate) waits: f64,
+    pub(crate) futex: f64,
 }
 
 /// The tracepoints [`SyscallCount`] reads, in [`Calls`]' order (the two waits summed).
@@ -347,7 +347,7 @@ pub(crate) async fn load(conns: &mut [Conn], total: usize, whose: &Whose) -> Tri
 
 /// [`load`] with `whose` system calls counted by perf (None without perf). Only the counts
 /// mean anything: the tracepoints slow the calls they count.
-async fn load_counted(conns: &mut [Conn], total: usize, whose: &Whose) -> Option<Calls> {
+pub(crate) async fn load_counted(conns: &mut [Conn], total: usize, whose: &Whose) -> Option<Calls> {
     let counter = SyscallCount::start(whose.perf_target()?)?;
     run_load(conns, total, whose, Some(counter)).await.calls
 }

@@ -1,0 +1,306 @@
+//! The loopback TLS path, which kubectl and kubelet take (a kubeconfig's `server:` is an
+//! `https://` URL), against its floor ([`super::loopback_floor`]: a one-thread relay that
+//! terminates the client's TLS with the proxy's own loopback configuration and originates TLS
+//! to the same upstream) and against a direct client with a software key, in the same run,
+//! alternating round by round:
+//! - keep-alive requests (`GET /version`, 8 connections): CPU per request, requests/s, and
+//!   system calls per request (counted apart);
+//! - new connections as kubectl makes them (a new process each time: a full loopback handshake,
+//!   nothing to resume, and one GET): connections/s and CPU per connection; the hardware
+//!   signatures the proxy made meanwhile (0: its upstream connections resume);
+//! - bulk (`kubectl logs`/`cp`-sized downloads on one connection): CPU per GB.
+
+use super::*;
+
+/// The proxy's loopback server configuration, rebuilt here from its loopback CA as
+/// `proxy::listener::LocalTls` builds it: the same provider, versions, client-certificate
+/// check against the loopback CA, and one TLS 1.3 ticket per handshake.
+fn loopback_server_config(f: &Fixture) -> Arc<rustls::ServerConfig> {
+    let ca = hwkey::pki::loopback_ca::LoopbackCa::load_or_create(&f.proxy.state_dir)
+        .expect("the proxy's loopback CA");
+    let provider = hwkey::pki::tls::provider_for(KeyExchange::Classical);
+    let mut roots = RootCertStore::empty();
+    roots.add(ca.cert_der().clone()).expect("loopback CA");
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .expect("client verifier");
+    let (chain, key) = ca
+        .server_cert(&[std::net::IpAddr::from([127, 0, 0, 1])])
+        .expect("loopback server certificate");
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .expect("versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .expect("server certificate");
+    config.send_tls13_tickets = 1;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+/// The three ways to the upstream measured here.
+const DIRECT: usize = 0;
+const PROXY: usize = 1;
+const FLOOR: usize = 2;
+
+pub(crate) async fn loopback(f: &Fixture) -> Vec<Row> {
+    let floor = FloorRelay::start_both_tls(
+        f.upstream.port(),
+        loopback_server_config(f),
+        f.direct.clone(),
+    );
+    let whose = [
+        Whose::Client,
+        Whose::Process(f.proxy.guard.id()),
+        Whose::Task(floor.task_dir()),
+    ];
+    let mut rows = keep_alive_rows(f, &floor, &whose).await;
+    rows.extend(new_connection_rows(f, &floor, &whose).await);
+    rows.extend(bulk_rows(f, &floor, &whose).await);
+    rows
+}
+
+/// One keep-alive connection of each way: direct, the proxy's loopback listener, the floor.
+async fn conn(f: &Fixture, floor: &FloorRelay, way: usize) -> Conn {
+    let (config, port) = match way {
+        DIRECT => (&f.direct, f.upstream.port()),
+        PROXY => (&f.loopback, f.proxy.tcp_port),
+        _ => (&f.loopback, floor.port),
+    };
+    Conn::Tls(Box::new(tls_connect(config, port).await))
+}
+
+fn field(t: &[Trial], get: fn(&Trial) -> f64) -> Vec<f64> {
+    t.iter().map(get).collect()
+}
+
+fn at_most(row: Row, target: f64) -> Row {
+    let met = row.ratio.map(|r| r.median <= target);
+    row.target(&format!("≤ {target}×"), met)
+}
+
+const FLOOR_LABEL: &str = "two-sided TLS floor relay (one thread, epoll, no runtime)";
+
+async fn keep_alive_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Vec<Row> {
+    let n = 8;
+    let total = pick(40_000, 8_000);
+    let rounds = pick(5, 2);
+    let mut conns: Vec<Vec<Conn>> = Vec::new();
+    for way in [DIRECT, PROXY, FLOOR] {
+        let mut cs = Vec::new();
+        for _ in 0..n {
+            cs.push(conn(f, floor, way).await);
+        }
+        load(&mut cs, n * 20, &Whose::Client).await; // warm
+        conns.push(cs);
+    }
+    let mut trials: Vec<Vec<Trial>> = vec![Vec::new(); 3];
+    for way in schedule(rounds, 3) {
+        trials[way].push(load(&mut conns[way], total, &whose[way]).await);
+    }
+    let mut calls: Vec<Vec<Calls>> = vec![Vec::new(); 3];
+    for k in schedule(rounds, 2) {
+        let way = [PROXY, FLOOR][k];
+        if let Some(c) = load_counted(&mut conns[way], pick(20_000, 4_000), &whose[way]).await {
+            calls[way].push(c);
+        }
+    }
+    let what = format!("HTTP/1.1 keep-alive, {n} connections, loopback TLS");
+    let (proxy, fl, direct) = (&trials[PROXY], &trials[FLOOR], &trials[DIRECT]);
+    let p50s = |t: &[Trial]| Stat::of(&field(t, |t| t.p50)).median;
+    let mut rows = vec![
+        at_most(
+            ratio_row(
+                "loopback",
+                &format!("proxy CPU per request vs the two-sided TLS floor, {what}"),
+                "µs",
+                &field(proxy, |t| t.cpu_us),
+                FLOOR_LABEL,
+                &field(fl, |t| t.cpu_us),
+            ),
+            1.2,
+        )
+        .note(format!(
+            "p50 per request: proxy {:.0} µs, floor {:.0} µs, direct {:.0} µs",
+            p50s(proxy),
+            p50s(fl),
+            p50s(direct)
+        )),
+        at_least(
+            ratio_row(
+                "loopback",
+                &format!("requests/s vs the two-sided TLS floor, {what}"),
+                "req/s",
+                &field(proxy, |t| t.per_second),
+                FLOOR_LABEL,
+                &field(fl, |t| t.per_second),
+            ),
+            0.95,
+        ),
+        ratio_row(
+            "loopback",
+            &format!("two-sided TLS floor CPU per request vs a direct client's, {what}"),
+            "µs",
+            &field(fl, |t| t.cpu_us),
+            "client CPU per request, direct TLS (software key)",
+            &field(direct, |t| t.cpu_us),
+        )
+        .note(
+            "scale: the floor opens and seals every byte twice (two TLS sessions), a client once",
+        ),
+        ratio_row(
+            "loopback",
+            &format!("requests/s, the two-sided TLS floor vs direct, {what}"),
+            "req/s",
+            &field(fl, |t| t.per_second),
+            "direct TLS (software key)",
+            &field(direct, |t| t.per_second),
+        ),
+    ];
+    if !calls[PROXY].is_empty() && !calls[FLOOR].is_empty() {
+        let all = |c: &[Calls]| c.iter().map(|c| c.all).collect::<Vec<f64>>();
+        let med = |c: &[Calls], get: fn(&Calls) -> f64| {
+            Stat::of(&c.iter().map(get).collect::<Vec<_>>()).median
+        };
+        rows.push(
+            ratio_row(
+                "loopback",
+                &format!("system calls per request vs the two-sided TLS floor, {what}"),
+                "calls",
+                &all(&calls[PROXY]),
+                FLOOR_LABEL,
+                &all(&calls[FLOOR]),
+            )
+            .note(format!(
+                "counted by `perf stat` in separate trials; per request, proxy: {:.2} waits, {:.2} futex; floor: {:.2} waits, {:.2} futex",
+                med(&calls[PROXY], |c| c.waits),
+                med(&calls[PROXY], |c| c.futex),
+                med(&calls[FLOOR], |c| c.waits),
+                med(&calls[FLOOR], |c| c.futex),
+            )),
+        );
+    }
+    rows
+}
+
+/// `count` connections one after another, each a full loopback handshake (no session to
+/// resume, as a new kubectl process has none), one GET and a close; returns connections/s
+/// and `whose` CPU µs per connection.
+async fn connections(
+    config: &Arc<ClientConfig>,
+    port: u16,
+    count: usize,
+    whose: &Whose,
+) -> (f64, f64) {
+    let mut buf = vec![0u8; 4096];
+    let before = whose.cpu_ns();
+    let start = Instant::now();
+    for _ in 0..count {
+        let mut s = tls_connect(config, port).await;
+        http1_get(&mut s, "/version", &mut buf).await;
+        let _ = s.shutdown().await;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let cpu_us = (whose.cpu_ns() - before) as f64 / 1e3 / count as f64;
+    (count as f64 / elapsed, cpu_us)
+}
+
+async fn new_connection_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Vec<Row> {
+    let count = pick(400, 100);
+    let rounds = pick(5, 2);
+    let fresh = &f.loopback_fresh;
+    let ways = [
+        (&f.direct_full, f.upstream.port()),
+        (fresh, f.proxy.tcp_port),
+        (fresh, floor.port),
+    ];
+    for (config, port) in ways {
+        connections(config, port, 20, &Whose::Client).await; // warm: sessions upstream
+    }
+    let signatures = || metric_in(&f.proxy.metrics(), "hwkey_signatures_total");
+    let signed_before = signatures();
+    let mut rate = vec![Vec::new(); 3];
+    let mut cpu = vec![Vec::new(); 3];
+    for way in schedule(rounds, 3) {
+        let (config, port) = ways[way];
+        let (r, c) = connections(config, port, count, &whose[way]).await;
+        rate[way].push(r);
+        cpu[way].push(c);
+    }
+    let signed = signatures() - signed_before;
+    let what = "new connections as kubectl makes them (full loopback handshake, one GET, close)";
+    vec![
+        at_least(
+            ratio_row(
+                "loopback",
+                &format!("connections/s vs the two-sided TLS floor, {what}"),
+                "conn/s",
+                &rate[PROXY],
+                FLOOR_LABEL,
+                &rate[FLOOR],
+            ),
+            0.9,
+        )
+        .note(format!(
+            "hardware signatures during the {} proxy connections: {signed:.0} (its upstream connections resume); the floor's upstream resumes too; direct: {:.0} conn/s, each a full handshake with a software key",
+            count * rounds,
+            Stat::of(&rate[DIRECT]).median
+        )),
+        ratio_row(
+            "loopback",
+            &format!("proxy CPU per connection vs the two-sided TLS floor, {what}"),
+            "µs",
+            &cpu[PROXY],
+            FLOOR_LABEL,
+            &cpu[FLOOR],
+        ),
+        ratio_row(
+            "loopback",
+            &format!("connections/s, proxy vs direct, {what}"),
+            "conn/s",
+            &rate[PROXY],
+            "direct TLS, full handshake (software key)",
+            &rate[DIRECT],
+        ),
+    ]
+}
+
+async fn bulk_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Vec<Row> {
+    let mut relays = vec![
+        (conn(f, floor, PROXY).await, whose[PROXY].clone()),
+        (conn(f, floor, FLOOR).await, whose[FLOOR].clone()),
+    ];
+    let d = downloads(&mut relays, pick(5, 2), None).await;
+    let size_mib = d.size >> 20;
+    vec![
+        at_most(
+            ratio_row(
+                "loopback",
+                &format!("proxy CPU per GB vs the two-sided TLS floor, {size_mib} MiB downloads, loopback TLS"),
+                "s/GB",
+                &d.cpu[0],
+                FLOOR_LABEL,
+                &d.cpu[1],
+            ),
+            1.1,
+        )
+        .note(format!(
+            "MB/s: proxy {:.0}, floor {:.0}; context switches per MB: proxy {:.1}, floor {:.1}",
+            Stat::of(&d.rate[0]).median,
+            Stat::of(&d.rate[1]).median,
+            Stat::of(&d.switches[0]).median,
+            Stat::of(&d.switches[1]).median,
+        )),
+        ratio_row(
+            "loopback",
+            &format!("MB/s vs the two-sided TLS floor, {size_mib} MiB downloads, loopback TLS"),
+            "MB/s",
+            &d.rate[0],
+            FLOOR_LABEL,
+            &d.rate[1],
+        ),
+    ]
+}
