@@ -7,6 +7,8 @@
 #                         (new client connections over the UNIX socket and loopback TLS)
 #   bulk.svg              flame graph during HWKEY_BENCH_ONLY=throughput (64 MiB downloads)
 #   requests.svg          flame graph during HWKEY_BENCH_ONLY=requests (small keep-alive GETs)
+#   loopback.svg          flame graph during HWKEY_BENCH_ONLY=loopback (the loopback TLS path:
+#                         keep-alive, new connections, downloads, h2 with watches)
 #   NAME.txt              beside each flame graph: the same samples by binary and by symbol
 #   syscalls.txt          `strace -c` of the proxy over a whole throughput run (805 MB relayed:
 #                         12 downloads of 64 MiB), with calls per MB
@@ -80,6 +82,7 @@ summarise() { # TITLE
 profile new-connections handshakes "hwkey proxy: new client connections (UNIX socket and loopback TLS), $(date -u +%F)"
 profile bulk throughput "hwkey proxy: 64 MiB downloads (UNIX socket and loopback TLS), $(date -u +%F)"
 profile requests requests "hwkey proxy: small keep-alive requests (HTTP/1.1 on 8 and 64 connections, h2), $(date -u +%F)"
+profile loopback loopback "hwkey proxy: the loopback TLS path (keep-alive, new connections, downloads, h2 with watches), $(date -u +%F)"
 
 echo "profile.sh: system calls over a throughput run" >&2
 proxy_bin=$HWKEY_BIN

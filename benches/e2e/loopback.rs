@@ -8,14 +8,17 @@
 //! - new connections as kubectl makes them (a new process each time: a full loopback handshake,
 //!   nothing to resume, and one GET): connections/s and CPU per connection; the hardware
 //!   signatures the proxy made meanwhile (0: its upstream connections resume);
-//! - bulk (`kubectl logs`/`cp`-sized downloads on one connection): CPU per GB.
+//! - bulk (`kubectl logs`/`cp`-sized downloads on one connection): CPU per GB;
+//! - kubelet's pattern: one HTTP/2 connection with 100 requests in flight and 10 watches
+//!   receiving events: CPU per stream request, and whether a stream waits for another (p99
+//!   against p50).
 
 use super::*;
 
 /// The proxy's loopback server configuration, rebuilt here from its loopback CA as
 /// `proxy::listener::LocalTls` builds it: the same provider, versions, client-certificate
 /// check against the loopback CA, and one TLS 1.3 ticket per handshake.
-fn loopback_server_config(f: &Fixture) -> Arc<rustls::ServerConfig> {
+fn loopback_server_config(f: &Fixture, alpn: &[u8]) -> Arc<rustls::ServerConfig> {
     let ca = hwkey::pki::loopback_ca::LoopbackCa::load_or_create(&f.proxy.state_dir)
         .expect("the proxy's loopback CA");
     let provider = hwkey::pki::tls::provider_for(KeyExchange::Classical);
@@ -37,7 +40,7 @@ fn loopback_server_config(f: &Fixture) -> Arc<rustls::ServerConfig> {
         .with_single_cert(chain, key)
         .expect("server certificate");
     config.send_tls13_tickets = 1;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Arc::new(config)
 }
 
@@ -49,7 +52,7 @@ const FLOOR: usize = 2;
 pub(crate) async fn loopback(f: &Fixture) -> Vec<Row> {
     let floor = FloorRelay::start_both_tls(
         f.upstream.port(),
-        loopback_server_config(f),
+        loopback_server_config(f, b"http/1.1"),
         f.direct.clone(),
     );
     let whose = [
@@ -60,6 +63,18 @@ pub(crate) async fn loopback(f: &Fixture) -> Vec<Row> {
     let mut rows = keep_alive_rows(f, &floor, &whose).await;
     rows.extend(new_connection_rows(f, &floor, &whose).await);
     rows.extend(bulk_rows(f, &floor, &whose).await);
+    drop(floor);
+    let floor_h2 = FloorRelay::start_both_tls(
+        f.upstream.port(),
+        loopback_server_config(f, b"h2"),
+        f.direct_h2.clone(),
+    );
+    let whose = [
+        Whose::Client,
+        Whose::Process(f.proxy.guard.id()),
+        Whose::Task(floor_h2.task_dir()),
+    ];
+    rows.extend(kubelet_rows(f, &floor_h2, &whose).await);
     rows
 }
 
@@ -301,6 +316,163 @@ async fn bulk_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Vec<R
             &d.rate[0],
             FLOOR_LABEL,
             &d.rate[1],
+        ),
+    ]
+}
+
+/// Streams in flight at once on kubelet's one connection, and its watches.
+const STREAMS: usize = 100;
+const WATCHES: usize = 10;
+
+type H2 = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
+
+/// A watch held open on `sender` (`GET …/configmaps?watch=1`), counting the bytes of its
+/// events into `got` until the connection closes.
+async fn watch(mut sender: H2, got: Arc<AtomicU64>) {
+    let uri = "https://127.0.0.1/api/v1/namespaces/default/configmaps?watch=1";
+    let req = hyper::Request::get(uri)
+        .body(Empty::new())
+        .expect("request");
+    let Ok(resp) = sender.send_request(req).await else {
+        return;
+    };
+    let mut body = resp.into_body();
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Some(data) = frame.data_ref() {
+            got.fetch_add(data.len() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `total` GETs over `STREAMS` streams in flight at once on `sender`, while the upstream
+/// sends an event to every watch each 10 ms: (requests/s, `whose` CPU µs per request, p50
+/// and p99 µs per request).
+async fn h2_trial(f: &Fixture, sender: &H2, total: usize, whose: &Whose) -> (f64, f64, f64, f64) {
+    let per = total / STREAMS;
+    let events = async {
+        loop {
+            f.upstream.emit_watch_event();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let before = whose.cpu_ns();
+    let start = Instant::now();
+    let runs = (0..STREAMS).map(|_| {
+        let mut s = sender.clone();
+        async move {
+            let mut samples = Vec::with_capacity(per);
+            for _ in 0..per {
+                let t = Instant::now();
+                h2_get(&mut s, "https://127.0.0.1/version").await;
+                samples.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            samples
+        }
+    });
+    let mut samples: Vec<f64> = tokio::select! {
+        done = futures::future::join_all(runs) => done.into_iter().flatten().collect(),
+        _ = events => unreachable!("the event loop never ends"),
+    };
+    let done = samples.len() as f64;
+    let rate = done / start.elapsed().as_secs_f64();
+    let cpu_us = (whose.cpu_ns() - before) as f64 / 1e3 / done;
+    let (p50, p99) = p50_p99(&mut samples);
+    (rate, cpu_us, p50, p99)
+}
+
+/// kubelet's pattern: one long-lived HTTP/2 connection carrying `STREAMS` requests in flight
+/// at once and `WATCHES` watches, direct, through the proxy's loopback listener, and through
+/// the two-sided floor.
+async fn kubelet_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Vec<Row> {
+    let total = pick(40_000, 8_000);
+    let rounds = pick(5, 2);
+    let senders = [
+        h2_client(tls_connect(&f.direct_h2, f.upstream.port()).await).await,
+        h2_client(tls_connect(&f.loopback_h2, f.proxy.tcp_port).await).await,
+        h2_client(tls_connect(&f.loopback_h2, floor.port).await).await,
+    ];
+    let delivered: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let mut watches = Vec::new();
+    for (sender, got) in senders.iter().zip(&delivered) {
+        for _ in 0..WATCHES {
+            watches.push(tokio::spawn(watch(sender.clone(), got.clone())));
+        }
+    }
+    for (sender, w) in senders.iter().zip(whose) {
+        h2_trial(f, sender, STREAMS * 20, w).await; // warm
+    }
+    let (mut rate, mut cpu) = (vec![Vec::new(); 3], vec![Vec::new(); 3]);
+    let (mut p50, mut p99) = (vec![Vec::new(); 3], vec![Vec::new(); 3]);
+    for way in schedule(rounds, 3) {
+        let (r, c, m, t) = h2_trial(f, &senders[way], total, &whose[way]).await;
+        rate[way].push(r);
+        cpu[way].push(c);
+        p50[way].push(m);
+        p99[way].push(t);
+    }
+    for w in &watches {
+        w.abort();
+    }
+    let events: Vec<u64> = delivered
+        .iter()
+        .map(|d| d.load(Ordering::Relaxed))
+        .collect();
+    assert!(
+        events.iter().all(|&b| b > 0),
+        "every connection's watches received events: {events:?} bytes"
+    );
+    let what = format!(
+        "h2, {STREAMS} streams in flight + {WATCHES} watches on one connection (kubelet), loopback TLS"
+    );
+    let med = |v: &[f64]| Stat::of(v).median;
+    vec![
+        at_most(
+            ratio_row(
+                "loopback",
+                &format!("proxy CPU per stream request vs the two-sided TLS floor, {what}"),
+                "µs",
+                &cpu[PROXY],
+                FLOOR_LABEL,
+                &cpu[FLOOR],
+            ),
+            1.2,
+        )
+        .note(format!(
+            "requests/s: proxy {:.0}, floor {:.0}, direct {:.0}; watch event bytes delivered (proxy, floor, direct): {}, {}, {}",
+            med(&rate[PROXY]),
+            med(&rate[FLOOR]),
+            med(&rate[DIRECT]),
+            events[PROXY],
+            events[FLOOR],
+            events[DIRECT]
+        )),
+        at_most(
+            ratio_row(
+                "loopback",
+                &format!("p99 vs p50 of one request through the proxy, {what}"),
+                "µs",
+                &p99[PROXY],
+                "p50 of the same trials",
+                &p50[PROXY],
+            ),
+            2.0,
+        )
+        .note(format!(
+            "p99/p50 in µs: proxy {:.0}/{:.0}, floor {:.0}/{:.0}, direct {:.0}/{:.0}",
+            med(&p99[PROXY]),
+            med(&p50[PROXY]),
+            med(&p99[FLOOR]),
+            med(&p50[FLOOR]),
+            med(&p99[DIRECT]),
+            med(&p50[DIRECT])
+        )),
+        ratio_row(
+            "loopback",
+            &format!("requests/s vs the two-sided TLS floor, {what}"),
+            "req/s",
+            &rate[PROXY],
+            FLOOR_LABEL,
+            &rate[FLOOR],
         ),
     ]
 }
