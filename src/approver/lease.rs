@@ -106,6 +106,11 @@ pub struct Elector {
     config: LeaseConfig,
     /// The record last seen (resourceVersion) and when this process first saw it.
     observed: Option<(String, Instant)>,
+    /// This process has seen the Lease, or made it.
+    known: bool,
+    /// The Lease this process had seen or made is gone (etcd restored or wiped, or the Lease
+    /// deleted): not yet reported ([`Elector::take_vanished`]).
+    vanished: bool,
 }
 
 impl Elector {
@@ -115,6 +120,8 @@ impl Elector {
             api: Api::namespaced(client.clone(), &config.namespace),
             config,
             observed: None,
+            known: false,
+            vanished: false,
         }
     }
 
@@ -136,8 +143,15 @@ impl Elector {
             .await
             .map_err(|e| self.error(e))?;
         let Some(mut lease) = current else {
-            return self.create(now, duration).await;
+            // Seen or made before, gone now: the store lost it (or someone deleted it), so
+            // what the approver's watch holds may be gone too.
+            self.vanished |= std::mem::take(&mut self.known);
+            self.observed = None;
+            let made = self.create(now, duration).await;
+            self.known = matches!(made, Ok(true));
+            return made;
         };
+        self.known = true;
         let version = lease.metadata.resource_version.clone().unwrap_or_default();
         let first_seen = match &self.observed {
             Some((seen, at)) if *seen == version => *at,
@@ -172,6 +186,13 @@ impl Elector {
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
             Err(e) => Err(self.error(e)),
         }
+    }
+
+    /// Whether the Lease this process had seen vanished since the last call: a watch that
+    /// resumes across an etcd wipe misses what was written before the store's revision passed
+    /// the watch's, and no resource version tells (the approver lists again on it).
+    pub fn take_vanished(&mut self) -> bool {
+        std::mem::take(&mut self.vanished)
     }
 
     /// Takes a Lease nobody created yet: true when this candidate made it (409: another did).
@@ -231,6 +252,8 @@ impl Elector {
 pub struct Validity {
     renewed: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
     renew_deadline: Duration,
+    /// How many times the Lease vanished under this replica ([`Elector::take_vanished`]).
+    vanished: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Validity {
@@ -239,6 +262,7 @@ impl Validity {
         Validity {
             renewed: Default::default(),
             renew_deadline,
+            vanished: Default::default(),
         }
     }
 
@@ -246,6 +270,12 @@ impl Validity {
         if let Ok(mut r) = self.renewed.lock() {
             *r = at;
         }
+    }
+
+    /// How many times the Lease this replica had seen vanished: the controller lists again
+    /// each time the count moves.
+    pub fn lease_vanished(&self) -> u64 {
+        self.vanished.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn last(&self) -> Option<Instant> {
@@ -326,6 +356,12 @@ async fn attempt(
             bound,
         }),
     };
+    if elector.take_vanished() {
+        tracing::warn!("the Lease this replica had seen is gone (etcd restored or wiped, or the Lease deleted): listing every request again");
+        validity
+            .vanished
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     match result {
         Ok(true) => {
             let now = Instant::now();

@@ -118,6 +118,7 @@ impl Controller {
             deferred: false,
             relist_now: false,
             versions: Versions::default(),
+            lease_vanished: 0,
             trust_retry_at: None,
             decided: Vec::new(),
             failures: Vec::new(),
@@ -211,6 +212,9 @@ impl Controller {
                 }
                 _ = io.tick.tick() => {
                     self.housekeeping();
+                    if mode == Mode::Follow && self.lease_vanished() {
+                        return Next::Resync;
+                    }
                     if mode == Mode::Follow && io.probe.is_none() {
                         io.probe = self.versions.probe(&self.api);
                     }
@@ -265,5 +269,13 @@ impl Controller {
         self.metrics
             .evidence_index
             .set(i64::try_from(self.index.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Whether the Lease vanished under this replica since the last look: etcd was wiped (or
+    /// restored without its Lease), and a watch that resumed after the store's revision passed
+    /// its own misses everything written before, with no error and no version going back.
+    fn lease_vanished(&mut self) -> bool {
+        let now = self.validity.as_ref().map_or(0, Validity::lease_vanished);
+        std::mem::replace(&mut self.lease_vanished, now) != now
     }
 }

@@ -112,6 +112,8 @@ pub struct Controller {
     pub(super) relist_now: bool,
     /// The resource versions seen, and the probe that tells an etcd restore.
     pub(super) versions: Versions,
+    /// [`crate::approver::lease::Validity::lease_vanished`] when last looked at.
+    pub(super) lease_vanished: u64,
     pub(super) trust_retry_at: Option<Instant>,
     /// `--once`: the decisions written and the failures.
     pub(super) decided: Vec<Decision>,
