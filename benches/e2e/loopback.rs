@@ -15,31 +15,14 @@
 
 use super::*;
 
-/// The proxy's loopback server configuration, rebuilt here from its loopback CA as
-/// `proxy::listener::LocalTls` builds it: the same provider, versions, client-certificate
-/// check against the loopback CA, and one TLS 1.3 ticket per handshake.
+/// The proxy's own loopback server configuration (`proxy::listener::loopback_server_config`,
+/// from its loopback CA), offering `alpn`.
 fn loopback_server_config(f: &Fixture, alpn: &[u8]) -> Arc<rustls::ServerConfig> {
     let ca = hwkey::pki::loopback_ca::LoopbackCa::load_or_create(&f.proxy.state_dir)
         .expect("the proxy's loopback CA");
-    let provider = hwkey::pki::tls::provider_for(KeyExchange::Classical);
-    let mut roots = RootCertStore::empty();
-    roots.add(ca.cert_der().clone()).expect("loopback CA");
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider.clone(),
-    )
-    .build()
-    .expect("client verifier");
-    let (chain, key) = ca
-        .server_cert(&[std::net::IpAddr::from([127, 0, 0, 1])])
-        .expect("loopback server certificate");
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .expect("versions")
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
-        .expect("server certificate");
-    config.send_tls13_tickets = 1;
+    let ips = [std::net::IpAddr::from([127, 0, 0, 1])];
+    let mut config = hwkey::proxy::listener::loopback_server_config(&ca, &ips)
+        .expect("the loopback server configuration");
     config.alpn_protocols = vec![alpn.to_vec()];
     Arc::new(config)
 }

@@ -1,7 +1,7 @@
 //! The loopback path's floor: the least a relay can spend doing the proxy's job for kubectl and
 //! kubelet, which reach it over loopback TLS. One thread, epoll (level-triggered, readable
 //! only), no runtime: it terminates TLS from the client with the proxy's own loopback server
-//! configuration (same provider, suites, client-certificate check, one ticket) and speaks TLS
+//! configuration (`proxy::listener::loopback_server_config`) and speaks TLS
 //! to the upstream with the proxy's client suites, opening each read's records and sealing
 //! their plain bytes into the other side's records in one pass, with one read and one write per
 //! hop and direction. The handshakes are done at accept, blocking, on the relay's thread (its

@@ -165,30 +165,38 @@ impl std::fmt::Debug for LocalTls {
     }
 }
 
+/// The loopback listener's TLS configuration, before a client's ALPN is chosen: a fresh server
+/// certificate for `ips` from the loopback CA, a client certificate from the same CA required,
+/// TLS 1.3 and 1.2 with classical key exchange, one TLS 1.3 ticket per handshake. Public so the
+/// loopback path's floor (`benches/e2e/loopback_floor.rs`) is measured with exactly this.
+pub fn loopback_server_config(ca: &LoopbackCa, ips: &[IpAddr]) -> Result<ServerConfig, StartError> {
+    // The loopback hop: classical key exchange (see pki::tls::provider_for).
+    let provider = crate::pki::tls::provider_for(crate::pki::tls::KeyExchange::Classical);
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(ca.cert_der().clone())
+        .map_err(StartError::LocalTls)?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| StartError::LocalTls(rustls::Error::General(e.to_string())))?;
+    let (chain, key) = ca.server_cert(ips)?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(StartError::LocalTls)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(StartError::LocalTls)?;
+    // One ticket per handshake, not rustls's two: Go's client (kubectl) keeps one session per
+    // server, so a second ticket is work for both ends that is never used.
+    config.send_tls13_tickets = 1;
+    Ok(config)
+}
+
 impl LocalTls {
     /// A server config presenting a fresh loopback certificate for `ips` and requiring a client
     /// certificate from the loopback CA.
     pub fn new(ca: &LoopbackCa, ips: &[IpAddr]) -> Result<LocalTls, StartError> {
-        // The loopback hop: classical key exchange (see pki::tls::provider_for).
-        let provider = crate::pki::tls::provider_for(crate::pki::tls::KeyExchange::Classical);
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(ca.cert_der().clone())
-            .map_err(StartError::LocalTls)?;
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .build()
-                .map_err(|e| StartError::LocalTls(rustls::Error::General(e.to_string())))?;
-        let (chain, key) = ca.server_cert(ips)?;
-        let mut base = ServerConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(StartError::LocalTls)?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(chain, key)
-            .map_err(StartError::LocalTls)?;
-        // One ticket per handshake, not rustls's two: Go's client (kubectl) keeps one session
-        // per server, so a second ticket is work for both ends that is never used.
-        base.send_tls13_tickets = 1;
+        let base = loopback_server_config(ca, ips)?;
         Ok(LocalTls {
             base,
             by_alpn: Mutex::new(HashMap::new()),
