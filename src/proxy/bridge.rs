@@ -1,7 +1,9 @@
 //! The data path: connect upstream for an authenticated local client, then copy bytes both
-//! ways until either side closes: on a relay loop for a UNIX-socket client
-//! ([`super::relay_loop`], no runtime per event), on the connection's task for the others
-//! ([`super::relay`]); both hold a copy buffer only while bytes are in flight. No HTTP parsing, so HTTP/1.1, HTTP/2,
+//! ways until either side closes: on a relay loop ([`super::relay_loop`], no runtime per
+//! event) for a UNIX-socket or loopback TLS client whose upstream is a plain TCP connection, on
+//! the connection's task for the others ([`super::relay`]: an upstream through an `https://`
+//! forward proxy, or a proxy run without loops); both hold a copy buffer only while bytes are
+//! in flight. No HTTP parsing, so HTTP/1.1, HTTP/2,
 //! watches and protocol upgrades (exec, attach, port-forward) pass untouched.
 //!
 //! The one place the proxy writes HTTP itself is a failure before any byte was forwarded
@@ -18,13 +20,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio_rustls::client::TlsStream;
 
 use super::cutoff::{cutoff, Cutoff, Deadlines};
 use super::idle::LastActivity;
 use super::metrics::Metrics;
-use super::readahead::ReadAhead;
-use super::relay_loop::{Pair, RelayLoops};
+use super::relay_loop::{Local, LoopbackStream, Pair, RelayLoops, UpstreamStream};
 use super::rotation::{CertEpoch, RotationClose};
 use super::unix_client::ClientUnixStream;
 use super::upstream::Upstream;
@@ -50,33 +50,34 @@ pub struct Bridge {
     pub relay_loops: Option<Arc<RelayLoops>>,
 }
 
-/// The upstream side of a connection, as the handshake left it.
-type UpstreamStream = Box<TlsStream<ReadAhead<Tunnel>>>;
-
-/// A client, and whether its connection may move to a relay loop.
+/// A local client, authenticated.
 enum Client {
     Unix(ClientUnixStream),
-    Other(Box<dyn ClientIo>),
+    Loopback(Box<LoopbackStream>),
 }
 
 impl Client {
     fn boxed(self) -> Box<dyn ClientIo> {
         match self {
             Client::Unix(s) => Box::new(s),
-            Client::Other(s) => s,
+            Client::Loopback(s) => s,
+        }
+    }
+
+    /// The client taken back from the runtime for a relay loop.
+    fn for_loop(self) -> io::Result<Local> {
+        match self {
+            Client::Unix(s) => Local::unix(s),
+            Client::Loopback(s) => Local::loopback(s),
         }
     }
 }
 
 impl Bridge {
-    /// Connects upstream offering `alpn`, replays `prefix` (bytes already read from the client),
-    /// then bridges until both directions are done.
-    pub async fn serve(&self, client: Box<dyn ClientIo>, prefix: Vec<u8>, alpn: Option<Vec<u8>>) {
-        serve(self, Client::Other(client), prefix, alpn).await
-    }
-
-    /// [`Bridge::serve`] for a UNIX-socket client: once established, its connection moves to a
-    /// relay loop ([`super::relay_loop`]) when the proxy runs them.
+    /// Connects upstream for a UNIX-socket client offering `alpn`, replays `prefix` (bytes
+    /// already read from the client), then bridges until both directions are done: once
+    /// established, the connection moves to a relay loop ([`super::relay_loop`]) when the proxy
+    /// runs them.
     pub async fn serve_unix(
         &self,
         client: ClientUnixStream,
@@ -84,6 +85,13 @@ impl Bridge {
         alpn: Option<Vec<u8>>,
     ) {
         serve(self, Client::Unix(client), prefix, alpn).await
+    }
+
+    /// [`Bridge::serve_unix`] for a loopback TLS client (its handshake done and its credential
+    /// checked; nothing read yet): once established, its connection moves to a relay loop with
+    /// both TLS sessions when the proxy runs them.
+    pub async fn serve_loopback(&self, client: Box<LoopbackStream>, alpn: Option<Vec<u8>>) {
+        serve(self, Client::Loopback(client), Vec::new(), alpn).await
     }
 }
 
@@ -118,16 +126,16 @@ async fn serve(shared: &Bridge, client: Client, prefix: Vec<u8>, alpn: Option<Ve
             return;
         }
     }
-    let (to_upstream, to_client) = match (client, shared.relay_loops.as_deref()) {
-        (Client::Unix(client), Some(loops))
-            if matches!(up.get_ref().0.get_ref(), Tunnel::Tcp(_)) =>
-        {
-            match in_loop(shared, loops, client, up, epoch).await {
-                Some(bytes) => bytes,
-                None => return,
-            }
-        }
-        (client, _) => on_task(shared, client.boxed(), up, epoch).await,
+    let loops = shared
+        .relay_loops
+        .as_deref()
+        .filter(|_| matches!(up.get_ref().0.get_ref(), Tunnel::Tcp(_)));
+    let (to_upstream, to_client) = match loops {
+        Some(loops) => match in_loop(shared, loops, client.for_loop(), up, epoch).await {
+            Some(bytes) => bytes,
+            None => return,
+        },
+        None => on_task(shared, client.boxed(), up, epoch).await,
     };
     shared
         .metrics
@@ -164,7 +172,7 @@ fn ended_by(cut: Cutoff) -> io::Error {
 async fn on_task(
     shared: &Bridge,
     client: Box<dyn ClientIo>,
-    up: UpstreamStream,
+    up: Box<UpstreamStream>,
     epoch: CertEpoch,
 ) -> (u64, u64) {
     let last = Arc::new(LastActivity::default());
@@ -187,13 +195,13 @@ async fn on_task(
 async fn in_loop(
     shared: &Bridge,
     loops: &RelayLoops,
-    client: ClientUnixStream,
-    up: UpstreamStream,
+    client: io::Result<Local>,
+    up: Box<UpstreamStream>,
     epoch: CertEpoch,
 ) -> Option<(u64, u64)> {
     // The box is taken apart by `from_runtime`: `*up` here would free it only when this
     // future ends, keeping the emptied allocation for the connection's whole life.
-    let pair = match Pair::from_runtime(client, up) {
+    let pair = match client.and_then(|client| Pair::from_runtime(client, up)) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(error = %e, "could not move a connection to a relay loop; closed");

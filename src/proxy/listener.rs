@@ -559,7 +559,7 @@ async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preau
     };
     let _active = shared.activity.enter();
     shared.metrics.local_handshake(started.elapsed());
-    shared.bridge.serve(tls, Vec::new(), alpn).await;
+    shared.bridge.serve_loopback(tls, alpn).await;
 }
 
 /// What a loopback handshake's outcome means: the stream and protocol, or a refusal counted and

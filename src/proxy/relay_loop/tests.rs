@@ -1,0 +1,406 @@
+use super::*;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use rustls::ClientConnection;
+
+use super::conn::{PLAIN, ROUNDS_PER_TURN};
+use crate::egress::Tunnel;
+use crate::proxy::readahead::ReadAhead;
+use crate::proxy::unix_client::ClientUnixStream;
+
+use rustls::pki_types::{PrivateKeyDer, ServerName};
+
+use super::super::buffers::{buffers_in_use, TEST_SERIAL};
+
+/// A TLS 1.3 server config (self-signed `localhost`) and a client config trusting it.
+fn configs(half_rtt: bool) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let der = made.cert.der().clone();
+    let key = PrivateKeyDer::Pkcs8(made.signing_key.serialize_der().into());
+    let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![der.clone()], key)
+        .unwrap();
+    server.send_half_rtt_data = half_rtt;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    (Arc::new(server), Arc::new(client))
+}
+
+/// A TLS server on a loopback port that runs `script` on its one connection (blocking).
+fn server(
+    config: Arc<rustls::ServerConfig>,
+    script: impl FnOnce(&mut rustls::StreamOwned<rustls::ServerConnection, std::net::TcpStream>)
+        + Send
+        + 'static,
+) -> (u16, std::thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let thread = std::thread::spawn(move || {
+        let (tcp, _) = listener.accept().unwrap();
+        let conn = rustls::ServerConnection::new(config).unwrap();
+        let mut stream = rustls::StreamOwned::new(conn, tcp);
+        script(&mut stream);
+    });
+    (port, thread)
+}
+
+/// Connects to `port`, handshakes (blocking), and returns the pair to hand off with the
+/// test's end of the client's UNIX socket.
+fn connect(port: u16, config: Arc<rustls::ClientConfig>) -> (Pair, UnixStream) {
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut tls = ClientConnection::new(config, name).unwrap();
+    while tls.is_handshaking() {
+        tls.complete_io(&mut tcp).unwrap();
+    }
+    tcp.set_nonblocking(true).unwrap();
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    theirs.set_nonblocking(true).unwrap();
+    let pair = Pair {
+        client: Local::Unix(theirs),
+        upstream: tcp,
+        tls,
+        records: Vec::new(),
+    };
+    (pair, ours)
+}
+
+/// Reads the server's plaintext until `close_notify`.
+fn read_to_close(
+    stream: &mut rustls::StreamOwned<rustls::ServerConnection, std::net::TcpStream>,
+) -> Vec<u8> {
+    let mut got = Vec::new();
+    stream.read_to_end(&mut got).unwrap();
+    got
+}
+
+/// Bytes go both ways; the client's end of input reaches the upstream as `close_notify`
+/// (and the upstream can still answer), and the upstream's reaches the client as the end of
+/// its stream; the outcome counts both ways.
+#[test]
+fn relays_both_ways_and_passes_half_close_on() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        let got = read_to_close(s);
+        s.write_all(format!("got {} bytes", got.len()).as_bytes())
+            .unwrap();
+        s.write_all(&got[..1000]).unwrap();
+        s.conn.send_close_notify();
+        s.flush().unwrap();
+    });
+    let loops = RelayLoops::start(2).unwrap();
+    let (pair, mut client) = connect(port, client_config);
+    let mut relayed = loops.hand_off(pair).unwrap();
+    let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    client.write_all(&sent).unwrap();
+    client.shutdown(Shutdown::Write).unwrap();
+    let mut answer = Vec::new();
+    client.read_to_end(&mut answer).unwrap();
+    let head = b"got 300000 bytes";
+    assert_eq!(&answer[..head.len()], head);
+    assert_eq!(&answer[head.len()..], &sent[..1000]);
+    let outcome = futures::executor::block_on(relayed.ended());
+    outcome.result.unwrap();
+    assert_eq!((outcome.up, outcome.down), (300_000, answer.len() as u64));
+    upstream.join().unwrap();
+    loops.shutdown();
+}
+
+/// The CPU time (in clock ticks) the relay loops' threads have used.
+fn loop_ticks() -> u64 {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            let name = std::fs::read_to_string(dir.join("comm")).ok()?;
+            if !name.starts_with("hwkey-proxy-rel") {
+                return None;
+            }
+            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            Some(fields[11].parse::<u64>().ok()? + fields[12].parse::<u64>().ok()?)
+        })
+        .sum()
+}
+
+/// A client that reads nothing: the upstream's bytes wait, the connection holds a counted
+/// buffer meanwhile, and the loop sleeps instead of spinning (its threads use next to no
+/// CPU while it waits); once the client reads, every byte arrives in order, and the buffer
+/// goes back.
+#[test]
+fn a_client_without_room_stops_the_upstream_and_gets_everything_later() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let (server_config, client_config) = configs(false);
+    let data: Vec<u8> = (0..8_000_000u32).map(|i| (i % 253) as u8).collect();
+    let expected = data.clone();
+    let (port, upstream) = server(server_config, move |s| {
+        s.write_all(&data).unwrap();
+        s.conn.send_close_notify();
+        s.flush().unwrap();
+        let _ = read_to_close(s);
+    });
+    let loops = RelayLoops::start(1).unwrap();
+    let (pair, mut client) = connect(port, client_config);
+    let mut relayed = loops.hand_off(pair).unwrap();
+    let mut waited = 0;
+    while buffers_in_use() < 1 {
+        std::thread::sleep(Duration::from_millis(10));
+        waited += 1;
+        assert!(waited < 1000, "no buffer held for a client without room");
+    }
+    let before = loop_ticks();
+    std::thread::sleep(Duration::from_millis(500));
+    let spent = loop_ticks() - before;
+    assert!(
+        spent <= 5,
+        "the loop used {spent} ticks in 0.5 s while waiting for the client"
+    );
+    let mut got = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = client.read(&mut chunk).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&chunk[..n]);
+    }
+    assert!(
+        got == expected,
+        "{} bytes arrived, not the 8,000,000 sent in order",
+        got.len()
+    );
+    client.shutdown(Shutdown::Write).unwrap();
+    let outcome = futures::executor::block_on(relayed.ended());
+    outcome.result.unwrap();
+    assert_eq!(outcome.down, 8_000_000);
+    assert_eq!(buffers_in_use(), 0);
+    upstream.join().unwrap();
+    loops.shutdown();
+}
+
+/// The proxy closing a connection (idle timeout, retired certificate) or dropping its task
+/// ends it: both the client and the upstream see the end.
+#[test]
+fn a_close_or_a_dropped_task_ends_the_connection() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let loops = RelayLoops::start(1).unwrap();
+    for by_drop in [false, true] {
+        let (server_config, client_config) = configs(false);
+        let (port, upstream) = server(server_config, |s| {
+            let mut rest = Vec::new();
+            // The proxy's close is not a clean one: no close_notify, just the end.
+            let r = s.read_to_end(&mut rest);
+            assert!(r.is_err() || rest.is_empty());
+        });
+        let (pair, mut client) = connect(port, client_config);
+        let relayed = loops.hand_off(pair).unwrap();
+        if by_drop {
+            drop(relayed);
+        } else {
+            let outcome = futures::executor::block_on(relayed.close());
+            assert_eq!(
+                outcome.result.unwrap_err().kind(),
+                io::ErrorKind::Interrupted
+            );
+        }
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+        upstream.join().unwrap();
+    }
+    loops.shutdown();
+}
+
+/// What the upstream sent with the end of the handshake (here 100 KB of half-RTT data, as
+/// an HTTP/2 server's SETTINGS come) can sit in the read-ahead, in rustls's buffers or in
+/// the socket when the connection moves to a loop: all of it reaches the client, in order.
+#[test]
+fn bytes_read_before_the_hand_off_reach_the_client() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let (server_config, client_config) = configs(true);
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 249) as u8).collect();
+    let expected = data.clone();
+    let (port, upstream) = server(server_config, move |s| {
+        s.conn.set_buffer_limit(None);
+        s.conn.writer().write_all(&data).unwrap();
+        while s.conn.is_handshaking() || s.conn.wants_write() {
+            s.conn.complete_io(&mut s.sock).unwrap();
+        }
+        s.conn.send_close_notify();
+        s.flush().unwrap();
+        let _ = read_to_close(s);
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let loops = RelayLoops::start(1).unwrap();
+    let (pair, mut client) = runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(client_config)
+            .connect(name, ReadAhead::new(Tunnel::Tcp(tcp)))
+            .await
+            .unwrap();
+        // Let the rest of the server's flight arrive before the hand-off.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let theirs = ClientUnixStream::new(theirs).unwrap();
+        (
+            Pair::from_runtime(Local::unix(theirs).unwrap(), Box::new(tls)).unwrap(),
+            ours,
+        )
+    });
+    eprintln!(
+        "{} bytes of records were in the read-ahead at the hand-off",
+        pair.records.len()
+    );
+    let mut relayed = loops.hand_off(pair).unwrap();
+    let mut got = Vec::new();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let r = client.read_to_end(&mut got);
+    assert!(
+        r.is_ok() && got == expected,
+        "{} bytes arrived, not the 100,000 sent in order ({r:?})",
+        got.len()
+    );
+    client.shutdown(Shutdown::Write).unwrap();
+    futures::executor::block_on(relayed.ended()).result.unwrap();
+    upstream.join().unwrap();
+    loops.shutdown();
+}
+
+/// A connection's turn ends after [`ROUNDS_PER_TURN`] rounds even with bytes still
+/// waiting, so a connection that always has bytes to move (a bulk upload from a fast
+/// client) leaves its loop to the others between turns. Here the client has sent more than
+/// a turn moves before the turn: the turn ends with `More`, having read less than was
+/// waiting. (Without turns it read until the client had nothing left.) Counted in bytes
+/// and rounds, not timed.
+#[test]
+fn a_turn_ends_after_its_rounds_with_bytes_still_waiting() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        // The connection is dropped mid-stream: no clean end to wait for.
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+    });
+    let (pair, mut client) = connect(port, client_config);
+    // Room for what is sent before the turn, and for what the turn moves.
+    let room = 4 << 20;
+    rustix::net::sockopt::set_socket_send_buffer_size(&client, room).unwrap();
+    rustix::net::sockopt::set_socket_send_buffer_size(&pair.upstream, room).unwrap();
+    client.set_nonblocking(true).unwrap();
+    let chunk = vec![1u8; 4096];
+    let mut waiting = 0usize;
+    while let Ok(n) = client.write(&chunk) {
+        waiting += n;
+    }
+    let a_turn = ROUNDS_PER_TURN * PLAIN;
+    assert!(
+        waiting > a_turn,
+        "only {waiting} bytes fit in the client's socket"
+    );
+    let (done, _outcome) = oneshot::channel();
+    let link = Arc::new(Link {
+        last: LastActivity::default(),
+        slot: AtomicUsize::new(0),
+    });
+    let mut conn = Box::new(Conn::new(pair, link, done));
+    conn.client.readable = true;
+    conn.client.writable = true;
+    conn.upstream.writable = true;
+    let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+    let mut scratch = Scratch::new();
+    let step = conn.drive(&ep, 0, &mut scratch).unwrap();
+    assert!(
+        matches!(step, Step::More),
+        "the turn did not end with bytes waiting"
+    );
+    assert!(
+        conn.up > 0 && conn.up <= a_turn as u64 && conn.up < waiting as u64,
+        "one turn read {} of the {waiting} bytes waiting (at most {a_turn})",
+        conn.up
+    );
+    drop(conn);
+    upstream.join().unwrap();
+}
+
+/// Once the loops have stopped, a connection handed to them is refused (and closed: its
+/// client sees the end) instead of waiting in a queue nobody reads.
+#[test]
+fn a_stopped_loop_takes_no_connection() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    });
+    let loops = RelayLoops::start(2).unwrap();
+    loops.shutdown();
+    let (pair, mut client) = connect(port, client_config);
+    assert!(loops.hand_off(pair).is_none());
+    let mut rest = Vec::new();
+    client.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    upstream.join().unwrap();
+}
+
+/// Records that open before a bad one in the same read reach the client, and then the
+/// connection ends with the error. (The loop gathered their plaintext for one write and
+/// returned on the error with it unsent, and unwiped in its buffer.)
+#[test]
+fn records_before_a_bad_one_reach_the_client_first() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        while s.conn.is_handshaking() || s.conn.wants_write() {
+            s.conn.complete_io(&mut s.sock).unwrap();
+        }
+        // Two good records and a forged one, in one write: one read of the loop.
+        s.conn.writer().write_all(b"hello ").unwrap();
+        s.conn.writer().write_all(b"world").unwrap();
+        let mut wire = Vec::new();
+        while s.conn.wants_write() {
+            s.conn.write_tls(&mut wire).unwrap();
+        }
+        wire.extend_from_slice(&[0x17, 0x03, 0x03, 0x00, 0x20]);
+        wire.extend_from_slice(&[0x55; 0x20]);
+        s.sock.write_all(&wire).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.sock.read_to_end(&mut rest);
+    });
+    let loops = RelayLoops::start(1).unwrap();
+    let (pair, mut client) = connect(port, client_config);
+    let mut relayed = loops.hand_off(pair).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = client.read_to_end(&mut got);
+    assert_eq!(String::from_utf8_lossy(&got), "hello world");
+    let outcome = futures::executor::block_on(relayed.ended());
+    assert_eq!(
+        outcome.result.unwrap_err().kind(),
+        io::ErrorKind::InvalidData
+    );
+    upstream.join().unwrap();
+    loops.shutdown();
+}
