@@ -643,10 +643,14 @@ pub fn metric_in(text: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
 }
 
-/// A raw HTTP/1.1 exchange on a UNIX-socket stream.
-pub struct RawHttp {
-    pub reader: BufReader<UnixStream>,
+/// A raw HTTP/1.1 exchange on a stream: the proxy's UNIX socket by default, or its loopback
+/// TLS listener ([`RawHttp::connect_tls`]).
+pub struct RawHttp<S = UnixStream> {
+    pub reader: BufReader<S>,
 }
+
+/// A loopback TLS client's stream (blocking).
+pub type LoopbackTls = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
 
 impl RawHttp {
     pub fn connect(socket: &Path) -> RawHttp {
@@ -657,7 +661,50 @@ impl RawHttp {
             reader: BufReader::new(s),
         }
     }
+}
 
+impl RawHttp<LoopbackTls> {
+    /// Connects to the proxy's loopback TLS listener on `port` with `config` (a loopback
+    /// credential: [`loopback_client_config`]); the handshake happens with the first request.
+    pub fn connect_tls(port: u16, config: &std::sync::Arc<rustls::ClientConfig>) -> Self {
+        let tcp = std::net::TcpStream::connect(("127.0.0.1", port))
+            .unwrap_or_else(|e| panic!("connect 127.0.0.1:{port}: {e}"));
+        tcp.set_read_timeout(Some(Duration::from_secs(20))).ok();
+        tcp.set_nodelay(true).ok();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let conn = rustls::ClientConnection::new(config.clone(), name).expect("client");
+        RawHttp {
+            reader: BufReader::new(rustls::StreamOwned::new(conn, tcp)),
+        }
+    }
+}
+
+/// A rustls client config holding the loopback credential `cred` (the control socket's JSON:
+/// [`ProxyProcess::credential`]), HTTP/1.1 offered.
+pub fn loopback_client_config(cred: &serde_json::Value) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let pem = |f: &str| cred[f].as_str().expect("field").as_bytes().to_vec();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(&pem("certificateAuthorityPem")) {
+        roots.add(c.expect("CA")).expect("root");
+    }
+    let chain: Vec<_> = CertificateDer::pem_slice_iter(&pem("clientCertificatePem"))
+        .collect::<Result<_, _>>()
+        .expect("cert");
+    let key = PrivateKeyDer::from_pem_slice(&pem("clientKeyPem")).expect("key");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .expect("client auth");
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    std::sync::Arc::new(config)
+}
+
+impl<S: Read + Write> RawHttp<S> {
     pub fn send(&mut self, text: &str) {
         self.reader
             .get_mut()

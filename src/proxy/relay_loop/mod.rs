@@ -41,6 +41,8 @@
 
 mod conn;
 mod loopback;
+#[cfg(test)]
+mod loopback_tests;
 mod pair;
 #[cfg(test)]
 mod tests;

@@ -16,7 +16,7 @@ use rustls::pki_types::{PrivateKeyDer, ServerName};
 use super::super::buffers::{buffers_in_use, TEST_SERIAL};
 
 /// A TLS 1.3 server config (self-signed `localhost`) and a client config trusting it.
-fn configs(half_rtt: bool) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+pub(super) fn configs(half_rtt: bool) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
     let der = made.cert.der().clone();
@@ -39,7 +39,7 @@ fn configs(half_rtt: bool) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConf
 }
 
 /// A TLS server on a loopback port that runs `script` on its one connection (blocking).
-fn server(
+pub(super) fn server(
     config: Arc<rustls::ServerConfig>,
     script: impl FnOnce(&mut rustls::StreamOwned<rustls::ServerConnection, std::net::TcpStream>)
         + Send
@@ -58,7 +58,7 @@ fn server(
 
 /// Connects to `port`, handshakes (blocking), and returns the pair to hand off with the
 /// test's end of the client's UNIX socket.
-fn connect(port: u16, config: Arc<rustls::ClientConfig>) -> (Pair, UnixStream) {
+pub(super) fn connect(port: u16, config: Arc<rustls::ClientConfig>) -> (Pair, UnixStream) {
     let mut tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let name = ServerName::try_from("localhost").unwrap();
     let mut tls = ClientConnection::new(config, name).unwrap();
@@ -78,7 +78,7 @@ fn connect(port: u16, config: Arc<rustls::ClientConfig>) -> (Pair, UnixStream) {
 }
 
 /// Reads the server's plaintext until `close_notify`.
-fn read_to_close(
+pub(super) fn read_to_close(
     stream: &mut rustls::StreamOwned<rustls::ServerConnection, std::net::TcpStream>,
 ) -> Vec<u8> {
     let mut got = Vec::new();
@@ -120,7 +120,7 @@ fn relays_both_ways_and_passes_half_close_on() {
 }
 
 /// The CPU time (in clock ticks) the relay loops' threads have used.
-fn loop_ticks() -> u64 {
+pub(super) fn loop_ticks() -> u64 {
     std::fs::read_dir("/proc/self/task")
         .unwrap()
         .filter_map(|t| {

@@ -15,7 +15,10 @@ use support::*;
 proxy_tests_on_both_backends!(idle_connections_hold_no_copy_buffers);
 
 /// One keep-alive `GET /version` on each of `conns`, all sent before any answer is read.
-fn request_on_each(proxy: &ProxyProcess, conns: &mut [RawHttp]) {
+fn request_on_each<S: std::io::Read + std::io::Write>(
+    proxy: &ProxyProcess,
+    conns: &mut [RawHttp<S>],
+) {
     for c in conns.iter_mut() {
         c.send("GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n");
     }
@@ -27,15 +30,10 @@ fn request_on_each(proxy: &ProxyProcess, conns: &mut [RawHttp]) {
 
 /// Downloads `size` bytes (`GET /bytes`) on `conn`, reading every byte.
 fn download(proxy: &ProxyProcess, conn: &mut RawHttp, size: u64) {
-    use std::io::Read;
     conn.send(&format!(
         "GET /bytes?n={size} HTTP/1.1\r\nHost: localhost\r\n\r\n"
     ));
-    let (status, _) = conn.read_head();
-    assert_eq!(status, 200, "{}", proxy.log());
-    let got = std::io::copy(&mut (&mut conn.reader).take(size), &mut std::io::sink())
-        .expect("the download");
-    assert_eq!(got, size);
+    download_rest(proxy, conn, size);
 }
 
 /// Proxy RSS added per connection, in KiB, with the two readings: `warm` connections made by
@@ -279,10 +277,37 @@ fn keep_alive_requests_on_the_unix_socket_are_relayed_by_the_loops_not_the_runti
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
+    let conns: Vec<RawHttp> = (0..8).map(|_| RawHttp::connect(&proxy.socket)).collect();
+    relayed_by_the_loops(&proxy, conns);
+}
+
+/// Issue 55: so is an established loopback TLS connection (kubectl's and kubelet's), with both
+/// of its TLS sessions: 250 rounds of a request on each of 8 loopback TLS connections put the
+/// relay loops' threads to sleep at least once per round and the connection runtimes' threads
+/// (almost) never. On cf927b3, where loopback TLS connections stayed on their tasks, the loops
+/// never slept for them and the runtimes slept once per round or more.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn keep_alive_requests_over_loopback_tls_are_relayed_by_the_loops_not_the_runtimes() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    let conns: Vec<_> = (0..8)
+        .map(|_| RawHttp::connect_tls(proxy.tcp_port, &config))
+        .collect();
+    relayed_by_the_loops(&proxy, conns);
+}
+
+/// The check of the two tests above: 250 rounds of a request on each of `conns` wake the relay
+/// loops' threads at least once per round and the connection runtimes' at most 20 times.
+fn relayed_by_the_loops<S: std::io::Read + std::io::Write>(
+    proxy: &ProxyProcess,
+    mut conns: Vec<RawHttp<S>>,
+) {
     let pid = proxy.guard.id();
-    let mut conns: Vec<RawHttp> = (0..8).map(|_| RawHttp::connect(&proxy.socket)).collect();
-    let round = |conns: &mut Vec<RawHttp>| request_on_each(&proxy, conns);
-    round(&mut conns); // the upstream handshakes, on the runtimes
+    let round = |conns: &mut Vec<RawHttp<S>>| request_on_each(proxy, conns);
+    round(&mut conns); // the handshakes, on the runtimes
     std::thread::sleep(Duration::from_millis(100));
     let runtimes = switches_of_threads(pid, "hwkey-proxy-con");
     let loops = switches_of_threads(pid, "hwkey-proxy-rel");
@@ -371,4 +396,49 @@ fn a_connection_done_with_a_download_costs_no_more_than_an_idle_one() {
         per <= 16.0,
         "each connection done with a 256 KiB download added {per:.1} KiB of proxy RSS ({before} → {after} KiB for 200)"
     );
+}
+
+/// Issue 55: a loopback TLS client that stops reading makes the proxy hold no copy buffer.
+/// On a relay loop, what the upstream sent for it waits sealed in the client's own TLS
+/// session (one read of the upstream, 64 KiB at most) and nothing more is read for it; on the
+/// runtime's path (cf927b3) the relay's copy buffer held the bytes in flight, counted in
+/// `hwkey_copy_buffers`, besides the two sessions' own buffers. A 16 MiB download the client
+/// does not read for a while: the gauge stays 0 at every look (twenty, over a second, after the
+/// transfer has stalled), and once the client reads, every byte arrives.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_loopback_client_without_room_makes_the_proxy_hold_no_copy_buffer() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    let mut conn = RawHttp::connect_tls(proxy.tcp_port, &config);
+    let size: u64 = 16 << 20;
+    conn.send(&format!(
+        "GET /bytes?n={size} HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    ));
+    std::thread::sleep(Duration::from_millis(500));
+    for look in 0..20 {
+        let held = proxy.metric("hwkey_copy_buffers");
+        assert_eq!(
+            held, 0.0,
+            "look {look}: the proxy holds {held} copy buffers for a loopback client without room"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    download_rest(&proxy, &mut conn, size);
+}
+
+/// Reads the answer to a `GET /bytes?n=size` already sent on `conn`, every byte.
+fn download_rest<S: std::io::Read + std::io::Write>(
+    proxy: &ProxyProcess,
+    conn: &mut RawHttp<S>,
+    size: u64,
+) {
+    use std::io::Read;
+    let (status, _) = conn.read_head();
+    assert_eq!(status, 200, "{}", proxy.log());
+    let got = std::io::copy(&mut (&mut conn.reader).take(size), &mut std::io::sink())
+        .expect("the download");
+    assert_eq!(got, size);
 }

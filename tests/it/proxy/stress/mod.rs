@@ -21,26 +21,7 @@ fn fd_count(pid: u32) -> usize {
 /// A rustls client config holding a loopback credential (software key), resumption on.
 #[cfg(feature = "pkcs11")]
 fn loopback_client(cred: &serde_json::Value) -> std::sync::Arc<rustls::ClientConfig> {
-    use rustls::pki_types::pem::PemObject as _;
-    let pem = |f: &str| cred[f].as_str().expect("field").as_bytes().to_vec();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem("certificateAuthorityPem")) {
-        roots.add(c.expect("CA")).expect("root");
-    }
-    let chain: Vec<_> =
-        rustls::pki_types::CertificateDer::pem_slice_iter(&pem("clientCertificatePem"))
-            .collect::<Result<_, _>>()
-            .expect("cert");
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&pem("clientKeyPem")).expect("key");
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .expect("client auth");
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    std::sync::Arc::new(config)
+    support::proxy::loopback_client_config(cred)
 }
 
 /// GET /version over loopback TLS: (status code or "" when the proxy closed, resumed?).

@@ -1,0 +1,222 @@
+//! The relay loop with a loopback TLS client: both sessions in the connection.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::ServerName;
+use rustls::{ClientConnection, ServerConnection, StreamOwned};
+
+use super::tests::{configs, connect, loop_ticks, read_to_close, server};
+use super::{Local, LoopbackTls, Pair, RelayLoops};
+use crate::proxy::buffers::TEST_SERIAL;
+
+/// The test's end of a loopback client: a blocking TLS client.
+type Client = StreamOwned<ClientConnection, TcpStream>;
+
+/// Connects to the upstream at `port` and makes a loopback TLS client, both handshakes done:
+/// the pair to hand off (the client's socket non-blocking) and the test's end of the client.
+fn connect_tls(port: u16, upstream: Arc<rustls::ClientConfig>) -> (Pair, Client) {
+    let (mut pair, _unix) = connect(port, upstream);
+    let (local_server, local_client) = configs(false);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let local_port = listener.local_addr().unwrap().port();
+    let client = std::thread::spawn(move || {
+        let mut tcp = TcpStream::connect(("127.0.0.1", local_port)).unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut tls = ClientConnection::new(local_client, name).unwrap();
+        while tls.is_handshaking() {
+            tls.complete_io(&mut tcp).unwrap();
+        }
+        tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        StreamOwned::new(tls, tcp)
+    });
+    let (mut tcp, _) = listener.accept().unwrap();
+    let mut tls = ServerConnection::new(local_server).unwrap();
+    while tls.is_handshaking() {
+        tls.complete_io(&mut tcp).unwrap();
+    }
+    while tls.wants_write() {
+        tls.write_tls(&mut tcp).unwrap(); // the session tickets
+    }
+    tcp.set_nonblocking(true).unwrap();
+    pair.client = Local::Tls(Box::new(LoopbackTls {
+        tcp,
+        tls,
+        records: Vec::new(),
+    }));
+    (pair, client.join().unwrap())
+}
+
+/// Bytes go both ways between a TLS client and the upstream; the client's `close_notify`
+/// reaches the upstream as a clean end (and the upstream can still answer), and the
+/// upstream's reaches the client as a `close_notify` of the proxy's own (a clean end: rustls
+/// reports a cut stream as an error); the outcome counts plaintext both ways.
+#[test]
+fn a_tls_client_is_relayed_both_ways_with_close_notify_each_way() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        let got = read_to_close(s);
+        s.write_all(format!("got {} bytes", got.len()).as_bytes())
+            .unwrap();
+        s.write_all(&got[..100_000]).unwrap();
+        s.conn.send_close_notify();
+        s.flush().unwrap();
+    });
+    let loops = RelayLoops::start(2).unwrap();
+    let (pair, mut client) = connect_tls(port, client_config);
+    let mut relayed = loops.hand_off(pair).unwrap();
+    let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    client.write_all(&sent).unwrap();
+    client.conn.send_close_notify();
+    client.flush().unwrap();
+    let mut answer = Vec::new();
+    let end = client.read_to_end(&mut answer);
+    assert!(
+        end.is_ok(),
+        "the client's stream did not end cleanly: {end:?}"
+    );
+    let head = b"got 300000 bytes";
+    assert_eq!(&answer[..head.len()], head);
+    assert!(answer[head.len()..] == sent[..100_000]);
+    let outcome = futures::executor::block_on(relayed.ended());
+    outcome.result.unwrap();
+    assert_eq!((outcome.up, outcome.down), (300_000, answer.len() as u64));
+    upstream.join().unwrap();
+    loops.shutdown();
+}
+
+/// A TLS client that ends its TCP stream without `close_notify` (a truncation, which TLS
+/// tells from an end) does not end the upstream's side cleanly: the connection ends with an
+/// error, and the upstream sees its stream cut, not a `close_notify`, as on the runtime's path.
+#[test]
+fn a_tls_client_that_cuts_its_stream_does_not_end_the_upstream_cleanly() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        let mut got = Vec::new();
+        let end = s.read_to_end(&mut got);
+        assert!(
+            end.is_err(),
+            "the upstream saw a clean end of a cut client stream"
+        );
+        assert_eq!(got, b"a request cut short");
+    });
+    let loops = RelayLoops::start(1).unwrap();
+    let (pair, mut client) = connect_tls(port, client_config);
+    let mut relayed = loops.hand_off(pair).unwrap();
+    client.write_all(b"a request cut short").unwrap();
+    client.flush().unwrap();
+    client.sock.shutdown(Shutdown::Write).unwrap();
+    let outcome = futures::executor::block_on(relayed.ended());
+    assert!(
+        outcome.result.is_err(),
+        "a cut client stream ended the connection cleanly"
+    );
+    assert_eq!(outcome.up, 19);
+    upstream.join().unwrap();
+    loops.shutdown();
+}
+
+/// What the client sent before the hand-off reaches the upstream first, in order: plaintext
+/// its session had already opened (a request that came with the handshake's last flight),
+/// records the runtime had read but not given to rustls, and bytes still in the socket.
+#[test]
+fn what_a_tls_client_sent_before_the_hand_off_reaches_the_upstream_in_order() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        let got = read_to_close(s);
+        assert_eq!(got, b"opened;records;socket;after");
+        s.conn.send_close_notify();
+        s.flush().unwrap();
+    });
+    let loops = RelayLoops::start(1).unwrap();
+    let (mut pair, mut client) = connect_tls(port, client_config);
+    let Local::Tls(t) = &mut pair.client else {
+        unreachable!()
+    };
+    t.tcp.set_nonblocking(false).unwrap();
+    client.write_all(b"opened;").unwrap();
+    client.flush().unwrap();
+    // Opened by the session, as the runtime's handshake opens a request that came with the
+    // client's last flight.
+    loop {
+        t.tls.read_tls(&mut t.tcp).unwrap();
+        if t.tls
+            .process_new_packets()
+            .unwrap()
+            .plaintext_bytes_to_read()
+            > 0
+        {
+            break;
+        }
+    }
+    client.write_all(b"records;").unwrap();
+    client.flush().unwrap();
+    // One whole record, read as the runtime's read-ahead reads it and not given to rustls.
+    let mut record = vec![0u8; 5];
+    t.tcp.read_exact(&mut record).unwrap();
+    let len = u16::from_be_bytes([record[3], record[4]]) as usize;
+    record.resize(5 + len, 0);
+    t.tcp.read_exact(&mut record[5..]).unwrap();
+    t.records = record;
+    client.write_all(b"socket;").unwrap();
+    client.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    t.tcp.set_nonblocking(true).unwrap();
+    let mut relayed = loops.hand_off(pair).unwrap();
+    client.write_all(b"after").unwrap();
+    client.conn.send_close_notify();
+    client.flush().unwrap();
+    let mut rest = Vec::new();
+    client.read_to_end(&mut rest).unwrap();
+    let outcome = futures::executor::block_on(relayed.ended());
+    outcome.result.unwrap();
+    upstream.join().unwrap();
+    loops.shutdown();
+}
+
+/// A TLS client that reads nothing: the upstream's bytes wait (sealed in the client's
+/// session, one read's worth at most) and the loop sleeps instead of spinning; once the client
+/// reads, every byte arrives in order.
+#[test]
+fn a_tls_client_without_room_stops_the_upstream_and_gets_everything_later() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let (server_config, client_config) = configs(false);
+    let data: Vec<u8> = (0..8_000_000u32).map(|i| (i % 253) as u8).collect();
+    let expected = data.clone();
+    let (port, upstream) = server(server_config, move |s| {
+        s.write_all(&data).unwrap();
+        s.conn.send_close_notify();
+        s.flush().unwrap();
+        let _ = read_to_close(s);
+    });
+    let loops = RelayLoops::start(1).unwrap();
+    let (pair, mut client) = connect_tls(port, client_config);
+    let mut relayed = loops.hand_off(pair).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = loop_ticks();
+    std::thread::sleep(Duration::from_millis(500));
+    let spent = loop_ticks() - before;
+    assert!(
+        spent <= 5,
+        "the loop used {spent} ticks in 0.5 s while waiting for the client"
+    );
+    let mut got = Vec::new();
+    client.read_to_end(&mut got).unwrap();
+    assert!(
+        got == expected,
+        "{} bytes arrived, not the 8,000,000 sent in order",
+        got.len()
+    );
+    client.conn.send_close_notify();
+    client.flush().unwrap();
+    let outcome = futures::executor::block_on(relayed.ended());
+    outcome.result.unwrap();
+    assert_eq!(outcome.down, 8_000_000);
+    upstream.join().unwrap();
+    loops.shutdown();
+}
