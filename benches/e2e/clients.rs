@@ -12,6 +12,26 @@ pub(crate) fn client_config(
     alpn: &[&[u8]],
     resume: bool,
 ) -> Arc<ClientConfig> {
+    client_config_on(
+        support::upstream::go_provider(),
+        roots,
+        cert,
+        key,
+        alpn,
+        resume,
+    )
+}
+
+/// [`client_config`] on another crypto provider (hwkey's own, for a floor that originates TLS
+/// as the proxy does: the same suites and key exchange).
+pub(crate) fn client_config_on(
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    roots: &[u8],
+    cert: &[u8],
+    key: &[u8],
+    alpn: &[&[u8]],
+    resume: bool,
+) -> Arc<ClientConfig> {
     let mut store = RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(roots) {
         store.add(c.expect("root PEM")).expect("add root");
@@ -20,7 +40,7 @@ pub(crate) fn client_config(
         .collect::<Result<_, _>>()
         .expect("client certificate PEM");
     let key = PrivateKeyDer::from_pem_slice(key).expect("client key PEM");
-    let mut config = ClientConfig::builder_with_provider(support::upstream::go_provider())
+    let mut config = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("TLS 1.3")
         .with_root_certificates(store)

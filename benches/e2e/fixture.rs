@@ -11,6 +11,11 @@ pub(crate) struct Fixture {
     pub(crate) direct: Arc<ClientConfig>,
     pub(crate) direct_full: Arc<ClientConfig>,
     pub(crate) direct_h2: Arc<ClientConfig>,
+    /// Direct to the upstream with a software key on hwkey's own crypto provider (its suites
+    /// and key exchange, the hybrid first): how the loopback floor originates TLS, as the
+    /// proxy does.
+    pub(crate) as_proxy: Arc<ClientConfig>,
+    pub(crate) as_proxy_h2: Arc<ClientConfig>,
     /// To the proxy's loopback TLS listener with a loopback credential.
     pub(crate) loopback: Arc<ClientConfig>,
     pub(crate) loopback_h2: Arc<ClientConfig>,
@@ -44,6 +49,22 @@ impl Fixture {
             direct: client_config(&ca, &cert, &key, &[b"http/1.1"], true),
             direct_full: client_config(&ca, &cert, &key, &[b"http/1.1"], false),
             direct_h2: client_config(&ca, &cert, &key, &[b"h2"], true),
+            as_proxy: client_config_on(
+                hwkey::pki::tls::provider(),
+                &ca,
+                &cert,
+                &key,
+                &[b"http/1.1"],
+                true,
+            ),
+            as_proxy_h2: client_config_on(
+                hwkey::pki::tls::provider(),
+                &ca,
+                &cert,
+                &key,
+                &[b"h2"],
+                true,
+            ),
             loopback: client_config(&lca, &lcert, &lkey, &[b"http/1.1"], true),
             loopback_h2: client_config(&lca, &lcert, &lkey, &[b"h2"], true),
             loopback_fresh: client_config(&lca, &lcert, &lkey, &[b"http/1.1"], false),

@@ -36,7 +36,7 @@ pub(crate) async fn loopback(f: &Fixture) -> Vec<Row> {
     let floor = FloorRelay::start_both_tls(
         f.upstream.port(),
         loopback_server_config(f, b"http/1.1"),
-        f.direct.clone(),
+        f.as_proxy.clone(),
     );
     let whose = [
         Whose::Client,
@@ -50,7 +50,7 @@ pub(crate) async fn loopback(f: &Fixture) -> Vec<Row> {
     let floor_h2 = FloorRelay::start_both_tls(
         f.upstream.port(),
         loopback_server_config(f, b"h2"),
-        f.direct_h2.clone(),
+        f.as_proxy_h2.clone(),
     );
     let whose = [
         Whose::Client,

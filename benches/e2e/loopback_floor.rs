@@ -2,7 +2,8 @@
 //! kubelet, which reach it over loopback TLS. One thread, epoll (level-triggered, readable
 //! only), no runtime: it terminates TLS from the client with the proxy's own loopback server
 //! configuration (`proxy::listener::loopback_server_config`) and speaks TLS
-//! to the upstream with the proxy's client suites, opening each read's records and sealing
+//! to the upstream on the proxy's crypto provider (`pki::tls::provider`: its suites, and its key
+//! exchange with the hybrid first, as the proxy originates TLS), opening each read's records and sealing
 //! their plain bytes into the other side's records in one pass, with one read and one write per
 //! hop and direction. The handshakes are done at accept, blocking, on the relay's thread (its
 //! CPU clock counts them, as the proxy's counts its own).

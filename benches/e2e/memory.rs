@@ -79,21 +79,46 @@ async fn fresh_proxy(f: &Fixture, args: Vec<String>, buf: &mut [u8]) -> (ProxyPr
     (proxy, idle)
 }
 
-/// RSS of a fresh proxy after one connection (idle), then with 1,000 client connections open,
-/// each having finished one request (so its upstream connection exists too); and again, in
-/// another fresh proxy, with every open connection having moved `moved` bytes first: what a
-/// connection costs once data went through it (its buffers touched), as a watch's would.
+/// A client connection held open: over the UNIX socket or over loopback TLS.
+enum Open {
+    Unix(#[allow(dead_code)] UnixStream),
+    Loopback(#[allow(dead_code)] Box<TlsStream<TcpStream>>),
+}
+
+/// A connection through the proxy's loopback TLS listener (kubectl's and kubelet's way) that
+/// has made one request for `path`, with a loopback credential from the proxy.
+async fn connected_tls(
+    proxy: &ProxyProcess,
+    config: &Arc<ClientConfig>,
+    path: &str,
+    buf: &mut [u8],
+) -> TlsStream<TcpStream> {
+    let mut s = tls_connect(config, proxy.tcp_port).await;
+    http1_get(&mut s, path, buf).await;
+    s
+}
+
+/// RSS of a fresh proxy after one connection (idle), then with 1,000 client connections open
+/// (over loopback TLS when `loopback`, else the UNIX socket), each having finished one request
+/// (so its upstream connection exists too); and again, in another fresh proxy, with every open
+/// connection having moved `moved` bytes first: what a connection costs once data went through
+/// it (its buffers touched), as a watch's would.
 pub(crate) async fn open_connections(
     f: &Fixture,
     path: &str,
+    loopback: bool,
 ) -> (f64, f64, f64, f64, (f64, f64, usize)) {
     const OPEN: usize = 1000;
     let mut buf = vec![0u8; 256 * 1024];
     let (proxy, idle) = fresh_proxy(f, Vec::new(), &mut buf).await;
     let pid = proxy.guard.id();
+    let config = loopback.then(|| loopback_config(&proxy));
     let mut open = Vec::with_capacity(OPEN);
     for _ in 0..OPEN {
-        open.push(connected(&proxy, path, &mut buf).await);
+        open.push(match &config {
+            Some(c) => Open::Loopback(Box::new(connected_tls(&proxy, c, path, &mut buf).await)),
+            None => Open::Unix(connected(&proxy, path, &mut buf).await),
+        });
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let active = metric_in(&proxy.metrics(), "hwkey_connections_active");
@@ -104,10 +129,26 @@ pub(crate) async fn open_connections(
     (idle, loaded, rss_mib(pid), active, tree)
 }
 
+/// A client configuration holding a loopback credential of `proxy` (resumption on, as kubelet's
+/// connections resume), HTTP/1.1.
+fn loopback_config(proxy: &ProxyProcess) -> Arc<ClientConfig> {
+    let cred = proxy.credential();
+    let field = |name: &str| cred[name].as_str().expect(name).as_bytes().to_vec();
+    client_config(
+        &field("certificateAuthorityPem"),
+        &field("clientCertificatePem"),
+        &field("clientKeyPem"),
+        &[b"http/1.1"],
+        true,
+    )
+}
+
 pub(crate) async fn memory(f: &Fixture) -> Vec<Row> {
     let moved = 256u64 << 10;
-    let (idle, loaded, after, active, tree) = open_connections(f, "/version").await;
-    let (idle2, busy, after2, active2, _) = open_connections(f, &format!("/bytes?n={moved}")).await;
+    let (idle, loaded, after, active, tree) = open_connections(f, "/version", false).await;
+    let (idle2, busy, after2, active2, _) =
+        open_connections(f, &format!("/bytes?n={moved}"), false).await;
+    let (idle3, tls, after3, active3, _) = open_connections(f, "/version", true).await;
     let (tree_rss, tree_pss, processes) = tree;
     let per = |total: f64, base: f64| (total - base) * 1024.0 / 1000.0;
     vec![
@@ -128,6 +169,12 @@ pub(crate) async fn memory(f: &Fixture) -> Vec<Row> {
             .note(format!(
                 "a fresh proxy (idle {idle2:.1} MiB); hwkey_connections_active = {active2}; {:.1} KiB per connection above idle; {after2:.1} MiB once they closed",
                 per(busy, idle2)
+            )),
+        Row::new("memory", "proxy RSS (network side), 1,000 open loopback TLS connections (one GET /version each)", "MiB", Some(Stat::of(&[tls])))
+            .target("≤ 24 MiB", Some(tls <= 24.0))
+            .note(format!(
+                "a fresh proxy (idle {idle3:.1} MiB); hwkey_connections_active = {active3}; each is a loopback TLS client (the proxy's server session) plus an upstream TLS connection; {:.1} KiB per connection above idle; {after3:.1} MiB once they closed",
+                per(tls, idle3)
             )),
     ]
 }
