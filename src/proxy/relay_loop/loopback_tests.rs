@@ -220,3 +220,44 @@ fn a_tls_client_without_room_stops_the_upstream_and_gets_everything_later() {
     upstream.join().unwrap();
     loops.shutdown();
 }
+
+/// A TLS client whose record fails authentication (a peer that lies, or bytes damaged on the
+/// way): the records before it still reach the upstream, the client gets an alert instead of a
+/// clean end, the upstream sees its stream cut rather than a `close_notify`, and the connection
+/// ends with an error.
+#[test]
+fn a_tls_client_with_a_bad_record_gets_an_alert_and_the_upstream_no_clean_end() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        let mut got = Vec::new();
+        let end = s.read_to_end(&mut got);
+        assert!(
+            end.is_err(),
+            "the upstream saw a clean end after a bad client record"
+        );
+        assert_eq!(got, b"before the bad record");
+    });
+    let loops = RelayLoops::start(1).unwrap();
+    let (pair, mut client) = connect_tls(port, client_config);
+    let mut relayed = loops.hand_off(pair).unwrap();
+    client.write_all(b"before the bad record").unwrap();
+    client.flush().unwrap();
+    // An application-data record of the right shape whose tag cannot verify.
+    let mut forged = vec![0x17, 0x03, 0x03, 0x00, 0x40];
+    forged.extend((0..0x40u8).map(|i| i.wrapping_mul(37)));
+    client.sock.write_all(&forged).unwrap();
+    let mut rest = Vec::new();
+    let end = client.read_to_end(&mut rest);
+    assert!(
+        end.is_err(),
+        "the client saw a clean end after its bad record: {end:?}"
+    );
+    let outcome = futures::executor::block_on(relayed.ended());
+    assert_eq!(
+        outcome.result.unwrap_err().kind(),
+        std::io::ErrorKind::InvalidData
+    );
+    upstream.join().unwrap();
+    loops.shutdown();
+}
