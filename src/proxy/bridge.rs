@@ -45,8 +45,8 @@ pub struct Bridge {
     pub idle_timeout: Option<Duration>,
     /// When a connection opened with a replaced certificate ends.
     pub rotation_close: RotationClose,
-    /// The event loops that relay established UNIX-socket connections (None: every
-    /// connection stays on its task, [`super::relay`]).
+    /// The event loops that relay established connections, UNIX-socket and loopback TLS
+    /// (None: every connection stays on its task, [`super::relay`]).
     pub relay_loops: Option<Arc<RelayLoops>>,
 }
 

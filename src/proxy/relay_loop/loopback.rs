@@ -2,8 +2,9 @@
 //! proxy terminates it) and the upstream's (the proxy originates it), and what one opens is
 //! sealed straight into the other. A record's plaintext goes from one rustls buffer into the
 //! other's writer, with no copy buffer between and no stream layer around either, and what one
-//! read of a socket opens goes out in one write (rustls writes its pending records with one
-//! `writev`).
+//! read of a socket opens goes out together (rustls writes its pending records with one
+//! `writev` of up to 64 records: one for a read of full-size records, more for a read of many
+//! tiny ones, each of which stays a record of its own).
 //!
 //! What may wait in flight is bounded as on the UNIX-socket path: a side is read only when
 //! everything sealed for the other has gone out, so at most one read's records (64 KiB) wait
@@ -139,9 +140,15 @@ impl Conn {
                 return Ok(());
             }
             if let Err(e) = t.tls.process_new_packets() {
-                // The records before the bad one are the client's: they still go up. Then the
-                // alert rustls queued, if the socket takes it.
+                // The records before the bad one are the client's: they still go up, as far as
+                // the upstream's socket takes them now (the connection ends with this error, so
+                // no later step would write them). Then the alert rustls queued, likewise.
                 let _ = pass(&mut *t.tls, &mut *self.tls, &mut self.up);
+                while self.tls.wants_write() {
+                    if !matches!(self.tls.write_tls(&mut self.upstream.io), Ok(n) if n > 0) {
+                        break;
+                    }
+                }
                 let _ = t.tls.write_tls(&mut t.tcp);
                 return Err(io::Error::new(io::ErrorKind::InvalidData, e));
             }

@@ -222,7 +222,8 @@ fn a_tls_client_without_room_stops_the_upstream_and_gets_everything_later() {
 }
 
 /// A TLS client whose record fails authentication (a peer that lies, or bytes damaged on the
-/// way): the records before it still reach the upstream, the client gets an alert instead of a
+/// way): the records before it, read with it, still reach the upstream (before d85b540 they
+/// were sealed for it and dropped with the connection), the client gets an alert instead of a
 /// clean end, the upstream sees its stream cut rather than a `close_notify`, and the connection
 /// ends with an error.
 #[test]
@@ -241,12 +242,20 @@ fn a_tls_client_with_a_bad_record_gets_an_alert_and_the_upstream_no_clean_end() 
     let loops = RelayLoops::start(1).unwrap();
     let (pair, mut client) = connect_tls(port, client_config);
     let mut relayed = loops.hand_off(pair).unwrap();
-    client.write_all(b"before the bad record").unwrap();
-    client.flush().unwrap();
-    // An application-data record of the right shape whose tag cannot verify.
-    let mut forged = vec![0x17, 0x03, 0x03, 0x00, 0x40];
-    forged.extend((0..0x40u8).map(|i| i.wrapping_mul(37)));
-    client.sock.write_all(&forged).unwrap();
+    // A good record, and right behind it, in the same write (so that one read of the proxy
+    // takes both), an application-data record of the right shape whose tag cannot verify.
+    client
+        .conn
+        .writer()
+        .write_all(b"before the bad record")
+        .unwrap();
+    let mut wire = Vec::new();
+    while client.conn.wants_write() {
+        client.conn.write_tls(&mut wire).unwrap();
+    }
+    wire.extend([0x17, 0x03, 0x03, 0x00, 0x40]);
+    wire.extend((0..0x40u8).map(|i| i.wrapping_mul(37)));
+    client.sock.write_all(&wire).unwrap();
     let mut rest = Vec::new();
     let end = client.read_to_end(&mut rest);
     assert!(

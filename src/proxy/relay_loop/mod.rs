@@ -16,8 +16,8 @@
 //!   gathering buffer ([`conn`]);
 //! - a loopback client (kubectl, kubelet) speaks TLS, which the proxy terminates with its
 //!   loopback credential: both TLS sessions sit in the same connection, and what one opens is
-//!   sealed straight into the other, from rustls's buffer to rustls's buffer, one write per read
-//!   ([`loopback`]).
+//!   sealed straight into the other, from rustls's buffer to rustls's buffer, and what one
+//!   read opens goes out together ([`loopback`]).
 //!
 //! What the connection's task did, it still decides: the task waits (asleep) for the loop's
 //! outcome, its idle timeout and the retirement of its certificate, and asks the loop to close
