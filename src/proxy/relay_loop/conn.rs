@@ -214,7 +214,7 @@ impl Conn {
             let forward = self.forward(scratch)?;
             let backward = match self.client.io {
                 Local::Unix(_) => self.backward(&mut scratch.records, &mut scratch.out)?,
-                Local::Tls(_) => self.backward_tls(&mut scratch.records)?,
+                Local::Tls(_) => self.backward_tls(&mut scratch.records, &mut scratch.out)?,
             };
             if !(forward || backward) {
                 step = Step::Waiting;
@@ -358,8 +358,9 @@ impl Conn {
     }
 
     /// A fresh read of the upstream's records, opened and delivered as far as the client takes
-    /// them (the rest is held); true if something moved.
-    fn read_upstream(&mut self, records: &mut [u8], out: &mut [u8]) -> io::Result<bool> {
+    /// them (the rest is held: only a UNIX-socket client's, whose plaintext has no room to wait
+    /// in; a TLS client's waits sealed in its session); true if something moved.
+    pub(super) fn read_upstream(&mut self, records: &mut [u8], out: &mut [u8]) -> io::Result<bool> {
         if self.upstream_eof || !self.upstream.can_read() {
             return Ok(false);
         }
@@ -375,7 +376,13 @@ impl Conn {
                 if n < records.len() {
                     self.upstream.readable = false;
                 }
-                let used = self.open(&records[..n], out)?;
+                let used = match self.client.io {
+                    Local::Unix(_) => self.open(&records[..n], out)?,
+                    Local::Tls(_) => {
+                        self.open_into_client(&records[..n])?;
+                        n
+                    }
+                };
                 if used < n {
                     self.hold(&records[used..n]);
                 } else if !self.upstream.readable {

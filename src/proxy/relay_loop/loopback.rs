@@ -156,7 +156,7 @@ impl Conn {
     }
 
     /// Upstream to loopback client, one step; true if something moved.
-    pub(super) fn backward_tls(&mut self, records: &mut [u8]) -> io::Result<bool> {
+    pub(super) fn backward_tls(&mut self, records: &mut [u8], out: &mut [u8]) -> io::Result<bool> {
         if self.client_shut {
             return Ok(false);
         }
@@ -185,48 +185,13 @@ impl Conn {
             self.open_into_client(&held.bytes()[pos..cap])?;
             return Ok(true);
         }
-        self.read_upstream_tls(records)
-    }
-
-    /// A fresh read of the upstream's records, opened and sealed for the client; true if
-    /// something moved.
-    fn read_upstream_tls(&mut self, records: &mut [u8]) -> io::Result<bool> {
-        if self.upstream_eof || !self.upstream.can_read() {
-            return Ok(false);
-        }
-        match self.upstream.io.read(records) {
-            Ok(0) => {
-                // TCP's end: rustls tells a clean end (`close_notify` came) from a cut one.
-                self.upstream_eof = true;
-                self.tls.read_tls(&mut io::empty())?;
-                self.process()?;
-                Ok(true)
-            }
-            Ok(n) => {
-                let drained = n < records.len();
-                if drained {
-                    self.upstream.readable = false;
-                }
-                self.open_into_client(&records[..n])?;
-                if drained {
-                    settle(&mut *self.tls);
-                }
-                Ok(true)
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.upstream.readable = false;
-                settle(&mut *self.tls);
-                Ok(false)
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
-            Err(e) => Err(e),
-        }
+        self.read_upstream(records, out)
     }
 
     /// Gives the upstream's `bytes` (records) to its session, seals what they open for the
     /// client, and writes it: one write for the whole read, also of what opened before an
     /// error.
-    fn open_into_client(&mut self, bytes: &[u8]) -> io::Result<()> {
+    pub(super) fn open_into_client(&mut self, bytes: &[u8]) -> io::Result<()> {
         let mut rest = bytes;
         let fed = loop {
             match self.pass_down() {
