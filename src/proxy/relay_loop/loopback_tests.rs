@@ -180,16 +180,23 @@ fn what_a_tls_client_sent_before_the_hand_off_reaches_the_upstream_in_order() {
 }
 
 /// A TLS client that reads nothing: the upstream's bytes wait (sealed in the client's
-/// session, one read's worth at most) and the loop sleeps instead of spinning; once the client
-/// reads, every byte arrives in order.
+/// session, one read's worth at most), the upstream's own writes stop (it has not sent
+/// everything), and the loop goes quiet instead of spinning: a half-second in which its thread
+/// uses next to no CPU comes within 20 s (on a loaded machine it may still be working at first;
+/// a loop that spins never goes quiet). Once the client reads, every byte arrives in order.
 #[test]
 fn a_tls_client_without_room_stops_the_upstream_and_gets_everything_later() {
     let _serial = TEST_SERIAL.blocking_lock();
+    const SIZE: u32 = 32_000_000;
     let (server_config, client_config) = configs(false);
-    let data: Vec<u8> = (0..8_000_000u32).map(|i| (i % 253) as u8).collect();
+    let data: Vec<u8> = (0..SIZE).map(|i| (i % 253) as u8).collect();
     let expected = data.clone();
+    let sent_all = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sent = sent_all.clone();
     let (port, upstream) = server(server_config, move |s| {
         s.write_all(&data).unwrap();
+        s.flush().unwrap();
+        sent.store(true, std::sync::atomic::Ordering::SeqCst);
         s.conn.send_close_notify();
         s.flush().unwrap();
         let _ = read_to_close(s);
@@ -197,26 +204,35 @@ fn a_tls_client_without_room_stops_the_upstream_and_gets_everything_later() {
     let loops = RelayLoops::start(1).unwrap();
     let (pair, mut client) = connect_tls(port, client_config);
     let mut relayed = loops.hand_off(pair).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let before = loop_ticks();
-    std::thread::sleep(Duration::from_millis(500));
-    let spent = loop_ticks() - before;
+    let mut quiet = false;
+    for _ in 0..40 {
+        let before = loop_ticks();
+        std::thread::sleep(Duration::from_millis(500));
+        if loop_ticks() - before <= 5 {
+            quiet = true;
+            break;
+        }
+    }
     assert!(
-        spent <= 5,
-        "the loop used {spent} ticks in 0.5 s while waiting for the client"
+        quiet,
+        "the loop never went quiet while the client read nothing"
+    );
+    assert!(
+        !sent_all.load(std::sync::atomic::Ordering::SeqCst),
+        "the upstream could send everything to a client that read nothing"
     );
     let mut got = Vec::new();
     client.read_to_end(&mut got).unwrap();
     assert!(
         got == expected,
-        "{} bytes arrived, not the 8,000,000 sent in order",
+        "{} bytes arrived, not the {SIZE} sent in order",
         got.len()
     );
     client.conn.send_close_notify();
     client.flush().unwrap();
     let outcome = futures::executor::block_on(relayed.ended());
     outcome.result.unwrap();
-    assert_eq!(outcome.down, 8_000_000);
+    assert_eq!(outcome.down, u64::from(SIZE));
     upstream.join().unwrap();
     loops.shutdown();
 }
