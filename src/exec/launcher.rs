@@ -105,7 +105,7 @@ pub fn ensure_proxy(settings: &Settings, pin: Option<Zeroizing<String>>) -> Resu
 
 /// Checks that the proxy answering in the state directory serves this kubeconfig's upstream
 /// and key: a proxy left running for other settings must not carry this cluster's traffic.
-fn same_proxy(settings: &Settings, info: &ProxyInfo) -> Result<(), ExecError> {
+pub fn same_proxy(settings: &Settings, info: &ProxyInfo) -> Result<(), ExecError> {
     let wanted_upstream = settings.upstream.to_string();
     let wanted_key = settings.key.without_pin().to_string();
     let running_upstream = info.upstream.as_str();

@@ -7,9 +7,11 @@
 //! and `proxyConfig`, no key.
 //!
 //! Flow: parse `KUBERNETES_EXEC_INFO` ([`credential`]) → resolve settings from arguments and the
-//! cluster's `client.authentication.k8s.io/exec` extension ([`settings`]) → make sure the proxy
-//! for that cluster runs, starting it detached under a lock if not ([`launcher`]) → ask its
-//! control socket for a credential ([`control_client`]) → print one JSON object.
+//! cluster's `client.authentication.k8s.io/exec` extension ([`settings`]) → ask the proxy's
+//! control socket for a credential ([`control_client`]); its answer names the proxy, which must
+//! be the one these settings want. Only when that request fails: make sure the proxy for that
+//! cluster runs, starting it detached under a lock if not ([`launcher`]), and ask again → print
+//! one JSON object.
 
 pub mod control_client;
 pub mod credential;
@@ -39,35 +41,81 @@ pub fn plugin_command() -> std::io::Result<PathBuf> {
 }
 
 /// Produces the credential for one exec-plugin invocation.
+///
+/// kubectl runs the plugin once per process, so this is on the path of every `kubectl get`.
+/// With the proxy already running (the common case) it costs one control request: the answer
+/// names the proxy that gave it (`/v1/credential` carries `/v1/info`'s fields), and that is
+/// checked as a start would check it. Any failure of that one request takes the full path:
+/// the PIN if a start needs one, then the check-and-start under the start lock, then the
+/// request again, so every error is the full path's, precise one.
 pub fn run(info: &ExecInfo, settings: &Settings) -> Result<ExecCredential, ExecError> {
-    let pin = settings::pin_for(settings, info.interactive)?;
-    launcher::ensure_proxy(settings, pin)?;
     let sock = settings.control_socket();
-    if settings.cert_only {
-        let answer = control_client::info(&sock)?;
-        return Ok(ExecCredential::new(
-            info.api_version,
-            ExecCredentialStatus {
-                client_certificate_data: Some(answer.certificate_chain_pem),
-                proxy_config: Some(ProxyConfig {
-                    url: answer.server.unwrap_or_default(),
-                    certificate_authority_data: base64::engine::general_purpose::STANDARD
-                        .encode(answer.certificate_authority_pem),
-                }),
-                ..Default::default()
-            },
-        ));
+    let answer = match ask(&sock, settings.cert_only) {
+        Ok(answer) => {
+            launcher::same_proxy(settings, answer.info())?;
+            answer
+        }
+        Err(_) => {
+            let pin = settings::pin_for(settings, info.interactive)?;
+            launcher::ensure_proxy(settings, pin)?;
+            ask(&sock, settings.cert_only)?
+        }
+    };
+    Ok(answer.into_credential(info.api_version))
+}
+
+/// What the control socket answered: the proxy's info (`--cert-only`) or a credential.
+enum Answer {
+    Info(crate::control_api::ProxyInfo),
+    Credential(crate::control_api::LoopbackCredential),
+}
+
+/// One control request: `/v1/info` for `--cert-only` (no key is minted that would be thrown
+/// away), else `/v1/credential`.
+fn ask(sock: &std::path::Path, cert_only: bool) -> Result<Answer, ExecError> {
+    Ok(if cert_only {
+        Answer::Info(control_client::info(sock)?)
+    } else {
+        Answer::Credential(control_client::credential(sock)?)
+    })
+}
+
+impl Answer {
+    /// The proxy that answered.
+    fn info(&self) -> &crate::control_api::ProxyInfo {
+        match self {
+            Answer::Info(info) => info,
+            Answer::Credential(cred) => &cred.info,
+        }
     }
-    let answer = control_client::credential(&sock)?;
-    Ok(ExecCredential::new(
-        info.api_version,
-        ExecCredentialStatus {
-            expiration_timestamp: Some(expiry_before(answer.expiration_unix)),
-            client_certificate_data: Some(answer.client_certificate_pem),
-            client_key_data: Some(answer.client_key_pem),
-            ..Default::default()
-        },
-    ))
+
+    /// The ExecCredential for client-go: the hardware chain and `proxyConfig` in the KEP-2718
+    /// shape (`--cert-only`), else the loopback certificate and its throw-away key.
+    fn into_credential(self, api_version: credential::ApiVersion) -> ExecCredential {
+        match self {
+            Answer::Info(answer) => ExecCredential::new(
+                api_version,
+                ExecCredentialStatus {
+                    client_certificate_data: Some(answer.certificate_chain_pem),
+                    proxy_config: Some(ProxyConfig {
+                        url: answer.server.unwrap_or_default(),
+                        certificate_authority_data: base64::engine::general_purpose::STANDARD
+                            .encode(answer.certificate_authority_pem),
+                    }),
+                    ..Default::default()
+                },
+            ),
+            Answer::Credential(answer) => ExecCredential::new(
+                api_version,
+                ExecCredentialStatus {
+                    expiration_timestamp: Some(expiry_before(answer.expiration_unix)),
+                    client_certificate_data: Some(answer.client_certificate_pem),
+                    client_key_data: Some(answer.client_key_pem),
+                    ..Default::default()
+                },
+            ),
+        }
+    }
 }
 
 /// client-go must ask again *before* the loopback certificate expires (it ignores NotAfter and

@@ -410,6 +410,51 @@ fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
     );
 }
 
+/// kubectl runs the plugin once per process, so its control requests are on the path of every
+/// `kubectl get`: with the proxy running, one request (the credential names the proxy that gave
+/// it) instead of `/v1/info` and then `/v1/credential`. Counted as the plugin's connections to
+/// the control socket, under strace. On c3b946d there were 2, both with and without
+/// `--cert-only`.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_running_proxy_answers_the_plugin_in_one_control_request() {
+    support::tools::require_tool("strace", "strace");
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let info = c.exec_info("client.authentication.k8s.io/v1");
+    // The first call starts the proxy.
+    run_ok(&mut c.credential(&info, &[]));
+    for args in [&[][..], &["--cert-only"][..]] {
+        let trace = c.dir.path().join("connects");
+        let plugin = c.credential(&info, args);
+        let mut traced = Command::new("strace");
+        traced
+            .args(["-f", "-qq", "-e", "trace=connect", "-o"])
+            .arg(&trace)
+            .arg(plugin.get_program())
+            .args(plugin.get_args())
+            .envs(
+                plugin
+                    .get_envs()
+                    .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+            );
+        let out = run_ok(&mut traced);
+        let cred: serde_json::Value =
+            serde_json::from_str(&stdout(&out)).expect("stdout is one JSON object");
+        assert_eq!(cred["kind"], "ExecCredential", "{cred}");
+        let text = std::fs::read_to_string(&trace).expect("strace output");
+        let control: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("connect(") && l.contains("control.sock"))
+            .collect();
+        assert_eq!(
+            control.len(),
+            1,
+            "plugin {args:?}: one control request with the proxy running: {control:#?}"
+        );
+    }
+    assert_eq!(c.proxy_starts(), 1);
+}
+
 /// Files the plugin writes in a state directory are not followed through a symbolic link, nor
 /// waited on as a FIFO: root's plugin (kubelet's) writes in the proxy service user's directory,
 /// and a link planted there made root append its log line to any file (`proxy.log`) or create
