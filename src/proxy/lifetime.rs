@@ -44,11 +44,17 @@ impl std::fmt::Display for StopReason {
 }
 
 /// Open connections and the time of the last change.
+///
+/// Nothing is woken when a connection opens or ends or a credential is handed out: the idle
+/// watch ([`watch_idle`]) reads the time of the last change when its own sleep ends. (It was
+/// woken at each of them before, a cross-thread wake-up of the main thread twice per
+/// connection, for nothing.) Only the last connection's end notifies, for [`drain`].
 #[derive(Debug)]
 pub struct Activity {
     open: AtomicUsize,
     last_change: Mutex<Instant>,
-    changed: Notify,
+    /// Notified when the last open connection ends.
+    emptied: Notify,
     metrics: Arc<Metrics>,
 }
 
@@ -58,7 +64,7 @@ impl Activity {
         Activity {
             open: AtomicUsize::new(0),
             last_change: Mutex::new(Instant::now()),
-            changed: Notify::new(),
+            emptied: Notify::new(),
             metrics,
         }
     }
@@ -76,7 +82,6 @@ impl Activity {
     /// Marks activity without a connection (e.g. a credential handed out).
     pub fn touch(&self) {
         *self.last_change.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-        self.changed.notify_waiters();
     }
 
     /// Connections open now.
@@ -105,9 +110,13 @@ pub struct ConnGuard {
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        self.activity.open.fetch_sub(1, Ordering::SeqCst);
+        let was = self.activity.open.fetch_sub(1, Ordering::SeqCst);
         self.activity.metrics.active_dec();
         self.activity.touch();
+        if was == 1 {
+            // Wakes a drain only (nobody else waits on it): no wake-up while the proxy runs.
+            self.activity.emptied.notify_waiters();
+        }
     }
 }
 
@@ -151,18 +160,16 @@ pub async fn wait_for_stop(
     }
 }
 
+/// Resolves when no connection has been open for `limit` since the last change. It sleeps
+/// until the earliest moment that could be, and looks: while connections are open that is
+/// `limit` from now (the last one to end makes the proxy idle from its end, found exactly by
+/// the look after), else `limit` after the last change. Nothing wakes it in between.
 async fn watch_idle(activity: &Activity, limit: Duration) -> StopReason {
     loop {
-        let notified = activity.changed.notified();
         match activity.idle_for() {
             Some(idle) if idle >= limit => return StopReason::Idle(limit),
-            Some(idle) => {
-                tokio::select! {
-                    _ = tokio::time::sleep(limit - idle) => {}
-                    _ = notified => {}
-                }
-            }
-            None => notified.await,
+            Some(idle) => tokio::time::sleep(limit - idle).await,
+            None => tokio::time::sleep(limit).await,
         }
     }
 }
@@ -204,7 +211,7 @@ pub async fn drain(activity: &Activity, timeout: Duration) -> bool {
         .checked_add(timeout)
         .unwrap_or_else(|| now + std::time::Duration::from_secs(100 * 365 * 24 * 3600));
     loop {
-        let notified = activity.changed.notified();
+        let notified = activity.emptied.notified();
         if activity.open() == 0 {
             return true;
         }

@@ -242,6 +242,48 @@ fn an_idle_connection_costs_the_proxy_at_most_11_kib() {
     );
 }
 
+/// A proxy with `--idle-exit` (every proxy the exec plugin starts: 30 minutes by default) does
+/// not wake its main thread, where the idle watch runs, for each connection. Each connection's
+/// start and end notified the watch, which woke, saw the proxy busy or not yet idle long
+/// enough, and slept again: two cross-thread wake-ups per kubectl connection, for nothing. The
+/// watch now sleeps until the earliest moment the proxy could be idle long enough, and looks.
+/// Counted as the main thread's voluntary context switches over 60 connections, one request
+/// each; on 3f1d951 there were about 2 per connection.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn connections_do_not_wake_the_idle_watch() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        support::proxy::ProxyOptions::args(&["--idle-exit", "10m"]),
+    );
+    let one = || {
+        let mut c = RawHttp::connect(&proxy.socket);
+        c.send("GET /version HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        let (status, _) = c.read_response();
+        assert_eq!(status, 200, "{}", proxy.log());
+    };
+    one(); // the upstream handshake
+    let pid = proxy.guard.id();
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).expect("the proxy's name");
+    assert!(name.starts_with("hwkey-net"), "the network side is {name}");
+    let main_thread = || switches_of_threads(pid, "hwkey-net");
+    let before = main_thread();
+    let connections = 60;
+    for _ in 0..connections {
+        one();
+    }
+    // Each connection has ended in the proxy too (a connection's end is where it woke).
+    proxy.wait_for_metric("hwkey_connections_active", 0.0);
+    let woken = main_thread() - before;
+    assert!(
+        woken <= 6,
+        "{connections} connections woke the proxy's main thread (the idle watch) {woken} times; it should sleep through them"
+    );
+}
+
 /// The voluntary context switches of the proxy's threads whose name starts with `prefix`
 /// (`/proc/PID/task/*/comm`, at most 15 bytes of the name): how often they went to sleep and
 /// were woken.
