@@ -9,6 +9,9 @@
 //!   parsing the credential) plus the proxy. No plugin can cost less than `cat`.
 //! - **the proxy alone**: the same loopback credential written into the kubeconfig, no exec
 //!   plugin at all: the loopback TLS hop and the proxy.
+//! - **an exec plugin, no proxy**: the plain kubeconfig with `/bin/cat` of an ExecCredential
+//!   holding the plain certificate and key as its exec plugin: what kubectl's exec machinery
+//!   costs by itself, the floor of the goal for any exec plugin.
 //!
 //! Needs the binaries hsm-fixtures/build-kube.sh builds (`HWKEY_KUBE_BIN`, which
 //! hsm-fixtures/bench.sh sets). Results: target/hwkey-bench/apiserver.json.
@@ -85,6 +88,7 @@ fn main() {
     )
     .expect("write the plain kubeconfig");
     let (floor_config, static_config) = decomposition(&id, &hwkey_config, dir);
+    let exec_config = plain_by_exec(dir, &cluster, &soft_cert, &soft_key);
 
     let kubectl = |config: &Path, args: &[&str]| {
         let mut cmd = Command::new("kubectl");
@@ -111,7 +115,13 @@ fn main() {
     let one: &[&str] = &["get", "configmap", "cm-1", "-o", "name"];
     let list: &[&str] = &["get", "configmaps", "-o", "name"];
     // Warm up: the first hwkey call starts the proxy, each fills kubectl's discovery cache.
-    for config in [&hwkey_config, &floor_config, &static_config, &plain_config] {
+    for config in [
+        &hwkey_config,
+        &floor_config,
+        &static_config,
+        &exec_config,
+        &plain_config,
+    ] {
         let out = kubectl(config, list).output().expect("run kubectl");
         assert!(
             out.status.success(),
@@ -125,12 +135,13 @@ fn main() {
     let rounds = common::pick(30, 4);
     let mut rows = Vec::new();
     for (label, args) in [("one object", one), ("1,000-object list", list)] {
-        let (mut through, mut floor, mut alone, mut plain) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut through, mut floor, mut alone, mut exec, mut plain) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             through.push(time(kubectl(&hwkey_config, args)));
             floor.push(time(kubectl(&floor_config, args)));
             alone.push(time(kubectl(&static_config, args)));
+            exec.push(time(kubectl(&exec_config, args)));
             plain.push(time(kubectl(&plain_config, args)));
         }
         let ratio = Stat::of(&common::paired_ratios(&through, &plain));
@@ -177,6 +188,16 @@ fn main() {
                 &alone,
             )
             .note("the loopback TLS hop and the proxy, without the exec plugin"),
+        );
+        rows.push(
+            versus_plain(
+                row(
+                    "an exec plugin, no proxy: /bin/cat of the plain certificate and key",
+                    &exec,
+                ),
+                &exec,
+            )
+            .note("kubectl's exec machinery alone, straight to the API server: the floor of the goal for any exec plugin"),
         );
     }
     common::finish("apiserver", load_before, started, rows);
@@ -249,4 +270,28 @@ fn decomposition(id: &Identity, hwkey_config: &Path, dir: &Path) -> (PathBuf, Pa
     )
     .expect("write the static kubeconfig");
     (floor_config, static_config)
+}
+
+/// The plain kubeconfig with its certificate and key handed over by an exec plugin, `/bin/cat`
+/// of an ExecCredential that holds them: kubectl's exec machinery with nothing else.
+fn plain_by_exec(dir: &Path, cluster: &KubeCluster, cert: &Path, key: &Path) -> PathBuf {
+    let read = |p: &Path| std::fs::read_to_string(p).expect("read the plain credential");
+    let credential = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+        "status": {"clientCertificateData": read(cert), "clientKeyData": read(key)},
+    });
+    let file = dir.join("plain-credential.json");
+    std::fs::write(&file, credential.to_string()).expect("write the plain credential");
+    let config = dir.join("plain-exec.kubeconfig");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: plain\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: plain\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/cat\n      args: [{}]\n      interactiveMode: Never\ncontexts:\n- name: plain\n  context: {{cluster: plain, user: plain}}\ncurrent-context: plain\n",
+            cluster.url(),
+            cluster.ca_path().display(),
+            file.display()
+        ),
+    )
+    .expect("write the plain exec kubeconfig");
+    config
 }
