@@ -15,14 +15,28 @@ use crate::control_api::{ControlError, LoopbackCredential, ProxyInfo};
 
 use super::ExecError;
 
+/// How long the proxy may take to answer a request: opening a credential's key may wait for a
+/// busy machine, never for the token.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// `GET /v1/info`: what the proxy answering on `sock` serves.
 pub fn info(sock: &Path) -> Result<ProxyInfo, ExecError> {
-    get(sock, "/v1/info")
+    info_within(sock, ANSWER_TIMEOUT)
 }
 
 /// `GET /v1/credential`: a fresh loopback credential.
 pub fn credential(sock: &Path) -> Result<LoopbackCredential, ExecError> {
-    get(sock, "/v1/credential")
+    credential_within(sock, ANSWER_TIMEOUT)
+}
+
+/// [`info`], waiting at most `timeout` between the answer's bytes.
+pub fn info_within(sock: &Path, timeout: Duration) -> Result<ProxyInfo, ExecError> {
+    get(sock, "/v1/info", timeout)
+}
+
+/// [`credential`], waiting at most `timeout` between the answer's bytes.
+pub fn credential_within(sock: &Path, timeout: Duration) -> Result<LoopbackCredential, ExecError> {
+    get(sock, "/v1/credential", timeout)
 }
 
 /// What went wrong on the control socket, for [`ExecError::Control`].
@@ -51,7 +65,7 @@ pub enum ControlProblem {
 }
 
 /// GETs `path` on the control socket and decodes the JSON body of a 200 answer as `T`.
-fn get<T: DeserializeOwned>(sock: &Path, path: &str) -> Result<T, ExecError> {
+fn get<T: DeserializeOwned>(sock: &Path, path: &str, timeout: Duration) -> Result<T, ExecError> {
     let err = |problem| ExecError::Control {
         path: sock.to_path_buf(),
         problem,
@@ -60,7 +74,7 @@ fn get<T: DeserializeOwned>(sock: &Path, path: &str) -> Result<T, ExecError> {
     crate::state_dir::check_file(sock).map_err(|e| err(ControlProblem::Io(e)))?;
     let mut stream = UnixStream::connect(sock).map_err(|e| err(ControlProblem::Io(e)))?;
     stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
+        .set_read_timeout(Some(timeout))
         .map_err(|e| err(ControlProblem::Io(e)))?;
     write!(
         stream,

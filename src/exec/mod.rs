@@ -50,7 +50,7 @@ pub fn plugin_command() -> std::io::Result<PathBuf> {
 /// request again, so every error is the full path's, precise one.
 pub fn run(info: &ExecInfo, settings: &Settings) -> Result<ExecCredential, ExecError> {
     let sock = settings.control_socket();
-    let answer = match ask(&sock, settings.cert_only) {
+    let answer = match ask(&sock, settings.cert_only, QUICK_ANSWER) {
         Ok(answer) => {
             launcher::same_proxy(settings, answer.info())?;
             answer
@@ -58,11 +58,17 @@ pub fn run(info: &ExecInfo, settings: &Settings) -> Result<ExecCredential, ExecE
         Err(_) => {
             let pin = settings::pin_for(settings, info.interactive)?;
             launcher::ensure_proxy(settings, pin)?;
-            ask(&sock, settings.cert_only)?
+            ask(&sock, settings.cert_only, control_client::ANSWER_TIMEOUT)?
         }
     };
     Ok(answer.into_credential(info.api_version))
 }
+
+/// How long the first request waits for an answer. A running proxy answers in well under a
+/// millisecond; one silent for this long is stopped or stuck, and the full path (which waits
+/// [`control_client::ANSWER_TIMEOUT`] and says which) takes over, so a stuck proxy costs the
+/// user this much more than before the first request existed, not another 30 s.
+const QUICK_ANSWER: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// What the control socket answered: the proxy's info (`--cert-only`) or a credential.
 enum Answer {
@@ -72,11 +78,15 @@ enum Answer {
 
 /// One control request: `/v1/info` for `--cert-only` (no key is minted that would be thrown
 /// away), else `/v1/credential`.
-fn ask(sock: &std::path::Path, cert_only: bool) -> Result<Answer, ExecError> {
+fn ask(
+    sock: &std::path::Path,
+    cert_only: bool,
+    timeout: std::time::Duration,
+) -> Result<Answer, ExecError> {
     Ok(if cert_only {
-        Answer::Info(control_client::info(sock)?)
+        Answer::Info(control_client::info_within(sock, timeout)?)
     } else {
-        Answer::Credential(control_client::credential(sock)?)
+        Answer::Credential(control_client::credential_within(sock, timeout)?)
     })
 }
 

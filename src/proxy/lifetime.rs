@@ -71,12 +71,21 @@ impl Activity {
 
     /// Registers an open connection until the guard is dropped.
     pub fn enter(self: &Arc<Self>) -> ConnGuard {
-        self.open.fetch_add(1, Ordering::SeqCst);
+        self.changed(|open| open.fetch_add(1, Ordering::SeqCst));
         self.metrics.active_inc();
-        self.touch();
         ConnGuard {
             activity: self.clone(),
         }
+    }
+
+    /// Changes the count of open connections and the time of the last change together, under
+    /// the lock [`Activity::idle_for`] reads both under: the idle watch never sees the count
+    /// of after a connection's end with the time of before it (which would make a proxy whose
+    /// one long watch just ended idle at once, not `--idle-exit` later).
+    fn changed(&self, change: impl FnOnce(&AtomicUsize) -> usize) -> usize {
+        let mut last = self.last_change.lock().unwrap_or_else(|p| p.into_inner());
+        *last = Instant::now();
+        change(&self.open)
     }
 
     /// Marks activity without a connection (e.g. a credential handed out).
@@ -90,15 +99,8 @@ impl Activity {
     }
 
     fn idle_for(&self) -> Option<Duration> {
-        if self.open() > 0 {
-            return None;
-        }
-        Some(
-            self.last_change
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .elapsed(),
-        )
+        let last = self.last_change.lock().unwrap_or_else(|p| p.into_inner());
+        (self.open() == 0).then(|| last.elapsed())
     }
 }
 
@@ -110,9 +112,10 @@ pub struct ConnGuard {
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        let was = self.activity.open.fetch_sub(1, Ordering::SeqCst);
+        let was = self
+            .activity
+            .changed(|open| open.fetch_sub(1, Ordering::SeqCst));
         self.activity.metrics.active_dec();
-        self.activity.touch();
         if was == 1 {
             // Wakes a drain only (nobody else waits on it): no wake-up while the proxy runs.
             self.activity.emptied.notify_waiters();
