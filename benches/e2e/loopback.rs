@@ -45,6 +45,7 @@ pub(crate) async fn loopback(f: &Fixture) -> Vec<Row> {
     ];
     let mut rows = keep_alive_rows(f, &floor, &whose).await;
     rows.extend(new_connection_rows(f, &floor, &whose).await);
+    rows.extend(unix_new_connection_rows(f).await);
     rows.extend(bulk_rows(f, &floor, &whose).await);
     drop(floor);
     let floor_h2 = FloorRelay::start_both_tls(
@@ -262,6 +263,72 @@ async fn new_connection_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]
             &rate[PROXY],
             "direct TLS, full handshake (software key)",
             &rate[DIRECT],
+        ),
+    ]
+}
+
+/// `count` plain connections to the UNIX socket at `path` one after another, each one GET and
+/// a close; returns connections/s and `whose` CPU µs per connection.
+async fn unix_connections(path: &Path, count: usize, whose: &Whose) -> (f64, f64) {
+    let mut buf = vec![0u8; 4096];
+    let before = whose.cpu_ns();
+    let start = Instant::now();
+    for _ in 0..count {
+        let mut s = tokio::net::UnixStream::connect(path)
+            .await
+            .expect("UNIX connect");
+        http1_get(&mut s, "/version", &mut buf).await;
+        let _ = s.shutdown().await;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let cpu_us = (whose.cpu_ns() - before) as f64 / 1e3 / count as f64;
+    (count as f64 / elapsed, cpu_us)
+}
+
+/// The UNIX socket's new connections (issue 55: ≥ 0.95× the floor relay's rate): plain HTTP
+/// from the client, one GET and a close, against the TLS floor relay ([`FloorRelay::start_tls`]:
+/// one thread, blocking upstream handshake at accept, resumed with the proxy's provider), in
+/// alternating rounds.
+async fn unix_new_connection_rows(f: &Fixture) -> Vec<Row> {
+    let floor = FloorRelay::start_tls(f.upstream.port(), f.as_proxy.clone());
+    let count = pick(400, 100);
+    let rounds = pick(5, 2);
+    let ways = [
+        (f.proxy.socket.clone(), Whose::Process(f.proxy.guard.id())),
+        (floor.socket.clone(), Whose::Task(floor.task_dir())),
+    ];
+    for (path, _) in &ways {
+        unix_connections(path, 20, &Whose::Client).await; // warm: sessions upstream
+    }
+    let mut rate = vec![Vec::new(); 2];
+    let mut cpu = vec![Vec::new(); 2];
+    for way in schedule(rounds, 2) {
+        let (path, whose) = &ways[way];
+        let (r, c) = unix_connections(path, count, whose).await;
+        rate[way].push(r);
+        cpu[way].push(c);
+    }
+    let what = "new connections on the UNIX socket (one GET, close; the upstream resumes)";
+    let label = "TLS floor relay (UNIX socket, rustls to the upstream, one thread, blocking)";
+    vec![
+        at_least(
+            ratio_row(
+                "loopback",
+                &format!("connections/s vs the TLS floor relay, {what}"),
+                "conn/s",
+                &rate[0],
+                label,
+                &rate[1],
+            ),
+            0.95,
+        ),
+        ratio_row(
+            "loopback",
+            &format!("proxy CPU per connection vs the TLS floor relay, {what}"),
+            "µs",
+            &cpu[0],
+            label,
+            &cpu[1],
         ),
     ]
 }
