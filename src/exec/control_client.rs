@@ -50,6 +50,8 @@ pub enum ControlProblem {
     Io(#[source] std::io::Error),
     #[error("the answer is not UTF-8")]
     NotUtf8,
+    #[error("the answer is longer than {max} bytes: what listens on the control socket is not an hwkey proxy")]
+    TooLong { max: usize },
     #[error("the answer is not HTTP")]
     NotHttp,
     #[error("the answer has no status")]
@@ -62,6 +64,44 @@ pub enum ControlProblem {
         #[source]
         source: serde_json::Error,
     },
+}
+
+/// The longest answer read: the proxy's are a few KiB (a certificate chain, a key); whatever
+/// listens on the socket cannot make the plugin hold more.
+pub const MAX_ANSWER: usize = 1 << 20;
+
+/// Reads the whole answer, at most [`MAX_ANSWER`] bytes and `timeout` in all (not per read: a
+/// peer dripping a byte at a time cannot hold kubectl for longer). The answer may hold a
+/// private key: it is kept in a wiped buffer.
+fn read_answer(
+    stream: &mut UnixStream,
+    timeout: Duration,
+) -> Result<Zeroizing<Vec<u8>>, ControlProblem> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut raw = Zeroizing::new(Vec::with_capacity(8 * 1024));
+    let mut chunk = Zeroizing::new([0u8; 8 * 1024]);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(ControlProblem::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no whole answer within {timeout:?}"),
+            )));
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(ControlProblem::Io)?;
+        let n = match stream.read(&mut chunk[..]) {
+            Ok(0) => return Ok(raw),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(ControlProblem::Io(e)),
+        };
+        if raw.len() + n > MAX_ANSWER {
+            return Err(ControlProblem::TooLong { max: MAX_ANSWER });
+        }
+        raw.extend_from_slice(&chunk[..n]);
+    }
 }
 
 /// GETs `path` on the control socket and decodes the JSON body of a 200 answer as `T`.
@@ -81,11 +121,7 @@ fn get<T: DeserializeOwned>(sock: &Path, path: &str, timeout: Duration) -> Resul
         "GET {path} HTTP/1.1\r\nHost: hwkey\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| err(ControlProblem::Io(e)))?;
-    // The answer may hold a private key: keep it in a wiped buffer.
-    let mut raw = Zeroizing::new(Vec::new());
-    stream
-        .read_to_end(&mut raw)
-        .map_err(|e| err(ControlProblem::Io(e)))?;
+    let raw = read_answer(&mut stream, timeout).map_err(err)?;
     let text = std::str::from_utf8(&raw).map_err(|_| err(ControlProblem::NotUtf8))?;
     let (head, body) = text
         .split_once("\r\n\r\n")

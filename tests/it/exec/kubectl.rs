@@ -794,6 +794,60 @@ fn the_plugin_leaves_a_control_socket_someone_listens_on() {
     );
 }
 
+/// Whatever listens on the control socket (a process of the same user posing as the proxy)
+/// cannot make the plugin read without end: an answer of 64 MiB, then silence, was read whole
+/// into memory and then waited on for 30 s per request (on 523bbf5 the plugin had not finished
+/// after 20 s). Now an answer longer than 1 MiB is refused at once, and the plugin says what
+/// listens there; stdout stays empty and no proxy is started.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_plugin_reads_no_endless_answer_from_its_control_socket() {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let state = c.dir.path().join("state-endless");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&state)
+        .expect("state dir");
+    let sock = state.join("control.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let _ =
+                    conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{");
+                let block = vec![b' '; 1 << 16];
+                for _ in 0..1024 {
+                    if conn.write_all(&block).is_err() {
+                        return;
+                    }
+                }
+                std::thread::sleep(Duration::from_secs(120));
+            });
+        }
+    });
+    let out = support::run_fail_within(
+        &mut c.credential(
+            &c.exec_info_with(&c.server(), c.extension_in("state-endless")),
+            &[],
+        ),
+        Duration::from_secs(20),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.stdout.is_empty(), "stdout must stay empty on error");
+    assert!(
+        err.contains("longer than 1048576 bytes") && err.contains("listens on the control socket"),
+        "{err}"
+    );
+    assert!(
+        !state.join("proxy.pid").exists(),
+        "a second proxy was started"
+    );
+}
+
 /// A proxy running in the state directory but listening on another port than the kubeconfig's
 /// (the kubeconfig regenerated with another `--port`, or a second kubeconfig with the same
 /// state directory) was taken as this kubeconfig's: the plugin handed out a credential for a
