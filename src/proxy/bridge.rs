@@ -126,6 +126,10 @@ async fn serve(shared: &Bridge, client: Client, prefix: Vec<u8>, alpn: Option<Ve
             return;
         }
     }
+    // Freed before the relay: the first read's buffer (up to a record's plaintext) would
+    // otherwise stay with the connection for its whole life.
+    let replayed = prefix.len() as u64;
+    drop(prefix);
     let loops = shared
         .relay_loops
         .as_deref()
@@ -137,9 +141,7 @@ async fn serve(shared: &Bridge, client: Client, prefix: Vec<u8>, alpn: Option<Ve
         },
         None => on_task(shared, client.boxed(), up, epoch).await,
     };
-    shared
-        .metrics
-        .bytes(to_upstream + prefix.len() as u64, to_client);
+    shared.metrics.bytes(to_upstream + replayed, to_client);
 }
 
 /// When the proxy ends a connection opened with the certificate of `epoch`. Made by the future

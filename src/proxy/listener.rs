@@ -480,7 +480,7 @@ async fn handle_unix(shared: &Clients, mut stream: ClientUnixStream) {
             return;
         }
     };
-    let alpn: &[u8] = if prefix.as_slice() == H2_PREFACE {
+    let alpn: &[u8] = if prefix.starts_with(H2_PREFACE) {
         b"h2"
     } else {
         b"http/1.1"
@@ -491,22 +491,55 @@ async fn handle_unix(shared: &Clients, mut stream: ClientUnixStream) {
         .await;
 }
 
-/// Reads just enough to tell the HTTP/2 preface from anything else.
+/// What the first read of a UNIX-socket client may take: one TLS record's plaintext, so what
+/// arrived with the preface (or a whole HTTP/1.1 request) goes upstream in one record.
+const FIRST_READ: usize = 16 * 1024;
+
+/// Reads the client's first bytes: at least enough to tell the HTTP/2 preface from anything
+/// else, and whatever else one read finds. A request that came in one piece is then replayed
+/// upstream in one piece (one record sealed, one write, one read for the API server), where
+/// reading only the preface's 24 bytes split every first request in two.
 async fn sniff(stream: &mut ClientUnixStream) -> std::io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; H2_PREFACE.len()];
+    let mut buf = vec![0u8; FIRST_READ];
     let mut len = 0;
-    while len < buf.len() {
-        let n = stream.read(&mut buf[len..]).await?;
+    while len < H2_PREFACE.len() {
+        let n = match first_read(stream, &mut buf[len..], len == 0) {
+            Some(n) => n?,
+            None => stream.read(&mut buf[len..]).await?,
+        };
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
         len += n;
-        if buf[..len] != H2_PREFACE[..len] {
+        let seen = len.min(H2_PREFACE.len());
+        if buf[..seen] != H2_PREFACE[..seen] {
             break;
         }
     }
     buf.truncate(len);
     Ok(buf)
+}
+
+/// The first read, tried on the socket at once: a client writes its request with its connect,
+/// so it is usually there, while a fresh registration with the runtime knows of no readiness
+/// yet and would wait for `epoll_wait` to report it (one more system call and one more poll of
+/// the task per connection). None when it must wait after all (nothing there, or not the first
+/// read).
+fn first_read(
+    stream: &ClientUnixStream,
+    buf: &mut [u8],
+    first: bool,
+) -> Option<std::io::Result<usize>> {
+    use std::io::Read;
+    let mut socket = stream.socket()?;
+    if !first {
+        return None;
+    }
+    match socket.read(buf) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => None,
+        r => Some(r),
+    }
 }
 
 async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preauth: Ticket) {
@@ -589,5 +622,62 @@ fn handshake_outcome<T>(
             refused("loopback TLS handshake timed out; closed", &peer);
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::io::Write;
+
+    /// Polls `f` once, with a waker that does nothing.
+    fn poll_once<F: Future>(f: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+        f.poll(&mut Context::from_waker(std::task::Waker::noop()))
+    }
+
+    /// Issue 55: a request the client wrote with its connect is read at the first poll, whole
+    /// (a fresh registration with the runtime knows no readiness yet: waiting for it cost an
+    /// `epoll_wait` and a poll more per connection), and all of it is kept for the upstream,
+    /// not just the 24 bytes that tell HTTP/2 from HTTP/1.1.
+    #[tokio::test]
+    async fn a_request_already_there_is_read_whole_at_the_first_poll() {
+        let request = b"GET /version HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n";
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        theirs.write_all(request).unwrap();
+        let mut stream = ClientUnixStream::new(ours).unwrap();
+        let mut read = std::pin::pin!(sniff(&mut stream));
+        match poll_once(read.as_mut()) {
+            Poll::Ready(Ok(got)) => assert_eq!(got, request),
+            Poll::Ready(Err(e)) => panic!("{e}"),
+            Poll::Pending => panic!("the first poll waited for bytes that were already there"),
+        }
+    }
+
+    /// The HTTP/2 preface is still told apart when it comes in pieces, and what follows it in
+    /// the same read is kept; a client that closes before 24 bytes is an error.
+    #[tokio::test]
+    async fn the_preface_in_pieces_is_still_recognised() {
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut stream = ClientUnixStream::new(ours).unwrap();
+        let writer = std::thread::spawn(move || {
+            theirs.write_all(&H2_PREFACE[..10]).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            let mut rest = H2_PREFACE[10..].to_vec();
+            rest.extend_from_slice(b"\0\0\0\x04\0\0\0\0\0");
+            theirs.write_all(&rest).unwrap();
+            theirs
+        });
+        let got = sniff(&mut stream).await.unwrap();
+        assert!(got.starts_with(H2_PREFACE), "{got:?}");
+        assert_eq!(&got[24..], b"\0\0\0\x04\0\0\0\0\0");
+        drop(writer.join().unwrap());
+
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut stream = ClientUnixStream::new(ours).unwrap();
+        theirs.write_all(&H2_PREFACE[..10]).unwrap();
+        drop(theirs);
+        let e = sniff(&mut stream).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 }

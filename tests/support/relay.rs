@@ -2,7 +2,9 @@
 //! hangs (accepts, then never answers), for the tests of timeouts and lease deadlines. It can
 //! also forget flows that stay idle, as a NAT or a stateful firewall does: once a connection has
 //! moved no byte for a while, its bytes are dropped silently in both directions and its
-//! sockets stay open (nothing tells either end).
+//! sockets stay open (nothing tells either end). It also counts the TLS records its clients
+//! send that carry encrypted data (content type 23), following the records' headers through
+//! the byte stream: how many pieces the upstream receives.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -17,6 +19,8 @@ pub struct FreezableRelay {
     frozen: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     forgotten: Arc<AtomicU64>,
+    records: Arc<AtomicU64>,
+    connections: Arc<AtomicU64>,
 }
 
 /// One relayed connection's state, shared by its two directions.
@@ -62,6 +66,16 @@ impl FreezableRelay {
         self.forgotten.load(Ordering::SeqCst)
     }
 
+    /// How many application-data TLS records (type 23) the relay's clients have sent so far.
+    pub fn client_records(&self) -> u64 {
+        self.records.load(Ordering::SeqCst)
+    }
+
+    /// How many connections the relay has accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::SeqCst)
+    }
+
     fn start_with(upstream: u16, idle: Option<Duration>) -> FreezableRelay {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
         let port = listener.local_addr().expect("relay address").port();
@@ -69,11 +83,15 @@ impl FreezableRelay {
         let frozen = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let forgotten = Arc::new(AtomicU64::new(0));
+        let records = Arc::new(AtomicU64::new(0));
+        let connections = Arc::new(AtomicU64::new(0));
         let (f, s, lost) = (frozen.clone(), stop.clone(), forgotten.clone());
+        let (counted, accepted) = (records.clone(), connections.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((client, _)) => {
+                        accepted.fetch_add(1, Ordering::SeqCst);
                         let _ = client.set_nonblocking(false);
                         let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
                             continue;
@@ -84,15 +102,22 @@ impl FreezableRelay {
                             dead: Arc::new(AtomicBool::new(false)),
                             forgotten: lost.clone(),
                         };
-                        for (from, to) in [
-                            (client.try_clone(), server.try_clone()),
-                            (server.try_clone(), client.try_clone()),
+                        for (from, to, count) in [
+                            (
+                                client.try_clone(),
+                                server.try_clone(),
+                                Some(counted.clone()),
+                            ),
+                            (server.try_clone(), client.try_clone(), None),
                         ] {
                             let (Ok(from), Ok(to)) = (from, to) else {
                                 continue;
                             };
                             let (f, s, flow) = (f.clone(), s.clone(), flow.clone());
-                            std::thread::spawn(move || copy(from, to, &f, &s, &flow));
+                            let mut records = count.map(Records::new);
+                            std::thread::spawn(move || {
+                                copy(from, to, &f, &s, &flow, records.as_mut())
+                            });
                         }
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
@@ -104,6 +129,8 @@ impl FreezableRelay {
             frozen,
             stop,
             forgotten,
+            records,
+            connections,
         }
     }
 
@@ -130,6 +157,7 @@ fn copy(
     frozen: &AtomicBool,
     stop: &AtomicBool,
     flow: &Flow,
+    mut records: Option<&mut Records>,
 ) {
     let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
     let mut buf = [0u8; 16 * 1024];
@@ -141,6 +169,9 @@ fn copy(
         match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
+                if let Some(r) = records.as_deref_mut() {
+                    r.follow(&buf[..n]);
+                }
                 if flow.passes() && to.write_all(&buf[..n]).is_err() {
                     break;
                 }
@@ -156,5 +187,45 @@ fn copy(
     // A forgotten flow passes no FIN either.
     if !flow.dead.load(Ordering::SeqCst) {
         let _ = to.shutdown(Shutdown::Write);
+    }
+}
+
+/// Follows TLS record headers through one direction's bytes, counting application-data records.
+struct Records {
+    count: Arc<AtomicU64>,
+    /// The current record's header bytes seen so far (5 when its body is being skipped).
+    header: Vec<u8>,
+    /// Body bytes of the current record still to skip.
+    body: usize,
+}
+
+impl Records {
+    fn new(count: Arc<AtomicU64>) -> Records {
+        Records {
+            count,
+            header: Vec::with_capacity(5),
+            body: 0,
+        }
+    }
+
+    fn follow(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.body > 0 {
+                let n = self.body.min(bytes.len());
+                self.body -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            let n = (5 - self.header.len()).min(bytes.len());
+            self.header.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            if self.header.len() == 5 {
+                if self.header[0] == 23 {
+                    self.count.fetch_add(1, Ordering::SeqCst);
+                }
+                self.body = usize::from(u16::from_be_bytes([self.header[3], self.header[4]]));
+                self.header.clear();
+            }
+        }
     }
 }

@@ -491,3 +491,61 @@ fn download_rest<S: std::io::Read + std::io::Write>(
         .expect("the download");
     assert_eq!(got, size);
 }
+
+/// Issue 55: a new UNIX-socket client's request reaches the API server in one TLS record. The
+/// proxy read just the 24 bytes that tell the HTTP/2 preface from HTTP/1.1 before it connected
+/// upstream, and replayed them alone: every connection's first request went up as two records
+/// (two seals and two writes in the proxy, two reads for the API server). Counted by a relay
+/// between the proxy and the upstream that follows the records the proxy sends: after a
+/// resumed handshake, a connection sends its `Finished`, the request and its `close_notify`
+/// (4 records per connection on 38436d2, 3 now).
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_new_unix_connections_request_goes_upstream_in_one_record() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let relay = support::relay::FreezableRelay::start(upstream.port());
+    let proxy = ProxyProcess::start_to(
+        &id,
+        &format!("https://127.0.0.1:{}", relay.port),
+        Default::default(),
+    );
+    let one = |path: &str| {
+        let mut conn = RawHttp::connect(&proxy.socket);
+        conn.send(&format!(
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nUser-Agent: a-client-with-headers/1.0\r\nAccept: application/json\r\n\r\n"
+        ));
+        let (status, _) = conn.read_response();
+        assert_eq!(status, 200, "{}", proxy.log());
+    };
+    // The relay counts a record when its thread has read it: wait until nothing more comes.
+    let settled = || {
+        proxy.wait_for_metric("hwkey_connections_active", 0.0);
+        let mut last = relay.client_records();
+        loop {
+            std::thread::sleep(Duration::from_millis(300));
+            let now = relay.client_records();
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    };
+    one("/version"); // the full handshake; the next ones resume
+    let (records, connections) = (settled(), relay.connections());
+    let n = 20;
+    for _ in 0..n {
+        one("/version");
+    }
+    let records = settled() - records;
+    assert_eq!(
+        relay.connections() - connections,
+        n,
+        "one upstream connection each"
+    );
+    assert!(
+        records <= 3 * n,
+        "{records} records sent upstream by {n} new connections with one request each: \
+         more than 3 each (Finished, the request, close_notify) means the request was split"
+    );
+}
