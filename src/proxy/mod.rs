@@ -36,6 +36,7 @@ pub mod cutoff;
 mod endpoints;
 pub mod error;
 mod failure;
+mod first_bytes;
 pub mod idle;
 pub mod lifetime;
 pub mod limits;
