@@ -25,7 +25,12 @@ pub async fn sniff(stream: &mut ClientUnixStream) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; FIRST_READ];
     let mut len = 0;
     while len < H2_PREFACE.len() {
-        let n = match first_read(stream, &mut buf[len..], len == 0) {
+        let at_once = if len == 0 {
+            first_read(stream, &mut buf)
+        } else {
+            None
+        };
+        let n = match at_once {
             Some(n) => n?,
             None => stream.read(&mut buf[len..]).await?,
         };
@@ -48,19 +53,10 @@ pub async fn sniff(stream: &mut ClientUnixStream) -> std::io::Result<Vec<u8>> {
 /// The first read, tried on the socket at once: a client writes its request with its connect,
 /// so it is usually there, while a fresh registration with the runtime knows of no readiness
 /// yet and would wait for `epoll_wait` to report it (one more system call and one more poll of
-/// the task per connection). None when it must wait after all (nothing there, or not the first
-/// read).
-fn first_read(
-    stream: &ClientUnixStream,
-    buf: &mut [u8],
-    first: bool,
-) -> Option<std::io::Result<usize>> {
+/// the task per connection). None when it must wait after all.
+fn first_read(stream: &ClientUnixStream, buf: &mut [u8]) -> Option<std::io::Result<usize>> {
     use std::io::Read;
-    let mut socket = stream.socket()?;
-    if !first {
-        return None;
-    }
-    match socket.read(buf) {
+    match stream.socket()?.read(buf) {
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => None,
         r => Some(r),
@@ -105,6 +101,29 @@ mod tests {
             Poll::Ready(Err(e)) => panic!("{e}"),
             Poll::Pending => panic!("the first poll waited for bytes that were already there"),
         }
+    }
+
+    /// A request a megabyte long: the first read takes one record's plaintext, and the rest
+    /// stays in the socket, in order, for the relay.
+    #[tokio::test]
+    async fn a_megabyte_request_is_read_one_record_at_first() {
+        use std::io::Read;
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let request: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let sent = request.clone();
+        let writer = std::thread::spawn(move || {
+            theirs.write_all(&sent).unwrap();
+            theirs
+        });
+        let mut stream = ClientUnixStream::new(ours).unwrap();
+        let got = sniff(&mut stream).await.unwrap();
+        assert!(!got.is_empty() && got.len() <= FIRST_READ, "{}", got.len());
+        let mut socket = stream.into_std().unwrap();
+        socket.set_nonblocking(false).unwrap();
+        let mut rest = vec![0u8; request.len() - got.len()];
+        socket.read_exact(&mut rest).unwrap();
+        drop(writer.join().unwrap());
+        assert!(got == request[..got.len()] && rest == request[got.len()..]);
     }
 
     /// The HTTP/2 preface is still told apart when it comes in pieces, and what follows it in

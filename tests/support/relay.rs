@@ -21,6 +21,7 @@ pub struct FreezableRelay {
     forgotten: Arc<AtomicU64>,
     records: Arc<AtomicU64>,
     connections: Arc<AtomicU64>,
+    ended: Arc<AtomicU64>,
 }
 
 /// One relayed connection's state, shared by its two directions.
@@ -76,6 +77,12 @@ impl FreezableRelay {
         self.connections.load(Ordering::SeqCst)
     }
 
+    /// How many clients have ended their side (end of stream, or an error): every record
+    /// they sent has been counted.
+    pub fn clients_ended(&self) -> u64 {
+        self.ended.load(Ordering::SeqCst)
+    }
+
     fn start_with(upstream: u16, idle: Option<Duration>) -> FreezableRelay {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
         let port = listener.local_addr().expect("relay address").port();
@@ -85,8 +92,9 @@ impl FreezableRelay {
         let forgotten = Arc::new(AtomicU64::new(0));
         let records = Arc::new(AtomicU64::new(0));
         let connections = Arc::new(AtomicU64::new(0));
+        let ended = Arc::new(AtomicU64::new(0));
         let (f, s, lost) = (frozen.clone(), stop.clone(), forgotten.clone());
-        let (counted, accepted) = (records.clone(), connections.clone());
+        let (counted, accepted, over) = (records.clone(), connections.clone(), ended.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 match listener.accept() {
@@ -114,7 +122,7 @@ impl FreezableRelay {
                                 continue;
                             };
                             let (f, s, flow) = (f.clone(), s.clone(), flow.clone());
-                            let mut records = count.map(Records::new);
+                            let mut records = count.map(|c| Records::new(c, over.clone()));
                             std::thread::spawn(move || {
                                 copy(from, to, &f, &s, &flow, records.as_mut())
                             });
@@ -131,6 +139,7 @@ impl FreezableRelay {
             forgotten,
             records,
             connections,
+            ended,
         }
     }
 
@@ -184,6 +193,9 @@ fn copy(
             Err(_) => break,
         }
     }
+    if let Some(r) = records {
+        r.ended.fetch_add(1, Ordering::SeqCst);
+    }
     // A forgotten flow passes no FIN either.
     if !flow.dead.load(Ordering::SeqCst) {
         let _ = to.shutdown(Shutdown::Write);
@@ -193,6 +205,8 @@ fn copy(
 /// Follows TLS record headers through one direction's bytes, counting application-data records.
 struct Records {
     count: Arc<AtomicU64>,
+    /// Counts the directions followed to their end.
+    ended: Arc<AtomicU64>,
     /// The current record's header bytes seen so far (5 when its body is being skipped).
     header: Vec<u8>,
     /// Body bytes of the current record still to skip.
@@ -200,9 +214,10 @@ struct Records {
 }
 
 impl Records {
-    fn new(count: Arc<AtomicU64>) -> Records {
+    fn new(count: Arc<AtomicU64>, ended: Arc<AtomicU64>) -> Records {
         Records {
             count,
+            ended,
             header: Vec::with_capacity(5),
             body: 0,
         }

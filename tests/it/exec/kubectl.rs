@@ -751,17 +751,16 @@ fn doctor_checks_the_key_certificate_and_kubeconfig() {
     assert!(text.contains("keys present: 'alice'"), "{text}");
 }
 
-/// A control socket a process listens on but that does not answer as a proxy (a proxy stopped
-/// with SIGSTOP times out, one of another hwkey version answers otherwise; here a listener that
-/// closes each connection unanswered) was taken for a dead proxy's: the plugin removed it and
-/// started a second proxy, and the first ran on without its socket. Now the plugin says what it
-/// found and leaves the socket; stdout stays empty.
-#[cfg(feature = "pkcs11")]
-#[test]
-fn the_plugin_leaves_a_control_socket_someone_listens_on() {
+/// Runs the plugin of `c` with its state directory `name` (mode 0700), where a process of the
+/// same user listens on the control socket and hands each connection to `answer`: the
+/// plugin's failed run (within 20 s), the state directory and the socket.
+fn plugin_against_a_posing_control_socket(
+    c: &Cluster,
+    name: &str,
+    answer: fn(std::os::unix::net::UnixStream),
+) -> (Output, PathBuf, PathBuf) {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let c = Cluster::new(Identity::softhsm, "10m");
-    let state = c.dir.path().join("state-live");
+    let state = c.dir.path().join(name);
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&state)
@@ -770,19 +769,29 @@ fn the_plugin_leaves_a_control_socket_someone_listens_on() {
     let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            drop(conn);
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || answer(conn));
         }
     });
     let out = support::run_fail_within(
-        &mut c.credential(
-            &c.exec_info_with(&c.server(), c.extension_in("state-live")),
-            &[],
-        ),
+        &mut c.credential(&c.exec_info_with(&c.server(), c.extension_in(name)), &[]),
         Duration::from_secs(20),
     );
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.stdout.is_empty(), "stdout must stay empty on error");
+    (out, state, sock)
+}
+
+/// A control socket a process listens on but that does not answer as a proxy (a proxy stopped
+/// with SIGSTOP times out, one of another hwkey version answers otherwise; here a listener that
+/// closes each connection unanswered) was taken for a dead proxy's: the plugin removed it and
+/// started a second proxy, and the first ran on without its socket. Now the plugin says what it
+/// found and leaves the socket; stdout stays empty.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_plugin_leaves_a_control_socket_someone_listens_on() {
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let (out, state, sock) = plugin_against_a_posing_control_socket(&c, "state-live", drop);
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("listens on the control socket") && err.contains("proxy.pid"),
         "{err}"
@@ -802,42 +811,20 @@ fn the_plugin_leaves_a_control_socket_someone_listens_on() {
 #[cfg(feature = "pkcs11")]
 #[test]
 fn the_plugin_reads_no_endless_answer_from_its_control_socket() {
-    use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let c = Cluster::new(Identity::softhsm, "10m");
-    let state = c.dir.path().join("state-endless");
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&state)
-        .expect("state dir");
-    let sock = state.join("control.sock");
-    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
-    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            std::thread::spawn(move || {
-                let _ =
-                    conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{");
-                let block = vec![b' '; 1 << 16];
-                for _ in 0..1024 {
-                    if conn.write_all(&block).is_err() {
-                        return;
-                    }
-                }
-                std::thread::sleep(Duration::from_secs(120));
-            });
+    let endless = |mut conn: std::os::unix::net::UnixStream| {
+        use std::io::Write;
+        let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{");
+        let block = vec![b' '; 1 << 16];
+        for _ in 0..1024 {
+            if conn.write_all(&block).is_err() {
+                return;
+            }
         }
-    });
-    let out = support::run_fail_within(
-        &mut c.credential(
-            &c.exec_info_with(&c.server(), c.extension_in("state-endless")),
-            &[],
-        ),
-        Duration::from_secs(20),
-    );
+        std::thread::sleep(Duration::from_secs(120));
+    };
+    let (out, state, _) = plugin_against_a_posing_control_socket(&c, "state-endless", endless);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.stdout.is_empty(), "stdout must stay empty on error");
     assert!(
         err.contains("longer than 1048576 bytes") && err.contains("listens on the control socket"),
         "{err}"

@@ -518,18 +518,17 @@ fn a_new_unix_connections_request_goes_upstream_in_one_record() {
         let (status, _) = conn.read_response();
         assert_eq!(status, 200, "{}", proxy.log());
     };
-    // The relay counts a record when its thread has read it: wait until nothing more comes.
+    // Every record counted: the proxy has ended every upstream connection it opened.
     let settled = || {
-        proxy.wait_for_metric("hwkey_connections_active", 0.0);
-        let mut last = relay.client_records();
-        loop {
-            std::thread::sleep(Duration::from_millis(300));
-            let now = relay.client_records();
-            if now == last {
-                return now;
-            }
-            last = now;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while relay.clients_ended() < relay.connections() {
+            assert!(
+                Instant::now() < deadline,
+                "the proxy kept an upstream connection open"
+            );
+            std::thread::sleep(Duration::from_millis(10));
         }
+        relay.client_records()
     };
     one("/version"); // the full handshake; the next ones resume
     let (records, connections) = (settled(), relay.connections());
