@@ -102,7 +102,7 @@ async fn serve(shared: &Bridge, client: Client, prefix: Vec<u8>, alpn: Option<Ve
     // Boxed: the connect and handshake state lives on the heap only while it runs, not in this
     // task's state for the connection's whole life (memory per idle connection, docs/BENCHMARKS.md).
     // Each attempt (one per API server, at most) has the handshake timeout.
-    let connected = Box::pin(shared.upstream.connect(alpn.as_deref())).await;
+    let connected = Box::pin(shared.upstream.connect_sending(alpn.as_deref(), &prefix)).await;
     let upstream = match connected {
         Ok(c) => c,
         Err(e) => {
@@ -120,8 +120,9 @@ async fn serve(shared: &Bridge, client: Client, prefix: Vec<u8>, alpn: Option<Ve
         }
     };
     let mut up = upstream.stream;
-    if !prefix.is_empty() {
-        if let Err(e) = up.write_all(&prefix).await {
+    // The first bytes went with the handshake's last flight; what rustls could not hold, now.
+    if let Some(rest) = prefix.get(upstream.sent..).filter(|r| !r.is_empty()) {
+        if let Err(e) = up.write_all(rest).await {
             tracing::debug!(error = %e, "upstream closed before the first bytes were forwarded");
             return;
         }

@@ -21,17 +21,17 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use rustls::server::{Acceptor, WebPkiClientVerifier};
 use rustls::ServerConfig;
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_rustls::LazyConfigAcceptor;
 
 use tokio::sync::Semaphore;
 
+use super::accept::{poll_any, Accepted, ClientBound};
 use super::admission::{Admission, Ticket};
 use super::bridge::Bridge;
 use super::error::StartError;
@@ -266,33 +266,6 @@ pub fn loopback_names(listen: &[ListenAddr]) -> Vec<IpAddr> {
     ips
 }
 
-/// What one accept produced.
-enum Accepted {
-    Unix(std::io::Result<UnixStream>),
-    Tcp(std::io::Result<(TcpStream, SocketAddr)>),
-}
-
-/// Polls every listener, starting at `first` so that a busy listener cannot starve the others.
-fn poll_any(listeners: &[Bound], first: usize, cx: &mut Context<'_>) -> Poll<(usize, Accepted)> {
-    let n = listeners.len();
-    for k in 0..n {
-        let i = (first + k) % n;
-        match &listeners[i] {
-            Bound::Unix { listener, .. } => {
-                if let Poll::Ready(r) = listener.poll_accept(cx) {
-                    return Poll::Ready((i, Accepted::Unix(r.map(|(s, _)| s))));
-                }
-            }
-            Bound::Tcp { listener, .. } => {
-                if let Poll::Ready(r) = listener.poll_accept(cx) {
-                    return Poll::Ready((i, Accepted::Tcp(r)));
-                }
-            }
-        }
-    }
-    Poll::Pending
-}
-
 /// How many accepted connections may wait for their admission at once (the connection
 /// threads are busy, a flood arrives faster than the kernel answers who is calling).
 pub const AWAITING_ADMISSION: usize = 256;
@@ -316,7 +289,7 @@ static ACCEPT_ERROR_LOG: RateLimited = RateLimited::new(Duration::from_secs(10))
 /// under the separate [`PREAUTH_BUDGET`] and [`PREAUTH_TIMEOUT`]).
 pub async fn accept_loop(
     shared: Arc<Clients>,
-    listeners: Vec<Bound>,
+    listeners: Vec<ClientBound>,
     mut stop: watch::Receiver<bool>,
 ) {
     if listeners.is_empty() {
@@ -355,23 +328,15 @@ fn spawn_connection(
     match accepted {
         Accepted::Unix(Ok(stream)) => {
             shared.metrics.connection_accepted(ListenerKind::Unix);
-            let Some(stream) = handed_over(stream.into_std(), "hand over") else {
-                return Ok(());
-            };
             let task_shared = shared.clone();
             shared.connections.spawn(move || async move {
                 // The peer's uid is checked in this same poll, before any await.
                 drop(waiting);
-                if let Some(stream) = handed_over(ClientUnixStream::new(stream), "register") {
-                    handle_unix(&task_shared, stream).await
-                }
+                handle_unix(&task_shared, ClientUnixStream::accepted(stream)).await
             });
         }
         Accepted::Tcp(Ok((stream, peer))) => {
             shared.metrics.connection_accepted(ListenerKind::Tcp);
-            let Some(stream) = handed_over(stream.into_std(), "hand over") else {
-                return Ok(());
-            };
             let task_shared = shared.clone();
             shared.connections.spawn(move || async move {
                 let shared = task_shared;
@@ -391,10 +356,9 @@ fn spawn_connection(
     Ok(())
 }
 
-/// An accepted socket leaves the accept loop's runtime for a connection thread's
-/// ([`super::threads`]): `into_std` takes it out of this runtime's epoll, `from_std` on the
-/// connection thread registers it there. None (the connection is closed, and `what` failed is
-/// logged) when either step fails.
+/// An accepted socket, registered nowhere ([`super::accept`]), is registered with its
+/// connection thread's runtime ([`super::threads`]) by `from_std` there. None (the connection
+/// is closed, and `what` failed is logged) when that fails.
 fn handed_over<S>(step: std::io::Result<S>, what: &str) -> Option<S> {
     step.map_err(|e| tracing::warn!(error = %e, "could not {what} a connection on its thread"))
         .ok()

@@ -26,6 +26,7 @@
 //! Errors: [`settings::SettingsError`] before anything runs, [`error::StartError`] when the
 //! proxy cannot start or keep running, [`error::UpstreamError`] for one failed connection.
 
+mod accept;
 pub mod admin;
 pub mod admission;
 pub mod bind;

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use super::accept::ClientBound;
 use super::bind::{self, Bound, StdBound};
 use super::error::StartError;
 use super::settings::Settings;
@@ -21,8 +22,8 @@ pub struct BoundSet {
 
 /// The same sockets, in the runtime.
 pub struct Listeners {
-    /// The client listeners.
-    pub clients: Vec<Bound>,
+    /// The client listeners, which hand out unregistered sockets ([`super::accept`]).
+    pub clients: Vec<ClientBound>,
     /// The control socket.
     pub control: tokio::net::UnixListener,
     /// The admin listener.
@@ -92,7 +93,7 @@ impl BoundSet {
             clients: self
                 .clients
                 .into_iter()
-                .map(StdBound::into_tokio)
+                .map(StdBound::into_accepting)
                 .collect::<Result<_, _>>()?,
             control: tokio::net::UnixListener::from_std(self.control).map_err(|source| {
                 StartError::Bind {
@@ -108,7 +109,7 @@ impl BoundSet {
 impl Listeners {
     /// The client listeners' addresses (ports resolved).
     pub fn client_addrs(&self) -> Vec<ListenAddr> {
-        self.clients.iter().map(Bound::addr).collect()
+        self.clients.iter().map(ClientBound::addr).collect()
     }
 
     /// What the ready line names.

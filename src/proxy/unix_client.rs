@@ -31,51 +31,97 @@ use std::task::{ready, Context, Poll};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
-/// A client's UNIX stream whose registration asks for writability only while a write waits.
+/// A client's UNIX stream whose registration asks for writability only while a write waits,
+/// and which is registered with the runtime only once it must wait for the socket at all: a
+/// client whose request came with its connect, and whose connection then moves to a relay loop
+/// ([`super::relay_loop`]), never is (an `epoll_ctl` to add it and another to take it out
+/// again, per connection, saved).
 pub struct ClientUnixStream {
-    /// `None` only while the registration is being replaced (or after that failed).
-    io: Option<AsyncFd<UnixStream>>,
+    io: Io,
     /// The registration includes writability.
     writable: bool,
     /// A write would have blocked since the last flush.
     blocked: bool,
 }
 
+/// The socket, and the runtime's registration of it once there is one.
+enum Io {
+    /// Not registered (non-blocking all the same).
+    Plain(UnixStream),
+    Registered(AsyncFd<UnixStream>),
+    /// Only while the registration is being replaced (or after that failed).
+    Gone,
+}
+
 impl ClientUnixStream {
-    /// Registers `stream` (made non-blocking here) with the current runtime, for reading.
+    /// Takes `stream` (made non-blocking here); it is registered with the current runtime when
+    /// it first has to wait.
     pub fn new(stream: UnixStream) -> io::Result<ClientUnixStream> {
         stream.set_nonblocking(true)?;
-        Ok(ClientUnixStream {
-            io: Some(register(stream, Interest::READABLE)?),
+        Ok(ClientUnixStream::accepted(stream))
+    }
+
+    /// [`ClientUnixStream::new`] for a socket that is non-blocking already (accepted with
+    /// `SOCK_NONBLOCK`, [`super::accept`]): no system call here.
+    pub fn accepted(stream: UnixStream) -> ClientUnixStream {
+        ClientUnixStream {
+            io: Io::Plain(stream),
             writable: false,
             blocked: false,
-        })
+        }
     }
 
-    /// The socket, taken back from the runtime (deregistered; still non-blocking), for a
-    /// relay that waits for it itself ([`super::relay_loop`]).
+    /// The socket, taken back from the runtime (deregistered if it was registered; still
+    /// non-blocking), for a relay that waits for it itself ([`super::relay_loop`]).
     pub fn into_std(mut self) -> io::Result<UnixStream> {
-        self.io
-            .take()
-            .map(AsyncFd::into_inner)
-            .ok_or_else(|| io::Error::other("the client socket lost its registration"))
+        self.take()
     }
 
-    /// The connected socket (for the peer's credentials).
+    /// The connected socket (for the peer's credentials, and reads tried before waiting).
     pub fn socket(&self) -> Option<&UnixStream> {
-        self.io.as_ref().map(AsyncFd::get_ref)
+        match &self.io {
+            Io::Plain(s) => Some(s),
+            Io::Registered(fd) => Some(fd.get_ref()),
+            Io::Gone => None,
+        }
     }
 
-    fn io(&self) -> io::Result<&AsyncFd<UnixStream>> {
-        self.io
-            .as_ref()
-            .ok_or_else(|| io::Error::other("the client socket lost its registration"))
+    fn stream(&self) -> io::Result<&UnixStream> {
+        self.socket().ok_or_else(lost)
+    }
+
+    /// The registration, made now (for reading) if there is none yet.
+    fn registration(&mut self) -> io::Result<&AsyncFd<UnixStream>> {
+        if let Io::Plain(_) = self.io {
+            let stream = self.take()?;
+            self.io = Io::Registered(register(stream, Interest::READABLE)?);
+            self.writable = false;
+        }
+        match &self.io {
+            Io::Registered(fd) => Ok(fd),
+            _ => Err(lost()),
+        }
+    }
+
+    /// The socket out of its registration, if any, leaving [`Io::Gone`].
+    fn take(&mut self) -> io::Result<UnixStream> {
+        match std::mem::replace(&mut self.io, Io::Gone) {
+            Io::Plain(s) => Ok(s),
+            Io::Registered(fd) => Ok(fd.into_inner()),
+            Io::Gone => Err(lost()),
+        }
     }
 
     /// Whether the registration asks for writability (what the tests check).
     #[cfg(test)]
     fn registered_for_writing(&self) -> bool {
         self.writable
+    }
+
+    /// Whether the socket is registered with the runtime at all (what the tests check).
+    #[cfg(test)]
+    fn registered(&self) -> bool {
+        matches!(self.io, Io::Registered(_))
     }
 
     /// Registers the socket again with `writable` or without it. Wakers registered with the old
@@ -86,12 +132,8 @@ impl ClientUnixStream {
         } else {
             Interest::READABLE
         };
-        let stream = self
-            .io
-            .take()
-            .map(AsyncFd::into_inner)
-            .ok_or_else(|| io::Error::other("the client socket lost its registration"))?;
-        self.io = Some(register(stream, interest)?);
+        let stream = self.take()?;
+        self.io = Io::Registered(register(stream, interest)?);
         self.writable = writable;
         cx.waker().wake_by_ref();
         Ok(())
@@ -106,7 +148,7 @@ impl ClientUnixStream {
     ) -> Poll<io::Result<usize>> {
         loop {
             if !self.writable {
-                match write(self.io()?.get_ref()) {
+                match write(self.stream()?) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         self.blocked = true;
                         self.reregister(true, cx)?;
@@ -116,7 +158,7 @@ impl ClientUnixStream {
                     r => return Poll::Ready(r),
                 }
             }
-            let io = self.io()?;
+            let io = self.registration()?;
             let mut guard = ready!(io.poll_write_ready(cx))?;
             match guard.try_io(|s| write(s.get_ref())) {
                 Ok(r) => return Poll::Ready(r),
@@ -124,6 +166,10 @@ impl ClientUnixStream {
             }
         }
     }
+}
+
+fn lost() -> io::Error {
+    io::Error::other("the client socket lost its registration")
 }
 
 /// Registers `stream` with the current runtime for `interest`.
@@ -142,7 +188,7 @@ impl AsyncRead for ClientUnixStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let io = self.io()?;
+        let io = self.get_mut().registration()?;
         loop {
             let mut guard = ready!(io.poll_read_ready(cx))?;
             let unfilled = buf.initialize_unfilled();
@@ -199,7 +245,7 @@ impl AsyncWrite for ClientUnixStream {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.io()?.get_ref().shutdown(Shutdown::Write))
+        Poll::Ready(self.stream()?.shutdown(Shutdown::Write))
     }
 }
 
@@ -282,6 +328,49 @@ mod tests {
         drop(reader.join().unwrap());
         drop(upstream);
         let _ = relay.await;
+    }
+
+    /// The socket is registered with the runtime only once something must wait for it: writes
+    /// that find room and a read tried on the socket itself leave it unregistered (a client
+    /// that goes to a relay loop costs no `epoll_ctl` here), a read that finds nothing
+    /// registers it, and the bytes that arrive later wake that read.
+    #[tokio::test]
+    async fn a_socket_is_registered_only_once_something_waits_for_it() {
+        let (a, mut peer) = UnixStream::pair().unwrap();
+        let mut client = ClientUnixStream::new(a).unwrap();
+        peer.write_all(b"request").unwrap();
+        let mut got = [0u8; 7];
+        (&mut client.socket().unwrap())
+            .read_exact(&mut got)
+            .unwrap();
+        client.write_all(b"answer").await.unwrap();
+        client.flush().await.unwrap();
+        assert!(!client.registered(), "nothing waited: not registered");
+        let mut answer = [0u8; 6];
+        peer.read_exact(&mut answer).unwrap();
+        assert_eq!(&answer, b"answer");
+
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            peer.write_all(b"next").unwrap();
+            peer
+        });
+        let mut next = [0u8; 4];
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            client.read_exact(&mut next),
+        )
+        .await
+        .expect("the later bytes woke the read")
+        .unwrap();
+        assert_eq!(&next, b"next");
+        assert!(client.registered(), "a read waited: registered");
+        let _peer = writer.join().unwrap();
+        let socket = client.into_std().unwrap();
+        assert!(
+            (&socket).read(&mut next).is_err(),
+            "taken back non-blocking"
+        );
     }
 
     /// Small writes never register for writing; a write that finds the socket full does, the

@@ -67,6 +67,9 @@ pub struct UpstreamConn {
     pub alpn: Option<Vec<u8>>,
     /// Whether the handshake resumed a session (no signature made).
     pub resumed: bool,
+    /// How many of the bytes given to [`Upstream::connect_sending`] went out with the
+    /// handshake (all of them unless rustls's buffer was full); the caller writes the rest.
+    pub sent: usize,
 }
 
 /// The proxy's identity: the hardware key in use and the resolver presenting it with its chain.
@@ -318,11 +321,26 @@ impl Upstream {
     /// [`Endpoints::order`], each attempt within the attempt timeout; an endpoint that fails
     /// is marked down and the next one is tried. Fails with the last endpoint's error.
     pub async fn connect(&self, alpn: Option<&[u8]>) -> Result<UpstreamConn, UpstreamError> {
+        self.connect_sending(alpn, &[]).await
+    }
+
+    /// [`Upstream::connect`], with `first` (a client's first bytes) sent as soon as the
+    /// handshake allows, in the same write as the proxy's last handshake flight (its
+    /// `Finished`): one write for the proxy and one read for the API server, where writing
+    /// them after the handshake took two of each. rustls holds them until the server is
+    /// authenticated and the handshake complete, so they never reach a server that is not the
+    /// one configured. They go before the ALPN check: a client that asked for `h2` sends the
+    /// HTTP/2 preface first, which a server that chose HTTP/1.1 refuses as a request.
+    pub async fn connect_sending(
+        &self,
+        alpn: Option<&[u8]>,
+        first: &[u8],
+    ) -> Result<UpstreamConn, UpstreamError> {
         let mut last = None;
         for i in self.endpoints.order() {
             let endpoint = &self.endpoints.list[i];
             let attempt =
-                tokio::time::timeout(self.attempt_timeout, self.connect_to(endpoint, alpn));
+                tokio::time::timeout(self.attempt_timeout, self.connect_to(endpoint, alpn, first));
             let error = match attempt.await {
                 Ok(Ok(conn)) => {
                     endpoint.succeeded();
@@ -349,6 +367,7 @@ impl Upstream {
         &self,
         endpoint: &Endpoint,
         alpn: Option<&[u8]>,
+        first: &[u8],
     ) -> Result<UpstreamConn, UpstreamError> {
         let addr = endpoint.target.authority();
         let tcp = match self.dial(&endpoint.target).await {
@@ -363,8 +382,19 @@ impl Upstream {
         // A cold store: one connection warms it, the others wait for its ticket (sessions.rs).
         let warmup = generation.store.warm_up().await;
         let started = Instant::now();
+        let mut sent = 0;
+        let queue_first = |c: &mut rustls::ClientConnection| {
+            // Buffered by rustls until the handshake completes (a full buffer takes less).
+            if !first.is_empty() {
+                sent = std::io::Write::write(&mut c.writer(), first).unwrap_or(0);
+            }
+        };
         let stream = match tokio_rustls::TlsConnector::from(config)
-            .connect(endpoint.server_name.clone(), ReadAhead::new(tcp))
+            .connect_with(
+                endpoint.server_name.clone(),
+                ReadAhead::new(tcp),
+                queue_first,
+            )
             .await
         {
             Ok(s) => {
@@ -375,12 +405,29 @@ impl Upstream {
             }
             Err(source) => return Err(self.handshake_error(addr, alpn, source)),
         };
+        let (resumed, got) = self.established(&addr, alpn, stream.get_ref().1, started)?;
+        Ok(UpstreamConn {
+            stream: Box::new(stream),
+            alpn: got,
+            resumed,
+            sent,
+        })
+    }
+
+    /// Counts and logs a completed handshake, and checks the protocol the upstream chose:
+    /// whether it resumed, and that protocol.
+    fn established(
+        &self,
+        addr: &str,
+        alpn: Option<&[u8]>,
+        conn: &rustls::ClientConnection,
+        started: Instant,
+    ) -> Result<(bool, Option<Vec<u8>>), UpstreamError> {
         let took = started.elapsed();
-        let (_, conn) = stream.get_ref();
         let resumed = conn.handshake_kind() == Some(HandshakeKind::Resumed);
         self.metrics.upstream_handshake(resumed, took);
         let got = conn.alpn_protocol().map(<[u8]>::to_vec);
-        self.check_alpn(&addr, alpn, got.as_deref())?;
+        self.check_alpn(addr, alpn, got.as_deref())?;
         tracing::debug!(
             upstream = %addr,
             resumed,
@@ -389,11 +436,7 @@ impl Upstream {
             ms = took.as_millis() as u64,
             "upstream handshake done"
         );
-        Ok(UpstreamConn {
-            stream: Box::new(stream),
-            alpn: got,
-            resumed,
-        })
+        Ok((resumed, got))
     }
 
     fn handshake_error(

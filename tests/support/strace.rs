@@ -56,24 +56,50 @@ impl Strace {
 
     /// Detaches and returns how many calls of each kind named were made while attached (a
     /// kind not made is left out).
-    pub fn stop_each(mut self) -> Vec<(String, u64)> {
+    pub fn stop_each(self) -> Vec<(String, u64)> {
+        self.stop_counts()
+            .into_iter()
+            .map(|c| (c.call, c.calls))
+            .collect()
+    }
+
+    /// Detaches and returns, for each kind named that was made while attached, how many calls
+    /// there were and how many of them failed (`EAGAIN` included).
+    pub fn stop_counts(mut self) -> Vec<Counted> {
         let pid = i32::try_from(self.child.id()).expect("pid fits");
         // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
         let rc = unsafe { libc::kill(pid, libc::SIGINT) };
         assert_eq!(rc, 0, "kill({pid}, SIGINT)");
         self.child.wait().expect("strace exits");
         let text = std::fs::read_to_string(&self.summary).expect("strace summary");
-        // "% time  seconds  usecs/call  calls  errors  syscall": calls is the 4th column.
+        // "% time  seconds  usecs/call  calls  errors  syscall": calls is the 4th column, and
+        // the errors column is empty when none failed.
         let names: Vec<&str> = self.call.split(',').collect();
         text.lines()
             .map(|l| l.split_whitespace().collect::<Vec<_>>())
             .filter(|f| f.len() >= 5 && f.last().is_some_and(|n| names.contains(n)))
-            .map(|f| {
-                let name = f.last().expect("a call name").to_string();
-                (name, f[3].parse::<u64>().expect("a call count"))
+            .map(|f| Counted {
+                call: f.last().expect("a call name").to_string(),
+                calls: f[3].parse::<u64>().expect("a call count"),
+                errors: if f.len() >= 6 {
+                    f[4].parse::<u64>().expect("an error count")
+                } else {
+                    0
+                },
             })
             .collect()
     }
+}
+
+/// One kind of system call in a summary.
+#[derive(Debug)]
+pub struct Counted {
+    /// Its name.
+    pub call: String,
+    /// How many were made.
+    pub calls: u64,
+    /// How many of them failed.
+    pub errors: u64,
 }
 
 /// Whether every thread of `pid` has a tracer.

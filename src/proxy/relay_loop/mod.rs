@@ -426,8 +426,12 @@ impl Loop {
         });
         conn.link.slot.store(slot, Ordering::Relaxed);
         conn.link.last.touch_at(now);
-        // Its client may already have bytes, and both sockets room: the first drive tries.
-        conn.client.readable = true;
+        // Both sockets have room: the first drive tries to write. Their bytes, if any, are
+        // reported by the registration itself (epoll reports a socket that is readable when it
+        // is added, edge-triggered or not), so neither is read on the chance: a UNIX client's
+        // first read drained its socket, and a read for nothing cost a system call per
+        // connection.
+        conn.client.readable = false;
         conn.client.writable = true;
         conn.upstream.writable = true;
         let token = 2 * slot as u64;

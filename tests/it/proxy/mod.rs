@@ -1,7 +1,7 @@
 //! The TLS-offload proxy: who may use it (local_auth), the upstream side (transport, foreign,
 //! resumption, rotation, CA rotation, several API servers, post-quantum key exchange, the forward
 //! proxy and NO_PROXY as Go decides it), operating it (operations, metrics, state directory), a stalled TPM, what a connection
-//! costs (efficiency), parsers under random input (fuzz), and stress.
+//! costs (efficiency, new_connections), parsers under random input (fuzz), and stress.
 
 #[cfg(feature = "pkcs11")]
 mod boundary;
@@ -16,6 +16,8 @@ mod fuzz;
 mod local_auth;
 #[cfg(feature = "pkcs11")]
 mod metrics;
+#[cfg(feature = "pkcs11")]
+mod new_connections;
 #[cfg(feature = "pkcs11")]
 mod no_proxy_oracle;
 mod operations;

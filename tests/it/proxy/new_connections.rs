@@ -1,0 +1,127 @@
+//! What a new connection costs the proxy in system calls, counted by kind with strace (a count,
+//! not a clock): the calls a connection can do without are gone, each named by what it was.
+//! One connection at a time, each with one request, with a pause between them so that no
+//! call serves two connections.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use support::proxy::{Identity, ProxyProcess, RawHttp};
+use support::strace::Strace;
+use support::upstream::TestUpstream;
+
+/// The calls counted: every kind a connection makes, so a new one shows in the failure message.
+const CALLS: &str = "epoll_ctl,epoll_wait,epoll_pwait,ioctl,fcntl,accept4,socket,connect,\
+getsockopt,setsockopt,getrandom,read,write,writev,sendto,sendmsg,recvfrom,recvmsg,shutdown,close,\
+futex";
+
+/// Calls per connection and failed calls per connection, by kind, over `n` connections made
+/// by `one` after two that warm the proxy (the first one's full upstream handshake, the
+/// session ticket it leaves).
+fn per_connection(proxy: &ProxyProcess, n: u32, one: impl Fn()) -> HashMap<String, (f64, f64)> {
+    one();
+    one();
+    let strace = Strace::attach(proxy.guard.id(), CALLS);
+    for _ in 0..n {
+        one();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    strace
+        .stop_counts()
+        .into_iter()
+        .map(|c| {
+            let each = |v: u64| v as f64 / f64::from(n);
+            (c.call, (each(c.calls), each(c.errors)))
+        })
+        .collect()
+}
+
+/// One `GET /version` on `conn`, answered.
+fn ask<S: std::io::Read + std::io::Write>(proxy: &ProxyProcess, mut conn: RawHttp<S>) {
+    conn.send("GET /version HTTP/1.1\r\nHost: localhost\r\nUser-Agent: a-test/1.0\r\n\r\n");
+    let (status, _) = conn.read_response();
+    assert_eq!(status, 200, "{}", proxy.log());
+}
+
+fn calls(counts: &HashMap<String, (f64, f64)>, call: &str) -> f64 {
+    counts.get(call).map_or(0.0, |c| c.0)
+}
+
+fn failed(counts: &HashMap<String, (f64, f64)>, call: &str) -> f64 {
+    counts.get(call).map_or(0.0, |c| c.1)
+}
+
+/// Issue 55: a new UNIX-socket connection with one request, as a client that connects for each
+/// request makes it, costs the proxy (per connection, on 261f1eb → now):
+/// - `epoll_ctl` 8 → 4: the accept loop's runtime registered the accepted socket and took it
+///   out again to hand it to a connection thread (2), and the connection thread registered the
+///   client's socket, though its first read had the request, and took it out again for the
+///   relay loop (2). Left: the upstream's registration on the connection thread and its
+///   removal, and the relay loop's two;
+/// - `ioctl` 1 → 0: the connection thread set the socket non-blocking, which `accept4` had
+///   made it already;
+/// - `writev` 4 → 3: the proxy's `Finished` and the client's request went upstream in two
+///   writes; they go in one now, after the ClientHello and before the `close_notify`;
+/// - failed `recvfrom` 1 → 0: the relay loop read the client once for `EAGAIN` as it took the
+///   connection over, though the first read had drained the socket.
+#[test]
+fn a_new_unix_connection_makes_no_system_call_it_can_do_without() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let counts = per_connection(&proxy, 40, || {
+        ask(&proxy, RawHttp::connect(&proxy.socket));
+    });
+    let all = format!("per connection (calls, failed): {counts:?}");
+    assert!(
+        calls(&counts, "epoll_ctl") <= 4.5,
+        "epoll_ctl {} per connection, 4 expected (8 when each accepted socket was registered \
+         twice on its way to the relay loop); {all}",
+        calls(&counts, "epoll_ctl")
+    );
+    assert!(
+        calls(&counts, "ioctl") == 0.0,
+        "ioctl {} per connection: an accepted socket is non-blocking already; {all}",
+        calls(&counts, "ioctl")
+    );
+    assert!(
+        calls(&counts, "writev") <= 3.0,
+        "writev {} per connection, 3 expected (ClientHello, Finished with the request, \
+         close_notify); 4 when the request went upstream after the Finished; {all}",
+        calls(&counts, "writev")
+    );
+    assert!(
+        failed(&counts, "recvfrom") <= 0.2,
+        "{} reads per connection found nothing: the relay loop reads a client it was handed \
+         before a readiness says there is something; {all}",
+        failed(&counts, "recvfrom")
+    );
+}
+
+/// Issue 55: a new loopback TLS connection (kubectl's) costs the proxy two `epoll_ctl` calls
+/// fewer than on 261f1eb (the accept loop's runtime registered each accepted socket and took it
+/// out again), and no read for nothing when the relay loop takes it over (1 per connection on
+/// 261f1eb). Its socket is registered once, on the connection thread, for the loopback
+/// handshake.
+#[test]
+fn a_new_loopback_connection_makes_no_system_call_it_can_do_without() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    let counts = per_connection(&proxy, 40, || {
+        ask(&proxy, RawHttp::connect_tls(proxy.tcp_port, &config));
+    });
+    let all = format!("per connection (calls, failed): {counts:?}");
+    assert!(
+        calls(&counts, "epoll_ctl") <= 6.5,
+        "epoll_ctl {} per connection, 6 expected (8 when the accept loop registered each \
+         accepted socket); {all}",
+        calls(&counts, "epoll_ctl")
+    );
+    assert!(
+        failed(&counts, "recvfrom") <= 0.2,
+        "{} reads per connection found nothing; {all}",
+        failed(&counts, "recvfrom")
+    );
+}
