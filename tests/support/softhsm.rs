@@ -22,6 +22,16 @@ pub struct SoftHsm {
     dir: TempDir,
 }
 
+/// The directory of the process's one SoftHSM ([`SoftHsm::for_the_process`]).
+static PROCESS_WIDE: std::sync::OnceLock<SoftHsm> = std::sync::OnceLock::new();
+
+/// Removes [`PROCESS_WIDE`]'s directory; run by the C library's `exit`.
+extern "C" fn remove_the_process_wide_directory() {
+    if let Some(hsm) = PROCESS_WIDE.get() {
+        let _ = fs::remove_dir_all(hsm.dir());
+    }
+}
+
 impl Default for SoftHsm {
     fn default() -> SoftHsm {
         SoftHsm::new()
@@ -32,6 +42,22 @@ impl SoftHsm {
     /// A new empty SoftHSM setup in a temp dir (config from softhsm-config/, PIN file written).
     pub fn new() -> SoftHsm {
         Self::with_config("")
+    }
+
+    /// The one SoftHSM of this process, made (and `init` run on it) at the first call, for
+    /// tests of the library in this process: SoftHSM reads `SOFTHSM2_CONF` once, when the
+    /// module is loaded. A static is never dropped, so its directory is removed when the
+    /// process exits (`atexit`): a test run leaves nothing in the temporary directory.
+    pub fn for_the_process(init: impl FnOnce(&SoftHsm)) -> &'static SoftHsm {
+        PROCESS_WIDE.get_or_init(|| {
+            let hsm = SoftHsm::new();
+            init(&hsm);
+            // SAFETY: atexit takes a plain function, called once at exit; it only reads a
+            // OnceLock that is set before it is registered and removes files.
+            let rc = unsafe { libc::atexit(remove_the_process_wide_directory) };
+            assert_eq!(rc, 0, "atexit");
+            hsm
+        })
     }
 
     /// Like [`SoftHsm::new`] with `extra` lines appended to softhsm2.conf (e.g. a

@@ -7,7 +7,7 @@
 //! file shares one SoftHSM directory (made before the first key is opened) and uses its own
 //! token or key label.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use cryptoki::context::{CInitializeArgs, CInitializeFlags, Pkcs11};
 use cryptoki::object::{Attribute, AttributeType, ObjectClass};
@@ -26,16 +26,42 @@ const TOKENS: [&str; 10] = [
 
 /// The one SoftHSM of this process (SoftHSM reads `SOFTHSM2_CONF` once).
 pub(crate) fn hsm() -> &'static SoftHsm {
-    static HSM: OnceLock<SoftHsm> = OnceLock::new();
-    HSM.get_or_init(|| {
-        let hsm = SoftHsm::new();
+    SoftHsm::for_the_process(|hsm| {
         for t in TOKENS {
             hsm.init_token(t);
         }
         // Safe here: set once, before any thread of this process loads the module.
         std::env::set_var("SOFTHSM2_CONF", hsm.conf_path());
-        hsm
     })
+}
+
+/// The process's SoftHSM directory is gone when the test process ends: a static is never
+/// dropped, so each run of this binary left one `hwkey-test-*` directory (its tokens and PIN
+/// file) in the temporary directory. Runs this binary again for one test that makes it, with
+/// a temporary directory of its own, and finds that directory empty afterwards.
+#[test]
+fn the_process_wide_softhsm_directory_is_gone_when_the_tests_end() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+        .args([
+            "--exact",
+            "key::pkcs11::the_private_value_cannot_be_read",
+            "--test-threads=1",
+        ])
+        .env("TMPDIR", tmp.path())
+        .output()
+        .expect("the test binary runs");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && report.contains("1 passed"),
+        "the inner test run failed: {report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("read the temporary directory")
+        .map(|e| e.expect("an entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "the test process left {left:?}");
 }
 
 fn uri(token: &str, object: &str) -> KeyUri {
