@@ -88,11 +88,28 @@ impl Bridge {
     }
 
     /// [`Bridge::serve_unix`] for a loopback TLS client (its handshake done and its credential
-    /// checked; nothing read yet): once established, its connection moves to a relay loop with
-    /// both TLS sessions when the proxy runs them.
-    pub async fn serve_loopback(&self, client: Box<LoopbackStream>, alpn: Option<Vec<u8>>) {
-        serve(self, Client::Loopback(client), Vec::new(), alpn).await
+    /// checked): what rustls opened already (a request that came with the client's `Finished`)
+    /// goes upstream with the proxy's own `Finished`, as a UNIX client's first bytes do; once
+    /// established, the connection moves to a relay loop with both TLS sessions when the proxy
+    /// runs them.
+    pub async fn serve_loopback(&self, mut client: Box<LoopbackStream>, alpn: Option<Vec<u8>>) {
+        let opened = opened_already(&mut client);
+        serve(self, Client::Loopback(client), opened, alpn).await
     }
+}
+
+/// The first chunk of plaintext the client's session has opened already (one record's, at
+/// most 16 KiB), taken out of it; empty when there is none. No socket is read: what is not
+/// there yet is the relay's to move, after these bytes.
+fn opened_already(client: &mut LoopbackStream) -> Vec<u8> {
+    use std::io::BufRead;
+    let mut reader = client.get_mut().1.reader();
+    let chunk = match reader.fill_buf() {
+        Ok(chunk) => chunk.to_vec(),
+        Err(_) => return Vec::new(),
+    };
+    reader.consume(chunk.len());
+    chunk
 }
 
 async fn serve(shared: &Bridge, client: Client, prefix: Vec<u8>, alpn: Option<Vec<u8>>) {

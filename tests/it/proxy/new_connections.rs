@@ -85,7 +85,7 @@ fn a_new_unix_connection_makes_no_system_call_it_can_do_without() {
         calls(&counts, "ioctl")
     );
     assert!(
-        calls(&counts, "writev") <= 3.0,
+        calls(&counts, "writev") <= 3.5,
         "writev {} per connection, 3 expected (ClientHello, Finished with the request, \
          close_notify); 4 when the request went upstream after the Finished; {all}",
         calls(&counts, "writev")
@@ -98,11 +98,16 @@ fn a_new_unix_connection_makes_no_system_call_it_can_do_without() {
     );
 }
 
-/// Issue 55: a new loopback TLS connection (kubectl's) costs the proxy two `epoll_ctl` calls
-/// fewer than on 261f1eb (the accept loop's runtime registered each accepted socket and took it
-/// out again), and no read for nothing when the relay loop takes it over (1 per connection on
-/// 261f1eb). Its socket is registered once, on the connection thread, for the loopback
-/// handshake.
+/// Issue 55: a new loopback TLS connection (kubectl's) costs the proxy (per connection, on
+/// 261f1eb → now):
+/// - `epoll_ctl` 8 → 6: the accept loop's runtime registered each accepted socket and took it
+///   out again. Its socket is registered once, on the connection thread, for the loopback
+///   handshake;
+/// - `writev` 6 → 5: a request that came with the client's `Finished` (rustls had opened it
+///   during the loopback handshake) went upstream in a write of its own after the proxy's
+///   `Finished`; it goes with it now;
+/// - failed `recvfrom` 0.93 → 0: the relay loop read the client once for `EAGAIN` as it took the
+///   connection over.
 #[test]
 fn a_new_loopback_connection_makes_no_system_call_it_can_do_without() {
     let id = Identity::softhsm();
@@ -118,6 +123,12 @@ fn a_new_loopback_connection_makes_no_system_call_it_can_do_without() {
         "epoll_ctl {} per connection, 6 expected (8 when the accept loop registered each \
          accepted socket); {all}",
         calls(&counts, "epoll_ctl")
+    );
+    assert!(
+        calls(&counts, "writev") <= 5.5,
+        "writev {} per connection, 5 expected; 6 when the request that came with the client's \
+         Finished went upstream after the proxy's; {all}",
+        calls(&counts, "writev")
     );
     assert!(
         failed(&counts, "recvfrom") <= 0.2,
