@@ -459,7 +459,7 @@ async fn handle_unix(shared: &Clients, mut stream: ClientUnixStream) {
 }
 
 async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preauth: Ticket) {
-    let _ = stream.set_nodelay(true);
+    // TCP_NODELAY: inherited from the listener (accept.rs).
     let started = Instant::now();
     let handshake = async {
         let hello = LazyConfigAcceptor::new(Acceptor::default(), ReadAhead::new(stream));

@@ -106,6 +106,9 @@ fn a_new_unix_connection_makes_no_system_call_it_can_do_without() {
 /// - `writev` 6 → 5: a request that came with the client's `Finished` (rustls had opened it
 ///   during the loopback handshake) went upstream in a write of its own after the proxy's
 ///   `Finished`; it goes with it now;
+/// - `setsockopt` 7 → 6: `TCP_NODELAY` was set on each accepted socket; it inherits it from the
+///   listener now. Left: the upstream socket's five (`TCP_NODELAY` and keep-alive) and the
+///   netlink socket's receive timeout (the peer's uid);
 /// - failed `recvfrom` 0.93 → 0: the relay loop read the client once for `EAGAIN` as it took the
 ///   connection over.
 #[test]
@@ -129,6 +132,12 @@ fn a_new_loopback_connection_makes_no_system_call_it_can_do_without() {
         "writev {} per connection, 5 expected; 6 when the request that came with the client's \
          Finished went upstream after the proxy's; {all}",
         calls(&counts, "writev")
+    );
+    assert!(
+        calls(&counts, "setsockopt") <= 6.0,
+        "setsockopt {} per connection, 6 expected; 7 when each accepted socket was given \
+         TCP_NODELAY of its own; {all}",
+        calls(&counts, "setsockopt")
     );
     assert!(
         failed(&counts, "recvfrom") <= 0.2,
