@@ -13,7 +13,7 @@
 //! ticket presented to the wrong one would cost a full handshake (a hardware signature).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,9 @@ pub(crate) struct Endpoint {
     generation: RwLock<Arc<Generation>>,
     health: Mutex<Health>,
     metrics: EndpointMetrics,
+    /// It has agreed to HTTP/2 in a handshake: a client's first HTTP/2 bytes may go with the
+    /// next handshake's `Finished`, before the protocol is checked ([`super::upstream`]).
+    agreed_h2: AtomicBool,
 }
 
 struct Health {
@@ -71,6 +74,7 @@ impl Endpoint {
             target,
             server_name,
             generation: RwLock::new(Arc::new(Generation::new())),
+            agreed_h2: AtomicBool::new(false),
             health: Mutex::new(Health {
                 down_until: None,
                 backoff: Backoff::new(FIRST_DOWN, MAX_DOWN),
@@ -90,6 +94,16 @@ impl Endpoint {
     /// Starts a new generation: no resumable session survives.
     pub(crate) fn reset_sessions(&self) {
         *self.generation.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Generation::new());
+    }
+
+    /// Whether it has agreed to HTTP/2 in a handshake since the proxy started.
+    pub(crate) fn agreed_h2(&self) -> bool {
+        self.agreed_h2.load(Ordering::Relaxed)
+    }
+
+    /// Remembers that it agreed to HTTP/2.
+    pub(crate) fn agree_h2(&self) {
+        self.agreed_h2.store(true, Ordering::Relaxed);
     }
 
     /// A connection to it worked: it is up (again).

@@ -367,8 +367,10 @@ mod tests {
         assert!(client.registered(), "a read waited: registered");
         let _peer = writer.join().unwrap();
         let socket = client.into_std().unwrap();
-        assert!(
-            (&socket).read(&mut next).is_err(),
+        let e = (&socket).read(&mut next).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            io::ErrorKind::WouldBlock,
             "taken back non-blocking"
         );
     }

@@ -329,8 +329,11 @@ impl Upstream {
     /// `Finished`): one write for the proxy and one read for the API server, where writing
     /// them after the handshake took two of each. rustls holds them until the server is
     /// authenticated and the handshake complete, so they never reach a server that is not the
-    /// one configured. They go before the ALPN check: a client that asked for `h2` sends the
-    /// HTTP/2 preface first, which a server that chose HTTP/1.1 refuses as a request.
+    /// one configured. They go before the ALPN check, so HTTP/2 bytes go early only to an API
+    /// server that has agreed to `h2` before: one that does not do HTTP/2 (a plain HTTP/1.1
+    /// server, or a balancer that would take HTTP/2 without agreeing to it) gets none of a
+    /// request the proxy then answers with a 502, and that a client would send again. An
+    /// HTTP/1.1 client is served by a server that agrees to nothing, so its bytes always may.
     pub async fn connect_sending(
         &self,
         alpn: Option<&[u8]>,
@@ -383,9 +386,10 @@ impl Upstream {
         let warmup = generation.store.warm_up().await;
         let started = Instant::now();
         let mut sent = 0;
+        let early = alpn != Some(b"h2".as_slice()) || endpoint.agreed_h2();
         let queue_first = |c: &mut rustls::ClientConnection| {
             // Buffered by rustls until the handshake completes (a full buffer takes less).
-            if !first.is_empty() {
+            if early && !first.is_empty() {
                 sent = std::io::Write::write(&mut c.writer(), first).unwrap_or(0);
             }
         };
@@ -406,6 +410,9 @@ impl Upstream {
             Err(source) => return Err(self.handshake_error(addr, alpn, source)),
         };
         let (resumed, got) = self.established(&addr, alpn, stream.get_ref().1, started)?;
+        if got.as_deref() == Some(b"h2".as_slice()) {
+            endpoint.agree_h2();
+        }
         Ok(UpstreamConn {
             stream: Box::new(stream),
             alpn: got,

@@ -51,6 +51,7 @@ impl SoftHsm {
     pub fn for_the_process(init: impl FnOnce(&SoftHsm)) -> &'static SoftHsm {
         PROCESS_WIDE.get_or_init(|| {
             let hsm = SoftHsm::new();
+            println!("the process-wide SoftHSM is in {}", hsm.dir().display());
             init(&hsm);
             // SAFETY: atexit takes a plain function, called once at exit; it only reads a
             // OnceLock that is set before it is registered and removes files.

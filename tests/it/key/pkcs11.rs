@@ -38,7 +38,8 @@ pub(crate) fn hsm() -> &'static SoftHsm {
 /// The process's SoftHSM directory is gone when the test process ends: a static is never
 /// dropped, so each run of this binary left one `hwkey-test-*` directory (its tokens and PIN
 /// file) in the temporary directory. Runs this binary again for one test that makes it, with
-/// a temporary directory of its own, and finds that directory empty afterwards.
+/// a temporary directory of its own, checks that it was made there, and finds that directory
+/// empty afterwards.
 #[test]
 fn the_process_wide_softhsm_directory_is_gone_when_the_tests_end() {
     let tmp = tempfile::tempdir().expect("temp dir");
@@ -47,6 +48,7 @@ fn the_process_wide_softhsm_directory_is_gone_when_the_tests_end() {
             "--exact",
             "key::pkcs11::the_private_value_cannot_be_read",
             "--test-threads=1",
+            "--nocapture",
         ])
         .env("TMPDIR", tmp.path())
         .output()
@@ -56,6 +58,11 @@ fn the_process_wide_softhsm_directory_is_gone_when_the_tests_end() {
         out.status.success() && report.contains("1 passed"),
         "the inner test run failed: {report}{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    let made = format!("the process-wide SoftHSM is in {}", tmp.path().display());
+    assert!(
+        report.contains(&made),
+        "the inner test made no SoftHSM in its TMPDIR: {report}"
     );
     let left: Vec<_> = std::fs::read_dir(tmp.path())
         .expect("read the temporary directory")

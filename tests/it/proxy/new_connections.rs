@@ -1,7 +1,8 @@
 //! What a new connection costs the proxy in system calls, counted by kind with strace (a count,
 //! not a clock): the calls a connection can do without are gone, each named by what it was.
 //! One connection at a time, each with one request, with a pause between them so that no
-//! call serves two connections.
+//! call serves two connections. And where a client's first bytes, sent with the proxy's
+//! `Finished` to save a write, may not go.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -143,5 +144,68 @@ fn a_new_loopback_connection_makes_no_system_call_it_can_do_without() {
         failed(&counts, "recvfrom") <= 0.2,
         "{} reads per connection found nothing; {all}",
         failed(&counts, "recvfrom")
+    );
+}
+
+/// Issue 55: a client's first bytes go with the proxy's `Finished`, before the proxy checks the
+/// protocol the API server chose; HTTP/2 bytes do so only for an API server that has agreed to
+/// `h2` before. Against one that does not do ALPN at all (`openssl s_server -www`), an HTTP/2
+/// client gets its 502 and the server gets nothing of the client's: the relay between them
+/// sees the proxy send its `Finished` alone, one record. Sending them early regardless would
+/// hand a server that then speaks HTTP/1.1 (or a balancer that takes HTTP/2 without agreeing
+/// to it) a request the client is told failed, and would send again.
+#[test]
+fn an_http2_clients_bytes_reach_only_an_api_server_that_agreed_to_http2() {
+    let id = Identity::softhsm();
+    let (cert, key) = id.ca.server_cert(id.dir.path());
+    let server = support::servers::OpensslServer::start(
+        &id.ca.ca_path(),
+        &cert,
+        &key,
+        support::servers::TlsVersion::Tls13,
+    );
+    let relay = support::relay::FreezableRelay::start(server.port());
+    let proxy = ProxyProcess::start_to(
+        &id,
+        &format!("https://127.0.0.1:{}", relay.port),
+        Default::default(),
+    );
+    let settled = || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while relay.clients_ended() < relay.connections() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the proxy kept an upstream connection open"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (relay.client_records(), relay.connections())
+    };
+    // Two HTTP/1.1 requests: the full handshake, then a ticket to resume with.
+    for _ in 0..2 {
+        let out = proxy.curl_unix(&["--http1.1", "-i"], "/");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(text.starts_with("HTTP/1.0 200"), "{text}\n{}", proxy.log());
+    }
+    let (records, connections) = settled();
+    let out = proxy.curl_unix(&["--http2-prior-knowledge", "-i"], "/version");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("502") && text.contains("h2"),
+        "an HTTP/2 client of a server without HTTP/2 is told why: {text}\n{}",
+        proxy.log()
+    );
+    let (after, connections_after) = settled();
+    assert_eq!(
+        connections_after - connections,
+        1,
+        "one upstream connection"
+    );
+    assert_eq!(
+        after - records,
+        1,
+        "the proxy sent {} records to a server that did not agree to h2: more than its \
+         Finished means the client's HTTP/2 bytes went too",
+        after - records
     );
 }
