@@ -34,31 +34,12 @@ pub enum Accepted {
 impl StdBound {
     /// The listener for the accept loop, in the runtime this is called in.
     pub fn into_accepting(self) -> Result<ClientBound, StartError> {
-        let addr = self.addr();
-        let err = |source| StartError::Bind {
-            addr: addr.clone(),
-            source,
-        };
-        match self {
-            Socket::Unix { listener, path } => {
-                listener.set_nonblocking(true).map_err(err)?;
-                Ok(Socket::Unix {
-                    listener: register(listener).map_err(err)?,
-                    path,
-                })
-            }
-            Socket::Tcp { listener, addr: a } => {
-                listener.set_nonblocking(true).map_err(err)?;
-                // Inherited by every socket accepted from it (Linux copies it): small writes
-                // (a handshake flight, a response) go out at once, without a call per socket.
-                rustix::net::sockopt::set_tcp_nodelay(&listener, true)
-                    .map_err(|e| err(e.into()))?;
-                Ok(Socket::Tcp {
-                    listener: register(listener).map_err(err)?,
-                    addr: a,
-                })
-            }
-        }
+        self.nonblocking_into(register, |listener| {
+            // Inherited by every socket accepted from it (Linux copies it): small writes (a
+            // handshake flight, a response) go out at once, without a call per socket.
+            rustix::net::sockopt::set_tcp_nodelay(&listener, true)?;
+            register(listener)
+        })
     }
 }
 

@@ -56,23 +56,37 @@ impl<U, T> Socket<U, T> {
 impl StdBound {
     /// The listener for the runtime this is called in.
     pub fn into_tokio(self) -> Result<Bound, StartError> {
+        self.nonblocking_into(
+            tokio::net::UnixListener::from_std,
+            tokio::net::TcpListener::from_std,
+        )
+    }
+
+    /// The listener made non-blocking and handed to `unix` or `tcp` (its registration with the
+    /// runtime: [`StdBound::into_tokio`], or the accept loop's own, `super::accept`), with a
+    /// failure named by its address.
+    pub(crate) fn nonblocking_into<U, T>(
+        self,
+        unix: impl FnOnce(std::os::unix::net::UnixListener) -> std::io::Result<U>,
+        tcp: impl FnOnce(std::net::TcpListener) -> std::io::Result<T>,
+    ) -> Result<Socket<U, T>, StartError> {
         let addr = self.addr();
         let err = |source| StartError::Bind {
             addr: addr.clone(),
             source,
         };
         match self {
-            StdBound::Unix { listener, path } => {
+            Socket::Unix { listener, path } => {
                 listener.set_nonblocking(true).map_err(err)?;
-                Ok(Bound::Unix {
-                    listener: tokio::net::UnixListener::from_std(listener).map_err(err)?,
+                Ok(Socket::Unix {
+                    listener: unix(listener).map_err(err)?,
                     path,
                 })
             }
-            StdBound::Tcp { listener, addr: a } => {
+            Socket::Tcp { listener, addr: a } => {
                 listener.set_nonblocking(true).map_err(err)?;
-                Ok(Bound::Tcp {
-                    listener: tokio::net::TcpListener::from_std(listener).map_err(err)?,
+                Ok(Socket::Tcp {
+                    listener: tcp(listener).map_err(err)?,
                     addr: a,
                 })
             }

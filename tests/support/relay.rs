@@ -83,6 +83,21 @@ impl FreezableRelay {
         self.ended.load(Ordering::SeqCst)
     }
 
+    /// Waits until every client the relay accepted has ended (so every record it sent is
+    /// counted) and returns the records and connections so far. Fails after 20 s: a client
+    /// (the proxy) kept a connection open.
+    pub fn settled(&self) -> (u64, u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.clients_ended() < self.connections() {
+            assert!(
+                Instant::now() < deadline,
+                "a client of the relay kept its connection open"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (self.client_records(), self.connections())
+    }
+
     fn start_with(upstream: u16, idle: Option<Duration>) -> FreezableRelay {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
         let port = listener.local_addr().expect("relay address").port();

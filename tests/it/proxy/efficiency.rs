@@ -518,25 +518,14 @@ fn a_new_unix_connections_request_goes_upstream_in_one_record() {
         let (status, _) = conn.read_response();
         assert_eq!(status, 200, "{}", proxy.log());
     };
-    // Every record counted: the proxy has ended every upstream connection it opened.
-    let settled = || {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while relay.clients_ended() < relay.connections() {
-            assert!(
-                Instant::now() < deadline,
-                "the proxy kept an upstream connection open"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        relay.client_records()
-    };
     one("/version"); // the full handshake; the next ones resume
-    let (records, connections) = (settled(), relay.connections());
+                     // Every record counted: the proxy has ended every upstream connection it opened.
+    let (records, connections) = relay.settled();
     let n = 20;
     for _ in 0..n {
         one("/version");
     }
-    let records = settled() - records;
+    let records = relay.settled().0 - records;
     assert_eq!(
         relay.connections() - connections,
         n,

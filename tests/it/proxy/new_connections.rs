@@ -170,24 +170,13 @@ fn an_http2_clients_bytes_reach_only_an_api_server_that_agreed_to_http2() {
         &format!("https://127.0.0.1:{}", relay.port),
         Default::default(),
     );
-    let settled = || {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while relay.clients_ended() < relay.connections() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the proxy kept an upstream connection open"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        (relay.client_records(), relay.connections())
-    };
     // Two HTTP/1.1 requests: the full handshake, then a ticket to resume with.
     for _ in 0..2 {
         let out = proxy.curl_unix(&["--http1.1", "-i"], "/");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(text.starts_with("HTTP/1.0 200"), "{text}\n{}", proxy.log());
     }
-    let (records, connections) = settled();
+    let (records, connections) = relay.settled();
     let out = proxy.curl_unix(&["--http2-prior-knowledge", "-i"], "/version");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -195,7 +184,7 @@ fn an_http2_clients_bytes_reach_only_an_api_server_that_agreed_to_http2() {
         "an HTTP/2 client of a server without HTTP/2 is told why: {text}\n{}",
         proxy.log()
     );
-    let (after, connections_after) = settled();
+    let (after, connections_after) = relay.settled();
     assert_eq!(
         connections_after - connections,
         1,
