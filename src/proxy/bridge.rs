@@ -10,8 +10,11 @@
 //! ([`super::failure`]: a `502` with a Kubernetes `Status` naming the cause, over HTTP/1.1 or
 //! HTTP/2).
 //!
-//! Runs on the connection's task. The idle timeout is watched by the same task; the half-close
-//! of one direction is passed on (`shutdown`), so request bodies ending early work.
+//! Runs on the connection's task until the connection is established. On a relay loop, the loop
+//! watches the idle timeout and the certificate's retirement and, when the connection ends,
+//! gives back what it [`Held`] and counts its bytes; the task has ended long before. On the
+//! task, the task does all that. The half-close of one direction is passed on (`shutdown`), so
+//! request bodies ending early work.
 
 use std::io;
 use std::pin::Pin;
@@ -20,11 +23,15 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::sync::{watch, OwnedSemaphorePermit};
 
-use super::cutoff::{cutoff, Cutoff, Deadlines};
+use super::cutoff::{cutoff, Deadlines};
 use super::idle::LastActivity;
+use super::lifetime::ConnGuard;
 use super::metrics::Metrics;
-use super::relay_loop::{Local, LoopbackStream, Pair, RelayLoops, UpstreamStream};
+use super::relay_loop::{
+    Local, LoopbackStream, OnEnd, Outcome, Pair, RelayLoops, UpstreamStream, Watch,
+};
 use super::rotation::{CertEpoch, RotationClose};
 use super::unix_client::ClientUnixStream;
 use super::upstream::Upstream;
@@ -48,6 +55,16 @@ pub struct Bridge {
     /// The event loops that relay established connections, UNIX-socket and loopback TLS
     /// (None: every connection stays on its task, [`super::relay`]).
     pub relay_loops: Option<Arc<RelayLoops>>,
+}
+
+/// What an authenticated connection holds while it is open: its `--max-connections` slot, and
+/// its place in the open connections (`--idle-exit`, the drain at a stop). Given back when the
+/// connection ends, on whichever thread ends it.
+pub struct Held {
+    /// The slot.
+    pub slot: OwnedSemaphorePermit,
+    /// The open connection's count.
+    pub active: ConnGuard,
 }
 
 /// A local client, authenticated.
@@ -83,8 +100,9 @@ impl Bridge {
         client: ClientUnixStream,
         prefix: Vec<u8>,
         alpn: Option<Vec<u8>>,
+        held: Held,
     ) {
-        serve(self, Client::Unix(client), prefix, alpn).await
+        serve(self, Client::Unix(client), prefix, alpn, held).await
     }
 
     /// [`Bridge::serve_unix`] for a loopback TLS client (its handshake done and its credential
@@ -92,9 +110,14 @@ impl Bridge {
     /// goes upstream with the proxy's own `Finished`, as a UNIX client's first bytes do; once
     /// established, the connection moves to a relay loop with both TLS sessions when the proxy
     /// runs them.
-    pub async fn serve_loopback(&self, mut client: Box<LoopbackStream>, alpn: Option<Vec<u8>>) {
+    pub async fn serve_loopback(
+        &self,
+        mut client: Box<LoopbackStream>,
+        alpn: Option<Vec<u8>>,
+        held: Held,
+    ) {
         let opened = opened_already(&mut client);
-        serve(self, Client::Loopback(client), opened, alpn).await
+        serve(self, Client::Loopback(client), opened, alpn, held).await
     }
 }
 
@@ -112,7 +135,13 @@ fn opened_already(client: &mut LoopbackStream) -> Vec<u8> {
     chunk
 }
 
-async fn serve(shared: &Bridge, client: Client, prefix: Vec<u8>, alpn: Option<Vec<u8>>) {
+async fn serve(
+    shared: &Bridge,
+    client: Client,
+    prefix: Vec<u8>,
+    alpn: Option<Vec<u8>>,
+    held: Held,
+) {
     // The certificate this connection is opened with (read before the handshake: if a rotation
     // races it, the connection is attributed to the older one and ends earlier, never later).
     let epoch = shared.upstream.epoch();
@@ -152,14 +181,17 @@ async fn serve(shared: &Bridge, client: Client, prefix: Vec<u8>, alpn: Option<Ve
         .relay_loops
         .as_deref()
         .filter(|_| matches!(up.get_ref().0.get_ref(), Tunnel::Tcp(_)));
-    let (to_upstream, to_client) = match loops {
-        Some(loops) => match in_loop(shared, loops, client.for_loop(), up, epoch).await {
-            Some(bytes) => bytes,
-            None => return,
-        },
-        None => on_task(shared, client.boxed(), up, epoch).await,
-    };
-    shared.metrics.bytes(to_upstream + replayed, to_client);
+    match loops {
+        Some(loops) => {
+            let end = ending(shared, epoch, replayed, held);
+            in_loop(loops, client.for_loop(), up, end);
+        }
+        None => {
+            let (to_upstream, to_client) = on_task(shared, client.boxed(), up, epoch).await;
+            shared.metrics.bytes(to_upstream + replayed, to_client);
+            drop(held);
+        }
+    }
 }
 
 /// When the proxy ends a connection opened with the certificate of `epoch`. Made by the future
@@ -171,19 +203,6 @@ fn deadlines(shared: &Bridge, epoch: CertEpoch) -> Deadlines {
         epochs: shared.upstream.epochs(),
         used: epoch,
         mode: shared.rotation_close,
-    }
-}
-
-/// The error a connection the proxy ended ends with (logged when it is a retirement).
-fn ended_by(cut: Cutoff) -> io::Error {
-    match cut {
-        Cutoff::Idle => io::Error::new(io::ErrorKind::TimedOut, "idle timeout"),
-        Cutoff::Retired => {
-            tracing::info!(
-                "closing a connection opened with a certificate that was replaced or has expired"
-            );
-            io::Error::other("certificate rotated")
-        }
     }
 }
 
@@ -201,7 +220,7 @@ async fn on_task(
     let copy = super::relay::copy_bidirectional(&mut a, &mut b);
     let outcome = tokio::select! {
         r = copy => r.map(|_| ()),
-        cut = cutoff(deadlines(shared, epoch), &last) => Err(ended_by(cut)),
+        cut = cutoff(deadlines(shared, epoch), &last) => Err(cut.error()),
     };
     if let Err(e) = outcome {
         tracing::debug!(error = %e, "connection ended with an error");
@@ -209,46 +228,82 @@ async fn on_task(
     (a.bytes(), b.bytes())
 }
 
-/// Moves the connection to a relay loop and waits for its end there, closing it at the idle
-/// timeout or the certificate's retirement; returns the bytes read from each side (None when
-/// the sockets could not be taken from the runtime: the connection is closed).
-async fn in_loop(
-    shared: &Bridge,
+/// What ends a connection on a relay loop besides its two sides (its idle timeout, the
+/// retirement of the certificate of `epoch`), and what the loop does at its end: count its
+/// bytes (`replayed` went upstream before the loop had it) and give back what it `held`.
+fn ending(shared: &Bridge, epoch: CertEpoch, replayed: u64, held: Held) -> (Watch, OnEnd) {
+    let metrics = shared.metrics.clone();
+    let on_end: OnEnd = Box::new(move |outcome: Outcome| {
+        if let Err(e) = &outcome.result {
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
+        metrics.bytes(outcome.up + replayed, outcome.down);
+        drop(held);
+    });
+    let watch = Watch {
+        idle: shared.idle_timeout,
+        epoch,
+        mode: shared.rotation_close,
+    };
+    (watch, on_end)
+}
+
+/// Moves the connection to a relay loop, which relays it until both sides end or its [`Watch`]
+/// ends it, and then runs its [`OnEnd`] (on the loop's thread). When the sockets cannot be taken
+/// from the runtime or no loop runs, the connection is closed and its `OnEnd` dropped unrun
+/// (what it holds is given back).
+fn in_loop(
     loops: &RelayLoops,
     client: io::Result<Local>,
     up: Box<UpstreamStream>,
-    epoch: CertEpoch,
-) -> Option<(u64, u64)> {
-    // The box is taken apart by `from_runtime`: `*up` here would free it only when this
-    // future ends, keeping the emptied allocation for the connection's whole life.
+    (watch, on_end): (Watch, OnEnd),
+) {
     let pair = match client.and_then(|client| Pair::from_runtime(client, up)) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(error = %e, "could not move a connection to a relay loop; closed");
-            return None;
+            return;
         }
     };
-    let Some(mut relayed) = loops.hand_off(pair) else {
+    if !loops.hand_off(pair, watch, on_end) {
         tracing::warn!(
             "no relay loop runs (the proxy is stopping, or a loop failed); connection closed"
         );
-        return None;
-    };
-    let activity = relayed.activity();
-    let outcome = tokio::select! {
-        o = relayed.ended() => o,
-        cut = cutoff(deadlines(shared, epoch), activity.last()) => {
-            // Said before the close: the client sees its end as soon as the loop closes.
-            let why = ended_by(cut);
-            let mut o = relayed.close().await;
-            o.result = Err(why);
-            o
-        }
-    };
-    if let Err(e) = outcome.result {
-        tracing::debug!(error = %e, "connection ended with an error");
     }
-    Some((outcome.up, outcome.down))
+}
+
+impl Bridge {
+    /// Under `--rotation-close immediate`, the task that tells the relay loops of every
+    /// certificate installed, until `stop`, so that they end the connections opened with an
+    /// older one at once (None: nothing to tell them).
+    pub fn retirements(
+        &self,
+        stop: watch::Receiver<bool>,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        let loops = self.relay_loops.clone()?;
+        (self.rotation_close == RotationClose::Immediate)
+            .then(|| retire_on_rotation(self.upstream.epochs(), loops, stop))
+    }
+}
+
+/// Tells `loops` of every certificate installed from now on, until `stop`.
+async fn retire_on_rotation(
+    mut epochs: watch::Receiver<CertEpoch>,
+    loops: Arc<RelayLoops>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            changed = epochs.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let newest = epochs.borrow_and_update().generation;
+                loops.retire(newest);
+            }
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
 }
 
 /// A stream that records activity and counts the bytes read from it.

@@ -2,6 +2,9 @@
 //! certificate it was opened with expired or, with `--rotation-close immediate`, was replaced
 //! ([`super::rotation`]).
 //!
+//! This is for a connection relayed on its task (an upstream through a forward proxy); a relay
+//! loop decides the same for its connections itself (`relay_loop/watch.rs`).
+//!
 //! One timer watches both deadlines, the earlier first. A connection's task holds this future
 //! for the connection's whole life; an idle timer and a retirement timer side by side held two
 //! tokio timers and a select, about 300 bytes more per connection (docs/BENCHMARKS.md,
@@ -23,6 +26,21 @@ pub enum Cutoff {
     /// The certificate it was opened with expired, or a newer one replaced it
     /// (`--rotation-close immediate`).
     Retired,
+}
+
+impl Cutoff {
+    /// The error a connection the proxy ended ends with (logged when it is a retirement).
+    pub fn error(self) -> std::io::Error {
+        match self {
+            Cutoff::Idle => std::io::Error::new(std::io::ErrorKind::TimedOut, "idle timeout"),
+            Cutoff::Retired => {
+                tracing::info!(
+                    "closing a connection opened with a certificate that was replaced or has expired"
+                );
+                std::io::Error::other("certificate rotated")
+            }
+        }
+    }
 }
 
 /// What decides one connection's cutoff, taken when it was opened.

@@ -33,7 +33,7 @@ use tokio::sync::Semaphore;
 
 use super::accept::{poll_any, Accepted, ClientBound};
 use super::admission::{Admission, Ticket};
-use super::bridge::Bridge;
+use super::bridge::{Bridge, Held};
 use super::error::StartError;
 use super::lifetime::Activity;
 pub use super::limits::PREAUTH_BUDGET;
@@ -426,10 +426,13 @@ async fn handle_unix(shared: &Clients, mut stream: ClientUnixStream) {
         }
     }
     // Authenticated: a connection slot, and activity for --idle-exit.
-    let Ok(_slot) = shared.slots.clone().acquire_owned().await else {
+    let Ok(slot) = shared.slots.clone().acquire_owned().await else {
         return;
     };
-    let _active = shared.activity.enter();
+    let held = Held {
+        slot,
+        active: shared.activity.enter(),
+    };
     let prefix = match tokio::time::timeout(
         shared.handshake_timeout,
         super::first_bytes::sniff(&mut stream),
@@ -454,7 +457,7 @@ async fn handle_unix(shared: &Clients, mut stream: ClientUnixStream) {
     };
     shared
         .bridge
-        .serve_unix(stream, prefix, Some(alpn.to_vec()))
+        .serve_unix(stream, prefix, Some(alpn.to_vec()), held)
         .await;
 }
 
@@ -503,12 +506,15 @@ async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preau
         return;
     }
     drop(preauth);
-    let Ok(_slot) = shared.slots.clone().acquire_owned().await else {
+    let Ok(slot) = shared.slots.clone().acquire_owned().await else {
         return;
     };
-    let _active = shared.activity.enter();
+    let held = Held {
+        slot,
+        active: shared.activity.enter(),
+    };
     shared.metrics.local_handshake(started.elapsed());
-    shared.bridge.serve_loopback(tls, alpn).await;
+    shared.bridge.serve_loopback(tls, alpn, held).await;
 }
 
 /// What a loopback handshake's outcome means: the stream and protocol, or a refusal counted and

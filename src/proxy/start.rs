@@ -54,8 +54,7 @@ pub fn run(settings: Settings, supervisor: Supervisor) -> Result<StopReason, Sta
     ));
     runtime.shutdown_timeout(Duration::from_secs(1));
     connections.shutdown(Duration::from_secs(1));
-    // The connection tasks are gone, and with them every relayed connection's task: the loops
-    // close what is left.
+    // The loops end the connections still relayed, each giving back what it held.
     loops.shutdown();
     result
 }
@@ -129,8 +128,7 @@ async fn serve(
         opened.versions,
         metrics.clone(),
     )?;
-    // Bound before announcing readiness; the socket files go when `sockets` drops (any early
-    // return, and the stop, before draining).
+    // Bound before readiness; the socket files go when `sockets` drops (early return, stop).
     let bound = bound.into_tokio()?;
     let activity = Arc::new(Activity::new(metrics.clone()));
     let parts = Parts {
@@ -172,6 +170,7 @@ fn spawn(
 ) -> Result<Running, StartError> {
     let addrs = bound.client_addrs();
     let clients = Clients::build(&settings.clients, &parts, &addrs)?;
+    let retire = clients.bridge.retirements(stop.clone()).map(tokio::spawn);
     let status = Arc::new(RenewalStatus::default());
     let admin = (settings.admin.as_ref()).map(|a| Admin::build(a, &parts, status.clone()));
     let renewal = Renewal::build(settings, &parts, status);
@@ -195,6 +194,7 @@ fn spawn(
     if let Some(r) = renewal {
         tasks.push(tokio::spawn(renewal::run(Arc::new(r), stop.clone())));
     }
+    tasks.extend(retire);
     let reloader = tokio::spawn(reload::watch(Arc::new(reloader), stop.clone()));
     Ok(Running { tasks, reloader })
 }

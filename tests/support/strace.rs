@@ -13,6 +13,7 @@ use crate::tools::require_tool;
 /// `strace -f -c -e trace=<call>` attached to every thread of a process until [`Strace::stop`].
 pub struct Strace {
     child: Child,
+    pid: u32,
     summary: PathBuf,
     call: String,
     _dir: TempDir,
@@ -21,11 +22,22 @@ pub struct Strace {
 impl Strace {
     /// Attaches to all threads of `pid` and returns once each is traced.
     pub fn attach(pid: u32, call: &str) -> Strace {
+        Strace::start(pid, call, true)
+    }
+
+    /// [`Strace::attach`] keeping each call, for [`Strace::stop_by_thread`].
+    pub fn attach_calls(pid: u32, call: &str) -> Strace {
+        Strace::start(pid, call, false)
+    }
+
+    fn start(pid: u32, call: &str, summary_only: bool) -> Strace {
         require_tool("strace", "strace");
         let dir = tempfile::tempdir().expect("temp dir");
         let summary = dir.path().join("summary");
         let child = Command::new("strace")
-            .args(["-f", "-qq", "-c", "-e"])
+            .args(["-f", "-qq"])
+            .args(summary_only.then_some("-c"))
+            .arg("-e")
             .arg(format!("trace={call}"))
             .arg("-o")
             .arg(&summary)
@@ -42,10 +54,41 @@ impl Strace {
         }
         Strace {
             child,
+            pid,
             summary,
             call: call.to_string(),
             _dir: dir,
         }
+    }
+
+    /// Detaches ([`Strace::attach_calls`]) and returns how many calls were made while attached
+    /// by each thread name (`/proc/PID/task/TID/comm`, read while the threads still run), failed
+    /// ones included.
+    pub fn stop_by_thread(mut self) -> std::collections::HashMap<String, u64> {
+        let name = |tid: &str| {
+            std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", self.pid))
+                .map_or_else(|_| format!("gone thread {tid}"), |c| c.trim().to_string())
+        };
+        let pid = i32::try_from(self.child.id()).expect("pid fits");
+        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
+        let rc = unsafe { libc::kill(pid, libc::SIGINT) };
+        assert_eq!(rc, 0, "kill({pid}, SIGINT)");
+        self.child.wait().expect("strace exits");
+        let text = std::fs::read_to_string(&self.summary).expect("strace output");
+        let mut by_thread = std::collections::HashMap::new();
+        // "TID call(args) = result", or "TID <... call resumed> ..." for the end of a call
+        // that another thread's line interrupted (counted once, at its start).
+        for line in text.lines() {
+            let mut parts = line.splitn(2, ' ');
+            let (Some(tid), Some(rest)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            if rest.starts_with("<...") || rest.starts_with("+++") || rest.starts_with("---") {
+                continue;
+            }
+            *by_thread.entry(name(tid)).or_insert(0) += 1;
+        }
+        by_thread
     }
 
     /// Detaches and returns how many calls were made while attached (of every call named, when

@@ -6,13 +6,12 @@ use std::io::{self, BufRead, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 
 use rustix::event::epoll::{self, EventData, EventFlags};
 use rustls::{ClientConnection, ConnectionCommon};
-use tokio::sync::oneshot;
 
-use super::pair::{Link, Local, Outcome, Pair};
+use super::pair::{Local, OnEnd, Outcome, Pair};
+use super::watch::Deadlines;
 use crate::proxy::buffers::Buffer;
 
 /// The most bytes one read takes from the upstream (or a loopback client): four maximum-size
@@ -148,12 +147,16 @@ pub(super) struct Conn {
     pub(super) up: u64,
     /// Plaintext bytes written (or, to a TLS client, sealed) to the client.
     pub(super) down: u64,
-    pub(super) link: Arc<Link>,
-    done: Option<oneshot::Sender<Outcome>>,
+    /// When a byte last moved ([`crate::proxy::idle::now_ms`]).
+    pub(super) last: u64,
+    /// When the loop itself ends it.
+    pub(super) deadlines: Deadlines,
+    /// What the loop does with its outcome, on the loop's thread.
+    on_end: Option<OnEnd>,
 }
 
 impl Conn {
-    pub(super) fn new(pair: Pair, link: Arc<Link>, done: oneshot::Sender<Outcome>) -> Conn {
+    pub(super) fn new(pair: Pair, deadlines: Deadlines, on_end: OnEnd) -> Conn {
         let mut tls = pair.tls;
         // The loop bounds what waits in rustls itself: a side is read only when everything
         // sealed for the other before has gone out.
@@ -179,8 +182,9 @@ impl Conn {
             client_shut: false,
             up: 0,
             down: 0,
-            link,
-            done: Some(done),
+            last: 0,
+            deadlines,
+            on_end: Some(on_end),
         };
         if !pair.records.is_empty() {
             // Usually a session ticket or two: a buffer of their size, not a pooled 64 KiB one
@@ -559,8 +563,8 @@ impl Conn {
     }
 
     pub(super) fn finish(mut self, result: io::Result<()>) {
-        if let Some(done) = self.done.take() {
-            let _ = done.send(Outcome {
+        if let Some(on_end) = self.on_end.take() {
+            on_end(Outcome {
                 up: self.up,
                 down: self.down,
                 result,

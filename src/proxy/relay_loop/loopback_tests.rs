@@ -8,7 +8,7 @@ use std::time::Duration;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 
-use super::tests::{configs, connect, loop_ticks, read_to_close, server};
+use super::tests::{configs, connect, ended, loop_ticks, read_to_close, relay, server};
 use super::{Local, LoopbackTls, Pair, RelayLoops};
 use crate::proxy::buffers::TEST_SERIAL;
 
@@ -67,7 +67,7 @@ fn a_tls_client_is_relayed_both_ways_with_close_notify_each_way() {
     });
     let loops = RelayLoops::start(2).unwrap();
     let (pair, mut client) = connect_tls(port, client_config);
-    let mut relayed = loops.hand_off(pair).unwrap();
+    let relayed = relay(&loops, pair);
     let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     client.write_all(&sent).unwrap();
     client.conn.send_close_notify();
@@ -81,7 +81,7 @@ fn a_tls_client_is_relayed_both_ways_with_close_notify_each_way() {
     let head = b"got 300000 bytes";
     assert_eq!(&answer[..head.len()], head);
     assert!(answer[head.len()..] == sent[..100_000]);
-    let outcome = futures::executor::block_on(relayed.ended());
+    let outcome = ended(&relayed);
     outcome.result.unwrap();
     assert_eq!((outcome.up, outcome.down), (300_000, answer.len() as u64));
     upstream.join().unwrap();
@@ -106,11 +106,11 @@ fn a_tls_client_that_cuts_its_stream_does_not_end_the_upstream_cleanly() {
     });
     let loops = RelayLoops::start(1).unwrap();
     let (pair, mut client) = connect_tls(port, client_config);
-    let mut relayed = loops.hand_off(pair).unwrap();
+    let relayed = relay(&loops, pair);
     client.write_all(b"a request cut short").unwrap();
     client.flush().unwrap();
     client.sock.shutdown(Shutdown::Write).unwrap();
-    let outcome = futures::executor::block_on(relayed.ended());
+    let outcome = ended(&relayed);
     assert!(
         outcome.result.is_err(),
         "a cut client stream ended the connection cleanly"
@@ -167,13 +167,13 @@ fn what_a_tls_client_sent_before_the_hand_off_reaches_the_upstream_in_order() {
     client.flush().unwrap();
     std::thread::sleep(Duration::from_millis(50));
     t.tcp.set_nonblocking(true).unwrap();
-    let mut relayed = loops.hand_off(pair).unwrap();
+    let relayed = relay(&loops, pair);
     client.write_all(b"after").unwrap();
     client.conn.send_close_notify();
     client.flush().unwrap();
     let mut rest = Vec::new();
     client.read_to_end(&mut rest).unwrap();
-    let outcome = futures::executor::block_on(relayed.ended());
+    let outcome = ended(&relayed);
     outcome.result.unwrap();
     upstream.join().unwrap();
     loops.shutdown();
@@ -203,7 +203,7 @@ fn a_tls_client_without_room_stops_the_upstream_and_gets_everything_later() {
     });
     let loops = RelayLoops::start(1).unwrap();
     let (pair, mut client) = connect_tls(port, client_config);
-    let mut relayed = loops.hand_off(pair).unwrap();
+    let relayed = relay(&loops, pair);
     let mut quiet = false;
     for _ in 0..40 {
         let before = loop_ticks();
@@ -230,7 +230,7 @@ fn a_tls_client_without_room_stops_the_upstream_and_gets_everything_later() {
     );
     client.conn.send_close_notify();
     client.flush().unwrap();
-    let outcome = futures::executor::block_on(relayed.ended());
+    let outcome = ended(&relayed);
     outcome.result.unwrap();
     assert_eq!(outcome.down, u64::from(SIZE));
     upstream.join().unwrap();
@@ -257,7 +257,7 @@ fn a_tls_client_with_a_bad_record_gets_an_alert_and_the_upstream_no_clean_end() 
     });
     let loops = RelayLoops::start(1).unwrap();
     let (pair, mut client) = connect_tls(port, client_config);
-    let mut relayed = loops.hand_off(pair).unwrap();
+    let relayed = relay(&loops, pair);
     // A good record, and right behind it, in the same write (so that one read of the proxy
     // takes both), an application-data record of the right shape whose tag cannot verify.
     client
@@ -278,7 +278,7 @@ fn a_tls_client_with_a_bad_record_gets_an_alert_and_the_upstream_no_clean_end() 
         end.is_err(),
         "the client saw a clean end after its bad record: {end:?}"
     );
-    let outcome = futures::executor::block_on(relayed.ended());
+    let outcome = ended(&relayed);
     assert_eq!(
         outcome.result.unwrap_err().kind(),
         std::io::ErrorKind::InvalidData

@@ -19,12 +19,12 @@
 //!   sealed straight into the other, from rustls's buffer to rustls's buffer, and what one
 //!   read opens goes out together ([`loopback`]).
 //!
-//! What the connection's task did, it still decides: the task waits (asleep) for the loop's
-//! outcome, its idle timeout and the retirement of its certificate, and asks the loop to close
-//! the connection when one of the latter comes ([`Relayed::close`]); dropping the task (the
-//! proxy's stop) closes it too. Its slot, its `--idle-exit` activity and its metrics stay the
-//! task's, as on the runtime's path ([`super::relay`]), which still carries upstreams behind an
-//! `https://` forward proxy.
+//! The loop also ends a connection the way its task would have: at its idle timeout, and when
+//! the certificate it was opened with expires or (`--rotation-close immediate`) is replaced
+//! ([`watch`]). When a connection ends, the loop runs what its task left for the end ([`OnEnd`]:
+//! the bytes for the metrics, its slot and its `--idle-exit` activity given back) on its own
+//! thread: a relayed connection has no task, and its end wakes no other thread. The runtime's
+//! path ([`super::relay`]) still carries upstreams behind an `https://` forward proxy.
 //!
 //! The connection's behaviour is [`super::relay`]'s: half-close passes through (a client's end
 //! of input sends `close_notify` and shuts the upstream's write side; the upstream's
@@ -46,6 +46,7 @@ mod loopback_tests;
 mod pair;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -54,12 +55,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use rustix::event::epoll::{self, EventData, EventFlags};
-use tokio::sync::oneshot;
 
-use super::idle::{self, LastActivity};
+use super::cutoff::Cutoff;
+use super::idle;
 use conn::{client_interest, Conn, Scratch, Step};
-use pair::Link;
-pub use pair::{Local, LoopbackStream, LoopbackTls, Outcome, Pair, UpstreamStream};
+pub use pair::{Local, LoopbackStream, LoopbackTls, OnEnd, Outcome, Pair, UpstreamStream};
+use watch::Deadlines;
+pub use watch::Watch;
 
 /// Events taken per `epoll_wait`.
 const EVENTS: usize = 256;
@@ -76,25 +78,6 @@ pub struct RelayLoops {
     /// Where the search for the least-loaded loop starts (ties rotate).
     next: AtomicUsize,
     threads: Mutex<Vec<JoinHandle<()>>>,
-}
-
-/// The connection task's side of a relayed connection: its outcome to wait for, its activity
-/// stamp, and closing it (also when dropped before its outcome came).
-pub struct Relayed {
-    link: Arc<Link>,
-    inbox: Arc<Inbox>,
-    done: oneshot::Receiver<Outcome>,
-    ended: bool,
-}
-
-/// A relayed connection's activity stamp.
-pub struct Activity(Arc<Link>);
-
-impl Activity {
-    /// When the connection last moved a byte.
-    pub fn last(&self) -> &LastActivity {
-        &self.0.last
-    }
 }
 
 /// A loop's commands, and the eventfd that wakes it for them.
@@ -118,7 +101,9 @@ enum Command {
     /// A connection made on the task's thread: one allocation there, in the place of the
     /// TLS stream it replaces, rather than one there and another on the loop's.
     Add(Box<Conn>),
-    Close(Arc<Link>),
+    /// The newest certificate generation: connections opened with an older one end if
+    /// `--rotation-close immediate`.
+    Retire(u64),
     Stop,
 }
 
@@ -170,29 +155,32 @@ impl RelayLoops {
         self.loops.is_empty()
     }
 
-    /// Moves `pair` to the running loop with the fewest connections; None (the pair dropped,
-    /// so the connection is closed) when no loop runs any more.
-    pub fn hand_off(&self, pair: Pair) -> Option<Relayed> {
+    /// Moves `pair` to the running loop with the fewest connections, to be relayed until both
+    /// sides end or `watch` ends it; `on_end` runs with its outcome on the loop's thread. False
+    /// (the pair and `on_end` dropped unrun, so the connection is closed) when no loop runs any
+    /// more.
+    pub fn hand_off(&self, pair: Pair, watch: Watch, on_end: OnEnd) -> bool {
         let n = self.loops.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let inbox = (0..n)
+        let Some(inbox) = (0..n)
             .map(|i| &self.loops[(start + i) % n])
             .filter(|l| !l.stopped())
-            .min_by_key(|l| l.load.load(Ordering::Relaxed))?
-            .clone();
+            .min_by_key(|l| l.load.load(Ordering::Relaxed))
+        else {
+            return false;
+        };
         inbox.load.fetch_add(1, Ordering::Relaxed);
-        let link = Arc::new(Link {
-            last: LastActivity::default(),
-            slot: AtomicUsize::new(usize::MAX),
-        });
-        let (tx, done) = oneshot::channel();
-        inbox.send(Command::Add(Box::new(Conn::new(pair, link.clone(), tx))));
-        Some(Relayed {
-            link,
-            inbox,
-            done,
-            ended: false,
-        })
+        let deadlines = Deadlines::new(&watch, idle::now_ms());
+        inbox.send(Command::Add(Box::new(Conn::new(pair, deadlines, on_end))))
+    }
+
+    /// Says that certificate generation `newest` is installed: every loop ends, at once, the
+    /// connections opened with an older one under `--rotation-close immediate`, and any such
+    /// connection handed to it later.
+    pub fn retire(&self, newest: u64) {
+        for inbox in &self.loops {
+            inbox.send(Command::Retire(newest));
+        }
     }
 
     /// Closes every connection still relayed and stops the loops.
@@ -225,11 +213,17 @@ impl Inbox {
         self.queue().stopped
     }
 
-    fn send(&self, command: Command) {
+    /// Queues `command`; false (the command dropped, an Add's connection closed with it) when
+    /// the loop has stopped.
+    fn send(&self, command: Command) -> bool {
         let was_empty = {
             let mut queue = self.queue();
             if queue.stopped {
-                return; // dropped here: an Add's sender with it
+                drop(queue);
+                if let Command::Add(_) = command {
+                    self.load.fetch_sub(1, Ordering::Relaxed);
+                }
+                return false;
             }
             queue.commands.push(command);
             queue.commands.len() == 1
@@ -238,6 +232,7 @@ impl Inbox {
         if was_empty {
             let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
         }
+        true
     }
 
     fn take(&self) -> Vec<Command> {
@@ -266,47 +261,6 @@ impl Drop for Closing {
     }
 }
 
-impl Relayed {
-    /// The connection's activity stamp (for the idle timeout), apart from `self` so that it
-    /// can be watched while the outcome is awaited.
-    pub fn activity(&self) -> Activity {
-        Activity(self.link.clone())
-    }
-
-    /// Waits until the connection ends by itself (cancel-safe).
-    pub async fn ended(&mut self) -> Outcome {
-        let outcome = (&mut self.done).await;
-        self.ended = true;
-        outcome.unwrap_or_else(|_| stopped())
-    }
-
-    /// Closes the connection and waits for its outcome.
-    pub async fn close(mut self) -> Outcome {
-        self.inbox.send(Command::Close(self.link.clone()));
-        self.ended().await
-    }
-}
-
-impl Drop for Relayed {
-    fn drop(&mut self) {
-        if !self.ended {
-            self.inbox.send(Command::Close(self.link.clone()));
-        }
-    }
-}
-
-/// The outcome of a connection whose loop stopped before it answered.
-fn stopped() -> Outcome {
-    Outcome {
-        up: 0,
-        down: 0,
-        result: Err(io::Error::new(
-            io::ErrorKind::Interrupted,
-            "the relay loop stopped",
-        )),
-    }
-}
-
 /// One loop's thread state.
 struct Loop {
     ep: OwnedFd,
@@ -318,6 +272,11 @@ struct Loop {
     scratch: Scratch,
     /// Connections that used up their turn with bytes still to move.
     again: Vec<usize>,
+    /// When to look for connections whose deadline came ([`watch`]; None: no connection has
+    /// one).
+    next_check: Option<u64>,
+    /// The newest certificate generation the loop was told of ([`RelayLoops::retire`]).
+    newest: u64,
 }
 
 impl Loop {
@@ -329,25 +288,21 @@ impl Loop {
             free: Vec::new(),
             scratch: Scratch::new(),
             again: Vec::new(),
+            next_check: None,
+            newest: 0,
         }
     }
 
     fn run(mut self) {
         let _closing = Closing(self.inbox.clone());
         let mut events = Vec::with_capacity(EVENTS);
-        let no_wait = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
         loop {
             events.clear();
-            // Connections left with bytes to move: look for events without sleeping, then
-            // give them their next turn.
-            let timeout = (!self.again.is_empty()).then_some(&no_wait);
+            let timeout = self.timeout(idle::now_ms());
             match epoll::wait(
                 &self.ep,
                 rustix::buffer::spare_capacity(&mut events),
-                timeout,
+                timeout.as_ref(),
             ) {
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
@@ -376,10 +331,27 @@ impl Loop {
             if commands && !self.commands(now) {
                 break;
             }
+            if self.next_check.is_some_and(|at| at <= now) {
+                self.check(now);
+            }
         }
         for slot in 0..self.conns.len() {
             self.end(slot, Err(interrupted("the proxy is stopping")));
         }
+    }
+
+    /// How long `epoll_wait` may sleep: not at all while connections have bytes left to move,
+    /// until the next deadline if one is set, else until an event comes.
+    fn timeout(&self, now: u64) -> Option<rustix::event::Timespec> {
+        let ms = if self.again.is_empty() {
+            self.next_check?.saturating_sub(now)
+        } else {
+            0
+        };
+        Some(rustix::event::Timespec {
+            tv_sec: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+            tv_nsec: i64::try_from(ms % 1000).unwrap_or(0) * 1_000_000,
+        })
     }
 
     /// A connection's turn: move what can be moved (at most [`ROUNDS_PER_TURN`] rounds),
@@ -391,7 +363,7 @@ impl Loop {
         let moved = (conn.up, conn.down);
         let step = conn.drive(&self.ep, slot, &mut self.scratch);
         if (conn.up, conn.down) != moved {
-            conn.link.last.touch_at(now);
+            conn.last = now;
         }
         match step {
             Ok(Step::Waiting) => {}
@@ -406,17 +378,37 @@ impl Loop {
         for command in self.inbox.take() {
             match command {
                 Command::Add(conn) => self.add(conn, now),
-                Command::Close(link) => {
-                    let slot = link.slot.load(Ordering::Relaxed);
-                    let ours = matches!(self.conns.get(slot), Some(Some(c)) if Arc::ptr_eq(&c.link, &link));
-                    if ours {
-                        self.end(slot, Err(interrupted("closed by the proxy")));
+                Command::Retire(newest) if newest > self.newest => {
+                    self.newest = newest;
+                    for slot in 0..self.conns.len() {
+                        let retired =
+                            matches!(&self.conns[slot], Some(c) if c.deadlines.retired_by(newest));
+                        if retired {
+                            self.end(slot, Err(Cutoff::Retired.error()));
+                        }
                     }
                 }
+                Command::Retire(_) => {}
                 Command::Stop => return false,
             }
         }
         true
+    }
+
+    /// Ends the connections whose deadline has come, and sets when to look next.
+    fn check(&mut self, now: u64) {
+        let mut next: Option<u64> = None;
+        for slot in 0..self.conns.len() {
+            let Some(conn) = &self.conns[slot] else {
+                continue;
+            };
+            match conn.deadlines.due(now, conn.last) {
+                Ok(Some(at)) => next = Some(next.map_or(at, |n| n.min(at))),
+                Ok(None) => {}
+                Err(cut) => self.end(slot, Err(cut.error())),
+            }
+        }
+        self.next_check = next.map(|at| at.max(now.saturating_add(watch::MIN_SCAN_MS)));
     }
 
     fn add(&mut self, mut conn: Box<Conn>, now: u64) {
@@ -424,8 +416,7 @@ impl Loop {
             self.conns.push(None);
             self.conns.len() - 1
         });
-        conn.link.slot.store(slot, Ordering::Relaxed);
-        conn.link.last.touch_at(now);
+        conn.last = now;
         // Both sockets have room: the first drive tries to write. Their bytes, if any, are
         // reported by the registration itself (epoll reports a socket that is readable when it
         // is added, edge-triggered or not), so neither is read on the chance: a UNIX client's
@@ -449,17 +440,30 @@ impl Loop {
                 EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET,
             )
         });
+        let due = conn.deadlines.due(now, now);
+        let retired = conn.deadlines.retired_by(self.newest);
         self.conns[slot] = Some(conn);
         if let Err(e) = registered {
             self.end(slot, Err(e.into()));
             return;
+        }
+        // Opened with a certificate retired before it got here, or already past a deadline.
+        match due {
+            Err(cut) => return self.end(slot, Err(cut.error())),
+            _ if retired => return self.end(slot, Err(Cutoff::Retired.error())),
+            Ok(Some(at)) => {
+                let at = at.max(now.saturating_add(watch::MIN_SCAN_MS));
+                self.next_check = Some(self.next_check.map_or(at, |n| n.min(at)));
+            }
+            Ok(None) => {}
         }
         // Whatever arrived before the hand-off (records, opened plaintext, unsent records)
         // moves now; the sockets' own readiness comes as events.
         self.turn(slot, now);
     }
 
-    /// Removes the connection at `slot` (closing both sockets) and tells its task.
+    /// Removes the connection at `slot` (closing both sockets) and runs what it left for its
+    /// end.
     fn end(&mut self, slot: usize, result: io::Result<()>) {
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::take) else {
             return;

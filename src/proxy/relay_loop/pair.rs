@@ -5,12 +5,10 @@ use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::AtomicUsize;
 
 use rustls::{ClientConnection, ServerConnection};
 
 use crate::egress::Tunnel;
-use crate::proxy::idle::LastActivity;
 use crate::proxy::readahead::ReadAhead;
 use crate::proxy::unix_client::ClientUnixStream;
 
@@ -63,12 +61,9 @@ pub struct Outcome {
     pub result: io::Result<()>,
 }
 
-/// What a connection's loop and its task share.
-pub(super) struct Link {
-    pub(super) last: LastActivity,
-    /// The connection's place in its loop, once added.
-    pub(super) slot: AtomicUsize,
-}
+/// What a connection leaves for its end, run by the loop that ends it, on the loop's thread:
+/// whatever it holds (a slot, an activity guard) is given back there.
+pub type OnEnd = Box<dyn FnOnce(Outcome) + Send>;
 
 impl Pair {
     /// Takes an established connection's sockets and TLS state back from the runtime: the

@@ -9,6 +9,7 @@ use rustls::ClientConnection;
 use super::conn::{PLAIN, ROUNDS_PER_TURN};
 use crate::egress::Tunnel;
 use crate::proxy::readahead::ReadAhead;
+use crate::proxy::rotation::{CertEpoch, RotationClose};
 use crate::proxy::unix_client::ClientUnixStream;
 
 use rustls::pki_types::{PrivateKeyDer, ServerName};
@@ -77,6 +78,36 @@ pub(super) fn connect(port: u16, config: Arc<rustls::ClientConfig>) -> (Pair, Un
     (pair, ours)
 }
 
+/// Hands `pair` to `loops` with `watch`; its outcome comes on the receiver, sent by the loop.
+pub(super) fn relay_watched(
+    loops: &RelayLoops,
+    pair: Pair,
+    watch: Watch,
+) -> std::sync::mpsc::Receiver<Outcome> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handed = loops.hand_off(
+        pair,
+        watch,
+        Box::new(move |o| {
+            let _ = tx.send(o);
+        }),
+    );
+    assert!(handed, "no loop took the connection");
+    rx
+}
+
+/// [`relay_watched`] with no deadline.
+pub(super) fn relay(loops: &RelayLoops, pair: Pair) -> std::sync::mpsc::Receiver<Outcome> {
+    relay_watched(loops, pair, Watch::none())
+}
+
+/// The outcome the loop sends when the connection ends.
+pub(super) fn ended(relayed: &std::sync::mpsc::Receiver<Outcome>) -> Outcome {
+    relayed
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the loop ran the connection's end")
+}
+
 /// Reads the server's plaintext until `close_notify`.
 pub(super) fn read_to_close(
     stream: &mut rustls::StreamOwned<rustls::ServerConnection, std::net::TcpStream>,
@@ -103,7 +134,7 @@ fn relays_both_ways_and_passes_half_close_on() {
     });
     let loops = RelayLoops::start(2).unwrap();
     let (pair, mut client) = connect(port, client_config);
-    let mut relayed = loops.hand_off(pair).unwrap();
+    let relayed = relay(&loops, pair);
     let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     client.write_all(&sent).unwrap();
     client.shutdown(Shutdown::Write).unwrap();
@@ -112,7 +143,7 @@ fn relays_both_ways_and_passes_half_close_on() {
     let head = b"got 300000 bytes";
     assert_eq!(&answer[..head.len()], head);
     assert_eq!(&answer[head.len()..], &sent[..1000]);
-    let outcome = futures::executor::block_on(relayed.ended());
+    let outcome = ended(&relayed);
     outcome.result.unwrap();
     assert_eq!((outcome.up, outcome.down), (300_000, answer.len() as u64));
     upstream.join().unwrap();
@@ -154,7 +185,7 @@ fn a_client_without_room_stops_the_upstream_and_gets_everything_later() {
     });
     let loops = RelayLoops::start(1).unwrap();
     let (pair, mut client) = connect(port, client_config);
-    let mut relayed = loops.hand_off(pair).unwrap();
+    let relayed = relay(&loops, pair);
     let mut waited = 0;
     while buffers_in_use() < 1 {
         std::thread::sleep(Duration::from_millis(10));
@@ -183,7 +214,7 @@ fn a_client_without_room_stops_the_upstream_and_gets_everything_later() {
         got.len()
     );
     client.shutdown(Shutdown::Write).unwrap();
-    let outcome = futures::executor::block_on(relayed.ended());
+    let outcome = ended(&relayed);
     outcome.result.unwrap();
     assert_eq!(outcome.down, 8_000_000);
     assert_eq!(buffers_in_use(), 0);
@@ -191,37 +222,160 @@ fn a_client_without_room_stops_the_upstream_and_gets_everything_later() {
     loops.shutdown();
 }
 
-/// The proxy closing a connection (idle timeout, retired certificate) or dropping its task
-/// ends it: both the client and the upstream see the end.
+/// A connection nothing moves on is ended by its loop at its idle timeout, without its task
+/// (it has none): both the client and the upstream see the end, and the outcome says why.
 #[test]
-fn a_close_or_a_dropped_task_ends_the_connection() {
+fn an_idle_connection_is_ended_by_its_loop() {
     let _serial = TEST_SERIAL.blocking_lock();
     let loops = RelayLoops::start(1).unwrap();
-    for by_drop in [false, true] {
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        let mut rest = Vec::new();
+        // The proxy's close is not a clean one: no close_notify, just the end.
+        let r = s.read_to_end(&mut rest);
+        assert!(r.is_err() || rest.is_empty());
+    });
+    let (pair, mut client) = connect(port, client_config);
+    let watch = Watch {
+        idle: Some(Duration::from_millis(300)),
+        ..Watch::none()
+    };
+    let relayed = relay_watched(&loops, pair, watch);
+    let outcome = ended(&relayed);
+    let e = outcome.result.unwrap_err();
+    assert_eq!(
+        (e.kind(), e.to_string().as_str()),
+        (io::ErrorKind::TimedOut, "idle timeout")
+    );
+    let mut rest = Vec::new();
+    client.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    upstream.join().unwrap();
+    loops.shutdown();
+}
+
+/// A byte moved puts the idle timeout off: a connection active more often than its timeout
+/// lasts as long as it is active, and its bytes are counted.
+#[test]
+fn activity_puts_the_idle_timeout_off() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let loops = RelayLoops::start(1).unwrap();
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        let got = read_to_close(s);
+        s.write_all(&got).unwrap();
+        s.conn.send_close_notify();
+        s.flush().unwrap();
+    });
+    let (pair, mut client) = connect(port, client_config);
+    let watch = Watch {
+        idle: Some(Duration::from_millis(1_000)),
+        ..Watch::none()
+    };
+    let relayed = relay_watched(&loops, pair, watch);
+    // Six bytes, 250 ms apart: 1.5 s in all, longer than the timeout.
+    for b in b"abcdef" {
+        client.write_all(&[*b]).unwrap();
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    client.shutdown(Shutdown::Write).unwrap();
+    let mut echoed = Vec::new();
+    client.read_to_end(&mut echoed).unwrap();
+    assert_eq!(echoed, b"abcdef");
+    let outcome = ended(&relayed);
+    outcome.result.unwrap();
+    assert_eq!((outcome.up, outcome.down), (6, 6));
+    upstream.join().unwrap();
+    loops.shutdown();
+}
+
+/// A newer certificate ends, at once, the connections opened with an older one under
+/// `--rotation-close immediate`, and only those; one handed to the loop after it learnt of
+/// the newer certificate ends as soon as it arrives.
+#[test]
+fn a_newer_certificate_ends_only_immediate_connections_opened_before_it() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let loops = RelayLoops::start(1).unwrap();
+    let watch = |generation, mode| Watch {
+        epoch: CertEpoch {
+            generation,
+            not_after_unix: None,
+        },
+        mode,
+        ..Watch::none()
+    };
+    let mut conns = Vec::new();
+    for w in [
+        watch(1, RotationClose::Immediate),
+        watch(1, RotationClose::Expiry),
+        watch(2, RotationClose::Immediate),
+    ] {
         let (server_config, client_config) = configs(false);
         let (port, upstream) = server(server_config, |s| {
-            let mut rest = Vec::new();
-            // The proxy's close is not a clean one: no close_notify, just the end.
-            let r = s.read_to_end(&mut rest);
-            assert!(r.is_err() || rest.is_empty());
+            let got = read_to_close(s);
+            s.write_all(&got).unwrap();
+            s.conn.send_close_notify();
+            s.flush().unwrap();
         });
-        let (pair, mut client) = connect(port, client_config);
-        let relayed = loops.hand_off(pair).unwrap();
-        if by_drop {
-            drop(relayed);
-        } else {
-            let outcome = futures::executor::block_on(relayed.close());
-            assert_eq!(
-                outcome.result.unwrap_err().kind(),
-                io::ErrorKind::Interrupted
-            );
-        }
-        let mut rest = Vec::new();
-        client.read_to_end(&mut rest).unwrap();
-        assert!(rest.is_empty());
+        let (pair, client) = connect(port, client_config);
+        conns.push((relay_watched(&loops, pair, w), client, upstream));
+    }
+    loops.retire(2);
+    let (relayed, mut client, upstream) = conns.remove(0);
+    let e = ended(&relayed).result.unwrap_err();
+    assert_eq!(e.to_string(), "certificate rotated");
+    let mut rest = Vec::new();
+    let _ = client.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+    let _ = upstream.join();
+    // The others still relay, and end cleanly.
+    for (relayed, mut client, upstream) in conns {
+        client.write_all(b"still here").unwrap();
+        client.shutdown(Shutdown::Write).unwrap();
+        let mut echoed = Vec::new();
+        client.read_to_end(&mut echoed).unwrap();
+        assert_eq!(echoed, b"still here");
+        ended(&relayed).result.unwrap();
         upstream.join().unwrap();
     }
+    // Opened with generation 1, arriving after the loop learnt of 2.
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    });
+    let (pair, mut client) = connect(port, client_config);
+    let late = relay_watched(&loops, pair, watch(1, RotationClose::Immediate));
+    let e = ended(&late).result.unwrap_err();
+    assert_eq!(e.to_string(), "certificate rotated");
+    let mut rest = Vec::new();
+    let _ = client.read_to_end(&mut rest);
+    upstream.join().unwrap();
     loops.shutdown();
+}
+
+/// Stopping the loops ends every connection on them, and each one's end runs (what it held is
+/// given back).
+#[test]
+fn stopping_the_loops_ends_their_connections() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let loops = RelayLoops::start(1).unwrap();
+    let (server_config, client_config) = configs(false);
+    let (port, upstream) = server(server_config, |s| {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    });
+    let (pair, mut client) = connect(port, client_config);
+    let relayed = relay(&loops, pair);
+    loops.shutdown();
+    assert_eq!(
+        ended(&relayed).result.unwrap_err().kind(),
+        io::ErrorKind::Interrupted
+    );
+    let mut rest = Vec::new();
+    client.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    upstream.join().unwrap();
 }
 
 /// What the upstream sent with the end of the handshake (here 100 KB of half-RTT data, as
@@ -270,7 +424,7 @@ fn bytes_read_before_the_hand_off_reach_the_client() {
         "{} bytes of records were in the read-ahead at the hand-off",
         pair.records.len()
     );
-    let mut relayed = loops.hand_off(pair).unwrap();
+    let relayed = relay(&loops, pair);
     let mut got = Vec::new();
     client
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -282,7 +436,7 @@ fn bytes_read_before_the_hand_off_reach_the_client() {
         got.len()
     );
     client.shutdown(Shutdown::Write).unwrap();
-    futures::executor::block_on(relayed.ended()).result.unwrap();
+    ended(&relayed).result.unwrap();
     upstream.join().unwrap();
     loops.shutdown();
 }
@@ -318,12 +472,8 @@ fn a_turn_ends_after_its_rounds_with_bytes_still_waiting() {
         waiting > a_turn,
         "only {waiting} bytes fit in the client's socket"
     );
-    let (done, _outcome) = oneshot::channel();
-    let link = Arc::new(Link {
-        last: LastActivity::default(),
-        slot: AtomicUsize::new(0),
-    });
-    let mut conn = Box::new(Conn::new(pair, link, done));
+    let deadlines = watch::Deadlines::new(&Watch::none(), 0);
+    let mut conn = Box::new(Conn::new(pair, deadlines, Box::new(|_| {})));
     conn.client.readable = true;
     conn.client.writable = true;
     conn.upstream.writable = true;
@@ -356,7 +506,7 @@ fn a_stopped_loop_takes_no_connection() {
     let loops = RelayLoops::start(2).unwrap();
     loops.shutdown();
     let (pair, mut client) = connect(port, client_config);
-    assert!(loops.hand_off(pair).is_none());
+    assert!(!loops.hand_off(pair, Watch::none(), Box::new(|_| {})));
     let mut rest = Vec::new();
     client.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
@@ -389,14 +539,14 @@ fn records_before_a_bad_one_reach_the_client_first() {
     });
     let loops = RelayLoops::start(1).unwrap();
     let (pair, mut client) = connect(port, client_config);
-    let mut relayed = loops.hand_off(pair).unwrap();
+    let relayed = relay(&loops, pair);
     client
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let mut got = Vec::new();
     let _ = client.read_to_end(&mut got);
     assert_eq!(String::from_utf8_lossy(&got), "hello world");
-    let outcome = futures::executor::block_on(relayed.ended());
+    let outcome = ended(&relayed);
     assert_eq!(
         outcome.result.unwrap_err().kind(),
         io::ErrorKind::InvalidData

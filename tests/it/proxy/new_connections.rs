@@ -9,10 +9,14 @@ use std::time::Duration;
 
 use support::proxy::{Identity, ProxyProcess, RawHttp};
 use support::strace::Strace;
+
+/// The relay loops' threads (`hwkey-proxy-relay`, as the kernel keeps 15 characters of it).
+const RELAY_THREAD: &str = "hwkey-proxy-rel";
 use support::upstream::TestUpstream;
 
 /// The calls counted: every kind a connection makes, so a new one shows in the failure message.
-const CALLS: &str = "epoll_ctl,epoll_wait,epoll_pwait,ioctl,fcntl,accept4,socket,connect,\
+const CALLS: &str =
+    "epoll_ctl,epoll_wait,epoll_pwait,epoll_pwait2,ioctl,fcntl,accept4,socket,connect,\
 getsockopt,setsockopt,getrandom,read,write,writev,sendto,sendmsg,recvfrom,recvmsg,shutdown,close,\
 futex";
 
@@ -197,4 +201,41 @@ fn an_http2_clients_bytes_reach_only_an_api_server_that_agreed_to_http2() {
          Finished means the client's HTTP/2 bytes went too",
         after - records
     );
+}
+
+/// A relayed connection ends on its relay loop, which wakes no other thread for it: the loop
+/// gives the connection's slot back, counts its bytes and watches its idle timeout itself, and
+/// the connection's task ended at the hand-off. On 396926e the loop woke the task to end each
+/// connection: one eventfd `write` by a relay loop per connection (and the connection thread
+/// waking for it), for a UNIX-socket client and a loopback TLS one alike. Counted per thread
+/// with strace, one connection at a time; the loops write nothing else (they send with
+/// `writev` and `sendto`).
+#[test]
+fn a_relayed_connection_ends_without_waking_another_thread() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    let unix = || ask(&proxy, RawHttp::connect(&proxy.socket));
+    let tls = || ask(&proxy, RawHttp::connect_tls(proxy.tcp_port, &config));
+    for (kind, one) in [("UNIX", &unix as &dyn Fn()), ("loopback TLS", &tls)] {
+        one();
+        one();
+        let n = 40;
+        let strace = Strace::attach_calls(proxy.guard.id(), "write");
+        for _ in 0..n {
+            one();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let by_thread = strace.stop_by_thread();
+        let from_loops = by_thread.get(RELAY_THREAD).copied().unwrap_or(0);
+        assert!(
+            from_loops as f64 / f64::from(n) <= 0.1,
+            "{kind}: the relay loops made {from_loops} writes for {n} connections: one per \
+             connection is the wake-up of the connection's task at its end; writes by thread: \
+             {by_thread:?}"
+        );
+        // The count is of the right process: its connection threads wrote.
+        assert!(by_thread.values().sum::<u64>() > 0, "{by_thread:?}");
+    }
 }
