@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
-use super::cutoff::{cutoff, Deadlines};
+use super::cutoff::{cutoff, Cutoff, Deadlines};
 use super::idle::LastActivity;
 use super::lifetime::ConnGuard;
 use super::metrics::Metrics;
@@ -220,7 +220,14 @@ async fn on_task(
     let copy = super::relay::copy_bidirectional(&mut a, &mut b);
     let outcome = tokio::select! {
         r = copy => r.map(|_| ()),
-        cut = cutoff(deadlines(shared, epoch), &last) => Err(cut.error()),
+        cut = cutoff(deadlines(shared, epoch), &last) => {
+            if cut == Cutoff::Retired {
+                tracing::info!(
+                    "closing a connection opened with a certificate that was replaced or has expired"
+                );
+            }
+            Err(cut.error())
+        }
     };
     if let Err(e) = outcome {
         tracing::debug!(error = %e, "connection ended with an error");

@@ -29,16 +29,11 @@ pub enum Cutoff {
 }
 
 impl Cutoff {
-    /// The error a connection the proxy ended ends with (logged when it is a retirement).
+    /// The error a connection the proxy ended ends with.
     pub fn error(self) -> std::io::Error {
         match self {
             Cutoff::Idle => std::io::Error::new(std::io::ErrorKind::TimedOut, "idle timeout"),
-            Cutoff::Retired => {
-                tracing::info!(
-                    "closing a connection opened with a certificate that was replaced or has expired"
-                );
-                std::io::Error::other("certificate rotated")
-            }
+            Cutoff::Retired => std::io::Error::other("certificate rotated"),
         }
     }
 }

@@ -5,8 +5,9 @@
 //! On any of them the main task stops the listeners, removes the socket files, then waits for
 //! open connections to finish, at most `--drain-timeout`, and the process exits 0.
 //!
-//! [`Activity`] counts open client connections; connection tasks hold a [`ConnGuard`] while
-//! they live. The main task's [`wait_for_stop`] and [`drain`] read it.
+//! [`Activity`] counts open client connections: each holds a [`ConnGuard`] while it is open
+//! (its task, or the relay loop that relays it). The main task's [`wait_for_stop`] and
+//! [`drain`] read it.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -104,7 +105,7 @@ impl Activity {
     }
 }
 
-/// Held by a connection task while the connection is open.
+/// Held for a connection while it is open (by its task, then by its relay loop).
 #[derive(Debug)]
 pub struct ConnGuard {
     activity: Arc<Activity>,

@@ -61,10 +61,10 @@ impl Strace {
         }
     }
 
-    /// Detaches ([`Strace::attach_calls`]) and returns how many calls were made while attached
-    /// by each thread name (`/proc/PID/task/TID/comm`, read while the threads still run), failed
-    /// ones included.
-    pub fn stop_by_thread(mut self) -> std::collections::HashMap<String, u64> {
+    /// Detaches ([`Strace::attach_calls`]) and returns how many calls of each kind each thread
+    /// made while attached, keyed by (thread name, call): the name is
+    /// `/proc/PID/task/TID/comm`, read while the threads still run. Failed calls count too.
+    pub fn stop_by_thread(mut self) -> std::collections::HashMap<(String, String), u64> {
         let name = |tid: &str| {
             std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", self.pid))
                 .map_or_else(|_| format!("gone thread {tid}"), |c| c.trim().to_string())
@@ -76,17 +76,22 @@ impl Strace {
         self.child.wait().expect("strace exits");
         let text = std::fs::read_to_string(&self.summary).expect("strace output");
         let mut by_thread = std::collections::HashMap::new();
-        // "TID call(args) = result", or "TID <... call resumed> ..." for the end of a call
-        // that another thread's line interrupted (counted once, at its start).
+        // "TID call(args) = result" (strace pads TID); "TID <... call resumed> ..." ends a call
+        // another thread's line interrupted (counted once, at its start), and "+++"/"---" lines
+        // are exits and signals.
         for line in text.lines() {
-            let mut parts = line.splitn(2, ' ');
-            let (Some(tid), Some(rest)) = (parts.next(), parts.next()) else {
+            let line = line.trim_start();
+            let Some((tid, rest)) = line.split_once(' ') else {
+                continue;
+            };
+            let rest = rest.trim_start();
+            let Some((call, _)) = rest.split_once('(') else {
                 continue;
             };
             if rest.starts_with("<...") || rest.starts_with("+++") || rest.starts_with("---") {
                 continue;
             }
-            *by_thread.entry(name(tid)).or_insert(0) += 1;
+            *by_thread.entry((name(tid), call.to_string())).or_insert(0) += 1;
         }
         by_thread
     }

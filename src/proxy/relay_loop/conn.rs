@@ -562,13 +562,14 @@ impl Conn {
         self.cap = rest.len();
     }
 
+    /// Closes both sockets, then runs what the connection left for its end: its slot is
+    /// given back only once its descriptors are.
     pub(super) fn finish(mut self, result: io::Result<()>) {
-        if let Some(on_end) = self.on_end.take() {
-            on_end(Outcome {
-                up: self.up,
-                down: self.down,
-                result,
-            });
+        let on_end = self.on_end.take();
+        let (up, down) = (self.up, self.down);
+        drop(self);
+        if let Some(on_end) = on_end {
+            on_end(Outcome { up, down, result });
         }
     }
 }

@@ -68,6 +68,12 @@ const EVENTS: usize = 256;
 /// The token of the loop's waker (commands in its inbox); connections use `2 × slot + side`.
 const WAKER: u64 = u64::MAX;
 
+/// The longest a loop sleeps for a deadline, in milliseconds (an hour; it looks again then).
+/// A certificate's expiry is usually weeks away: a longer timeout than `i32::MAX` milliseconds
+/// would make rustix wait with `epoll_pwait2`, which kernels before 5.11 and older container
+/// seccomp profiles refuse, and a loop whose wait fails ends its connections.
+const MAX_SLEEP_MS: u64 = 3_600_000;
+
 /// Descriptors each loop holds (its epoll and its waker), for the descriptor budget of
 /// [`super::limits`].
 pub const DESCRIPTORS_PER_LOOP: usize = 2;
@@ -89,8 +95,8 @@ struct Inbox {
 }
 
 /// The commands not yet run, and whether the loop has stopped (then none is taken: a command
-/// sent to a stopped loop is dropped at once, and a connection's task learns it from its
-/// outcome's sender going away).
+/// sent to a stopped loop is dropped at once, an Add's connection closed with it and its
+/// [`OnEnd`] dropped unrun, which gives back what it held).
 #[derive(Default)]
 struct Queue {
     commands: Vec<Command>,
@@ -341,17 +347,10 @@ impl Loop {
     }
 
     /// How long `epoll_wait` may sleep: not at all while connections have bytes left to move,
-    /// until the next deadline if one is set, else until an event comes.
+    /// until the next deadline if one is set (at most [`MAX_SLEEP_MS`]), else until an event
+    /// comes.
     fn timeout(&self, now: u64) -> Option<rustix::event::Timespec> {
-        let ms = if self.again.is_empty() {
-            self.next_check?.saturating_sub(now)
-        } else {
-            0
-        };
-        Some(rustix::event::Timespec {
-            tv_sec: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
-            tv_nsec: i64::try_from(ms % 1000).unwrap_or(0) * 1_000_000,
-        })
+        sleep_for(!self.again.is_empty(), self.next_check, now)
     }
 
     /// A connection's turn: move what can be moved (at most [`ROUNDS_PER_TURN`] rounds),
@@ -380,13 +379,14 @@ impl Loop {
                 Command::Add(conn) => self.add(conn, now),
                 Command::Retire(newest) if newest > self.newest => {
                     self.newest = newest;
+                    let mut retired = 0;
                     for slot in 0..self.conns.len() {
-                        let retired =
-                            matches!(&self.conns[slot], Some(c) if c.deadlines.retired_by(newest));
-                        if retired {
+                        if matches!(&self.conns[slot], Some(c) if c.deadlines.retired_by(newest)) {
                             self.end(slot, Err(Cutoff::Retired.error()));
+                            retired += 1;
                         }
                     }
+                    said_retired(retired);
                 }
                 Command::Retire(_) => {}
                 Command::Stop => return false,
@@ -398,6 +398,7 @@ impl Loop {
     /// Ends the connections whose deadline has come, and sets when to look next.
     fn check(&mut self, now: u64) {
         let mut next: Option<u64> = None;
+        let mut retired = 0;
         for slot in 0..self.conns.len() {
             let Some(conn) = &self.conns[slot] else {
                 continue;
@@ -405,9 +406,13 @@ impl Loop {
             match conn.deadlines.due(now, conn.last) {
                 Ok(Some(at)) => next = Some(next.map_or(at, |n| n.min(at))),
                 Ok(None) => {}
-                Err(cut) => self.end(slot, Err(cut.error())),
+                Err(cut) => {
+                    retired += usize::from(cut == Cutoff::Retired);
+                    self.end(slot, Err(cut.error()));
+                }
             }
         }
+        said_retired(retired);
         self.next_check = next.map(|at| at.max(now.saturating_add(watch::MIN_SCAN_MS)));
     }
 
@@ -449,8 +454,14 @@ impl Loop {
         }
         // Opened with a certificate retired before it got here, or already past a deadline.
         match due {
-            Err(cut) => return self.end(slot, Err(cut.error())),
-            _ if retired => return self.end(slot, Err(Cutoff::Retired.error())),
+            Err(cut) => {
+                said_retired(usize::from(cut == Cutoff::Retired));
+                return self.end(slot, Err(cut.error()));
+            }
+            _ if retired => {
+                said_retired(1);
+                return self.end(slot, Err(Cutoff::Retired.error()));
+            }
             Ok(Some(at)) => {
                 let at = at.max(now.saturating_add(watch::MIN_SCAN_MS));
                 self.next_check = Some(self.next_check.map_or(at, |n| n.min(at)));
@@ -471,6 +482,34 @@ impl Loop {
         self.free.push(slot);
         self.inbox.load.fetch_sub(1, Ordering::Relaxed);
         conn.finish(result);
+    }
+}
+
+/// [`Loop::timeout`]: no sleep with `more` to move, else until `next_check` (at most
+/// [`MAX_SLEEP_MS`]), else none (until an event).
+fn sleep_for(more: bool, next_check: Option<u64>, now: u64) -> Option<rustix::event::Timespec> {
+    let ms = if more {
+        0
+    } else {
+        next_check?.saturating_sub(now).min(MAX_SLEEP_MS)
+    };
+    Some(rustix::event::Timespec {
+        tv_sec: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+        tv_nsec: i64::try_from(ms % 1000).unwrap_or(0) * 1_000_000,
+    })
+}
+
+/// Says how many connections one pass ended because their certificate was replaced or
+/// expired: one line per pass, not one per connection, on a thread that relays.
+fn said_retired(n: usize) {
+    match n {
+        0 => {}
+        1 => tracing::info!(
+            "closing a connection opened with a certificate that was replaced or has expired"
+        ),
+        n => tracing::info!(
+            "closing {n} connections opened with a certificate that was replaced or has expired"
+        ),
     }
 }
 

@@ -240,12 +240,20 @@ fn an_idle_connection_is_ended_by_its_loop() {
         idle: Some(Duration::from_millis(300)),
         ..Watch::none()
     };
+    let handed = std::time::Instant::now();
     let relayed = relay_watched(&loops, pair, watch);
     let outcome = ended(&relayed);
+    let after = handed.elapsed();
     let e = outcome.result.unwrap_err();
     assert_eq!(
         (e.kind(), e.to_string().as_str()),
         (io::ErrorKind::TimedOut, "idle timeout")
+    );
+    // Not before its timeout, and not missed: the loop slept until it (a deadline nobody
+    // looked at would end it only at the next event, here none).
+    assert!(
+        after >= Duration::from_millis(300) && after < Duration::from_secs(5),
+        "ended {after:?} after the hand-off, with an idle timeout of 300 ms"
     );
     let mut rest = Vec::new();
     client.read_to_end(&mut rest).unwrap();
@@ -506,7 +514,18 @@ fn a_stopped_loop_takes_no_connection() {
     let loops = RelayLoops::start(2).unwrap();
     loops.shutdown();
     let (pair, mut client) = connect(port, client_config);
-    assert!(!loops.hand_off(pair, Watch::none(), Box::new(|_| {})));
+    // What the connection holds is given back: its end is dropped, unrun.
+    let held = Arc::new(());
+    let in_end = held.clone();
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ran_in_end = ran.clone();
+    let on_end: OnEnd = Box::new(move |_| {
+        let _held = in_end;
+        ran_in_end.store(true, Ordering::SeqCst);
+    });
+    assert!(!loops.hand_off(pair, Watch::none(), on_end));
+    assert_eq!(Arc::strong_count(&held), 1, "the connection's end was kept");
+    assert!(!ran.load(Ordering::SeqCst));
     let mut rest = Vec::new();
     client.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
@@ -553,4 +572,21 @@ fn records_before_a_bad_one_reach_the_client_first() {
     );
     upstream.join().unwrap();
     loops.shutdown();
+}
+
+/// A loop sleeps until its next deadline, but never longer than an hour: a certificate's
+/// expiry weeks away would otherwise be a wait only `epoll_pwait2` takes, which older kernels
+/// refuse (and a loop whose wait fails ends its connections).
+#[test]
+fn a_loop_sleeps_until_its_next_deadline_and_at_most_an_hour() {
+    let ms =
+        |t: Option<rustix::event::Timespec>| t.map(|t| t.tv_sec * 1000 + t.tv_nsec / 1_000_000);
+    assert_eq!(ms(sleep_for(false, None, 5)), None);
+    assert_eq!(ms(sleep_for(true, None, 5)), Some(0));
+    assert_eq!(ms(sleep_for(true, Some(10_000), 5)), Some(0));
+    assert_eq!(ms(sleep_for(false, Some(1_234), 1_000)), Some(234));
+    assert_eq!(ms(sleep_for(false, Some(900), 1_000)), Some(0));
+    let weeks = 30 * 24 * 3_600_000;
+    assert_eq!(ms(sleep_for(false, Some(weeks), 0)), Some(3_600_000));
+    assert_eq!(ms(sleep_for(false, Some(u64::MAX), 0)), Some(3_600_000));
 }

@@ -30,7 +30,7 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// A connection only its two sides end (tests, and a proxy with neither deadline).
+    /// A connection only its two sides end.
     pub fn none() -> Watch {
         Watch {
             idle: None,
