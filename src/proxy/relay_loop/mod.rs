@@ -47,6 +47,8 @@ mod pair;
 #[cfg(test)]
 mod tests;
 mod watch;
+#[cfg(test)]
+mod watch_tests;
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -379,14 +381,13 @@ impl Loop {
                 Command::Add(conn) => self.add(conn, now),
                 Command::Retire(newest) if newest > self.newest => {
                     self.newest = newest;
-                    let mut retired = 0;
-                    for slot in 0..self.conns.len() {
-                        if matches!(&self.conns[slot], Some(c) if c.deadlines.retired_by(newest)) {
-                            self.end(slot, Err(Cutoff::Retired.error()));
-                            retired += 1;
-                        }
-                    }
-                    said_retired(retired);
+                    let due = (0..self.conns.len())
+                        .filter(|&slot| {
+                            matches!(&self.conns[slot], Some(c) if c.deadlines.retired_by(newest))
+                        })
+                        .map(|slot| (slot, Cutoff::Retired))
+                        .collect();
+                    self.cut_off(due);
                 }
                 Command::Retire(_) => {}
                 Command::Stop => return false,
@@ -398,22 +399,28 @@ impl Loop {
     /// Ends the connections whose deadline has come, and sets when to look next.
     fn check(&mut self, now: u64) {
         let mut next: Option<u64> = None;
-        let mut retired = 0;
-        for slot in 0..self.conns.len() {
-            let Some(conn) = &self.conns[slot] else {
+        let mut due = Vec::new();
+        for (slot, conn) in self.conns.iter().enumerate() {
+            let Some(conn) = conn else {
                 continue;
             };
             match conn.deadlines.due(now, conn.last) {
                 Ok(Some(at)) => next = Some(next.map_or(at, |n| n.min(at))),
                 Ok(None) => {}
-                Err(cut) => {
-                    retired += usize::from(cut == Cutoff::Retired);
-                    self.end(slot, Err(cut.error()));
-                }
+                Err(cut) => due.push((slot, cut)),
             }
         }
-        said_retired(retired);
+        self.cut_off(due);
         self.next_check = next.map(|at| at.max(now.saturating_add(watch::MIN_SCAN_MS)));
+    }
+
+    /// Ends the connections `due`, each for its cutoff. The retirements are said first: a
+    /// client sees its end as soon as the loop closes it, and a log read then has the line.
+    fn cut_off(&mut self, due: Vec<(usize, Cutoff)>) {
+        said_retired(due.iter().filter(|(_, c)| *c == Cutoff::Retired).count());
+        for (slot, cut) in due {
+            self.end(slot, Err(cut.error()));
+        }
     }
 
     fn add(&mut self, mut conn: Box<Conn>, now: u64) {
@@ -454,14 +461,8 @@ impl Loop {
         }
         // Opened with a certificate retired before it got here, or already past a deadline.
         match due {
-            Err(cut) => {
-                said_retired(usize::from(cut == Cutoff::Retired));
-                return self.end(slot, Err(cut.error()));
-            }
-            _ if retired => {
-                said_retired(1);
-                return self.end(slot, Err(Cutoff::Retired.error()));
-            }
+            Err(cut) => return self.cut_off(vec![(slot, cut)]),
+            _ if retired => return self.cut_off(vec![(slot, Cutoff::Retired)]),
             Ok(Some(at)) => {
                 let at = at.max(now.saturating_add(watch::MIN_SCAN_MS));
                 self.next_check = Some(self.next_check.map_or(at, |n| n.min(at)));

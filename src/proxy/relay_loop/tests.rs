@@ -9,7 +9,6 @@ use rustls::ClientConnection;
 use super::conn::{PLAIN, ROUNDS_PER_TURN};
 use crate::egress::Tunnel;
 use crate::proxy::readahead::ReadAhead;
-use crate::proxy::rotation::{CertEpoch, RotationClose};
 use crate::proxy::unix_client::ClientUnixStream;
 
 use rustls::pki_types::{PrivateKeyDer, ServerName};
@@ -106,6 +105,17 @@ pub(super) fn ended(relayed: &std::sync::mpsc::Receiver<Outcome>) -> Outcome {
     relayed
         .recv_timeout(Duration::from_secs(30))
         .expect("the loop ran the connection's end")
+}
+
+/// Reads what the client gets until its end: nothing.
+pub(super) fn sees_the_end(client: &mut UnixStream) {
+    let mut rest = Vec::new();
+    client.read_to_end(&mut rest).unwrap();
+    assert!(
+        rest.is_empty(),
+        "the client got {} bytes before its end",
+        rest.len()
+    );
 }
 
 /// Reads the server's plaintext until `close_notify`.
@@ -220,170 +230,6 @@ fn a_client_without_room_stops_the_upstream_and_gets_everything_later() {
     assert_eq!(buffers_in_use(), 0);
     upstream.join().unwrap();
     loops.shutdown();
-}
-
-/// A connection nothing moves on is ended by its loop at its idle timeout, without its task
-/// (it has none): both the client and the upstream see the end, and the outcome says why.
-#[test]
-fn an_idle_connection_is_ended_by_its_loop() {
-    let _serial = TEST_SERIAL.blocking_lock();
-    let loops = RelayLoops::start(1).unwrap();
-    let (server_config, client_config) = configs(false);
-    let (port, upstream) = server(server_config, |s| {
-        let mut rest = Vec::new();
-        // The proxy's close is not a clean one: no close_notify, just the end.
-        let r = s.read_to_end(&mut rest);
-        assert!(r.is_err() || rest.is_empty());
-    });
-    let (pair, mut client) = connect(port, client_config);
-    let watch = Watch {
-        idle: Some(Duration::from_millis(300)),
-        ..Watch::none()
-    };
-    let handed = std::time::Instant::now();
-    let relayed = relay_watched(&loops, pair, watch);
-    let outcome = ended(&relayed);
-    let after = handed.elapsed();
-    let e = outcome.result.unwrap_err();
-    assert_eq!(
-        (e.kind(), e.to_string().as_str()),
-        (io::ErrorKind::TimedOut, "idle timeout")
-    );
-    // Not before its timeout, and not missed: the loop slept until it (a deadline nobody
-    // looked at would end it only at the next event, here none).
-    assert!(
-        after >= Duration::from_millis(300) && after < Duration::from_secs(5),
-        "ended {after:?} after the hand-off, with an idle timeout of 300 ms"
-    );
-    let mut rest = Vec::new();
-    client.read_to_end(&mut rest).unwrap();
-    assert!(rest.is_empty());
-    upstream.join().unwrap();
-    loops.shutdown();
-}
-
-/// A byte moved puts the idle timeout off: a connection active more often than its timeout
-/// lasts as long as it is active, and its bytes are counted.
-#[test]
-fn activity_puts_the_idle_timeout_off() {
-    let _serial = TEST_SERIAL.blocking_lock();
-    let loops = RelayLoops::start(1).unwrap();
-    let (server_config, client_config) = configs(false);
-    let (port, upstream) = server(server_config, |s| {
-        let got = read_to_close(s);
-        s.write_all(&got).unwrap();
-        s.conn.send_close_notify();
-        s.flush().unwrap();
-    });
-    let (pair, mut client) = connect(port, client_config);
-    let watch = Watch {
-        idle: Some(Duration::from_millis(1_000)),
-        ..Watch::none()
-    };
-    let relayed = relay_watched(&loops, pair, watch);
-    // Six bytes, 250 ms apart: 1.5 s in all, longer than the timeout.
-    for b in b"abcdef" {
-        client.write_all(&[*b]).unwrap();
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    client.shutdown(Shutdown::Write).unwrap();
-    let mut echoed = Vec::new();
-    client.read_to_end(&mut echoed).unwrap();
-    assert_eq!(echoed, b"abcdef");
-    let outcome = ended(&relayed);
-    outcome.result.unwrap();
-    assert_eq!((outcome.up, outcome.down), (6, 6));
-    upstream.join().unwrap();
-    loops.shutdown();
-}
-
-/// A newer certificate ends, at once, the connections opened with an older one under
-/// `--rotation-close immediate`, and only those; one handed to the loop after it learnt of
-/// the newer certificate ends as soon as it arrives.
-#[test]
-fn a_newer_certificate_ends_only_immediate_connections_opened_before_it() {
-    let _serial = TEST_SERIAL.blocking_lock();
-    let loops = RelayLoops::start(1).unwrap();
-    let watch = |generation, mode| Watch {
-        epoch: CertEpoch {
-            generation,
-            not_after_unix: None,
-        },
-        mode,
-        ..Watch::none()
-    };
-    let mut conns = Vec::new();
-    for w in [
-        watch(1, RotationClose::Immediate),
-        watch(1, RotationClose::Expiry),
-        watch(2, RotationClose::Immediate),
-    ] {
-        let (server_config, client_config) = configs(false);
-        let (port, upstream) = server(server_config, |s| {
-            let got = read_to_close(s);
-            s.write_all(&got).unwrap();
-            s.conn.send_close_notify();
-            s.flush().unwrap();
-        });
-        let (pair, client) = connect(port, client_config);
-        conns.push((relay_watched(&loops, pair, w), client, upstream));
-    }
-    loops.retire(2);
-    let (relayed, mut client, upstream) = conns.remove(0);
-    let e = ended(&relayed).result.unwrap_err();
-    assert_eq!(e.to_string(), "certificate rotated");
-    let mut rest = Vec::new();
-    let _ = client.read_to_end(&mut rest);
-    assert!(rest.is_empty());
-    let _ = upstream.join();
-    // The others still relay, and end cleanly.
-    for (relayed, mut client, upstream) in conns {
-        client.write_all(b"still here").unwrap();
-        client.shutdown(Shutdown::Write).unwrap();
-        let mut echoed = Vec::new();
-        client.read_to_end(&mut echoed).unwrap();
-        assert_eq!(echoed, b"still here");
-        ended(&relayed).result.unwrap();
-        upstream.join().unwrap();
-    }
-    // Opened with generation 1, arriving after the loop learnt of 2.
-    let (server_config, client_config) = configs(false);
-    let (port, upstream) = server(server_config, |s| {
-        let mut rest = Vec::new();
-        let _ = s.read_to_end(&mut rest);
-    });
-    let (pair, mut client) = connect(port, client_config);
-    let late = relay_watched(&loops, pair, watch(1, RotationClose::Immediate));
-    let e = ended(&late).result.unwrap_err();
-    assert_eq!(e.to_string(), "certificate rotated");
-    let mut rest = Vec::new();
-    let _ = client.read_to_end(&mut rest);
-    upstream.join().unwrap();
-    loops.shutdown();
-}
-
-/// Stopping the loops ends every connection on them, and each one's end runs (what it held is
-/// given back).
-#[test]
-fn stopping_the_loops_ends_their_connections() {
-    let _serial = TEST_SERIAL.blocking_lock();
-    let loops = RelayLoops::start(1).unwrap();
-    let (server_config, client_config) = configs(false);
-    let (port, upstream) = server(server_config, |s| {
-        let mut rest = Vec::new();
-        let _ = s.read_to_end(&mut rest);
-    });
-    let (pair, mut client) = connect(port, client_config);
-    let relayed = relay(&loops, pair);
-    loops.shutdown();
-    assert_eq!(
-        ended(&relayed).result.unwrap_err().kind(),
-        io::ErrorKind::Interrupted
-    );
-    let mut rest = Vec::new();
-    client.read_to_end(&mut rest).unwrap();
-    assert!(rest.is_empty());
-    upstream.join().unwrap();
 }
 
 /// What the upstream sent with the end of the handshake (here 100 KB of half-RTT data, as
@@ -526,9 +372,7 @@ fn a_stopped_loop_takes_no_connection() {
     assert!(!loops.hand_off(pair, Watch::none(), on_end));
     assert_eq!(Arc::strong_count(&held), 1, "the connection's end was kept");
     assert!(!ran.load(Ordering::SeqCst));
-    let mut rest = Vec::new();
-    client.read_to_end(&mut rest).unwrap();
-    assert!(rest.is_empty());
+    sees_the_end(&mut client);
     upstream.join().unwrap();
 }
 
@@ -572,21 +416,4 @@ fn records_before_a_bad_one_reach_the_client_first() {
     );
     upstream.join().unwrap();
     loops.shutdown();
-}
-
-/// A loop sleeps until its next deadline, but never longer than an hour: a certificate's
-/// expiry weeks away would otherwise be a wait only `epoll_pwait2` takes, which older kernels
-/// refuse (and a loop whose wait fails ends its connections).
-#[test]
-fn a_loop_sleeps_until_its_next_deadline_and_at_most_an_hour() {
-    let ms =
-        |t: Option<rustix::event::Timespec>| t.map(|t| t.tv_sec * 1000 + t.tv_nsec / 1_000_000);
-    assert_eq!(ms(sleep_for(false, None, 5)), None);
-    assert_eq!(ms(sleep_for(true, None, 5)), Some(0));
-    assert_eq!(ms(sleep_for(true, Some(10_000), 5)), Some(0));
-    assert_eq!(ms(sleep_for(false, Some(1_234), 1_000)), Some(234));
-    assert_eq!(ms(sleep_for(false, Some(900), 1_000)), Some(0));
-    let weeks = 30 * 24 * 3_600_000;
-    assert_eq!(ms(sleep_for(false, Some(weeks), 0)), Some(3_600_000));
-    assert_eq!(ms(sleep_for(false, Some(u64::MAX), 0)), Some(3_600_000));
 }
