@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
-use super::cutoff::{cutoff, Cutoff, Deadlines};
+use super::cutoff::{cutoff, say_retired, Cutoff, Deadlines};
 use super::idle::LastActivity;
 use super::lifetime::ConnGuard;
 use super::metrics::Metrics;
@@ -221,11 +221,7 @@ async fn on_task(
     let outcome = tokio::select! {
         r = copy => r.map(|_| ()),
         cut = cutoff(deadlines(shared, epoch), &last) => {
-            if cut == Cutoff::Retired {
-                tracing::info!(
-                    "closing a connection opened with a certificate that was replaced or has expired"
-                );
-            }
+            say_retired(usize::from(cut == Cutoff::Retired));
             Err(cut.error())
         }
     };

@@ -38,6 +38,21 @@ impl Cutoff {
     }
 }
 
+/// Says that `n` connections are being closed because the certificate they were opened with
+/// was replaced or has expired: one line, said before they close (a client sees its end at
+/// once, and the log then has why), and one per pass of a relay loop, not one per connection.
+pub fn say_retired(n: usize) {
+    match n {
+        0 => {}
+        1 => tracing::info!(
+            "closing a connection opened with a certificate that was replaced or has expired"
+        ),
+        n => tracing::info!(
+            "closing {n} connections opened with a certificate that was replaced or has expired"
+        ),
+    }
+}
+
 /// What decides one connection's cutoff, taken when it was opened.
 pub struct Deadlines {
     /// The idle timeout (None: never).

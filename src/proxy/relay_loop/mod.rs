@@ -58,7 +58,7 @@ use std::thread::JoinHandle;
 
 use rustix::event::epoll::{self, EventData, EventFlags};
 
-use super::cutoff::Cutoff;
+use super::cutoff::{say_retired, Cutoff};
 use super::idle;
 use conn::{client_interest, Conn, Scratch, Step};
 pub use pair::{Local, LoopbackStream, LoopbackTls, OnEnd, Outcome, Pair, UpstreamStream};
@@ -417,7 +417,7 @@ impl Loop {
     /// Ends the connections `due`, each for its cutoff. The retirements are said first: a
     /// client sees its end as soon as the loop closes it, and a log read then has the line.
     fn cut_off(&mut self, due: Vec<(usize, Cutoff)>) {
-        said_retired(due.iter().filter(|(_, c)| *c == Cutoff::Retired).count());
+        say_retired(due.iter().filter(|(_, c)| *c == Cutoff::Retired).count());
         for (slot, cut) in due {
             self.end(slot, Err(cut.error()));
         }
@@ -498,20 +498,6 @@ fn sleep_for(more: bool, next_check: Option<u64>, now: u64) -> Option<rustix::ev
         tv_sec: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
         tv_nsec: i64::try_from(ms % 1000).unwrap_or(0) * 1_000_000,
     })
-}
-
-/// Says how many connections one pass ended because their certificate was replaced or
-/// expired: one line per pass, not one per connection, on a thread that relays.
-fn said_retired(n: usize) {
-    match n {
-        0 => {}
-        1 => tracing::info!(
-            "closing a connection opened with a certificate that was replaced or has expired"
-        ),
-        n => tracing::info!(
-            "closing {n} connections opened with a certificate that was replaced or has expired"
-        ),
-    }
 }
 
 fn interrupted(why: &'static str) -> io::Error {
