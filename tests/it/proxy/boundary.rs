@@ -34,45 +34,46 @@ fn a_root_network_side_holds_no_capability_and_makes_no_device_or_raw_socket() {
     for set in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
         assert_eq!(status_field(pid, set), "0000000000000000", "{set}");
     }
-    assert!(call_inside(pid, "open(\"/etc/hosts\", 0)") >= 0);
     let dir = temp_dir();
     let node = dir.path().join("kmsg");
-    // S_IFCHR | 0600, makedev(1, 11) (/dev/kmsg).
-    let made = call_inside(pid, &format!("mknod(\"{}\", 8576, 267)", node.display()));
-    assert_eq!(made, -1, "a character device was made");
-    assert!(!node.exists());
-    // AF_PACKET, SOCK_RAW; AF_INET, SOCK_RAW, IPPROTO_ICMP.
-    assert_eq!(call_inside(pid, "socket(17, 3, 0)"), -1, "a packet socket");
-    assert_eq!(call_inside(pid, "socket(2, 3, 1)"), -1, "a raw socket");
-    // The API server is an address: no name to resolve, so no UDP either.
-    assert_eq!(call_inside(pid, "socket(2, 2, 0)"), -1, "a UDP socket");
-    assert_eq!(call_inside(pid, "socket(10, 2, 0)"), -1, "a UDP6 socket");
-    // IPPROTO_MPTCP: a stream socket outside Landlock's TCP port rules; TCP itself still opens.
-    assert_eq!(call_inside(pid, "socket(2, 1, 262)"), -1, "an MPTCP socket");
-    assert!(call_inside(pid, "socket(2, 1, 6)") >= 0, "a TCP socket");
     // No link in the state directory it writes (to point a file it reads elsewhere).
     let link = proxy.state_dir.join("planted");
-    assert_eq!(
-        call_inside(
-            pid,
-            &format!("symlink(\"/etc/shadow\", \"{}\")", link.display())
-        ),
-        -1,
-        "a symbolic link"
-    );
-    assert!(
-        std::fs::symlink_metadata(&link).is_err(),
-        "the link was made"
-    );
     let secret = dir.path().join("root-only");
     std::fs::write(&secret, "x").expect("write");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    assert_eq!(
-        call_inside(pid, &format!("chmod(\"{}\", 0666)", secret.display())),
-        -1,
-        "chmod of a root-only file"
+    let calls = [
+        "open(\"/etc/hosts\", 0)".to_string(),
+        // S_IFCHR | 0600, makedev(1, 11) (/dev/kmsg).
+        format!("mknod(\"{}\", 8576, 267)", node.display()),
+        // AF_PACKET, SOCK_RAW; AF_INET, SOCK_RAW, IPPROTO_ICMP.
+        "socket(17, 3, 0)".to_string(),
+        "socket(2, 3, 1)".to_string(),
+        // The API server is an address: no name to resolve, so no UDP either.
+        "socket(2, 2, 0)".to_string(),
+        "socket(10, 2, 0)".to_string(),
+        // IPPROTO_MPTCP: a stream socket outside Landlock's TCP port rules; TCP itself still opens.
+        "socket(2, 1, 262)".to_string(),
+        "socket(2, 1, 6)".to_string(),
+        format!("symlink(\"/etc/shadow\", \"{}\")", link.display()),
+        format!("chmod(\"{}\", 0666)", secret.display()),
+    ];
+    let got = calls_inside(pid, &calls);
+    assert!(got[0] >= 0, "/etc/hosts did not open: {got:?}");
+    assert_eq!(got[1], -1, "a character device was made");
+    assert!(!node.exists());
+    assert_eq!(got[2], -1, "a packet socket");
+    assert_eq!(got[3], -1, "a raw socket");
+    assert_eq!(got[4], -1, "a UDP socket");
+    assert_eq!(got[5], -1, "a UDP6 socket");
+    assert_eq!(got[6], -1, "an MPTCP socket");
+    assert!(got[7] >= 0, "a TCP socket did not open: {got:?}");
+    assert_eq!(got[8], -1, "a symbolic link");
+    assert!(
+        std::fs::symlink_metadata(&link).is_err(),
+        "the link was made"
     );
+    assert_eq!(got[9], -1, "chmod of a root-only file");
     let mode = std::fs::metadata(&secret)
         .expect("stat")
         .permissions()

@@ -139,9 +139,9 @@ fn a_rejected_pin_memory_the_network_side_could_delete_refuses_the_start() {
     assert_eq!(upstream.stats().tcp_connections, 0, "it went upstream");
 }
 
-/// What `open(path, flags)` returns inside process `pid`.
-fn open_inside(pid: u32, path: &std::path::Path, flags: i32) -> i64 {
-    call_inside(pid, &format!("open(\"{}\", {flags})", path.display()))
+/// The call `open(path, flags)`, to make inside the network side.
+fn open_call(path: &std::path::Path, flags: i32) -> String {
+    format!("open(\"{}\", {flags})", path.display())
 }
 
 /// A person's proxy made as the README says, with the certificate and the PIN file in the home
@@ -187,30 +187,27 @@ fn a_persons_proxy_reaches_nothing_in_the_home_directory_beside_its_certificate(
         proxy.log()
     );
     let pid = proxy.guard.id();
-    assert!(open_inside(pid, std::path::Path::new("/etc/hosts"), 0) >= 0);
     let support::proxy::Backend::SoftHsm(hsm) = &id.backend else {
         unreachable!("a SoftHSM identity")
     };
     let token_dir = hsm.dir().join("tokens");
-    for secret in [
-        &ssh.join("id_ed25519"),
-        &pin,
-        &cadir.path().join("ca.key"),
-        &token_dir,
-    ] {
-        assert_eq!(
-            open_inside(pid, secret, 0),
-            -1,
-            "{} was opened",
-            secret.display()
-        );
-    }
+    let secrets = [
+        ssh.join("id_ed25519"),
+        pin.clone(),
+        cadir.path().join("ca.key"),
+        token_dir,
+    ];
+    let bashrc = home.path().join(".bashrc");
     let o_wronly_append = libc::O_WRONLY | libc::O_APPEND;
-    assert_eq!(
-        open_inside(pid, &home.path().join(".bashrc"), o_wronly_append),
-        -1,
-        "~/.bashrc was opened for appending"
-    );
+    let mut calls = vec![open_call(std::path::Path::new("/etc/hosts"), 0)];
+    calls.extend(secrets.iter().map(|secret| open_call(secret, 0)));
+    calls.push(open_call(&bashrc, o_wronly_append));
+    let got = calls_inside(pid, &calls);
+    assert!(got[0] >= 0, "/etc/hosts did not open: {got:?}");
+    for (secret, fd) in secrets.iter().zip(&got[1..]) {
+        assert_eq!(*fd, -1, "{} was opened", secret.display());
+    }
+    assert_eq!(got[5], -1, "~/.bashrc was opened for appending");
     assert_eq!(
         std::fs::read_to_string(home.path().join(".bashrc")).expect("rc"),
         "# rc\n"
