@@ -18,8 +18,12 @@ CARGO_DEB=$(hsm-fixtures/install-cargo-tool.sh cargo-deb 3.8.0)
 
 VERSION=$(cargo metadata --locked --no-deps --format-version 1 |
   python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "hwkey"))')
+# The package goes into the checkout's target/package (Cargo.toml's asset paths); the build
+# into Cargo's target directory, which CI keeps outside the clone (.ci/run: CARGO_TARGET_DIR).
+# cargo deb reads its target/release/ assets from there too.
 OUT=target/package
 GEN=$OUT/gen
+RELEASE=${CARGO_TARGET_DIR:-target}/release
 echo "package.sh: release build of hwkey $VERSION" >&2
 cargo build --release --locked --bins
 
@@ -30,10 +34,10 @@ export SOURCE_DATE_EPOCH
 
 rm -rf "$GEN"
 mkdir -p "$GEN/man" "$GEN/completions"
-target/release/hwkey man --out "$GEN/man" 2>/dev/null
-target/release/hwkey completions bash >"$GEN/completions/hwkey"
-target/release/hwkey completions zsh >"$GEN/completions/_hwkey"
-target/release/hwkey completions fish >"$GEN/completions/hwkey.fish"
+"$RELEASE/hwkey" man --out "$GEN/man" 2>/dev/null
+"$RELEASE/hwkey" completions bash >"$GEN/completions/hwkey"
+"$RELEASE/hwkey" completions zsh >"$GEN/completions/_hwkey"
+"$RELEASE/hwkey" completions fish >"$GEN/completions/hwkey.fish"
 # Debian's changelog for this build; the project's history is CHANGELOG.md (shipped as
 # /usr/share/doc/hwkey/changelog.gz).
 cat >"$GEN/changelog.Debian" <<EOF
@@ -60,8 +64,8 @@ lintian --fail-on error,warning --allow-root "$DEB" >&2
 IMAGE=$OUT/hwkey-approver
 ROOTFS=$OUT/approver-rootfs
 rm -rf "$IMAGE" "$ROOTFS"
-install -D -m 0755 target/release/hwkey "$ROOTFS/usr/bin/hwkey"
-ldd target/release/hwkey | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' |
+install -D -m 0755 "$RELEASE/hwkey" "$ROOTFS/usr/bin/hwkey"
+ldd "$RELEASE/hwkey" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' |
   while read -r lib; do
     # With the file's own mode: the dynamic loader must stay executable.
     real=$(readlink -f "$lib")

@@ -329,8 +329,15 @@ fn objects(dir: &Path, prefix: &str, count: usize, pem: &[u8]) -> PathBuf {
 
 /// The release build `hsm-fixtures/package.sh` made from this checkout: the binary operators
 /// run and the approver's image holds (a debug build's own code pages alone are 29 MiB).
+/// It is in the Cargo target directory this test was built in (`TARGET/debug/deps/it-…` →
+/// `TARGET/release/hwkey`), wherever `CARGO_TARGET_DIR` put it.
 fn released_hwkey() -> Command {
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/hwkey");
+    let exe = std::env::current_exe().expect("path of the running test binary");
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("the test binary is in TARGET/debug/deps");
+    let bin = target.join("release/hwkey");
     assert!(
         bin.is_file(),
         "{} is missing: build it with hsm-fixtures/package.sh (hsm-fixtures/test.sh does)",
