@@ -17,9 +17,10 @@ status=0
 # which tests/it/shipping/clean_root.rs installs into a clean Debian 12 root and
 # tests/it/shipping/approver_image.rs runs under runc against the real kube-apiserver; the
 # approver's memory test runs the release binary. Made in the background at the lowest CPU and
-# I/O priority while the debug build compiles and the suite runs: the suite waits on real servers
-# more than it computes, and the release build (11 minutes on 2 cores from a clean checkout)
-# takes the idle time, not the tests'. Release and debug builds lock different directories.
+# I/O priority while the debug build compiles and the suite runs, so it takes only the CPU they
+# leave: with CI's build cache (.ci/run) the hwkey crate's release build, about 6 minutes, ends
+# with the suite; from a clean checkout the release build ends about 10 minutes after it.
+# Release and debug builds lock different directories.
 # The three tests that need the package run once it is made (RELEASED below); its output is
 # printed then.
 mkdir -p target
