@@ -25,6 +25,11 @@
 //! allocator), a figure that does not depend on the machine's speed. A bulk figure does the
 //! same for 64 KiB bursts of 16 KiB records (the download direction), in seconds per GB.
 //!
+//! Besides, what a session holds on the heap at rest (counted bytes, also independent of the
+//! machine's speed): a loopback connection's two buffered sessions as the proxy's hops
+//! configure them, and a client session on each API. The RSS goal of issue 55 is judged
+//! against these (docs/BENCHMARKS.md, round seven).
+//!
 //! Run: `cargo bench --bench records` (hsm-fixtures/bench.sh does).
 
 use support::bench as common;
@@ -32,15 +37,18 @@ use support::bench as common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Row, Stat};
 use rustls::client::UnbufferedClientConnection;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::server::WebPkiClientVerifier;
 use rustls::unbuffered::{ConnectionState, UnbufferedStatus};
-use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
+use rustls::{
+    ClientConfig, ClientConnection, ConnectionCommon, RootCertStore, ServerConfig, ServerConnection,
+};
 
 const AREA: &str = "rustls per record";
 
@@ -55,6 +63,8 @@ const BURST: usize = 64 * 1024;
 struct Counting;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+/// Bytes allocated and not yet freed, for what a session holds at rest.
+static LIVE: AtomicI64 = AtomicI64::new(0);
 
 // SAFETY: every call is passed unchanged to the system allocator; only a counter is added.
 #[allow(
@@ -64,23 +74,27 @@ static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(size(layout.size()), Ordering::Relaxed);
         // SAFETY: the caller's contract is System's.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(size(layout.size()), Ordering::Relaxed);
         // SAFETY: as above.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(size(new_size) - size(layout.size()), Ordering::Relaxed);
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(size(layout.size()), Ordering::Relaxed);
         // SAFETY: as above.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -88,6 +102,11 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
+
+/// An allocation's size as a signed count of bytes.
+fn size(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
 
 /// Time and allocations spent inside the timed regions only.
 #[derive(Default)]
@@ -555,7 +574,7 @@ fn main() {
          decrypted where the bytes arrived, payload handed on, which rustls 0.23 still copies \
          into a Vec); {bursts} bursts per round, {rounds} rounds"
     );
-    let rows = vec![
+    let mut rows = vec![
         row(
             "request/response pair, rustls buffered API (what the proxy runs)",
             "ns",
@@ -606,14 +625,16 @@ fn main() {
             allocations(&bulk, buffered)
         )),
     ];
+    rows.extend(at_rest(&client, &server));
     for r in &rows {
         let s = r.subject.expect("subject");
-        let b = r.baseline.expect("baseline");
-        let q = r.ratio.expect("ratio");
-        println!(
-            "{}: {:.3} {} vs {} {:.3}: {:.2}× [{:.2}–{:.2}]",
-            r.measure, s.median, r.unit, r.baseline_label, b.median, q.median, q.p25, q.p75
-        );
+        match (r.baseline, r.ratio) {
+            (Some(b), Some(q)) => println!(
+                "{}: {:.3} {} vs {} {:.3}: {:.2}× [{:.2}–{:.2}]",
+                r.measure, s.median, r.unit, r.baseline_label, b.median, q.median, q.p25, q.p75
+            ),
+            _ => println!("{}: {:.3} {} ({})", r.measure, s.median, r.unit, r.note),
+        }
     }
     common::finish("records", load_before, started, rows);
 }
@@ -634,4 +655,192 @@ fn unbuffered_burst(u: &mut Unbuffered, m: &mut Meter, burst: &[u8]) {
     u.used += len;
     let got = m.time(|| u.read_all());
     assert_eq!(got, burst.len());
+}
+
+/// A loopback connection's two sessions as the proxy holds them between requests: configs as
+/// the proxy's two hops have them (a server requiring a client certificate from a CA and
+/// sending one ticket, a client presenting one and resuming), the ring provider the proxy
+/// uses, TLS 1.3.
+fn hop_configs() -> (Arc<ClientConfig>, Arc<ServerConfig>) {
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).expect("CA cert");
+    let issuer = rcgen::Issuer::new(ca_params, &ca_key);
+    let leaf = |names: Vec<String>| {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(names)
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("cert");
+        let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        (vec![cert.der().clone()], der)
+    };
+    let (server_chain, server_key) = leaf(vec!["localhost".into()]);
+    let (client_chain, client_key) = leaf(Vec::new());
+    let mut roots = RootCertStore::empty();
+    roots.add(ca.der().clone()).expect("root");
+    let roots = Arc::new(roots);
+    let provider = hwkey::pki::tls::provider_for(hwkey::pki::tls::KeyExchange::Classical);
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+        .build()
+        .expect("verifier");
+    let mut server = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(server_chain, server_key)
+        .expect("server cert");
+    server.send_tls13_tickets = 1;
+    let client = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(client_chain, client_key)
+        .expect("client cert");
+    (Arc::new(client), Arc::new(server))
+}
+
+/// Everything `from` has to send, read and processed by `to`.
+fn flight<A, B>(from: &mut ConnectionCommon<A>, to: &mut ConnectionCommon<B>) {
+    let mut wire = Vec::new();
+    while from.wants_write() {
+        from.write_tls(&mut wire).expect("write_tls");
+    }
+    let mut rd: &[u8] = &wire;
+    while !rd.is_empty() {
+        to.read_tls(&mut rd).expect("read_tls");
+        to.process_new_packets().expect("process");
+    }
+}
+
+/// The plaintext `c` has opened, read out; its length.
+fn drain<A>(c: &mut ConnectionCommon<A>) -> usize {
+    let mut sink = [0u8; 4096];
+    let mut got = 0;
+    loop {
+        match c.reader().read(&mut sink) {
+            Ok(0) => return got,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return got,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+/// A handshake, then one request and its answer, on buffered sessions.
+fn hop(
+    client: &Arc<ClientConfig>,
+    server: &Arc<ServerConfig>,
+) -> (ClientConnection, ServerConnection) {
+    let mut c = ClientConnection::new(client.clone(), "localhost".try_into().expect("name"))
+        .expect("client");
+    let mut s = ServerConnection::new(server.clone()).expect("server");
+    for _ in 0..10 {
+        flight(&mut c, &mut s);
+        flight(&mut s, &mut c);
+        if !(c.is_handshaking() || s.is_handshaking() || c.wants_write() || s.wants_write()) {
+            break;
+        }
+    }
+    assert!(
+        !c.is_handshaking() && !s.is_handshaking(),
+        "the handshake stalled"
+    );
+    c.writer().write_all(&[0x47; REQUEST]).expect("request");
+    flight(&mut c, &mut s);
+    assert_eq!(drain(&mut s), REQUEST);
+    s.writer().write_all(&[0x7b; RESPONSE]).expect("answer");
+    flight(&mut s, &mut c);
+    assert_eq!(drain(&mut c), RESPONSE);
+    (c, s)
+}
+
+/// Heap bytes per session at rest, counted (LIVE) while `n` sessions are kept: (client,
+/// server) of [`hop`], each with its struct (the proxy boxes both).
+fn held_by_hop(client: &Arc<ClientConfig>, server: &Arc<ServerConfig>, n: usize) -> (f64, f64) {
+    drop(hop(client, server));
+    let mut clients = Vec::with_capacity(n);
+    let mut servers = Vec::with_capacity(n);
+    let before = LIVE.load(Ordering::Relaxed);
+    for _ in 0..n {
+        let (c, s) = hop(client, server);
+        clients.push(c);
+        servers.push(s);
+    }
+    let loaded = LIVE.load(Ordering::Relaxed);
+    servers.clear();
+    let without_servers = LIVE.load(Ordering::Relaxed);
+    clients.clear();
+    let without_both = LIVE.load(Ordering::Relaxed);
+    assert!(loaded >= before, "the sessions hold memory");
+    let each = |bytes: i64, inline: usize| bytes as f64 / n as f64 + inline as f64;
+    (
+        each(
+            without_servers - without_both,
+            std::mem::size_of::<ClientConnection>(),
+        ),
+        each(
+            loaded - without_servers,
+            std::mem::size_of::<ServerConnection>(),
+        ),
+    )
+}
+
+/// Heap bytes per client session at rest after its handshake, buffered and unbuffered, with
+/// the same configs ([`configs`]); the unbuffered one's buffers are its caller's (a loop's,
+/// shared by its connections), so they are not counted.
+fn held_by_client(client: &Arc<ClientConfig>, server: &Arc<ServerConfig>, n: usize) -> (f64, f64) {
+    let mut buffered = Vec::with_capacity(n);
+    let mut unbuffered = Vec::with_capacity(n);
+    let start = LIVE.load(Ordering::Relaxed);
+    for _ in 0..n {
+        buffered.push(Buffered::new(client, server).c);
+    }
+    let mid = LIVE.load(Ordering::Relaxed);
+    for _ in 0..n {
+        unbuffered.push(Unbuffered::new(client, server).c);
+    }
+    let end = LIVE.load(Ordering::Relaxed);
+    (
+        (mid - start) as f64 / n as f64 + std::mem::size_of::<ClientConnection>() as f64,
+        (end - mid) as f64 / n as f64 + std::mem::size_of::<UnbufferedClientConnection>() as f64,
+    )
+}
+
+/// Rows: what a loopback connection's two sessions hold at rest, and a client session on each
+/// API.
+fn at_rest(client: &Arc<ClientConfig>, server: &Arc<ServerConfig>) -> Vec<Row> {
+    let n = 200;
+    let (hop_client, hop_server) = hop_configs();
+    let (c, s) = held_by_hop(&hop_client, &hop_server, n);
+    let (buffered, unbuffered) = held_by_client(client, server, n);
+    let kib = |b: f64| b / 1024.0;
+    vec![
+        Row::new(
+            AREA,
+            "heap held at rest by a loopback connection's two TLS sessions, rustls buffered API (what the proxy runs)",
+            "KiB",
+            Some(Stat::of(&[kib(c + s)])),
+        )
+        .note(format!(
+            "{n} pairs kept after a handshake and one {REQUEST}-byte request and {RESPONSE}-byte answer; counted by a global allocator, each session's struct included: the upstream's client session {:.1} KiB, the loopback client's server session {:.1} KiB; rustls keeps a 4 KiB receive buffer in each (its deframer, at rest too)",
+            kib(c),
+            kib(s)
+        )),
+        Row::new(
+            AREA,
+            "heap held at rest by a client TLS session, rustls unbuffered API",
+            "KiB",
+            Some(Stat::of(&[kib(unbuffered)])),
+        )
+        .versus(
+            "buffered API",
+            Some(Stat::of(&[kib(buffered)])),
+            Some(Stat::of(&[unbuffered / buffered])),
+        )
+        .note(format!(
+            "{n} sessions kept after their handshake (no client certificate, no ticket), struct included; the unbuffered API's buffers are the caller's (one per loop, not per connection)"
+        )),
+    ]
 }
