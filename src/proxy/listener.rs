@@ -165,7 +165,7 @@ impl std::fmt::Debug for LocalTls {
 
 /// The loopback listener's TLS configuration, before a client's ALPN is chosen: a fresh server
 /// certificate for `ips` from the loopback CA, a client certificate from the same CA required,
-/// TLS 1.3 and 1.2 with classical key exchange, one TLS 1.3 ticket per handshake. Public so the
+/// TLS 1.3 and 1.2 with classical key exchange, at most one TLS 1.3 ticket per handshake. Public so the
 /// loopback path's floor (`benches/e2e/loopback_floor.rs`) is measured with exactly this.
 pub fn loopback_server_config(ca: &LoopbackCa, ips: &[IpAddr]) -> Result<ServerConfig, StartError> {
     // The loopback hop: classical key exchange (see pki::tls::provider_for).
@@ -184,9 +184,13 @@ pub fn loopback_server_config(ca: &LoopbackCa, ips: &[IpAddr]) -> Result<ServerC
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, key)
         .map_err(StartError::LocalTls)?;
-    // One ticket per handshake, not rustls's two: Go's client (kubectl) keeps one session per
-    // server, so a second ticket is work for both ends that is never used.
+    // One ticket per handshake, not rustls's two, to a client that can resume (it offers the
+    // PSK key exchange mode; rustls sends none to a client that does not). client-go sets no
+    // session cache, so kubectl and kubelet offer no mode and get none. A client that asks
+    // for fewer (RFC 9149 `ticket_request`: a one-shot process asks for none) gets what it
+    // asks for: a ticket it will not use costs a record, a cache entry and three random draws.
     config.send_tls13_tickets = 1;
+    config.max_tls13_tickets = 1;
     Ok(config)
 }
 

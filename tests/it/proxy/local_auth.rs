@@ -226,3 +226,46 @@ fn non_loopback_listen_needs_unsafe_listen() {
     assert!(text.contains("--unsafe-listen"), "{text}");
     assert!(!port_is_open(port));
 }
+
+/// A loopback client is sent a session ticket only if it can use one. One that asks for none
+/// (RFC 9149 `ticket_request`, as a one-shot process would) gets none, and its next connection
+/// is a full handshake; one that does not ask gets one and resumes with it. (kubectl gets none
+/// either way: client-go sets no session cache, so its ClientHello offers no PSK mode.)
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_loopback_client_that_asks_for_no_session_ticket_gets_none() {
+    use support::proxy::{loopback_client_config, loopback_get};
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let cred = proxy.credential();
+    // A fresh config each: its own session cache.
+    let asking = |request: Option<rustls::client::TicketRequest>| {
+        let mut config = (*loopback_client_config(&cred)).clone();
+        config.send_ticket_request = request;
+        std::sync::Arc::new(config)
+    };
+    let ok = |resumed: bool| ("200".to_string(), resumed);
+    let silent = asking(None);
+    assert_eq!(
+        loopback_get(&silent, proxy.tcp_port),
+        ok(false),
+        "{}",
+        proxy.log()
+    );
+    assert_eq!(
+        loopback_get(&silent, proxy.tcp_port),
+        ok(true),
+        "a client that did not ask for tickets got none to resume with: the test proves nothing"
+    );
+    let none = asking(Some(rustls::client::TicketRequest {
+        new_session_count: 0,
+        resumption_count: 0,
+    }));
+    assert_eq!(loopback_get(&none, proxy.tcp_port), ok(false));
+    assert_eq!(
+        loopback_get(&none, proxy.tcp_port),
+        ok(false),
+        "a client that asked for no session ticket was sent one, and resumed with it"
+    );
+}
