@@ -659,9 +659,10 @@ fn unbuffered_burst(u: &mut Unbuffered, m: &mut Meter, burst: &[u8]) {
 
 /// A loopback connection's two sessions as the proxy holds them between requests: configs as
 /// the proxy's two hops have them (a server requiring a client certificate from a CA and
-/// sending one ticket, a client presenting one and resuming), the ring provider the proxy
-/// uses, TLS 1.3.
-fn hop_configs() -> (Arc<ClientConfig>, Arc<ServerConfig>) {
+/// sending one ticket, a client presenting one), the ring provider the proxy uses, TLS 1.3.
+/// The client resumes (as the proxy's upstream connections do) or, `resume` false, is
+/// kubectl: a full handshake each time and no ticket asked for.
+fn hop_configs(resume: bool) -> (Arc<ClientConfig>, Arc<ServerConfig>) {
     let ca_key = rcgen::KeyPair::generate().expect("CA key");
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA");
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -692,12 +693,19 @@ fn hop_configs() -> (Arc<ClientConfig>, Arc<ServerConfig>) {
         .with_single_cert(server_chain, server_key)
         .expect("server cert");
     server.send_tls13_tickets = 1;
-    let client = ClientConfig::builder_with_provider(provider)
+    let mut client = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("TLS 1.3")
         .with_root_certificates(roots)
         .with_client_auth_cert(client_chain, client_key)
         .expect("client cert");
+    if !resume {
+        client.resumption = rustls::client::Resumption::disabled();
+        client.send_ticket_request = Some(rustls::client::TicketRequest {
+            new_session_count: 0,
+            resumption_count: 0,
+        });
+    }
     (Arc::new(client), Arc::new(server))
 }
 
@@ -812,8 +820,11 @@ fn held_by_client(client: &Arc<ClientConfig>, server: &Arc<ServerConfig>, n: usi
 /// API.
 fn at_rest(client: &Arc<ClientConfig>, server: &Arc<ServerConfig>) -> Vec<Row> {
     let n = 200;
-    let (hop_client, hop_server) = hop_configs();
-    let (c, s) = held_by_hop(&hop_client, &hop_server, n);
+    // The upstream's session resumes; the loopback client's is kubectl's, a full handshake.
+    let (resuming_client, resuming_server) = hop_configs(true);
+    let (c, _) = held_by_hop(&resuming_client, &resuming_server, n);
+    let (kubectl, loopback_server) = hop_configs(false);
+    let (_, s) = held_by_hop(&kubectl, &loopback_server, n);
     let (buffered, unbuffered) = held_by_client(client, server, n);
     let kib = |b: f64| b / 1024.0;
     vec![
@@ -824,7 +835,7 @@ fn at_rest(client: &Arc<ClientConfig>, server: &Arc<ServerConfig>) -> Vec<Row> {
             Some(Stat::of(&[kib(c + s)])),
         )
         .note(format!(
-            "{n} pairs kept after a handshake and one {REQUEST}-byte request and {RESPONSE}-byte answer; counted by a global allocator, each session's struct included: the upstream's client session {:.1} KiB, the loopback client's server session {:.1} KiB; rustls keeps a 4 KiB receive buffer in each (its deframer, at rest too)",
+            "{n} pairs kept after a handshake and one {REQUEST}-byte request and {RESPONSE}-byte answer; counted by a global allocator, each session's struct included: the upstream's client session {:.1} KiB (resumed), the loopback client's server session {:.1} KiB (a full handshake, as kubectl's); rustls keeps a 4 KiB receive buffer in each (its deframer, at rest too)",
             kib(c),
             kib(s)
         )),

@@ -4,8 +4,7 @@
 use super::*;
 
 /// A rustls client configuration offering Go's cipher suite order (as kubectl does): `roots` PEM, client certificate and key PEM, ALPN list, and
-/// whether TLS 1.3 sessions are cached for resumption (a client that does not resume asks for
-/// no tickets, as kubectl gets none).
+/// whether TLS 1.3 sessions are cached for resumption.
 pub(crate) fn client_config(
     roots: &[u8],
     cert: &[u8],
@@ -50,15 +49,21 @@ pub(crate) fn client_config_on(
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     if !resume {
         config.resumption = Resumption::disabled();
-        // kubectl's ClientHello offers no PSK key exchange mode (client-go sets no session
-        // cache), so a server sends it no ticket. rustls always offers the mode; asking for
-        // no tickets (RFC 9149, which the proxy's and the floor's loopback listener honour)
-        // makes this client cost a server what kubectl costs it.
-        config.send_ticket_request = Some(rustls::client::TicketRequest {
-            new_session_count: 0,
-            resumption_count: 0,
-        });
     }
+    Arc::new(config)
+}
+
+/// `config` (one that does not resume) as kubectl's stand-in: it asks for no session ticket.
+/// kubectl's ClientHello offers no PSK key exchange mode (client-go sets no session cache), so
+/// no server sends it a ticket; rustls always offers the mode, and asking for none (RFC 9149,
+/// which the proxy's and the floor's loopback listener and the test upstream honour) makes
+/// this client cost a server what kubectl costs it.
+pub(crate) fn as_kubectl(config: &Arc<ClientConfig>) -> Arc<ClientConfig> {
+    let mut config = (**config).clone();
+    config.send_ticket_request = Some(rustls::client::TicketRequest {
+        new_session_count: 0,
+        resumption_count: 0,
+    });
     Arc::new(config)
 }
 

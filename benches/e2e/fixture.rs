@@ -9,7 +9,10 @@ pub(crate) struct Fixture {
     pub(crate) proxy: ProxyProcess,
     /// Direct to the upstream with a software key; sessions cached.
     pub(crate) direct: Arc<ClientConfig>,
+    /// The same with no session cache: a full handshake each time.
     pub(crate) direct_full: Arc<ClientConfig>,
+    /// The same as kubectl's stand-in ([`as_kubectl`]): a full handshake, no ticket.
+    pub(crate) direct_kubectl: Arc<ClientConfig>,
     pub(crate) direct_h2: Arc<ClientConfig>,
     /// Direct to the upstream with a software key on hwkey's own crypto provider (its suites
     /// and key exchange, the hybrid first): how the loopback floor originates TLS, as the
@@ -19,7 +22,8 @@ pub(crate) struct Fixture {
     /// To the proxy's loopback TLS listener with a loopback credential.
     pub(crate) loopback: Arc<ClientConfig>,
     pub(crate) loopback_h2: Arc<ClientConfig>,
-    /// The same with no session cache: a new kubectl process's full loopback handshake.
+    /// As kubectl's stand-in ([`as_kubectl`]): a new kubectl process's full loopback
+    /// handshake, no ticket.
     pub(crate) loopback_fresh: Arc<ClientConfig>,
     /// The software client certificate and key files (for kubectl's plain kubeconfig).
     pub(crate) soft_cert: PathBuf,
@@ -48,6 +52,7 @@ impl Fixture {
         Fixture {
             direct: client_config(&ca, &cert, &key, &[b"http/1.1"], true),
             direct_full: client_config(&ca, &cert, &key, &[b"http/1.1"], false),
+            direct_kubectl: as_kubectl(&client_config(&ca, &cert, &key, &[b"http/1.1"], false)),
             direct_h2: client_config(&ca, &cert, &key, &[b"h2"], true),
             as_proxy: client_config_on(
                 hwkey::pki::tls::provider(),
@@ -67,7 +72,7 @@ impl Fixture {
             ),
             loopback: client_config(&lca, &lcert, &lkey, &[b"http/1.1"], true),
             loopback_h2: client_config(&lca, &lcert, &lkey, &[b"h2"], true),
-            loopback_fresh: client_config(&lca, &lcert, &lkey, &[b"http/1.1"], false),
+            loopback_fresh: as_kubectl(&client_config(&lca, &lcert, &lkey, &[b"http/1.1"], false)),
             id,
             upstream,
             proxy,

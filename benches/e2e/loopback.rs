@@ -212,7 +212,7 @@ async fn new_connection_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]
     let rounds = pick(5, 2);
     let fresh = &f.loopback_fresh;
     let ways = [
-        (&f.direct_full, f.upstream.port()),
+        (&f.direct_kubectl, f.upstream.port()),
         (fresh, f.proxy.tcp_port),
         (fresh, floor.port),
     ];

@@ -129,8 +129,9 @@ pub(crate) async fn open_connections(
     (idle, loaded, rss_mib(pid), active, tree)
 }
 
-/// A client configuration holding a loopback credential of `proxy` (resumption on, as kubelet's
-/// connections resume), HTTP/1.1.
+/// A client configuration holding a loopback credential of `proxy`, HTTP/1.1, resumption on:
+/// each connection leaves an entry in the proxy's session cache, the heavier case (kubectl and
+/// kubelet, with no session cache, are sent no ticket).
 fn loopback_config(proxy: &ProxyProcess) -> Arc<ClientConfig> {
     let cred = proxy.credential();
     let field = |name: &str| cred[name].as_str().expect(name).as_bytes().to_vec();
