@@ -64,7 +64,18 @@ impl Strace {
     /// Detaches ([`Strace::attach_calls`]) and returns how many calls of each kind each thread
     /// made while attached, keyed by (thread name, call): the name is
     /// `/proc/PID/task/TID/comm`, read while the threads still run. Failed calls count too.
-    pub fn stop_by_thread(mut self) -> std::collections::HashMap<(String, String), u64> {
+    pub fn stop_by_thread(self) -> std::collections::HashMap<(String, String), u64> {
+        self.stop_by_thread_failed()
+            .into_iter()
+            .map(|(k, (calls, _))| (k, calls))
+            .collect()
+    }
+
+    /// [`Strace::stop_by_thread`], each count with how many of those calls failed (`EAGAIN`
+    /// included): (calls, failed).
+    pub fn stop_by_thread_failed(
+        mut self,
+    ) -> std::collections::HashMap<(String, String), (u64, u64)> {
         let name = |tid: &str| {
             std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", self.pid))
                 .map_or_else(|_| format!("gone thread {tid}"), |c| c.trim().to_string())
@@ -76,22 +87,40 @@ impl Strace {
         self.child.wait().expect("strace exits");
         let text = std::fs::read_to_string(&self.summary).expect("strace output");
         let mut by_thread = std::collections::HashMap::new();
-        // "TID call(args) = result" (strace pads TID); "TID <... call resumed> ..." ends a call
-        // another thread's line interrupted (counted once, at its start), and "+++"/"---" lines
-        // are exits and signals.
+        // "TID call(args) = result" (strace pads TID); "TID <... call resumed> ...) = result"
+        // ends a call another thread's line interrupted (counted once, at its start; its
+        // result is here), and "+++"/"---" lines are exits and signals.
         for line in text.lines() {
             let line = line.trim_start();
             let Some((tid, rest)) = line.split_once(' ') else {
                 continue;
             };
             let rest = rest.trim_start();
+            let failed = rest.contains(") = -1 ");
+            if let Some(resumed) = rest.strip_prefix("<... ") {
+                if let Some((call, _)) = resumed.split_once(" resumed>") {
+                    if failed {
+                        by_thread
+                            .entry((name(tid), call.to_string()))
+                            .or_insert((0, 0))
+                            .1 += 1;
+                    }
+                }
+                continue;
+            }
             let Some((call, _)) = rest.split_once('(') else {
                 continue;
             };
-            if rest.starts_with("<...") || rest.starts_with("+++") || rest.starts_with("---") {
+            if rest.starts_with("+++") || rest.starts_with("---") {
                 continue;
             }
-            *by_thread.entry((name(tid), call.to_string())).or_insert(0) += 1;
+            let entry = by_thread
+                .entry((name(tid), call.to_string()))
+                .or_insert((0, 0));
+            entry.0 += 1;
+            if failed {
+                entry.1 += 1;
+            }
         }
         by_thread
     }

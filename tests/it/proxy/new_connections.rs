@@ -48,6 +48,42 @@ fn ask<S: std::io::Read + std::io::Write>(proxy: &ProxyProcess, mut conn: RawHtt
     assert_eq!(status, 200, "{}", proxy.log());
 }
 
+/// The connection threads (`hwkey-proxy-conn`, as the kernel keeps 15 characters of it).
+const CONNECTION_THREAD: &str = "hwkey-proxy-con";
+
+/// [`per_connection`] by thread: (calls, failed calls) per connection, keyed by (thread name,
+/// call), and the sums over the threads by call.
+#[allow(clippy::type_complexity)]
+fn per_connection_by_thread(
+    proxy: &ProxyProcess,
+    n: u32,
+    one: impl Fn(),
+) -> (
+    HashMap<(String, String), (f64, f64)>,
+    HashMap<String, (f64, f64)>,
+) {
+    one();
+    one();
+    let strace = Strace::attach_calls(proxy.guard.id(), CALLS);
+    for _ in 0..n {
+        one();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let each = |v: u64| v as f64 / f64::from(n);
+    let by_thread: HashMap<(String, String), (f64, f64)> = strace
+        .stop_by_thread_failed()
+        .into_iter()
+        .map(|(k, (calls, failed))| (k, (each(calls), each(failed))))
+        .collect();
+    let mut totals: HashMap<String, (f64, f64)> = HashMap::new();
+    for ((_, call), (calls, failed)) in &by_thread {
+        let t = totals.entry(call.clone()).or_insert((0.0, 0.0));
+        t.0 += calls;
+        t.1 += failed;
+    }
+    (by_thread, totals)
+}
+
 fn calls(counts: &HashMap<String, (f64, f64)>, call: &str) -> f64 {
     counts.get(call).map_or(0.0, |c| c.0)
 }
@@ -69,19 +105,39 @@ fn failed(counts: &HashMap<String, (f64, f64)>, call: &str) -> f64 {
 ///   writes; they go in one now, after the ClientHello and before the `close_notify`;
 /// - failed `recvfrom` 1 → 0: the relay loop read the client once for `EAGAIN` as it took the
 ///   connection over, though the first read had drained the socket.
+///
+/// A request that comes after the connection thread's first read (the client descheduled
+/// between its connect and its write) costs that connection a registration of the client's
+/// socket (2 `epoll_ctl`): allowed, as counted by the connection threads' failed reads.
 #[test]
 fn a_new_unix_connection_makes_no_system_call_it_can_do_without() {
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
     let proxy = ProxyProcess::start(&id, &upstream);
-    let counts = per_connection(&proxy, 40, || {
+    let (by_thread, counts) = per_connection_by_thread(&proxy, 40, || {
         ask(&proxy, RawHttp::connect(&proxy.socket));
     });
-    let all = format!("per connection (calls, failed): {counts:?}");
+    let all = format!("per connection (calls, failed): {counts:?}; by thread: {by_thread:?}");
+    let failed_on = |thread: &str, call: &str| {
+        by_thread
+            .get(&(thread.to_string(), call.to_string()))
+            .map_or(0.0, |c| c.1)
+    };
+    // A request that was not there yet when the connection thread first read the client (the
+    // test's client is descheduled between its connect and its write, as on a busy CI
+    // machine): that connection waits for it through the runtime, which registers the client's
+    // socket and takes it out again (2 epoll_ctl). Counted by the failed first reads.
+    let late = failed_on(CONNECTION_THREAD, "recvfrom");
     assert!(
-        calls(&counts, "epoll_ctl") <= 4.5,
-        "epoll_ctl {} per connection, 4 expected (8 when each accepted socket was registered \
-         twice on its way to the relay loop); {all}",
+        late <= 0.75,
+        "the request came after the proxy's first read on {late} of each connection: the \
+         count below proves little; {all}"
+    );
+    assert!(
+        calls(&counts, "epoll_ctl") <= 4.5 + 2.0 * late,
+        "epoll_ctl {} per connection, 4 expected, 2 more for each of the {late} whose request \
+         came late (8 when each accepted socket was registered twice on its way to the relay \
+         loop); {all}",
         calls(&counts, "epoll_ctl")
     );
     assert!(
@@ -96,10 +152,10 @@ fn a_new_unix_connection_makes_no_system_call_it_can_do_without() {
         calls(&counts, "writev")
     );
     assert!(
-        failed(&counts, "recvfrom") <= 0.2,
-        "{} reads per connection found nothing: the relay loop reads a client it was handed \
-         before a readiness says there is something; {all}",
-        failed(&counts, "recvfrom")
+        failed_on(RELAY_THREAD, "recvfrom") <= 0.2,
+        "{} reads per connection by the relay loops found nothing: the relay loop reads a \
+         client it was handed before a readiness says there is something; {all}",
+        failed_on(RELAY_THREAD, "recvfrom")
     );
 }
 
