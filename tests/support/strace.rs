@@ -96,7 +96,10 @@ impl Strace {
                 continue;
             };
             let rest = rest.trim_start();
-            let failed = rest.contains(") = -1 ");
+            // The result is what follows the line's last " = " (a string argument may hold one).
+            let failed = rest
+                .rsplit_once(" = ")
+                .is_some_and(|(_, result)| result.starts_with("-1 "));
             if let Some(resumed) = rest.strip_prefix("<... ") {
                 if let Some((call, _)) = resumed.split_once(" resumed>") {
                     if failed {

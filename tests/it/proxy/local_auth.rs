@@ -229,7 +229,8 @@ fn non_loopback_listen_needs_unsafe_listen() {
 
 /// A loopback client is sent a session ticket only if it can use one. One that asks for none
 /// (RFC 9149 `ticket_request`, as a one-shot process would) gets none, and its next connection
-/// is a full handshake; one that does not ask gets one and resumes with it. (kubectl gets none
+/// is a full handshake; one that does not ask gets one and resumes with it; one that asks for
+/// 255 gets one. (kubectl gets none
 /// either way: client-go sets no session cache, so its ClientHello offers no PSK mode.)
 #[cfg(feature = "pkcs11")]
 #[test]
@@ -267,5 +268,22 @@ fn a_loopback_client_that_asks_for_no_session_ticket_gets_none() {
         loopback_get(&none, proxy.tcp_port),
         ok(false),
         "a client that asked for no session ticket was sent one, and resumed with it"
+    );
+    // A client asking for many gets one (a ticket is a cache entry and a record of the
+    // proxy's): it resumes once with it, asks for none then, and has none left.
+    let greedy = asking(Some(rustls::client::TicketRequest {
+        new_session_count: 255,
+        resumption_count: 0,
+    }));
+    assert_eq!(loopback_get(&greedy, proxy.tcp_port), ok(false));
+    assert_eq!(
+        loopback_get(&greedy, proxy.tcp_port),
+        ok(true),
+        "a client that asked for 255 tickets got none"
+    );
+    assert_eq!(
+        loopback_get(&greedy, proxy.tcp_port),
+        ok(false),
+        "a client that asked for 255 session tickets was sent more than one"
     );
 }
