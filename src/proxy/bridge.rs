@@ -29,12 +29,11 @@ use super::cutoff::{cutoff, say_retired, Cutoff, Deadlines};
 use super::idle::LastActivity;
 use super::lifetime::ConnGuard;
 use super::metrics::Metrics;
-use super::relay_loop::{
-    Local, LoopbackStream, OnEnd, Outcome, Pair, RelayLoops, UpstreamStream, Watch,
-};
+use super::relay_loop::{OnEnd, Outcome, Pair, RelayLoops, TlsPair, UpstreamStream, Watch};
 use super::rotation::{CertEpoch, RotationClose};
+use super::unbuffered::Lean;
 use super::unix_client::ClientUnixStream;
-use super::upstream::Upstream;
+use super::upstream::{Origin, Upstream};
 use super::write_through::write_through;
 use crate::egress::Tunnel;
 
@@ -67,28 +66,8 @@ pub struct Held {
     pub active: ConnGuard,
 }
 
-/// A local client, authenticated.
-enum Client {
-    Unix(ClientUnixStream),
-    Loopback(Box<LoopbackStream>),
-}
-
-impl Client {
-    fn boxed(self) -> Box<dyn ClientIo> {
-        match self {
-            Client::Unix(s) => Box::new(s),
-            Client::Loopback(s) => s,
-        }
-    }
-
-    /// The client taken back from the runtime for a relay loop.
-    fn for_loop(self) -> io::Result<Local> {
-        match self {
-            Client::Unix(s) => Local::unix(s),
-            Client::Loopback(s) => Local::loopback(s),
-        }
-    }
-}
+/// A loopback TLS client's session, handshake done and credential checked.
+pub type LoopbackClient = Lean<rustls::server::UnbufferedServerConnection>;
 
 impl Bridge {
     /// Connects upstream for a UNIX-socket client offering `alpn`, replays `prefix` (bytes
@@ -102,42 +81,89 @@ impl Bridge {
         alpn: Option<Vec<u8>>,
         held: Held,
     ) {
-        serve(self, Client::Unix(client), prefix, alpn, held).await
+        serve(self, client, prefix, alpn, held).await
     }
 
     /// [`Bridge::serve_unix`] for a loopback TLS client (its handshake done and its credential
-    /// checked): what rustls opened already (a request that came with the client's `Finished`)
-    /// goes upstream with the proxy's own `Finished`, as a UNIX client's first bytes do; once
-    /// established, the connection moves to a relay loop with both TLS sessions when the proxy
-    /// runs them.
+    /// checked): what its session opened already (a request that came with the client's
+    /// `Finished`) goes upstream with the proxy's own `Finished`, as a UNIX client's first
+    /// bytes do. Over plain TCP both sessions are on rustls's unbuffered API, and the
+    /// connection moves to a relay loop with both ([`super::relay_loop`]); through an
+    /// `https://` forward proxy it is relayed on this task.
     pub async fn serve_loopback(
         &self,
-        mut client: Box<LoopbackStream>,
+        mut client: Box<LoopbackClient>,
         alpn: Option<Vec<u8>>,
         held: Held,
     ) {
-        let opened = opened_already(&mut client);
-        serve(self, Client::Loopback(client), opened, alpn, held).await
+        let first = client.take_opened();
+        let epoch = self.upstream.epoch();
+        let connected = Box::pin(self.upstream.connect_loopback(alpn.as_deref(), &first)).await;
+        let conn = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "upstream connection failed");
+                Box::pin(super::failure::tell_client(
+                    client,
+                    first,
+                    alpn.as_deref(),
+                    &e,
+                ))
+                .await;
+                return;
+            }
+        };
+        let rest = first.get(conn.sent..).unwrap_or_default();
+        let replayed = first.len() as u64;
+        match conn.origin {
+            Origin::Lean(mut up) => {
+                if !rest.is_empty() {
+                    if let Err(e) = up.seal(rest) {
+                        tracing::debug!(error = %e, "could not seal the first bytes for the upstream");
+                        return;
+                    }
+                }
+                drop(first);
+                match self.relay_loops.as_deref() {
+                    Some(loops) => {
+                        let end = ending(self, epoch, replayed, held);
+                        in_loop_tls(loops, *client, *up, end);
+                    }
+                    None => self.relay_on_task(client, up, replayed, epoch, held).await,
+                }
+            }
+            Origin::Buffered(mut up) => {
+                if !rest.is_empty() {
+                    if let Err(e) = up.write_all(rest).await {
+                        tracing::debug!(error = %e, "upstream closed before the first bytes were forwarded");
+                        return;
+                    }
+                }
+                drop(first);
+                self.relay_on_task(client, up, replayed, epoch, held).await;
+            }
+        }
     }
-}
 
-/// The first chunk of plaintext the client's session has opened already (one record's, at
-/// most 16 KiB), taken out of it; empty when there is none. No socket is read: what is not
-/// there yet is the relay's to move, after these bytes.
-fn opened_already(client: &mut LoopbackStream) -> Vec<u8> {
-    use std::io::BufRead;
-    let mut reader = client.get_mut().1.reader();
-    let chunk = match reader.fill_buf() {
-        Ok(chunk) => chunk.to_vec(),
-        Err(_) => return Vec::new(),
-    };
-    reader.consume(chunk.len());
-    chunk
+    /// Relays on this task until both directions end; counts the bytes and gives back what
+    /// the connection held.
+    async fn relay_on_task(
+        &self,
+        client: Box<dyn ClientIo>,
+        up: Box<dyn ClientIo>,
+        replayed: u64,
+        epoch: CertEpoch,
+        held: Held,
+    ) {
+        let (to_upstream, to_client) = on_task(self, client, up, epoch).await;
+        self.metrics.bytes(to_upstream + replayed, to_client);
+        drop(held);
+    }
 }
 
 async fn serve(
     shared: &Bridge,
-    client: Client,
+    client: ClientUnixStream,
     prefix: Vec<u8>,
     alpn: Option<Vec<u8>>,
     held: Held,
@@ -156,7 +182,7 @@ async fn serve(
             // Boxed: the HTTP/2 answer's state is large and only this rare path needs it; inline, it
             // would sit in every connection task's state for the connection's whole life.
             Box::pin(super::failure::tell_client(
-                client.boxed(),
+                Box::new(client),
                 prefix,
                 alpn.as_deref(),
                 &e,
@@ -184,12 +210,12 @@ async fn serve(
     match loops {
         Some(loops) => {
             let end = ending(shared, epoch, replayed, held);
-            in_loop(loops, client.for_loop(), up, end);
+            in_loop(loops, client, up, end);
         }
         None => {
-            let (to_upstream, to_client) = on_task(shared, client.boxed(), up, epoch).await;
-            shared.metrics.bytes(to_upstream + replayed, to_client);
-            drop(held);
+            shared
+                .relay_on_task(Box::new(client), up, replayed, epoch, held)
+                .await
         }
     }
 }
@@ -211,7 +237,7 @@ fn deadlines(shared: &Bridge, epoch: CertEpoch) -> Deadlines {
 async fn on_task(
     shared: &Bridge,
     client: Box<dyn ClientIo>,
-    up: Box<UpstreamStream>,
+    up: Box<dyn ClientIo>,
     epoch: CertEpoch,
 ) -> (u64, u64) {
     let last = Arc::new(LastActivity::default());
@@ -257,11 +283,11 @@ fn ending(shared: &Bridge, epoch: CertEpoch, replayed: u64, held: Held) -> (Watc
 /// (what it holds is given back).
 fn in_loop(
     loops: &RelayLoops,
-    client: io::Result<Local>,
+    client: ClientUnixStream,
     up: Box<UpstreamStream>,
     (watch, on_end): (Watch, OnEnd),
 ) {
-    let pair = match client.and_then(|client| Pair::from_runtime(client, up)) {
+    let pair = match Pair::from_runtime(client, up) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(error = %e, "could not move a connection to a relay loop; closed");
@@ -272,6 +298,34 @@ fn in_loop(
         tracing::warn!(
             "no relay loop runs (the proxy is stopping, or a loop failed); connection closed"
         );
+    }
+}
+
+/// [`in_loop`] for a loopback TLS client's connection, both sessions unbuffered.
+fn in_loop_tls(
+    loops: &RelayLoops,
+    client: LoopbackClient,
+    up: Lean<rustls::client::UnbufferedClientConnection>,
+    (watch, on_end): (Watch, OnEnd),
+) {
+    let pair = match client.into_parts().and_then(|client| {
+        Ok(TlsPair {
+            client,
+            upstream: up.into_parts()?,
+        })
+    }) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not move a connection to a relay loop; closed");
+            return;
+        }
+    };
+    match loops.hand_off_tls(pair, watch, on_end) {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            "no relay loop runs (the proxy is stopping, or a loop failed); connection closed"
+        ),
+        Err(e) => tracing::warn!(error = %e, "could not move a connection to a relay loop; closed"),
     }
 }
 

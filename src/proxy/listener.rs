@@ -3,7 +3,7 @@
 //! Two kinds of listener take kubectl/kubelet connections:
 //! - **loopback TLS** (`tcp:127.0.0.1:PORT`): the proxy serves a certificate from its loopback
 //!   CA and *requires* a client certificate from that CA (rustls `WebPkiClientVerifier`). The
-//!   ClientHello is read first (`LazyConfigAcceptor`) to learn the client's ALPN offer; the
+//!   ClientHello is read first (rustls's `Acceptor`) to learn the client's ALPN offer; the
 //!   protocol is chosen from it (see [`super::upstream`] for why before the upstream), and the
 //!   handshake is finished — and the client certificate verified — before anything upstream.
 //! - **UNIX socket** (`unix:PATH`, plaintext): created mode 0600, and every peer's uid
@@ -23,11 +23,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustls::server::{Acceptor, WebPkiClientVerifier};
+use rustls::server::{Acceptor, UnbufferedServerConnection, WebPkiClientVerifier};
 use rustls::ServerConfig;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio_rustls::LazyConfigAcceptor;
 
 use tokio::sync::Semaphore;
 
@@ -40,9 +39,9 @@ pub use super::limits::PREAUTH_BUDGET;
 use super::metrics::{ListenerKind, Metrics, Refusal};
 use super::parts::Parts;
 use super::ratelimit::RateLimited;
-use super::readahead::ReadAhead;
 use super::settings::ClientSettings;
 use super::threads::Spawner;
+use super::unbuffered::{tls_error, Lean, Session};
 use super::unix_client::ClientUnixStream;
 use crate::endpoint::ListenAddr;
 use crate::pki::loopback_ca::LoopbackCa;
@@ -469,21 +468,17 @@ async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preau
     // TCP_NODELAY: inherited from the listener (accept.rs).
     let started = Instant::now();
     let handshake = async {
-        let hello = LazyConfigAcceptor::new(Acceptor::default(), ReadAhead::new(stream));
-        let start = tokio::time::timeout(HELLO_TIMEOUT, hello)
+        let (read, offered) = tokio::time::timeout(HELLO_TIMEOUT, client_hello(&stream))
             .await
             .map_err(|_| {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "no ClientHello in time")
             })??;
-        let offered: Vec<Vec<u8>> = start
-            .client_hello()
-            .alpn()
-            .map(|list| list.map(<[u8]>::to_vec).collect())
-            .unwrap_or_default();
         let chosen = shared.bridge.upstream.choose_alpn(&offered);
         let config = shared.local_tls.config_for(chosen.as_deref());
-        let tls = start.into_stream(config).await?;
-        Ok::<_, std::io::Error>((Box::new(tls), chosen))
+        let session = UnbufferedServerConnection::new(config).map_err(tls_error)?;
+        let mut tls = Box::new(Lean::new(stream, session, read));
+        tls.handshake().await?;
+        Ok::<_, std::io::Error>((tls, chosen))
     };
     let limit = shared.handshake_timeout.min(PREAUTH_TIMEOUT);
     // Boxed, and the stream it yields too: the handshake's state lives on the heap only while
@@ -503,7 +498,7 @@ async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preau
     // valid, so a session outliving its short-lived loopback credential gets nothing.
     if let Err(why) = shared
         .local_tls
-        .client_cert_valid(tls.get_ref().1.peer_certificates())
+        .client_cert_valid(tls.session.common().peer_certificates())
     {
         shared.metrics.refused(Refusal::Expired);
         refused("refused a loopback client", &format!("{peer}: {why}"));
@@ -519,6 +514,55 @@ async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preau
     };
     shared.metrics.local_handshake(started.elapsed());
     shared.bridge.serve_loopback(tls, alpn, held).await;
+}
+
+/// Reads a loopback client's ClientHello for the protocols it offers (the protocol is chosen
+/// before the session is made, [`super::upstream`]): the bytes read, which the session is
+/// given next, and the offer. The socket is read at once (kubectl's ClientHello is usually
+/// there by now), and waited on only when it is not.
+async fn client_hello(stream: &TcpStream) -> std::io::Result<(Vec<u8>, Vec<Vec<u8>>)> {
+    let mut acceptor = Acceptor::default();
+    let mut read = Vec::new();
+    let mut chunk = vec![0u8; 4096];
+    loop {
+        let n = match rustix::io::read(stream, &mut chunk) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the client closed the connection before its ClientHello",
+                ))
+            }
+            Ok(n) => n,
+            Err(rustix::io::Errno::AGAIN) => {
+                stream.readable().await?;
+                continue;
+            }
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        read.extend_from_slice(&chunk[..n]);
+        let mut rest = &chunk[..n];
+        while !rest.is_empty() {
+            acceptor.read_tls(&mut rest)?;
+        }
+        match acceptor.accept() {
+            Ok(Some(accepted)) => {
+                let offered = accepted
+                    .client_hello()
+                    .alpn()
+                    .map(|list| list.map(<[u8]>::to_vec).collect())
+                    .unwrap_or_default();
+                return Ok((read, offered));
+            }
+            Ok(None) => {}
+            Err((e, mut alert)) => {
+                let mut bytes = Vec::new();
+                let _ = alert.write_all(&mut bytes);
+                let _ = stream.try_write(&bytes);
+                return Err(tls_error(e));
+            }
+        }
+    }
 }
 
 /// What a loopback handshake's outcome means: the stream and protocol, or a refusal counted and

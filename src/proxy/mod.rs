@@ -62,6 +62,7 @@ pub mod sockets;
 pub mod start;
 mod syscalls;
 pub mod threads;
+pub mod unbuffered;
 pub mod unix_client;
 pub mod upstream;
 mod write_through;

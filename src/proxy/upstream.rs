@@ -34,7 +34,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use rustls::client::Resumption;
+use rustls::client::{Resumption, UnbufferedClientConnection};
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, HandshakeKind, RootCertStore};
 use tokio::sync::watch;
@@ -47,6 +47,7 @@ use super::readahead::ReadAhead;
 use super::rotation::{self, CertEpoch};
 use super::sessions::Warmup;
 use super::settings::UpstreamSettings;
+use super::unbuffered::{tls_error, Lean, Session};
 use crate::egress::{Egress, EgressError, Tunnel};
 use crate::endpoint::UpstreamTarget;
 use crate::key::tls::{HardwareCertResolver, HardwareSigningKey};
@@ -55,6 +56,26 @@ use crate::pki::tls::KeyExchange;
 
 /// The application protocols the proxy bridges (what kubectl, client-go and kubelet speak).
 pub const SERVED_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+/// An established upstream connection for a loopback TLS client ([`Upstream::connect_loopback`]).
+pub struct OriginConn {
+    /// The TLS session and its socket.
+    pub origin: Origin,
+    /// The protocol the upstream agreed to (None: no ALPN).
+    pub alpn: Option<Vec<u8>>,
+    /// Whether the handshake resumed a session (no signature made).
+    pub resumed: bool,
+    /// How many of the bytes given went out with the handshake; the caller sends the rest.
+    pub sent: usize,
+}
+
+/// The upstream's TLS session, as [`Upstream::connect_loopback`] made it.
+pub enum Origin {
+    /// Over plain TCP, on rustls's unbuffered API: for a relay loop.
+    Lean(Box<Lean<UnbufferedClientConnection>>),
+    /// Through an `https://` forward proxy: relayed on the connection's task.
+    Buffered(Box<TlsStream<ReadAhead<Tunnel>>>),
+}
 
 /// An established upstream connection.
 pub struct UpstreamConn {
@@ -339,11 +360,45 @@ impl Upstream {
         alpn: Option<&[u8]>,
         first: &[u8],
     ) -> Result<UpstreamConn, UpstreamError> {
+        let conn = self.connect_any(alpn, first, false).await?;
+        match conn.origin {
+            Origin::Buffered(stream) => Ok(UpstreamConn {
+                stream,
+                alpn: conn.alpn,
+                resumed: conn.resumed,
+                sent: conn.sent,
+            }),
+            Origin::Lean(_) => Err(UpstreamError::Handshake {
+                addr: self.describe(),
+                source: std::io::Error::other("an unbuffered session where none was asked for"),
+            }),
+        }
+    }
+
+    /// [`Upstream::connect_sending`] for a loopback TLS client's connection: over plain TCP the
+    /// session is on rustls's unbuffered API ([`Origin::Lean`]), for a relay loop; through an
+    /// `https://` forward proxy it is a buffered one, relayed on the task.
+    pub async fn connect_loopback(
+        &self,
+        alpn: Option<&[u8]>,
+        first: &[u8],
+    ) -> Result<OriginConn, UpstreamError> {
+        self.connect_any(alpn, first, true).await
+    }
+
+    async fn connect_any(
+        &self,
+        alpn: Option<&[u8]>,
+        first: &[u8],
+        lean: bool,
+    ) -> Result<OriginConn, UpstreamError> {
         let mut last = None;
         for i in self.endpoints.order() {
             let endpoint = &self.endpoints.list[i];
-            let attempt =
-                tokio::time::timeout(self.attempt_timeout, self.connect_to(endpoint, alpn, first));
+            let attempt = tokio::time::timeout(
+                self.attempt_timeout,
+                self.connect_to(endpoint, alpn, first, lean),
+            );
             let error = match attempt.await {
                 Ok(Ok(conn)) => {
                     endpoint.succeeded();
@@ -365,13 +420,15 @@ impl Upstream {
         Err(last.unwrap_or(UpstreamError::NoEndpoint))
     }
 
-    /// One attempt: TCP (or a tunnel) and the TLS handshake with `endpoint`.
+    /// One attempt: TCP (or a tunnel) and the TLS handshake with `endpoint`; on rustls's
+    /// unbuffered API when `lean` and the connection is plain TCP.
     async fn connect_to(
         &self,
         endpoint: &Endpoint,
         alpn: Option<&[u8]>,
         first: &[u8],
-    ) -> Result<UpstreamConn, UpstreamError> {
+        lean: bool,
+    ) -> Result<OriginConn, UpstreamError> {
         let addr = endpoint.target.authority();
         let tcp = match self.dial(&endpoint.target).await {
             Ok(t) => t,
@@ -385,36 +442,54 @@ impl Upstream {
         // A cold store: one connection warms it, the others wait for its ticket (sessions.rs).
         let warmup = generation.store.warm_up().await;
         let started = Instant::now();
-        let mut sent = 0;
         let early = alpn != Some(b"h2".as_slice()) || endpoint.agreed_h2();
-        let queue_first = |c: &mut rustls::ClientConnection| {
-            // Buffered by rustls until the handshake completes (a full buffer takes less).
-            if early && !first.is_empty() {
-                sent = std::io::Write::write(&mut c.writer(), first).unwrap_or(0);
-            }
-        };
-        let stream = match tokio_rustls::TlsConnector::from(config)
-            .connect_with(
-                endpoint.server_name.clone(),
-                ReadAhead::new(tcp),
-                queue_first,
-            )
-            .await
-        {
-            Ok(s) => {
-                if let Warmup::Leader(guard) = warmup {
-                    guard.succeeded();
+        let (origin, sent) = match tcp {
+            Tunnel::Tcp(tcp) if lean => {
+                let session = UnbufferedClientConnection::new(config, endpoint.server_name.clone())
+                    .map_err(|e| self.handshake_error(addr.clone(), alpn, tls_error(e)))?;
+                let mut conn = Lean::new(tcp, session, Vec::new());
+                // Sealed after the proxy's `Finished`, in its write (see connect_sending).
+                let going = if early { first } else { &[] };
+                if let Err(source) = conn.handshake_sending(going).await {
+                    return Err(self.handshake_error(addr, alpn, source));
                 }
-                s
+                (Origin::Lean(Box::new(conn)), going.len())
             }
-            Err(source) => return Err(self.handshake_error(addr, alpn, source)),
+            tcp => {
+                let mut sent = 0;
+                let queue_first = |c: &mut rustls::ClientConnection| {
+                    // Buffered by rustls until the handshake completes (a full buffer takes less).
+                    if early && !first.is_empty() {
+                        sent = std::io::Write::write(&mut c.writer(), first).unwrap_or(0);
+                    }
+                };
+                let stream = match tokio_rustls::TlsConnector::from(config)
+                    .connect_with(
+                        endpoint.server_name.clone(),
+                        ReadAhead::new(tcp),
+                        queue_first,
+                    )
+                    .await
+                {
+                    Ok(s) => s,
+                    Err(source) => return Err(self.handshake_error(addr, alpn, source)),
+                };
+                (Origin::Buffered(Box::new(stream)), sent)
+            }
         };
-        let (resumed, got) = self.established(&addr, alpn, stream.get_ref().1, started)?;
+        if let Warmup::Leader(guard) = warmup {
+            guard.succeeded();
+        }
+        let state: &rustls::CommonState = match &origin {
+            Origin::Lean(c) => c.session.common(),
+            Origin::Buffered(s) => s.get_ref().1,
+        };
+        let (resumed, got) = self.established(&addr, alpn, state, started)?;
         if got.as_deref() == Some(b"h2".as_slice()) {
             endpoint.agree_h2();
         }
-        Ok(UpstreamConn {
-            stream: Box::new(stream),
+        Ok(OriginConn {
+            origin,
             alpn: got,
             resumed,
             sent,
@@ -427,7 +502,7 @@ impl Upstream {
         &self,
         addr: &str,
         alpn: Option<&[u8]>,
-        conn: &rustls::ClientConnection,
+        conn: &rustls::CommonState,
         started: Instant,
     ) -> Result<(bool, Option<Vec<u8>>), UpstreamError> {
         let took = started.elapsed();

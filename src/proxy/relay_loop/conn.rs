@@ -10,9 +10,10 @@ use std::os::unix::net::UnixStream;
 use rustix::event::epoll::{self, EventData, EventFlags};
 use rustls::{ClientConnection, ConnectionCommon};
 
-use super::pair::{Local, OnEnd, Outcome, Pair};
+use super::pair::{OnEnd, Outcome, Pair};
 use super::watch::Deadlines;
 use crate::proxy::buffers::Buffer;
+use crate::proxy::unbuffered::Out;
 
 /// The most bytes one read takes from the upstream (or a loopback client): four maximum-size
 /// TLS records, as the runtime path's read-ahead ([`crate::proxy::readahead::READ_AHEAD`]).
@@ -37,6 +38,9 @@ pub(super) struct Scratch {
     /// Plaintext opened by rustls, gathered for one write to a UNIX-socket client (wiped after
     /// each use).
     pub(super) out: Box<[u8]>,
+    /// Records sealed for one side of a loopback TLS connection from what one read of the
+    /// other opened ([`super::loopback`]).
+    pub(super) sealed: Out,
 }
 
 impl Scratch {
@@ -45,6 +49,7 @@ impl Scratch {
             plain: vec![0u8; PLAIN].into_boxed_slice(),
             records: vec![0u8; RECORDS].into_boxed_slice(),
             out: vec![0u8; OUT].into_boxed_slice(),
+            sealed: Out::with_capacity(RECORDS + 1024),
         }
     }
 }
@@ -69,7 +74,7 @@ pub(super) struct Side<S> {
 }
 
 impl<S> Side<S> {
-    fn new(io: S) -> Side<S> {
+    pub(super) fn new(io: S) -> Side<S> {
         Side {
             io,
             readable: false,
@@ -78,7 +83,7 @@ impl<S> Side<S> {
         }
     }
 
-    fn mark(&mut self, flags: EventFlags) {
+    pub(super) fn mark(&mut self, flags: EventFlags) {
         let closed = EventFlags::RDHUP | EventFlags::HUP | EventFlags::ERR;
         if flags.intersects(EventFlags::IN | closed) {
             self.readable = true;
@@ -118,7 +123,7 @@ pub(super) enum Sent {
 
 /// One relayed connection.
 pub(super) struct Conn {
-    pub(super) client: Side<Local>,
+    pub(super) client: Side<UnixStream>,
     pub(super) upstream: Side<TcpStream>,
     /// The TLS connection to the upstream.
     pub(super) tls: ClientConnection,
@@ -161,12 +166,8 @@ impl Conn {
         // The loop bounds what waits in rustls itself: a side is read only when everything
         // sealed for the other before has gone out.
         tls.set_buffer_limit(None);
-        let mut client = pair.client;
-        if let Local::Tls(t) = &mut client {
-            t.tls.set_buffer_limit(None);
-        }
         let mut conn = Conn {
-            client: Side::new(client),
+            client: Side::new(pair.client),
             upstream: Side::new(pair.upstream),
             tls,
             held: None,
@@ -216,10 +217,7 @@ impl Conn {
         let mut step = Step::More;
         for _ in 0..ROUNDS_PER_TURN {
             let forward = self.forward(scratch)?;
-            let backward = match self.client.io {
-                Local::Unix(_) => self.backward(&mut scratch.records, &mut scratch.out)?,
-                Local::Tls(_) => self.backward_tls(&mut scratch.records, &mut scratch.out)?,
-            };
+            let backward = self.backward(&mut scratch.records, &mut scratch.out)?;
             if !(forward || backward) {
                 step = Step::Waiting;
                 break;
@@ -275,14 +273,11 @@ impl Conn {
                 _ => Ok(true),
             };
         }
-        if let Local::Tls(_) = self.client.io {
-            return self.forward_tls(&mut scratch.records);
-        }
         if !self.client.can_read() {
             return Ok(false);
         }
         let plain = &mut scratch.plain[..];
-        match self.plain_client()?.read(plain) {
+        match (&self.client.io).read(plain) {
             Ok(0) => {
                 self.client_eof = true;
                 self.tls.send_close_notify();
@@ -304,14 +299,6 @@ impl Conn {
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
             Err(e) => Err(e),
-        }
-    }
-
-    /// The UNIX-socket client's socket (the plaintext moves are only made for it).
-    fn plain_client(&self) -> io::Result<&UnixStream> {
-        match &self.client.io {
-            Local::Unix(s) => Ok(s),
-            Local::Tls(_) => Err(io::Error::other("relay: a plaintext move on a TLS client")),
         }
     }
 
@@ -343,7 +330,7 @@ impl Conn {
             self.client_shut = true;
             self.held = None;
             (self.pos, self.cap) = (0, 0);
-            return match self.plain_client()?.shutdown(Shutdown::Write) {
+            return match (&self.client.io).shutdown(Shutdown::Write) {
                 Err(e) if e.kind() != io::ErrorKind::NotConnected => Err(e),
                 _ => Ok(true),
             };
@@ -380,13 +367,7 @@ impl Conn {
                 if n < records.len() {
                     self.upstream.readable = false;
                 }
-                let used = match self.client.io {
-                    Local::Unix(_) => self.open(&records[..n], out)?,
-                    Local::Tls(_) => {
-                        self.open_into_client(&records[..n])?;
-                        n
-                    }
-                };
+                let used = self.open(&records[..n], out)?;
                 if used < n {
                     self.hold(&records[used..n]);
                 } else if !self.upstream.readable {
@@ -491,7 +472,7 @@ impl Conn {
     fn send_out(&mut self, bytes: &[u8]) -> io::Result<bool> {
         let mut sent = 0;
         while sent < bytes.len() {
-            match self.plain_client()?.write(&bytes[sent..]) {
+            match (&self.client.io).write(&bytes[sent..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(k) => sent += k,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -526,10 +507,7 @@ impl Conn {
                 self.pending = Some(pending);
                 return Ok(if wrote { Sent::Some } else { Sent::Blocked });
             }
-            match self
-                .plain_client()?
-                .write(&pending.bytes()[self.ppos..self.pcap])
-            {
+            match (&self.client.io).write(&pending.bytes()[self.ppos..self.pcap]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(k) => {
                     self.ppos += k;

@@ -1,113 +1,200 @@
-//! A loopback TLS client's moves: the connection holds both TLS sessions, the client's (the
-//! proxy terminates it) and the upstream's (the proxy originates it), and what one opens is
-//! sealed straight into the other. A record's plaintext goes from one rustls buffer into the
-//! other's writer, with no copy buffer between and no stream layer around either, and what one
-//! read of a socket opens goes out together (rustls writes its pending records with one
-//! `writev` of up to 64 records: one for a read of full-size records, more for a read of many
-//! tiny ones, each of which stays a record of its own).
+//! A loopback TLS client's connection: both TLS sessions on rustls's unbuffered API
+//! ([`crate::proxy::unbuffered`]), the client's (the proxy terminates it) and the upstream's
+//! (the proxy originates it). What one read of a socket brings is opened in the loop's record
+//! buffer and sealed for the other side into the loop's out buffer, then written with one
+//! `write`: no buffer of the connection's own is used on the way. The connection keeps only
+//! what it could not pass on: a record not yet whole, and records its peer had no room for
+//! (freed once written). At rest it holds its two sessions and its sockets.
 //!
 //! What may wait in flight is bounded as on the UNIX-socket path: a side is read only when
-//! everything sealed for the other has gone out, so at most one read's records (64 KiB) wait
-//! in rustls for a peer without room.
+//! everything sealed for the other has gone out, so at most one read's records wait for a
+//! peer without room.
 
-use std::io::{self, BufRead, Read, Write};
-use std::net::Shutdown;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::OwnedFd;
 
-use rustls::ConnectionCommon;
+use rustix::event::epoll::{self, EventData};
+use rustls::client::UnbufferedClientConnection;
+use rustls::server::UnbufferedServerConnection;
 
-use super::conn::{settle, Conn, Sent, Side};
-use super::pair::Local;
+use super::conn::{client_interest, Scratch, Sent, Side, Step, ROUNDS_PER_TURN};
+use super::pair::{OnEnd, Outcome};
+use super::watch::Deadlines;
+use crate::proxy::unbuffered::stream::LeanParts;
+use crate::proxy::unbuffered::{close, feed, seal, Out};
 
-/// What passing one session's plaintext into the other did.
-enum Passed {
-    /// Nothing was waiting.
-    Nothing,
-    /// Plaintext was sealed into the other session.
-    Moved,
-    /// The session's peer sent `close_notify`, and everything before it has passed.
-    Closed,
+/// What moves to a loop for a loopback TLS client: both sides, handshakes done.
+pub struct TlsPair {
+    /// The loopback client: its socket and the session the proxy terminates.
+    pub client: LeanParts<UnbufferedServerConnection>,
+    /// The API server: its socket and the session the proxy originates.
+    pub upstream: LeanParts<UnbufferedClientConnection>,
 }
 
-/// Seals the plaintext `from` has opened into `to`, record by record, straight from `from`'s
-/// buffer; adds the bytes to `count`. An error is the one `from` reports once its plaintext is
-/// all passed (its peer cut the stream without `close_notify`).
-fn pass<A, B>(
-    from: &mut ConnectionCommon<A>,
-    to: &mut ConnectionCommon<B>,
-    count: &mut u64,
-) -> io::Result<Passed> {
-    let mut moved = false;
-    let mut reader = from.reader();
-    loop {
-        match reader.fill_buf() {
-            Ok([]) => return Ok(Passed::Closed),
-            Ok(chunk) => {
-                let k = chunk.len();
-                to.writer().write_all(chunk)?;
-                reader.consume(k);
-                *count += k as u64;
-                moved = true;
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                return Ok(if moved {
-                    Passed::Moved
-                } else {
-                    Passed::Nothing
-                })
-            }
-            Err(e) => return Err(e),
-        }
-    }
+/// One relayed loopback TLS connection.
+pub(super) struct TlsConn {
+    pub(super) client: Side<TcpStream>,
+    pub(super) upstream: Side<TcpStream>,
+    /// The client's session.
+    local: UnbufferedServerConnection,
+    /// The upstream's session.
+    remote: UnbufferedClientConnection,
+    /// A record from the client not yet whole.
+    client_in: Vec<u8>,
+    /// A record from the upstream not yet whole.
+    upstream_in: Vec<u8>,
+    /// Records for the client that found no room: `to_client.bytes()[client_sent..]`.
+    to_client: Out,
+    client_sent: usize,
+    /// Records for the upstream that found no room.
+    to_upstream: Out,
+    upstream_sent: usize,
+    /// The client's registration includes writability.
+    client_out: bool,
+    /// The client's `close_notify` came, and the upstream's is sealed.
+    client_eof: bool,
+    /// The upstream's write side is shut: the client-to-upstream direction is done.
+    pub(super) upstream_shut: bool,
+    /// The upstream's `close_notify` came, and the client's is sealed.
+    upstream_eof: bool,
+    /// The client's write side is shut: the upstream-to-client direction is done.
+    pub(super) client_shut: bool,
+    /// Plaintext bytes opened from the client.
+    pub(super) up: u64,
+    /// Plaintext bytes sealed for the client.
+    pub(super) down: u64,
+    /// When a byte last moved ([`crate::proxy::idle::now_ms`]).
+    pub(super) last: u64,
+    /// When the loop itself ends it.
+    pub(super) deadlines: Deadlines,
+    on_end: Option<OnEnd>,
 }
 
-impl Conn {
-    /// Loopback client to upstream, one step (the upstream has taken everything sealed for it,
-    /// and the client has not ended); true if something moved.
-    pub(super) fn forward_tls(&mut self, records: &mut [u8]) -> io::Result<bool> {
-        let Local::Tls(t) = &mut self.client.io else {
-            return Ok(false);
+impl TlsConn {
+    /// The connection `pair` was, with what was in flight at the hand-off: a record not yet
+    /// whole, records not yet written, plaintext opened and not yet sealed for the other side
+    /// (sealed now).
+    pub(super) fn new(pair: TlsPair, deadlines: Deadlines, on_end: OnEnd) -> io::Result<TlsConn> {
+        let TlsPair { client, upstream } = pair;
+        let mut conn = TlsConn {
+            client: Side::new(client.tcp),
+            upstream: Side::new(upstream.tcp),
+            local: client.session,
+            remote: upstream.session,
+            client_in: client.incoming,
+            upstream_in: upstream.incoming,
+            to_client: Out::default(),
+            client_sent: 0,
+            to_upstream: Out::default(),
+            upstream_sent: 0,
+            client_out: false,
+            client_eof: false,
+            upstream_shut: false,
+            upstream_eof: false,
+            client_shut: false,
+            up: 0,
+            down: 0,
+            last: 0,
+            deadlines,
+            on_end: Some(on_end),
         };
-        // Plaintext rustls opened before the hand-off (a request that came with the client's
-        // last handshake flight), then records read before it.
-        match pass(&mut *t.tls, &mut *self.tls, &mut self.up)? {
-            Passed::Nothing => {}
-            Passed::Moved => return Ok(true),
-            Passed::Closed => {
-                self.client_ended();
-                return Ok(true);
+        conn.to_client.push(&client.out);
+        conn.to_upstream.push(&upstream.out);
+        if !client.plain.is_empty() {
+            seal(&mut conn.remote, &client.plain, &mut conn.to_upstream)?;
+            conn.up += client.plain.len() as u64;
+        }
+        if client.peer_closed {
+            conn.client_eof = true;
+            close(&mut conn.remote, &mut conn.to_upstream)?;
+        }
+        if !upstream.plain.is_empty() {
+            seal(&mut conn.local, &upstream.plain, &mut conn.to_client)?;
+            conn.down += upstream.plain.len() as u64;
+        }
+        if upstream.peer_closed {
+            conn.upstream_eof = true;
+            close(&mut conn.local, &mut conn.to_client)?;
+        }
+        Ok(conn)
+    }
+
+    /// Moves bytes both ways until neither can move or the turn is up.
+    pub(super) fn drive(
+        &mut self,
+        ep: &OwnedFd,
+        slot: usize,
+        scratch: &mut Scratch,
+    ) -> io::Result<Step> {
+        let mut step = Step::More;
+        for _ in 0..ROUNDS_PER_TURN {
+            let forward = self.forward(scratch)?;
+            let backward = self.backward(scratch)?;
+            if !(forward || backward) {
+                step = Step::Waiting;
+                break;
             }
         }
-        if !t.records.is_empty() {
-            let early = std::mem::take(&mut t.records);
-            self.open_from_client(&early)?;
-            return Ok(true);
+        self.register_client(ep, slot)?;
+        if self.upstream_shut && self.client_shut {
+            step = Step::Done;
         }
-        if !(self.client.readable || self.client.read_closed) {
+        Ok(step)
+    }
+
+    /// The client's registration asks for writability exactly while the client has no room.
+    fn register_client(&mut self, ep: &OwnedFd, slot: usize) -> io::Result<()> {
+        let want = !self.client.writable && !self.client_shut;
+        if want != self.client_out {
+            epoll::modify(
+                ep,
+                &self.client.io,
+                EventData::new_u64(2 * slot as u64),
+                client_interest(want),
+            )?;
+            self.client_out = want;
+        }
+        Ok(())
+    }
+
+    /// Client to upstream, one step; true if something moved.
+    fn forward(&mut self, scratch: &mut Scratch) -> io::Result<bool> {
+        if self.upstream_shut {
             return Ok(false);
         }
-        let read = (&t.tcp).read(records);
-        match read {
-            Ok(0) => {
-                // TCP's end: rustls tells a clean end (`close_notify` came) from a cut one,
-                // which fails the connection as on the runtime's path.
-                t.tls.read_tls(&mut io::empty())?;
-                self.open_from_client(&[])?;
-                Ok(true)
-            }
+        match send(
+            &mut self.upstream,
+            &mut self.to_upstream,
+            &mut self.upstream_sent,
+        )? {
+            Sent::All => {}
+            Sent::Some => return Ok(true),
+            Sent::Blocked => return Ok(false),
+        }
+        if self.client_eof {
+            // The client's `close_notify` is passed on: now TCP's end.
+            self.upstream_shut = true;
+            return shut(&self.upstream.io);
+        }
+        if !self.client.can_read() {
+            return Ok(false);
+        }
+        let records = &mut scratch.records[..];
+        let k = self.client_in.len();
+        records[..k].copy_from_slice(&self.client_in);
+        match (&self.client.io).read(&mut records[k..]) {
+            Ok(0) => Err(cut("the loopback client")),
             Ok(n) => {
-                let drained = n < records.len();
-                if drained {
+                if k + n < records.len() {
                     self.client.readable = false;
                 }
-                self.open_from_client(&records[..n])?;
-                if drained {
-                    self.settle_client();
-                }
+                self.client_in = Vec::new();
+                self.open_from_client(&mut records[..k + n], &mut scratch.sealed)?;
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 self.client.readable = false;
-                self.settle_client();
                 Ok(false)
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
@@ -115,169 +202,221 @@ impl Conn {
         }
     }
 
-    /// The client's `close_notify` came, and everything before it is sealed for the upstream:
-    /// the upstream gets its own, then TCP's end ([`Conn::drive`]'s next forward step).
-    fn client_ended(&mut self) {
-        self.client_eof = true;
-        self.tls.send_close_notify();
-    }
-
-    /// Gives the client's `bytes` (records) to its session and seals what they open for the
-    /// upstream, written by the next forward step: one write for the whole read.
-    fn open_from_client(&mut self, bytes: &[u8]) -> io::Result<()> {
-        let Local::Tls(t) = &mut self.client.io else {
-            return Ok(());
-        };
-        let mut rest = bytes;
-        loop {
-            if let Passed::Closed = pass(&mut *t.tls, &mut *self.tls, &mut self.up)? {
-                self.client_eof = true;
-                self.tls.send_close_notify();
-                return Ok(());
-            }
-            // After the client's `close_notify`, its session takes nothing more.
-            if rest.is_empty() || t.tls.read_tls(&mut rest)? == 0 {
-                return Ok(());
-            }
-            if let Err(e) = t.tls.process_new_packets() {
-                // The records before the bad one are the client's: they still go up, as far as
-                // the upstream's socket takes them now (the connection ends with this error, so
-                // no later step would write them). Then the alert rustls queued, likewise.
-                let _ = pass(&mut *t.tls, &mut *self.tls, &mut self.up);
-                while self.tls.wants_write() {
-                    if !matches!(self.tls.write_tls(&mut self.upstream.io), Ok(n) if n > 0) {
-                        break;
-                    }
+    /// Gives the client's `records` to its session and seals what they open for the
+    /// upstream: one write for the whole read. On an error (a bad record), what the records
+    /// before it opened still goes up as far as the socket takes it now, and the alert the
+    /// session queued goes to the client.
+    fn open_from_client(&mut self, records: &mut [u8], sealed: &mut Out) -> io::Result<()> {
+        sealed.clear();
+        let remote = &mut self.remote;
+        let up = &mut self.up;
+        let fed = feed(&mut self.local, records, &mut self.to_client, |plain| {
+            *up += plain.len() as u64;
+            seal(remote, plain, sealed)
+        });
+        match fed {
+            Ok(fed) => {
+                if fed.peer_closed {
+                    self.client_eof = true;
+                    close(&mut self.remote, sealed)?;
+                } else if fed.used < records.len() {
+                    self.client_in = records[fed.used..].to_vec();
                 }
-                let _ = t.tls.write_tls(&mut t.tcp);
-                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                queue(
+                    &mut self.upstream,
+                    &mut self.to_upstream,
+                    &mut self.upstream_sent,
+                    sealed,
+                )
+            }
+            Err(e) => {
+                let _ = queue(
+                    &mut self.upstream,
+                    &mut self.to_upstream,
+                    &mut self.upstream_sent,
+                    sealed,
+                );
+                let _ = send(&mut self.client, &mut self.to_client, &mut self.client_sent);
+                Err(e)
             }
         }
     }
 
-    /// Upstream to loopback client, one step; true if something moved.
-    pub(super) fn backward_tls(&mut self, records: &mut [u8], out: &mut [u8]) -> io::Result<bool> {
+    /// Upstream to client, one step; true if something moved.
+    fn backward(&mut self, scratch: &mut Scratch) -> io::Result<bool> {
         if self.client_shut {
             return Ok(false);
         }
-        match self.flush_client()? {
+        match send(&mut self.client, &mut self.to_client, &mut self.client_sent)? {
             Sent::All => {}
             Sent::Some => return Ok(true),
             Sent::Blocked => return Ok(false),
         }
-        match self.pass_down() {
-            Ok(Passed::Nothing) => {}
-            Ok(Passed::Moved) => {
-                self.flush_client()?;
-                return Ok(true);
+        if self.upstream_eof {
+            // The upstream's `close_notify` is passed on: now TCP's end.
+            self.client_shut = true;
+            return shut(&self.client.io);
+        }
+        if !self.upstream.can_read() {
+            return Ok(false);
+        }
+        let records = &mut scratch.records[..];
+        let k = self.upstream_in.len();
+        records[..k].copy_from_slice(&self.upstream_in);
+        match (&self.upstream.io).read(&mut records[k..]) {
+            Ok(0) => Err(cut("the API server")),
+            Ok(n) => {
+                if k + n < records.len() {
+                    self.upstream.readable = false;
+                }
+                self.upstream_in = Vec::new();
+                self.open_from_upstream(&mut records[..k + n], &mut scratch.sealed)?;
+                Ok(true)
             }
-            Ok(Passed::Closed) => return self.close_client(),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.upstream.readable = false;
+                Ok(false)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`TlsConn::open_from_client`] the other way.
+    fn open_from_upstream(&mut self, records: &mut [u8], sealed: &mut Out) -> io::Result<()> {
+        sealed.clear();
+        let local = &mut self.local;
+        let down = &mut self.down;
+        let fed = feed(&mut self.remote, records, &mut self.to_upstream, |plain| {
+            *down += plain.len() as u64;
+            seal(local, plain, sealed)
+        });
+        match fed {
+            Ok(fed) => {
+                if fed.peer_closed {
+                    self.upstream_eof = true;
+                    close(&mut self.local, sealed)?;
+                } else if fed.used < records.len() {
+                    self.upstream_in = records[fed.used..].to_vec();
+                }
+                queue(
+                    &mut self.client,
+                    &mut self.to_client,
+                    &mut self.client_sent,
+                    sealed,
+                )
+            }
             Err(e) => {
-                // Everything before the cut reaches the client first.
-                let _ = self.flush_client();
-                return Err(e);
+                let _ = queue(
+                    &mut self.client,
+                    &mut self.to_client,
+                    &mut self.client_sent,
+                    sealed,
+                );
+                let _ = send(
+                    &mut self.upstream,
+                    &mut self.to_upstream,
+                    &mut self.upstream_sent,
+                );
+                Err(e)
             }
-        }
-        if let Some(held) = self.held.take() {
-            // Records read with the upstream's handshake, before the hand-off.
-            let (pos, cap) = (self.pos, self.cap);
-            (self.pos, self.cap) = (0, 0);
-            self.open_into_client(&held.bytes()[pos..cap])?;
-            return Ok(true);
-        }
-        self.read_upstream(records, out)
-    }
-
-    /// Gives the upstream's `bytes` (records) to its session, seals what they open for the
-    /// client, and writes it: one write for the whole read, also of what opened before an
-    /// error.
-    pub(super) fn open_into_client(&mut self, bytes: &[u8]) -> io::Result<()> {
-        let mut rest = bytes;
-        let fed = loop {
-            match self.pass_down() {
-                Ok(Passed::Closed) => break Ok(()),
-                Err(e) => break Err(e),
-                Ok(_) => {}
-            }
-            if rest.is_empty() {
-                break Ok(());
-            }
-            match self.tls.read_tls(&mut rest) {
-                Ok(0) => break Ok(()), // after `close_notify`, rustls takes nothing more
-                Ok(_) => {}
-                Err(e) => break Err(e),
-            }
-            if let Err(e) = self.process() {
-                let _ = self.pass_down();
-                break Err(e);
-            }
-        };
-        let flushed = self.flush_client();
-        fed?;
-        flushed.map(|_| ())
-    }
-
-    /// [`pass`]es what the upstream's session opened into the client's.
-    fn pass_down(&mut self) -> io::Result<Passed> {
-        let Local::Tls(t) = &mut self.client.io else {
-            return Ok(Passed::Nothing);
-        };
-        pass(&mut *self.tls, &mut *t.tls, &mut self.down)
-    }
-
-    /// Writes the records sealed for the client, as far as it has room.
-    fn flush_client(&mut self) -> io::Result<Sent> {
-        let Side {
-            io: Local::Tls(t),
-            writable,
-            ..
-        } = &mut self.client
-        else {
-            return Ok(Sent::All);
-        };
-        let mut wrote = false;
-        while t.tls.wants_write() {
-            if !*writable {
-                return Ok(if wrote { Sent::Some } else { Sent::Blocked });
-            }
-            match t.tls.write_tls(&mut t.tcp) {
-                Ok(_) => wrote = true,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => *writable = false,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(Sent::All)
-    }
-
-    /// The upstream's `close_notify` came and everything before it is sealed for the client:
-    /// the client gets a `close_notify` of its own, then TCP's end, and the upstream-to-client
-    /// direction is done.
-    fn close_client(&mut self) -> io::Result<bool> {
-        if let Local::Tls(t) = &mut self.client.io {
-            t.tls.send_close_notify();
-        }
-        match self.flush_client()? {
-            Sent::All => {}
-            Sent::Some => return Ok(true),
-            Sent::Blocked => return Ok(false),
-        }
-        self.client_shut = true;
-        self.held = None;
-        (self.pos, self.cap) = (0, 0);
-        let Local::Tls(t) = &self.client.io else {
-            return Ok(true);
-        };
-        match t.tcp.shutdown(Shutdown::Write) {
-            Err(e) if e.kind() != io::ErrorKind::NotConnected => Err(e),
-            _ => Ok(true),
         }
     }
 
-    /// [`settle`] for the client's session, once its socket is drained.
-    fn settle_client(&mut self) {
-        if let Local::Tls(t) = &mut self.client.io {
-            settle(&mut *t.tls);
+    /// Closes both sockets, then runs what the connection left for its end: its slot is
+    /// given back only once its descriptors are.
+    pub(super) fn finish(mut self, result: io::Result<()>) {
+        let on_end = self.on_end.take();
+        let (up, down) = (self.up, self.down);
+        drop(self);
+        if let Some(on_end) = on_end {
+            on_end(Outcome { up, down, result });
         }
     }
+}
+
+/// Writes `sealed` to `side` after what waits for it in `pending`; what the socket does not
+/// take now is kept in `pending` (the connection's own buffer, only then). `sealed` is
+/// emptied.
+fn queue(
+    side: &mut Side<TcpStream>,
+    pending: &mut Out,
+    sent: &mut usize,
+    sealed: &mut Out,
+) -> io::Result<()> {
+    if sealed.is_empty() {
+        return Ok(());
+    }
+    if !pending.is_empty() {
+        pending.push(sealed.bytes());
+        sealed.clear();
+        return send(side, pending, sent).map(|_| ());
+    }
+    let bytes = sealed.bytes();
+    let mut done = 0;
+    let mut result = Ok(());
+    while done < bytes.len() && side.writable {
+        match (&side.io).write(&bytes[done..]) {
+            Ok(0) => {
+                result = Err(io::ErrorKind::WriteZero.into());
+                break;
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => side.writable = false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if result.is_ok() && done < bytes.len() {
+        pending.push(&bytes[done..]);
+        *sent = 0;
+    }
+    sealed.clear();
+    result
+}
+
+/// Writes what waits in `pending` as far as `side` has room; gives the buffer back once all of
+/// it is written.
+fn send(side: &mut Side<TcpStream>, pending: &mut Out, sent: &mut usize) -> io::Result<Sent> {
+    if pending.is_empty() {
+        return Ok(Sent::All);
+    }
+    let mut wrote = false;
+    while *sent < pending.bytes().len() {
+        if !side.writable {
+            return Ok(if wrote { Sent::Some } else { Sent::Blocked });
+        }
+        match (&side.io).write(&pending.bytes()[*sent..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                *sent += n;
+                wrote = true;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => side.writable = false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    *pending = Out::default();
+    *sent = 0;
+    Ok(Sent::All)
+}
+
+/// Shuts `tcp`'s write side (a peer already gone is no error).
+fn shut(tcp: &TcpStream) -> io::Result<bool> {
+    match tcp.shutdown(Shutdown::Write) {
+        Err(e) if e.kind() != io::ErrorKind::NotConnected => Err(e),
+        _ => Ok(true),
+    }
+}
+
+/// A peer that ended its TCP stream without `close_notify`: a truncation, never a clean end.
+fn cut(who: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!("{who} ended its TLS stream without close_notify"),
+    )
 }

@@ -1,24 +1,59 @@
-//! The relay loop with a loopback TLS client: both sessions in the connection.
+//! The relay loop with a loopback TLS client: both sessions, unbuffered, in the connection.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::client::UnbufferedClientConnection;
 use rustls::pki_types::ServerName;
-use rustls::{ClientConnection, ServerConnection, StreamOwned};
+use rustls::server::UnbufferedServerConnection;
+use rustls::{ClientConnection, StreamOwned};
 
-use super::tests::{configs, connect, ended, loop_ticks, read_to_close, relay, server};
-use super::{Local, LoopbackTls, Pair, RelayLoops};
+use super::tests::{configs, ended, loop_ticks, read_to_close, server};
+use super::{OnEnd, Outcome, RelayLoops, TlsPair, Watch};
 use crate::proxy::buffers::TEST_SERIAL;
+use crate::proxy::unbuffered::stream::LeanParts;
+use crate::proxy::unbuffered::{feed, Out, Session};
 
 /// The test's end of a loopback client: a blocking TLS client.
 type Client = StreamOwned<ClientConnection, TcpStream>;
 
-/// Connects to the upstream at `port` and makes a loopback TLS client, both handshakes done:
-/// the pair to hand off (the client's socket non-blocking) and the test's end of the client.
-fn connect_tls(port: u16, upstream: Arc<rustls::ClientConfig>) -> (Pair, Client) {
-    let (mut pair, _unix) = connect(port, upstream);
+/// Runs `session`'s handshake on blocking `tcp`; returns what was read after it and not
+/// whole yet, and what its session opened.
+fn handshake<S: Session>(tcp: &mut TcpStream, session: &mut S) -> (Vec<u8>, Vec<u8>) {
+    let mut incoming = vec![0u8; 80_000];
+    let mut have = 0;
+    let mut out = Out::default();
+    let mut opened = Vec::new();
+    loop {
+        let fed = feed(session, &mut incoming[..have], &mut out, |p| {
+            opened.extend_from_slice(p);
+            Ok(())
+        })
+        .unwrap();
+        incoming.copy_within(fed.used..have, 0);
+        have -= fed.used;
+        tcp.write_all(out.bytes()).unwrap();
+        out.clear();
+        if fed.traffic {
+            return (incoming[..have].to_vec(), opened);
+        }
+        let n = tcp.read(&mut incoming[have..]).unwrap();
+        assert!(n > 0, "the peer closed during the handshake");
+        have += n;
+    }
+}
+
+/// Connects to the upstream at `port` and makes a loopback TLS client, both handshakes done
+/// on unbuffered sessions: the pair to hand off (its sockets non-blocking) and the test's
+/// end of the client.
+fn connect_tls(port: u16, upstream: Arc<rustls::ClientConfig>) -> (TlsPair, Client) {
+    let mut up = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut remote = UnbufferedClientConnection::new(upstream, name).unwrap();
+    let (up_left, _) = handshake(&mut up, &mut remote);
+    up.set_nonblocking(true).unwrap();
     let (local_server, local_client) = configs(false);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let local_port = listener.local_addr().unwrap().port();
@@ -33,20 +68,41 @@ fn connect_tls(port: u16, upstream: Arc<rustls::ClientConfig>) -> (Pair, Client)
         StreamOwned::new(tls, tcp)
     });
     let (mut tcp, _) = listener.accept().unwrap();
-    let mut tls = ServerConnection::new(local_server).unwrap();
-    while tls.is_handshaking() {
-        tls.complete_io(&mut tcp).unwrap();
-    }
-    while tls.wants_write() {
-        tls.write_tls(&mut tcp).unwrap(); // the session tickets
-    }
+    let mut local = UnbufferedServerConnection::new(local_server).unwrap();
+    let (left, opened) = handshake(&mut tcp, &mut local);
     tcp.set_nonblocking(true).unwrap();
-    pair.client = Local::Tls(Box::new(LoopbackTls {
-        tcp,
-        tls,
-        records: Vec::new(),
-    }));
+    let pair = TlsPair {
+        client: LeanParts {
+            tcp,
+            session: local,
+            incoming: left,
+            out: Vec::new(),
+            plain: opened,
+            peer_closed: false,
+        },
+        upstream: LeanParts {
+            tcp: up,
+            session: remote,
+            incoming: up_left,
+            out: Vec::new(),
+            plain: Vec::new(),
+            peer_closed: false,
+        },
+    };
     (pair, client.join().unwrap())
+}
+
+/// Hands `pair` to `loops`; its outcome comes on the receiver.
+fn relay(loops: &RelayLoops, pair: TlsPair) -> std::sync::mpsc::Receiver<Outcome> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let on_end: OnEnd = Box::new(move |o| {
+        let _ = tx.send(o);
+    });
+    assert!(
+        loops.hand_off_tls(pair, Watch::none(), on_end).unwrap(),
+        "no loop took the connection"
+    );
+    rx
 }
 
 /// Bytes go both ways between a TLS client and the upstream; the client's `close_notify`
@@ -135,34 +191,33 @@ fn what_a_tls_client_sent_before_the_hand_off_reaches_the_upstream_in_order() {
     });
     let loops = RelayLoops::start(1).unwrap();
     let (mut pair, mut client) = connect_tls(port, client_config);
-    let Local::Tls(t) = &mut pair.client else {
-        unreachable!()
-    };
+    let t = &mut pair.client;
     t.tcp.set_nonblocking(false).unwrap();
     client.write_all(b"opened;").unwrap();
     client.flush().unwrap();
-    // Opened by the session, as the runtime's handshake opens a request that came with the
-    // client's last flight.
-    loop {
-        t.tls.read_tls(&mut t.tcp).unwrap();
-        if t.tls
-            .process_new_packets()
-            .unwrap()
-            .plaintext_bytes_to_read()
-            > 0
-        {
-            break;
-        }
-    }
-    client.write_all(b"records;").unwrap();
-    client.flush().unwrap();
-    // One whole record, read as the runtime's read-ahead reads it and not given to rustls.
+    // Opened by the session, as the handshake opens a request that came with the client's
+    // last flight.
     let mut record = vec![0u8; 5];
     t.tcp.read_exact(&mut record).unwrap();
     let len = u16::from_be_bytes([record[3], record[4]]) as usize;
     record.resize(5 + len, 0);
     t.tcp.read_exact(&mut record[5..]).unwrap();
-    t.records = record;
+    let mut out = Out::default();
+    feed(&mut t.session, &mut record, &mut out, |p| {
+        t.plain.extend_from_slice(p);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(t.plain, b"opened;");
+    client.write_all(b"records;").unwrap();
+    client.flush().unwrap();
+    // One whole record, read and not given to the session.
+    let mut record = vec![0u8; 5];
+    t.tcp.read_exact(&mut record).unwrap();
+    let len = u16::from_be_bytes([record[3], record[4]]) as usize;
+    record.resize(5 + len, 0);
+    t.tcp.read_exact(&mut record[5..]).unwrap();
+    t.incoming = record;
     client.write_all(b"socket;").unwrap();
     client.flush().unwrap();
     std::thread::sleep(Duration::from_millis(50));

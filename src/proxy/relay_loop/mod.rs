@@ -51,7 +51,7 @@ mod watch;
 mod watch_tests;
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -61,7 +61,9 @@ use rustix::event::epoll::{self, EventData, EventFlags};
 use super::cutoff::{say_retired, Cutoff};
 use super::idle;
 use conn::{client_interest, Conn, Scratch, Step};
-pub use pair::{Local, LoopbackStream, LoopbackTls, OnEnd, Outcome, Pair, UpstreamStream};
+use loopback::TlsConn;
+pub use loopback::TlsPair;
+pub use pair::{OnEnd, Outcome, Pair, UpstreamStream};
 use watch::Deadlines;
 pub use watch::Watch;
 
@@ -108,7 +110,7 @@ struct Queue {
 enum Command {
     /// A connection made on the task's thread: one allocation there, in the place of the
     /// TLS stream it replaces, rather than one there and another on the loop's.
-    Add(Box<Conn>),
+    Add(Relayed),
     /// The newest certificate generation: connections opened with an older one end if
     /// `--rotation-close immediate`.
     Retire(u64),
@@ -163,11 +165,30 @@ impl RelayLoops {
         self.loops.is_empty()
     }
 
-    /// Moves `pair` to the running loop with the fewest connections, to be relayed until both
-    /// sides end or `watch` ends it; `on_end` runs with its outcome on the loop's thread. False
-    /// (the pair and `on_end` dropped unrun, so the connection is closed) when no loop runs any
-    /// more.
+    /// Moves `pair` (a UNIX-socket client's connection) to the running loop with the fewest
+    /// connections, to be relayed until both sides end or `watch` ends it; `on_end` runs with
+    /// its outcome on the loop's thread. False (the pair and `on_end` dropped unrun, so the
+    /// connection is closed) when no loop runs any more.
     pub fn hand_off(&self, pair: Pair, watch: Watch, on_end: OnEnd) -> bool {
+        self.place(&watch, |deadlines| {
+            Ok(Relayed::Unix(Box::new(Conn::new(pair, deadlines, on_end))))
+        })
+        .unwrap_or(false)
+    }
+
+    /// [`RelayLoops::hand_off`] for a loopback TLS client's connection; an error when what
+    /// was in flight at the hand-off could not be sealed (the connection is closed).
+    pub fn hand_off_tls(&self, pair: TlsPair, watch: Watch, on_end: OnEnd) -> io::Result<bool> {
+        self.place(&watch, |deadlines| {
+            TlsConn::new(pair, deadlines, on_end).map(|c| Relayed::Tls(Box::new(c)))
+        })
+    }
+
+    fn place(
+        &self,
+        watch: &Watch,
+        make: impl FnOnce(Deadlines) -> io::Result<Relayed>,
+    ) -> io::Result<bool> {
         let n = self.loops.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let Some(inbox) = (0..n)
@@ -175,11 +196,11 @@ impl RelayLoops {
             .filter(|l| !l.stopped())
             .min_by_key(|l| l.load.load(Ordering::Relaxed))
         else {
-            return false;
+            return Ok(false);
         };
+        let relayed = make(Deadlines::new(watch, idle::now_ms()))?;
         inbox.load.fetch_add(1, Ordering::Relaxed);
-        let deadlines = Deadlines::new(&watch, idle::now_ms());
-        inbox.send(Command::Add(Box::new(Conn::new(pair, deadlines, on_end))))
+        Ok(inbox.send(Command::Add(relayed)))
     }
 
     /// Says that certificate generation `newest` is installed: every loop ends, at once, the
@@ -275,7 +296,7 @@ struct Loop {
     inbox: Arc<Inbox>,
     /// Boxed: the table holds a pointer per slot, and growing it moves pointers, not
     /// connections (a connection with its rustls state is over a kilobyte).
-    conns: Vec<Option<Box<Conn>>>,
+    conns: Vec<Option<Relayed>>,
     free: Vec<usize>,
     scratch: Scratch,
     /// Connections that used up their turn with bytes still to move.
@@ -361,10 +382,10 @@ impl Loop {
         let Some(Some(conn)) = self.conns.get_mut(slot) else {
             return;
         };
-        let moved = (conn.up, conn.down);
+        let moved = conn.moved();
         let step = conn.drive(&self.ep, slot, &mut self.scratch);
-        if (conn.up, conn.down) != moved {
-            conn.last = now;
+        if conn.moved() != moved {
+            *conn.last_mut() = now;
         }
         match step {
             Ok(Step::Waiting) => {}
@@ -383,7 +404,7 @@ impl Loop {
                     self.newest = newest;
                     let due = (0..self.conns.len())
                         .filter(|&slot| {
-                            matches!(&self.conns[slot], Some(c) if c.deadlines.retired_by(newest))
+                            matches!(&self.conns[slot], Some(c) if c.deadlines().retired_by(newest))
                         })
                         .map(|slot| (slot, Cutoff::Retired))
                         .collect();
@@ -404,7 +425,7 @@ impl Loop {
             let Some(conn) = conn else {
                 continue;
             };
-            match conn.deadlines.due(now, conn.last) {
+            match conn.deadlines().due(now, conn.last()) {
                 Ok(Some(at)) => next = Some(next.map_or(at, |n| n.min(at))),
                 Ok(None) => {}
                 Err(cut) => due.push((slot, cut)),
@@ -423,40 +444,18 @@ impl Loop {
         }
     }
 
-    fn add(&mut self, mut conn: Box<Conn>, now: u64) {
+    fn add(&mut self, mut conn: Relayed, now: u64) {
         let slot = self.free.pop().unwrap_or_else(|| {
             self.conns.push(None);
             self.conns.len() - 1
         });
-        conn.last = now;
-        // Both sockets have room: the first drive tries to write. Their bytes, if any, are
-        // reported by the registration itself (epoll reports a socket that is readable when it
-        // is added, edge-triggered or not), so neither is read on the chance: a UNIX client's
-        // first read drained its socket, and a read for nothing cost a system call per
-        // connection.
-        conn.client.readable = false;
-        conn.client.writable = true;
-        conn.upstream.writable = true;
-        let token = 2 * slot as u64;
-        let registered = epoll::add(
-            &self.ep,
-            &conn.client.io,
-            EventData::new_u64(token),
-            client_interest(false),
-        )
-        .and_then(|()| {
-            epoll::add(
-                &self.ep,
-                &conn.upstream.io,
-                EventData::new_u64(token + 1),
-                EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET,
-            )
-        });
-        let due = conn.deadlines.due(now, now);
-        let retired = conn.deadlines.retired_by(self.newest);
+        *conn.last_mut() = now;
+        let registered = conn.register(&self.ep, 2 * slot as u64);
+        let due = conn.deadlines().due(now, now);
+        let retired = conn.deadlines().retired_by(self.newest);
         self.conns[slot] = Some(conn);
         if let Err(e) = registered {
-            self.end(slot, Err(e.into()));
+            self.end(slot, Err(e));
             return;
         }
         // Opened with a certificate retired before it got here, or already past a deadline.
@@ -498,6 +497,102 @@ fn sleep_for(more: bool, next_check: Option<u64>, now: u64) -> Option<rustix::ev
         tv_sec: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
         tv_nsec: i64::try_from(ms % 1000).unwrap_or(0) * 1_000_000,
     })
+}
+
+/// A relayed connection of either kind.
+enum Relayed {
+    /// A UNIX-socket client's ([`conn`]).
+    Unix(Box<Conn>),
+    /// A loopback TLS client's ([`loopback`]).
+    Tls(Box<TlsConn>),
+}
+
+impl Relayed {
+    fn mark(&mut self, upstream: bool, flags: EventFlags) {
+        match self {
+            Relayed::Unix(c) => c.mark(upstream, flags),
+            Relayed::Tls(c) if upstream => c.upstream.mark(flags),
+            Relayed::Tls(c) => c.client.mark(flags),
+        }
+    }
+
+    fn drive(&mut self, ep: &OwnedFd, slot: usize, scratch: &mut Scratch) -> io::Result<Step> {
+        match self {
+            Relayed::Unix(c) => c.drive(ep, slot, scratch),
+            Relayed::Tls(c) => c.drive(ep, slot, scratch),
+        }
+    }
+
+    /// The plaintext bytes moved each way so far.
+    fn moved(&self) -> (u64, u64) {
+        match self {
+            Relayed::Unix(c) => (c.up, c.down),
+            Relayed::Tls(c) => (c.up, c.down),
+        }
+    }
+
+    fn last(&self) -> u64 {
+        match self {
+            Relayed::Unix(c) => c.last,
+            Relayed::Tls(c) => c.last,
+        }
+    }
+
+    fn last_mut(&mut self) -> &mut u64 {
+        match self {
+            Relayed::Unix(c) => &mut c.last,
+            Relayed::Tls(c) => &mut c.last,
+        }
+    }
+
+    fn deadlines(&self) -> &Deadlines {
+        match self {
+            Relayed::Unix(c) => &c.deadlines,
+            Relayed::Tls(c) => &c.deadlines,
+        }
+    }
+
+    /// Registers both sockets with `ep` (`token` the client's, `token + 1` the upstream's).
+    /// Both have room: the first drive tries to write. Their bytes, if any, are reported by
+    /// the registration itself (epoll reports a socket that is readable when it is added,
+    /// edge-triggered or not), so neither is read on the chance: a UNIX client's first read
+    /// drained its socket, and a read for nothing cost a system call per connection.
+    fn register(&mut self, ep: &OwnedFd, token: u64) -> io::Result<()> {
+        let (client, upstream): (BorrowedFd<'_>, BorrowedFd<'_>) = match self {
+            Relayed::Unix(c) => {
+                c.client.readable = false;
+                c.client.writable = true;
+                c.upstream.writable = true;
+                (c.client.io.as_fd(), c.upstream.io.as_fd())
+            }
+            Relayed::Tls(c) => {
+                c.client.readable = false;
+                c.client.writable = true;
+                c.upstream.writable = true;
+                (c.client.io.as_fd(), c.upstream.io.as_fd())
+            }
+        };
+        epoll::add(
+            ep,
+            client,
+            EventData::new_u64(token),
+            client_interest(false),
+        )?;
+        epoll::add(
+            ep,
+            upstream,
+            EventData::new_u64(token + 1),
+            EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET,
+        )?;
+        Ok(())
+    }
+
+    fn finish(self, result: io::Result<()>) {
+        match self {
+            Relayed::Unix(c) => c.finish(result),
+            Relayed::Tls(c) => c.finish(result),
+        }
+    }
 }
 
 fn interrupted(why: &'static str) -> io::Error {

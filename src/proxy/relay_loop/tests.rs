@@ -69,7 +69,7 @@ pub(super) fn connect(port: u16, config: Arc<rustls::ClientConfig>) -> (Pair, Un
     let (ours, theirs) = UnixStream::pair().unwrap();
     theirs.set_nonblocking(true).unwrap();
     let pair = Pair {
-        client: Local::Unix(theirs),
+        client: theirs,
         upstream: tcp,
         tls,
         records: Vec::new(),
@@ -269,10 +269,7 @@ fn bytes_read_before_the_hand_off_reach_the_client() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let (ours, theirs) = UnixStream::pair().unwrap();
         let theirs = ClientUnixStream::new(theirs).unwrap();
-        (
-            Pair::from_runtime(Local::unix(theirs).unwrap(), Box::new(tls)).unwrap(),
-            ours,
-        )
+        (Pair::from_runtime(theirs, Box::new(tls)).unwrap(), ours)
     });
     eprintln!(
         "{} bytes of records were in the read-ahead at the hand-off",

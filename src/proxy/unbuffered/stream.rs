@@ -1,0 +1,303 @@
+//! An unbuffered session with its socket on a connection thread: the handshake, and a stream
+//! for what runs on the connection's task before (or instead of) a relay loop: the failure
+//! answer to a client whose upstream could not be reached, a relay through an `https://`
+//! forward proxy.
+//!
+//! Its buffers hold only what is in flight: records read and not yet whole, records sealed and
+//! not yet written, plaintext opened and not yet taken. [`Lean::into_parts`] hands all three
+//! to the relay loop with the socket and the session.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::{close, feed, seal, Fed, Out, Session};
+
+/// The most a read takes during a handshake (and on the task): a record's worth.
+const READ: usize = 16 * 1024 + 2048;
+/// The most records kept while they are not yet whole: a handshake message may span records
+/// (a long certificate chain) and rustls joins them in place, up to 64 KiB.
+const MAX_INCOMING: usize = 64 * 1024 + READ;
+/// The most plaintext one write seals at once.
+const MAX_SEAL: usize = 64 * 1024;
+
+/// A TLS session on rustls's unbuffered API and its TCP connection, registered with the
+/// connection thread's runtime.
+pub struct Lean<S> {
+    tcp: TcpStream,
+    /// The session.
+    pub session: S,
+    /// Records read and not yet given to the session (a record not yet whole):
+    /// `incoming[..have]`.
+    incoming: Vec<u8>,
+    have: usize,
+    /// `incoming[..have]` holds bytes the session has not seen yet.
+    unfed: bool,
+    /// Records sealed for the peer and not yet written: `out.bytes()[sent..]`.
+    out: Out,
+    sent: usize,
+    /// Plaintext opened and not yet taken: `plain[taken..]`.
+    plain: Vec<u8>,
+    taken: usize,
+    /// The peer's `close_notify` came.
+    peer_closed: bool,
+    /// Ours is sealed.
+    closing: bool,
+}
+
+/// What the relay loop takes from a [`Lean`]: the socket (non-blocking, registered nowhere),
+/// the session, and what was in flight.
+pub struct LeanParts<S> {
+    /// The socket.
+    pub tcp: std::net::TcpStream,
+    /// The session, handshake done.
+    pub session: S,
+    /// Records read and not yet given to the session (a record not yet whole).
+    pub incoming: Vec<u8>,
+    /// Records sealed and not yet written.
+    pub out: Vec<u8>,
+    /// Plaintext opened and not yet passed on.
+    pub plain: Vec<u8>,
+    /// The peer's `close_notify` came.
+    pub peer_closed: bool,
+}
+
+impl<S: Session> Lean<S> {
+    /// `session` on `tcp`, with `read` (bytes already read from `tcp`, the ClientHello) still
+    /// to be given to it.
+    pub fn new(tcp: TcpStream, session: S, read: Vec<u8>) -> Lean<S> {
+        let have = read.len();
+        Lean {
+            tcp,
+            session,
+            incoming: read,
+            have,
+            unfed: have > 0,
+            out: Out::default(),
+            sent: 0,
+            plain: Vec::new(),
+            taken: 0,
+            peer_closed: false,
+            closing: false,
+        }
+    }
+
+    /// Runs the handshake to its end. What the peer sent after its last flight and the
+    /// session opened already (a request that came with a client's `Finished`) waits in
+    /// [`Lean::take_opened`]. The caller bounds the time it takes.
+    pub async fn handshake(&mut self) -> io::Result<()> {
+        self.handshake_sending(&[]).await
+    }
+
+    /// [`Lean::handshake`], and `first` sealed as soon as the handshake allows: written with
+    /// the session's last flight (a client's `Finished`), in one write. The session
+    /// authenticates its peer before it lets anything be sealed.
+    pub async fn handshake_sending(&mut self, first: &[u8]) -> io::Result<()> {
+        loop {
+            let fed = self.feed_incoming();
+            let mut sealed = Ok(());
+            if let Ok(Fed { traffic: true, .. }) = fed {
+                if !first.is_empty() {
+                    sealed = seal(&mut self.session, first, &mut self.out);
+                }
+            }
+            // The session's flight (or its alert) goes out before its error is reported.
+            let flushed = self.flush_out().await;
+            let fed = fed?;
+            sealed?;
+            flushed?;
+            if fed.traffic {
+                return Ok(());
+            }
+            if fed.peer_closed || self.read_more().await? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer closed the connection during the TLS handshake",
+                ));
+            }
+        }
+    }
+
+    /// Seals `plain` for the peer; it is written by the next flush (or by the relay loop).
+    pub fn seal(&mut self, plain: &[u8]) -> io::Result<()> {
+        seal(&mut self.session, plain, &mut self.out)
+    }
+
+    /// Takes the plaintext the session has opened and nobody has taken yet.
+    pub fn take_opened(&mut self) -> Vec<u8> {
+        let mut opened = std::mem::take(&mut self.plain);
+        opened.drain(..self.taken);
+        self.taken = 0;
+        opened
+    }
+
+    /// The socket, the session and what is in flight, for the relay loop; the socket leaves
+    /// the runtime.
+    pub fn into_parts(mut self) -> io::Result<LeanParts<S>> {
+        let plain = self.take_opened();
+        let incoming = if self.peer_closed {
+            Vec::new()
+        } else {
+            self.incoming[..self.have].to_vec()
+        };
+        let out = self.out.bytes()[self.sent..].to_vec();
+        Ok(LeanParts {
+            tcp: self.tcp.into_std()?,
+            session: self.session,
+            incoming,
+            out,
+            plain,
+            peer_closed: self.peer_closed,
+        })
+    }
+
+    /// Gives the session the records not yet given: the plaintext they open is kept in
+    /// `plain`, and what the session sends its peer in `out`.
+    fn feed_incoming(&mut self) -> io::Result<Fed> {
+        self.unfed = false;
+        let plain = &mut self.plain;
+        let fed = feed(
+            &mut self.session,
+            &mut self.incoming[..self.have],
+            &mut self.out,
+            |p| {
+                plain.extend_from_slice(p);
+                Ok(())
+            },
+        );
+        let fed = fed?;
+        self.incoming.copy_within(fed.used..self.have, 0);
+        self.have -= fed.used;
+        if fed.peer_closed {
+            self.peer_closed = true;
+            self.have = 0;
+        }
+        Ok(fed)
+    }
+
+    /// Room for a read after the records kept.
+    fn make_room(&mut self) -> io::Result<()> {
+        if self.have >= MAX_INCOMING {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the peer sent more than a TLS message can hold",
+            ));
+        }
+        let want = (self.have + READ).min(MAX_INCOMING);
+        if self.incoming.len() < want {
+            self.incoming.resize(want, 0);
+        }
+        Ok(())
+    }
+
+    async fn read_more(&mut self) -> io::Result<usize> {
+        self.make_room()?;
+        let n = self.tcp.read(&mut self.incoming[self.have..]).await?;
+        self.have += n;
+        self.unfed = n > 0;
+        Ok(n)
+    }
+
+    async fn flush_out(&mut self) -> io::Result<()> {
+        if self.sent < self.out.bytes().len() {
+            self.tcp.write_all(&self.out.bytes()[self.sent..]).await?;
+        }
+        self.out.clear();
+        self.sent = 0;
+        Ok(())
+    }
+
+    fn poll_flush_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.sent < self.out.bytes().len() {
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.out.bytes()[self.sent..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.sent += n;
+        }
+        self.out.clear();
+        self.sent = 0;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: Session + Unpin> AsyncRead for Lean<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.taken < this.plain.len() {
+                let n = buf.remaining().min(this.plain.len() - this.taken);
+                buf.put_slice(&this.plain[this.taken..this.taken + n]);
+                this.taken += n;
+                if this.taken == this.plain.len() {
+                    this.plain.clear();
+                    this.taken = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if this.peer_closed {
+                return Poll::Ready(Ok(()));
+            }
+            if this.unfed {
+                let fed = this.feed_incoming();
+                // What the session owes its peer (a key update, an alert) goes when it can.
+                let _ = this.poll_flush_out(cx)?;
+                fed?;
+                continue;
+            }
+            this.make_room()?;
+            let mut read = ReadBuf::new(&mut this.incoming[this.have..]);
+            ready!(Pin::new(&mut this.tcp).poll_read(cx, &mut read))?;
+            let n = read.filled().len();
+            if n == 0 {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer ended its TLS stream without close_notify",
+                )));
+            }
+            this.have += n;
+            this.unfed = true;
+        }
+    }
+}
+
+impl<S: Session + Unpin> AsyncWrite for Lean<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        // At most one write's records wait for a peer without room.
+        ready!(this.poll_flush_out(cx))?;
+        let n = data.len().min(MAX_SEAL);
+        seal(&mut this.session, &data[..n], &mut this.out)?;
+        if let Poll::Ready(Err(e)) = this.poll_flush_out(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_flush_out(cx))?;
+        Pin::new(&mut this.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.closing {
+            this.closing = true;
+            close(&mut this.session, &mut this.out)?;
+        }
+        ready!(this.poll_flush_out(cx))?;
+        Pin::new(&mut this.tcp).poll_shutdown(cx)
+    }
+}
