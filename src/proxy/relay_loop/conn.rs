@@ -18,6 +18,10 @@ use crate::proxy::unbuffered::Out;
 /// The most bytes one read takes from the upstream (or a loopback client): four maximum-size
 /// TLS records, as the runtime path's read-ahead ([`crate::proxy::readahead::READ_AHEAD`]).
 pub(super) const RECORDS: usize = 64 * 1024;
+/// Room before a read of [`RECORDS`] for a record not yet whole that a loopback TLS
+/// connection kept from its last read (a TLS record is at most 16 KiB and 2 KiB of overhead):
+/// a read after it still takes four records' worth, not a quarter less.
+pub(super) const PARTIAL: usize = 16 * 1024 + 2048 + 5;
 /// The most plaintext gathered for one write to a UNIX-socket client: four records' worth, so
 /// a bulk download costs one write per read of the upstream, not one per record.
 const OUT: usize = 64 * 1024;
@@ -33,7 +37,8 @@ pub(super) const ROUNDS_PER_TURN: usize = 16;
 pub(super) struct Scratch {
     /// Plaintext read from a UNIX-socket client, on its way into rustls (wiped after each use).
     pub(super) plain: Box<[u8]>,
-    /// Records read from an upstream or a loopback client, on their way into rustls.
+    /// Records read from an upstream or a loopback client, on their way into rustls: a read
+    /// of [`RECORDS`] at most, after a record not yet whole ([`PARTIAL`]).
     pub(super) records: Box<[u8]>,
     /// Plaintext opened by rustls, gathered for one write to a UNIX-socket client (wiped after
     /// each use).
@@ -41,15 +46,19 @@ pub(super) struct Scratch {
     /// Records sealed for one side of a loopback TLS connection from what one read of the
     /// other opened ([`super::loopback`]).
     pub(super) sealed: Out,
+    /// Buffers given back by loopback TLS connections whose peer had no room, for `sealed`
+    /// to take next (two at most).
+    pub(super) spare: Vec<Out>,
 }
 
 impl Scratch {
     pub(super) fn new() -> Scratch {
         Scratch {
             plain: vec![0u8; PLAIN].into_boxed_slice(),
-            records: vec![0u8; RECORDS].into_boxed_slice(),
+            records: vec![0u8; PARTIAL + RECORDS].into_boxed_slice(),
             out: vec![0u8; OUT].into_boxed_slice(),
             sealed: Out::with_capacity(RECORDS + 1024),
+            spare: Vec::new(),
         }
     }
 }
@@ -217,7 +226,7 @@ impl Conn {
         let mut step = Step::More;
         for _ in 0..ROUNDS_PER_TURN {
             let forward = self.forward(scratch)?;
-            let backward = self.backward(&mut scratch.records, &mut scratch.out)?;
+            let backward = self.backward(&mut scratch.records[..RECORDS], &mut scratch.out)?;
             if !(forward || backward) {
                 step = Step::Waiting;
                 break;

@@ -18,7 +18,7 @@ use rustix::event::epoll::{self, EventData};
 use rustls::client::UnbufferedClientConnection;
 use rustls::server::UnbufferedServerConnection;
 
-use super::conn::{client_interest, Scratch, Sent, Side, Step, ROUNDS_PER_TURN};
+use super::conn::{client_interest, Scratch, Sent, Side, Step, RECORDS, ROUNDS_PER_TURN};
 use super::pair::{OnEnd, Outcome};
 use super::watch::Deadlines;
 use crate::proxy::unbuffered::stream::LeanParts;
@@ -167,6 +167,7 @@ impl TlsConn {
             &mut self.upstream,
             &mut self.to_upstream,
             &mut self.upstream_sent,
+            &mut scratch.spare,
         )? {
             Sent::All => {}
             Sent::Some => return Ok(true),
@@ -180,9 +181,8 @@ impl TlsConn {
         if !self.client.can_read() {
             return Ok(false);
         }
-        let records = &mut scratch.records[..];
         let k = self.client_in.len();
-        records[..k].copy_from_slice(&self.client_in);
+        let records = with_kept(&mut scratch.records, &self.client_in)?;
         match (&self.client.io).read(&mut records[k..]) {
             Ok(0) => Err(cut("the loopback client")),
             Ok(n) => {
@@ -190,7 +190,11 @@ impl TlsConn {
                     self.client.readable = false;
                 }
                 self.client_in = Vec::new();
-                self.open_from_client(&mut records[..k + n], &mut scratch.sealed)?;
+                self.open_from_client(
+                    &mut records[..k + n],
+                    &mut scratch.sealed,
+                    &mut scratch.spare,
+                )?;
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -206,7 +210,12 @@ impl TlsConn {
     /// upstream: one write for the whole read. On an error (a bad record), what the records
     /// before it opened still goes up as far as the socket takes it now, and the alert the
     /// session queued goes to the client.
-    fn open_from_client(&mut self, records: &mut [u8], sealed: &mut Out) -> io::Result<()> {
+    fn open_from_client(
+        &mut self,
+        records: &mut [u8],
+        sealed: &mut Out,
+        spare: &mut Vec<Out>,
+    ) -> io::Result<()> {
         sealed.clear();
         let remote = &mut self.remote;
         let up = &mut self.up;
@@ -227,6 +236,7 @@ impl TlsConn {
                     &mut self.to_upstream,
                     &mut self.upstream_sent,
                     sealed,
+                    spare,
                 )
             }
             Err(e) => {
@@ -235,8 +245,14 @@ impl TlsConn {
                     &mut self.to_upstream,
                     &mut self.upstream_sent,
                     sealed,
+                    spare,
                 );
-                let _ = send(&mut self.client, &mut self.to_client, &mut self.client_sent);
+                let _ = send(
+                    &mut self.client,
+                    &mut self.to_client,
+                    &mut self.client_sent,
+                    spare,
+                );
                 Err(e)
             }
         }
@@ -247,7 +263,12 @@ impl TlsConn {
         if self.client_shut {
             return Ok(false);
         }
-        match send(&mut self.client, &mut self.to_client, &mut self.client_sent)? {
+        match send(
+            &mut self.client,
+            &mut self.to_client,
+            &mut self.client_sent,
+            &mut scratch.spare,
+        )? {
             Sent::All => {}
             Sent::Some => return Ok(true),
             Sent::Blocked => return Ok(false),
@@ -260,9 +281,8 @@ impl TlsConn {
         if !self.upstream.can_read() {
             return Ok(false);
         }
-        let records = &mut scratch.records[..];
         let k = self.upstream_in.len();
-        records[..k].copy_from_slice(&self.upstream_in);
+        let records = with_kept(&mut scratch.records, &self.upstream_in)?;
         match (&self.upstream.io).read(&mut records[k..]) {
             Ok(0) => Err(cut("the API server")),
             Ok(n) => {
@@ -270,7 +290,11 @@ impl TlsConn {
                     self.upstream.readable = false;
                 }
                 self.upstream_in = Vec::new();
-                self.open_from_upstream(&mut records[..k + n], &mut scratch.sealed)?;
+                self.open_from_upstream(
+                    &mut records[..k + n],
+                    &mut scratch.sealed,
+                    &mut scratch.spare,
+                )?;
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -283,7 +307,12 @@ impl TlsConn {
     }
 
     /// [`TlsConn::open_from_client`] the other way.
-    fn open_from_upstream(&mut self, records: &mut [u8], sealed: &mut Out) -> io::Result<()> {
+    fn open_from_upstream(
+        &mut self,
+        records: &mut [u8],
+        sealed: &mut Out,
+        spare: &mut Vec<Out>,
+    ) -> io::Result<()> {
         sealed.clear();
         let local = &mut self.local;
         let down = &mut self.down;
@@ -304,6 +333,7 @@ impl TlsConn {
                     &mut self.to_client,
                     &mut self.client_sent,
                     sealed,
+                    spare,
                 )
             }
             Err(e) => {
@@ -312,11 +342,13 @@ impl TlsConn {
                     &mut self.to_client,
                     &mut self.client_sent,
                     sealed,
+                    spare,
                 );
                 let _ = send(
                     &mut self.upstream,
                     &mut self.to_upstream,
                     &mut self.upstream_sent,
+                    spare,
                 );
                 Err(e)
             }
@@ -335,14 +367,16 @@ impl TlsConn {
     }
 }
 
-/// Writes `sealed` to `side` after what waits for it in `pending`; what the socket does not
-/// take now is kept in `pending` (the connection's own buffer, only then). `sealed` is
-/// emptied.
+/// Writes `sealed` to `side` after what waits for it in `pending`. What the socket does not
+/// take now is not copied: the connection keeps the loop's buffer it was sealed in (from
+/// `sent` on) and the loop takes a spare one, which the connection's buffer becomes once it
+/// is written ([`send`]). `sealed` is left empty.
 fn queue(
     side: &mut Side<TcpStream>,
     pending: &mut Out,
     sent: &mut usize,
     sealed: &mut Out,
+    spare: &mut Vec<Out>,
 ) -> io::Result<()> {
     if sealed.is_empty() {
         return Ok(());
@@ -350,7 +384,7 @@ fn queue(
     if !pending.is_empty() {
         pending.push(sealed.bytes());
         sealed.clear();
-        return send(side, pending, sent).map(|_| ());
+        return send(side, pending, sent, spare).map(|_| ());
     }
     let bytes = sealed.bytes();
     let mut done = 0;
@@ -371,16 +405,23 @@ fn queue(
         }
     }
     if result.is_ok() && done < bytes.len() {
-        pending.push(&bytes[done..]);
-        *sent = 0;
+        std::mem::swap(pending, sealed);
+        *sent = done;
+        *sealed = spare.pop().unwrap_or_default();
+    } else {
+        sealed.clear();
     }
-    sealed.clear();
     result
 }
 
 /// Writes what waits in `pending` as far as `side` has room; gives the buffer back once all of
 /// it is written.
-fn send(side: &mut Side<TcpStream>, pending: &mut Out, sent: &mut usize) -> io::Result<Sent> {
+fn send(
+    side: &mut Side<TcpStream>,
+    pending: &mut Out,
+    sent: &mut usize,
+    spare: &mut Vec<Out>,
+) -> io::Result<Sent> {
     if pending.is_empty() {
         return Ok(Sent::All);
     }
@@ -400,9 +441,32 @@ fn send(side: &mut Side<TcpStream>, pending: &mut Out, sent: &mut usize) -> io::
             Err(e) => return Err(e),
         }
     }
-    *pending = Out::default();
+    let mut done = std::mem::take(pending);
     *sent = 0;
+    if spare.len() < SPARE {
+        done.clear();
+        spare.push(done);
+    }
     Ok(Sent::All)
+}
+
+/// Buffers a loop keeps for the connections whose peer had no room ([`queue`]).
+const SPARE: usize = 2;
+
+/// The loop's record buffer with `kept` (what a connection kept from its last read) at its
+/// front and room for a read of [`RECORDS`] after it (less, for a handshake message that
+/// spans records and is still not whole; none, and an error, for one that fills the buffer).
+fn with_kept<'a>(records: &'a mut [u8], kept: &[u8]) -> io::Result<&'a mut [u8]> {
+    let k = kept.len();
+    let end = (k + RECORDS).min(records.len());
+    if end <= k {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the peer sent a TLS message longer than the relay takes",
+        ));
+    }
+    records[..k].copy_from_slice(kept);
+    Ok(&mut records[..end])
 }
 
 /// Shuts `tcp`'s write side (a peer already gone is no error).

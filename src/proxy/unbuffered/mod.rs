@@ -305,11 +305,4 @@ impl Out {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-
-    /// Takes what is there out as a vector of its size, and gives the room back.
-    pub fn take(&mut self) -> Vec<u8> {
-        let v = self.buf[..self.len].to_vec();
-        *self = Out::default();
-        v
-    }
 }

@@ -39,9 +39,9 @@ fn download(proxy: &ProxyProcess, conn: &mut RawHttp, size: u64) {
 /// Proxy RSS added per connection, in KiB, with the two readings: `warm` connections made by
 /// `open` first (the allocator's growth), then `more`, each reading taken once every
 /// connection is open and holds no copy buffer.
-fn rss_per_connection(
+fn rss_per_connection<C>(
     proxy: &ProxyProcess,
-    open: impl Fn(usize) -> Vec<RawHttp>,
+    open: impl Fn(usize) -> Vec<C>,
     warm: usize,
     more: usize,
 ) -> (f64, u64, u64) {
@@ -239,6 +239,66 @@ fn an_idle_connection_costs_the_proxy_at_most_11_kib() {
     assert!(
         per <= 11.0,
         "each idle connection added {per:.1} KiB of proxy RSS ({before} → {after} KiB for 500)"
+    );
+}
+
+/// What an idle loopback TLS connection (kubectl's and kubelet's way in) costs the proxy: after
+/// 100 connections have warmed the allocator, 500 more, each after one request and so with its
+/// upstream TLS connection open, may add at most 11 KiB of RSS apiece, as a UNIX-socket one. Its
+/// two TLS sessions are on rustls's unbuffered API and keep no receive buffer at rest; as
+/// buffered sessions they kept 4 KiB each, and a connection added 17–18 KiB here
+/// (docs/BENCHMARKS.md, issue 55). The same after a 256 KiB download each: what the download
+/// needed was the loop's, not the connection's.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn an_idle_loopback_connection_costs_the_proxy_at_most_11_kib() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    for size in [0u64, 256 * 1024] {
+        let open = |n: usize| -> Vec<RawHttp<support::proxy::LoopbackTls>> {
+            (0..n)
+                .map(|_| {
+                    let mut c = RawHttp::connect_tls(proxy.tcp_port, &config);
+                    c.send(&format!(
+                        "GET /bytes?n={size} HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                    ));
+                    let (status, _) = c.read_response();
+                    assert_eq!(status, 200, "{}", proxy.log());
+                    c
+                })
+                .collect()
+        };
+        let (per, before, after) = rss_per_connection(&proxy, open, 100, 500);
+        assert!(
+            per <= 11.0,
+            "each idle loopback connection that moved {size} bytes added {per:.1} KiB of proxy \
+             RSS ({before} → {after} KiB for 500)"
+        );
+    }
+}
+
+/// The network side (the process that relays) copies large buffers with vector loops, not
+/// `rep movsb`: its environment carries glibc's tunable, which its dynamic loader read when
+/// `hwkey proxy` became `hwkey-net` (docs/BENCHMARKS.md, issue 55 round nine: the copy rustls
+/// makes to seal each record ran at half speed on AMD EPYC).
+#[cfg(all(feature = "pkcs11", target_arch = "x86_64", target_env = "gnu"))]
+#[test]
+fn the_network_side_copies_with_vector_loops() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let environ = std::fs::read(format!("/proc/{}/environ", proxy.guard.id())).expect("environ");
+    let tunables: Vec<String> = environ
+        .split(|b| *b == 0)
+        .filter_map(|v| v.strip_prefix(b"GLIBC_TUNABLES="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    assert_eq!(
+        tunables,
+        ["glibc.cpu.x86_rep_movsb_threshold=2097152"],
+        "the network side's glibc tunables"
     );
 }
 

@@ -53,6 +53,54 @@ fn a_silent_client_is_closed_after_the_handshake_timeout() {
     );
 }
 
+/// A ClientHello that comes in pieces (a slow peer, or one that sends a few bytes and waits to
+/// hold a place) is waited for, not polled: while the proxy has only its first 10 bytes, its
+/// connection threads make at most a few reads of the socket, and once the rest comes the
+/// handshake completes. The ClientHello's first read is made at once, around the runtime; a
+/// read around the runtime leaves it believing the socket still readable, and a wait on it
+/// then returns at once: a version that waited that way after such a read read the socket
+/// thousands of times in these 300 ms, at full speed on one core.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_client_hello_in_pieces_is_waited_for_not_polled() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = loopback_client(&proxy.credential());
+    let mut conn = rustls::ClientConnection::new(
+        config,
+        rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name"),
+    )
+    .expect("client");
+    let mut hello = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut hello).expect("ClientHello");
+    }
+    let mut tcp = TcpStream::connect(("127.0.0.1", proxy.tcp_port)).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    tcp.write_all(&hello[..10]).expect("first bytes");
+    // The connection has reached its thread and read its first bytes.
+    proxy.wait_for_metric("hwkey_connections_total{listener=\"tcp\"}", 1.0);
+    std::thread::sleep(Duration::from_millis(100));
+    let strace = support::strace::Strace::attach_calls(proxy.guard.id(), "read,recvfrom");
+    std::thread::sleep(Duration::from_millis(300));
+    let by_thread = strace.stop_by_thread();
+    let reads: u64 = by_thread
+        .iter()
+        .filter(|((thread, _), _)| thread.starts_with("hwkey-proxy-con"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        reads <= 4,
+        "the connection threads read {reads} times while the ClientHello was incomplete: \
+         they polled instead of waiting; by thread: {by_thread:?}"
+    );
+    tcp.write_all(&hello[10..]).expect("the rest");
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp).expect("the handshake completes");
+    }
+}
+
 /// With `--max-connections 1`, a second client is accepted but not served while a watch holds
 /// the one slot (no upstream connection is made for it, it reads nothing), and is served as soon
 /// as the watch ends. No timer takes part: the watch holds its slot until the test drops it.
