@@ -120,7 +120,8 @@ const REP_MOVSB: &str = "glibc.cpu.x86_rep_movsb_threshold";
 /// loopback relay with exactly that copy: the plaintext it opened and the record it allocates
 /// next are neighbours on the heap, 21 bytes apart modulo 4 KiB. The same number of bytes
 /// copied took twice as long, and CPU per GB of a loopback download rose by a fifth; with
-/// vector loops it fell below what it was before (issue 55, round nine).
+/// vector loops it fell below what it was before (docs/BENCHMARKS.md, "Loopback connections
+/// on rustls's unbuffered API").
 fn copy_tunables(existing: Option<&std::ffi::OsStr>) -> Option<std::ffi::OsString> {
     if !cfg!(all(target_arch = "x86_64", target_env = "gnu")) {
         return None;

@@ -23,7 +23,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustls::server::{Acceptor, UnbufferedServerConnection, WebPkiClientVerifier};
+use rustls::server::{UnbufferedServerConnection, WebPkiClientVerifier};
 use rustls::ServerConfig;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -33,6 +33,7 @@ use tokio::sync::Semaphore;
 use super::accept::{poll_any, Accepted, ClientBound};
 use super::admission::{Admission, Ticket};
 use super::bridge::{Bridge, Held};
+use super::client_hello::read_client_hello;
 use super::error::StartError;
 use super::lifetime::Activity;
 pub use super::limits::PREAUTH_BUDGET;
@@ -468,7 +469,7 @@ async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preau
     // TCP_NODELAY: inherited from the listener (accept.rs).
     let started = Instant::now();
     let handshake = async {
-        let (read, offered) = tokio::time::timeout(HELLO_TIMEOUT, client_hello(&stream))
+        let (read, offered) = tokio::time::timeout(HELLO_TIMEOUT, read_client_hello(&stream))
             .await
             .map_err(|_| {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "no ClientHello in time")
@@ -514,71 +515,6 @@ async fn handle_tcp(shared: &Clients, stream: TcpStream, peer: SocketAddr, preau
     };
     shared.metrics.local_handshake(started.elapsed());
     shared.bridge.serve_loopback(tls, alpn, held).await;
-}
-
-/// Reads a loopback client's ClientHello for the protocols it offers (the protocol is chosen
-/// before the session is made, [`super::upstream`]): the bytes read, which the session is
-/// given next, and the offer. The socket is read once at once (kubectl's ClientHello is
-/// usually there by the time its connection reaches this thread, and the runtime would first
-/// wait for the readiness it learns from its next `epoll_wait`); after that, as the runtime
-/// reads: a read that finds nothing clears the readiness the runtime recorded (a direct read
-/// does not, and waiting on it again would return at once, and spin).
-async fn client_hello(stream: &TcpStream) -> std::io::Result<(Vec<u8>, Vec<Vec<u8>>)> {
-    let mut acceptor = Acceptor::default();
-    let mut read = Vec::new();
-    let mut chunk = vec![0u8; 4096];
-    let mut direct = true;
-    loop {
-        let got = if std::mem::take(&mut direct) {
-            match rustix::io::read(stream, &mut chunk) {
-                Ok(n) => Ok(n),
-                Err(rustix::io::Errno::AGAIN) => continue,
-                Err(rustix::io::Errno::INTR) => {
-                    direct = true;
-                    continue;
-                }
-                Err(e) => Err(e.into()),
-            }
-        } else {
-            stream.readable().await?;
-            match stream.try_read(&mut chunk) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                other => other,
-            }
-        };
-        let n = match got? {
-            0 => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "the client closed the connection before its ClientHello",
-                ))
-            }
-            n => n,
-        };
-        read.extend_from_slice(&chunk[..n]);
-        let mut rest = &chunk[..n];
-        while !rest.is_empty() {
-            acceptor.read_tls(&mut rest)?;
-        }
-        match acceptor.accept() {
-            Ok(Some(accepted)) => {
-                let offered = accepted
-                    .client_hello()
-                    .alpn()
-                    .map(|list| list.map(<[u8]>::to_vec).collect())
-                    .unwrap_or_default();
-                return Ok((read, offered));
-            }
-            Ok(None) => {}
-            Err((e, mut alert)) => {
-                let mut bytes = Vec::new();
-                let _ = alert.write_all(&mut bytes);
-                let _ = stream.try_write(&bytes);
-                return Err(tls_error(e));
-            }
-        }
-    }
 }
 
 /// What a loopback handshake's outcome means: the stream and protocol, or a refusal counted and

@@ -34,20 +34,18 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use rustls::client::{Resumption, UnbufferedClientConnection};
+use rustls::client::Resumption;
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, HandshakeKind, RootCertStore};
 use tokio::sync::watch;
-use tokio_rustls::client::TlsStream;
 
 use super::endpoints::{Endpoint, Endpoints, Generation};
 use super::error::{StartError, UpstreamError};
 use super::metrics::{Metrics, UpstreamStage};
-use super::readahead::ReadAhead;
+pub use super::origin::{Origin, OriginConn, UpstreamConn};
 use super::rotation::{self, CertEpoch};
 use super::sessions::Warmup;
 use super::settings::UpstreamSettings;
-use super::unbuffered::{tls_error, Lean, Session};
 use crate::egress::{Egress, EgressError, Tunnel};
 use crate::endpoint::UpstreamTarget;
 use crate::key::tls::{HardwareCertResolver, HardwareSigningKey};
@@ -56,42 +54,6 @@ use crate::pki::tls::KeyExchange;
 
 /// The application protocols the proxy bridges (what kubectl, client-go and kubelet speak).
 pub const SERVED_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
-
-/// An established upstream connection for a loopback TLS client ([`Upstream::connect_loopback`]).
-pub struct OriginConn {
-    /// The TLS session and its socket.
-    pub origin: Origin,
-    /// The protocol the upstream agreed to (None: no ALPN).
-    pub alpn: Option<Vec<u8>>,
-    /// Whether the handshake resumed a session (no signature made).
-    pub resumed: bool,
-    /// How many of the bytes given went out with the handshake; the caller sends the rest.
-    pub sent: usize,
-}
-
-/// The upstream's TLS session, as [`Upstream::connect_loopback`] made it.
-pub enum Origin {
-    /// Over plain TCP, on rustls's unbuffered API: for a relay loop.
-    Lean(Box<Lean<UnbufferedClientConnection>>),
-    /// Through an `https://` forward proxy: relayed on the connection's task.
-    Buffered(Box<TlsStream<ReadAhead<Tunnel>>>),
-}
-
-/// An established upstream connection.
-pub struct UpstreamConn {
-    /// The TLS stream to the API server (its socket read in large reads). Boxed: the
-    /// connection's task moves it a few times on its way to the relay, and each move of a
-    /// 1 KiB value would otherwise keep its own slot in the task's state for the connection's
-    /// whole life (memory per idle connection, docs/BENCHMARKS.md).
-    pub stream: Box<TlsStream<ReadAhead<Tunnel>>>,
-    /// The protocol the upstream agreed to (None: no ALPN).
-    pub alpn: Option<Vec<u8>>,
-    /// Whether the handshake resumed a session (no signature made).
-    pub resumed: bool,
-    /// How many of the bytes given to [`Upstream::connect_sending`] went out with the
-    /// handshake (all of them unless rustls's buffer was full); the caller writes the rest.
-    pub sent: usize,
-}
 
 /// The proxy's identity: the hardware key in use and the resolver presenting it with its chain.
 pub struct Identity {
@@ -443,48 +405,17 @@ impl Upstream {
         let warmup = generation.store.warm_up().await;
         let started = Instant::now();
         let early = alpn != Some(b"h2".as_slice()) || endpoint.agreed_h2();
-        let (origin, sent) = match tcp {
-            Tunnel::Tcp(tcp) if lean => {
-                let session = UnbufferedClientConnection::new(config, endpoint.server_name.clone())
-                    .map_err(|e| self.handshake_error(addr.clone(), alpn, tls_error(e)))?;
-                let mut conn = Lean::new(tcp, session, Vec::new());
-                // Sealed after the proxy's `Finished`, in its write (see connect_sending).
-                let going = if early { first } else { &[] };
-                if let Err(source) = conn.handshake_sending(going).await {
-                    return Err(self.handshake_error(addr, alpn, source));
-                }
-                (Origin::Lean(Box::new(conn)), going.len())
-            }
-            tcp => {
-                let mut sent = 0;
-                let queue_first = |c: &mut rustls::ClientConnection| {
-                    // Buffered by rustls until the handshake completes (a full buffer takes less).
-                    if early && !first.is_empty() {
-                        sent = std::io::Write::write(&mut c.writer(), first).unwrap_or(0);
-                    }
-                };
-                let stream = match tokio_rustls::TlsConnector::from(config)
-                    .connect_with(
-                        endpoint.server_name.clone(),
-                        ReadAhead::new(tcp),
-                        queue_first,
-                    )
-                    .await
-                {
-                    Ok(s) => s,
-                    Err(source) => return Err(self.handshake_error(addr, alpn, source)),
-                };
-                (Origin::Buffered(Box::new(stream)), sent)
-            }
+        // Sealed after the proxy's `Finished`, in its write (see connect_sending).
+        let going = if early { first } else { &[] };
+        let name = endpoint.server_name.clone();
+        let (origin, sent) = match super::origin::handshake(tcp, config, name, going, lean).await {
+            Ok(done) => done,
+            Err(source) => return Err(self.handshake_error(addr, alpn, source)),
         };
         if let Warmup::Leader(guard) = warmup {
             guard.succeeded();
         }
-        let state: &rustls::CommonState = match &origin {
-            Origin::Lean(c) => c.session.common(),
-            Origin::Buffered(s) => s.get_ref().1,
-        };
-        let (resumed, got) = self.established(&addr, alpn, state, started)?;
+        let (resumed, got) = self.established(&addr, alpn, origin.state(), started)?;
         if got.as_deref() == Some(b"h2".as_slice()) {
             endpoint.agree_h2();
         }

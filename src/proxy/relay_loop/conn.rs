@@ -339,7 +339,7 @@ impl Conn {
             self.client_shut = true;
             self.held = None;
             (self.pos, self.cap) = (0, 0);
-            return match (&self.client.io).shutdown(Shutdown::Write) {
+            return match self.client.io.shutdown(Shutdown::Write) {
                 Err(e) if e.kind() != io::ErrorKind::NotConnected => Err(e),
                 _ => Ok(true),
             };

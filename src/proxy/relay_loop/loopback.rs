@@ -22,7 +22,7 @@ use super::conn::{client_interest, Scratch, Sent, Side, Step, RECORDS, ROUNDS_PE
 use super::pair::{OnEnd, Outcome};
 use super::watch::Deadlines;
 use crate::proxy::unbuffered::stream::LeanParts;
-use crate::proxy::unbuffered::{close, feed, seal, Out};
+use crate::proxy::unbuffered::{feed, seal, seal_close_notify, Out};
 
 /// What moves to a loop for a loopback TLS client: both sides, handshakes done.
 pub struct TlsPair {
@@ -107,7 +107,7 @@ impl TlsConn {
         }
         if client.peer_closed {
             conn.client_eof = true;
-            close(&mut conn.remote, &mut conn.to_upstream)?;
+            seal_close_notify(&mut conn.remote, &mut conn.to_upstream)?;
         }
         if !upstream.plain.is_empty() {
             seal(&mut conn.local, &upstream.plain, &mut conn.to_client)?;
@@ -115,7 +115,7 @@ impl TlsConn {
         }
         if upstream.peer_closed {
             conn.upstream_eof = true;
-            close(&mut conn.local, &mut conn.to_client)?;
+            seal_close_notify(&mut conn.local, &mut conn.to_client)?;
         }
         Ok(conn)
     }
@@ -227,7 +227,7 @@ impl TlsConn {
             Ok(fed) => {
                 if fed.peer_closed {
                     self.client_eof = true;
-                    close(&mut self.remote, sealed)?;
+                    seal_close_notify(&mut self.remote, sealed)?;
                 } else if fed.used < records.len() {
                     self.client_in = records[fed.used..].to_vec();
                 }
@@ -324,7 +324,7 @@ impl TlsConn {
             Ok(fed) => {
                 if fed.peer_closed {
                     self.upstream_eof = true;
-                    close(&mut self.local, sealed)?;
+                    seal_close_notify(&mut self.local, sealed)?;
                 } else if fed.used < records.len() {
                     self.upstream_in = records[fed.used..].to_vec();
                 }

@@ -14,7 +14,7 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::{close, feed, seal, Fed, Out, Session};
+use super::records::{feed, seal, seal_close_notify, Fed, Out, Session};
 
 /// The most a read takes during a handshake (and on the task): a record's worth.
 const READ: usize = 16 * 1024 + 2048;
@@ -295,7 +295,7 @@ impl<S: Session + Unpin> AsyncWrite for Lean<S> {
         let this = self.get_mut();
         if !this.closing {
             this.closing = true;
-            close(&mut this.session, &mut this.out)?;
+            seal_close_notify(&mut this.session, &mut this.out)?;
         }
         ready!(this.poll_flush_out(cx))?;
         Pin::new(&mut this.tcp).poll_shutdown(cx)

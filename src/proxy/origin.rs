@@ -1,0 +1,95 @@
+//! An upstream connection's TLS as the connector makes it: on rustls's unbuffered API for a
+//! relay loop ([`super::unbuffered`]), or buffered (tokio-rustls, over the read-ahead) for the
+//! runtime's path and for the proxy's own requests.
+
+use std::io;
+use std::sync::Arc;
+
+use rustls::client::UnbufferedClientConnection;
+use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
+use tokio_rustls::client::TlsStream;
+
+use super::readahead::ReadAhead;
+use super::unbuffered::{tls_error, Lean, Session};
+use crate::egress::Tunnel;
+
+/// An established upstream connection for a loopback TLS client ([`Upstream::connect_loopback`]).
+pub struct OriginConn {
+    /// The TLS session and its socket.
+    pub origin: Origin,
+    /// The protocol the upstream agreed to (None: no ALPN).
+    pub alpn: Option<Vec<u8>>,
+    /// Whether the handshake resumed a session (no signature made).
+    pub resumed: bool,
+    /// How many of the bytes given went out with the handshake; the caller sends the rest.
+    pub sent: usize,
+}
+
+/// The upstream's TLS session, as [`Upstream::connect_loopback`] made it.
+pub enum Origin {
+    /// Over plain TCP, on rustls's unbuffered API: for a relay loop.
+    Lean(Box<Lean<UnbufferedClientConnection>>),
+    /// Through an `https://` forward proxy: relayed on the connection's task.
+    Buffered(Box<TlsStream<ReadAhead<Tunnel>>>),
+}
+
+/// An established upstream connection.
+pub struct UpstreamConn {
+    /// The TLS stream to the API server (its socket read in large reads). Boxed: the
+    /// connection's task moves it a few times on its way to the relay, and each move of a
+    /// 1 KiB value would otherwise keep its own slot in the task's state for the connection's
+    /// whole life (memory per idle connection, docs/BENCHMARKS.md).
+    pub stream: Box<TlsStream<ReadAhead<Tunnel>>>,
+    /// The protocol the upstream agreed to (None: no ALPN).
+    pub alpn: Option<Vec<u8>>,
+    /// Whether the handshake resumed a session (no signature made).
+    pub resumed: bool,
+    /// How many of the bytes given to [`Upstream::connect_sending`] went out with the
+    /// handshake (all of them unless rustls's buffer was full); the caller writes the rest.
+    pub sent: usize,
+}
+
+impl Origin {
+    /// What the handshake settled: the protocol, the key exchange, whether it resumed.
+    pub fn state(&self) -> &rustls::CommonState {
+        match self {
+            Origin::Lean(c) => c.session.common(),
+            Origin::Buffered(s) => s.get_ref().1,
+        }
+    }
+}
+
+/// The TLS handshake with `name` over `tcp`, with `first` (a client's first bytes) sealed after
+/// the proxy's `Finished`, in its write: on rustls's unbuffered API when `lean` and `tcp` is
+/// plain TCP, buffered otherwise. Returns the session and how many bytes of `first` went (all
+/// of them, unless a buffered session's buffer was full).
+pub(super) async fn handshake(
+    tcp: Tunnel,
+    config: Arc<ClientConfig>,
+    name: ServerName<'static>,
+    first: &[u8],
+    lean: bool,
+) -> io::Result<(Origin, usize)> {
+    match tcp {
+        Tunnel::Tcp(tcp) if lean => {
+            let session = UnbufferedClientConnection::new(config, name).map_err(tls_error)?;
+            let mut conn = Lean::new(tcp, session, Vec::new());
+            conn.handshake_sending(first).await?;
+            Ok((Origin::Lean(Box::new(conn)), first.len()))
+        }
+        tcp => {
+            let mut sent = 0;
+            let queue_first = |c: &mut rustls::ClientConnection| {
+                // Buffered by rustls until the handshake completes (a full buffer takes less).
+                if !first.is_empty() {
+                    sent = io::Write::write(&mut c.writer(), first).unwrap_or(0);
+                }
+            };
+            let stream = tokio_rustls::TlsConnector::from(config)
+                .connect_with(name, ReadAhead::new(tcp), queue_first)
+                .await?;
+            Ok((Origin::Buffered(Box::new(stream)), sent))
+        }
+    }
+}
