@@ -124,13 +124,7 @@ impl Bridge {
                     }
                 }
                 drop(first);
-                match self.relay_loops.as_deref() {
-                    Some(loops) => {
-                        let end = ending(self, epoch, replayed, held);
-                        in_loop_tls(loops, *client, *up, end);
-                    }
-                    None => self.relay_on_task(client, up, replayed, epoch, held).await,
-                }
+                self.relay_lean(client, up, (replayed, epoch), held).await;
             }
             Origin::Buffered(mut up) => {
                 if !rest.is_empty() {
@@ -141,6 +135,32 @@ impl Bridge {
                 }
                 drop(first);
                 self.relay_on_task(client, up, replayed, epoch, held).await;
+            }
+        }
+    }
+
+    /// A loopback connection whose two sessions are unbuffered: to a relay loop, or on this
+    /// task when the proxy runs none. `replayed` bytes went upstream with the handshake.
+    async fn relay_lean(
+        &self,
+        client: Box<LoopbackClient>,
+        mut up: Box<Lean<rustls::client::UnbufferedClientConnection>>,
+        (replayed, epoch): (u64, CertEpoch),
+        held: Held,
+    ) {
+        match self.relay_loops.as_deref() {
+            Some(loops) => {
+                let end = ending(self, epoch, replayed, held);
+                in_loop_tls(loops, *client, *up, end);
+            }
+            None => {
+                // What was sealed after the handshake goes now, not with the client's next
+                // bytes.
+                if let Err(e) = up.flush().await {
+                    tracing::debug!(error = %e, "upstream closed before the first bytes were forwarded");
+                    return;
+                }
+                self.relay_on_task(client, up, replayed, epoch, held).await
             }
         }
     }

@@ -159,7 +159,7 @@ pub(super) struct Conn {
     pub(super) client_shut: bool,
     /// Plaintext bytes read from the client.
     pub(super) up: u64,
-    /// Plaintext bytes written (or, to a TLS client, sealed) to the client.
+    /// Plaintext bytes written to the client.
     pub(super) down: u64,
     /// When a byte last moved ([`crate::proxy::idle::now_ms`]).
     pub(super) last: u64,
@@ -358,9 +358,9 @@ impl Conn {
     }
 
     /// A fresh read of the upstream's records, opened and delivered as far as the client takes
-    /// them (the rest is held: only a UNIX-socket client's, whose plaintext has no room to wait
-    /// in; a TLS client's waits sealed in its session); true if something moved.
-    pub(super) fn read_upstream(&mut self, records: &mut [u8], out: &mut [u8]) -> io::Result<bool> {
+    /// them (the rest is held, the plaintext having no room to wait in); true if something
+    /// moved.
+    fn read_upstream(&mut self, records: &mut [u8], out: &mut [u8]) -> io::Result<bool> {
         if self.upstream_eof || !self.upstream.can_read() {
             return Ok(false);
         }

@@ -22,7 +22,7 @@ use super::conn::{client_interest, Scratch, Sent, Side, Step, RECORDS, ROUNDS_PE
 use super::pair::{OnEnd, Outcome};
 use super::watch::Deadlines;
 use crate::proxy::unbuffered::stream::LeanParts;
-use crate::proxy::unbuffered::{feed, seal, seal_close_notify, Out};
+use crate::proxy::unbuffered::{feed, seal, seal_close_notify, Out, Session};
 
 /// What moves to a loop for a loopback TLS client: both sides, handshakes done.
 pub struct TlsPair {
@@ -102,20 +102,34 @@ impl TlsConn {
         conn.to_client.push(&client.out);
         conn.to_upstream.push(&upstream.out);
         if !client.plain.is_empty() {
-            seal(&mut conn.remote, &client.plain, &mut conn.to_upstream)?;
+            seal_with(
+                &mut conn.remote,
+                &mut conn.upstream_in,
+                &client.plain,
+                &mut conn.to_upstream,
+            )?;
             conn.up += client.plain.len() as u64;
         }
         if client.peer_closed {
             conn.client_eof = true;
-            seal_close_notify(&mut conn.remote, &mut conn.to_upstream)?;
+            close_with(
+                &mut conn.remote,
+                &mut conn.upstream_in,
+                &mut conn.to_upstream,
+            )?;
         }
         if !upstream.plain.is_empty() {
-            seal(&mut conn.local, &upstream.plain, &mut conn.to_client)?;
+            seal_with(
+                &mut conn.local,
+                &mut conn.client_in,
+                &upstream.plain,
+                &mut conn.to_client,
+            )?;
             conn.down += upstream.plain.len() as u64;
         }
         if upstream.peer_closed {
             conn.upstream_eof = true;
-            seal_close_notify(&mut conn.local, &mut conn.to_client)?;
+            close_with(&mut conn.local, &mut conn.client_in, &mut conn.to_client)?;
         }
         Ok(conn)
     }
@@ -218,16 +232,17 @@ impl TlsConn {
     ) -> io::Result<()> {
         sealed.clear();
         let remote = &mut self.remote;
+        let kept = &mut self.upstream_in;
         let up = &mut self.up;
         let fed = feed(&mut self.local, records, &mut self.to_client, |plain| {
             *up += plain.len() as u64;
-            seal(remote, plain, sealed)
+            seal_with(remote, kept, plain, sealed)
         });
         match fed {
             Ok(fed) => {
                 if fed.peer_closed {
                     self.client_eof = true;
-                    seal_close_notify(&mut self.remote, sealed)?;
+                    close_with(&mut self.remote, &mut self.upstream_in, sealed)?;
                 } else if fed.used < records.len() {
                     self.client_in = records[fed.used..].to_vec();
                 }
@@ -315,16 +330,17 @@ impl TlsConn {
     ) -> io::Result<()> {
         sealed.clear();
         let local = &mut self.local;
+        let kept = &mut self.client_in;
         let down = &mut self.down;
         let fed = feed(&mut self.remote, records, &mut self.to_upstream, |plain| {
             *down += plain.len() as u64;
-            seal(local, plain, sealed)
+            seal_with(local, kept, plain, sealed)
         });
         match fed {
             Ok(fed) => {
                 if fed.peer_closed {
                     self.upstream_eof = true;
-                    seal_close_notify(&mut self.local, sealed)?;
+                    close_with(&mut self.local, &mut self.client_in, sealed)?;
                 } else if fed.used < records.len() {
                     self.upstream_in = records[fed.used..].to_vec();
                 }
@@ -448,6 +464,25 @@ fn send(
         spare.push(done);
     }
     Ok(Sent::All)
+}
+
+/// [`seal`] into `session`, handing it back what it `kept` (and dropping what it took of it).
+fn seal_with<S: Session>(
+    session: &mut S,
+    kept: &mut Vec<u8>,
+    plain: &[u8],
+    out: &mut Out,
+) -> io::Result<()> {
+    let took = seal(session, kept, plain, out)?;
+    kept.drain(..took);
+    Ok(())
+}
+
+/// [`seal_with`] for `close_notify`.
+fn close_with<S: Session>(session: &mut S, kept: &mut Vec<u8>, out: &mut Out) -> io::Result<()> {
+    let took = seal_close_notify(session, kept, out)?;
+    kept.drain(..took);
+    Ok(())
 }
 
 /// Buffers a loop keeps for the connections whose peer had no room ([`queue`]).

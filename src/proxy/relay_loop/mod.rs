@@ -10,14 +10,14 @@
 //! (N = the cores) that each wait on their own epoll: one `epoll_wait` wakes the loop for every
 //! ready connection, and a read goes straight into rustls.
 //!
-//! Two kinds of client come here ([`Local`]):
+//! Two kinds of client come here:
 //! - a UNIX-socket client speaks plaintext: what the client writes is sealed into the
 //!   upstream's records, and the plaintext rustls opens is written to the client from one
 //!   gathering buffer ([`conn`]);
 //! - a loopback client (kubectl, kubelet) speaks TLS, which the proxy terminates with its
-//!   loopback credential: both TLS sessions sit in the same connection, and what one opens is
-//!   sealed straight into the other, from rustls's buffer to rustls's buffer, and what one
-//!   read opens goes out together ([`loopback`]).
+//!   loopback credential: both TLS sessions sit in the same connection, on rustls's unbuffered
+//!   API; what one read of a socket brings is opened in the loop's record buffer, sealed for
+//!   the other side into the loop's out buffer and written at once ([`loopback`]).
 //!
 //! The loop also ends a connection the way its task would have: at its idle timeout, and when
 //! the certificate it was opened with expires or (`--rotation-close immediate`) is replaced
@@ -44,6 +44,7 @@ mod loopback;
 #[cfg(test)]
 mod loopback_tests;
 mod pair;
+mod relayed;
 #[cfg(test)]
 mod tests;
 mod watch;
@@ -51,7 +52,7 @@ mod watch;
 mod watch_tests;
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -60,10 +61,11 @@ use rustix::event::epoll::{self, EventData, EventFlags};
 
 use super::cutoff::{say_retired, Cutoff};
 use super::idle;
-use conn::{client_interest, Conn, Scratch, Step};
+use conn::{Conn, Scratch, Step};
 use loopback::TlsConn;
 pub use loopback::TlsPair;
 pub use pair::{OnEnd, Outcome, Pair, UpstreamStream};
+use relayed::Relayed;
 use watch::Deadlines;
 pub use watch::Watch;
 
@@ -383,7 +385,18 @@ impl Loop {
             return;
         };
         let moved = conn.moved();
-        let step = conn.drive(&self.ep, slot, &mut self.scratch);
+        // A bug that panics on one connection's bytes (rustls's, or the loop's own) ends that
+        // connection, not the loop with every connection it holds.
+        let ep = &self.ep;
+        let scratch = &mut self.scratch;
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            conn.drive(ep, slot, scratch)
+        }))
+        .unwrap_or_else(|_| {
+            Err(io::Error::other(
+                "the relay loop failed on this connection (a bug, logged above); closed",
+            ))
+        });
         if conn.moved() != moved {
             *conn.last_mut() = now;
         }
@@ -497,102 +510,6 @@ fn sleep_for(more: bool, next_check: Option<u64>, now: u64) -> Option<rustix::ev
         tv_sec: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
         tv_nsec: i64::try_from(ms % 1000).unwrap_or(0) * 1_000_000,
     })
-}
-
-/// A relayed connection of either kind.
-enum Relayed {
-    /// A UNIX-socket client's ([`conn`]).
-    Unix(Box<Conn>),
-    /// A loopback TLS client's ([`loopback`]).
-    Tls(Box<TlsConn>),
-}
-
-impl Relayed {
-    fn mark(&mut self, upstream: bool, flags: EventFlags) {
-        match self {
-            Relayed::Unix(c) => c.mark(upstream, flags),
-            Relayed::Tls(c) if upstream => c.upstream.mark(flags),
-            Relayed::Tls(c) => c.client.mark(flags),
-        }
-    }
-
-    fn drive(&mut self, ep: &OwnedFd, slot: usize, scratch: &mut Scratch) -> io::Result<Step> {
-        match self {
-            Relayed::Unix(c) => c.drive(ep, slot, scratch),
-            Relayed::Tls(c) => c.drive(ep, slot, scratch),
-        }
-    }
-
-    /// The plaintext bytes moved each way so far.
-    fn moved(&self) -> (u64, u64) {
-        match self {
-            Relayed::Unix(c) => (c.up, c.down),
-            Relayed::Tls(c) => (c.up, c.down),
-        }
-    }
-
-    fn last(&self) -> u64 {
-        match self {
-            Relayed::Unix(c) => c.last,
-            Relayed::Tls(c) => c.last,
-        }
-    }
-
-    fn last_mut(&mut self) -> &mut u64 {
-        match self {
-            Relayed::Unix(c) => &mut c.last,
-            Relayed::Tls(c) => &mut c.last,
-        }
-    }
-
-    fn deadlines(&self) -> &Deadlines {
-        match self {
-            Relayed::Unix(c) => &c.deadlines,
-            Relayed::Tls(c) => &c.deadlines,
-        }
-    }
-
-    /// Registers both sockets with `ep` (`token` the client's, `token + 1` the upstream's).
-    /// Both have room: the first drive tries to write. Their bytes, if any, are reported by
-    /// the registration itself (epoll reports a socket that is readable when it is added,
-    /// edge-triggered or not), so neither is read on the chance: a UNIX client's first read
-    /// drained its socket, and a read for nothing cost a system call per connection.
-    fn register(&mut self, ep: &OwnedFd, token: u64) -> io::Result<()> {
-        let (client, upstream): (BorrowedFd<'_>, BorrowedFd<'_>) = match self {
-            Relayed::Unix(c) => {
-                c.client.readable = false;
-                c.client.writable = true;
-                c.upstream.writable = true;
-                (c.client.io.as_fd(), c.upstream.io.as_fd())
-            }
-            Relayed::Tls(c) => {
-                c.client.readable = false;
-                c.client.writable = true;
-                c.upstream.writable = true;
-                (c.client.io.as_fd(), c.upstream.io.as_fd())
-            }
-        };
-        epoll::add(
-            ep,
-            client,
-            EventData::new_u64(token),
-            client_interest(false),
-        )?;
-        epoll::add(
-            ep,
-            upstream,
-            EventData::new_u64(token + 1),
-            EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET,
-        )?;
-        Ok(())
-    }
-
-    fn finish(self, result: io::Result<()>) {
-        match self {
-            Relayed::Unix(c) => c.finish(result),
-            Relayed::Tls(c) => c.finish(result),
-        }
-    }
 }
 
 fn interrupted(why: &'static str) -> io::Error {

@@ -85,7 +85,7 @@ pub fn feed<S: Session>(
         let state = match state {
             Ok(s) => s,
             Err(e) => {
-                alert(session, own);
+                alert(session, &mut records[fed.used + discard..], own);
                 return Err(tls_error(e));
             }
         };
@@ -129,30 +129,51 @@ pub fn feed<S: Session>(
 }
 
 /// Appends what `session` queued for its peer after an error (its fatal alert) to `own`.
-fn alert<S: Session>(session: &mut S, own: &mut Out) {
-    for _ in 0..4 {
-        let UnbufferedStatus { state, .. } = session.process(&mut []);
+/// Only what it queued is asked for: rustls hands queued records out before it reads again,
+/// and a call after the last one would read `rest` again (a record that failed to decrypt
+/// would fail again, and rustls would queue a second alert). `rest` is what is left of the
+/// buffer the error came from, never an empty one: rustls keeps offsets into it while a
+/// handshake message is only partly taken, and panicked on an empty buffer (a server whose
+/// certificate is refused, with more of its flight in the same record).
+fn alert<S: Session>(session: &mut S, rest: &mut [u8], own: &mut Out) {
+    let mut used = 0;
+    while session.common().wants_write() {
+        let UnbufferedStatus { discard, state } = session.process(&mut rest[used..]);
         match state {
             Ok(ConnectionState::EncodeTlsData(mut encode)) => {
                 if encode_into(&mut encode, own).is_err() {
                     return;
                 }
             }
-            Ok(ConnectionState::TransmitTlsData(transmit)) => transmit.done(),
             _ => return,
         }
+        used += discard;
     }
 }
 
 /// Seals `plain` for `session`'s peer, appended to `out` after whatever the session had to
-/// send first (a key update it owes). The session's handshake must be complete.
-pub fn seal<S: Session>(session: &mut S, plain: &[u8], out: &mut Out) -> io::Result<()> {
-    with_traffic(session, out, |traffic, out| encrypt(traffic, plain, out))
+/// send first (a key update it owes). The session's handshake must be complete. `kept` is what
+/// the session was last given and did not take (a record, or a handshake message, not yet
+/// whole): rustls may hold offsets into it, so it is handed back, never an empty buffer in its
+/// place. Returns how many bytes of `kept` the session took (the caller drops them).
+pub fn seal<S: Session>(
+    session: &mut S,
+    kept: &mut [u8],
+    plain: &[u8],
+    out: &mut Out,
+) -> io::Result<usize> {
+    with_traffic(session, kept, out, |traffic, out| {
+        encrypt(traffic, plain, out)
+    })
 }
 
-/// Seals `close_notify` for `session`'s peer, appended to `out`.
-pub fn seal_close_notify<S: Session>(session: &mut S, out: &mut Out) -> io::Result<()> {
-    with_traffic(session, out, |traffic, out| {
+/// Seals `close_notify` for `session`'s peer, appended to `out`; `kept` as for [`seal`].
+pub fn seal_close_notify<S: Session>(
+    session: &mut S,
+    kept: &mut [u8],
+    out: &mut Out,
+) -> io::Result<usize> {
+    with_traffic(session, kept, out, |traffic, out| {
         let room = out.room(64);
         let n = traffic
             .queue_close_notify(room)
@@ -163,18 +184,23 @@ pub fn seal_close_notify<S: Session>(session: &mut S, out: &mut Out) -> io::Resu
 }
 
 /// Runs `then` once `session` may send application data, after encoding what it queued
-/// before (into `out`, in order).
+/// before (into `out`, in order); returns how many bytes of `kept` it took.
 fn with_traffic<S: Session>(
     session: &mut S,
+    kept: &mut [u8],
     out: &mut Out,
     then: impl FnOnce(&mut WriteTraffic<'_, S::Data>, &mut Out) -> io::Result<()>,
-) -> io::Result<()> {
+) -> io::Result<usize> {
+    let mut used = 0;
     loop {
-        let UnbufferedStatus { state, .. } = session.process(&mut []);
+        let UnbufferedStatus { discard, state } = session.process(&mut kept[used..]);
         match state.map_err(tls_error)? {
             ConnectionState::EncodeTlsData(mut encode) => encode_into(&mut encode, out)?,
             ConnectionState::TransmitTlsData(transmit) => transmit.done(),
-            ConnectionState::WriteTraffic(mut traffic) => return then(&mut traffic, out),
+            ConnectionState::WriteTraffic(mut traffic) => {
+                then(&mut traffic, out)?;
+                return Ok(used + discard);
+            }
             ConnectionState::PeerClosed => {}
             ConnectionState::Closed => {
                 return Err(io::Error::new(
@@ -194,6 +220,7 @@ fn with_traffic<S: Session>(
                 ))
             }
         }
+        used += discard;
     }
 }
 
@@ -288,5 +315,136 @@ impl Out {
     /// Whether nothing is there.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use rustls::pki_types::{PrivateKeyDer, ServerName};
+
+    /// A buffered rustls server for `localhost` (TLS 1.3, records of at most `fragment`
+    /// bytes) and a client config that trusts it, or not.
+    fn configs(
+        trusted: bool,
+        fragment: Option<usize>,
+    ) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let der = made.cert.der().clone();
+        let key = PrivateKeyDer::Pkcs8(made.signing_key.serialize_der().into());
+        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![der.clone()], key)
+            .unwrap();
+        server.max_fragment_size = fragment;
+        let mut roots = rustls::RootCertStore::empty();
+        if trusted {
+            roots.add(der).unwrap();
+        } else {
+            let other = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+            roots.add(other.cert.der().clone()).unwrap();
+        }
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (Arc::new(server), Arc::new(client))
+    }
+
+    /// Moves what `out` holds into `server` and returns what the server sends back.
+    fn exchange(server: &mut rustls::ServerConnection, out: &mut Out) -> Vec<u8> {
+        let mut from = out.bytes();
+        while !from.is_empty() {
+            server.read_tls(&mut from).unwrap();
+        }
+        out.clear();
+        server.process_new_packets().unwrap();
+        let mut back = Vec::new();
+        while server.wants_write() {
+            server.write_tls(&mut back).unwrap();
+        }
+        back
+    }
+
+    /// A server whose certificate is refused, its flight (EncryptedExtensions, Certificate,
+    /// CertificateVerify, Finished) packed in one record: the session reports the error and
+    /// queues its alert. rustls still held the messages after the refused one, at offsets into
+    /// that record, and the alert was asked for with an empty buffer: rustls panicked.
+    #[test]
+    fn a_refused_server_certificate_is_an_error_with_its_alert_not_a_panic() {
+        let (server_config, client_config) = configs(false, None);
+        let mut server = rustls::ServerConnection::new(server_config).unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut client = UnbufferedClientConnection::new(client_config, name).unwrap();
+        let mut out = Out::default();
+        let fed = feed(&mut client, &mut [], &mut out, |_| Ok(())).unwrap();
+        assert!(!fed.traffic);
+        let mut flight = exchange(&mut server, &mut out);
+        let refused = feed(&mut client, &mut flight, &mut out, |_| Ok(()));
+        let e = refused.expect_err("an untrusted server certificate");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        // The records queued: a ChangeCipherSpec for middleboxes, then the alert, encrypted
+        // (an application-data record in TLS 1.3).
+        let mut types = Vec::new();
+        let mut rest = out.bytes();
+        while rest.len() >= 5 {
+            types.push(rest[0]);
+            let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+            rest = &rest[(5 + len).min(rest.len())..];
+        }
+        assert_eq!(
+            types.last(),
+            Some(&0x17),
+            "no alert record queued: {types:?}"
+        );
+    }
+
+    /// A post-handshake message split over records (a session ticket in records of 32 bytes),
+    /// of which only the first has come, and then plaintext to seal: the session is handed back
+    /// what it kept. With an empty buffer in its place rustls panicked; now the plaintext is
+    /// sealed, the rest of the message completes it, and the peer reads the plaintext.
+    #[test]
+    fn plaintext_is_sealed_while_a_split_handshake_message_waits_for_its_rest() {
+        let (server_config, client_config) = configs(true, Some(32));
+        let mut server = rustls::ServerConnection::new(server_config).unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut client = UnbufferedClientConnection::new(client_config, name).unwrap();
+        let mut out = Out::default();
+        let mut incoming: Vec<u8> = Vec::new();
+        loop {
+            let fed = feed(&mut client, &mut incoming, &mut out, |_| Ok(())).unwrap();
+            incoming.drain(..fed.used);
+            incoming.extend(exchange(&mut server, &mut out));
+            if fed.traffic && !server.is_handshaking() {
+                break;
+            }
+        }
+        // The tickets, in records of at most 32 bytes of plaintext: give the first record only.
+        incoming.extend(exchange(&mut server, &mut out));
+        let first = 5 + usize::from(u16::from_be_bytes([incoming[3], incoming[4]]));
+        assert!(incoming.len() > first, "the tickets came in one record");
+        let mut rest = incoming.split_off(first);
+        let fed = feed(&mut client, &mut incoming, &mut out, |_| Ok(())).unwrap();
+        incoming.drain(..fed.used);
+        let took = seal(&mut client, &mut incoming, b"hello", &mut out).unwrap();
+        incoming.drain(..took);
+        let mut opened = Vec::new();
+        let mut sealed = out.bytes();
+        while !sealed.is_empty() {
+            server.read_tls(&mut sealed).unwrap();
+        }
+        server.process_new_packets().unwrap();
+        std::io::Read::read_to_end(&mut server.reader(), &mut opened).ok();
+        assert_eq!(opened, b"hello");
+        out.clear();
+        incoming.append(&mut rest);
+        let fed = feed(&mut client, &mut incoming, &mut out, |_| Ok(())).unwrap();
+        assert_eq!(fed.used, incoming.len(), "the tickets were all taken");
     }
 }

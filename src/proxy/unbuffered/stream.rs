@@ -3,9 +3,9 @@
 //! answer to a client whose upstream could not be reached, a relay through an `https://`
 //! forward proxy.
 //!
-//! Its buffers hold only what is in flight: records read and not yet whole, records sealed and
-//! not yet written, plaintext opened and not yet taken. [`Lean::into_parts`] hands all three
-//! to the relay loop with the socket and the session.
+//! Its buffers hold only what is in flight, and are given back once empty: records read and
+//! not yet whole, records sealed and not yet written, plaintext opened and not yet taken.
+//! [`Lean::into_parts`] hands all three to the relay loop with the socket and the session.
 
 use std::io;
 use std::pin::Pin;
@@ -92,16 +92,17 @@ impl<S: Session> Lean<S> {
         self.handshake_sending(&[]).await
     }
 
-    /// [`Lean::handshake`], and `first` sealed as soon as the handshake allows: written with
-    /// the session's last flight (a client's `Finished`), in one write. The session
-    /// authenticates its peer before it lets anything be sealed.
+    /// [`Lean::handshake`], and `first` sealed as soon as the handshake allows: in TLS 1.3
+    /// (and a resumed TLS 1.2 session), written with the session's last flight (a client's
+    /// `Finished`), in one write; after a full TLS 1.2 handshake, on its own once the server's
+    /// `Finished` came. The session authenticates its peer before it lets anything be sealed.
     pub async fn handshake_sending(&mut self, first: &[u8]) -> io::Result<()> {
         loop {
             let fed = self.feed_incoming();
             let mut sealed = Ok(());
             if let Ok(Fed { traffic: true, .. }) = fed {
                 if !first.is_empty() {
-                    sealed = seal(&mut self.session, first, &mut self.out);
+                    sealed = self.seal(first);
                 }
             }
             // The session's flight (or its alert) goes out before its error is reported.
@@ -123,7 +124,42 @@ impl<S: Session> Lean<S> {
 
     /// Seals `plain` for the peer; it is written by the next flush (or by the relay loop).
     pub fn seal(&mut self, plain: &[u8]) -> io::Result<()> {
-        seal(&mut self.session, plain, &mut self.out)
+        // Records read and not given to the session yet are given first: what they open waits
+        // in `plain`, and the session is handed back exactly what it kept.
+        if self.unfed {
+            self.feed_incoming()?;
+        }
+        let took = seal(
+            &mut self.session,
+            &mut self.incoming[..self.have],
+            plain,
+            &mut self.out,
+        )?;
+        self.drop_front(took);
+        Ok(())
+    }
+
+    /// [`Lean::seal`] for `close_notify`.
+    fn seal_close_notify(&mut self) -> io::Result<()> {
+        if self.unfed {
+            self.feed_incoming()?;
+        }
+        let took = seal_close_notify(
+            &mut self.session,
+            &mut self.incoming[..self.have],
+            &mut self.out,
+        )?;
+        self.drop_front(took);
+        Ok(())
+    }
+
+    /// Drops the first `n` bytes kept; the buffer itself once nothing is kept.
+    fn drop_front(&mut self, n: usize) {
+        self.incoming.copy_within(n..self.have, 0);
+        self.have -= n;
+        if self.have == 0 {
+            self.incoming = Vec::new();
+        }
     }
 
     /// Takes the plaintext the session has opened and nobody has taken yet.
@@ -169,11 +205,11 @@ impl<S: Session> Lean<S> {
             },
         );
         let fed = fed?;
-        self.incoming.copy_within(fed.used..self.have, 0);
-        self.have -= fed.used;
         if fed.peer_closed {
             self.peer_closed = true;
-            self.have = 0;
+            self.drop_front(self.have);
+        } else {
+            self.drop_front(fed.used);
         }
         Ok(fed)
     }
@@ -205,7 +241,7 @@ impl<S: Session> Lean<S> {
         if self.sent < self.out.bytes().len() {
             self.tcp.write_all(&self.out.bytes()[self.sent..]).await?;
         }
-        self.out.clear();
+        self.out = Out::default();
         self.sent = 0;
         Ok(())
     }
@@ -218,7 +254,8 @@ impl<S: Session> Lean<S> {
             }
             self.sent += n;
         }
-        self.out.clear();
+        // Given back: a connection relayed on its task holds no buffer between its writes.
+        self.out = Out::default();
         self.sent = 0;
         Poll::Ready(Ok(()))
     }
@@ -237,7 +274,7 @@ impl<S: Session + Unpin> AsyncRead for Lean<S> {
                 buf.put_slice(&this.plain[this.taken..this.taken + n]);
                 this.taken += n;
                 if this.taken == this.plain.len() {
-                    this.plain.clear();
+                    this.plain = Vec::new();
                     this.taken = 0;
                 }
                 return Poll::Ready(Ok(()));
@@ -278,7 +315,7 @@ impl<S: Session + Unpin> AsyncWrite for Lean<S> {
         // At most one write's records wait for a peer without room.
         ready!(this.poll_flush_out(cx))?;
         let n = data.len().min(MAX_SEAL);
-        seal(&mut this.session, &data[..n], &mut this.out)?;
+        this.seal(&data[..n])?;
         if let Poll::Ready(Err(e)) = this.poll_flush_out(cx) {
             return Poll::Ready(Err(e));
         }
@@ -295,7 +332,7 @@ impl<S: Session + Unpin> AsyncWrite for Lean<S> {
         let this = self.get_mut();
         if !this.closing {
             this.closing = true;
-            seal_close_notify(&mut this.session, &mut this.out)?;
+            this.seal_close_notify()?;
         }
         ready!(this.poll_flush_out(cx))?;
         Pin::new(&mut this.tcp).poll_shutdown(cx)

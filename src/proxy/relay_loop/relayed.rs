@@ -1,0 +1,113 @@
+//! A relayed connection of either kind, as the loop's table holds it: what the loop asks of
+//! each (its events, a turn, its activity and deadlines, its registration, its end) goes to a
+//! UNIX-socket client's [`Conn`] or a loopback TLS client's [`TlsConn`].
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::event::epoll::{self, EventData, EventFlags};
+
+use super::conn::{client_interest, Conn, Scratch, Step};
+use super::loopback::TlsConn;
+use super::watch::Deadlines;
+
+/// A relayed connection of either kind: the loop's table holds these.
+pub(super) enum Relayed {
+    /// A UNIX-socket client's ([`conn`]).
+    Unix(Box<Conn>),
+    /// A loopback TLS client's ([`loopback`]).
+    Tls(Box<TlsConn>),
+}
+
+impl Relayed {
+    pub(super) fn mark(&mut self, upstream: bool, flags: EventFlags) {
+        match self {
+            Relayed::Unix(c) => c.mark(upstream, flags),
+            Relayed::Tls(c) if upstream => c.upstream.mark(flags),
+            Relayed::Tls(c) => c.client.mark(flags),
+        }
+    }
+
+    pub(super) fn drive(
+        &mut self,
+        ep: &OwnedFd,
+        slot: usize,
+        scratch: &mut Scratch,
+    ) -> io::Result<Step> {
+        match self {
+            Relayed::Unix(c) => c.drive(ep, slot, scratch),
+            Relayed::Tls(c) => c.drive(ep, slot, scratch),
+        }
+    }
+
+    /// The plaintext bytes moved each way so far.
+    pub(super) fn moved(&self) -> (u64, u64) {
+        match self {
+            Relayed::Unix(c) => (c.up, c.down),
+            Relayed::Tls(c) => (c.up, c.down),
+        }
+    }
+
+    pub(super) fn last(&self) -> u64 {
+        match self {
+            Relayed::Unix(c) => c.last,
+            Relayed::Tls(c) => c.last,
+        }
+    }
+
+    pub(super) fn last_mut(&mut self) -> &mut u64 {
+        match self {
+            Relayed::Unix(c) => &mut c.last,
+            Relayed::Tls(c) => &mut c.last,
+        }
+    }
+
+    pub(super) fn deadlines(&self) -> &Deadlines {
+        match self {
+            Relayed::Unix(c) => &c.deadlines,
+            Relayed::Tls(c) => &c.deadlines,
+        }
+    }
+
+    /// Registers both sockets with `ep` (`token` the client's, `token + 1` the upstream's).
+    /// Both have room: the first drive tries to write. Their bytes, if any, are reported by
+    /// the registration itself (epoll reports a socket that is readable when it is added,
+    /// edge-triggered or not), so neither is read on the chance: a UNIX client's first read
+    /// drained its socket, and a read for nothing cost a system call per connection.
+    pub(super) fn register(&mut self, ep: &OwnedFd, token: u64) -> io::Result<()> {
+        let (client, upstream): (BorrowedFd<'_>, BorrowedFd<'_>) = match self {
+            Relayed::Unix(c) => {
+                c.client.readable = false;
+                c.client.writable = true;
+                c.upstream.writable = true;
+                (c.client.io.as_fd(), c.upstream.io.as_fd())
+            }
+            Relayed::Tls(c) => {
+                c.client.readable = false;
+                c.client.writable = true;
+                c.upstream.writable = true;
+                (c.client.io.as_fd(), c.upstream.io.as_fd())
+            }
+        };
+        epoll::add(
+            ep,
+            client,
+            EventData::new_u64(token),
+            client_interest(false),
+        )?;
+        epoll::add(
+            ep,
+            upstream,
+            EventData::new_u64(token + 1),
+            EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET,
+        )?;
+        Ok(())
+    }
+
+    pub(super) fn finish(self, result: io::Result<()>) {
+        match self {
+            Relayed::Unix(c) => c.finish(result),
+            Relayed::Tls(c) => c.finish(result),
+        }
+    }
+}
