@@ -52,6 +52,13 @@ pub(super) struct Scratch {
 }
 
 impl Scratch {
+    /// Wipes the plaintext buffers (after a connection's turn that did not end normally, which
+    /// skipped their wipe).
+    pub(super) fn wipe(&mut self) {
+        self.plain.fill(0);
+        self.out.fill(0);
+    }
+
     pub(super) fn new() -> Scratch {
         Scratch {
             plain: vec![0u8; PLAIN].into_boxed_slice(),

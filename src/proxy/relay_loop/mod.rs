@@ -393,6 +393,7 @@ impl Loop {
             conn.drive(ep, slot, scratch)
         }))
         .unwrap_or_else(|_| {
+            self.scratch.wipe();
             Err(io::Error::other(
                 "the relay loop failed on this connection (a bug, logged above); closed",
             ))

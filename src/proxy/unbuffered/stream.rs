@@ -46,6 +46,9 @@ pub struct Lean<S> {
     peer_closed: bool,
     /// Ours is sealed.
     closing: bool,
+    /// The session failed (a bad record): it is not asked for anything again. Its buffer
+    /// still holds what failed, and rustls would read it again and queue a second alert.
+    failed: Option<io::ErrorKind>,
 }
 
 /// What the relay loop takes from a [`Lean`]: the socket (non-blocking, registered nowhere),
@@ -82,6 +85,7 @@ impl<S: Session> Lean<S> {
             taken: 0,
             peer_closed: false,
             closing: false,
+            failed: None,
         }
     }
 
@@ -124,6 +128,7 @@ impl<S: Session> Lean<S> {
 
     /// Seals `plain` for the peer; it is written by the next flush (or by the relay loop).
     pub fn seal(&mut self, plain: &[u8]) -> io::Result<()> {
+        self.check()?;
         // Records read and not given to the session yet are given first: what they open waits
         // in `plain`, and the session is handed back exactly what it kept.
         if self.unfed {
@@ -141,6 +146,7 @@ impl<S: Session> Lean<S> {
 
     /// [`Lean::seal`] for `close_notify`.
     fn seal_close_notify(&mut self) -> io::Result<()> {
+        self.check()?;
         if self.unfed {
             self.feed_incoming()?;
         }
@@ -151,6 +157,14 @@ impl<S: Session> Lean<S> {
         )?;
         self.drop_front(took);
         Ok(())
+    }
+
+    /// The error the session failed with, if it did.
+    fn check(&self) -> io::Result<()> {
+        match self.failed {
+            Some(kind) => Err(io::Error::new(kind, "the TLS session failed earlier")),
+            None => Ok(()),
+        }
     }
 
     /// Drops the first `n` bytes kept; the buffer itself once nothing is kept.
@@ -193,6 +207,7 @@ impl<S: Session> Lean<S> {
     /// Gives the session the records not yet given: the plaintext they open is kept in
     /// `plain`, and what the session sends its peer in `out`.
     fn feed_incoming(&mut self) -> io::Result<Fed> {
+        self.check()?;
         self.unfed = false;
         let plain = &mut self.plain;
         let fed = feed(
@@ -204,7 +219,7 @@ impl<S: Session> Lean<S> {
                 Ok(())
             },
         );
-        let fed = fed?;
+        let fed = fed.inspect_err(|e| self.failed = Some(e.kind()))?;
         if fed.peer_closed {
             self.peer_closed = true;
             self.drop_front(self.have);
