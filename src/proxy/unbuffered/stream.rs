@@ -353,3 +353,75 @@ impl<S: Session + Unpin> AsyncWrite for Lean<S> {
         Pin::new(&mut this.tcp).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::Arc;
+
+    use rustls::pki_types::{PrivateKeyDer, ServerName};
+    use rustls::server::UnbufferedServerConnection;
+    use tokio::io::AsyncReadExt;
+
+    /// A server whose peer sent a record that fails authentication reports the error, and is
+    /// asked for nothing again: a seal afterwards (the other direction of a relay on the
+    /// task, in the same poll) returns the error. It used to hand rustls the buffer that still
+    /// held the bad record; rustls read it again and queued a second alert (a debug assertion
+    /// of rustls's).
+    #[tokio::test]
+    async fn a_session_that_failed_on_a_bad_record_is_asked_for_nothing_again() {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let der = made.cert.der().clone();
+        let key = PrivateKeyDer::Pkcs8(made.signing_key.serialize_der().into());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![der.clone()], key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let peer = std::thread::spawn(move || {
+            let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let name = ServerName::try_from("localhost").unwrap();
+            let mut tls = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+            while tls.is_handshaking() {
+                tls.complete_io(&mut tcp).unwrap();
+            }
+            // A record of the right shape whose tag cannot verify.
+            let mut bad = vec![0x17, 0x03, 0x03, 0x00, 0x40];
+            bad.extend((0..0x40u8).map(|i| i.wrapping_mul(37)));
+            tcp.write_all(&bad).unwrap();
+            let mut rest = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut tcp, &mut rest);
+        });
+        let (tcp, _) = listener.accept().unwrap();
+        tcp.set_nonblocking(true).unwrap();
+        let tcp = TcpStream::from_std(tcp).unwrap();
+        let session = UnbufferedServerConnection::new(Arc::new(server)).unwrap();
+        let mut lean = Lean::new(tcp, session, Vec::new());
+        lean.handshake().await.unwrap();
+        let mut buf = [0u8; 64];
+        let read = lean.read(&mut buf).await;
+        assert_eq!(
+            read.expect_err("a bad record").kind(),
+            io::ErrorKind::InvalidData
+        );
+        let sealed = lean.seal(b"after the bad record");
+        assert_eq!(
+            sealed.expect_err("a failed session seals nothing").kind(),
+            io::ErrorKind::InvalidData
+        );
+        drop(lean);
+        peer.join().unwrap();
+    }
+}
