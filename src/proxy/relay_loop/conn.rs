@@ -4,7 +4,7 @@
 
 use std::io::{self, BufRead, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use rustix::event::epoll::{self, EventData, EventFlags};
@@ -78,6 +78,28 @@ pub(super) fn client_interest(writable: bool) -> EventFlags {
     } else {
         base
     }
+}
+
+/// A client's registration asks for writability exactly while it has no room (and its write
+/// side is not shut); `registered` is what it asks for now, changed here.
+pub(super) fn register_client<S: AsFd>(
+    ep: &OwnedFd,
+    slot: usize,
+    client: &Side<S>,
+    shut: bool,
+    registered: &mut bool,
+) -> io::Result<()> {
+    let want = !client.writable && !shut;
+    if want != *registered {
+        epoll::modify(
+            ep,
+            &client.io,
+            EventData::new_u64(2 * slot as u64),
+            client_interest(want),
+        )?;
+        *registered = want;
+    }
+    Ok(())
 }
 
 /// A socket and what its events said of it since the last operation that found it not ready.
@@ -239,26 +261,17 @@ impl Conn {
                 break;
             }
         }
-        self.register_client(ep, slot)?;
+        register_client(
+            ep,
+            slot,
+            &self.client,
+            self.client_shut,
+            &mut self.client_out,
+        )?;
         if self.upstream_shut && self.client_shut {
             step = Step::Done;
         }
         Ok(step)
-    }
-
-    /// The client's registration asks for writability exactly while the client has no room.
-    fn register_client(&mut self, ep: &OwnedFd, slot: usize) -> io::Result<()> {
-        let want = !self.client.writable && !self.client_shut;
-        if want != self.client_out {
-            epoll::modify(
-                ep,
-                &self.client.io,
-                EventData::new_u64(2 * slot as u64),
-                client_interest(want),
-            )?;
-            self.client_out = want;
-        }
-        Ok(())
     }
 
     /// Client to upstream, one step; true if something moved.

@@ -14,11 +14,10 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::OwnedFd;
 
-use rustix::event::epoll::{self, EventData};
 use rustls::client::UnbufferedClientConnection;
 use rustls::server::UnbufferedServerConnection;
 
-use super::conn::{client_interest, Scratch, Sent, Side, Step, RECORDS, ROUNDS_PER_TURN};
+use super::conn::{register_client, Scratch, Sent, Side, Step, RECORDS, ROUNDS_PER_TURN};
 use super::pair::{OnEnd, Outcome};
 use super::watch::Deadlines;
 use crate::proxy::unbuffered::stream::LeanParts;
@@ -150,26 +149,17 @@ impl TlsConn {
                 break;
             }
         }
-        self.register_client(ep, slot)?;
+        register_client(
+            ep,
+            slot,
+            &self.client,
+            self.client_shut,
+            &mut self.client_out,
+        )?;
         if self.upstream_shut && self.client_shut {
             step = Step::Done;
         }
         Ok(step)
-    }
-
-    /// The client's registration asks for writability exactly while the client has no room.
-    fn register_client(&mut self, ep: &OwnedFd, slot: usize) -> io::Result<()> {
-        let want = !self.client.writable && !self.client_shut;
-        if want != self.client_out {
-            epoll::modify(
-                ep,
-                &self.client.io,
-                EventData::new_u64(2 * slot as u64),
-                client_interest(want),
-            )?;
-            self.client_out = want;
-        }
-        Ok(())
     }
 
     /// Client to upstream, one step; true if something moved.
@@ -195,28 +185,22 @@ impl TlsConn {
         if !self.client.can_read() {
             return Ok(false);
         }
-        let k = self.client_in.len();
-        let records = with_kept(&mut scratch.records, &self.client_in)?;
-        match (&self.client.io).read(&mut records[k..]) {
-            Ok(0) => Err(cut("the loopback client")),
-            Ok(n) => {
-                if k + n < records.len() {
-                    self.client.readable = false;
-                }
-                self.client_in = Vec::new();
+        match read_kept(
+            &mut self.client,
+            &mut self.client_in,
+            &mut scratch.records,
+            "the loopback client",
+        )? {
+            Brought::Got(n) => {
                 self.open_from_client(
-                    &mut records[..k + n],
+                    &mut scratch.records[..n],
                     &mut scratch.sealed,
                     &mut scratch.spare,
                 )?;
                 Ok(true)
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.client.readable = false;
-                Ok(false)
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
-            Err(e) => Err(e),
+            Brought::Nothing => Ok(false),
+            Brought::Again => Ok(true),
         }
     }
 
@@ -296,28 +280,22 @@ impl TlsConn {
         if !self.upstream.can_read() {
             return Ok(false);
         }
-        let k = self.upstream_in.len();
-        let records = with_kept(&mut scratch.records, &self.upstream_in)?;
-        match (&self.upstream.io).read(&mut records[k..]) {
-            Ok(0) => Err(cut("the API server")),
-            Ok(n) => {
-                if k + n < records.len() {
-                    self.upstream.readable = false;
-                }
-                self.upstream_in = Vec::new();
+        match read_kept(
+            &mut self.upstream,
+            &mut self.upstream_in,
+            &mut scratch.records,
+            "the API server",
+        )? {
+            Brought::Got(n) => {
                 self.open_from_upstream(
-                    &mut records[..k + n],
+                    &mut scratch.records[..n],
                     &mut scratch.sealed,
                     &mut scratch.spare,
                 )?;
                 Ok(true)
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.upstream.readable = false;
-                Ok(false)
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
-            Err(e) => Err(e),
+            Brought::Nothing => Ok(false),
+            Brought::Again => Ok(true),
         }
     }
 
@@ -487,6 +465,46 @@ fn close_with<S: Session>(session: &mut S, kept: &mut Vec<u8>, out: &mut Out) ->
 
 /// Buffers a loop keeps for the connections whose peer had no room ([`queue`]).
 const SPARE: usize = 2;
+
+/// What a read of a side brought.
+enum Brought {
+    /// `records[..n]` holds what the side kept and what the read brought.
+    Got(usize),
+    /// Nothing: the socket is drained.
+    Nothing,
+    /// A signal interrupted the read: try again.
+    Again,
+}
+
+/// Reads `side` into the loop's `records`, after what it `kept` from its last read (given up
+/// to the buffer: the connection keeps nothing while the loop holds it). A read that fills its
+/// room leaves the side readable (edge-triggered: more may wait); TCP's end is `who` cutting
+/// its TLS stream (after its `close_notify` the side is not read again).
+fn read_kept(
+    side: &mut Side<TcpStream>,
+    kept: &mut Vec<u8>,
+    records: &mut [u8],
+    who: &str,
+) -> io::Result<Brought> {
+    let k = kept.len();
+    let records = with_kept(records, kept)?;
+    match (&side.io).read(&mut records[k..]) {
+        Ok(0) => Err(cut(who)),
+        Ok(n) => {
+            if k + n < records.len() {
+                side.readable = false;
+            }
+            *kept = Vec::new();
+            Ok(Brought::Got(k + n))
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            side.readable = false;
+            Ok(Brought::Nothing)
+        }
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Brought::Again),
+        Err(e) => Err(e),
+    }
+}
 
 /// The loop's record buffer with `kept` (what a connection kept from its last read) at its
 /// front and room for a read of [`RECORDS`] after it (less, for a handshake message that
