@@ -101,6 +101,49 @@ fn a_client_hello_in_pieces_is_waited_for_not_polled() {
     }
 }
 
+/// A ClientHello a megabyte long (a handshake message that says it is 16 MiB, in records of
+/// 16 KiB) is refused once it is longer than a handshake message may be: the proxy closes the
+/// connection without reading the rest, counts it as a failed client authentication, and
+/// nothing reaches the upstream.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_megabyte_client_hello_is_refused_unread() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let mut tcp = TcpStream::connect(("127.0.0.1", proxy.tcp_port)).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).ok();
+    let mut hello = vec![0x01, 0xff, 0xff, 0xff];
+    hello.resize(16 * 1024, 0);
+    let mut sent = 0;
+    for i in 0..64 {
+        let body: &[u8] = if i == 0 { &hello } else { &[0u8; 16 * 1024] };
+        let mut record = vec![0x16, 0x03, 0x01, 0x40, 0x00];
+        record.extend_from_slice(body);
+        if tcp.write_all(&record).is_err() {
+            break;
+        }
+        sent += record.len();
+    }
+    // Closed with what it had not read still queued: the kernel resets the connection.
+    let mut got = Vec::new();
+    match tcp.read_to_end(&mut got) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("a megabyte ClientHello: not closed within 20 s ({e})"),
+    }
+    assert!(got.len() < 64, "the proxy answered {} bytes", got.len());
+    proxy.wait_for_metric(
+        "hwkey_connections_refused_total{reason=\"client_auth\"}",
+        1.0,
+    );
+    assert_eq!(
+        upstream.stats().tcp_connections,
+        0,
+        "a ClientHello of {sent} bytes reached upstream"
+    );
+}
+
 /// With `--max-connections 1`, a second client is accepted but not served while a watch holds
 /// the one slot (no upstream connection is made for it, it reads nothing), and is served as soon
 /// as the watch ends. No timer takes part: the watch holds its slot until the test drops it.
