@@ -186,6 +186,7 @@ fn connector_via(
             key_exchange: kx,
             tls_server_name: None,
             handshake_timeout: Duration::from_secs(10),
+            preconnect: false,
         },
         hwkey::proxy::upstream::Identity {
             key: key.clone(),

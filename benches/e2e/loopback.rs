@@ -207,30 +207,68 @@ async fn connections(
     (count as f64 / elapsed, cpu_us)
 }
 
+/// A second proxy like the fixture's, with `--no-preconnect`: what a new connection costs
+/// when nothing is made ahead for it. Its loopback credential, as kubectl's stand-in.
+fn without_spares(f: &Fixture) -> (ProxyProcess, Arc<ClientConfig>) {
+    let proxy = ProxyProcess::start_with(
+        &f.id,
+        &f.upstream,
+        support::proxy::ProxyOptions::args(&["--no-preconnect"]),
+    );
+    let cred = proxy.credential();
+    let field = |name: &str| cred[name].as_str().expect(name).as_bytes().to_vec();
+    let config = as_kubectl(&client_config(
+        &field("certificateAuthorityPem"),
+        &field("clientCertificatePem"),
+        &field("clientKeyPem"),
+        &[b"http/1.1"],
+        false,
+    ));
+    (proxy, config)
+}
+
 async fn new_connection_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Vec<Row> {
     let count = pick(400, 100);
     let rounds = pick(5, 2);
     let fresh = &f.loopback_fresh;
+    let (plain, plain_config) = without_spares(f);
+    // The fourth way: the proxy with nothing made ahead (`--no-preconnect`).
+    const PLAIN: usize = 3;
     let ways = [
         (&f.direct_kubectl, f.upstream.port()),
         (fresh, f.proxy.tcp_port),
         (fresh, floor.port),
+        (&plain_config, plain.tcp_port),
+    ];
+    let whose = [
+        whose[DIRECT].clone(),
+        whose[PROXY].clone(),
+        whose[FLOOR].clone(),
+        Whose::Process(plain.guard.id()),
     ];
     for (config, port) in ways {
         connections(config, port, 20, &Whose::Client).await; // warm: sessions upstream
     }
     let signatures = || metric_in(&f.proxy.metrics(), "hwkey_signatures_total");
-    let signed_before = signatures();
-    let mut rate = vec![Vec::new(); 3];
-    let mut cpu = vec![Vec::new(); 3];
-    for way in schedule(rounds, 3) {
+    let spares = || {
+        metric_in(
+            &f.proxy.metrics(),
+            "hwkey_upstream_spares_total{event=\"used\"}",
+        )
+    };
+    let (signed_before, spares_before) = (signatures(), spares());
+    let mut rate = vec![Vec::new(); 4];
+    let mut cpu = vec![Vec::new(); 4];
+    for way in schedule(rounds, 4) {
         let (config, port) = ways[way];
         let (r, c) = connections(config, port, count, &whose[way]).await;
         rate[way].push(r);
         cpu[way].push(c);
     }
     let signed = signatures() - signed_before;
+    let used = spares() - spares_before;
     let what = "new connections as kubectl makes them (full loopback handshake, one GET, close)";
+    let plain_label = "the proxy with --no-preconnect (nothing made ahead)";
     vec![
         at_least(
             ratio_row(
@@ -244,7 +282,7 @@ async fn new_connection_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]
             0.9,
         )
         .note(format!(
-            "hardware signatures during the {} proxy connections: {signed:.0} (its upstream connections resume); the floor's upstream resumes too; direct: {:.0} conn/s, each a full handshake with a software key",
+            "hardware signatures during the {} proxy connections: {signed:.0} (its upstream connections resume); {used:.0} of them found their upstream connection made ahead (spares); the floor's upstream resumes too, and it makes nothing ahead; direct: {:.0} conn/s, each a full handshake with a software key",
             count * rounds,
             Stat::of(&rate[DIRECT]).median
         )),
@@ -263,6 +301,30 @@ async fn new_connection_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]
             &rate[PROXY],
             "direct TLS, full handshake (software key)",
             &rate[DIRECT],
+        ),
+        ratio_row(
+            "loopback",
+            &format!("connections/s with --no-preconnect vs the two-sided TLS floor, {what}"),
+            "conn/s",
+            &rate[PLAIN],
+            FLOOR_LABEL,
+            &rate[FLOOR],
+        ),
+        ratio_row(
+            "loopback",
+            &format!("proxy CPU per connection with --no-preconnect vs the two-sided TLS floor, {what}"),
+            "µs",
+            &cpu[PLAIN],
+            FLOOR_LABEL,
+            &cpu[FLOOR],
+        ),
+        ratio_row(
+            "loopback",
+            &format!("connections/s, the proxy vs itself with --no-preconnect, {what}"),
+            "conn/s",
+            &rate[PROXY],
+            plain_label,
+            &rate[PLAIN],
         ),
     ]
 }

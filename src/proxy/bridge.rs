@@ -113,6 +113,9 @@ impl Bridge {
                 return;
             }
         };
+        // The next client's, made ahead while clients come in a burst (this one is
+        // authenticated).
+        super::preconnect::preconnect(&self.upstream, alpn.as_deref());
         let rest = first.get(conn.sent..).unwrap_or_default();
         let replayed = first.len() as u64;
         match conn.origin {

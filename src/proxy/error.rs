@@ -137,4 +137,7 @@ pub enum UpstreamError {
 
     #[error("no API server is configured")]
     NoEndpoint,
+
+    #[error("no session ticket to resume with (a spare connection is made only by resuming)")]
+    NoTicket,
 }

@@ -76,6 +76,21 @@ label_values! {
 }
 
 label_values! {
+    /// A spare upstream connection's events (`proxy::spare`): made, then used, expired or
+    /// dropped; made minus the others is how many are held now.
+    pub enum SpareOutcome {
+        /// Made ahead for the next loopback client.
+        Made => "made",
+        /// A loopback client's request went up on it.
+        Used => "used",
+        /// Nobody came for it in time: closed.
+        Expired => "expired",
+        /// Found closed by the API server, too old, or made with a retired certificate.
+        Dropped => "dropped",
+    }
+}
+
+label_values! {
     /// Which way bytes went.
     pub enum Direction {
         /// Client to API server.
@@ -198,6 +213,7 @@ pub struct Metrics {
     refused: ByLabel<Refusal, Counter>,
     upstream_handshakes: ByLabel<Resumed, Counter>,
     upstream_errors: ByLabel<UpstreamStage, Counter>,
+    spares: ByLabel<SpareOutcome, Counter>,
     upstream_latency: ByLabel<Resumed, Histogram>,
     local_latency: Histogram,
     bytes: ByLabel<Direction, Counter>,
@@ -303,7 +319,7 @@ impl Metrics {
         let scrape_time = Arc::new(ScrapeTime::default());
         registry.register_collector(Box::new(ScrapeTimeCollector(scrape_time.clone())));
         let r = &mut registry;
-        let (upstream_handshakes, upstream_errors, upstream_latency) = upstream_metrics(r);
+        let (upstream_handshakes, upstream_errors, upstream_latency, spares) = upstream_metrics(r);
         let local_latency = register(
             r,
             "hwkey_local_handshake_seconds",
@@ -341,6 +357,7 @@ impl Metrics {
             refused,
             upstream_handshakes,
             upstream_errors,
+            spares,
             upstream_latency,
             local_latency,
             bytes,
@@ -409,6 +426,11 @@ impl Metrics {
         };
         m.up.set(1);
         m
+    }
+
+    /// Counts what became of a spare upstream connection.
+    pub fn spare(&self, outcome: SpareOutcome) {
+        self.spares.get(outcome).inc();
     }
 
     /// Counts a failed upstream connection by step.
@@ -516,14 +538,16 @@ impl Metrics {
     }
 }
 
-/// The upstream connections' metrics.
-fn upstream_metrics(
-    r: &mut Registry,
-) -> (
+/// The upstream connections' metric families: handshakes, errors, handshake latency, spares.
+type UpstreamFamilies = (
     ByLabel<Resumed, Counter>,
     ByLabel<UpstreamStage, Counter>,
     ByLabel<Resumed, Histogram>,
-) {
+    ByLabel<SpareOutcome, Counter>,
+);
+
+/// The upstream connections' metrics.
+fn upstream_metrics(r: &mut Registry) -> UpstreamFamilies {
     let handshakes = ByLabel::register(
         r,
         "hwkey_upstream_handshakes",
@@ -545,7 +569,14 @@ fn upstream_metrics(
         "resumed",
         latency_histogram,
     );
-    (handshakes, errors, latency)
+    let spares = ByLabel::register(
+        r,
+        "hwkey_upstream_spares",
+        "Spare upstream connections made ahead for loopback clients, and what became of them",
+        "event",
+        Counter::default,
+    );
+    (handshakes, errors, latency, spares)
 }
 
 /// The renewal's metrics (`--renew`).

@@ -60,8 +60,19 @@ impl Origin {
     }
 }
 
+/// How an upstream connection is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dial {
+    /// Buffered (tokio-rustls): for the runtime's path and the proxy's own requests.
+    Buffered,
+    /// On rustls's unbuffered API over plain TCP, for a loopback client on a relay loop.
+    Lean,
+    /// [`Dial::Lean`] for a spare ([`super::spare`]): only with a session ticket to resume.
+    Spare,
+}
+
 /// The TLS handshake with `name` over `tcp`, with `first` (a client's first bytes) sealed after
-/// the proxy's `Finished`, in its write: on rustls's unbuffered API when `lean` and `tcp` is
+/// the proxy's `Finished`, in its write: on rustls's unbuffered API unless [`Dial::Buffered`], when `tcp` is
 /// plain TCP, buffered otherwise. Returns the session and how many bytes of `first` went (all
 /// of them, unless a buffered session's buffer was full).
 pub(super) async fn handshake(
@@ -69,10 +80,10 @@ pub(super) async fn handshake(
     config: Arc<ClientConfig>,
     name: ServerName<'static>,
     first: &[u8],
-    lean: bool,
+    how: Dial,
 ) -> io::Result<(Origin, usize)> {
     match tcp {
-        Tunnel::Tcp(tcp) if lean => {
+        Tunnel::Tcp(tcp) if how != Dial::Buffered => {
             let session = UnbufferedClientConnection::new(config, name).map_err(tls_error)?;
             let mut conn = Lean::new(tcp, session, Vec::new());
             conn.handshake_sending(first).await?;

@@ -121,6 +121,12 @@ impl SessionStore {
             .is_ok()
     }
 
+    /// A ticket for a connection nobody waits for yet (a spare, [`super::spare`]): claimed if
+    /// there is one, and never a full handshake (a signature) in its place.
+    pub fn claim_only(&self) -> bool {
+        self.bypass.load(Ordering::SeqCst) || self.claim()
+    }
+
     /// Passes the gate: see the module comment.
     pub async fn warm_up(self: &Arc<Self>) -> Warmup {
         let deadline = tokio::time::Instant::now() + WARMUP_WAIT;

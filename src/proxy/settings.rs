@@ -195,6 +195,14 @@ pub struct SettingsInput {
     #[serde(default)]
     #[merge(strategy = merge::bool::overwrite_false)]
     pub unsafe_listen: bool,
+    /// Make no upstream connection ahead of a client. By default, while loopback clients come
+    /// less than 5 s apart (kubectl in a script), one upstream connection is made ahead for the
+    /// next one, so its request goes at once; it resumes a session (no signature) and is
+    /// closed after 5 s unused.
+    #[arg(long, env = "HWKEY_NO_PRECONNECT")]
+    #[serde(default)]
+    #[merge(strategy = merge::bool::overwrite_false)]
+    pub no_preconnect: bool,
     /// For an RSA key on a token without RSA-PSS and without raw RSA (CKM_RSA_X_509): connect
     /// upstream over TLS 1.2 with PKCS#1 v1.5 signatures instead of refusing to start.
     #[arg(long, env = "HWKEY_ALLOW_TLS12_FALLBACK")]
@@ -363,6 +371,9 @@ pub struct UpstreamSettings {
     pub tls_server_name: Option<String>,
     /// How long one connection attempt may take.
     pub handshake_timeout: Duration,
+    /// Make an upstream connection ahead for the next loopback client while clients come in a
+    /// burst (`proxy::spare`).
+    pub preconnect: bool,
 }
 
 /// The clients section: listeners, the local hop's rules, connection limits.
@@ -556,6 +567,7 @@ impl SettingsInput {
                 key_exchange: self.key_exchange.unwrap_or_default(),
                 tls_server_name: self.tls_server_name.clone(),
                 handshake_timeout,
+                preconnect: !self.no_preconnect,
             },
             clients: ClientSettings {
                 listen: self.listen.clone(),

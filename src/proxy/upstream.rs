@@ -42,10 +42,11 @@ use tokio::sync::watch;
 use super::endpoints::{Endpoint, Endpoints, Generation};
 use super::error::{StartError, UpstreamError};
 use super::metrics::{Metrics, UpstreamStage};
-pub use super::origin::{Origin, OriginConn, UpstreamConn};
+pub use super::origin::{Dial, Origin, OriginConn, UpstreamConn};
 use super::rotation::{self, CertEpoch};
 use super::sessions::Warmup;
 use super::settings::UpstreamSettings;
+use super::spare::Spares;
 use crate::egress::{Egress, EgressError, Tunnel};
 use crate::endpoint::UpstreamTarget;
 use crate::key::tls::{HardwareCertResolver, HardwareSigningKey};
@@ -80,6 +81,7 @@ pub struct Upstream {
     trust_problem: Mutex<Option<String>>,
     /// Why the last certificate reload was refused (the previous chain stays in use).
     cert_problem: Mutex<Option<String>>,
+    spares: Spares,
     metrics: Arc<Metrics>,
 }
 
@@ -129,6 +131,7 @@ impl Upstream {
             refused_alpn: Mutex::new(HashSet::new()),
             trust_problem: Mutex::new(None),
             cert_problem: Mutex::new(None),
+            spares: Spares::new(settings.preconnect, metrics.clone()),
             metrics,
         })
     }
@@ -322,7 +325,7 @@ impl Upstream {
         alpn: Option<&[u8]>,
         first: &[u8],
     ) -> Result<UpstreamConn, UpstreamError> {
-        let conn = self.connect_any(alpn, first, false).await?;
+        let conn = self.connect_any(alpn, first, Dial::Buffered).await?;
         match conn.origin {
             Origin::Buffered(stream) => Ok(UpstreamConn {
                 stream,
@@ -345,21 +348,37 @@ impl Upstream {
         alpn: Option<&[u8]>,
         first: &[u8],
     ) -> Result<OriginConn, UpstreamError> {
-        self.connect_any(alpn, first, true).await
+        if let Some(spare) = self.spares.take(alpn, self.epoch()) {
+            return Ok(spare);
+        }
+        self.connect_any(alpn, first, Dial::Lean).await
+    }
+
+    /// A spare connection for the next loopback client ([`super::spare`]).
+    pub(super) async fn connect_spare(
+        &self,
+        alpn: Option<&[u8]>,
+    ) -> Result<OriginConn, UpstreamError> {
+        self.connect_any(alpn, &[], Dial::Spare).await
+    }
+
+    /// The spare connections made ahead for loopback clients.
+    pub fn spares(&self) -> &Spares {
+        &self.spares
     }
 
     async fn connect_any(
         &self,
         alpn: Option<&[u8]>,
         first: &[u8],
-        lean: bool,
+        how: Dial,
     ) -> Result<OriginConn, UpstreamError> {
         let mut last = None;
         for i in self.endpoints.order() {
             let endpoint = &self.endpoints.list[i];
             let attempt = tokio::time::timeout(
                 self.attempt_timeout,
-                self.connect_to(endpoint, alpn, first, lean),
+                self.connect_to(endpoint, alpn, first, how),
             );
             let error = match attempt.await {
                 Ok(Ok(conn)) => {
@@ -382,16 +401,20 @@ impl Upstream {
         Err(last.unwrap_or(UpstreamError::NoEndpoint))
     }
 
-    /// One attempt: TCP (or a tunnel) and the TLS handshake with `endpoint`; on rustls's
-    /// unbuffered API when `lean` and the connection is plain TCP.
+    /// One attempt: TCP (or a tunnel) and the TLS handshake with `endpoint`, as `how` says.
     async fn connect_to(
         &self,
         endpoint: &Endpoint,
         alpn: Option<&[u8]>,
         first: &[u8],
-        lean: bool,
+        how: Dial,
     ) -> Result<OriginConn, UpstreamError> {
         let addr = endpoint.target.authority();
+        let generation = endpoint.generation();
+        // A spare only resumes: it never costs a signature for a client not there yet.
+        if how == Dial::Spare && !generation.store.claim_only() {
+            return Err(UpstreamError::NoTicket);
+        }
         let tcp = match self.dial(&endpoint.target).await {
             Ok(t) => t,
             Err(e) => {
@@ -399,16 +422,18 @@ impl Upstream {
                 return Err(e);
             }
         };
-        let generation = endpoint.generation();
         let config = self.config_for(&generation, alpn, &addr)?;
         // A cold store: one connection warms it, the others wait for its ticket (sessions.rs).
-        let warmup = generation.store.warm_up().await;
+        let warmup = match how {
+            Dial::Spare => Warmup::Go,
+            _ => generation.store.warm_up().await,
+        };
         let started = Instant::now();
         let early = alpn != Some(b"h2".as_slice()) || endpoint.agreed_h2();
         // Sealed after the proxy's `Finished`, in its write (see connect_sending).
         let going = if early { first } else { &[] };
         let name = endpoint.server_name.clone();
-        let (origin, sent) = match super::origin::handshake(tcp, config, name, going, lean).await {
+        let (origin, sent) = match super::origin::handshake(tcp, config, name, going, how).await {
             Ok(done) => done,
             Err(source) => return Err(self.handshake_error(addr, alpn, source)),
         };

@@ -176,6 +176,11 @@ impl<S: Session> Lean<S> {
         }
     }
 
+    /// The socket, for a look at its state (whether the peer has closed it).
+    pub fn tcp_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.tcp)
+    }
+
     /// Takes the plaintext the session has opened and nobody has taken yet.
     pub fn take_opened(&mut self) -> Vec<u8> {
         let mut opened = std::mem::take(&mut self.plain);

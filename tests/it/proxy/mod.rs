@@ -1,6 +1,6 @@
 //! The TLS-offload proxy: who may use it (local_auth), the upstream side (transport, foreign,
 //! resumption, rotation, CA rotation, several API servers, post-quantum key exchange, the forward
-//! proxy and NO_PROXY as Go decides it), operating it (operations, metrics, state directory), a stalled TPM, what a connection
+//! proxy and NO_PROXY as Go decides it, connections made ahead), operating it (operations, metrics, state directory), a stalled TPM, what a connection
 //! costs (efficiency, new_connections), parsers under random input (fuzz), and stress.
 
 #[cfg(feature = "pkcs11")]
@@ -23,6 +23,8 @@ mod no_proxy_oracle;
 mod operations;
 #[cfg(feature = "pkcs11")]
 mod pq_kx;
+#[cfg(feature = "pkcs11")]
+mod preconnect;
 mod resumption;
 #[cfg(feature = "pkcs11")]
 mod rotation;

@@ -1,0 +1,58 @@
+//! Makes the spare upstream connections [`super::spare`] keeps: after an authenticated
+//! loopback client's connection, one for the next client while clients come in a burst, on
+//! the connection thread's runtime, off that client's path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+use super::metrics::SpareOutcome;
+use super::origin::{Origin, OriginConn};
+use super::spare::MAX_AGE;
+use super::upstream::Upstream;
+
+/// How long closing an aged-out spare may take.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// After an authenticated loopback client's upstream connection offering `alpn`: makes the
+/// next client's on this connection thread's runtime, if clients come in a burst (see the
+/// module comment). Returns at once.
+pub fn preconnect(upstream: &Arc<Upstream>, alpn: Option<&[u8]>) {
+    if !upstream.spares().begin(alpn) {
+        return;
+    }
+    let upstream = upstream.clone();
+    let alpn = alpn.map(<[u8]>::to_vec);
+    tokio::spawn(async move { fill(&upstream, alpn).await });
+}
+
+/// Makes a spare, keeps it for [`MAX_AGE`], and closes it then if nobody took it.
+async fn fill(upstream: &Upstream, alpn: Option<Vec<u8>>) {
+    let spares = upstream.spares();
+    let alpn = alpn.as_deref();
+    let epoch = upstream.epoch();
+    let conn = match upstream.connect_spare(alpn).await {
+        Ok(conn) if matches!(conn.origin, Origin::Lean(_)) => conn,
+        Ok(_) => {
+            tracing::debug!("no spare upstream connections through a forward proxy");
+            return spares.failed(alpn, true);
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "no spare upstream connection");
+            return spares.failed(alpn, false);
+        }
+    };
+    spares.metrics.spare(SpareOutcome::Made);
+    let serial = spares.put(alpn, conn, epoch);
+    tokio::time::sleep(MAX_AGE).await;
+    let Some(OriginConn {
+        origin: Origin::Lean(mut lean),
+        ..
+    }) = spares.expire(alpn, serial)
+    else {
+        return;
+    };
+    spares.metrics.spare(SpareOutcome::Expired);
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, lean.shutdown()).await;
+}

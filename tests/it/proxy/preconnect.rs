@@ -1,0 +1,187 @@
+//! Spare upstream connections (`proxy::spare`): while loopback clients come in a burst (kubectl
+//! run by a script), the proxy connects upstream for the next client before it comes, so its
+//! request goes up at once. What the API server sees is the signal here (its TCP connections,
+//! counted before each client connects), and what the client gets; never a clock.
+
+use std::time::{Duration, Instant};
+
+use support::proxy::{Identity, ProxyOptions, ProxyProcess, RawHttp};
+use support::upstream::TestUpstream;
+
+const USED: &str = "hwkey_upstream_spares_total{event=\"used\"}";
+const EXPIRED: &str = "hwkey_upstream_spares_total{event=\"expired\"}";
+const DROPPED: &str = "hwkey_upstream_spares_total{event=\"dropped\"}";
+
+/// One `GET /version` over a new loopback TLS connection: the status.
+fn ask(proxy: &ProxyProcess, config: &std::sync::Arc<rustls::ClientConfig>) -> u16 {
+    let mut conn = RawHttp::connect_tls(proxy.tcp_port, config);
+    conn.send("GET /version HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    conn.read_response().0
+}
+
+/// Waits (at most 20 s) until the upstream has completed `n` TLS handshakes, and a moment
+/// more for the proxy to put the last one aside (it completes its handshake as the server
+/// does).
+fn wait_connections(upstream: &TestUpstream, n: u64, proxy: &ProxyProcess) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (upstream.stats().connections.len() as u64) < n {
+        assert!(
+            Instant::now() < deadline,
+            "the upstream completed {} handshakes, {n} expected:\n{}",
+            upstream.stats().connections.len(),
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+}
+
+/// Clients one after another: from the third on, each finds its upstream connection made
+/// before it connected (the API server has accepted one connection more than there were
+/// clients, before the client connects), its request is answered on it, and no signature is
+/// made for any of them (each spare resumed a session). At most one connection is ever made
+/// ahead.
+#[test]
+fn loopback_clients_in_a_burst_find_their_upstream_connection_made_ahead() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    // The first client: a full handshake (a signature) and nothing made ahead (no client
+    // came before it). The second came soon after the first: one is made ahead after it.
+    assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+    assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+    let signed = proxy.signatures();
+    for clients in 2..12u64 {
+        // The next client's connection is there before the client is.
+        wait_connections(&upstream, clients + 1, &proxy);
+        assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+    }
+    wait_connections(&upstream, 13, &proxy);
+    std::thread::sleep(Duration::from_millis(200));
+    let stats = upstream.stats();
+    assert_eq!(
+        stats.tcp_connections, 13,
+        "12 clients: 12 connections and one made ahead for a 13th, never more"
+    );
+    assert_eq!(
+        proxy.metric(USED),
+        10.0,
+        "{}",
+        proxy
+            .metrics()
+            .lines()
+            .filter(|l| l.contains("spares") || l.contains("upstream_handshakes_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(
+        proxy.signatures(),
+        signed,
+        "a connection made ahead resumes a session: no signature"
+    );
+    assert_eq!(
+        stats.full(),
+        1,
+        "only the first client's handshake was full"
+    );
+}
+
+/// A client that comes alone (the last one came long ago, or never) makes nothing ahead, and
+/// `--no-preconnect` makes nothing ahead for a burst either.
+#[test]
+fn a_lone_client_or_no_preconnect_makes_no_connection_ahead() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(upstream.stats().tcp_connections, 1, "{}", proxy.log());
+
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(&id, &upstream, ProxyOptions::args(&["--no-preconnect"]));
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    for _ in 0..5 {
+        assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(upstream.stats().tcp_connections, 5, "{}", proxy.log());
+    assert_eq!(proxy.metric(USED), 0.0);
+}
+
+/// A connection made ahead that the API server has closed since (a restart) is not used: the
+/// next client is not handed a closed connection (its request lost), but gets what a client
+/// gets from an API server that is down, a 502 naming it; once the API server is back, the
+/// next client is served on a fresh connection.
+#[test]
+fn a_connection_made_ahead_that_the_api_server_closed_is_not_used() {
+    let id = Identity::softhsm();
+    let mut upstream = TestUpstream::start(&id.ca);
+    let port = upstream.port();
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    for _ in 0..2 {
+        assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+    }
+    wait_connections(&upstream, 3, &proxy);
+    upstream.stop();
+    assert_eq!(ask(&proxy, &config), 502, "{}", proxy.log());
+    assert_eq!(proxy.metric(DROPPED), 1.0, "{}", proxy.metrics());
+    assert_eq!(proxy.metric(USED), 0.0);
+    let _back = TestUpstream::start_on(&id.ca, port);
+    assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+}
+
+/// A connection made ahead that nobody comes for is closed after 5 s, and counted.
+#[test]
+fn a_connection_made_ahead_and_not_used_is_closed() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    for _ in 0..2 {
+        assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+    }
+    wait_connections(&upstream, 3, &proxy);
+    proxy.wait_for_metric(EXPIRED, 1.0);
+    // Nobody took it: the next client finds none, and connects itself.
+    assert_eq!(proxy.metric(USED), 0.0);
+}
+
+/// A connection made ahead under a certificate that has been replaced since is not used: the
+/// next client's request goes up under the new certificate (the API server names it), never
+/// under the one the proxy no longer presents.
+#[test]
+fn a_connection_made_ahead_under_a_replaced_certificate_is_not_used() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions::args(&["--reload-interval", "100ms"]),
+    );
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    for _ in 0..2 {
+        assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+    }
+    wait_connections(&upstream, 3, &proxy);
+    let renewed = id.dir.path().join("renewed.pem");
+    id.issue(&id.key_uri, "CN=alice,O=devs", &renewed);
+    let tmp = id.cert.with_extension("new");
+    std::fs::copy(&renewed, &tmp).expect("copy");
+    std::fs::rename(&tmp, &id.cert).expect("rename");
+    proxy.wait_for_metric("hwkey_cert_reloads_total{result=\"ok\"}", 1.0);
+
+    let mut conn = RawHttp::connect_tls(proxy.tcp_port, &config);
+    conn.send("GET /version HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    let (status, body) = conn.read_response();
+    assert_eq!(status, 200, "{}", proxy.log());
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let pem = std::fs::read(&renewed).expect("read");
+    let block = pem::parse(pem).expect("PEM");
+    let (_, c) = x509_parser::parse_x509_certificate(block.contents()).expect("cert");
+    assert_eq!(v["serial"], c.raw_serial_as_string().as_str(), "{v}");
+    assert_eq!(proxy.metric(DROPPED), 1.0, "{}", proxy.metrics());
+    assert_eq!(proxy.metric(USED), 0.0);
+}
