@@ -151,8 +151,37 @@ struct HardwareSigner {
     scheme: SignScheme,
 }
 
+thread_local! {
+    /// Set while a handshake step that must make no signature runs on this thread
+    /// ([`without_signatures`]).
+    static REFUSING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// What a handshake run [`without_signatures`] fails with when its server wants a signature.
+pub const SIGNATURE_REFUSED: &str =
+    "no hardware signature for a connection no client has asked for yet";
+
+/// Runs `step` (a synchronous step of a TLS handshake: rustls asks for the CertificateVerify
+/// inside it) with every hardware signature on this thread refused: a connection made ahead
+/// for a client that has not come yet resumes a session or fails, and never makes the key sign
+/// (a TPM's queue, a token's touch or PIN prompt) for nobody. The same resolver serves it as
+/// any connection, as rustls resumes only a session made with the same one.
+pub fn without_signatures<R>(step: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            REFUSING.with(|r| r.set(self.0));
+        }
+    }
+    let _restore = Restore(REFUSING.with(|r| r.replace(true)));
+    step()
+}
+
 impl Signer for HardwareSigner {
     fn sign(&self, message: &[u8]) -> Result<Vec<u8>, rustls::Error> {
+        if REFUSING.with(std::cell::Cell::get) {
+            return Err(rustls::Error::General(SIGNATURE_REFUSED.into()));
+        }
         let result = run_blocking(|| {
             self.key
                 .key

@@ -33,6 +33,7 @@ pub fn fit_connections(wanted: usize, runtimes: usize, relay_loops: usize) -> us
     let reserved = RESERVED
         + PREAUTH_BUDGET
         + ADMIN_MAX_CONNECTIONS
+        + super::spare::DESCRIPTORS
         + runtimes * super::threads::DESCRIPTORS_PER_RUNTIME
         + relay_loops * super::relay_loop::DESCRIPTORS_PER_LOOP;
     let fit = (limit.saturating_sub(reserved as u64) / 2).max(1);

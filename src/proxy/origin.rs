@@ -86,6 +86,9 @@ pub(super) async fn handshake(
         Tunnel::Tcp(tcp) if how != Dial::Buffered => {
             let session = UnbufferedClientConnection::new(config, name).map_err(tls_error)?;
             let mut conn = Lean::new(tcp, session, Vec::new());
+            if how == Dial::Spare {
+                conn.refuse_signatures();
+            }
             conn.handshake_sending(first).await?;
             Ok((Origin::Lean(Box::new(conn)), first.len()))
         }

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
+use super::error::UpstreamError;
 use super::metrics::SpareOutcome;
-use super::origin::{Origin, OriginConn};
+use super::origin::{Dial, Origin, OriginConn};
 use super::spare::MAX_AGE;
 use super::upstream::Upstream;
 
@@ -31,20 +32,22 @@ pub fn preconnect(upstream: &Arc<Upstream>, alpn: Option<&[u8]>) {
 async fn fill(upstream: &Upstream, alpn: Option<Vec<u8>>) {
     let spares = upstream.spares();
     let alpn = alpn.as_deref();
-    let epoch = upstream.epoch();
-    let conn = match upstream.connect_spare(alpn).await {
+    let made_with = (upstream.epoch(), spares.era());
+    let conn = match upstream.connect_any(alpn, &[], Dial::Spare).await {
         Ok(conn) if matches!(conn.origin, Origin::Lean(_)) => conn,
         Ok(_) => {
             tracing::debug!("no spare upstream connections through a forward proxy");
-            return spares.failed(alpn, true);
+            return spares.failed(alpn, (false, true));
         }
+        Err(UpstreamError::NoTicket) => return spares.failed(alpn, (false, false)),
         Err(e) => {
-            tracing::debug!(error = %e, "no spare upstream connection");
-            return spares.failed(alpn, false);
+            tracing::debug!(error = %e, "no spare upstream connection; none tried for a while");
+            return spares.failed(alpn, (true, false));
         }
     };
-    spares.metrics.spare(SpareOutcome::Made);
-    let serial = spares.put(alpn, conn, epoch);
+    let Some(serial) = spares.put(alpn, conn, made_with) else {
+        return;
+    };
     tokio::time::sleep(MAX_AGE).await;
     let Some(OriginConn {
         origin: Origin::Lean(mut lean),

@@ -121,10 +121,22 @@ impl SessionStore {
             .is_ok()
     }
 
-    /// A ticket for a connection nobody waits for yet (a spare, [`super::spare`]): claimed if
-    /// there is one, and never a full handshake (a signature) in its place.
-    pub fn claim_only(&self) -> bool {
-        self.bypass.load(Ordering::SeqCst) || self.claim()
+    /// Whether a connection nobody waits for yet (a spare, [`super::spare`]) may go for a
+    /// ticket: one at least stays for the next client, who would otherwise lead a full handshake
+    /// (a signature). None while the gate is open for good: no tickets to count.
+    pub fn spare_ticket_ready(&self) -> bool {
+        !self.bypass.load(Ordering::SeqCst) && self.available() >= 2
+    }
+
+    /// Claims a ticket for a spare, as [`SessionStore::spare_ticket_ready`] allows.
+    pub fn claim_for_spare(&self) -> bool {
+        !self.bypass.load(Ordering::SeqCst)
+            && self
+                .available
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n >= 2).then(|| n - 1)
+                })
+                .is_ok()
     }
 
     /// Passes the gate: see the module comment.
@@ -213,6 +225,30 @@ mod tests {
         store.received.fetch_add(1, Ordering::SeqCst);
         store.available.fetch_add(1, Ordering::SeqCst);
         store.changed.notify_waiters();
+    }
+
+    /// A spare takes a ticket only when one stays for the next client: with one ticket in the
+    /// store, a client that came after a spare took it would lead a full handshake (a
+    /// signature) it would not have made otherwise. And none while the store counts no
+    /// tickets (its gate open for good).
+    #[tokio::test]
+    async fn a_spare_leaves_a_ticket_for_the_next_client() {
+        let store = Arc::new(SessionStore::new(4));
+        ticket_arrives(&store);
+        assert!(!store.spare_ticket_ready());
+        assert!(!store.claim_for_spare());
+        ticket_arrives(&store);
+        assert!(store.spare_ticket_ready());
+        assert!(store.claim_for_spare());
+        assert!(!store.claim_for_spare(), "one is left for a client");
+        assert!(
+            matches!(store.warm_up().await, Warmup::Go),
+            "the client resumes"
+        );
+        ticket_arrives(&store);
+        ticket_arrives(&store);
+        store.bypass.store(true, Ordering::SeqCst);
+        assert!(!store.claim_for_spare(), "no tickets counted: no spare");
     }
 
     #[tokio::test]

@@ -1,26 +1,39 @@
-//! The spare upstream connections, made ahead ([`super::preconnect`]) for the next loopback client while clients come in
-//! a burst (predictive preconnect, as Envoy's `preconnect_policy` does it).
+//! The spare upstream connections, made ahead ([`super::preconnect`]) for the next loopback
+//! TLS client while clients come in a burst (predictive preconnect, as Envoy's
+//! `preconnect_policy` does it).
 //!
 //! kubectl is a new process each time: every command is a new loopback connection, and the
 //! proxy's upstream connection for it costs a TCP connect and a (resumed) TLS handshake — two
 //! round trips to the API server before its request can go. A script that runs kubectl in a
-//! loop, or a person running one command after another, pays them each time. So after an
-//! authenticated client's connection, when the client before it came less than [`MAX_AGE`]
-//! ago, the proxy makes one more upstream connection for the same protocol and keeps it: the
+//! loop pays them each time. So after an authenticated client's connection, when the client
+//! before it came less than [`MAX_AGE`] ago and no spare is held or being made for its
+//! protocol, the proxy makes one more upstream connection for that protocol and keeps it: the
 //! next client's request goes up at once, on a connection already established.
 //!
 //! What keeps this safe and cheap:
-//! - A spare is made only after an authenticated client's connection, at most one per protocol
-//!   at a time: an unauthenticated peer cannot make the proxy connect anywhere.
-//! - Only with a session ticket in hand ([`super::sessions::SessionStore::claim_only`]): the
-//!   spare's handshake resumes, and never costs a hardware signature.
-//! - It is used only while fresh (less than [`MAX_AGE`], far below what API servers allow a
+//! - Made only after an authenticated client's connection, at most one per protocol at a time:
+//!   an unauthenticated peer cannot make the proxy connect anywhere.
+//! - Never a signature: only with two session tickets in the store (one stays for the next
+//!   client, so a spare never makes a client lead a full handshake), none while the store
+//!   counts no tickets (TLS 1.2 sessions, a server that sends none), and its handshake runs
+//!   with hardware signatures refused (`key::tls::without_signatures`): a server that wants a
+//!   full handshake fails the spare, and no spare is tried for a minute then.
+//! - A spare's failure is nobody's: no API server is marked down for it, no other tried.
+//! - Used only while fresh (less than [`MAX_AGE`], far below what API servers allow a
 //!   connection that has sent nothing yet: Go's HTTP/2 server waits 10 s for the preface,
-//!   kube-apiserver 32 s for a request's headers), with the certificate it was made with (a
-//!   rotation retires it), and while the API server has not closed it (`POLLRDHUP`).
+//!   kube-apiserver 32 s for a request's headers), with the certificate it was made with, and
+//!   while the API server has not closed it (`POLLRDHUP`). A certificate installed, a CA bundle
+//!   reloaded or the session store emptied drops every spare ([`Spares::retire`]). One found
+//!   closed stops spares for that protocol for a minute (a balancer closing idle connections
+//!   sooner than [`MAX_AGE`] would otherwise get two connections per client).
 //! - Unused, it is closed with `close_notify` when it ages out: one connection at the end of
 //!   a burst is what it costs. `--no-preconnect` turns it off.
 //! - Over plain TCP only: through a forward proxy the first spare turns the feature off.
+//!
+//! Left: a spare the API server closes after the check and before the client's request (a
+//! window of microseconds, or an HTTP/2 GOAWAY, which only HTTP/2 framing shows) ends that
+//! client's connection without the 502 and the retry on another API server a fresh connection
+//! gets.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,13 +46,22 @@ use super::origin::{Origin, OriginConn};
 use super::rotation::CertEpoch;
 
 /// How long a spare is kept, and how close together two clients must come for one to be made.
-pub const MAX_AGE: Duration = Duration::from_secs(5);
+pub const MAX_AGE: Duration = Duration::from_secs(3);
+/// After a spare was found closed by the API server (or a balancer in front of it, closing
+/// connections idle for less than [`MAX_AGE`]), no spare is made for this long.
+const QUIET: Duration = Duration::from_secs(60);
+/// The most spare sockets open at once: per protocol a loopback client can be given (`h2`,
+/// `http/1.1`, none), one held or being made and one being closed. Kept aside by
+/// [`super::limits`].
+pub const DESCRIPTORS: usize = 6;
 
 /// The spares, one place per protocol a loopback client was connected with.
 pub struct Spares {
     enabled: AtomicBool,
     places: Mutex<Vec<Place>>,
     serial: AtomicU64,
+    /// Counts [`Spares::retire`]: a spare made before the last one is not kept.
+    era: AtomicU64,
     pub(super) metrics: Arc<Metrics>,
 }
 
@@ -53,6 +75,8 @@ struct Place {
     wanted: bool,
     /// A spare is being made.
     filling: bool,
+    /// No spare is made before this (one was found closed by the API server).
+    quiet_until: Option<Instant>,
     spare: Option<Spare>,
 }
 
@@ -70,6 +94,7 @@ impl Spares {
             enabled: AtomicBool::new(enabled),
             places: Mutex::new(Vec::new()),
             serial: AtomicU64::new(0),
+            era: AtomicU64::new(0),
             metrics,
         }
     }
@@ -87,24 +112,46 @@ impl Spares {
             return None;
         }
         let now = Instant::now();
-        let found = {
-            let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
-            let place = place_for(&mut places, alpn);
-            let recent = place
-                .last_client
-                .is_some_and(|t| now.duration_since(t) < MAX_AGE);
-            place.last_client = Some(now);
-            let found = place.spare.take();
-            place.wanted = recent || found.is_some();
-            found
-        }?;
-        if found.epoch == epoch && now.duration_since(found.made) < MAX_AGE && open(&found.conn) {
+        let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
+        let place = place_for(&mut places, alpn);
+        let recent = place
+            .last_client
+            .is_some_and(|t| now.duration_since(t) < MAX_AGE);
+        place.last_client = Some(now);
+        place.wanted = recent;
+        let found = place.spare.take()?;
+        if !open(&found.conn) {
+            // Closed by the API server, or a balancer: spares would only cost it connections.
+            place.quiet_until = Some(now + QUIET);
+            place.wanted = false;
+        } else if found.epoch == epoch && now.duration_since(found.made) < MAX_AGE {
+            place.wanted = true;
+            drop(places);
             self.metrics.spare(SpareOutcome::Used);
             return Some(found.conn);
         }
-        // Closed by the API server, too old, or made with a retired certificate: dropped.
+        // Closed, too old, or made with a retired certificate: dropped.
+        drop(places);
         self.metrics.spare(SpareOutcome::Dropped);
         None
+    }
+
+    /// Drops every spare held, and any being made: the certificate or the trust they were
+    /// made with is no longer in use, or the session store was emptied.
+    pub fn retire(&self) {
+        self.era.fetch_add(1, Ordering::SeqCst);
+        let dropped: Vec<Spare> = {
+            let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
+            places.iter_mut().filter_map(|p| p.spare.take()).collect()
+        };
+        for _ in &dropped {
+            self.metrics.spare(SpareOutcome::Dropped);
+        }
+    }
+
+    /// The current era, for [`Spares::put`].
+    pub(super) fn era(&self) -> u64 {
+        self.era.load(Ordering::SeqCst)
     }
 
     /// Whether to make a spare for `alpn` now; if so, the place is marked as filling.
@@ -114,33 +161,52 @@ impl Spares {
         }
         let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
         let place = place_for(&mut places, alpn);
-        let go = place.wanted && !place.filling && place.spare.is_none();
+        let quiet = place.quiet_until.is_some_and(|t| Instant::now() < t);
+        let go = place.wanted && !quiet && !place.filling && place.spare.is_none();
         place.filling |= go;
         go
     }
 
-    /// Keeps `conn`, made with `epoch`, for the next client; returns its serial number.
-    pub(super) fn put(&self, alpn: Option<&[u8]>, conn: OriginConn, epoch: CertEpoch) -> u64 {
+    /// Keeps `conn`, made with `epoch` in `era`, for the next client; returns its serial
+    /// number. None (it is dropped) when spares were retired since it was begun.
+    pub(super) fn put(
+        &self,
+        alpn: Option<&[u8]>,
+        conn: OriginConn,
+        (epoch, era): (CertEpoch, u64),
+    ) -> Option<u64> {
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
         let place = place_for(&mut places, alpn);
         place.filling = false;
+        // Counted under the lock: a client that sees the count finds the spare.
+        self.metrics.spare(SpareOutcome::Made);
+        if era != self.era() {
+            drop(places);
+            self.metrics.spare(SpareOutcome::Dropped);
+            return None;
+        }
         place.spare = Some(Spare {
             conn,
             epoch,
             made: Instant::now(),
             serial,
         });
-        serial
+        Some(serial)
     }
 
-    /// A spare could not be made; with `off`, none will be made again.
-    pub(super) fn failed(&self, alpn: Option<&[u8]>, off: bool) {
+    /// A spare could not be made: with `quiet`, none is tried for a while (it failed in a way
+    /// that would repeat); with `off`, none will be made again.
+    pub(super) fn failed(&self, alpn: Option<&[u8]>, (quiet, off): (bool, bool)) {
         if off {
             self.enabled.store(false, Ordering::Relaxed);
         }
         let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
-        place_for(&mut places, alpn).filling = false;
+        let place = place_for(&mut places, alpn);
+        place.filling = false;
+        if quiet {
+            place.quiet_until = Some(Instant::now() + QUIET);
+        }
     }
 
     /// The spare numbered `serial`, if nobody took it.
@@ -164,6 +230,7 @@ fn place_for<'a>(places: &'a mut Vec<Place>, alpn: Option<&[u8]>) -> &'a mut Pla
                 last_client: None,
                 wanted: false,
                 filling: false,
+                quiet_until: None,
                 spare: None,
             });
             places.len() - 1

@@ -250,6 +250,7 @@ impl Upstream {
     /// Forgets all resumable sessions: the next connection makes a full handshake (and
     /// presents the current certificate). Connections already open are not touched.
     pub fn reset_sessions(&self) {
+        self.spares.retire();
         self.endpoints.reset_sessions();
     }
 
@@ -354,20 +355,13 @@ impl Upstream {
         self.connect_any(alpn, first, Dial::Lean).await
     }
 
-    /// A spare connection for the next loopback client ([`super::spare`]).
-    pub(super) async fn connect_spare(
-        &self,
-        alpn: Option<&[u8]>,
-    ) -> Result<OriginConn, UpstreamError> {
-        self.connect_any(alpn, &[], Dial::Spare).await
-    }
-
     /// The spare connections made ahead for loopback clients.
     pub fn spares(&self) -> &Spares {
         &self.spares
     }
 
-    async fn connect_any(
+    /// [`Upstream::connect_sending`] made as `how` says (a spare: [`super::preconnect`]).
+    pub(super) async fn connect_any(
         &self,
         alpn: Option<&[u8]>,
         first: &[u8],
@@ -395,6 +389,10 @@ impl Upstream {
                     }
                 }
             };
+            // A spare's failure is nobody's: no endpoint is marked down, no other one tried.
+            if how == Dial::Spare {
+                return Err(error);
+            }
             endpoint.failed(&error);
             last = Some(error);
         }
@@ -411,8 +409,9 @@ impl Upstream {
     ) -> Result<OriginConn, UpstreamError> {
         let addr = endpoint.target.authority();
         let generation = endpoint.generation();
-        // A spare only resumes: it never costs a signature for a client not there yet.
-        if how == Dial::Spare && !generation.store.claim_only() {
+        // A spare only resumes, with a ticket a client does not need (spare.rs).
+        let spare = how == Dial::Spare;
+        if spare && !generation.store.spare_ticket_ready() {
             return Err(UpstreamError::NoTicket);
         }
         let tcp = match self.dial(&endpoint.target).await {
@@ -422,6 +421,9 @@ impl Upstream {
                 return Err(e);
             }
         };
+        if spare && !generation.store.claim_for_spare() {
+            return Err(UpstreamError::NoTicket);
+        }
         let config = self.config_for(&generation, alpn, &addr)?;
         // A cold store: one connection warms it, the others wait for its ticket (sessions.rs).
         let warmup = match how {

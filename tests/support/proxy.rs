@@ -545,27 +545,6 @@ impl ProxyProcess {
         self.metric(NOT_AFTER) as i64
     }
 
-    /// Upstream connections the proxy made ahead for a next loopback client that no client
-    /// used (held now, expired or dropped): what the API server saw beyond the clients'.
-    /// `clients` is how many upstream connections clients made or used: this waits (at most
-    /// 5 s) until every upstream handshake is accounted for, by a client or as made ahead (a
-    /// connection made ahead is counted once its handshake is done).
-    pub fn made_ahead_unused(&self, clients: usize) -> usize {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let m = self.metrics();
-            let made = metric_in(&m, "hwkey_upstream_spares_total{event=\"made\"}");
-            let used = metric_in(&m, "hwkey_upstream_spares_total{event=\"used\"}");
-            let handshakes = metric_in(&m, "hwkey_upstream_handshakes_total{resumed=\"true\"}")
-                + metric_in(&m, "hwkey_upstream_handshakes_total{resumed=\"false\"}");
-            let unused = (made - used) as usize;
-            if handshakes as usize <= clients + unused || Instant::now() > deadline {
-                return unused;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
     /// `hwkey_signatures_total`.
     pub fn signatures(&self) -> u64 {
         self.metric("hwkey_signatures_total") as u64

@@ -118,19 +118,35 @@ impl TestUpstream {
     /// cluster whose serving CA was rotated) while trusting client certificates from
     /// `client_ca`.
     pub fn start_serving(client_ca: &TestCa, serving: &TestCa, port: u16) -> TestUpstream {
-        Self::start_full(client_ca, serving, port, false)
+        Self::start_full(client_ca, serving, port, (false, true))
+    }
+
+    /// Like [`TestUpstream::start`], as an API server whose ticket keys keep changing (one
+    /// restarted between every two connections): it sends session tickets and accepts none, so
+    /// every handshake is full.
+    pub fn start_never_resuming(ca: &TestCa) -> TestUpstream {
+        Self::start_full(ca, ca, 0, (false, false))
     }
 
     /// Like [`TestUpstream::start`], as an API server built with Go ≥ 1.24 serves: it prefers
     /// the X25519MLKEM768 hybrid key exchange (from aws-lc-rs), then X25519.
     pub fn start_pq(ca: &TestCa) -> TestUpstream {
-        Self::start_full(ca, ca, 0, true)
+        Self::start_full(ca, ca, 0, (true, true))
     }
 
-    fn start_full(client_ca: &TestCa, serving: &TestCa, port: u16, pq: bool) -> TestUpstream {
+    fn start_full(
+        client_ca: &TestCa,
+        serving: &TestCa,
+        port: u16,
+        (pq, resumes): (bool, bool),
+    ) -> TestUpstream {
         let dir = temp_dir();
         let (cert, key) = serving.server_cert(dir.path());
-        let config = Arc::new(server_config(&client_ca.ca_path(), &cert, &key, pq));
+        let mut config = server_config(&client_ca.ca_path(), &cert, &key, pq);
+        if !resumes {
+            config.ticketer = Arc::new(Forgetful);
+        }
+        let config = Arc::new(config);
         let std_listener = bind_retrying(port);
         std_listener.set_nonblocking(true).expect("nonblocking");
         let addr = std_listener.local_addr().expect("local_addr");
@@ -288,6 +304,34 @@ fn server_config(ca: &Path, cert: &Path, key: &Path, pq: bool) -> rustls::Server
     // Go's server picks the suite by its own preference, not the client's.
     config.ignore_client_order = true;
     config
+}
+
+/// Tickets that open nothing: each one a new blob, none accepted back.
+#[derive(Debug)]
+struct Forgetful;
+
+impl rustls::server::ProducesTickets for Forgetful {
+    fn enabled(&self) -> bool {
+        true
+    }
+
+    fn lifetime(&self) -> u32 {
+        3600
+    }
+
+    fn encrypt(&self, _plain: &[u8]) -> Option<Vec<u8>> {
+        static ISSUED: AtomicU64 = AtomicU64::new(0);
+        Some(
+            ISSUED
+                .fetch_add(1, Ordering::Relaxed)
+                .to_be_bytes()
+                .repeat(4),
+        )
+    }
+
+    fn decrypt(&self, _cipher: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 fn pem_certs(path: &Path) -> Vec<CertificateDer<'static>> {

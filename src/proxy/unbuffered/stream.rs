@@ -49,6 +49,9 @@ pub struct Lean<S> {
     /// The session failed (a bad record): it is not asked for anything again. Its buffer
     /// still holds what failed, and rustls would read it again and queue a second alert.
     failed: Option<io::ErrorKind>,
+    /// The session is given records with hardware signatures refused (a connection made
+    /// ahead for a client that has not come yet: `proxy::spare`).
+    unsigned: bool,
 }
 
 /// What the relay loop takes from a [`Lean`]: the socket (non-blocking, registered nowhere),
@@ -86,7 +89,14 @@ impl<S: Session> Lean<S> {
             peer_closed: false,
             closing: false,
             failed: None,
+            unsigned: false,
         }
+    }
+
+    /// From now on, the handshake makes no hardware signature: it resumes, or fails
+    /// (`key::tls::without_signatures`).
+    pub fn refuse_signatures(&mut self) {
+        self.unsigned = true;
     }
 
     /// Runs the handshake to its end. What the peer sent after its last flight and the
@@ -214,16 +224,19 @@ impl<S: Session> Lean<S> {
     fn feed_incoming(&mut self) -> io::Result<Fed> {
         self.check()?;
         self.unfed = false;
-        let plain = &mut self.plain;
-        let fed = feed(
-            &mut self.session,
-            &mut self.incoming[..self.have],
-            &mut self.out,
-            |p| {
+        let (session, out, plain) = (&mut self.session, &mut self.out, &mut self.plain);
+        let incoming = &mut self.incoming[..self.have];
+        let mut step = || {
+            feed(session, incoming, out, |p| {
                 plain.extend_from_slice(p);
                 Ok(())
-            },
-        );
+            })
+        };
+        let fed = if self.unsigned {
+            crate::key::tls::without_signatures(step)
+        } else {
+            step()
+        };
         let fed = fed.inspect_err(|e| self.failed = Some(e.kind()))?;
         if fed.peer_closed {
             self.peer_closed = true;

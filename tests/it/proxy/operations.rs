@@ -190,12 +190,10 @@ fn upstream_outage_fails_cleanly_and_recovers(identity: fn() -> Identity) {
     let out = proxy.curl_tls(&cred, &["--fail"], "/version");
     assert!(out.status.success(), "{}", output_text(&out));
     proxy.wait_for_health(200);
-    // The two clients' connections, and one made ahead for a next loopback client (the one
-    // just served came soon after the one the outage failed).
-    assert_eq!(
-        upstream.stats().connections.len(),
-        2 + proxy.made_ahead_unused(3)
-    );
+    // The two clients' connections, and perhaps one made ahead for a next loopback client (the
+    // one just served came soon after the one the outage failed): nothing else.
+    let seen = upstream.stats().connections.len();
+    assert!((2..=3).contains(&seen), "{seen} upstream connections");
 }
 
 #[cfg(feature = "pkcs11")]

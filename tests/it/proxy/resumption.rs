@@ -50,16 +50,20 @@ fn check_resumption(identity: fn() -> Identity, over_tls: bool) {
         "{CONNECTIONS} connections cost {used} signatures (at most {MAX_SIGNATURES} allowed)"
     );
     // Loopback clients one after another: the proxy made a connection ahead for each next one
-    // (proxy::spare); the last is still held, for a client that has not come.
-    let ahead = proxy.made_ahead_unused(CONNECTIONS);
-    assert!(ahead <= 1, "{ahead} connections made ahead and not used");
-    let m = proxy.metrics();
-    let resumed = metric_in(&m, "hwkey_upstream_handshakes_total{resumed=\"true\"}");
-    let full = metric_in(&m, "hwkey_upstream_handshakes_total{resumed=\"false\"}");
-    assert_eq!(resumed + full, (CONNECTIONS + ahead) as f64);
+    // (proxy::spare); the last may still be held (or being made), for a client that has not
+    // come. Never more than that one.
+    let within = CONNECTIONS as f64..=(CONNECTIONS + 1) as f64;
+    assert!(
+        within.contains(&(resumed + full)),
+        "{resumed} + {full} handshakes"
+    );
 
     let s = upstream.stats();
-    assert_eq!(s.connections.len(), CONNECTIONS + ahead);
+    assert!(
+        (CONNECTIONS..=CONNECTIONS + 1).contains(&s.connections.len()),
+        "{} upstream connections for {CONNECTIONS} clients",
+        s.connections.len()
+    );
     assert!(
         s.resumed() >= CONNECTIONS - MAX_SIGNATURES as usize,
         "upstream saw {} resumed of {CONNECTIONS}",
