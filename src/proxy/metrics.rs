@@ -85,7 +85,8 @@ label_values! {
         Used => "used",
         /// Nobody came for it in time: closed.
         Expired => "expired",
-        /// Found closed by the API server, too old, or made with a retired certificate.
+        /// Found closed by the API server or too old, or retired (a certificate or CA bundle
+        /// installed, the session store emptied) before a client came.
         Dropped => "dropped",
     }
 }

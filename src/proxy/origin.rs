@@ -60,6 +60,10 @@ impl Origin {
     }
 }
 
+/// How long a spare waits after its handshake for the session ticket its server sends (Go's
+/// server sends it with its `Finished` when resuming; others one round trip later).
+const NEW_TICKET_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// How an upstream connection is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dial {
@@ -90,8 +94,16 @@ pub(super) async fn handshake(
                 conn.refuse_signatures();
             }
             conn.handshake_sending(first).await?;
+            if how == Dial::Spare {
+                // The ticket the server sends back, for the client that waits for it.
+                conn.take_in(NEW_TICKET_WAIT).await?;
+            }
             Ok((Origin::Lean(Box::new(conn)), first.len()))
         }
+        // Only the unbuffered session's handshake runs with signatures refused.
+        _ if how == Dial::Spare => Err(io::Error::other(
+            "no spare connection through an https:// forward proxy",
+        )),
         tcp => {
             let mut sent = 0;
             let queue_first = |c: &mut rustls::ClientConnection| {

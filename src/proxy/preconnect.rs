@@ -35,10 +35,7 @@ async fn fill(upstream: &Upstream, alpn: Option<Vec<u8>>) {
     let made_with = (upstream.epoch(), spares.era());
     let conn = match upstream.connect_any(alpn, &[], Dial::Spare).await {
         Ok(conn) if matches!(conn.origin, Origin::Lean(_)) => conn,
-        Ok(_) => {
-            tracing::debug!("no spare upstream connections through a forward proxy");
-            return spares.failed(alpn, (false, true));
-        }
+        Ok(_) => return spares.failed(alpn, (false, true)),
         Err(UpstreamError::NoTicket) => return spares.failed(alpn, (false, false)),
         Err(e) => {
             tracing::debug!(error = %e, "no spare upstream connection; none tried for a while");

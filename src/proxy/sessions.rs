@@ -10,8 +10,10 @@
 //!   resumes; or
 //! - if no full handshake is under way, it leads: makes the full handshake whose tickets the
 //!   others wait for (the server sends them right after the handshake, and every resumed
-//!   handshake brings new ones, so the supply grows with the burst); or
-//! - it waits for a ticket or for the lead, at most [`WARMUP_WAIT`], then goes ahead anyway.
+//!   handshake brings new ones: Go's server one, so the supply stays even, others more); or
+//! - it waits for a ticket, for the lead, or for a spare connection's handshake under way
+//!   ([`super::spare`]: it brings a ticket back), at most [`WARMUP_WAIT`], then goes ahead
+//!   anyway.
 //!
 //! An upstream that sends no tickets (or uses TLS 1.2 sessions, which are reusable) opens the
 //! gate for good, so it never slows connections down: after a successful lead, [`GRACE`] without
@@ -28,8 +30,12 @@ use rustls::pki_types::ServerName;
 use rustls::NamedGroup;
 use tokio::sync::Notify;
 
+use super::error::UpstreamError;
+
 /// The longest a connection waits at the gate.
 pub const WARMUP_WAIT: Duration = Duration::from_secs(3);
+/// The longest a spare waits for a ticket to claim ([`SessionStore::claim_for_spare`]).
+pub const TICKET_WAIT: Duration = Duration::from_secs(1);
 /// How long after a successful full handshake its tickets may take to arrive.
 pub const GRACE: Duration = Duration::from_millis(500);
 /// rustls's memory cache keeps this many TLS 1.3 tickets per server (oldest dropped first).
@@ -47,6 +53,9 @@ pub struct SessionStore {
     leader: AtomicBool,
     /// The gate is open for good (no tickets from this upstream, or TLS 1.2 sessions).
     bypass: AtomicBool,
+    /// Spares ([`super::spare`]) resuming with a claimed ticket: each brings one back, which a
+    /// client waits for rather than lead a full handshake.
+    spares: AtomicUsize,
     changed: Notify,
 }
 
@@ -87,6 +96,33 @@ impl LeaderGuard {
     }
 }
 
+/// A spare's claim on a ticket ([`SessionStore::claim_for_spare`]); dropped when its
+/// handshake is over. A claim dropped before its handshake started gives the ticket back.
+#[derive(Debug)]
+pub struct SpareClaim {
+    store: Arc<SessionStore>,
+    started: bool,
+}
+
+impl SpareClaim {
+    /// The handshake that takes the ticket from the store starts now: it goes on as a
+    /// connection with a ticket does.
+    pub fn start(&mut self) -> Warmup {
+        self.started = true;
+        Warmup::Go
+    }
+}
+
+impl Drop for SpareClaim {
+    fn drop(&mut self) {
+        if !self.started {
+            self.store.available.fetch_add(1, Ordering::SeqCst);
+        }
+        self.store.spares.fetch_sub(1, Ordering::SeqCst);
+        self.store.changed.notify_waiters();
+    }
+}
+
 impl Drop for LeaderGuard {
     fn drop(&mut self) {
         if !self.succeeded {
@@ -106,6 +142,7 @@ impl SessionStore {
             received: AtomicU64::new(0),
             leader: AtomicBool::new(false),
             bypass: AtomicBool::new(false),
+            spares: AtomicUsize::new(0),
             changed: Notify::new(),
         }
     }
@@ -121,22 +158,45 @@ impl SessionStore {
             .is_ok()
     }
 
-    /// Whether a connection nobody waits for yet (a spare, [`super::spare`]) may go for a
-    /// ticket: one at least stays for the next client, who would otherwise lead a full handshake
-    /// (a signature). None while the gate is open for good: no tickets to count.
-    pub fn spare_ticket_ready(&self) -> bool {
-        !self.bypass.load(Ordering::SeqCst) && self.available() >= 2
+    /// Claims a ticket for a connection nobody waits for yet (a spare, [`super::spare`]),
+    /// waiting up to `within` for one (the client connection just made brings one back with
+    /// its first answer). None while the gate is open for good: no tickets counted, no spare.
+    /// Until the claim is dropped (the spare's handshake over, and the ticket its server sends
+    /// back taken in), a client that finds no ticket waits for that one instead of leading a
+    /// full handshake: a spare never makes a client sign.
+    pub async fn claim_for_spare(self: &Arc<Self>, within: Duration) -> Option<SpareClaim> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.bypass.load(Ordering::SeqCst) {
+                return None;
+            }
+            if self.claim() {
+                self.spares.fetch_add(1, Ordering::SeqCst);
+                return Some(SpareClaim {
+                    store: self.clone(),
+                    started: false,
+                });
+            }
+            tokio::time::timeout_at(deadline, changed).await.ok()?;
+        }
     }
 
-    /// Claims a ticket for a spare, as [`SessionStore::spare_ticket_ready`] allows.
-    pub fn claim_for_spare(&self) -> bool {
-        !self.bypass.load(Ordering::SeqCst)
-            && self
-                .available
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                    (n >= 2).then(|| n - 1)
-                })
-                .is_ok()
+    /// A spare's claim when `spare` (a connection that is not one: none).
+    pub async fn claim_if(
+        self: &Arc<Self>,
+        spare: bool,
+        within: Duration,
+    ) -> Result<Option<SpareClaim>, UpstreamError> {
+        match spare {
+            true => match self.claim_for_spare(within).await {
+                Some(claim) => Ok(Some(claim)),
+                None => Err(UpstreamError::NoTicket),
+            },
+            false => Ok(None),
+        }
     }
 
     /// Passes the gate: see the module comment.
@@ -146,7 +206,9 @@ impl SessionStore {
             if self.bypass.load(Ordering::SeqCst) || self.claim() {
                 return Warmup::Go;
             }
-            if !self.leader.swap(true, Ordering::SeqCst) {
+            // A spare's handshake under way brings a ticket: wait for it, do not lead.
+            let spare_coming = self.spares.load(Ordering::SeqCst) > 0;
+            if !spare_coming && !self.leader.swap(true, Ordering::SeqCst) {
                 return Warmup::Leader(LeaderGuard {
                     store: self.clone(),
                     succeeded: false,
@@ -158,7 +220,7 @@ impl SessionStore {
             changed.as_mut().enable();
             if self.bypass.load(Ordering::SeqCst)
                 || self.available() > 0
-                || !self.leader.load(Ordering::SeqCst)
+                || (!self.leader.load(Ordering::SeqCst) && self.spares.load(Ordering::SeqCst) == 0)
             {
                 continue;
             }
@@ -227,28 +289,59 @@ mod tests {
         store.changed.notify_waiters();
     }
 
-    /// A spare takes a ticket only when one stays for the next client: with one ticket in the
-    /// store, a client that came after a spare took it would lead a full handshake (a
-    /// signature) it would not have made otherwise. And none while the store counts no
-    /// tickets (its gate open for good).
+    /// A client that finds no ticket while a spare's handshake is under way (it took the last
+    /// one) waits for the ticket that handshake brings, and resumes: it does not lead a full
+    /// handshake (a signature) the spare would have caused. With the gate open for good (no
+    /// tickets counted), no spare at all.
     #[tokio::test]
-    async fn a_spare_leaves_a_ticket_for_the_next_client() {
+    async fn a_client_waits_for_the_ticket_a_spare_brings_back() {
         let store = Arc::new(SessionStore::new(4));
-        ticket_arrives(&store);
-        assert!(!store.spare_ticket_ready());
-        assert!(!store.claim_for_spare());
-        ticket_arrives(&store);
-        assert!(store.spare_ticket_ready());
-        assert!(store.claim_for_spare());
-        assert!(!store.claim_for_spare(), "one is left for a client");
+        let brief = Duration::from_millis(10);
         assert!(
-            matches!(store.warm_up().await, Warmup::Go),
-            "the client resumes"
+            store.claim_for_spare(brief).await.is_none(),
+            "no ticket, no spare"
         );
         ticket_arrives(&store);
+        let mut spare = store
+            .claim_for_spare(brief)
+            .await
+            .expect("a ticket for the spare");
+        let _ = spare.start();
+        assert_eq!(store.available(), 0);
+        let client = async { store.warm_up().await };
+        let spare_done = async {
+            tokio::task::yield_now().await;
+            ticket_arrives(&store);
+            drop(spare);
+        };
+        let (client, ()) = tokio::join!(client, spare_done);
+        assert!(matches!(client, Warmup::Go), "the client resumes");
+        assert!(
+            !store.leader.load(Ordering::SeqCst),
+            "nobody led a full handshake"
+        );
+        // A claim given up before its handshake (the dial failed) gives its ticket back.
         ticket_arrives(&store);
+        drop(store.claim_for_spare(brief).await);
+        assert_eq!(store.available(), 1);
         store.bypass.store(true, Ordering::SeqCst);
-        assert!(!store.claim_for_spare(), "no tickets counted: no spare");
+        assert!(
+            store.claim_for_spare(brief).await.is_none(),
+            "no tickets counted: no spare"
+        );
+    }
+
+    /// A spare waits for the ticket the client connection just made brings back.
+    #[tokio::test]
+    async fn a_spare_waits_for_a_ticket_to_come() {
+        let store = Arc::new(SessionStore::new(4));
+        let spare = async { store.claim_for_spare(Duration::from_secs(5)).await };
+        let arrival = async {
+            tokio::task::yield_now().await;
+            ticket_arrives(&store);
+        };
+        let (spare, ()) = tokio::join!(spare, arrival);
+        assert!(spare.is_some());
     }
 
     #[tokio::test]

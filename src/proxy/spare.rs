@@ -13,11 +13,14 @@
 //! What keeps this safe and cheap:
 //! - Made only after an authenticated client's connection, at most one per protocol at a time:
 //!   an unauthenticated peer cannot make the proxy connect anywhere.
-//! - Never a signature: only with two session tickets in the store (one stays for the next
-//!   client, so a spare never makes a client lead a full handshake), none while the store
-//!   counts no tickets (TLS 1.2 sessions, a server that sends none), and its handshake runs
-//!   with hardware signatures refused (`key::tls::without_signatures`): a server that wants a
-//!   full handshake fails the spare, and no spare is tried for a minute then.
+//! - Never a signature: it claims a session ticket (waiting up to a second for the one the
+//!   client connection just made brings back), none while the store counts no tickets (TLS 1.2
+//!   sessions, a server that sends none), and its handshake runs with hardware signatures
+//!   refused (`key::tls::without_signatures`): a server that wants a full handshake fails the
+//!   spare, and no spare is tried for a minute then. Its handshake brings a ticket back (Go's
+//!   server sends one per handshake), which it takes in before it is kept; a client that finds
+//!   no ticket meanwhile waits for that one rather than lead a full handshake
+//!   (`sessions.rs`).
 //! - A spare's failure is nobody's: no API server is marked down for it, no other tried.
 //! - Used only while fresh (less than [`MAX_AGE`], far below what API servers allow a
 //!   connection that has sent nothing yet: Go's HTTP/2 server waits 10 s for the preface,
@@ -28,7 +31,8 @@
 //!   sooner than [`MAX_AGE`] would otherwise get two connections per client).
 //! - Unused, it is closed with `close_notify` when it ages out: one connection at the end of
 //!   a burst is what it costs. `--no-preconnect` turns it off.
-//! - Over plain TCP only: through a forward proxy the first spare turns the feature off.
+//! - Not through an `https://` forward proxy (its TLS-in-TLS session is not the unbuffered one
+//!   whose handshake refuses signatures): the first attempt fails, and spares rest a minute.
 //!
 //! Left: a spare the API server closes after the check and before the client's request (a
 //! window of microseconds, or an HTTP/2 GOAWAY, which only HTTP/2 framing shows) ends that

@@ -44,7 +44,7 @@ use super::error::{StartError, UpstreamError};
 use super::metrics::{Metrics, UpstreamStage};
 pub use super::origin::{Dial, Origin, OriginConn, UpstreamConn};
 use super::rotation::{self, CertEpoch};
-use super::sessions::Warmup;
+use super::sessions::{Warmup, TICKET_WAIT};
 use super::settings::UpstreamSettings;
 use super::spare::Spares;
 use crate::egress::{Egress, EgressError, Tunnel};
@@ -409,11 +409,9 @@ impl Upstream {
     ) -> Result<OriginConn, UpstreamError> {
         let addr = endpoint.target.authority();
         let generation = endpoint.generation();
-        // A spare only resumes, with a ticket a client does not need (spare.rs).
+        // A spare only resumes (spare.rs): held until its handshake is over.
         let spare = how == Dial::Spare;
-        if spare && !generation.store.spare_ticket_ready() {
-            return Err(UpstreamError::NoTicket);
-        }
+        let mut claim = generation.store.claim_if(spare, TICKET_WAIT).await?;
         let tcp = match self.dial(&endpoint.target).await {
             Ok(t) => t,
             Err(e) => {
@@ -421,14 +419,11 @@ impl Upstream {
                 return Err(e);
             }
         };
-        if spare && !generation.store.claim_for_spare() {
-            return Err(UpstreamError::NoTicket);
-        }
         let config = self.config_for(&generation, alpn, &addr)?;
         // A cold store: one connection warms it, the others wait for its ticket (sessions.rs).
-        let warmup = match how {
-            Dial::Spare => Warmup::Go,
-            _ => generation.store.warm_up().await,
+        let warmup = match claim.as_mut() {
+            Some(c) => c.start(),
+            None => generation.store.warm_up().await,
         };
         let started = Instant::now();
         let early = alpn != Some(b"h2".as_slice()) || endpoint.agreed_h2();
@@ -550,13 +545,21 @@ impl Upstream {
         if let Some(c) = configs.get(&key) {
             return Ok(c.clone());
         }
-        let roots = self.roots.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut config =
-            crate::pki::tls::client_config(self.versions, roots, self.resolver.clone(), self.kx)
-                .map_err(|e| UpstreamError::Tls {
-                    addr: addr.to_string(),
-                    source: e,
-                })?;
+        // Every protocol's config shares the first one's verifier and resolver: rustls resumes
+        // a session only with the very ones that made it, and the store is shared.
+        let mut config = match configs.values().next() {
+            Some(first) => (**first).clone(),
+            None => {
+                let roots = self.roots.read().unwrap_or_else(|p| p.into_inner()).clone();
+                let resolver = self.resolver.clone();
+                crate::pki::tls::client_config(self.versions, roots, resolver, self.kx).map_err(
+                    |e| UpstreamError::Tls {
+                        addr: addr.to_string(),
+                        source: e,
+                    },
+                )?
+            }
+        };
         config.alpn_protocols = key.iter().cloned().collect();
         config.resumption = Resumption::store(generation.store.clone());
         let config = Arc::new(config);

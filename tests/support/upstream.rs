@@ -118,27 +118,33 @@ impl TestUpstream {
     /// cluster whose serving CA was rotated) while trusting client certificates from
     /// `client_ca`.
     pub fn start_serving(client_ca: &TestCa, serving: &TestCa, port: u16) -> TestUpstream {
-        Self::start_full(client_ca, serving, port, (false, true))
+        Self::start_full(client_ca, serving, port, (false, true, 4))
     }
 
     /// Like [`TestUpstream::start`], as an API server whose ticket keys keep changing (one
     /// restarted between every two connections): it sends session tickets and accepts none, so
     /// every handshake is full.
     pub fn start_never_resuming(ca: &TestCa) -> TestUpstream {
-        Self::start_full(ca, ca, 0, (false, false))
+        Self::start_full(ca, ca, 0, (false, false, 4))
     }
 
     /// Like [`TestUpstream::start`], as an API server built with Go ≥ 1.24 serves: it prefers
     /// the X25519MLKEM768 hybrid key exchange (from aws-lc-rs), then X25519.
     pub fn start_pq(ca: &TestCa) -> TestUpstream {
-        Self::start_full(ca, ca, 0, (true, true))
+        Self::start_full(ca, ca, 0, (true, true, 4))
+    }
+
+    /// Like [`TestUpstream::start`], sending one session ticket per handshake, as Go's
+    /// crypto/tls (kube-apiserver) does, not four.
+    pub fn start_one_ticket(ca: &TestCa) -> TestUpstream {
+        Self::start_full(ca, ca, 0, (false, true, 1))
     }
 
     fn start_full(
         client_ca: &TestCa,
         serving: &TestCa,
         port: u16,
-        (pq, resumes): (bool, bool),
+        (pq, resumes, tickets): (bool, bool, usize),
     ) -> TestUpstream {
         let dir = temp_dir();
         let (cert, key) = serving.server_cert(dir.path());
@@ -146,6 +152,7 @@ impl TestUpstream {
         if !resumes {
             config.ticketer = Arc::new(Forgetful);
         }
+        config.send_tls13_tickets = tickets;
         let config = Arc::new(config);
         let std_listener = bind_retrying(port);
         std_listener.set_nonblocking(true).expect("nonblocking");

@@ -136,6 +136,32 @@ impl<S: Session> Lean<S> {
         }
     }
 
+    /// Waits up to `within` for what the peer sends right after the handshake (a TLS 1.3
+    /// server's session tickets) and gives it to the session, with what was read already and
+    /// not given yet; what it opens is kept for the relay. Nothing in time is no error, the
+    /// peer closing is.
+    pub async fn take_in(&mut self, within: std::time::Duration) -> io::Result<()> {
+        if self.have > 0 {
+            self.feed_incoming()?;
+        }
+        match tokio::time::timeout(within, self.read_more()).await {
+            Err(_) => Ok(()),
+            Ok(Ok(0)) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the peer closed the connection right after the TLS handshake",
+            )),
+            Ok(Ok(_)) => {
+                let fed = self.feed_incoming()?;
+                self.flush_out().await?;
+                match fed.peer_closed {
+                    true => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                    false => Ok(()),
+                }
+            }
+            Ok(Err(e)) => Err(e),
+        }
+    }
+
     /// Seals `plain` for the peer; it is written by the next flush (or by the relay loop).
     pub fn seal(&mut self, plain: &[u8]) -> io::Result<()> {
         self.check()?;

@@ -207,3 +207,53 @@ fn a_connection_made_ahead_never_costs_a_signature() {
         proxy.log()
     );
 }
+
+/// Against an API server that sends one session ticket per handshake, as Go's crypto/tls
+/// (kube-apiserver) does, a burst still gets its connections made ahead: a spare waits for the
+/// ticket the client connection just made brings back, and its own handshake brings one back
+/// for the next. And no client is made to sign by a spare that took the only ticket: after the
+/// first client's full handshake, no signature at all.
+#[test]
+fn a_burst_gets_connections_made_ahead_from_an_api_server_sending_one_ticket() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start_one_ticket(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+    let signed = proxy.signatures();
+    for made in 1..8u64 {
+        assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+        proxy.wait_for_metric(MADE, made as f64);
+    }
+    assert_eq!(proxy.signatures(), signed, "{}", proxy.log());
+    assert_eq!(proxy.metric(USED), 6.0, "{}", proxy.metrics());
+    assert_eq!(upstream.stats().full(), 1);
+}
+
+/// One upstream session store serves every protocol, and a session made for one resumes for
+/// another: an HTTP/2 client after HTTP/1.1 ones makes no full handshake. Before, each
+/// protocol's configuration had its own server-certificate verifier, rustls resumes a session
+/// only with the verifier that made it, and the HTTP/2 connection took the HTTP/1.1 ticket,
+/// could not use it, and signed.
+#[test]
+fn a_session_made_for_one_protocol_resumes_for_another() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(&id, &upstream, ProxyOptions::args(&["--no-preconnect"]));
+    for args in [
+        ["--http1.1"],
+        ["--http1.1"],
+        ["--http2-prior-knowledge"],
+        ["--http2-prior-knowledge"],
+    ] {
+        let out = proxy.curl_unix(&args, "/version");
+        assert!(out.status.success(), "{}", proxy.log());
+    }
+    let stats = upstream.stats();
+    assert_eq!(stats.with_protocol("h2"), 2, "{stats:?}");
+    assert_eq!(
+        stats.full(),
+        1,
+        "only the first connection signs: {stats:?}"
+    );
+}
