@@ -33,7 +33,9 @@ async fn fill(upstream: &Upstream, alpn: Option<Vec<u8>>) {
     let spares = upstream.spares();
     let alpn = alpn.as_deref();
     let made_with = (upstream.epoch(), spares.era());
-    let conn = match upstream.connect_any(alpn, &[], Dial::Spare).await {
+    // Boxed: the connection's state lives on the heap while it is made, not in this task's
+    // for as long as it then waits.
+    let conn = match Box::pin(upstream.connect_any(alpn, &[], Dial::Spare)).await {
         Ok(conn) if matches!(conn.origin, Origin::Lean(_)) => conn,
         Ok(_) => return spares.failed(alpn, (false, true)),
         Err(UpstreamError::NoTicket) => return spares.failed(alpn, (false, false)),
@@ -45,7 +47,8 @@ async fn fill(upstream: &Upstream, alpn: Option<Vec<u8>>) {
     let Some(serial) = spares.put(alpn, conn, made_with) else {
         return;
     };
-    tokio::time::sleep(MAX_AGE).await;
+    // Until it ages out, or a client takes it (then this task ends at once).
+    let _ = tokio::time::timeout(MAX_AGE, spares.gone(serial)).await;
     let Some(OriginConn {
         origin: Origin::Lean(mut lean),
         ..

@@ -66,6 +66,8 @@ pub struct Spares {
     serial: AtomicU64,
     /// Counts [`Spares::retire`]: a spare made before the last one is not kept.
     era: AtomicU64,
+    /// Told when a spare is taken or dropped ([`Spares::gone`]).
+    taken: tokio::sync::Notify,
     pub(super) metrics: Arc<Metrics>,
 }
 
@@ -99,6 +101,7 @@ impl Spares {
             places: Mutex::new(Vec::new()),
             serial: AtomicU64::new(0),
             era: AtomicU64::new(0),
+            taken: tokio::sync::Notify::new(),
             metrics,
         }
     }
@@ -124,6 +127,7 @@ impl Spares {
         place.last_client = Some(now);
         place.wanted = recent;
         let found = place.spare.take()?;
+        self.taken.notify_waiters();
         if !open(&found.conn) {
             // Closed by the API server, or a balancer: spares would only cost it connections.
             place.quiet_until = Some(now + QUIET);
@@ -148,6 +152,7 @@ impl Spares {
             let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
             places.iter_mut().filter_map(|p| p.spare.take()).collect()
         };
+        self.taken.notify_waiters();
         for _ in &dropped {
             self.metrics.spare(SpareOutcome::Dropped);
         }
@@ -210,6 +215,25 @@ impl Spares {
         place.filling = false;
         if quiet {
             place.quiet_until = Some(Instant::now() + QUIET);
+        }
+    }
+
+    /// Returns once the spare numbered `serial` is held no more (taken or dropped).
+    pub(super) async fn gone(&self, serial: u64) {
+        loop {
+            let taken = self.taken.notified();
+            tokio::pin!(taken);
+            taken.as_mut().enable();
+            let held = {
+                let places = self.places.lock().unwrap_or_else(|p| p.into_inner());
+                places
+                    .iter()
+                    .any(|p| p.spare.as_ref().is_some_and(|s| s.serial == serial))
+            };
+            if !held {
+                return;
+            }
+            taken.await;
         }
     }
 

@@ -21,6 +21,8 @@ const READ: usize = 16 * 1024 + 2048;
 /// The most records kept while they are not yet whole: a handshake message may span records
 /// (a long certificate chain) and rustls joins them in place, up to 64 KiB.
 const MAX_INCOMING: usize = 64 * 1024 + READ;
+/// What a read for the session tickets after a handshake takes at most ([`Lean::take_in`]).
+const TICKETS_READ: usize = 2048;
 /// The most plaintext one write seals at once.
 const MAX_SEAL: usize = 64 * 1024;
 
@@ -144,7 +146,13 @@ impl<S: Session> Lean<S> {
         if self.have > 0 {
             self.feed_incoming()?;
         }
-        match tokio::time::timeout(within, self.read_more()).await {
+        // Tickets are small: a small read, and no read buffer kept if none came (the spare's
+        // memory at rest, and the heap's: a freed record buffer per spare fragments it).
+        let got = tokio::time::timeout(within, self.read_up_to(TICKETS_READ)).await;
+        if self.have == 0 {
+            self.incoming = Vec::new();
+        }
+        match got {
             Err(_) => Ok(()),
             Ok(Ok(0)) => Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -273,15 +281,15 @@ impl<S: Session> Lean<S> {
         Ok(fed)
     }
 
-    /// Room for a read after the records kept.
-    fn make_room(&mut self) -> io::Result<()> {
+    /// Room for a read of `read` bytes after the records kept.
+    fn make_room(&mut self, read: usize) -> io::Result<()> {
         if self.have >= MAX_INCOMING {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "the peer sent more than a TLS message can hold",
             ));
         }
-        let want = (self.have + READ).min(MAX_INCOMING);
+        let want = (self.have + read).min(MAX_INCOMING);
         if self.incoming.len() < want {
             self.incoming.resize(want, 0);
         }
@@ -289,7 +297,11 @@ impl<S: Session> Lean<S> {
     }
 
     async fn read_more(&mut self) -> io::Result<usize> {
-        self.make_room()?;
+        self.read_up_to(READ).await
+    }
+
+    async fn read_up_to(&mut self, read: usize) -> io::Result<usize> {
+        self.make_room(read)?;
         let n = self.tcp.read(&mut self.incoming[self.have..]).await?;
         self.have += n;
         self.unfed = n > 0;
@@ -348,7 +360,7 @@ impl<S: Session + Unpin> AsyncRead for Lean<S> {
                 fed?;
                 continue;
             }
-            this.make_room()?;
+            this.make_room(READ)?;
             let mut read = ReadBuf::new(&mut this.incoming[this.have..]);
             ready!(Pin::new(&mut this.tcp).poll_read(cx, &mut read))?;
             let n = read.filled().len();
