@@ -250,8 +250,9 @@ impl Upstream {
     /// Forgets all resumable sessions: the next connection makes a full handshake (and
     /// presents the current certificate). Connections already open are not touched.
     pub fn reset_sessions(&self) {
-        self.spares.retire();
         self.endpoints.reset_sessions();
+        // After: a spare begun in between has the new sessions and trust, or is dropped.
+        self.spares.retire();
     }
 
     /// Trusts `roots` for the API server from now on (a CA rotation): new connections verify
