@@ -33,7 +33,7 @@ use super::relay_loop::{OnEnd, Outcome, Pair, RelayLoops, TlsPair, UpstreamStrea
 use super::rotation::{CertEpoch, RotationClose};
 use super::unbuffered::Lean;
 use super::unix_client::ClientUnixStream;
-use super::upstream::{Origin, Upstream};
+use super::upstream::{ClientKind, Origin, Upstream};
 use super::write_through::write_through;
 use crate::egress::Tunnel;
 
@@ -115,7 +115,7 @@ impl Bridge {
         };
         // The next client's, made ahead while clients come in a burst (this one is
         // authenticated).
-        super::preconnect::preconnect(&self.upstream, alpn.as_deref());
+        super::preconnect::preconnect(&self.upstream, alpn.as_deref(), ClientKind::Loopback);
         let rest = first.get(conn.sent..).unwrap_or_default();
         let replayed = first.len() as u64;
         match conn.origin {
@@ -197,7 +197,7 @@ async fn serve(
     // Boxed: the connect and handshake state lives on the heap only while it runs, not in this
     // task's state for the connection's whole life (memory per idle connection, docs/BENCHMARKS.md).
     // Each attempt (one per API server, at most) has the handshake timeout.
-    let connected = Box::pin(shared.upstream.connect_sending(alpn.as_deref(), &prefix)).await;
+    let connected = Box::pin(shared.upstream.connect_unix(alpn.as_deref(), &prefix)).await;
     let upstream = match connected {
         Ok(c) => c,
         Err(e) => {
@@ -214,6 +214,8 @@ async fn serve(
             return;
         }
     };
+    // The next client's, made ahead while clients come in a burst (this one is authenticated).
+    super::preconnect::preconnect(&shared.upstream, alpn.as_deref(), ClientKind::Unix);
     let mut up = upstream.stream;
     // The first bytes went with the handshake's last flight; what rustls could not hold, now.
     if let Some(rest) = prefix.get(upstream.sent..).filter(|r| !r.is_empty()) {

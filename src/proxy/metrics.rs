@@ -79,7 +79,7 @@ label_values! {
     /// A spare upstream connection's events (`proxy::spare`): made, then used, expired or
     /// dropped; made minus the others is how many are held now.
     pub enum SpareOutcome {
-        /// Made ahead for the next loopback client.
+        /// Made ahead for the next local client.
         Made => "made",
         /// A loopback client's request went up on it.
         Used => "used",
@@ -573,7 +573,7 @@ fn upstream_metrics(r: &mut Registry) -> UpstreamFamilies {
     let spares = ByLabel::register(
         r,
         "hwkey_upstream_spares",
-        "Spare upstream connections made ahead for loopback clients, and what became of them",
+        "Spare upstream connections made ahead for local clients, and what became of them",
         "event",
         Counter::default,
     );

@@ -2,19 +2,24 @@
 //! relay loop ([`super::unbuffered`]), or buffered (tokio-rustls, over the read-ahead) for the
 //! runtime's path and for the proxy's own requests.
 
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
 
 use rustls::client::UnbufferedClientConnection;
 use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio_rustls::client::TlsStream;
 
 use super::readahead::ReadAhead;
 use super::unbuffered::{tls_error, Lean, Session};
 use crate::egress::Tunnel;
 
-/// An established upstream connection for a loopback TLS client ([`Upstream::connect_loopback`]).
+/// An established upstream connection, of either kind ([`Upstream::connect_loopback`], a spare).
 pub struct OriginConn {
     /// The TLS session and its socket.
     pub origin: Origin,
@@ -62,23 +67,59 @@ impl Origin {
 
 /// How long a spare waits after its handshake for the session ticket its server sends (Go's
 /// server sends it with its `Finished` when resuming; others one round trip later).
-const NEW_TICKET_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+const NEW_TICKET_WAIT: Duration = Duration::from_millis(250);
+/// What a read for the session tickets after a buffered handshake takes at once.
+const TICKETS_READ: usize = 2048;
 
 /// How an upstream connection is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dial {
-    /// Buffered (tokio-rustls): for the runtime's path and the proxy's own requests.
+    /// Buffered (tokio-rustls): for a UNIX-socket client, the runtime's path and the proxy's
+    /// own requests.
     Buffered,
     /// On rustls's unbuffered API over plain TCP, for a loopback client on a relay loop.
     Lean,
-    /// [`Dial::Lean`] for a spare ([`super::spare`]): only with a session ticket to resume.
-    Spare,
+    /// A spare ([`super::spare`]) for the next client of this kind, made as that client's own
+    /// connection would be: only over plain TCP and only with a session ticket to resume.
+    Spare(ClientKind),
+}
+
+/// The kind of local client a connection is for, which decides its upstream session's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientKind {
+    /// A loopback TLS client: both sessions on rustls's unbuffered API ([`Dial::Lean`]).
+    Loopback,
+    /// A UNIX-socket client: the upstream session buffered ([`Dial::Buffered`]).
+    Unix,
+}
+
+impl Dial {
+    /// Whether this is a spare's connection.
+    pub fn spare(self) -> bool {
+        matches!(self, Dial::Spare(_))
+    }
+}
+
+impl OriginConn {
+    /// The buffered connection a UNIX-socket client is relayed with (None: an unbuffered one).
+    pub fn into_buffered(self) -> Option<UpstreamConn> {
+        match self.origin {
+            Origin::Buffered(stream) => Some(UpstreamConn {
+                stream,
+                alpn: self.alpn,
+                resumed: self.resumed,
+                sent: self.sent,
+            }),
+            Origin::Lean(_) => None,
+        }
+    }
 }
 
 /// The TLS handshake with `name` over `tcp`, with `first` (a client's first bytes) sealed after
-/// the proxy's `Finished`, in its write: on rustls's unbuffered API unless [`Dial::Buffered`], when `tcp` is
-/// plain TCP, buffered otherwise. Returns the session and how many bytes of `first` went (all
-/// of them, unless a buffered session's buffer was full).
+/// the proxy's `Finished`, in its write: on rustls's unbuffered API for a loopback client when
+/// `tcp` is plain TCP, buffered otherwise. A spare sends nothing, refuses signatures and takes
+/// in the ticket its server sends back. Returns the session and how many bytes of `first` went
+/// (all of them, unless a buffered session's buffer was full).
 pub(super) async fn handshake(
     tcp: Tunnel,
     config: Arc<ClientConfig>,
@@ -86,25 +127,38 @@ pub(super) async fn handshake(
     first: &[u8],
     how: Dial,
 ) -> io::Result<(Origin, usize)> {
-    match tcp {
-        Tunnel::Tcp(tcp) if how != Dial::Buffered => {
+    match (tcp, how) {
+        (Tunnel::Tcp(tcp), Dial::Lean | Dial::Spare(ClientKind::Loopback)) => {
             let session = UnbufferedClientConnection::new(config, name).map_err(tls_error)?;
             let mut conn = Lean::new(tcp, session, Vec::new());
-            if how == Dial::Spare {
+            if how.spare() {
                 conn.refuse_signatures();
             }
             conn.handshake_sending(first).await?;
-            if how == Dial::Spare {
+            if how.spare() {
                 // The ticket the server sends back, for the client that waits for it.
                 conn.take_in(NEW_TICKET_WAIT).await?;
             }
             Ok((Origin::Lean(Box::new(conn)), first.len()))
         }
-        // Only the unbuffered session's handshake runs with signatures refused.
-        _ if how == Dial::Spare => Err(io::Error::other(
+        (tcp @ Tunnel::Tcp(_), Dial::Spare(ClientKind::Unix)) => {
+            let connect =
+                tokio_rustls::TlsConnector::from(config).connect(name, ReadAhead::new(tcp));
+            let mut connect = std::pin::pin!(connect);
+            // Each step of the handshake runs with hardware signatures refused.
+            let mut stream = std::future::poll_fn(|cx| {
+                crate::key::tls::without_signatures(|| connect.as_mut().poll(cx))
+            })
+            .await?;
+            take_in(&mut stream, NEW_TICKET_WAIT).await?;
+            Ok((Origin::Buffered(Box::new(stream)), 0))
+        }
+        // A spare's handshake refuses signatures only over plain TCP: a TLS-in-TLS session's
+        // outer handshake is another one.
+        (_, Dial::Spare(_)) => Err(io::Error::other(
             "no spare connection through an https:// forward proxy",
         )),
-        tcp => {
+        (tcp, _) => {
             let mut sent = 0;
             let queue_first = |c: &mut rustls::ClientConnection| {
                 // Buffered by rustls until the handshake completes (a full buffer takes less).
@@ -117,5 +171,46 @@ pub(super) async fn handshake(
                 .await?;
             Ok((Origin::Buffered(Box::new(stream)), sent))
         }
+    }
+}
+
+/// [`Lean::take_in`] for a buffered session: waits up to `within` for what the server sends
+/// after the handshake (its session ticket), and gives it to the session. Reads only what has
+/// arrived once something has, so it returns as soon as the ticket is in, and the read-ahead
+/// holds no buffer afterwards.
+async fn take_in(stream: &mut TlsStream<ReadAhead<Tunnel>>, within: Duration) -> io::Result<()> {
+    let mut chunk = [0u8; TICKETS_READ];
+    let mut got = false;
+    let read = std::future::poll_fn(|cx| loop {
+        let (io, session) = stream.get_mut();
+        let mut buf = ReadBuf::new(&mut chunk);
+        match Pin::new(io).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) if buf.filled().is_empty() => {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer closed the connection right after the TLS handshake",
+                )))
+            }
+            Poll::Ready(Ok(())) => {
+                got = true;
+                let mut bytes = buf.filled();
+                while !bytes.is_empty() {
+                    if session.read_tls(&mut bytes)? == 0 {
+                        return Poll::Ready(Err(io::Error::other("the TLS session took no bytes")));
+                    }
+                    let state = session.process_new_packets().map_err(tls_error)?;
+                    if state.peer_has_closed() {
+                        return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()));
+                    }
+                }
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending if got => return Poll::Ready(Ok(())),
+            Poll::Pending => return Poll::Pending,
+        }
+    });
+    match tokio::time::timeout(within, read).await {
+        Ok(r) => r,
+        Err(_) => Ok(()),
     }
 }

@@ -1,6 +1,7 @@
-//! Makes the spare upstream connections [`super::spare`] keeps: after an authenticated
-//! loopback client's connection, one for the next client while clients come in a burst, on
-//! the connection thread's runtime, off that client's path.
+//! Makes the spare upstream connections [`super::spare`] keeps: after an authenticated local
+//! client's connection, one for the next client of its kind while clients come in a burst, on
+//! the connection thread's runtime, off that client's path; and a client's connect, which takes
+//! the spare made for it first.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,53 +10,85 @@ use tokio::io::AsyncWriteExt;
 
 use super::error::UpstreamError;
 use super::metrics::SpareOutcome;
-use super::origin::{Dial, Origin, OriginConn};
+use super::origin::{ClientKind, Dial, Origin, OriginConn, UpstreamConn};
 use super::spare::MAX_AGE;
 use super::upstream::Upstream;
 
 /// How long closing an aged-out spare may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// After an authenticated loopback client's upstream connection offering `alpn`: makes the
-/// next client's on this connection thread's runtime, if clients come in a burst (see the
-/// module comment). Returns at once.
-pub fn preconnect(upstream: &Arc<Upstream>, alpn: Option<&[u8]>) {
-    if !upstream.spares().begin(alpn) {
+impl Upstream {
+    /// [`Upstream::connect_sending`] for a UNIX-socket client: on the spare made ahead for it
+    /// ([`super::spare`]) if there is one, its first bytes then all still to send.
+    pub async fn connect_unix(
+        &self,
+        alpn: Option<&[u8]>,
+        first: &[u8],
+    ) -> Result<UpstreamConn, UpstreamError> {
+        let spare = self.spares().take(alpn, ClientKind::Unix, self.epoch());
+        match spare.and_then(OriginConn::into_buffered) {
+            Some(conn) => Ok(conn),
+            None => self.connect_sending(alpn, first).await,
+        }
+    }
+
+    /// [`Upstream::connect_sending`] for a loopback TLS client's connection: over plain TCP the
+    /// session is on rustls's unbuffered API ([`Origin::Lean`]), for a relay loop; through an
+    /// `https://` forward proxy it is a buffered one, relayed on the task.
+    pub async fn connect_loopback(
+        &self,
+        alpn: Option<&[u8]>,
+        first: &[u8],
+    ) -> Result<OriginConn, UpstreamError> {
+        if let Some(spare) = self.spares().take(alpn, ClientKind::Loopback, self.epoch()) {
+            return Ok(spare);
+        }
+        self.connect_any(alpn, first, Dial::Lean).await
+    }
+}
+
+/// After an authenticated client's upstream connection offering `alpn`: makes the next
+/// client's (of the same `kind`) on this connection thread's runtime, if clients come in a
+/// burst (see the module comment). Returns at once.
+pub fn preconnect(upstream: &Arc<Upstream>, alpn: Option<&[u8]>, kind: ClientKind) {
+    if !upstream.spares().begin(alpn, kind) {
         return;
     }
     let upstream = upstream.clone();
     let alpn = alpn.map(<[u8]>::to_vec);
-    tokio::spawn(async move { fill(&upstream, alpn).await });
+    tokio::spawn(async move { fill(&upstream, alpn, kind).await });
 }
 
 /// Makes a spare, keeps it for [`MAX_AGE`], and closes it then if nobody took it.
-async fn fill(upstream: &Upstream, alpn: Option<Vec<u8>>) {
+async fn fill(upstream: &Upstream, alpn: Option<Vec<u8>>, kind: ClientKind) {
     let spares = upstream.spares();
     let alpn = alpn.as_deref();
+    let place = (alpn, kind);
     let made_with = (upstream.epoch(), spares.era());
     // Boxed: the connection's state lives on the heap while it is made, not in this task's
     // for as long as it then waits.
-    let conn = match Box::pin(upstream.connect_any(alpn, &[], Dial::Spare)).await {
-        Ok(conn) if matches!(conn.origin, Origin::Lean(_)) => conn,
-        Ok(_) => return spares.failed(alpn, (false, true)),
-        Err(UpstreamError::NoTicket) => return spares.failed(alpn, (false, false)),
+    let conn = match Box::pin(upstream.connect_any(alpn, &[], Dial::Spare(kind))).await {
+        Ok(conn) => conn,
+        Err(UpstreamError::NoTicket) => return spares.failed(place, (false, false)),
         Err(e) => {
             tracing::debug!(error = %e, "no spare upstream connection; none tried for a while");
-            return spares.failed(alpn, (true, false));
+            return spares.failed(place, (true, false));
         }
     };
-    let Some(serial) = spares.put(alpn, conn, made_with) else {
+    let Some(serial) = spares.put(place, conn, made_with) else {
         return;
     };
     // Until it ages out, or a client takes it (then this task ends at once).
     let _ = tokio::time::timeout(MAX_AGE, spares.gone(serial)).await;
-    let Some(OriginConn {
-        origin: Origin::Lean(mut lean),
-        ..
-    }) = spares.expire(alpn, serial)
-    else {
+    let Some(conn) = spares.expire(place, serial) else {
         return;
     };
     spares.metrics.spare(SpareOutcome::Expired);
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, lean.shutdown()).await;
+    let close = async {
+        match conn.origin {
+            Origin::Lean(mut lean) => lean.shutdown().await,
+            Origin::Buffered(mut stream) => stream.shutdown().await,
+        }
+    };
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, close).await;
 }

@@ -195,8 +195,8 @@ pub struct SettingsInput {
     #[serde(default)]
     #[merge(strategy = merge::bool::overwrite_false)]
     pub unsafe_listen: bool,
-    /// Make no upstream connection ahead of a client. By default, while loopback TLS clients
-    /// come less than 3 s apart (kubectl in a script), one upstream connection is made ahead for
+    /// Make no upstream connection ahead of a client. By default, while local clients (loopback
+    /// TLS or UNIX socket) come less than 3 s apart (kubectl in a script), one upstream connection is made ahead for
     /// the next one, so its request goes at once; it only resumes a session (no signature) and
     /// is closed after 3 s unused.
     #[arg(long, env = "HWKEY_NO_PRECONNECT")]

@@ -1,6 +1,6 @@
-//! The spare upstream connections, made ahead ([`super::preconnect`]) for the next loopback
-//! TLS client while clients come in a burst (predictive preconnect, as Envoy's
-//! `preconnect_policy` does it).
+//! The spare upstream connections, made ahead ([`super::preconnect`]) for the next local client
+//! (loopback TLS or UNIX socket) while clients come in a burst (predictive preconnect, as
+//! Envoy's `preconnect_policy` does it).
 //!
 //! kubectl is a new process each time: every command is a new loopback connection, and the
 //! proxy's upstream connection for it costs a TCP connect and a (resumed) TLS handshake — two
@@ -31,14 +31,17 @@
 //!   sooner than [`MAX_AGE`] would otherwise get two connections per client).
 //! - Unused, it is closed with `close_notify` when it ages out: one connection at the end of
 //!   a burst is what it costs. `--no-preconnect` turns it off.
-//! - Not through an `https://` forward proxy (its TLS-in-TLS session is not the unbuffered one
-//!   whose handshake refuses signatures): the first attempt fails, and spares rest a minute.
+//! - Not through an `https://` forward proxy (the outer TLS session's handshake is not one the
+//!   spare's refusal covers): the first attempt fails, and spares rest a minute.
+//! - A UNIX-socket client's spare is a buffered session (the relay loop's UNIX connections
+//!   take one), whose handshake runs with signatures refused at each step the same way.
 //!
 //! Left: a spare the API server closes after the check and before the client's request (a
 //! window of microseconds, or an HTTP/2 GOAWAY, which only HTTP/2 framing shows) ends that
 //! client's connection without the 502 and the retry on another API server a fresh connection
 //! gets.
 
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,20 +49,23 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags, Timespec};
 
 use super::metrics::{Metrics, SpareOutcome};
-use super::origin::{Origin, OriginConn};
+use super::origin::{ClientKind, Origin, OriginConn};
 use super::rotation::CertEpoch;
+use crate::egress::Tunnel;
 
 /// How long a spare is kept, and how close together two clients must come for one to be made.
 pub const MAX_AGE: Duration = Duration::from_secs(3);
 /// After a spare was found closed by the API server (or a balancer in front of it, closing
 /// connections idle for less than [`MAX_AGE`]), no spare is made for this long.
 const QUIET: Duration = Duration::from_secs(60);
-/// The most spare sockets open at once: per protocol a loopback client can be given (`h2`,
-/// `http/1.1`, none), one held or being made and one being closed. Kept aside by
-/// [`super::limits`].
-pub const DESCRIPTORS: usize = 6;
+/// The most spare sockets open at once: for each kind of client (loopback TLS, UNIX socket)
+/// and each protocol it can be given (`h2`, `http/1.1`, none), one held or being made and one
+/// being closed. Kept aside by [`super::limits`].
+pub const DESCRIPTORS: usize = 12;
 
-/// The spares, one place per protocol a loopback client was connected with.
+/// The spares, one place per kind of client and protocol it was connected with. A spare is made
+/// as that kind's own connection would be (an unbuffered session for a loopback TLS client, a
+/// buffered one for a UNIX-socket client), so either relays it as its own.
 pub struct Spares {
     enabled: AtomicBool,
     places: Mutex<Vec<Place>>,
@@ -71,9 +77,10 @@ pub struct Spares {
     pub(super) metrics: Arc<Metrics>,
 }
 
-/// One protocol's place.
+/// One protocol's place, for one kind of client.
 struct Place {
     alpn: Option<Vec<u8>>,
+    kind: ClientKind,
     /// When the last client came.
     last_client: Option<Instant>,
     /// Whether the next client is expected soon (the last came soon after the one before, or
@@ -110,17 +117,22 @@ impl Spares {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    /// For a loopback client's upstream connection offering `alpn`, with the certificate
+    /// For a `kind` client's upstream connection offering `alpn`, with the certificate
     /// generation `epoch` in use: the spare, if there is one still fit to use. Also notes the
     /// client's arrival, which decides whether a spare is made after it
     /// ([`super::preconnect`]).
-    pub fn take(&self, alpn: Option<&[u8]>, epoch: CertEpoch) -> Option<OriginConn> {
+    pub fn take(
+        &self,
+        alpn: Option<&[u8]>,
+        kind: ClientKind,
+        epoch: CertEpoch,
+    ) -> Option<OriginConn> {
         if !self.enabled() {
             return None;
         }
         let now = Instant::now();
         let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
-        let place = place_for(&mut places, alpn);
+        let place = place_for(&mut places, alpn, kind);
         let recent = place
             .last_client
             .is_some_and(|t| now.duration_since(t) < MAX_AGE);
@@ -164,12 +176,12 @@ impl Spares {
     }
 
     /// Whether to make a spare for `alpn` now; if so, the place is marked as filling.
-    pub(super) fn begin(&self, alpn: Option<&[u8]>) -> bool {
+    pub(super) fn begin(&self, alpn: Option<&[u8]>, kind: ClientKind) -> bool {
         if !self.enabled() {
             return false;
         }
         let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
-        let place = place_for(&mut places, alpn);
+        let place = place_for(&mut places, alpn, kind);
         let quiet = place.quiet_until.is_some_and(|t| Instant::now() < t);
         let go = place.wanted && !quiet && !place.filling && place.spare.is_none();
         place.filling |= go;
@@ -180,13 +192,13 @@ impl Spares {
     /// number. None (it is dropped) when spares were retired since it was begun.
     pub(super) fn put(
         &self,
-        alpn: Option<&[u8]>,
+        (alpn, kind): (Option<&[u8]>, ClientKind),
         conn: OriginConn,
         (epoch, era): (CertEpoch, u64),
     ) -> Option<u64> {
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
-        let place = place_for(&mut places, alpn);
+        let place = place_for(&mut places, alpn, kind);
         place.filling = false;
         // Counted under the lock: a client that sees the count finds the spare.
         self.metrics.spare(SpareOutcome::Made);
@@ -206,12 +218,16 @@ impl Spares {
 
     /// A spare could not be made: with `quiet`, none is tried for a while (it failed in a way
     /// that would repeat); with `off`, none will be made again.
-    pub(super) fn failed(&self, alpn: Option<&[u8]>, (quiet, off): (bool, bool)) {
+    pub(super) fn failed(
+        &self,
+        (alpn, kind): (Option<&[u8]>, ClientKind),
+        (quiet, off): (bool, bool),
+    ) {
         if off {
             self.enabled.store(false, Ordering::Relaxed);
         }
         let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
-        let place = place_for(&mut places, alpn);
+        let place = place_for(&mut places, alpn, kind);
         place.filling = false;
         if quiet {
             place.quiet_until = Some(Instant::now() + QUIET);
@@ -238,9 +254,13 @@ impl Spares {
     }
 
     /// The spare numbered `serial`, if nobody took it.
-    pub(super) fn expire(&self, alpn: Option<&[u8]>, serial: u64) -> Option<OriginConn> {
+    pub(super) fn expire(
+        &self,
+        (alpn, kind): (Option<&[u8]>, ClientKind),
+        serial: u64,
+    ) -> Option<OriginConn> {
         let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
-        let place = place_for(&mut places, alpn);
+        let place = place_for(&mut places, alpn, kind);
         match &place.spare {
             Some(s) if s.serial == serial => place.spare.take().map(|s| s.conn),
             _ => None,
@@ -249,12 +269,20 @@ impl Spares {
 }
 
 /// The place for `alpn` (a client's protocol is one the proxy chose: a handful at most).
-fn place_for<'a>(places: &'a mut Vec<Place>, alpn: Option<&[u8]>) -> &'a mut Place {
-    let i = match places.iter().position(|p| p.alpn.as_deref() == alpn) {
+fn place_for<'a>(
+    places: &'a mut Vec<Place>,
+    alpn: Option<&[u8]>,
+    kind: ClientKind,
+) -> &'a mut Place {
+    let i = match places
+        .iter()
+        .position(|p| p.alpn.as_deref() == alpn && p.kind == kind)
+    {
         Some(i) => i,
         None => {
             places.push(Place {
                 alpn: alpn.map(<[u8]>::to_vec),
+                kind,
                 last_client: None,
                 wanted: false,
                 filling: false,
@@ -269,10 +297,13 @@ fn place_for<'a>(places: &'a mut Vec<Place>, alpn: Option<&[u8]>) -> &'a mut Pla
 
 /// Whether the API server has left the connection open: no end of stream, no error.
 fn open(conn: &OriginConn) -> bool {
-    let Origin::Lean(lean) = &conn.origin else {
-        return false;
+    let fd = match &conn.origin {
+        Origin::Lean(lean) => lean.tcp_fd(),
+        Origin::Buffered(stream) => match stream.get_ref().0.get_ref() {
+            Tunnel::Tcp(tcp) => tcp.as_fd(),
+            Tunnel::Tls(_) => return false,
+        },
     };
-    let fd = lean.tcp_fd();
     let mut fds = [PollFd::new(&fd, PollFlags::IN | PollFlags::RDHUP)];
     let now = Timespec {
         tv_sec: 0,

@@ -42,7 +42,7 @@ use tokio::sync::watch;
 use super::endpoints::{Endpoint, Endpoints, Generation};
 use super::error::{StartError, UpstreamError};
 use super::metrics::{Metrics, UpstreamStage};
-pub use super::origin::{Dial, Origin, OriginConn, UpstreamConn};
+pub use super::origin::{ClientKind, Dial, Origin, OriginConn, UpstreamConn};
 use super::rotation::{self, CertEpoch};
 use super::sessions::{Warmup, TICKET_WAIT};
 use super::settings::UpstreamSettings;
@@ -328,35 +328,14 @@ impl Upstream {
         first: &[u8],
     ) -> Result<UpstreamConn, UpstreamError> {
         let conn = self.connect_any(alpn, first, Dial::Buffered).await?;
-        match conn.origin {
-            Origin::Buffered(stream) => Ok(UpstreamConn {
-                stream,
-                alpn: conn.alpn,
-                resumed: conn.resumed,
-                sent: conn.sent,
-            }),
-            Origin::Lean(_) => Err(UpstreamError::Handshake {
+        conn.into_buffered()
+            .ok_or_else(|| UpstreamError::Handshake {
                 addr: self.describe(),
                 source: std::io::Error::other("an unbuffered session where none was asked for"),
-            }),
-        }
+            })
     }
 
-    /// [`Upstream::connect_sending`] for a loopback TLS client's connection: over plain TCP the
-    /// session is on rustls's unbuffered API ([`Origin::Lean`]), for a relay loop; through an
-    /// `https://` forward proxy it is a buffered one, relayed on the task.
-    pub async fn connect_loopback(
-        &self,
-        alpn: Option<&[u8]>,
-        first: &[u8],
-    ) -> Result<OriginConn, UpstreamError> {
-        if let Some(spare) = self.spares.take(alpn, self.epoch()) {
-            return Ok(spare);
-        }
-        self.connect_any(alpn, first, Dial::Lean).await
-    }
-
-    /// The spare connections made ahead for loopback clients.
+    /// The spare connections made ahead for local clients.
     pub fn spares(&self) -> &Spares {
         &self.spares
     }
@@ -391,7 +370,7 @@ impl Upstream {
                 }
             };
             // A spare's failure is nobody's: no endpoint is marked down, no other one tried.
-            if how == Dial::Spare {
+            if how.spare() {
                 return Err(error);
             }
             endpoint.failed(&error);
@@ -411,8 +390,7 @@ impl Upstream {
         let addr = endpoint.target.authority();
         let generation = endpoint.generation();
         // A spare only resumes (spare.rs): held until its handshake is over.
-        let spare = how == Dial::Spare;
-        let mut claim = generation.store.claim_if(spare, TICKET_WAIT).await?;
+        let mut claim = generation.store.claim_if(how.spare(), TICKET_WAIT).await?;
         let tcp = match self.dial(&endpoint.target).await {
             Ok(t) => t,
             Err(e) => {

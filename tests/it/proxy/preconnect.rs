@@ -1,5 +1,5 @@
-//! Spare upstream connections (`proxy::spare`): while loopback clients come in a burst (kubectl
-//! run by a script), the proxy connects upstream for the next client before it comes, so its
+//! Spare upstream connections (`proxy::spare`): while clients (loopback TLS or UNIX socket) come
+//! in a burst (kubectl run by a script), the proxy connects upstream for the next client before it comes, so its
 //! request goes up at once. What the API server sees is the signal here (its TCP connections,
 //! counted before each client connects), and what the client gets. The waits are for the
 //! proxy's own count of what it made; what is asserted is what the API server saw.
@@ -19,6 +19,13 @@ fn ask(proxy: &ProxyProcess, config: &std::sync::Arc<rustls::ClientConfig>) -> u
     let mut conn = RawHttp::connect_tls(proxy.tcp_port, config);
     conn.send("GET /version HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     conn.read_response().0
+}
+
+/// One `GET /version` over a new UNIX-socket connection: the status and the body.
+fn ask_unix(proxy: &ProxyProcess) -> (u16, String) {
+    let mut conn = RawHttp::connect(&proxy.socket);
+    conn.send("GET /version HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    conn.read_response()
 }
 
 /// Waits until the proxy has made `n` connections ahead (each counted once its handshake is
@@ -258,4 +265,126 @@ fn a_session_made_for_one_protocol_resumes_for_another() {
         1,
         "only the first connection signs: {stats:?}"
     );
+}
+
+/// UNIX-socket clients one after another get the same: from the third on, each finds its
+/// upstream connection made before it connected, its request (sent on a connection whose
+/// handshake is long over) is answered, and no signature is made. The request reaches the API
+/// server whole and in order (the body names the client certificate).
+#[test]
+fn unix_clients_in_a_burst_find_their_upstream_connection_made_ahead() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    for _ in 0..2 {
+        assert_eq!(ask_unix(&proxy).0, 200, "{}", proxy.log());
+    }
+    let signed = proxy.signatures();
+    for clients in 2..10u64 {
+        assert_eq!(
+            made_ahead(&proxy, &upstream, clients - 1),
+            clients + 1,
+            "{}",
+            proxy.log()
+        );
+        let (status, body) = ask_unix(&proxy);
+        assert_eq!(status, 200, "{}", proxy.log());
+        assert!(body.contains("\"user\":\"alice\""), "{body}");
+    }
+    assert_eq!(
+        made_ahead(&proxy, &upstream, 9),
+        11,
+        "never more than one ahead"
+    );
+    assert_eq!(proxy.metric(USED), 8.0, "{}", proxy.metrics());
+    assert_eq!(proxy.signatures(), signed, "a spare resumes: no signature");
+    assert_eq!(upstream.stats().full(), 1);
+}
+
+/// An HTTP/2 client on the UNIX socket (curl with prior knowledge, whose preface the proxy
+/// reads before it connects upstream) is given a spare made for HTTP/2, never one made for
+/// HTTP/1.1: the API server sees every request on an `h2` connection.
+#[test]
+fn unix_http2_clients_get_a_connection_made_ahead_for_http2() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    for args in [["--http1.1"], ["--http1.1"], ["--http1.1"]] {
+        let out = proxy.curl_unix(&args, "/version");
+        assert!(out.status.success(), "{}", proxy.log());
+    }
+    // Two made for HTTP/1.1 (after the second client and the third).
+    proxy.wait_for_metric(MADE, 2.0);
+    for client in 0..4u64 {
+        let out = proxy.curl_unix(&["--http2-prior-knowledge"], "/version");
+        assert!(out.status.success(), "{}", proxy.log());
+        let body = String::from_utf8_lossy(&out.stdout);
+        assert!(body.contains("\"protocol\":\"HTTP/2.0\""), "{body}");
+        if client >= 1 {
+            proxy.wait_for_metric(MADE, (2 + client) as f64);
+        }
+    }
+    let stats = upstream.stats();
+    assert_eq!(
+        stats.with_protocol("h2"),
+        4 + 1,
+        "{stats:?}\n{}",
+        proxy.log()
+    );
+    assert_eq!(proxy.metric(USED), 1.0 + 2.0, "{}", proxy.metrics());
+    assert_eq!(stats.full(), 1, "{stats:?}");
+}
+
+/// Loopback TLS and UNIX-socket clients taking turns: each kind is given a spare made for its
+/// own kind (an unbuffered session for a loopback client, a buffered one for a UNIX client),
+/// and every client is served.
+#[test]
+fn loopback_and_unix_clients_taking_turns_each_get_their_own_kind_of_spare() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    for round in 0..6u64 {
+        assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+        assert_eq!(ask_unix(&proxy).0, 200, "{}", proxy.log());
+        if round >= 1 {
+            proxy.wait_for_metric(MADE, (2 * round) as f64);
+        }
+    }
+    assert_eq!(proxy.metric(USED), 8.0, "{}", proxy.metrics());
+    assert_eq!(upstream.stats().full(), 1);
+}
+
+/// A UNIX client's spare that the API server has closed since is not used: the client gets
+/// the 502 naming the API server, not a closed connection.
+#[test]
+fn a_unix_clients_connection_made_ahead_that_the_api_server_closed_is_not_used() {
+    let id = Identity::softhsm();
+    let mut upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    for _ in 0..2 {
+        assert_eq!(ask_unix(&proxy).0, 200, "{}", proxy.log());
+    }
+    assert_eq!(made_ahead(&proxy, &upstream, 1), 3);
+    upstream.stop();
+    assert_eq!(ask_unix(&proxy).0, 502, "{}", proxy.log());
+    assert_eq!(proxy.metric(DROPPED), 1.0, "{}", proxy.metrics());
+    assert_eq!(proxy.metric(USED), 0.0);
+}
+
+/// Against an API server that resumes nothing, a UNIX client's spare is refused too: its
+/// buffered handshake fails without a signature, and no more are tried.
+#[test]
+fn a_unix_clients_connection_made_ahead_never_costs_a_signature() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start_never_resuming(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let before = proxy.signatures();
+    for _ in 0..5 {
+        assert_eq!(ask_unix(&proxy).0, 200, "{}", proxy.log());
+    }
+    proxy.wait_for_metric("hwkey_upstream_errors_total{stage=\"handshake\"}", 1.0);
+    assert_eq!(proxy.signatures() - before, 5, "{}", proxy.log());
+    assert_eq!(proxy.metric(MADE), 0.0);
+    assert_eq!(upstream.stats().tcp_connections, 6, "{}", proxy.log());
 }

@@ -164,10 +164,19 @@ fn an_upstream_with_an_untrusted_certificate_is_never_used() {
         impostor.stats().connections.is_empty(),
         "a handshake with the impostor completed"
     );
-    assert_eq!(genuine.stats().connections.len() as f64, {
+    // Every connection the proxy counts is one the genuine API server completed (a connection
+    // made ahead for the next client may still be finishing its handshake: waited for).
+    let counted = || {
         let p = genuine.port();
         proxy.metric(&endpoint("hwkey_upstream_endpoint_connections_total", p))
-    });
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while genuine.stats().connections.len() as f64 != counted()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(genuine.stats().connections.len() as f64, counted());
     assert!(
         proxy.metric(&endpoint(
             "hwkey_upstream_endpoint_failures_total",

@@ -291,7 +291,12 @@ fn two_hundred_concurrent_connections(identity: fn() -> Identity) {
     }
     assert_eq!(ok, N);
     assert!(active >= N as f64, "hwkey_connections_active was {active}");
-    assert_eq!(upstream.stats().connections.len(), N);
+    // One upstream connection each, and perhaps one made ahead for a next client.
+    let made = upstream.stats().connections.len();
+    assert!(
+        (N..=N + 1).contains(&made),
+        "{made} upstream connections for {N} clients"
+    );
     // A burst at a cold proxy: one connection makes the full (signed) handshake, the others
     // wait for its session ticket and resume.
     let stats = upstream.stats();
