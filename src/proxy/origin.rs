@@ -65,8 +65,9 @@ impl Origin {
     }
 }
 
-/// How long a spare waits after its handshake for the session ticket its server sends (Go's
-/// server sends it with its `Finished` when resuming; others one round trip later).
+/// How long a spare waits after its handshake for the session ticket its server sends, when
+/// none came with the handshake (Go's server sends it with its `Finished` when resuming, and
+/// the spare waits for nothing; rustls and OpenSSL one round trip later).
 const NEW_TICKET_WAIT: Duration = Duration::from_millis(250);
 /// What a read for the session tickets after a buffered handshake takes at once.
 const TICKETS_READ: usize = 2048;
@@ -137,7 +138,8 @@ pub(super) async fn handshake(
             conn.handshake_sending(first).await?;
             if how.spare() {
                 // The ticket the server sends back, for the client that waits for it.
-                conn.take_in(NEW_TICKET_WAIT).await?;
+                conn.take_in(NEW_TICKET_WAIT, |s| s.tls13_tickets_received() > 0)
+                    .await?;
             }
             Ok((Origin::Lean(Box::new(conn)), first.len()))
         }
@@ -179,6 +181,10 @@ pub(super) async fn handshake(
 /// arrived once something has, so it returns as soon as the ticket is in, and the read-ahead
 /// holds no buffer afterwards.
 async fn take_in(stream: &mut TlsStream<ReadAhead<Tunnel>>, within: Duration) -> io::Result<()> {
+    // Go's server sends its ticket with its `Finished` when resuming: taken in already.
+    if stream.get_ref().1.tls13_tickets_received() > 0 {
+        return Ok(());
+    }
     let mut chunk = [0u8; TICKETS_READ];
     let mut got = false;
     let read = std::future::poll_fn(|cx| loop {
@@ -212,5 +218,113 @@ async fn take_in(stream: &mut TlsStream<ReadAhead<Tunnel>>, within: Duration) ->
     match tokio::time::timeout(within, read).await {
         Ok(r) => r,
         Err(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use support::ca::TestCa;
+    use support::servers::GoTlsServer;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const VERSION: &[u8] = b"GET /version HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+
+    /// A client of `ca`'s server with a software key (a spare's refusal is for hardware keys:
+    /// the first connection here signs in software).
+    fn client_config(ca: &TestCa, dir: &std::path::Path) -> Arc<ClientConfig> {
+        let (cert, key) = ca.client_cert(dir, "alice", "alice", None);
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from(ca.ca_der())).unwrap();
+        let chain = CertificateDer::pem_file_iter(cert)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(key).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .unwrap();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(config)
+    }
+
+    async fn dial(port: u16) -> Tunnel {
+        Tunnel::Tcp(
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap(),
+        )
+    }
+
+    /// `GET /version` on an established connection: the answer.
+    async fn ask(origin: Origin) -> String {
+        let mut io: Box<dyn super::super::bridge::ClientIo> = match origin {
+            Origin::Lean(lean) => lean,
+            Origin::Buffered(stream) => stream,
+        };
+        io.write_all(VERSION).await.unwrap();
+        io.flush().await.unwrap();
+        let mut answer = Vec::new();
+        io.read_to_end(&mut answer).await.unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    /// Go's server (kube-apiserver's TLS stack) sends a resumed session's ticket with its
+    /// `Finished`: a spare of either kind has it when its handshake ends, and waits for none.
+    /// The clock is paused around the spare's handshake, so a wait for a ticket would show as
+    /// the clock moving on by the whole wait (tokio advances a paused clock to the next timer
+    /// whenever the runtime has nothing to do), on any machine. Before, each spare read on
+    /// for 250 ms after its ticket had come, and was ready for no client in that time.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_spare_waits_for_no_ticket_go_sent_with_its_finished() {
+        let dir = support::temp_dir();
+        let ca = TestCa::new(dir.path());
+        let (cert, key) = ca.server_cert(dir.path());
+        let go = GoTlsServer::start(&cert, &key, &ca.ca_path());
+        let config = client_config(&ca, dir.path());
+        let name = ServerName::try_from("localhost").unwrap();
+        // A full handshake; its ticket comes after it, before the answer.
+        let tcp = dial(go.port()).await;
+        let (first, _) = handshake(tcp, config.clone(), name.clone(), VERSION, Dial::Buffered)
+            .await
+            .unwrap();
+        let mut io = match first {
+            Origin::Buffered(s) => s,
+            Origin::Lean(_) => panic!("asked for a buffered session"),
+        };
+        let mut answer = Vec::new();
+        io.read_to_end(&mut answer).await.unwrap();
+        assert!(String::from_utf8_lossy(&answer).contains("\"user\":\"alice\""));
+
+        for kind in [ClientKind::Unix, ClientKind::Loopback, ClientKind::Unix] {
+            let tcp = dial(go.port()).await;
+            tokio::time::pause();
+            let start = tokio::time::Instant::now();
+            let (spare, sent) =
+                handshake(tcp, config.clone(), name.clone(), b"", Dial::Spare(kind))
+                    .await
+                    .unwrap();
+            let waited = start.elapsed();
+            tokio::time::resume();
+            assert_eq!(sent, 0);
+            assert_eq!(
+                spare.state().handshake_kind(),
+                Some(rustls::HandshakeKind::Resumed),
+                "{kind:?}"
+            );
+            assert_eq!(
+                waited,
+                Duration::ZERO,
+                "the {kind:?} spare waited for a ticket it had"
+            );
+            let answer = ask(spare).await;
+            assert!(answer.contains("\"resumed\":true"), "{answer}");
+        }
     }
 }

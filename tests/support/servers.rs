@@ -1,4 +1,5 @@
-//! Real TLS peers: `openssl s_server` and nginx, both requiring client certificates.
+//! Real TLS peers: `openssl s_server`, nginx and Go's crypto/tls, all requiring client
+//! certificates.
 
 use std::fs::{self};
 use std::path::Path;
@@ -183,5 +184,40 @@ http {{
     /// nginx's access log.
     pub fn access_log(&self) -> String {
         fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default()
+    }
+}
+
+/// `hsm-fixtures/go-tls-server.go`: HTTPS on Go's crypto/tls, configured as kube-apiserver's
+/// listener is for client certificates (TLS 1.3, `RequireAndVerifyClientCert`); killed on Drop.
+/// Resuming, it sends its session ticket with its `Finished`, as no rustls or OpenSSL server
+/// does.
+pub struct GoTlsServer {
+    _guard: ChildGuard,
+    port: u16,
+    /// Holds the binary and the log until the server is gone.
+    _dir: TempDir,
+}
+
+impl GoTlsServer {
+    /// Builds and starts it on a free 127.0.0.1 port with `cert`/`key`, trusting client
+    /// certificates from `client_ca`.
+    pub fn start(cert: &Path, key: &Path, client_ca: &Path) -> GoTlsServer {
+        let (bin, dir) = crate::oracle::build_go("go-tls-server");
+        let log = dir.path().join("go-tls-server.log");
+        let (guard, port) = start_server("go-tls-server", &log, free_port, |port| {
+            let mut cmd = Command::new(&bin);
+            cmd.arg(port.to_string()).arg(cert).arg(key).arg(client_ca);
+            cmd
+        });
+        GoTlsServer {
+            _guard: guard,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// The port it listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
     }
 }

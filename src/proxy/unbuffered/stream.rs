@@ -141,10 +141,18 @@ impl<S: Session> Lean<S> {
     /// Waits up to `within` for what the peer sends right after the handshake (a TLS 1.3
     /// server's session tickets) and gives it to the session, with what was read already and
     /// not given yet; what it opens is kept for the relay. Nothing in time is no error, the
-    /// peer closing is.
-    pub async fn take_in(&mut self, within: std::time::Duration) -> io::Result<()> {
+    /// peer closing is. Returns without a read when the session already has what it waits for
+    /// (`enough`: a ticket Go's server sent with its `Finished`).
+    pub async fn take_in(
+        &mut self,
+        within: std::time::Duration,
+        enough: impl Fn(&S) -> bool,
+    ) -> io::Result<()> {
         if self.have > 0 {
             self.feed_incoming()?;
+        }
+        if enough(&self.session) {
+            return Ok(());
         }
         // Tickets are small: a small read, and no read buffer kept if none came (the spare's
         // memory at rest, and the heap's: a freed record buffer per spare fragments it).

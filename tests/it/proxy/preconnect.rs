@@ -388,3 +388,34 @@ fn a_unix_clients_connection_made_ahead_never_costs_a_signature() {
     assert_eq!(proxy.metric(MADE), 0.0);
     assert_eq!(upstream.stats().tcp_connections, 6, "{}", proxy.log());
 }
+
+/// Against Go's crypto/tls (kube-apiserver's TLS stack: one ticket per handshake, a resumed
+/// session's ticket sent with the server's `Finished`), clients of both kinds in a burst find
+/// their upstream connections made ahead, every one of them resumed, and no signature is made
+/// after the first client's full handshake.
+#[test]
+fn clients_in_a_burst_against_go_tls_find_connections_made_ahead() {
+    let id = Identity::softhsm();
+    let (cert, key) = id.ca.server_cert(id.dir.path());
+    let go = support::servers::GoTlsServer::start(&cert, &key, &id.ca.ca_path());
+    let url = format!("https://127.0.0.1:{}", go.port());
+    let proxy = ProxyProcess::start_to(&id, &url, ProxyOptions::default());
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    assert_eq!(ask_unix(&proxy).0, 200, "{}", proxy.log());
+    let signed = proxy.signatures();
+    for made in 1..6u64 {
+        let (status, body) = ask_unix(&proxy);
+        assert_eq!(status, 200, "{}", proxy.log());
+        assert!(body.contains("\"resumed\":true"), "{body}");
+        proxy.wait_for_metric(MADE, made as f64);
+    }
+    assert_eq!(proxy.metric(USED), 4.0, "{}", proxy.metrics());
+    assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+    for made in 6..9u64 {
+        assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+        proxy.wait_for_metric(MADE, made as f64);
+    }
+    assert_eq!(ask(&proxy, &config), 200, "{}", proxy.log());
+    assert_eq!(proxy.metric(USED), 4.0 + 3.0, "{}", proxy.metrics());
+    assert_eq!(proxy.signatures(), signed, "{}", proxy.log());
+}
