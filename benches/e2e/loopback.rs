@@ -353,23 +353,35 @@ async fn unix_connections(path: &Path, count: usize, whose: &Whose) -> (f64, f64
 /// alternating rounds.
 async fn unix_new_connection_rows(f: &Fixture) -> Vec<Row> {
     let floor = FloorRelay::start_tls(f.upstream.port(), f.as_proxy.clone());
+    let (plain, _) = without_spares(f);
     let count = pick(400, 100);
     let rounds = pick(5, 2);
     let ways = [
         (f.proxy.socket.clone(), Whose::Process(f.proxy.guard.id())),
         (floor.socket.clone(), Whose::Task(floor.task_dir())),
+        (plain.socket.clone(), Whose::Process(plain.guard.id())),
     ];
     for (path, _) in &ways {
         unix_connections(path, 20, &Whose::Client).await; // warm: sessions upstream
     }
-    let mut rate = vec![Vec::new(); 2];
-    let mut cpu = vec![Vec::new(); 2];
-    for way in schedule(rounds, 2) {
+    let spares = || {
+        metric_in(
+            &f.proxy.metrics(),
+            "hwkey_upstream_spares_total{event=\"used\"}",
+        )
+    };
+    let signatures = || metric_in(&f.proxy.metrics(), "hwkey_signatures_total");
+    let (used_before, signed_before) = (spares(), signatures());
+    let mut rate = vec![Vec::new(); 3];
+    let mut cpu = vec![Vec::new(); 3];
+    for way in schedule(rounds, 3) {
         let (path, whose) = &ways[way];
         let (r, c) = unix_connections(path, count, whose).await;
         rate[way].push(r);
         cpu[way].push(c);
     }
+    let used = spares() - used_before;
+    let signed = signatures() - signed_before;
     let what = "new connections on the UNIX socket (one GET, close; the upstream resumes)";
     let label = "TLS floor relay (UNIX socket, rustls to the upstream, one thread, blocking)";
     vec![
@@ -383,12 +395,32 @@ async fn unix_new_connection_rows(f: &Fixture) -> Vec<Row> {
                 &rate[1],
             ),
             0.95,
-        ),
+        )
+        .note(format!(
+            "{used:.0} of the {} proxy connections found their upstream connection made ahead (spares); hardware signatures: {signed:.0}; the floor makes nothing ahead",
+            count * rounds
+        )),
         ratio_row(
             "loopback",
             &format!("proxy CPU per connection vs the TLS floor relay, {what}"),
             "µs",
             &cpu[0],
+            label,
+            &cpu[1],
+        ),
+        ratio_row(
+            "loopback",
+            &format!("connections/s with --no-preconnect vs the TLS floor relay, {what}"),
+            "conn/s",
+            &rate[2],
+            label,
+            &rate[1],
+        ),
+        ratio_row(
+            "loopback",
+            &format!("proxy CPU per connection with --no-preconnect vs the TLS floor relay, {what}"),
+            "µs",
+            &cpu[2],
             label,
             &cpu[1],
         ),

@@ -25,7 +25,10 @@ impl Upstream {
         alpn: Option<&[u8]>,
         first: &[u8],
     ) -> Result<UpstreamConn, UpstreamError> {
-        let spare = self.spares().take(alpn, ClientKind::Unix, self.epoch());
+        let spare = self
+            .spares()
+            .take(alpn, ClientKind::Unix, self.epoch())
+            .await;
         match spare.and_then(OriginConn::into_buffered) {
             Some(conn) => Ok(conn),
             None => self.connect_sending(alpn, first).await,
@@ -40,7 +43,11 @@ impl Upstream {
         alpn: Option<&[u8]>,
         first: &[u8],
     ) -> Result<OriginConn, UpstreamError> {
-        if let Some(spare) = self.spares().take(alpn, ClientKind::Loopback, self.epoch()) {
+        let spare = self
+            .spares()
+            .take(alpn, ClientKind::Loopback, self.epoch())
+            .await;
+        if let Some(spare) = spare {
             return Ok(spare);
         }
         self.connect_any(alpn, first, Dial::Lean).await

@@ -391,6 +391,10 @@ impl Upstream {
         let generation = endpoint.generation();
         // A spare only resumes (spare.rs): held until its handshake is over.
         let mut claim = generation.store.claim_if(how.spare(), TICKET_WAIT).await?;
+        if let Dial::Spare(kind) = how {
+            // It has its ticket: a client that comes now may wait for it.
+            self.spares.connecting(alpn, kind);
+        }
         let tcp = match self.dial(&endpoint.target).await {
             Ok(t) => t,
             Err(e) => {
