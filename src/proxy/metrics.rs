@@ -81,7 +81,7 @@ label_values! {
     pub enum SpareOutcome {
         /// Made ahead for the next local client.
         Made => "made",
-        /// A loopback client's request went up on it.
+        /// A client's request went up on it.
         Used => "used",
         /// Nobody came for it in time: closed.
         Expired => "expired",

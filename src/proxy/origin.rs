@@ -176,17 +176,16 @@ pub(super) async fn handshake(
     }
 }
 
-/// [`Lean::take_in`] for a buffered session: waits up to `within` for what the server sends
-/// after the handshake (its session ticket), and gives it to the session. Reads only what has
-/// arrived once something has, so it returns as soon as the ticket is in, and the read-ahead
-/// holds no buffer afterwards.
+/// [`Lean::take_in`] for a buffered session: waits up to `within` for the session ticket the
+/// server sends after the handshake, giving the session what arrives. Returns as soon as a
+/// ticket is in (a ticket split over reads is waited for whole), and the read-ahead holds no
+/// buffer afterwards.
 async fn take_in(stream: &mut TlsStream<ReadAhead<Tunnel>>, within: Duration) -> io::Result<()> {
     // Go's server sends its ticket with its `Finished` when resuming: taken in already.
     if stream.get_ref().1.tls13_tickets_received() > 0 {
         return Ok(());
     }
     let mut chunk = [0u8; TICKETS_READ];
-    let mut got = false;
     let read = std::future::poll_fn(|cx| loop {
         let (io, session) = stream.get_mut();
         let mut buf = ReadBuf::new(&mut chunk);
@@ -198,7 +197,6 @@ async fn take_in(stream: &mut TlsStream<ReadAhead<Tunnel>>, within: Duration) ->
                 )))
             }
             Poll::Ready(Ok(())) => {
-                got = true;
                 let mut bytes = buf.filled();
                 while !bytes.is_empty() {
                     if session.read_tls(&mut bytes)? == 0 {
@@ -211,7 +209,8 @@ async fn take_in(stream: &mut TlsStream<ReadAhead<Tunnel>>, within: Duration) ->
                 }
             }
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-            Poll::Pending if got => return Poll::Ready(Ok(())),
+            // Everything that came is read (the read-ahead gave its buffer back).
+            Poll::Pending if session.tls13_tickets_received() > 0 => return Poll::Ready(Ok(())),
             Poll::Pending => return Poll::Pending,
         }
     });

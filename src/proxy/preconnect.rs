@@ -25,10 +25,7 @@ impl Upstream {
         alpn: Option<&[u8]>,
         first: &[u8],
     ) -> Result<UpstreamConn, UpstreamError> {
-        let spare = self
-            .spares()
-            .take(alpn, ClientKind::Unix, self.epoch())
-            .await;
+        let spare = self.spares().take(alpn, ClientKind::Unix, self.epoch());
         match spare.and_then(OriginConn::into_buffered) {
             Some(conn) => Ok(conn),
             None => self.connect_sending(alpn, first).await,
@@ -43,11 +40,7 @@ impl Upstream {
         alpn: Option<&[u8]>,
         first: &[u8],
     ) -> Result<OriginConn, UpstreamError> {
-        let spare = self
-            .spares()
-            .take(alpn, ClientKind::Loopback, self.epoch())
-            .await;
-        if let Some(spare) = spare {
+        if let Some(spare) = self.spares().take(alpn, ClientKind::Loopback, self.epoch()) {
             return Ok(spare);
         }
         self.connect_any(alpn, first, Dial::Lean).await

@@ -55,9 +55,6 @@ use crate::egress::Tunnel;
 
 /// How long a spare is kept, and how close together two clients must come for one to be made.
 pub const MAX_AGE: Duration = Duration::from_secs(3);
-/// The longest a client waits for a spare being made ([`Spares::take`]): as long as
-/// that spare may wait for a session ticket to resume with (`sessions::TICKET_WAIT`).
-const FILLING_WAIT: Duration = super::sessions::TICKET_WAIT;
 /// After a spare was found closed by the API server (or a balancer in front of it, closing
 /// connections idle for less than [`MAX_AGE`]), no spare is made for this long.
 const QUIET: Duration = Duration::from_secs(60);
@@ -77,8 +74,6 @@ pub struct Spares {
     era: AtomicU64,
     /// Told when a spare is taken or dropped ([`Spares::gone`]).
     taken: tokio::sync::Notify,
-    /// Told when a spare being made is kept or has failed ([`Spares::take`]).
-    ready: tokio::sync::Notify,
     pub(super) metrics: Arc<Metrics>,
 }
 
@@ -93,10 +88,6 @@ struct Place {
     wanted: bool,
     /// A spare is being made.
     filling: bool,
-    /// The spare being made has its session ticket and is connecting: a client may wait for it.
-    connecting: bool,
-    /// A client waits for the spare being made ([`Spares::take`]).
-    waiter: bool,
     /// No spare is made before this (one was found closed by the API server).
     quiet_until: Option<Instant>,
     spare: Option<Spare>,
@@ -118,7 +109,6 @@ impl Spares {
             serial: AtomicU64::new(0),
             era: AtomicU64::new(0),
             taken: tokio::sync::Notify::new(),
-            ready: tokio::sync::Notify::new(),
             metrics,
         }
     }
@@ -130,57 +120,15 @@ impl Spares {
     /// For a `kind` client's upstream connection offering `alpn`, with the certificate
     /// generation `epoch` in use: the spare, if there is one still fit to use. Also notes the
     /// client's arrival, which decides whether a spare is made after it
-    /// ([`super::preconnect`]). When no spare is held but one is being made, and no other
-    /// client waits for it, waits for it up to [`FILLING_WAIT`]. Its handshake began before this
-    /// client came, so it is ready sooner than a connection this client would begin now: with
-    /// clients closer together than a spare takes to make, every one finds its connection made
-    /// ahead instead of every other one. Only one client waits for a spare: the others of a
-    /// burst connect at once, not after a spare that only one of them can have.
-    pub async fn take(
+    /// ([`super::preconnect`]).
+    pub fn take(
         &self,
         alpn: Option<&[u8]>,
         kind: ClientKind,
         epoch: CertEpoch,
     ) -> Option<OriginConn> {
-        let (found, waiter) = self.arrive((alpn, kind), epoch);
-        if found.is_some() || !waiter {
-            return found;
-        }
-        let _waiter = Waiter {
-            spares: self,
-            place: (alpn, kind),
-        };
-        let deadline = tokio::time::Instant::now() + FILLING_WAIT;
-        loop {
-            let ready = self.ready.notified();
-            tokio::pin!(ready);
-            ready.as_mut().enable();
-            {
-                let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
-                let place = place_for(&mut places, alpn, kind);
-                if let Some(found) = place.spare.take() {
-                    return self.use_found(place, found, epoch);
-                }
-                if !place.filling {
-                    return None;
-                }
-            }
-            if tokio::time::timeout_at(deadline, ready).await.is_err() {
-                return None;
-            }
-        }
-    }
-
-    /// Notes a client's arrival at `place` and takes the spare held there. When none is held
-    /// but one is being made and nobody waits for it yet, the client becomes its waiter (the
-    /// second value).
-    fn arrive(
-        &self,
-        (alpn, kind): (Option<&[u8]>, ClientKind),
-        epoch: CertEpoch,
-    ) -> (Option<OriginConn>, bool) {
         if !self.enabled() {
-            return (None, false);
+            return None;
         }
         let now = Instant::now();
         let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
@@ -190,20 +138,7 @@ impl Spares {
             .is_some_and(|t| now.duration_since(t) < MAX_AGE);
         place.last_client = Some(now);
         place.wanted = recent;
-        match place.spare.take() {
-            Some(found) => (self.use_found(place, found, epoch), false),
-            None => {
-                let waits = place.filling && place.connecting && !place.waiter;
-                place.waiter |= waits;
-                (None, waits)
-            }
-        }
-    }
-
-    /// The spare `found` (just taken from `place`) for a client, if it is still fit to use:
-    /// open, made with the certificate of `epoch`, and fresh. Dropped otherwise.
-    fn use_found(&self, place: &mut Place, found: Spare, epoch: CertEpoch) -> Option<OriginConn> {
-        let now = Instant::now();
+        let found = place.spare.take()?;
         self.taken.notify_waiters();
         if !open(&found.conn) {
             // Closed by the API server, or a balancer: spares would only cost it connections.
@@ -211,10 +146,12 @@ impl Spares {
             place.wanted = false;
         } else if found.epoch == epoch && now.duration_since(found.made) < MAX_AGE {
             place.wanted = true;
+            drop(places);
             self.metrics.spare(SpareOutcome::Used);
             return Some(found.conn);
         }
         // Closed, too old, or made with a retired certificate: dropped.
+        drop(places);
         self.metrics.spare(SpareOutcome::Dropped);
         None
     }
@@ -251,16 +188,6 @@ impl Spares {
         go
     }
 
-    /// The spare being made for `alpn` has claimed its session ticket and is connecting (an
-    /// API server's round trips from being ready): a client that comes now waits for it
-    /// rather than begin a connection of its own. One still waiting for a ticket may wait up
-    /// to a second for it, and a client does not wait that long.
-    pub(super) fn connecting(&self, alpn: Option<&[u8]>, kind: ClientKind) {
-        let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
-        let place = place_for(&mut places, alpn, kind);
-        place.connecting = place.filling;
-    }
-
     /// Keeps `conn`, made with `epoch` in `era`, for the next client; returns its serial
     /// number. None (it is dropped) when spares were retired since it was begun.
     pub(super) fn put(
@@ -273,12 +200,10 @@ impl Spares {
         let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
         let place = place_for(&mut places, alpn, kind);
         place.filling = false;
-        place.connecting = false;
         // Counted under the lock: a client that sees the count finds the spare.
         self.metrics.spare(SpareOutcome::Made);
         if era != self.era() {
             drop(places);
-            self.ready.notify_waiters();
             self.metrics.spare(SpareOutcome::Dropped);
             return None;
         }
@@ -288,8 +213,6 @@ impl Spares {
             made: Instant::now(),
             serial,
         });
-        drop(places);
-        self.ready.notify_waiters();
         Some(serial)
     }
 
@@ -306,12 +229,9 @@ impl Spares {
         let mut places = self.places.lock().unwrap_or_else(|p| p.into_inner());
         let place = place_for(&mut places, alpn, kind);
         place.filling = false;
-        place.connecting = false;
         if quiet {
             place.quiet_until = Some(Instant::now() + QUIET);
         }
-        drop(places);
-        self.ready.notify_waiters();
     }
 
     /// Returns once the spare numbered `serial` is held no more (taken or dropped).
@@ -348,20 +268,6 @@ impl Spares {
     }
 }
 
-/// The client waiting for a spare being made, at its place; it waits no more once dropped
-/// (served, or gone itself).
-struct Waiter<'a> {
-    spares: &'a Spares,
-    place: (Option<&'a [u8]>, ClientKind),
-}
-
-impl Drop for Waiter<'_> {
-    fn drop(&mut self) {
-        let mut places = self.spares.places.lock().unwrap_or_else(|p| p.into_inner());
-        place_for(&mut places, self.place.0, self.place.1).waiter = false;
-    }
-}
-
 /// The place for `alpn` (a client's protocol is one the proxy chose: a handful at most).
 fn place_for<'a>(
     places: &'a mut Vec<Place>,
@@ -380,8 +286,6 @@ fn place_for<'a>(
                 last_client: None,
                 wanted: false,
                 filling: false,
-                connecting: false,
-                waiter: false,
                 quiet_until: None,
                 spare: None,
             });
@@ -410,125 +314,5 @@ fn open(conn: &OriginConn) -> bool {
             .revents()
             .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR),
         Err(_) => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use futures::FutureExt as _;
-    use rustls::client::UnbufferedClientConnection;
-    use rustls::pki_types::ServerName;
-
-    const EPOCH: CertEpoch = CertEpoch {
-        generation: 1,
-        not_after_unix: None,
-    };
-    const PLACE: (Option<&[u8]>, ClientKind) = (Some(b"http/1.1".as_slice()), ClientKind::Unix);
-
-    /// A connection to keep as a spare: an open TCP connection (its peer returned, to keep it
-    /// open) and a session that never handshakes (the store only looks at the socket).
-    async fn connection() -> (OriginConn, std::net::TcpStream) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let tcp = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (peer, _) = listener.accept().unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
-        let name = ServerName::try_from("localhost").unwrap();
-        let session = UnbufferedClientConnection::new(Arc::new(config), name).unwrap();
-        let lean = super::super::unbuffered::Lean::new(tcp, session, Vec::new());
-        let conn = OriginConn {
-            origin: Origin::Lean(Box::new(lean)),
-            alpn: None,
-            resumed: true,
-            sent: 0,
-        };
-        (conn, peer)
-    }
-
-    fn is_waited_for(spares: &Spares) -> bool {
-        let mut places = spares.places.lock().unwrap();
-        place_for(&mut places, PLACE.0, PLACE.1).waiter
-    }
-
-    /// A client that comes while the spare for it is being made waits for that spare and is
-    /// served on it; a second client that comes meanwhile does not wait (only one of them
-    /// could have it) and is told at once to connect itself; and when the spare being made
-    /// fails, its waiter is told at once, not after the longest wait. (The clock is paused: a
-    /// waiter that timed out would move it on by the whole wait.)
-    #[tokio::test(start_paused = true)]
-    async fn one_client_waits_for_the_spare_being_made() {
-        let (conn, _peer) = connection().await;
-        let spares = Arc::new(Spares::new(true, Arc::new(Metrics::new())));
-        for _ in 0..2 {
-            assert!(spares.take(PLACE.0, PLACE.1, EPOCH).await.is_none());
-        }
-        assert!(spares.begin(PLACE.0, PLACE.1), "clients in a burst");
-        // Before the spare has its ticket, a client does not wait for it.
-        let early = spares.take(PLACE.0, PLACE.1, EPOCH).now_or_never();
-        assert!(
-            matches!(early, Some(None)),
-            "no wait for a spare without a ticket"
-        );
-        spares.connecting(PLACE.0, PLACE.1);
-        let waiter = tokio::spawn({
-            let spares = spares.clone();
-            async move { spares.take(PLACE.0, PLACE.1, EPOCH).await }
-        });
-        while !is_waited_for(&spares) {
-            tokio::task::yield_now().await;
-        }
-        let second = spares.take(PLACE.0, PLACE.1, EPOCH).now_or_never();
-        assert!(
-            matches!(second, Some(None)),
-            "a second client connects at once"
-        );
-        spares.put(PLACE, conn, (EPOCH, spares.era())).unwrap();
-        let served = waiter.await.unwrap();
-        assert!(served.is_some(), "the waiter is served on the spare");
-        let text = spares.metrics.render(0, 0, &[]);
-        assert!(
-            text.contains("hwkey_upstream_spares_total{event=\"used\"} 1\n"),
-            "{text}"
-        );
-        assert!(!is_waited_for(&spares));
-
-        // The next spare fails: its waiter connects itself at once.
-        assert!(spares.begin(PLACE.0, PLACE.1));
-        spares.connecting(PLACE.0, PLACE.1);
-        let waiter = tokio::spawn({
-            let spares = spares.clone();
-            async move { spares.take(PLACE.0, PLACE.1, EPOCH).await }
-        });
-        while !is_waited_for(&spares) {
-            tokio::task::yield_now().await;
-        }
-        let started = tokio::time::Instant::now();
-        spares.failed(PLACE, (true, false));
-        assert!(waiter.await.unwrap().is_none());
-        assert_eq!(started.elapsed(), Duration::ZERO, "told at once");
-        assert!(!is_waited_for(&spares));
-    }
-
-    /// A waiter that gives up (its client went away) leaves the place free for the next one.
-    #[tokio::test(start_paused = true)]
-    async fn a_waiter_that_gives_up_leaves_the_place_free() {
-        let spares = Arc::new(Spares::new(true, Arc::new(Metrics::new())));
-        for _ in 0..2 {
-            assert!(spares.take(PLACE.0, PLACE.1, EPOCH).await.is_none());
-        }
-        assert!(spares.begin(PLACE.0, PLACE.1));
-        spares.connecting(PLACE.0, PLACE.1);
-        let mut waiting = Box::pin(spares.take(PLACE.0, PLACE.1, EPOCH));
-        assert!((&mut waiting).now_or_never().is_none(), "it waits");
-        assert!(is_waited_for(&spares));
-        drop(waiting);
-        assert!(!is_waited_for(&spares), "no waiter left behind");
     }
 }

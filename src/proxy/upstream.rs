@@ -242,6 +242,12 @@ impl Upstream {
         }
     }
 
+    /// Whether connections to `target` go through an `https://` forward proxy.
+    fn through_https_proxy(&self, target: &UpstreamTarget) -> bool {
+        let proxy = self.egress.proxy_for(&target.host, target.port);
+        proxy.is_some_and(|p| p.scheme == crate::egress::ProxyScheme::Https)
+    }
+
     /// The resolver holding the hardware key and its current chain.
     pub fn resolver(&self) -> &Arc<HardwareCertResolver> {
         &self.resolver
@@ -389,12 +395,15 @@ impl Upstream {
     ) -> Result<OriginConn, UpstreamError> {
         let addr = endpoint.target.authority();
         let generation = endpoint.generation();
+        if how.spare() && self.through_https_proxy(&endpoint.target) {
+            // Its outer TLS session's handshake is not one a spare's refusal covers.
+            return Err(UpstreamError::Handshake {
+                addr,
+                source: std::io::Error::other("no spare connection through an https:// proxy"),
+            });
+        }
         // A spare only resumes (spare.rs): held until its handshake is over.
         let mut claim = generation.store.claim_if(how.spare(), TICKET_WAIT).await?;
-        if let Dial::Spare(kind) = how {
-            // It has its ticket: a client that comes now may wait for it.
-            self.spares.connecting(alpn, kind);
-        }
         let tcp = match self.dial(&endpoint.target).await {
             Ok(t) => t,
             Err(e) => {

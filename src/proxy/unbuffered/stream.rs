@@ -141,8 +141,9 @@ impl<S: Session> Lean<S> {
     /// Waits up to `within` for what the peer sends right after the handshake (a TLS 1.3
     /// server's session tickets) and gives it to the session, with what was read already and
     /// not given yet; what it opens is kept for the relay. Nothing in time is no error, the
-    /// peer closing is. Returns without a read when the session already has what it waits for
-    /// (`enough`: a ticket Go's server sent with its `Finished`).
+    /// peer closing is. Returns as soon as the session has what it waits for (`enough`: a
+    /// ticket), without a read when it has it already (Go's server sends it with its
+    /// `Finished`).
     pub async fn take_in(
         &mut self,
         within: std::time::Duration,
@@ -151,31 +152,37 @@ impl<S: Session> Lean<S> {
         if self.have > 0 {
             self.feed_incoming()?;
         }
-        if enough(&self.session) {
-            return Ok(());
-        }
-        // Tickets are small: a small read, and no read buffer kept if none came (the spare's
-        // memory at rest, and the heap's: a freed record buffer per spare fragments it).
-        let got = tokio::time::timeout(within, self.read_up_to(TICKETS_READ)).await;
+        let deadline = tokio::time::Instant::now() + within;
+        let taken = loop {
+            if enough(&self.session) {
+                break Ok(());
+            }
+            // Tickets are small: a small read, and no read buffer kept if none came (the
+            // spare's memory at rest, and the heap's: a freed record buffer per spare fragments
+            // it).
+            let got = tokio::time::timeout_at(deadline, self.read_up_to(TICKETS_READ)).await;
+            match got {
+                Err(_) => break Ok(()),
+                Ok(Ok(0)) => {
+                    break Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the peer closed the connection right after the TLS handshake",
+                    ))
+                }
+                Ok(Ok(_)) => {
+                    let fed = self.feed_incoming()?;
+                    self.flush_out().await?;
+                    if fed.peer_closed {
+                        break Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+                    }
+                }
+                Ok(Err(e)) => break Err(e),
+            }
+        };
         if self.have == 0 {
             self.incoming = Vec::new();
         }
-        match got {
-            Err(_) => Ok(()),
-            Ok(Ok(0)) => Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the peer closed the connection right after the TLS handshake",
-            )),
-            Ok(Ok(_)) => {
-                let fed = self.feed_incoming()?;
-                self.flush_out().await?;
-                match fed.peer_closed {
-                    true => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-                    false => Ok(()),
-                }
-            }
-            Ok(Err(e)) => Err(e),
-        }
+        taken
     }
 
     /// Seals `plain` for the peer; it is written by the next flush (or by the relay loop).
