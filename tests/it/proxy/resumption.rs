@@ -49,7 +49,7 @@ fn check_resumption(identity: fn() -> Identity, over_tls: bool) {
         used <= MAX_SIGNATURES,
         "{CONNECTIONS} connections cost {used} signatures (at most {MAX_SIGNATURES} allowed)"
     );
-    // Loopback clients one after another: the proxy made a connection ahead for each next one
+    // Clients one after another: the proxy made a connection ahead for each next one
     // (proxy::spare); the last may still be held (or being made), for a client that has not
     // come. Never more than that one.
     let within = CONNECTIONS as f64..=(CONNECTIONS + 1) as f64;
