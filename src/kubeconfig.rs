@@ -3,7 +3,8 @@
 //! The generated entries: a cluster whose `server` is the proxy's loopback address, with the
 //! proxy's loopback CA and an extension named `client.authentication.k8s.io/exec` carrying the
 //! upstream URL, its CA and the key URI; a user whose `exec` block runs `hwkey credential` with
-//! `provideClusterInfo: true` (so the extension reaches the plugin); and a context. An existing
+//! the same settings and the server in its env ([`CLUSTER_ENV`], so they reach the plugin
+//! without `provideClusterInfo`); and a context. An existing
 //! file is merged: entries of other names are kept as they are, the file is replaced atomically
 //! and stays mode 0600.
 
@@ -28,6 +29,12 @@ pub fn is_plugin_binary(path: &Path) -> bool {
 
 /// The extension name client-go passes to exec plugins as `spec.cluster.config`.
 pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
+
+/// The exec block's env variable that hands the plugin its cluster: the object client-go would
+/// pass as `spec.cluster` with `provideClusterInfo: true` (`server`, and the extension as
+/// `config`), which [`write`] does not set because of what it costs kubectl per object of a list
+/// ([`crate::exec::credential::ExecInfo::with_cluster_env`]).
+pub const CLUSTER_ENV: &str = "HWKEY_EXEC_CLUSTER";
 
 /// hwkey's settings in a cluster's [`EXEC_EXTENSION`] extension: written by [`write`], read by
 /// the exec plugin ([`crate::exec::settings`]), `hwkey renew --kubeconfig`
@@ -142,6 +149,9 @@ pub enum KubeconfigError {
         #[source]
         problem: ReadProblem,
     },
+
+    #[error("cannot encode the plugin's cluster settings ({CLUSTER_ENV}): {0}")]
+    EncodeCluster(#[source] serde_json::Error),
 
     #[error("cannot encode the kubeconfig: {0}")]
     Encode(#[source] serde_yaml_ng::Error),
@@ -336,8 +346,19 @@ pub fn write(request: &Request, out: &Path) -> Result<String, KubeconfigError> {
     if extension.upstream_proxy.is_none() {
         extension.upstream_proxy = existing_proxy(&doc, &request.name);
     }
+    let cluster_env = serde_json::json!({
+        "server": server,
+        "config": serde_json::to_value(&extension).map_err(KubeconfigError::EncodeCluster)?,
+    })
+    .to_string();
     let ext = serde_yaml_ng::to_value(extension).map_err(KubeconfigError::Encode)?;
-    merge(&mut doc, request, ext, &server, ca.cert_pem());
+    merge(
+        &mut doc,
+        request,
+        (ext, cluster_env),
+        &server,
+        ca.cert_pem(),
+    );
     let text = serde_yaml_ng::to_string(&doc).map_err(KubeconfigError::Encode)?;
     crate::atomic_file::write_atomic(out, text.as_bytes(), 0o600).map_err(|source| {
         KubeconfigError::Write {
@@ -565,7 +586,14 @@ fn upsert(doc: &mut Value, list: &str, entry: Value) {
     }
 }
 
-fn merge(doc: &mut Value, r: &Request, ext: Value, server: &str, loopback_ca_pem: &str) {
+/// `ext`: the cluster extension, and the same settings as [`CLUSTER_ENV`]'s JSON.
+fn merge(
+    doc: &mut Value,
+    r: &Request,
+    (ext, cluster_env): (Value, String),
+    server: &str,
+    loopback_ca_pem: &str,
+) {
     use base64::Engine;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
 
@@ -597,7 +625,12 @@ fn merge(doc: &mut Value, r: &Request, ext: Value, server: &str, loopback_ca_pem
             .into(),
         );
     }
-    exec.insert("provideClusterInfo".into(), true.into());
+    // The cluster reaches the plugin in its env, not through `provideClusterInfo: true`, which
+    // costs kubectl CPU per object of a list (see CLUSTER_ENV).
+    let mut env = Mapping::new();
+    env.insert("name".into(), CLUSTER_ENV.into());
+    env.insert("value".into(), cluster_env.into());
+    exec.insert("env".into(), Value::Sequence(vec![Value::Mapping(env)]));
     exec.insert(
         "installHint".into(),
         "hwkey keeps this cluster's client key in hardware. Install it with `cargo install --path .` from the hwkey repository and see its README."

@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::exec::control_client;
 use crate::key::{verify, Key, KeyUri};
-use crate::kubeconfig::HwkeyExtension;
+use crate::kubeconfig::{HwkeyExtension, CLUSTER_ENV};
 use crate::pki::cert;
 
 #[derive(Debug, Args)]
@@ -207,6 +207,7 @@ fn check_kubeconfig(
     let (cluster, user, user_name) = resolve_context(r, &doc, path, context)?;
     check_exec_block(r, &user["user"]["exec"], &user_name)?;
     let ext = hwkey_extension(r, &cluster)?;
+    check_cluster_reaches_plugin(r, &user["user"]["exec"], &cluster, &ext);
     check_running_proxy(r, &ext);
     let Some(key) = ext.key else {
         r.fail(
@@ -285,13 +286,45 @@ fn check_exec_block(r: &mut Report, exec: &Yaml, user_name: &str) -> Option<()> 
             return None;
         }
     }
-    if exec["provideClusterInfo"].as_bool() != Some(true) {
-        r.fail(
-            "exec plugin",
-            "provideClusterInfo is not true: the plugin cannot see the cluster extension",
-        );
-    }
     Some(())
+}
+
+/// The plugin sees its cluster: in its env ([`CLUSTER_ENV`], what `hwkey kubeconfig` writes),
+/// the same as the cluster entry, or through `provideClusterInfo: true` (older kubeconfigs).
+fn check_cluster_reaches_plugin(r: &mut Report, exec: &Yaml, cluster: &Yaml, ext: &HwkeyExtension) {
+    let env = exec["env"].as_sequence().and_then(|vars| {
+        vars.iter()
+            .find(|v| v["name"].as_str() == Some(CLUSTER_ENV))
+    });
+    let Some(var) = env else {
+        if exec["provideClusterInfo"].as_bool() != Some(true) {
+            r.fail(
+                "exec plugin",
+                format!("neither {CLUSTER_ENV} in its env nor provideClusterInfo: true: the plugin cannot see the cluster extension; regenerate with `hwkey kubeconfig`"),
+            );
+        }
+        return;
+    };
+    let text = var["value"].as_str().unwrap_or_default();
+    match serde_json::from_str::<crate::exec::credential::Cluster>(text) {
+        Ok(seen) => {
+            let server = cluster["cluster"]["server"].as_str().unwrap_or_default();
+            let settings = seen
+                .config
+                .as_ref()
+                .and_then(|c| HwkeyExtension::from_json(c).ok());
+            if seen.server != server || settings.as_ref() != Some(ext) {
+                r.fail(
+                    "exec plugin",
+                    format!("its {CLUSTER_ENV} differs from the cluster entry (server or extension): regenerate with `hwkey kubeconfig`"),
+                );
+            }
+        }
+        Err(e) => r.fail(
+            "exec plugin",
+            format!("its {CLUSTER_ENV} does not parse ({e}): regenerate with `hwkey kubeconfig`"),
+        ),
+    }
 }
 
 /// hwkey's extension of the cluster entry (key URI, certificate, state directory).

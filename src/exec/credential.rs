@@ -60,7 +60,8 @@ pub struct ExecInfo {
     pub api_version: ApiVersion,
     /// `spec.interactive`: whether the plugin may prompt on the terminal.
     pub interactive: bool,
-    /// `spec.cluster` (only with `provideClusterInfo: true`).
+    /// `spec.cluster` (with `provideClusterInfo: true`), else the same object from the exec
+    /// block's env ([`crate::kubeconfig::CLUSTER_ENV`], what `hwkey kubeconfig` writes).
     pub cluster: Option<Cluster>,
 }
 
@@ -126,16 +127,39 @@ impl ExecInfo {
     }
 
     /// Reads `KUBERNETES_EXEC_INFO`; when it is absent (the plugin run by hand), assumes v1 and
-    /// interactive only if stdin is a terminal.
+    /// interactive only if stdin is a terminal. The cluster comes from
+    /// [`crate::kubeconfig::CLUSTER_ENV`] when client-go passed none.
     pub fn from_env() -> Result<ExecInfo, ExecError> {
-        match std::env::var("KUBERNETES_EXEC_INFO") {
-            Ok(v) if !v.trim().is_empty() => ExecInfo::parse(&v),
-            _ => Ok(ExecInfo {
+        let info = match std::env::var("KUBERNETES_EXEC_INFO") {
+            Ok(v) if !v.trim().is_empty() => ExecInfo::parse(&v)?,
+            _ => ExecInfo {
                 api_version: ApiVersion::V1,
                 interactive: std::io::IsTerminal::is_terminal(&std::io::stdin()),
                 cluster: None,
-            }),
+            },
+        };
+        info.with_cluster_env(
+            std::env::var(crate::kubeconfig::CLUSTER_ENV)
+                .ok()
+                .as_deref(),
+        )
+    }
+
+    /// Takes the cluster from the exec block's env when client-go passed none.
+    ///
+    /// `hwkey kubeconfig` hands the plugin its cluster this way rather than with
+    /// `provideClusterInfo: true`: client-go keys its exec authenticators by a text dump of the
+    /// exec config and, with that flag, of the cluster too (its CA and extension bytes, hex
+    /// dumped), and kubectl builds a client per object of a list, so the flag cost kubectl
+    /// about 60 µs of CPU per object (docs/BENCHMARKS.md, round twelve). When client-go does
+    /// pass the cluster (an older kubeconfig), that one is used.
+    pub fn with_cluster_env(mut self, env: Option<&str>) -> Result<ExecInfo, ExecError> {
+        if self.cluster.is_none() {
+            if let Some(text) = env.filter(|t| !t.trim().is_empty()) {
+                self.cluster = Some(serde_json::from_str(text).map_err(ExecError::BadClusterEnv)?);
+            }
         }
+        Ok(self)
     }
 }
 
@@ -214,6 +238,49 @@ mod tests {
         assert_eq!(
             cluster.config.expect("config")["key"],
             "pkcs11:token=a;object=b"
+        );
+    }
+
+    #[test]
+    fn the_cluster_comes_from_the_exec_env_only_when_client_go_passed_none() {
+        let v1 = r#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1"}"#;
+        let env =
+            r#"{"server":"https://127.0.0.1:7443","config":{"key":"pkcs11:token=a;object=b"}}"#;
+        let info = ExecInfo::parse(v1)
+            .and_then(|i| i.with_cluster_env(Some(env)))
+            .expect("valid");
+        let cluster = info.cluster.expect("cluster from the env");
+        assert_eq!(cluster.server, "https://127.0.0.1:7443");
+        assert_eq!(
+            cluster.config.expect("config")["key"],
+            "pkcs11:token=a;object=b"
+        );
+
+        // client-go's own cluster wins; no env leaves none; an empty env is no env.
+        let with = r#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1",
+            "spec":{"cluster":{"server":"https://127.0.0.1:9443"}}}"#;
+        let info = ExecInfo::parse(with)
+            .and_then(|i| i.with_cluster_env(Some(env)))
+            .expect("valid");
+        assert_eq!(
+            info.cluster.expect("cluster").server,
+            "https://127.0.0.1:9443"
+        );
+        for none in [None, Some(""), Some("  ")] {
+            let info = ExecInfo::parse(v1)
+                .and_then(|i| i.with_cluster_env(none))
+                .expect("valid");
+            assert!(info.cluster.is_none(), "{none:?}");
+        }
+
+        // A broken env is an error naming the variable and the fix, not a cluster-less run.
+        let err = ExecInfo::parse(v1)
+            .and_then(|i| i.with_cluster_env(Some("{\"server\": 7")))
+            .expect_err("broken JSON");
+        let text = err.to_string();
+        assert!(
+            text.contains("HWKEY_EXEC_CLUSTER") && text.contains("hwkey kubeconfig"),
+            "{text}"
         );
     }
 

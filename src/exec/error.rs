@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use super::{control_client, credential, launcher};
 use crate::key::KeyError;
+use crate::kubeconfig::CLUSTER_ENV;
 
 /// Errors of the exec front end. Each is printed as one line on stderr (kubectl shows it).
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +21,9 @@ pub enum ExecError {
 
     #[error("the cluster's client.authentication.k8s.io/exec extension is not hwkey's: {0} (regenerate the kubeconfig with `hwkey kubeconfig`)")]
     BadExtension(#[source] serde_json::Error),
+
+    #[error("{CLUSTER_ENV} (the kubeconfig's exec env) is not the cluster JSON `hwkey kubeconfig` writes: {0} (regenerate the kubeconfig with `hwkey kubeconfig`)")]
+    BadClusterEnv(#[source] serde_json::Error),
 
     #[error("{0}")]
     Endpoint(#[from] crate::endpoint::EndpointError),

@@ -249,6 +249,8 @@ fn pin_for_stdin(settings: &Settings, pin: Option<Zeroizing<String>>) -> Option<
 /// `hwkey proxy` with the settings of this kubeconfig.
 fn proxy_command(exe: PathBuf, settings: &Settings, pin_on_stdin: bool) -> Command {
     let mut cmd = Command::new(exe);
+    // The plugin's cluster JSON is the plugin's input; the proxy takes its settings as flags.
+    cmd.env_remove(crate::kubeconfig::CLUSTER_ENV);
     cmd.arg("proxy")
         .arg("--key")
         .arg(settings.key.to_string())

@@ -1,6 +1,8 @@
 //! Where `hwkey credential` finds its settings: its own arguments first, then the cluster's
-//! `client.authentication.k8s.io/exec` extension that client-go passes as `spec.cluster.config`
-//! (with `provideClusterInfo: true`), so one kubeconfig holds everything.
+//! `client.authentication.k8s.io/exec` extension, as the exec block's env hands it over
+//! ([`crate::kubeconfig::CLUSTER_ENV`], what `hwkey kubeconfig` writes) or client-go passes it
+//! as `spec.cluster.config` (with `provideClusterInfo: true`), so one kubeconfig holds
+//! everything.
 //!
 //! The extension's fields are [`HwkeyExtension`]'s, the type `hwkey kubeconfig` writes.
 
@@ -86,7 +88,7 @@ impl Settings {
             Some(text) => text.parse()?,
             None => ext.key.ok_or(ExecError::MissingSetting {
                 what: "key URI",
-                hint: "pass --key URI, or generate the kubeconfig with `hwkey kubeconfig` (it puts the key in the cluster's client.authentication.k8s.io/exec extension and sets provideClusterInfo: true)",
+                hint: "pass --key URI, or generate the kubeconfig with `hwkey kubeconfig` (it hands the plugin the key in the exec block's HWKEY_EXEC_CLUSTER env)",
             })?,
         };
         let upstream = match &args.upstream {
@@ -107,7 +109,7 @@ impl Settings {
             (None, None) => {
                 return Err(ExecError::MissingSetting {
                     what: "proxy address",
-                    hint: "set provideClusterInfo: true in the kubeconfig's exec block (the cluster's server is the proxy's loopback address), or pass --listen tcp:127.0.0.1:PORT",
+                    hint: "regenerate the kubeconfig with `hwkey kubeconfig` (its exec block hands the plugin the cluster's server, the proxy's loopback address, in HWKEY_EXEC_CLUSTER), or pass --listen tcp:127.0.0.1:PORT",
                 })
             }
         };
