@@ -211,7 +211,7 @@ fn decomposition(id: &Identity, hwkey_config: &Path, dir: &Path) -> (PathBuf, Pa
     let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
     let cluster = &doc["clusters"][0]["cluster"];
     let ext = &cluster["extensions"][0];
-    assert_eq!(ext["name"], "client.authentication.k8s.io/exec");
+    assert_eq!(ext["name"], "hwkey/settings");
     let info = serde_json::json!({
         "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
         "spec": {"interactive": false, "cluster": {

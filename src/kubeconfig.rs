@@ -1,7 +1,7 @@
 //! Writing kubeconfigs in which kubectl (or kubelet) reaches the API server through hwkey.
 //!
 //! The generated entries: a cluster whose `server` is the proxy's loopback address, with the
-//! proxy's loopback CA and an extension named `client.authentication.k8s.io/exec` carrying the
+//! proxy's loopback CA and an extension named `hwkey/settings` carrying the
 //! upstream URL, its CA and the key URI; a user whose `exec` block runs `hwkey credential` with
 //! the same settings and the server in its env ([`CLUSTER_ENV`], so they reach the plugin
 //! without `provideClusterInfo`); and a context. An existing
@@ -27,8 +27,20 @@ pub fn is_plugin_binary(path: &Path) -> bool {
     path.file_name().is_some_and(|n| n == PLUGIN_BINARY)
 }
 
-/// The extension name client-go passes to exec plugins as `spec.cluster.config`.
+/// The extension name client-go passes to exec plugins as `spec.cluster.config`: where hwkey
+/// wrote its settings before [`SETTINGS_EXTENSION`], still read in older kubeconfigs.
 pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
+
+/// The extension name of hwkey's settings in the cluster entry [`write`] makes. Not
+/// [`EXEC_EXTENSION`]: client-go copies that one into the exec config it dumps as text (its
+/// bytes hex-dumped) for every client kubectl builds, one per object of a list.
+pub const SETTINGS_EXTENSION: &str = "hwkey/settings";
+
+/// Whether a cluster extension of this name holds hwkey's settings (written now, or by an
+/// older hwkey).
+pub fn is_settings_extension(name: &str) -> bool {
+    name == SETTINGS_EXTENSION || name == EXEC_EXTENSION
+}
 
 /// The exec block's env variable that hands the plugin its cluster: the object client-go would
 /// pass as `spec.cluster` with `provideClusterInfo: true` (`server`, and the extension as
@@ -36,7 +48,8 @@ pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
 /// ([`crate::exec::credential::ExecInfo::with_cluster_env`]).
 pub const CLUSTER_ENV: &str = "HWKEY_EXEC_CLUSTER";
 
-/// hwkey's settings in a cluster's [`EXEC_EXTENSION`] extension: written by [`write`], read by
+/// hwkey's settings in a cluster's [`SETTINGS_EXTENSION`] extension and the exec block's
+/// [`CLUSTER_ENV`]: written by [`write`], read by
 /// the exec plugin ([`crate::exec::settings`]), `hwkey renew --kubeconfig`
 /// ([`crate::lifecycle::context`]) and `hwkey doctor`. One type, so a renamed field is a compile
 /// error rather than a setting silently lost; values arrive parsed (a bad key URI in the file is
@@ -114,7 +127,7 @@ impl HwkeyExtension {
             .extensions
             .as_ref()?
             .iter()
-            .find(|e| e.name == EXEC_EXTENSION)
+            .find(|e| is_settings_extension(&e.name))
             .map(|e| HwkeyExtension::from_json(&e.extension))
     }
 }
@@ -532,7 +545,11 @@ fn hwkey_extension(cluster: &Value) -> Option<&Value> {
         .get("extensions")?
         .as_sequence()?
         .iter()
-        .find(|e| e.get("name").and_then(Value::as_str) == Some(EXEC_EXTENSION))?
+        .find(|e| {
+            e.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(is_settings_extension)
+        })?
         .get("extension")
 }
 
@@ -605,7 +622,7 @@ fn merge(
     );
     cluster.insert(
         "extensions".into(),
-        Value::Sequence(vec![named(EXEC_EXTENSION, "extension", ext)]),
+        Value::Sequence(vec![named(SETTINGS_EXTENSION, "extension", ext)]),
     );
 
     let mut exec = Mapping::new();

@@ -10,7 +10,7 @@ use crate::exec::settings::{Overrides, Settings};
 
 #[derive(Debug, Args)]
 #[command(
-    long_about = "A client-go exec plugin (client.authentication.k8s.io/v1 and v1beta1). Reads KUBERNETES_EXEC_INFO, makes sure the hwkey proxy for the cluster runs (starting it if needed), and prints an ExecCredential holding a short-lived loopback client certificate and its throw-away key: never the hardware key. Settings come from these flags or from the cluster's client.authentication.k8s.io/exec extension (see `hwkey kubeconfig`)."
+    long_about = "A client-go exec plugin (client.authentication.k8s.io/v1 and v1beta1). Reads KUBERNETES_EXEC_INFO, makes sure the hwkey proxy for the cluster runs (starting it if needed), and prints an ExecCredential holding a short-lived loopback client certificate and its throw-away key: never the hardware key. Settings come from these flags, else from the exec block's HWKEY_EXEC_CLUSTER env that `hwkey kubeconfig` writes (or an older kubeconfig's client.authentication.k8s.io/exec cluster extension, with provideClusterInfo: true)."
 )]
 pub struct CredentialArgs {
     /// The hardware key (default: the cluster extension's `key`).

@@ -332,8 +332,11 @@ fn hwkey_extension(r: &mut Report, cluster: &Yaml) -> Option<HwkeyExtension> {
     let ext = cluster["cluster"]["extensions"]
         .as_sequence()
         .and_then(|s| {
-            s.iter()
-                .find(|e| e["name"].as_str() == Some(crate::kubeconfig::EXEC_EXTENSION))
+            s.iter().find(|e| {
+                e["name"]
+                    .as_str()
+                    .is_some_and(crate::kubeconfig::is_settings_extension)
+            })
         });
     let Some(ext) = ext else {
         r.fail(

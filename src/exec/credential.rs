@@ -145,16 +145,23 @@ impl ExecInfo {
         )
     }
 
-    /// Takes the cluster from the exec block's env when client-go passed none.
+    /// Takes the cluster from the exec block's env when client-go passed none, or one without
+    /// hwkey's settings (`provideClusterInfo: true` set by hand on a kubeconfig whose settings
+    /// extension client-go does not pass on).
     ///
     /// `hwkey kubeconfig` hands the plugin its cluster this way rather than with
     /// `provideClusterInfo: true`: client-go keys its exec authenticators by a text dump of the
     /// exec config and, with that flag, of the cluster too (its CA and extension bytes, hex
     /// dumped), and kubectl builds a client per object of a list, so the flag cost kubectl
     /// about 60 µs of CPU per object (docs/BENCHMARKS.md, round twelve). When client-go does
-    /// pass the cluster (an older kubeconfig), that one is used.
+    /// pass the cluster with settings (an older kubeconfig), that one is used.
     pub fn with_cluster_env(mut self, env: Option<&str>) -> Result<ExecInfo, ExecError> {
-        if self.cluster.is_none() {
+        if self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.config.as_ref())
+            .is_none()
+        {
             if let Some(text) = env.filter(|t| !t.trim().is_empty()) {
                 self.cluster = Some(serde_json::from_str(text).map_err(ExecError::BadClusterEnv)?);
             }
@@ -256,15 +263,25 @@ mod tests {
             "pkcs11:token=a;object=b"
         );
 
-        // client-go's own cluster wins; no env leaves none; an empty env is no env.
+        // client-go's own cluster wins when it carries settings, and only then; no env leaves
+        // none; an empty env is no env.
         let with = r#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1",
-            "spec":{"cluster":{"server":"https://127.0.0.1:9443"}}}"#;
+            "spec":{"cluster":{"server":"https://127.0.0.1:9443","config":{"key":"pkcs11:token=c;object=d"}}}}"#;
         let info = ExecInfo::parse(with)
             .and_then(|i| i.with_cluster_env(Some(env)))
             .expect("valid");
         assert_eq!(
             info.cluster.expect("cluster").server,
             "https://127.0.0.1:9443"
+        );
+        let bare = r#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1",
+            "spec":{"cluster":{"server":"https://127.0.0.1:9443"}}}"#;
+        let info = ExecInfo::parse(bare)
+            .and_then(|i| i.with_cluster_env(Some(env)))
+            .expect("valid");
+        assert_eq!(
+            info.cluster.expect("cluster").server,
+            "https://127.0.0.1:7443"
         );
         for none in [None, Some(""), Some("  ")] {
             let info = ExecInfo::parse(v1)

@@ -19,7 +19,7 @@ pub enum ExecError {
         problem: credential::ExecInfoProblem,
     },
 
-    #[error("the cluster's client.authentication.k8s.io/exec extension is not hwkey's: {0} (regenerate the kubeconfig with `hwkey kubeconfig`)")]
+    #[error("the plugin's cluster settings ({CLUSTER_ENV}, or an older kubeconfig's client.authentication.k8s.io/exec extension) are not hwkey's: {0} (regenerate the kubeconfig with `hwkey kubeconfig`)")]
     BadExtension(#[source] serde_json::Error),
 
     #[error("{CLUSTER_ENV} (the kubeconfig's exec env) is not the cluster JSON `hwkey kubeconfig` writes: {0} (regenerate the kubeconfig with `hwkey kubeconfig`)")]

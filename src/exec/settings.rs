@@ -95,7 +95,7 @@ impl Settings {
             Some(text) => text.parse()?,
             None => ext.upstream.ok_or(ExecError::MissingSetting {
                 what: "upstream API server",
-                hint: "pass --upstream https://APISERVER:6443 or set 'upstream' in the cluster's client.authentication.k8s.io/exec extension",
+                hint: "pass --upstream https://APISERVER:6443 or regenerate the kubeconfig with `hwkey kubeconfig --server`",
             })?,
         };
         let server = info

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use kube::config::{Cluster, Kubeconfig, KubeconfigError};
 
 use super::LifecycleError;
-use crate::kubeconfig::{HwkeyExtension, EXEC_EXTENSION};
+use crate::kubeconfig::{HwkeyExtension, SETTINGS_EXTENSION};
 
 /// What is wrong with a kubeconfig, for [`LifecycleError::Kubeconfig`].
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +27,7 @@ pub enum KubeconfigProblem {
     NoCluster,
     #[error("cluster '{0}' is not defined")]
     NoClusterNamed(String),
-    #[error("cluster '{0}' has no {EXEC_EXTENSION} extension: it was not written by `hwkey kubeconfig`; pass --key, --server and --ca instead")]
+    #[error("cluster '{0}' has no {SETTINGS_EXTENSION} extension: it was not written by `hwkey kubeconfig`; pass --key, --server and --ca instead")]
     NoExtension(String),
     #[error("the hwkey extension of cluster '{cluster}' does not parse: {source}")]
     BadExtension {

@@ -253,10 +253,7 @@ fn two_entries_of_one_name_become_one_that_kubectl_reads() {
         "{}",
         output_text(&view)
     );
-    assert!(
-        doc["clusters"][0]["cluster"]["extensions"][0]["name"]
-            == "client.authentication.k8s.io/exec"
-    );
+    assert!(doc["clusters"][0]["cluster"]["extensions"][0]["name"] == "hwkey/settings");
 }
 
 /// Eight `hwkey kubeconfig` runs at once into one file, each adding its own name: every entry

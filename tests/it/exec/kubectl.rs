@@ -91,7 +91,7 @@ impl Cluster {
         let text = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
         let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
         let ext = &doc["clusters"][0]["cluster"]["extensions"][0];
-        assert_eq!(ext["name"], "client.authentication.k8s.io/exec");
+        assert_eq!(ext["name"], "hwkey/settings");
         serde_json::to_value(&ext["extension"]).expect("JSON")
     }
 
@@ -187,8 +187,10 @@ fn kubectl_works_with_only_the_generated_kubeconfig_softhsm() {
 /// `provideClusterInfo: true`, of the cluster (its CA and extension bytes hex-dumped), and
 /// kubectl builds a client per object of a list: the flag cost kubectl about 60 µs of CPU per
 /// object, 1.13× a plain kubeconfig's time for a 1,000-object list. The generated kubeconfig
-/// hands the plugin its cluster in the exec env instead: real kubectl passes no cluster, and the
-/// plugin still finds its proxy and key. `hwkey doctor` fails a kubeconfig whose env copy
+/// hands the plugin its cluster in the exec env instead, and names its settings extension
+/// `hwkey/settings` (client-go copies a `client.authentication.k8s.io/exec` one into the exec
+/// config it dumps): real kubectl passes no cluster, and the plugin still finds its proxy and
+/// key. `hwkey doctor` fails a kubeconfig whose env copy
 /// disagrees with the cluster entry.
 #[cfg(feature = "pkcs11")]
 #[test]
@@ -252,6 +254,39 @@ fn kubectl_hands_the_plugin_no_cluster_and_it_still_finds_its_settings() {
         "{text}"
     );
     assert!(text.contains("hwkey kubeconfig"), "{text}");
+}
+
+/// A kubeconfig an older hwkey wrote (its settings in the cluster's
+/// `client.authentication.k8s.io/exec` extension, which client-go passes with
+/// `provideClusterInfo: true`, and no env) still works with kubectl, and doctor passes it.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_kubeconfig_an_older_hwkey_wrote_still_works() {
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let text = std::fs::read_to_string(&c.kubeconfig).expect("kubeconfig");
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
+    let ext = &mut doc["clusters"][0]["cluster"]["extensions"][0];
+    assert_eq!(ext["name"], "hwkey/settings");
+    ext["name"] = "client.authentication.k8s.io/exec".into();
+    let exec = doc["users"][0]["user"]["exec"]
+        .as_mapping_mut()
+        .expect("exec block");
+    assert!(exec.remove("env").is_some());
+    exec.insert("provideClusterInfo".into(), true.into());
+    std::fs::write(&c.kubeconfig, serde_yaml_ng::to_string(&doc).expect("YAML")).expect("write");
+
+    version_and_whoami(&c);
+    assert_eq!(c.proxy_starts(), 1);
+    let out = run_ok(
+        hwkey()
+            .envs(c.id.envs())
+            .arg("doctor")
+            .arg("--kubeconfig")
+            .arg(&c.kubeconfig),
+    );
+    let text = stdout(&out);
+    assert!(text.contains("ok    exec plugin"), "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
 }
 
 #[cfg(feature = "tpm")]
