@@ -10,6 +10,7 @@ pub mod bench;
 pub mod ca;
 pub mod flow;
 pub mod forward_proxies;
+pub mod inject;
 pub mod kube;
 pub mod kubectl;
 pub mod oracle;
@@ -29,6 +30,7 @@ pub mod tools;
 pub mod upstream;
 
 pub use ca::*;
+pub use inject::*;
 pub use ports::*;
 pub use process::*;
 pub use servers::*;

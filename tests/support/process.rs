@@ -276,42 +276,6 @@ pub fn rss_kib(pid: u32) -> u64 {
         .expect("VmRSS")
 }
 
-/// What each of `calls` (libc calls that return an `int`, e.g. `open("/etc/hosts", 0)`) returns,
-/// made one after the other inside the running process `pid`: gdb attaches from the test and
-/// calls them there, as an attacker who took over that process would make them (its seccomp
-/// filter, Landlock domain and capabilities apply). One attach for all: an attach that reads the
-/// debug binary's symbols takes about 9 s here, and libc's calls need none of them
-/// (`--readnever`; without debug information gdb takes the cast as the call's return type).
-pub fn calls_inside(pid: u32, calls: &[String]) -> Vec<i64> {
-    crate::require_tool("gdb", "gdb");
-    let mut gdb = Command::new("gdb");
-    gdb.args(["-p", &pid.to_string(), "-batch", "-nx", "--readnever"]);
-    // Each result is named by its call's index: a call gdb could not make prints nothing, so a
-    // later call's result can never be read as its.
-    for (n, call) in calls.iter().enumerate() {
-        gdb.args([
-            "-ex",
-            &format!("printf \"hwkey-call {n} %d\\n\", (int){call}"),
-        ]);
-    }
-    let out = run_ok(&mut gdb);
-    let text = String::from_utf8_lossy(&out.stdout);
-    (0..calls.len())
-        .map(|n| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(&format!("hwkey-call {n} ")))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or_else(|| {
-                    panic!(
-                        "no result from gdb for {}:\n{}",
-                        calls[n],
-                        output_text(&out)
-                    )
-                })
-        })
-        .collect()
-}
-
 /// A field of `/proc/PID/status` (empty when the process or the field is not there).
 pub fn status_field(pid: u32, field: &str) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

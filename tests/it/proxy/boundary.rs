@@ -1,5 +1,5 @@
 //! The boundary between the network side and the signer side, tried as an attacker who took
-//! over the network side would (calls made inside the running `hwkey-net` with gdb) and as an
+//! over the network side would (calls made inside the running `hwkey-net` under ptrace) and as an
 //! operator on a bad day would (a stopped signer, a PIN file fixed while the proxy runs, the
 //! binary replaced by an upgrade).
 
@@ -43,20 +43,20 @@ fn a_root_network_side_holds_no_capability_and_makes_no_device_or_raw_socket() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let calls = [
-        "open(\"/etc/hosts\", 0)".to_string(),
+        Call::Open("/etc/hosts".into(), 0),
         // S_IFCHR | 0600, makedev(1, 11) (/dev/kmsg).
-        format!("mknod(\"{}\", 8576, 267)", node.display()),
+        Call::Mknod(node.clone(), 0o20600, 267),
         // AF_PACKET, SOCK_RAW; AF_INET, SOCK_RAW, IPPROTO_ICMP.
-        "socket(17, 3, 0)".to_string(),
-        "socket(2, 3, 1)".to_string(),
+        Call::Socket(17, 3, 0),
+        Call::Socket(2, 3, 1),
         // The API server is an address: no name to resolve, so no UDP either.
-        "socket(2, 2, 0)".to_string(),
-        "socket(10, 2, 0)".to_string(),
+        Call::Socket(2, 2, 0),
+        Call::Socket(10, 2, 0),
         // IPPROTO_MPTCP: a stream socket outside Landlock's TCP port rules; TCP itself still opens.
-        "socket(2, 1, 262)".to_string(),
-        "socket(2, 1, 6)".to_string(),
-        format!("symlink(\"/etc/shadow\", \"{}\")", link.display()),
-        format!("chmod(\"{}\", 0666)", secret.display()),
+        Call::Socket(2, 1, 262),
+        Call::Socket(2, 1, 6),
+        Call::Symlink("/etc/shadow".into(), link.clone()),
+        Call::Chmod(secret.clone(), 0o666),
     ];
     let got = calls_inside(pid, &calls);
     assert!(got[0] >= 0, "/etc/hosts did not open: {got:?}");

@@ -140,8 +140,8 @@ fn a_rejected_pin_memory_the_network_side_could_delete_refuses_the_start() {
 }
 
 /// The call `open(path, flags)`, to make inside the network side.
-fn open_call(path: &std::path::Path, flags: i32) -> String {
-    format!("open(\"{}\", {flags})", path.display())
+fn open_call(path: &std::path::Path, flags: i32) -> Call {
+    Call::Open(path.to_path_buf(), flags)
 }
 
 /// A person's proxy made as the README says, with the certificate and the PIN file in the home
