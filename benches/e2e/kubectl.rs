@@ -79,21 +79,25 @@ impl Kube {
         ms
     }
 
-    /// What client-go would put in KUBERNETES_EXEC_INFO for the hwkey kubeconfig.
-    pub(crate) fn exec_info(&self) -> String {
+    /// The environment client-go gives the plugin of the hwkey kubeconfig: KUBERNETES_EXEC_INFO
+    /// (no cluster: the kubeconfig does not set provideClusterInfo) and the exec block's env.
+    pub(crate) fn exec_env(&self) -> Vec<(String, String)> {
         let text = std::fs::read_to_string(&self.hwkey_config).expect("kubeconfig");
         let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
-        let cluster = &doc["clusters"][0]["cluster"];
-        let ext = serde_json::to_value(&cluster["extensions"][0]["extension"]).expect("JSON");
-        serde_json::json!({
+        let info = serde_json::json!({
             "apiVersion": "client.authentication.k8s.io/v1",
             "kind": "ExecCredential",
-            "spec": {"interactive": false, "cluster": {
-                "server": cluster["server"].as_str().expect("server"),
-                "config": ext,
-            }},
-        })
-        .to_string()
+            "spec": {"interactive": false},
+        });
+        let mut env = vec![("KUBERNETES_EXEC_INFO".to_string(), info.to_string())];
+        for var in doc["users"][0]["user"]["exec"]["env"]
+            .as_sequence()
+            .expect("the exec block's env")
+        {
+            let field = |f: &str| var[f].as_str().expect("name and value").to_string();
+            env.push((field("name"), field("value")));
+        }
+        env
     }
 
     pub(crate) fn proxy_pid(&self) -> Option<i32> {
@@ -160,7 +164,7 @@ pub(crate) fn kubectl_and_exec(f: &Fixture) -> Vec<Row> {
     let met = kubectl.ratio.map(|r| r.median <= 1.25);
     let kubectl = kubectl.target("≤ 1.25×", met).note("includes one `hwkey-credential` run per kubectl invocation (client-go caches only in-process)");
 
-    let info = kube.exec_info();
+    let exec_env = kube.exec_env();
     let runs = pick(30, 8);
     let plugin_bin = support::hwkey_bin().with_file_name("hwkey-credential");
     let (mut plugin, mut full, mut spawn) = (Vec::new(), Vec::new(), Vec::new());
@@ -173,7 +177,7 @@ pub(crate) fn kubectl_and_exec(f: &Fixture) -> Vec<Row> {
             let mut cmd = Command::new(bin);
             cmd.envs(kube.envs.clone())
                 .env_remove("RUST_LOG")
-                .env("KUBERNETES_EXEC_INFO", &info)
+                .envs(exec_env.clone())
                 .args(args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::exec::control_client;
 use crate::key::{verify, Key, KeyUri};
-use crate::kubeconfig::{HwkeyExtension, CLUSTER_ENV};
+use crate::kubeconfig::{HwkeyExtension, CLUSTER_ENV, EXEC_EXTENSION};
 use crate::pki::cert;
 
 #[derive(Debug, Args)]
@@ -289,41 +289,63 @@ fn check_exec_block(r: &mut Report, exec: &Yaml, user_name: &str) -> Option<()> 
     Some(())
 }
 
-/// The plugin sees its cluster: in its env ([`CLUSTER_ENV`], what `hwkey kubeconfig` writes),
-/// the same as the cluster entry, or through `provideClusterInfo: true` (older kubeconfigs).
+/// The plugin sees its settings: in its env ([`CLUSTER_ENV`], what `hwkey kubeconfig` writes),
+/// the same as the cluster entry, or through `provideClusterInfo: true`, which passes a
+/// cluster extension only under the name [`EXEC_EXTENSION`] (older kubeconfigs).
 fn check_cluster_reaches_plugin(r: &mut Report, exec: &Yaml, cluster: &Yaml, ext: &HwkeyExtension) {
+    let what = "plugin settings";
     let env = exec["env"].as_sequence().and_then(|vars| {
         vars.iter()
             .find(|v| v["name"].as_str() == Some(CLUSTER_ENV))
     });
     let Some(var) = env else {
-        if exec["provideClusterInfo"].as_bool() != Some(true) {
+        let passed = exec["provideClusterInfo"].as_bool() == Some(true)
+            && cluster["cluster"]["extensions"]
+                .as_sequence()
+                .is_some_and(|list| {
+                    list.iter()
+                        .any(|e| e["name"].as_str() == Some(EXEC_EXTENSION))
+                });
+        if passed {
+            r.ok(what, format!("client-go passes the cluster's {EXEC_EXTENSION} extension (provideClusterInfo: true)"));
+        } else {
             r.fail(
-                "exec plugin",
-                format!("neither {CLUSTER_ENV} in its env nor provideClusterInfo: true: the plugin cannot see the cluster extension; regenerate with `hwkey kubeconfig`"),
+                what,
+                format!("the exec block has no {CLUSTER_ENV} in its env, and client-go passes the settings only with provideClusterInfo: true and an extension named {EXEC_EXTENSION}: the plugin cannot see them; regenerate with `hwkey kubeconfig`"),
             );
         }
         return;
     };
     let text = var["value"].as_str().unwrap_or_default();
-    match serde_json::from_str::<crate::exec::credential::Cluster>(text) {
-        Ok(seen) => {
-            let server = cluster["cluster"]["server"].as_str().unwrap_or_default();
-            let settings = seen
-                .config
-                .as_ref()
-                .and_then(|c| HwkeyExtension::from_json(c).ok());
-            if seen.server != server || settings.as_ref() != Some(ext) {
-                r.fail(
-                    "exec plugin",
-                    format!("its {CLUSTER_ENV} differs from the cluster entry (server or extension): regenerate with `hwkey kubeconfig`"),
-                );
-            }
+    let seen = match serde_json::from_str::<crate::exec::credential::Cluster>(text) {
+        Ok(seen) => seen,
+        Err(e) => {
+            r.fail(
+                what,
+                format!(
+                    "its {CLUSTER_ENV} does not parse ({e}): regenerate with `hwkey kubeconfig`"
+                ),
+            );
+            return;
         }
-        Err(e) => r.fail(
-            "exec plugin",
-            format!("its {CLUSTER_ENV} does not parse ({e}): regenerate with `hwkey kubeconfig`"),
+    };
+    let server = cluster["cluster"]["server"].as_str().unwrap_or_default();
+    let settings = seen.config.as_ref().map(HwkeyExtension::from_json);
+    match settings {
+        _ if seen.server != server => r.fail(
+            what,
+            format!("its {CLUSTER_ENV} names the server {}, the cluster entry {server}: the plugin starts the proxy on the first; regenerate with `hwkey kubeconfig`", seen.server),
         ),
+        None => r.fail(what, format!("its {CLUSTER_ENV} holds no config: regenerate with `hwkey kubeconfig`")),
+        Some(Err(e)) => r.fail(
+            what,
+            format!("the config in its {CLUSTER_ENV} does not parse ({e}): regenerate with `hwkey kubeconfig`"),
+        ),
+        Some(Ok(settings)) if settings != *ext => r.fail(
+            what,
+            format!("the config in its {CLUSTER_ENV} differs from the cluster's settings extension, and the plugin follows {CLUSTER_ENV}: regenerate with `hwkey kubeconfig`"),
+        ),
+        Some(Ok(_)) => r.ok(what, format!("{CLUSTER_ENV} matches the cluster entry")),
     }
 }
 

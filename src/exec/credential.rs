@@ -78,7 +78,8 @@ pub struct Cluster {
     /// The CA of `server`, base64 in JSON (client-go sends bytes).
     #[serde(default)]
     pub certificate_authority_data: Option<String>,
-    /// The cluster's `client.authentication.k8s.io/exec` extension.
+    /// hwkey's settings: the cluster's `client.authentication.k8s.io/exec` extension (which
+    /// client-go passes), or the `config` of [`crate::kubeconfig::CLUSTER_ENV`].
     #[serde(default)]
     pub config: Option<serde_json::Value>,
 }
@@ -154,7 +155,8 @@ impl ExecInfo {
     /// exec config and, with that flag, of the cluster too (its CA and extension bytes, hex
     /// dumped), and kubectl builds a client per object of a list, so the flag cost kubectl
     /// about 60 µs of CPU per object (docs/BENCHMARKS.md, round twelve). When client-go does
-    /// pass the cluster with settings (an older kubeconfig), that one is used.
+    /// pass the cluster with settings (an older kubeconfig), that one is used; when it passes one
+    /// without, its server is kept and only the settings come from the env.
     pub fn with_cluster_env(mut self, env: Option<&str>) -> Result<ExecInfo, ExecError> {
         if self
             .cluster
@@ -163,7 +165,16 @@ impl ExecInfo {
             .is_none()
         {
             if let Some(text) = env.filter(|t| !t.trim().is_empty()) {
-                self.cluster = Some(serde_json::from_str(text).map_err(ExecError::BadClusterEnv)?);
+                let from_env: Cluster =
+                    serde_json::from_str(text).map_err(ExecError::BadClusterEnv)?;
+                self.cluster = Some(match self.cluster.take() {
+                    // client-go's server is the one kubectl dials (a `--server` override too).
+                    Some(passed) if !passed.server.is_empty() => Cluster {
+                        config: from_env.config,
+                        ..passed
+                    },
+                    _ => from_env,
+                });
             }
         }
         Ok(self)
@@ -249,7 +260,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cluster_comes_from_the_exec_env_only_when_client_go_passed_none() {
+    fn the_settings_come_from_the_exec_env_when_client_go_passed_none() {
         let v1 = r#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1"}"#;
         let env =
             r#"{"server":"https://127.0.0.1:7443","config":{"key":"pkcs11:token=a;object=b"}}"#;
@@ -279,9 +290,14 @@ mod tests {
         let info = ExecInfo::parse(bare)
             .and_then(|i| i.with_cluster_env(Some(env)))
             .expect("valid");
+        let cluster = info.cluster.expect("cluster");
         assert_eq!(
-            info.cluster.expect("cluster").server,
-            "https://127.0.0.1:7443"
+            cluster.server, "https://127.0.0.1:9443",
+            "the server kubectl dials"
+        );
+        assert_eq!(
+            cluster.config.expect("config")["key"],
+            "pkcs11:token=a;object=b"
         );
         for none in [None, Some(""), Some("  ")] {
             let info = ExecInfo::parse(v1)

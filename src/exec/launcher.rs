@@ -249,8 +249,10 @@ fn pin_for_stdin(settings: &Settings, pin: Option<Zeroizing<String>>) -> Option<
 /// `hwkey proxy` with the settings of this kubeconfig.
 fn proxy_command(exe: PathBuf, settings: &Settings, pin_on_stdin: bool) -> Command {
     let mut cmd = Command::new(exe);
-    // The plugin's cluster JSON is the plugin's input; the proxy takes its settings as flags.
-    cmd.env_remove(crate::kubeconfig::CLUSTER_ENV);
+    // The plugin's inputs (which may name a forward proxy with its credentials) are not the
+    // proxy's: it takes its settings as flags, and the forward proxy below.
+    cmd.env_remove(crate::kubeconfig::CLUSTER_ENV)
+        .env_remove("KUBERNETES_EXEC_INFO");
     cmd.arg("proxy")
         .arg("--key")
         .arg(settings.key.to_string())

@@ -6,8 +6,9 @@
 //! never in the answer. `--cert-only` answers in the KEP-2718 shape instead: the hardware chain
 //! and `proxyConfig`, no key.
 //!
-//! Flow: parse `KUBERNETES_EXEC_INFO` ([`credential`]) → resolve settings from arguments and the
-//! cluster's `client.authentication.k8s.io/exec` extension ([`settings`]) → ask the proxy's
+//! Flow: parse `KUBERNETES_EXEC_INFO` ([`credential`]) → resolve settings from arguments and
+//! hwkey's settings for the cluster (the exec block's `HWKEY_EXEC_CLUSTER`, or an older
+//! kubeconfig's extension client-go passes) ([`settings`]) → ask the proxy's
 //! control socket for a credential ([`control_client`]); its answer names the proxy, which must
 //! be the one these settings want. Only when that request fails: make sure the proxy for that
 //! cluster runs, starting it detached under a lock if not ([`launcher`]), and ask again → print

@@ -1,8 +1,8 @@
-//! Where `hwkey credential` finds its settings: its own arguments first, then the cluster's
-//! `client.authentication.k8s.io/exec` extension, as the exec block's env hands it over
-//! ([`crate::kubeconfig::CLUSTER_ENV`], what `hwkey kubeconfig` writes) or client-go passes it
-//! as `spec.cluster.config` (with `provideClusterInfo: true`), so one kubeconfig holds
-//! everything.
+//! Where `hwkey credential` finds its settings: its own arguments first, then hwkey's settings
+//! for the cluster, as the exec block's env hands them over ([`crate::kubeconfig::CLUSTER_ENV`],
+//! what `hwkey kubeconfig` writes) or client-go passes an older kubeconfig's
+//! `client.authentication.k8s.io/exec` extension as `spec.cluster.config` (with
+//! `provideClusterInfo: true`), so one kubeconfig holds everything.
 //!
 //! The extension's fields are [`HwkeyExtension`]'s, the type `hwkey kubeconfig` writes.
 

@@ -86,13 +86,24 @@ impl Cluster {
             .ok()
     }
 
-    /// The cluster extension the kubeconfig carries (what client-go passes as spec.cluster.config).
+    /// hwkey's settings extension of the kubeconfig's cluster (the `config` of the exec block's
+    /// HWKEY_EXEC_CLUSTER too; what client-go passed as spec.cluster.config for an older one).
     fn extension(&self) -> serde_json::Value {
         let text = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
         let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
         let ext = &doc["clusters"][0]["cluster"]["extensions"][0];
         assert_eq!(ext["name"], "hwkey/settings");
         serde_json::to_value(&ext["extension"]).expect("JSON")
+    }
+
+    /// The name of the kubeconfig's cluster extension.
+    fn extension_name(&self) -> String {
+        let text = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("YAML");
+        doc["clusters"][0]["cluster"]["extensions"][0]["name"]
+            .as_str()
+            .expect("an extension")
+            .to_string()
     }
 
     fn server(&self) -> String {
@@ -231,34 +242,56 @@ fn kubectl_hands_the_plugin_no_cluster_and_it_still_finds_its_settings() {
         "the plugin started the proxy it was told of"
     );
 
-    // The env's copy edited away from the cluster entry: doctor names it and the fix.
-    let edited = std::fs::read_to_string(&c.kubeconfig)
-        .expect("kubeconfig")
-        .replacen("https://127.0.0.1:", "https://127.0.0.2:", 1);
-    let server = c.server();
-    assert!(
-        edited.contains(&server),
-        "only one copy of the server was edited"
-    );
-    std::fs::write(&c.kubeconfig, edited).expect("write");
-    let out = support::run_fail(
-        hwkey()
-            .envs(c.id.envs())
+    // The started proxy's environment holds none of the plugin's inputs.
+    let pid = c.proxy_pid().expect("the plugin started a proxy");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("the proxy's environ");
+    for var in ["HWKEY_EXEC_CLUSTER=", "KUBERNETES_EXEC_INFO="] {
+        assert!(
+            !environ
+                .split(|b| *b == 0)
+                .any(|v| v.starts_with(var.as_bytes())),
+            "the proxy inherited {var}"
+        );
+    }
+
+    // The doctor passes the kubeconfig as written, and names a cluster server edited away from
+    // the env's copy.
+    let doctor = || {
+        let mut cmd = hwkey();
+        cmd.envs(c.id.envs())
             .arg("doctor")
             .arg("--kubeconfig")
-            .arg(&c.kubeconfig),
-    );
-    let text = stdout(&out);
+            .arg(&c.kubeconfig);
+        cmd
+    };
+    let text = stdout(&run_ok(&mut doctor()));
     assert!(
-        text.contains("FAIL  exec plugin: its HWKEY_EXEC_CLUSTER differs from the cluster entry"),
+        text.contains("ok    plugin settings: HWKEY_EXEC_CLUSTER matches the cluster entry"),
         "{text}"
     );
-    assert!(text.contains("hwkey kubeconfig"), "{text}");
+    let mut doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&c.kubeconfig).expect("kubeconfig"))
+            .expect("YAML");
+    doc["clusters"][0]["cluster"]["server"] = "https://127.0.0.2:6443".into();
+    std::fs::write(&c.kubeconfig, serde_yaml_ng::to_string(&doc).expect("YAML")).expect("write");
+    let text = stdout(&support::run_fail(&mut doctor()));
+    assert!(
+        text.contains(
+            "FAIL  plugin settings: its HWKEY_EXEC_CLUSTER names the server https://127.0.0.1:"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("the cluster entry https://127.0.0.2:6443")
+            && text.contains("hwkey kubeconfig"),
+        "{text}"
+    );
 }
 
 /// A kubeconfig an older hwkey wrote (its settings in the cluster's
 /// `client.authentication.k8s.io/exec` extension, which client-go passes with
-/// `provideClusterInfo: true`, and no env) still works with kubectl, and doctor passes it.
+/// `provideClusterInfo: true`, and no env) still works with kubectl, doctor passes it (and fails
+/// the flag beside the new name, which passes nothing), and regenerating it keeps its port.
 #[cfg(feature = "pkcs11")]
 #[test]
 fn a_kubeconfig_an_older_hwkey_wrote_still_works() {
@@ -285,8 +318,48 @@ fn a_kubeconfig_an_older_hwkey_wrote_still_works() {
             .arg(&c.kubeconfig),
     );
     let text = stdout(&out);
-    assert!(text.contains("ok    exec plugin"), "{text}");
+    assert!(
+        text.contains("ok    plugin settings: client-go passes the cluster's client.authentication.k8s.io/exec extension"),
+        "{text}"
+    );
     assert!(!text.contains("FAIL"), "{text}");
+
+    // The same flag beside an extension named hwkey/settings passes the plugin nothing:
+    // doctor says so (kubectl would fail with "no key URI").
+    let mut broken = doc.clone();
+    broken["clusters"][0]["cluster"]["extensions"][0]["name"] = "hwkey/settings".into();
+    let path = c.dir.path().join("broken.kubeconfig");
+    std::fs::write(&path, serde_yaml_ng::to_string(&broken).expect("YAML")).expect("write");
+    let text = stdout(&support::run_fail(
+        hwkey()
+            .envs(c.id.envs())
+            .arg("doctor")
+            .arg("--kubeconfig")
+            .arg(&path),
+    ));
+    assert!(
+        text.contains("FAIL  plugin settings: the exec block has no HWKEY_EXEC_CLUSTER"),
+        "{text}"
+    );
+
+    // Regenerating over the older entry keeps its port and writes the new form.
+    let server = c.server();
+    run_ok(
+        hwkey()
+            .envs(c.id.envs())
+            .args(["kubeconfig", "--name", "e2e", "--key", &c.id.key_uri])
+            .arg("--cert")
+            .arg(&c.id.cert)
+            .args(["--server", &c.upstream.url()])
+            .arg("--ca")
+            .arg(c.id.ca.ca_path())
+            .arg("--out")
+            .arg(&c.kubeconfig)
+            .arg("--state-dir")
+            .arg(&c.state),
+    );
+    assert_eq!(c.server(), server, "the older entry's port is kept");
+    assert_eq!(c.extension_name(), "hwkey/settings");
 }
 
 #[cfg(feature = "tpm")]
