@@ -31,10 +31,11 @@ pub enum Call {
 /// What each of `calls` returns inside the running process `pid` (its main thread), made one
 /// after the other: the file descriptor or 0 on success, -1 on failure, as libc returns them.
 /// x86_64 only (its registers and system call numbers).
-#[cfg(target_arch = "x86_64")]
 pub fn calls_inside(pid: u32, calls: &[Call]) -> Vec<i64> {
-    let tracee = Tracee::attach(pid as libc::pid_t);
+    let mut tracee = Tracee::attach(pid as libc::pid_t);
     let saved = tracee.regs();
+    // Put back when the tracee is let go, whatever happens in between.
+    tracee.saved = Some(saved);
     let gadget = syscall_instruction(pid);
     let mem = File::options()
         .read(true)
@@ -59,7 +60,13 @@ pub fn calls_inside(pid: u32, calls: &[Call]) -> Vec<i64> {
             [regs.rdi, regs.rsi, regs.rdx, regs.r10] = args;
             tracee.set_regs(&regs);
             tracee.step();
-            let ret = tracee.regs().rax as i64;
+            let after = tracee.regs();
+            assert_eq!(
+                after.rip,
+                gadget + 2,
+                "the step did not run the call {call:?}"
+            );
+            let ret = after.rax as i64;
             if ret < 0 {
                 -1
             } else {
@@ -67,7 +74,7 @@ pub fn calls_inside(pid: u32, calls: &[Call]) -> Vec<i64> {
             }
         })
         .collect();
-    tracee.set_regs(&saved);
+    drop(tracee);
     results
 }
 
@@ -106,8 +113,13 @@ impl Call {
     }
 }
 
-/// A thread held under ptrace; detached when dropped.
-struct Tracee(libc::pid_t);
+/// A thread held under ptrace. When dropped: its registers put back (`saved`), and detached
+/// with the signal that stopped it meanwhile, if one did, so that signal is still delivered.
+struct Tracee {
+    pid: libc::pid_t,
+    saved: Option<libc::user_regs_struct>,
+    signal: libc::c_int,
+}
 
 impl Tracee {
     fn attach(pid: libc::pid_t) -> Tracee {
@@ -117,7 +129,11 @@ impl Tracee {
             if libc::ptrace(libc::PTRACE_SEIZE, pid, null, null) != 0 {
                 panic!("ptrace(SEIZE, {pid}): {}", std::io::Error::last_os_error());
             }
-            let tracee = Tracee(pid);
+            let tracee = Tracee {
+                pid,
+                saved: None,
+                signal: 0,
+            };
             if libc::ptrace(libc::PTRACE_INTERRUPT, pid, null, null) != 0 {
                 panic!(
                     "ptrace(INTERRUPT, {pid}): {}",
@@ -129,16 +145,23 @@ impl Tracee {
         }
     }
 
-    fn wait_stop(&self) {
+    /// Waits for the next stop; returns its wait status.
+    fn wait_stop(&self) -> libc::c_int {
         let mut status = 0;
         // SAFETY: a valid pointer to status.
-        let got = unsafe { libc::waitpid(self.0, &mut status, libc::__WALL) };
-        assert_eq!(got, self.0, "waitpid: {}", std::io::Error::last_os_error());
+        let got = unsafe { libc::waitpid(self.pid, &mut status, libc::__WALL) };
+        assert_eq!(
+            got,
+            self.pid,
+            "waitpid: {}",
+            std::io::Error::last_os_error()
+        );
         assert!(
             libc::WIFSTOPPED(status),
             "process {} did not stop (status {status:#x}): did a call kill it?",
-            self.0
+            self.pid
         );
+        status
     }
 
     fn regs(&self) -> libc::user_regs_struct {
@@ -148,7 +171,7 @@ impl Tracee {
             let at = (&mut regs as *mut libc::user_regs_struct).cast::<libc::c_void>();
             if libc::ptrace(
                 libc::PTRACE_GETREGS,
-                self.0,
+                self.pid,
                 std::ptr::null_mut::<libc::c_void>(),
                 at,
             ) != 0
@@ -160,38 +183,60 @@ impl Tracee {
     }
 
     fn set_regs(&self, regs: &libc::user_regs_struct) {
-        // SAFETY: SETREGS reads a whole user_regs_struct from the pointer.
-        unsafe {
-            let at = (regs as *const libc::user_regs_struct)
-                .cast_mut()
-                .cast::<libc::c_void>();
-            if libc::ptrace(
-                libc::PTRACE_SETREGS,
-                self.0,
-                std::ptr::null_mut::<libc::c_void>(),
-                at,
-            ) != 0
-            {
-                panic!("ptrace(SETREGS): {}", std::io::Error::last_os_error());
-            }
+        if let Err(e) = self.try_set_regs(regs) {
+            panic!("ptrace(SETREGS): {e}");
         }
     }
 
-    fn step(&self) {
+    fn try_set_regs(&self, regs: &libc::user_regs_struct) -> std::io::Result<()> {
+        let at = (regs as *const libc::user_regs_struct)
+            .cast_mut()
+            .cast::<libc::c_void>();
         let null = std::ptr::null_mut::<libc::c_void>();
-        // SAFETY: no pointers.
-        if unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, self.0, null, null) } != 0 {
-            panic!("ptrace(SINGLESTEP): {}", std::io::Error::last_os_error());
+        // SAFETY: SETREGS reads a whole user_regs_struct from the pointer.
+        match unsafe { libc::ptrace(libc::PTRACE_SETREGS, self.pid, null, at) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
         }
-        self.wait_stop();
+    }
+
+    /// One instruction. A signal that stops the thread first (the instruction has not run:
+    /// no restart either, `orig_rax` is -1) is kept for the detach, and the step made again.
+    fn step(&mut self) {
+        let null = std::ptr::null_mut::<libc::c_void>();
+        loop {
+            // SAFETY: no pointers.
+            if unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, self.pid, null, null) } != 0 {
+                panic!("ptrace(SINGLESTEP): {}", std::io::Error::last_os_error());
+            }
+            let status = self.wait_stop();
+            let signal = libc::WSTOPSIG(status);
+            if signal == libc::SIGTRAP && status >> 16 == 0 {
+                return;
+            }
+            if status >> 16 == 0 {
+                self.signal = signal;
+            }
+        }
     }
 }
 
 impl Drop for Tracee {
     fn drop(&mut self) {
+        // No panic here: this may run while a failed call unwinds.
+        if let Some(saved) = self.saved.take() {
+            let _ = self.try_set_regs(&saved);
+        }
         let null = std::ptr::null_mut::<libc::c_void>();
-        // SAFETY: no pointers.
-        unsafe { libc::ptrace(libc::PTRACE_DETACH, self.0, null, null) };
+        // SAFETY: no pointers; the data argument is a signal number.
+        unsafe {
+            libc::ptrace(
+                libc::PTRACE_DETACH,
+                self.pid,
+                null,
+                self.signal as usize as *mut libc::c_void,
+            )
+        };
     }
 }
 
@@ -201,7 +246,10 @@ fn syscall_instruction(pid: u32) -> u64 {
     let mem = File::open(format!("/proc/{pid}/mem")).expect("mem");
     for line in maps.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() < 6 || fields[1] != "r-xp" || !fields[5].contains("/libc.so") {
+        let libc = fields
+            .get(5)
+            .is_some_and(|f| f.contains("/libc.so") || f.contains("/libc-"));
+        if fields.len() < 6 || fields[1] != "r-xp" || !libc {
             continue;
         }
         let (start, end) = fields[0].split_once('-').expect("a range");

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod ca;
 pub mod flow;
 pub mod forward_proxies;
+#[cfg(target_arch = "x86_64")]
 pub mod inject;
 pub mod kube;
 pub mod kubectl;
@@ -30,6 +31,7 @@ pub mod tools;
 pub mod upstream;
 
 pub use ca::*;
+#[cfg(target_arch = "x86_64")]
 pub use inject::*;
 pub use ports::*;
 pub use process::*;

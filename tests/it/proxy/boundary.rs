@@ -18,6 +18,7 @@ fn code(out: &std::process::Output) -> String {
 /// `CapEff 000001fffeffffff`), and inside it `mknod` of a character device, a packet socket,
 /// a raw socket, a UDP socket (its API server is an address: nothing to resolve), an MPTCP
 /// socket, a symbolic link in its state directory and `chmod` of a root-only file all fail, while `/etc/hosts` opens (the calls were made).
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn a_root_network_side_holds_no_capability_and_makes_no_device_or_raw_socket() {
     require_root("this test checks what a network side started as root may do");

@@ -140,6 +140,7 @@ fn a_rejected_pin_memory_the_network_side_could_delete_refuses_the_start() {
 }
 
 /// The call `open(path, flags)`, to make inside the network side.
+#[cfg(target_arch = "x86_64")]
 fn open_call(path: &std::path::Path, flags: i32) -> Call {
     Call::Open(path.to_path_buf(), flags)
 }
@@ -151,6 +152,7 @@ fn open_call(path: &std::path::Path, flags: i32) -> Call {
 /// shows the calls were made. Before, the certificate's and the CA bundle's directories were
 /// granted whole (and written with `--renew`). Renewals and reloads read and write those files
 /// through the signer side.
+#[cfg(target_arch = "x86_64")]
 #[cfg(feature = "pkcs11")]
 #[test]
 fn a_persons_proxy_reaches_nothing_in_the_home_directory_beside_its_certificate() {
