@@ -36,28 +36,44 @@ impl Cluster {
         let dir = temp_dir();
         let kubeconfig = dir.path().join("kubeconfig");
         let state = dir.path().join("state");
-        run_ok(
-            hwkey()
-                .envs(id.envs())
-                .args(["kubeconfig", "--name", "e2e", "--key", &id.key_uri])
-                .arg("--cert")
-                .arg(&id.cert)
-                .args(["--server", &upstream.url()])
-                .arg("--ca")
-                .arg(id.ca.ca_path())
-                .arg("--out")
-                .arg(&kubeconfig)
-                .arg("--state-dir")
-                .arg(&state)
-                .args(["--idle-exit", idle_exit]),
-        );
-        Cluster {
+        let c = Cluster {
             id,
             upstream,
             dir,
             kubeconfig,
             state,
-        }
+        };
+        c.generate(idle_exit);
+        c
+    }
+
+    /// `hwkey kubeconfig` for this cluster into its kubeconfig (merging, as a user's rerun).
+    fn generate(&self, idle_exit: &str) {
+        run_ok(
+            hwkey()
+                .envs(self.id.envs())
+                .args(["kubeconfig", "--name", "e2e", "--key", &self.id.key_uri])
+                .arg("--cert")
+                .arg(&self.id.cert)
+                .args(["--server", &self.upstream.url()])
+                .arg("--ca")
+                .arg(self.id.ca.ca_path())
+                .arg("--out")
+                .arg(&self.kubeconfig)
+                .arg("--state-dir")
+                .arg(&self.state)
+                .args(["--idle-exit", idle_exit]),
+        );
+    }
+
+    /// `hwkey doctor --kubeconfig KUBECONFIG` with this cluster's key environment.
+    fn doctor(&self, kubeconfig: &Path) -> Command {
+        let mut cmd = hwkey();
+        cmd.envs(self.id.envs())
+            .arg("doctor")
+            .arg("--kubeconfig")
+            .arg(kubeconfig);
+        cmd
     }
 
     fn kubectl(&self) -> Command {
@@ -256,14 +272,7 @@ fn kubectl_hands_the_plugin_no_cluster_and_it_still_finds_its_settings() {
 
     // The doctor passes the kubeconfig as written, and names a cluster server edited away from
     // the env's copy.
-    let doctor = || {
-        let mut cmd = hwkey();
-        cmd.envs(c.id.envs())
-            .arg("doctor")
-            .arg("--kubeconfig")
-            .arg(&c.kubeconfig);
-        cmd
-    };
+    let doctor = || c.doctor(&c.kubeconfig);
     let text = stdout(&run_ok(&mut doctor()));
     assert!(
         text.contains("ok    plugin settings: HWKEY_EXEC_CLUSTER matches the cluster entry"),
@@ -310,13 +319,7 @@ fn a_kubeconfig_an_older_hwkey_wrote_still_works() {
 
     version_and_whoami(&c);
     assert_eq!(c.proxy_starts(), 1);
-    let out = run_ok(
-        hwkey()
-            .envs(c.id.envs())
-            .arg("doctor")
-            .arg("--kubeconfig")
-            .arg(&c.kubeconfig),
-    );
+    let out = run_ok(&mut c.doctor(&c.kubeconfig));
     let text = stdout(&out);
     assert!(
         text.contains("ok    plugin settings: client-go passes the cluster's client.authentication.k8s.io/exec extension"),
@@ -330,13 +333,7 @@ fn a_kubeconfig_an_older_hwkey_wrote_still_works() {
     broken["clusters"][0]["cluster"]["extensions"][0]["name"] = "hwkey/settings".into();
     let path = c.dir.path().join("broken.kubeconfig");
     std::fs::write(&path, serde_yaml_ng::to_string(&broken).expect("YAML")).expect("write");
-    let text = stdout(&support::run_fail(
-        hwkey()
-            .envs(c.id.envs())
-            .arg("doctor")
-            .arg("--kubeconfig")
-            .arg(&path),
-    ));
+    let text = stdout(&support::run_fail(&mut c.doctor(&path)));
     assert!(
         text.contains("FAIL  plugin settings: the exec block has no HWKEY_EXEC_CLUSTER"),
         "{text}"
@@ -344,20 +341,7 @@ fn a_kubeconfig_an_older_hwkey_wrote_still_works() {
 
     // Regenerating over the older entry keeps its port and writes the new form.
     let server = c.server();
-    run_ok(
-        hwkey()
-            .envs(c.id.envs())
-            .args(["kubeconfig", "--name", "e2e", "--key", &c.id.key_uri])
-            .arg("--cert")
-            .arg(&c.id.cert)
-            .args(["--server", &c.upstream.url()])
-            .arg("--ca")
-            .arg(c.id.ca.ca_path())
-            .arg("--out")
-            .arg(&c.kubeconfig)
-            .arg("--state-dir")
-            .arg(&c.state),
-    );
+    c.generate("10m");
     assert_eq!(c.server(), server, "the older entry's port is kept");
     assert_eq!(c.extension_name(), "hwkey/settings");
 }
@@ -901,13 +885,7 @@ fn interactive_sessions_are_prompted_for_a_missing_pin() {
 fn doctor_checks_the_key_certificate_and_kubeconfig() {
     let c = Cluster::new(Identity::softhsm, "10m");
     run_ok(c.kubectl().args(["get", "--raw", "/version"]));
-    let out = run_ok(
-        hwkey()
-            .envs(c.id.envs())
-            .arg("doctor")
-            .arg("--kubeconfig")
-            .arg(&c.kubeconfig),
-    );
+    let out = run_ok(&mut c.doctor(&c.kubeconfig));
     let text = stdout(&out);
     for line in [
         "ok    exec plugin",
