@@ -27,7 +27,7 @@ pub use error::{CredentialProblem, EgressError, ProxyProblem, UrlProblem};
 pub use forward_proxy::{authority, ForwardProxy, ProxyCredentials, ProxyScheme};
 pub use no_proxy::NoProxy;
 pub use route::Egress;
-pub use tunnel::Tunnel;
+pub use tunnel::{connect_started, Tunnel};
 
 #[cfg(test)]
 mod tests {

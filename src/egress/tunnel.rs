@@ -47,11 +47,31 @@ impl Tunnel {
     }
 }
 
+/// Starts a TCP connection straight to `addr` for an event loop that waits for it itself (a
+/// relay loop, [`crate::proxy::relay_loop`]): non-blocking, its connect under way (or done: on
+/// loopback it usually is), with the options [`Tunnel::direct`] sets.
+pub fn connect_started(addr: std::net::SocketAddr) -> io::Result<std::net::TcpStream> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let family = match addr {
+        std::net::SocketAddr::V4(_) => AddressFamily::INET,
+        std::net::SocketAddr::V6(_) => AddressFamily::INET6,
+    };
+    let flags = SocketFlags::NONBLOCK | SocketFlags::CLOEXEC;
+    let fd = rustix::net::socket_with(family, SocketType::STREAM, flags, None)?;
+    match rustix::net::connect(&fd, &addr) {
+        Ok(()) | Err(rustix::io::Errno::INPROGRESS) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let _ = rustix::net::sockopt::set_tcp_nodelay(&fd, true);
+    keepalive(&fd);
+    Ok(std::net::TcpStream::from(fd))
+}
+
 /// TCP keepalive as Go's dialer sets it (first probe after 15 s idle, then every 15 s, 3 lost
 /// probes close it): a peer or path that vanished without a FIN or RST ends the connection
 /// instead of leaving a watch or a long request waiting for ever. Best effort: a socket that
 /// refuses the options works as before.
-fn keepalive(tcp: &TcpStream) {
+fn keepalive(tcp: &impl std::os::fd::AsFd) {
     use rustix::net::sockopt;
     let every = std::time::Duration::from_secs(15);
     let _ = sockopt::set_socket_keepalive(tcp, true);

@@ -161,6 +161,15 @@ thread_local! {
 pub const SIGNATURE_REFUSED: &str =
     "no hardware signature for a connection no client has asked for yet";
 
+/// Whether a handshake run [`without_signatures`] failed because its server wanted a
+/// signature (it would not resume the session): the connection may try again where the key
+/// may sign.
+pub fn is_signature_refused(e: &std::io::Error) -> bool {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .is_some_and(|r| matches!(r, rustls::Error::General(m) if m == SIGNATURE_REFUSED))
+}
+
 /// Runs `step` (a synchronous step of a TLS handshake: rustls asks for the CertificateVerify
 /// inside it) with every hardware signature on this thread refused: a connection made ahead
 /// for a client that has not come yet resumes a session or fails, and never makes the key sign

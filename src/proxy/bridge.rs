@@ -29,6 +29,7 @@ use super::cutoff::{cutoff, say_retired, Cutoff, Deadlines};
 use super::idle::LastActivity;
 use super::lifetime::ConnGuard;
 use super::metrics::Metrics;
+use super::preconnect::Looked;
 use super::relay_loop::{OnEnd, Outcome, Pair, RelayLoops, TlsPair, UpstreamStream, Watch};
 use super::rotation::{CertEpoch, RotationClose};
 use super::unbuffered::Lean;
@@ -81,7 +82,20 @@ impl Bridge {
         alpn: Option<Vec<u8>>,
         held: Held,
     ) {
-        serve(self, client, prefix, alpn, held).await
+        serve(self, client, prefix, alpn, held, Looked::Nothing).await
+    }
+
+    /// [`Bridge::serve_unix`] for a client whose connection a relay loop began to open, as
+    /// far as `looked` says ([`Upstream::connect_unix`]).
+    pub async fn serve_unix_after(
+        &self,
+        client: ClientUnixStream,
+        prefix: Vec<u8>,
+        alpn: Option<Vec<u8>>,
+        held: Held,
+        looked: Looked,
+    ) {
+        serve(self, client, prefix, alpn, held, looked).await
     }
 
     /// [`Bridge::serve_unix`] for a loopback TLS client (its handshake done and its credential
@@ -190,6 +204,7 @@ async fn serve(
     prefix: Vec<u8>,
     alpn: Option<Vec<u8>>,
     held: Held,
+    looked: Looked,
 ) {
     // The certificate this connection is opened with (read before the handshake: if a rotation
     // races it, the connection is attributed to the older one and ends earlier, never later).
@@ -197,7 +212,10 @@ async fn serve(
     // Boxed: the connect and handshake state lives on the heap only while it runs, not in this
     // task's state for the connection's whole life (memory per idle connection, docs/BENCHMARKS.md).
     // Each attempt (one per API server, at most) has the handshake timeout.
-    let connected = Box::pin(shared.upstream.connect_unix(alpn.as_deref(), &prefix)).await;
+    let connecting = shared
+        .upstream
+        .connect_unix(alpn.as_deref(), &prefix, looked);
+    let connected = Box::pin(connecting).await;
     let upstream = match connected {
         Ok(c) => c,
         Err(e) => {
@@ -228,6 +246,18 @@ async fn serve(
     // otherwise stay with the connection for its whole life.
     let replayed = prefix.len() as u64;
     drop(prefix);
+    relay_unix(shared, client, up, (replayed, epoch), held).await
+}
+
+/// A UNIX-socket client's established connection: to a relay loop over plain TCP, on this
+/// task otherwise. `replayed` bytes went upstream before.
+async fn relay_unix(
+    shared: &Bridge,
+    client: ClientUnixStream,
+    up: Box<UpstreamStream>,
+    (replayed, epoch): (u64, CertEpoch),
+    held: Held,
+) {
     let loops = shared
         .relay_loops
         .as_deref()
@@ -285,7 +315,12 @@ async fn on_task(
 /// What ends a connection on a relay loop besides its two sides (its idle timeout, the
 /// retirement of the certificate of `epoch`), and what the loop does at its end: count its
 /// bytes (`replayed` went upstream before the loop had it) and give back what it `held`.
-fn ending(shared: &Bridge, epoch: CertEpoch, replayed: u64, held: Held) -> (Watch, OnEnd) {
+pub(super) fn ending(
+    shared: &Bridge,
+    epoch: CertEpoch,
+    replayed: u64,
+    held: Held,
+) -> (Watch, OnEnd) {
     let metrics = shared.metrics.clone();
     let on_end: OnEnd = Box::new(move |outcome: Outcome| {
         if let Err(e) = &outcome.result {

@@ -15,7 +15,7 @@ pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// What the first read of a UNIX-socket client may take: one TLS record's plaintext, so what
 /// arrived with the preface (or a whole HTTP/1.1 request) goes upstream in one record.
-const FIRST_READ: usize = 16 * 1024;
+pub(crate) const FIRST_READ: usize = 16 * 1024;
 
 /// Reads the client's first bytes: at least enough to tell the HTTP/2 preface from anything
 /// else, and whatever else one read finds. A request that came in one piece is then replayed

@@ -297,6 +297,8 @@ pub async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     if listeners.is_empty() {
+        // Its clients are accepted elsewhere (the UNIX socket's by the relay loops).
+        stopped(&mut stop).await;
         return;
     }
     let mut first = 0;
@@ -414,21 +416,34 @@ fn refused(what: &str, detail: &dyn std::fmt::Display) {
     }
 }
 
-async fn handle_unix(shared: &Clients, mut stream: ClientUnixStream) {
-    let Some(socket) = stream.socket() else {
-        return;
-    };
+async fn handle_unix(shared: &Clients, stream: ClientUnixStream) {
+    match stream.socket() {
+        Some(socket) if admit_unix_peer(shared, socket) => {
+            serve_admitted_unix(shared, stream).await
+        }
+        _ => {}
+    }
+}
+
+/// Whether a UNIX-socket client's peer may use the proxy (its uid: the proxy's own or one
+/// allowed); a refusal is counted and logged.
+pub(super) fn admit_unix_peer(shared: &Clients, socket: &std::os::unix::net::UnixStream) -> bool {
     match check_peer(socket, &shared.allowed_uids) {
-        Ok(_) => {}
+        Ok(_) => true,
         Err(uid) => {
             shared.metrics.refused(Refusal::PeerUid);
             refused(
                 "refused a UNIX-socket client of another user (allow it with --allow-uid)",
                 &format!("peer uid {uid:?}, proxy uid {}", own_uid()),
             );
-            return;
+            false
         }
     }
+}
+
+/// An admitted UNIX-socket client, served on its connection thread: a connection slot (waited
+/// for), its first bytes, then its upstream connection and the relay.
+pub(super) async fn serve_admitted_unix(shared: &Clients, mut stream: ClientUnixStream) {
     // Authenticated: a connection slot, and activity for --idle-exit.
     let Ok(slot) = shared.slots.clone().acquire_owned().await else {
         return;

@@ -92,6 +92,18 @@ label_values! {
 }
 
 label_values! {
+    /// Where a UNIX-socket client's connection was opened (`proxy::unix_open`).
+    pub enum OpenedOn {
+        /// On the relay loop that accepted it: its first bytes, its upstream connection (a
+        /// spare or a resumed handshake) and its relay, on one thread.
+        Loop => "relay_loop",
+        /// Handed to a connection thread: no ticket to resume with, an API server named by
+        /// a host name or behind a forward proxy, a failed attempt, no free slot.
+        Thread => "connection_thread",
+    }
+}
+
+label_values! {
     /// Which way bytes went.
     pub enum Direction {
         /// Client to API server.
@@ -215,6 +227,7 @@ pub struct Metrics {
     upstream_handshakes: ByLabel<Resumed, Counter>,
     upstream_errors: ByLabel<UpstreamStage, Counter>,
     spares: ByLabel<SpareOutcome, Counter>,
+    unix_opened: ByLabel<OpenedOn, Counter>,
     upstream_latency: ByLabel<Resumed, Histogram>,
     local_latency: Histogram,
     bytes: ByLabel<Direction, Counter>,
@@ -320,7 +333,8 @@ impl Metrics {
         let scrape_time = Arc::new(ScrapeTime::default());
         registry.register_collector(Box::new(ScrapeTimeCollector(scrape_time.clone())));
         let r = &mut registry;
-        let (upstream_handshakes, upstream_errors, upstream_latency, spares) = upstream_metrics(r);
+        let (upstream_handshakes, upstream_errors, upstream_latency, spares, unix_opened) =
+            upstream_metrics(r);
         let local_latency = register(
             r,
             "hwkey_local_handshake_seconds",
@@ -337,20 +351,7 @@ impl Metrics {
         );
         let (renewals, renewal_failures, renewal_last_success) = renewal_metrics(r);
         let endpoints = endpoint_metrics(r);
-        let sandbox = ByLabel::register(
-            r,
-            "hwkey_sandbox_enforced",
-            "1 when the layer confines the network side (Landlock, the seccomp filter, no_new_privs)",
-            "layer",
-            Gauge::default,
-        );
-        let signer_refused = ByLabel::register(
-            r,
-            "hwkey_signer_refused",
-            "Signatures the signer refused: the message did not have its purpose's shape",
-            "purpose",
-            Counter::default,
-        );
+        let (sandbox, signer_refused) = confinement_metrics(r);
         Metrics {
             registry,
             connections,
@@ -359,6 +360,7 @@ impl Metrics {
             upstream_handshakes,
             upstream_errors,
             spares,
+            unix_opened,
             upstream_latency,
             local_latency,
             bytes,
@@ -427,6 +429,11 @@ impl Metrics {
         };
         m.up.set(1);
         m
+    }
+
+    /// Counts where a UNIX-socket client's connection was opened.
+    pub fn unix_opened(&self, on: OpenedOn) {
+        self.unix_opened.get(on).inc();
     }
 
     /// Counts what became of a spare upstream connection.
@@ -539,12 +546,38 @@ impl Metrics {
     }
 }
 
-/// The upstream connections' metric families: handshakes, errors, handshake latency, spares.
+/// The network side's confinement: the layers enforced, the signatures the signer refused.
+fn confinement_metrics(
+    r: &mut Registry,
+) -> (
+    ByLabel<SandboxLayer, Gauge>,
+    ByLabel<crate::key::Purpose, Counter>,
+) {
+    let sandbox = ByLabel::register(
+        r,
+        "hwkey_sandbox_enforced",
+        "1 when the layer confines the network side (Landlock, the seccomp filter, no_new_privs)",
+        "layer",
+        Gauge::default,
+    );
+    let signer_refused = ByLabel::register(
+        r,
+        "hwkey_signer_refused",
+        "Signatures the signer refused: the message did not have its purpose's shape",
+        "purpose",
+        Counter::default,
+    );
+    (sandbox, signer_refused)
+}
+
+/// The upstream connections' metric families: handshakes, errors, handshake latency, spares,
+/// where UNIX-socket clients' connections were opened.
 type UpstreamFamilies = (
     ByLabel<Resumed, Counter>,
     ByLabel<UpstreamStage, Counter>,
     ByLabel<Resumed, Histogram>,
     ByLabel<SpareOutcome, Counter>,
+    ByLabel<OpenedOn, Counter>,
 );
 
 /// The upstream connections' metrics.
@@ -577,7 +610,14 @@ fn upstream_metrics(r: &mut Registry) -> UpstreamFamilies {
         "event",
         Counter::default,
     );
-    (handshakes, errors, latency, spares)
+    let opened = ByLabel::register(
+        r,
+        "hwkey_unix_connections_opened",
+        "UNIX-socket client connections by where their upstream connection was opened: on the relay loop that accepted them, or on a connection thread",
+        "on",
+        Counter::default,
+    );
+    (handshakes, errors, latency, spares, opened)
 }
 
 /// The renewal's metrics (`--renew`).

@@ -43,6 +43,7 @@ pub mod idle;
 pub mod lifetime;
 pub mod limits;
 pub mod listener;
+mod loop_dial;
 pub mod metrics;
 pub mod notify;
 pub mod opened;
@@ -68,6 +69,7 @@ mod syscalls;
 pub mod threads;
 pub mod unbuffered;
 pub mod unix_client;
+mod unix_open;
 pub mod upstream;
 mod write_through;
 

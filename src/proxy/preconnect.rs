@@ -12,6 +12,7 @@ use super::error::UpstreamError;
 use super::metrics::SpareOutcome;
 use super::origin::{ClientKind, Dial, Origin, OriginConn, UpstreamConn};
 use super::spare::MAX_AGE;
+use super::threads::Spawner;
 use super::upstream::Upstream;
 
 /// How long closing an aged-out spare may take.
@@ -20,16 +21,28 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 impl Upstream {
     /// [`Upstream::connect_sending`] for a UNIX-socket client: on the spare made ahead for it
     /// ([`super::spare`]) if there is one, its first bytes then all still to send.
+    /// `looked` says how far a relay loop went first: a spare is looked for only when it did
+    /// not (a second look would count the client twice for the next spare's making), and
+    /// after its attempt failed on an endpoint only the others are tried
+    /// ([`Upstream::connect_any_after`]).
     pub async fn connect_unix(
         &self,
         alpn: Option<&[u8]>,
         first: &[u8],
+        looked: Looked,
     ) -> Result<UpstreamConn, UpstreamError> {
-        let spare = self.spares().take(alpn, ClientKind::Unix, self.epoch());
-        match spare.and_then(OriginConn::into_buffered) {
-            Some(conn) => Ok(conn),
-            None => self.connect_sending(alpn, first).await,
-        }
+        let tried = match looked {
+            Looked::Nothing => {
+                let spare = self.spares().take(alpn, ClientKind::Unix, self.epoch());
+                if let Some(conn) = spare.and_then(OriginConn::into_buffered) {
+                    return Ok(conn);
+                }
+                None
+            }
+            Looked::ForSpare => None,
+            Looked::AndFailed(i, e) => Some((i, e)),
+        };
+        self.connect_sending_after(alpn, first, tried).await
     }
 
     /// [`Upstream::connect_sending`] for a loopback TLS client's connection: over plain TCP the
@@ -47,6 +60,17 @@ impl Upstream {
     }
 }
 
+/// How far a relay loop went with a UNIX-socket client's upstream connection before its task
+/// took over ([`super::relay_loop`]).
+pub enum Looked {
+    /// Not at all: the task looks for a spare first.
+    Nothing,
+    /// It looked for a spare and found none (or could not use it).
+    ForSpare,
+    /// Its attempt on the endpoint of this index failed with this error.
+    AndFailed(usize, UpstreamError),
+}
+
 /// After an authenticated client's upstream connection offering `alpn`: makes the next
 /// client's (of the same `kind`) on this connection thread's runtime, if clients come in a
 /// burst (see the module comment). Returns at once.
@@ -57,6 +81,22 @@ pub fn preconnect(upstream: &Arc<Upstream>, alpn: Option<&[u8]>, kind: ClientKin
     let upstream = upstream.clone();
     let alpn = alpn.map(<[u8]>::to_vec);
     tokio::spawn(async move { fill(&upstream, alpn, kind).await });
+}
+
+/// [`preconnect`] from a thread without a runtime (a relay loop): the spare is made on a
+/// connection thread, placed by `spawner`.
+pub fn preconnect_from_loop(
+    upstream: &Arc<Upstream>,
+    alpn: Option<&[u8]>,
+    kind: ClientKind,
+    spawner: &Spawner,
+) {
+    if !upstream.spares().begin(alpn, kind) {
+        return;
+    }
+    let upstream = upstream.clone();
+    let alpn = alpn.map(<[u8]>::to_vec);
+    spawner.spawn(move || async move { fill(&upstream, alpn, kind).await });
 }
 
 /// Makes a spare, keeps it for [`MAX_AGE`], and closes it then if nobody took it.

@@ -38,6 +38,8 @@ pub const WARMUP_WAIT: Duration = Duration::from_secs(3);
 pub const TICKET_WAIT: Duration = Duration::from_secs(1);
 /// How long after a successful full handshake its tickets may take to arrive.
 pub const GRACE: Duration = Duration::from_millis(500);
+/// How long relay loops leave resumption to the connection threads after one was refused.
+pub const LOOPS_REST: Duration = Duration::from_secs(60);
 /// rustls's memory cache keeps this many TLS 1.3 tickets per server (oldest dropped first).
 const TICKETS_PER_SERVER: usize = 8;
 
@@ -56,6 +58,9 @@ pub struct SessionStore {
     /// Spares ([`super::spare`]) resuming with a claimed ticket: each brings one back, which a
     /// client waits for rather than lead a full handshake.
     spares: AtomicUsize,
+    /// No relay loop resumes with this store before this ([`super::idle::now_ms`]): its API
+    /// server refused a loop's resumption lately ([`SessionStore::loops_refused`]).
+    loops_rest_until: AtomicU64,
     changed: Notify,
 }
 
@@ -143,6 +148,7 @@ impl SessionStore {
             leader: AtomicBool::new(false),
             bypass: AtomicBool::new(false),
             spares: AtomicUsize::new(0),
+            loops_rest_until: AtomicU64::new(0),
             changed: Notify::new(),
         }
     }
@@ -182,6 +188,30 @@ impl SessionStore {
             }
             tokio::time::timeout_at(deadline, changed).await.ok()?;
         }
+    }
+
+    /// Claims a ticket the store holds now, for a connection that resumes without waiting
+    /// (a relay loop's, which never waits at the gate: [`super::relay_loop`]). False while the
+    /// store counts none, and while the gate is open for good (no ticket would be counted).
+    pub fn try_claim(&self) -> bool {
+        let resting = super::idle::now_ms() < self.loops_rest_until.load(Ordering::Relaxed);
+        !resting && !self.bypass.load(Ordering::SeqCst) && self.claim()
+    }
+
+    /// A relay loop's resumption was refused (the API server wanted a full handshake, which
+    /// the loop leaves to a connection thread): for [`LOOPS_REST`], no loop tries one with
+    /// this store, so a server that stopped resuming costs each connection one attempt
+    /// at most once a minute, not every time.
+    pub fn loops_refused(&self) {
+        let until = super::idle::now_ms().saturating_add(LOOPS_REST.as_millis() as u64);
+        self.loops_rest_until.store(until, Ordering::Relaxed);
+    }
+
+    /// Gives back a ticket [`SessionStore::try_claim`] claimed for a connection that never
+    /// started its handshake.
+    pub fn give_back(&self) {
+        self.available.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
     }
 
     /// A spare's claim when `spare` (a connection that is not one: none).

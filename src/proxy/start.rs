@@ -16,7 +16,7 @@ use super::admin::{self, Admin};
 use super::control::{self, Control};
 use super::error::StartError;
 use super::lifetime::{self, Activity, StopReason};
-use super::listener::{self, Clients};
+use super::listener::Clients;
 use super::metrics::Metrics;
 use super::opened::Opened;
 use super::parts::Parts;
@@ -28,7 +28,7 @@ use super::settings::Settings;
 use super::sockets::{BoundSet, Listeners, SocketFiles};
 use super::threads::{ConnectionThreads, Spawner};
 use super::upstream::Upstream;
-use super::{notify, sandbox};
+use super::{notify, sandbox, unix_open};
 use crate::lifecycle::renewal_lock::LockFile;
 use crate::signer::Supervisor;
 
@@ -177,7 +177,7 @@ fn spawn(
     let reloader = Reloader::build(settings, &parts);
     let control = Control::build(&settings.clients, parts, &addrs);
     let mut tasks = vec![
-        tokio::spawn(listener::accept_loop(
+        tokio::spawn(unix_open::accept(
             Arc::new(clients),
             bound.clients,
             stop.clone(),

@@ -39,7 +39,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, HandshakeKind, RootCertStore};
 use tokio::sync::watch;
 
-use super::endpoints::{Endpoint, Endpoints, Generation};
+use super::endpoints::{endpoint_failure, Endpoint, Endpoints, Generation};
 use super::error::{StartError, UpstreamError};
 use super::metrics::{Metrics, UpstreamStage};
 pub use super::origin::{ClientKind, Dial, Origin, OriginConn, UpstreamConn};
@@ -66,10 +66,10 @@ pub struct Identity {
 
 /// The upstream connector, shared by all connection tasks.
 pub struct Upstream {
-    endpoints: Endpoints,
-    egress: Egress,
+    pub(super) endpoints: Endpoints,
+    pub(super) egress: Egress,
     kx: KeyExchange,
-    attempt_timeout: Duration,
+    pub(super) attempt_timeout: Duration,
     key: RwLock<Arc<Key>>,
     resolver: Arc<HardwareCertResolver>,
     epoch: watch::Sender<CertEpoch>,
@@ -82,7 +82,7 @@ pub struct Upstream {
     /// Why the last certificate reload was refused (the previous chain stays in use).
     cert_problem: Mutex<Option<String>>,
     spares: Spares,
-    metrics: Arc<Metrics>,
+    pub(super) metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -333,7 +333,20 @@ impl Upstream {
         alpn: Option<&[u8]>,
         first: &[u8],
     ) -> Result<UpstreamConn, UpstreamError> {
-        let conn = self.connect_any(alpn, first, Dial::Buffered).await?;
+        self.connect_sending_after(alpn, first, None).await
+    }
+
+    /// [`Upstream::connect_sending`] after a relay loop's attempt failed on the endpoint
+    /// `tried` names ([`Upstream::connect_any_after`]).
+    pub async fn connect_sending_after(
+        &self,
+        alpn: Option<&[u8]>,
+        first: &[u8],
+        tried: Option<(usize, UpstreamError)>,
+    ) -> Result<UpstreamConn, UpstreamError> {
+        let conn = self
+            .connect_any_after(alpn, first, Dial::Buffered, tried)
+            .await?;
         conn.into_buffered()
             .ok_or_else(|| UpstreamError::Handshake {
                 addr: self.describe(),
@@ -353,8 +366,26 @@ impl Upstream {
         first: &[u8],
         how: Dial,
     ) -> Result<OriginConn, UpstreamError> {
-        let mut last = None;
-        for i in self.endpoints.order() {
+        self.connect_any_after(alpn, first, how, None).await
+    }
+
+    /// [`Upstream::connect_any`] after an attempt already made (by a relay loop,
+    /// [`Upstream::dial_in_loop`]) failed on the endpoint `tried` names: the others in turn,
+    /// and that one's failure when none is left.
+    pub(super) async fn connect_any_after(
+        &self,
+        alpn: Option<&[u8]>,
+        first: &[u8],
+        how: Dial,
+        tried: Option<(usize, UpstreamError)>,
+    ) -> Result<OriginConn, UpstreamError> {
+        let (skip, mut last) = tried.map_or((None, None), |(i, e)| (Some(i), Some(e)));
+        for i in self
+            .endpoints
+            .order()
+            .into_iter()
+            .filter(|&i| Some(i) != skip)
+        {
             let endpoint = &self.endpoints.list[i];
             let attempt = tokio::time::timeout(
                 self.attempt_timeout,
@@ -443,7 +474,7 @@ impl Upstream {
 
     /// Counts and logs a completed handshake, and checks the protocol the upstream chose:
     /// whether it resumed, and that protocol.
-    fn established(
+    pub(super) fn established(
         &self,
         addr: &str,
         alpn: Option<&[u8]>,
@@ -466,7 +497,7 @@ impl Upstream {
         Ok((resumed, got))
     }
 
-    fn handshake_error(
+    pub(super) fn handshake_error(
         &self,
         addr: String,
         alpn: Option<&[u8]>,
@@ -526,7 +557,7 @@ impl Upstream {
         }
     }
 
-    fn config_for(
+    pub(super) fn config_for(
         &self,
         generation: &Generation,
         alpn: Option<&[u8]>,
@@ -557,56 +588,5 @@ impl Upstream {
         let config = Arc::new(config);
         configs.insert(key, config.clone());
         Ok(config)
-    }
-}
-
-/// Whether an attempt failed because of the endpoint (it is marked down and the next one is
-/// tried): TCP, the tunnel or the TLS handshake. A protocol the upstream refused is not the
-/// endpoint's fault, nor is a hardware signature that failed (another endpoint would only ask
-/// the hardware again).
-/// Whether `e` says this process (or this host) ran out of something.
-fn local_resource_error(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL)
-    )
-}
-
-fn endpoint_failure(e: &UpstreamError) -> bool {
-    match e {
-        // Out of descriptors, buffers, memory or local ports: this process's trouble, not the
-        // API server's. Marking it down turned a moment of "too many open files" into up to
-        // 37 s of traffic sent elsewhere (or nowhere).
-        UpstreamError::Connect { source, .. } => !local_resource_error(source),
-        UpstreamError::Via { .. } => true,
-        UpstreamError::Handshake { source, .. } => !crate::key::tls::is_signature_failure(source),
-        _ => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A connect that failed for want of a local resource does not mark the API server down;
-    /// a refused or unreachable one does.
-    #[test]
-    fn a_local_resource_error_is_not_the_api_servers_failure() {
-        let connect = |errno| UpstreamError::Connect {
-            addr: "10.0.0.1:6443".into(),
-            source: std::io::Error::from_raw_os_error(errno),
-        };
-        for local in [
-            libc::EMFILE,
-            libc::ENFILE,
-            libc::ENOBUFS,
-            libc::ENOMEM,
-            libc::EADDRNOTAVAIL,
-        ] {
-            assert!(!endpoint_failure(&connect(local)), "{local}");
-        }
-        for remote in [libc::ECONNREFUSED, libc::EHOSTUNREACH, libc::ETIMEDOUT] {
-            assert!(endpoint_failure(&connect(remote)), "{remote}");
-        }
     }
 }

@@ -39,10 +39,13 @@
 //! for room, for the reason [`super::unix_client`] gives (a UNIX socket signals "writable"
 //! each time its peer reads).
 
+mod accepting;
 mod conn;
+mod listening;
 mod loopback;
 #[cfg(test)]
 mod loopback_tests;
+mod opening;
 mod pair;
 mod relayed;
 #[cfg(test)]
@@ -62,9 +65,11 @@ use rustix::event::epoll::{self, EventData, EventFlags};
 use super::cutoff::{say_retired, Cutoff};
 use super::idle;
 use conn::{Conn, Scratch, Step};
+use listening::{Listening, LISTENER};
 use loopback::TlsConn;
 pub use loopback::TlsPair;
-pub use pair::{OnEnd, Outcome, Pair, UpstreamStream};
+pub use opening::{OpenJob, Opener, Route, Stage};
+pub use pair::{upstream_parts, OnEnd, Outcome, Pair, UpstreamStream};
 use relayed::Relayed;
 use watch::Deadlines;
 pub use watch::Watch;
@@ -116,6 +121,11 @@ enum Command {
     /// The newest certificate generation: connections opened with an older one end if
     /// `--rotation-close immediate`.
     Retire(u64),
+    /// Accept the UNIX socket's clients ([`RelayLoops::listen`]); every loop's inbox, for
+    /// moving an established connection to a loop with fewer.
+    Listen(Box<Listening>, Vec<Arc<Inbox>>),
+    /// Accept no more.
+    Unlisten,
     Stop,
 }
 
@@ -308,6 +318,10 @@ struct Loop {
     next_check: Option<u64>,
     /// The newest certificate generation the loop was told of ([`RelayLoops::retire`]).
     newest: u64,
+    /// The UNIX socket's listener, while the loop accepts its clients.
+    listening: Option<Box<Listening>>,
+    /// Every loop's inbox (this one's too), while it accepts.
+    loops: Vec<Arc<Inbox>>,
 }
 
 impl Loop {
@@ -321,6 +335,8 @@ impl Loop {
             again: Vec::new(),
             next_check: None,
             newest: 0,
+            listening: None,
+            loops: Vec::new(),
         }
     }
 
@@ -343,11 +359,15 @@ impl Loop {
                 }
             }
             let now = idle::now_ms();
-            let mut commands = false;
+            let (mut commands, mut accepting) = (false, false);
             for event in events.drain(..) {
                 let token = event.data.u64();
                 if token == WAKER {
                     commands = true;
+                    continue;
+                }
+                if token == LISTENER {
+                    accepting = true;
                     continue;
                 }
                 let slot = usize::try_from(token / 2).unwrap_or(usize::MAX);
@@ -359,11 +379,15 @@ impl Loop {
             for slot in std::mem::take(&mut self.again) {
                 self.turn(slot, now);
             }
+            if accepting {
+                self.accept(now);
+            }
             if commands && !self.commands(now) {
                 break;
             }
             if self.next_check.is_some_and(|at| at <= now) {
                 self.check(now);
+                self.wake_listener(now);
             }
         }
         for slot in 0..self.conns.len() {
@@ -384,6 +408,9 @@ impl Loop {
         let Some(Some(conn)) = self.conns.get_mut(slot) else {
             return;
         };
+        if let Relayed::Opening(_) = conn {
+            return self.open_turn(slot, now);
+        }
         let moved = conn.moved();
         // A bug that panics on one connection's bytes (rustls's, or the loop's own) ends that
         // connection, not the loop with every connection it holds.
@@ -425,6 +452,8 @@ impl Loop {
                     self.cut_off(due);
                 }
                 Command::Retire(_) => {}
+                Command::Listen(listening, loops) => self.listen(listening, loops),
+                Command::Unlisten => self.unlisten(),
                 Command::Stop => return false,
             }
         }
@@ -465,26 +494,38 @@ impl Loop {
         });
         *conn.last_mut() = now;
         let registered = conn.register(&self.ep, 2 * slot as u64);
-        let due = conn.deadlines().due(now, now);
-        let retired = conn.deadlines().retired_by(self.newest);
         self.conns[slot] = Some(conn);
         if let Err(e) = registered {
             self.end(slot, Err(e));
             return;
         }
-        // Opened with a certificate retired before it got here, or already past a deadline.
+        if self.schedule(slot, now) {
+            // Whatever arrived before the hand-off (records, opened plaintext, unsent
+            // records) moves now; the sockets' own readiness comes as events.
+            self.turn(slot, now);
+        }
+    }
+
+    /// Sets when to look at the connection at `slot` for its deadline, or ends it at once:
+    /// opened with a certificate retired before it got here, or already past a deadline.
+    /// False when it was ended.
+    fn schedule(&mut self, slot: usize, now: u64) -> bool {
+        let Some(Some(conn)) = self.conns.get(slot) else {
+            return false;
+        };
+        let due = conn.deadlines().due(now, conn.last());
+        let retired = conn.deadlines().retired_by(self.newest);
         match due {
-            Err(cut) => return self.cut_off(vec![(slot, cut)]),
-            _ if retired => return self.cut_off(vec![(slot, Cutoff::Retired)]),
+            Err(cut) => self.cut_off(vec![(slot, cut)]),
+            _ if retired => self.cut_off(vec![(slot, Cutoff::Retired)]),
             Ok(Some(at)) => {
                 let at = at.max(now.saturating_add(watch::MIN_SCAN_MS));
                 self.next_check = Some(self.next_check.map_or(at, |n| n.min(at)));
+                return true;
             }
-            Ok(None) => {}
+            Ok(None) => return true,
         }
-        // Whatever arrived before the hand-off (records, opened plaintext, unsent records)
-        // moves now; the sockets' own readiness comes as events.
-        self.turn(slot, now);
+        false
     }
 
     /// Removes the connection at `slot` (closing both sockets) and runs what it left for its
@@ -495,7 +536,7 @@ impl Loop {
         };
         self.free.push(slot);
         self.inbox.load.fetch_sub(1, Ordering::Relaxed);
-        conn.finish(result);
+        conn.finish(&self.ep, result);
     }
 }
 

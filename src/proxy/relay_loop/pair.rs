@@ -51,18 +51,27 @@ impl Pair {
         client: ClientUnixStream,
         upstream: Box<UpstreamStream>,
     ) -> io::Result<Pair> {
-        let (ahead, tls) = (*upstream).into_inner();
-        let (tunnel, records) = ahead.into_parts();
-        let Tunnel::Tcp(tcp) = tunnel else {
-            return Err(io::Error::other(
-                "the upstream is not a plain TCP connection",
-            ));
-        };
+        let (upstream, tls, records) = upstream_parts(upstream)?;
         Ok(Pair {
             client: client.into_std()?,
-            upstream: tcp.into_std()?,
+            upstream,
             tls,
             records,
         })
     }
+}
+
+/// An established upstream connection's socket and TLS state, taken back from the runtime
+/// (only a plain TCP one), with the records its read-ahead holds.
+pub fn upstream_parts(
+    upstream: Box<UpstreamStream>,
+) -> io::Result<(TcpStream, ClientConnection, Vec<u8>)> {
+    let (ahead, tls) = (*upstream).into_inner();
+    let (tunnel, records) = ahead.into_parts();
+    let Tunnel::Tcp(tcp) = tunnel else {
+        return Err(io::Error::other(
+            "the upstream is not a plain TCP connection",
+        ));
+    };
+    Ok((tcp.into_std()?, tls, records))
 }

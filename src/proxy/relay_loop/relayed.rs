@@ -9,6 +9,7 @@ use rustix::event::epoll::{self, EventData, EventFlags};
 
 use super::conn::{client_interest, Conn, Scratch, Step};
 use super::loopback::TlsConn;
+use super::opening::Opening;
 use super::watch::Deadlines;
 
 /// A relayed connection of either kind: the loop's table holds these.
@@ -17,6 +18,9 @@ pub(super) enum Relayed {
     Unix(Box<Conn>),
     /// A loopback TLS client's ([`loopback`]).
     Tls(Box<TlsConn>),
+    /// A UNIX-socket client's the loop accepted, until its upstream connection is
+    /// established ([`super::opening`]; the loop turns it with [`super::Loop::open_turn`]).
+    Opening(Box<Opening>),
 }
 
 impl Relayed {
@@ -25,6 +29,7 @@ impl Relayed {
             Relayed::Unix(c) => c.mark(upstream, flags),
             Relayed::Tls(c) if upstream => c.upstream.mark(flags),
             Relayed::Tls(c) => c.client.mark(flags),
+            Relayed::Opening(o) => o.mark(upstream, flags),
         }
     }
 
@@ -37,6 +42,8 @@ impl Relayed {
         match self {
             Relayed::Unix(c) => c.drive(ep, slot, scratch),
             Relayed::Tls(c) => c.drive(ep, slot, scratch),
+            // Turned by the loop's `open_turn`, never here.
+            Relayed::Opening(_) => Ok(Step::Waiting),
         }
     }
 
@@ -45,6 +52,7 @@ impl Relayed {
         match self {
             Relayed::Unix(c) => (c.up, c.down),
             Relayed::Tls(c) => (c.up, c.down),
+            Relayed::Opening(_) => (0, 0),
         }
     }
 
@@ -52,6 +60,7 @@ impl Relayed {
         match self {
             Relayed::Unix(c) => c.last,
             Relayed::Tls(c) => c.last,
+            Relayed::Opening(o) => o.last,
         }
     }
 
@@ -59,6 +68,7 @@ impl Relayed {
         match self {
             Relayed::Unix(c) => &mut c.last,
             Relayed::Tls(c) => &mut c.last,
+            Relayed::Opening(o) => &mut o.last,
         }
     }
 
@@ -66,6 +76,7 @@ impl Relayed {
         match self {
             Relayed::Unix(c) => &c.deadlines,
             Relayed::Tls(c) => &c.deadlines,
+            Relayed::Opening(o) => &o.deadlines,
         }
     }
 
@@ -88,6 +99,8 @@ impl Relayed {
                 c.upstream.writable = true;
                 (c.client.io.as_fd(), c.upstream.io.as_fd())
             }
+            // Registers its sockets itself, as they come.
+            Relayed::Opening(_) => return Ok(()),
         };
         epoll::add(
             ep,
@@ -104,10 +117,13 @@ impl Relayed {
         Ok(())
     }
 
-    pub(super) fn finish(self, result: io::Result<()>) {
+    /// Ends it with `result`; `ep` takes an opening connection's client out of the loop's
+    /// epoll when it goes to a connection thread.
+    pub(super) fn finish(self, ep: &OwnedFd, result: io::Result<()>) {
         match self {
             Relayed::Unix(c) => c.finish(result),
             Relayed::Tls(c) => c.finish(result),
+            Relayed::Opening(o) => o.finish(ep, result),
         }
     }
 }

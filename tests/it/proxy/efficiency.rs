@@ -396,6 +396,11 @@ fn connections_do_not_wake_the_idle_watch() {
 /// (`/proc/PID/task/*/comm`, at most 15 bytes of the name): how often they went to sleep and
 /// were woken.
 fn switches_of_threads(pid: u32, prefix: &str) -> u64 {
+    switches_by_thread(pid, prefix).into_iter().sum()
+}
+
+/// [`switches_of_threads`], one count per thread (in the order `/proc` lists them).
+fn switches_by_thread(pid: u32, prefix: &str) -> Vec<u64> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("the proxy's threads")
         .filter_map(|t| {
@@ -410,7 +415,7 @@ fn switches_of_threads(pid: u32, prefix: &str) -> u64 {
                 .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
                 .and_then(|v| v.trim().parse::<u64>().ok())
         })
-        .sum()
+        .collect()
 }
 
 /// Issue 38: an established UNIX-socket connection is relayed by an event loop of its own
@@ -447,6 +452,55 @@ fn keep_alive_requests_over_loopback_tls_are_relayed_by_the_loops_not_the_runtim
         .map(|_| RawHttp::connect_tls(proxy.tcp_port, &config))
         .collect();
     relayed_by_the_loops(&proxy, conns);
+}
+
+/// Issue 55: UNIX-socket connections accepted while the proxy is idle are relayed by every
+/// relay loop, not one. A loop accepts and opens the connections itself now, and the kernel
+/// wakes the first idle loop in its order for each one, so eight connections made one after
+/// another often land on the same loop; once established, one moves to a loop with at least
+/// two fewer. 100 rounds of a request on each of the 8 connections then wake the two relay
+/// loops about as often as each other; without the move, half the runs here had one loop
+/// never woken, or woken 0.37 as often as the other. Counted by each relay thread's voluntary
+/// context switches, not timed. Needs two cores (two loops), as CI has.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn unix_connections_made_one_after_another_are_relayed_by_every_loop() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(&id, &upstream, ProxyOptions::args(&["--no-preconnect"]));
+    let pid = proxy.guard.id();
+    let mut conns: Vec<RawHttp> = Vec::new();
+    for _ in 0..8 {
+        let mut conn = RawHttp::connect(&proxy.socket);
+        request_on_each(&proxy, std::slice::from_mut(&mut conn));
+        conns.push(conn);
+        // Every loop back in its wait before the next connect: the kernel then wakes the same
+        // one (its first) each time.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = switches_by_thread(pid, "hwkey-proxy-rel");
+    assert!(
+        before.len() >= 2,
+        "the proxy runs {} relay loop(s): this test needs two cores",
+        before.len()
+    );
+    let rounds: u64 = 100;
+    for _ in 0..rounds {
+        request_on_each(&proxy, &mut conns);
+    }
+    let after = switches_by_thread(pid, "hwkey-proxy-rel");
+    let woken: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    // Four connections each wake a loop about as often as the other's four (0.9 of it here);
+    // one loop with seven and the other with one, or none, 0.4 of it or less.
+    let (least, most) = (woken.iter().min(), woken.iter().max());
+    assert!(
+        least
+            .zip(most)
+            .is_some_and(|(&l, &m)| 2 * l >= m && l >= rounds / 2),
+        "relay loops woken {woken:?} times in {rounds} rounds on 8 connections: the \
+         connections are not shared out among the loops"
+    );
+    drop(conns);
 }
 
 /// The check of the two tests above: 250 rounds of a request on each of `conns` wake the relay

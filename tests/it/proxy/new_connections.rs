@@ -27,9 +27,6 @@ fn ask<S: std::io::Read + std::io::Write>(proxy: &ProxyProcess, mut conn: RawHtt
     assert_eq!(status, 200, "{}", proxy.log());
 }
 
-/// The connection threads (`hwkey-proxy-conn`, as the kernel keeps 15 characters of it).
-const CONNECTION_THREAD: &str = "hwkey-proxy-con";
-
 /// Calls and failed calls per connection over `n` connections made by `one`, after two that
 /// warm the proxy (the first one's full upstream handshake, the session ticket it leaves):
 /// keyed by (thread name, call), and summed over the threads by call. By thread, because a
@@ -78,26 +75,28 @@ fn failed_on(by_thread: &HashMap<(String, String), (f64, f64)>, thread: &str, ca
 }
 
 /// Issue 55: a new UNIX-socket connection with one request, as a client that connects for each
-/// request makes it, costs the proxy (per connection, on 261f1eb → now):
-/// - `epoll_ctl` 8 → 4: the accept loop's runtime registered the accepted socket and took it
-///   out again to hand it to a connection thread (2), and the connection thread registered the
-///   client's socket, though its first read had the request, and took it out again for the
-///   relay loop (2). Left: the upstream's registration on the connection thread and its
-///   removal, and the relay loop's two;
+/// request makes it, costs the proxy (per connection, on 261f1eb → d29cfef → now):
+/// - `epoll_ctl` 8 → 4 → 2: the accept loop's runtime registered the accepted socket and took
+///   it out again to hand it to a connection thread (2), and the connection thread registered
+///   the client's socket, though its first read had the request, and took it out again for
+///   the relay loop (2); then the upstream's registration on the connection thread and its
+///   removal (2). Now the relay loop that accepts the connection opens it
+///   (`proxy::relay_loop`'s `opening`): each socket is registered once, on that loop, and
+///   leaves its epoll when it closes;
+/// - every call is the relay loops': no connection thread and no accept loop makes one (on
+///   d29cfef the connection thread made the upstream's connect and handshake, and the accept
+///   loop's thread accepted);
 /// - `ioctl` 1 → 0: the connection thread set the socket non-blocking, which `accept4` had
 ///   made it already;
 /// - `writev` 4 → 3: the proxy's `Finished` and the client's request went upstream in two
-///   writes; they go in one now, after the ClientHello and before the `close_notify`;
-/// - failed `recvfrom` 1 → 0: the relay loop read the client once for `EAGAIN` as it took the
-///   connection over, though the first read had drained the socket.
+///   writes; they go in one now, after the ClientHello and before the `close_notify`.
 ///
-/// A request that comes after the connection thread's first read (the client descheduled
-/// between its connect and its write) costs that connection a registration of the client's
-/// socket (2 `epoll_ctl`): allowed, as counted by the connection threads' failed reads.
+/// A read of the client that finds nothing is allowed once per connection: the loop reads a
+/// connection at once when it accepts it (the request usually came with the connect), and
+/// registers it only when the request has not come yet.
 ///
-/// Counted without connections made ahead (`--no-preconnect`): a spare's handshake has no
-/// request to send with its `Finished` (one `writev` more per connection, made before the
-/// client comes, for the two round trips it saves it).
+/// Counted without connections made ahead (`--no-preconnect`): a spare is made on a
+/// connection thread, and its handshake has no request to send with its `Finished`.
 #[test]
 fn a_new_unix_connection_makes_no_system_call_it_can_do_without() {
     let id = Identity::softhsm();
@@ -107,21 +106,33 @@ fn a_new_unix_connection_makes_no_system_call_it_can_do_without() {
         ask(&proxy, RawHttp::connect(&proxy.socket));
     });
     let all = format!("per connection (calls, failed): {counts:?}; by thread: {by_thread:?}");
-    // A request that was not there yet when the connection thread first read the client (the
-    // test's client is descheduled between its connect and its write, as on a busy CI
-    // machine): that connection waits for it through the runtime, which registers the client's
-    // socket and takes it out again (2 epoll_ctl). Counted by the failed first reads.
-    let late = failed_on(&by_thread, CONNECTION_THREAD, "recvfrom");
+    let elsewhere: f64 = by_thread
+        .iter()
+        .filter(|((thread, _), _)| thread != RELAY_THREAD)
+        .map(|(_, (calls, _))| calls)
+        .sum();
+    // A few stray wake-ups of a runtime (a timer) are allowed: on d29cfef the connection
+    // threads made about 20 calls per connection.
     assert!(
-        late <= 0.75,
-        "the request came after the proxy's first read on {late} of each connection: the \
-         count below proves little; {all}"
+        elsewhere <= 0.25,
+        "{elsewhere} calls per connection by threads other than the relay loops: the \
+         connection is not accepted, opened and relayed on one loop; {all}"
     );
     assert!(
-        calls(&counts, "epoll_ctl") <= 4.5 + 2.0 * late,
-        "epoll_ctl {} per connection, 4 expected, 2 more for each of the {late} whose request \
-         came late (8 when each accepted socket was registered twice on its way to the relay \
-         loop); {all}",
+        failed_on(&by_thread, RELAY_THREAD, "accept4") <= 0.1,
+        "{} accepts per connection found nothing: a wake-up accepts one connection, the \
+         listener reports the rest; {all}",
+        failed_on(&by_thread, RELAY_THREAD, "accept4")
+    );
+    assert!(
+        calls(&counts, "accept4") >= 1.0,
+        "the relay loops accepted {} per connection; {all}",
+        calls(&counts, "accept4")
+    );
+    assert!(
+        calls(&counts, "epoll_ctl") <= 2.5,
+        "epoll_ctl {} per connection, 2 expected (4 when a connection thread connected \
+         upstream, 8 when the accept loop registered each accepted socket too); {all}",
         calls(&counts, "epoll_ctl")
     );
     assert!(
@@ -136,9 +147,9 @@ fn a_new_unix_connection_makes_no_system_call_it_can_do_without() {
         calls(&counts, "writev")
     );
     assert!(
-        failed_on(&by_thread, RELAY_THREAD, "recvfrom") <= 0.2,
-        "{} reads per connection by the relay loops found nothing: the relay loop reads a \
-         client it was handed before a readiness says there is something; {all}",
+        failed_on(&by_thread, RELAY_THREAD, "recvfrom") <= 1.0,
+        "{} reads per connection by the relay loops found nothing: more than the first read \
+         of a client whose request had not come yet; {all}",
         failed_on(&by_thread, RELAY_THREAD, "recvfrom")
     );
 }
@@ -255,11 +266,15 @@ fn an_http2_clients_bytes_reach_only_an_api_server_that_agreed_to_http2() {
 /// with strace, one connection at a time; the loops send with `writev` (a UNIX client's
 /// upstream, through rustls's buffered session) or `sendto` (a loopback TLS client's records,
 /// sealed in the loop's buffer), which shows that they relayed every connection.
+///
+/// Counted without connections made ahead (`--no-preconnect`): a UNIX client's connection is
+/// opened on the loop that accepted it, and after it the loop starts the next client's spare
+/// on a connection thread, which is one wake-up of that thread per connection.
 #[test]
 fn a_relayed_connection_ends_without_waking_another_thread() {
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
-    let proxy = ProxyProcess::start(&id, &upstream);
+    let proxy = ProxyProcess::start_with(&id, &upstream, ProxyOptions::args(&["--no-preconnect"]));
     let config = support::proxy::loopback_client_config(&proxy.credential());
     let unix = || ask(&proxy, RawHttp::connect(&proxy.socket));
     let tls = || ask(&proxy, RawHttp::connect_tls(proxy.tcp_port, &config));
@@ -292,4 +307,75 @@ fn a_relayed_connection_ends_without_waking_another_thread() {
             by_loops("write")
         );
     }
+}
+
+/// Issue 55: a UNIX client's connection opened on a relay loop whose API server stops
+/// answering (it accepts, then hangs, as one whose process is stuck) is told why after one
+/// handshake timeout: the loop's attempt is the one attempt that API server gets for this
+/// client, counted once, and the client gets the 502 naming the timeout from a connection
+/// thread. A loop that handed the client on for a second attempt would count two timeouts.
+#[test]
+fn a_loops_attempt_on_a_hung_api_server_costs_its_client_one_timeout() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let relay = support::relay::FreezableRelay::start(upstream.port());
+    let proxy = ProxyProcess::start_to(
+        &id,
+        &format!("https://127.0.0.1:{}", relay.port),
+        ProxyOptions::args(&["--no-preconnect", "--handshake-timeout", "1s"]),
+    );
+    for _ in 0..3 {
+        ask(&proxy, RawHttp::connect(&proxy.socket));
+    }
+    let on_loop = "hwkey_unix_connections_opened_total{on=\"relay_loop\"}";
+    assert!(
+        proxy.metric(on_loop) >= 2.0,
+        "the resumed connections were not opened on the loops: the loops' path is not what is \
+         tested\n{}",
+        proxy.metrics()
+    );
+    relay.freeze();
+    let mut conn = RawHttp::connect(&proxy.socket);
+    conn.send("GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let (status, body) = conn.read_response();
+    assert_eq!(status, 502, "{body}\n{}", proxy.log());
+    assert!(
+        body.contains("did not complete a handshake within"),
+        "the client is told why: {body}"
+    );
+    assert_eq!(
+        proxy.metric("hwkey_upstream_errors_total{stage=\"timeout\"}"),
+        1.0,
+        "{}",
+        proxy.metrics()
+    );
+}
+
+/// Issue 55: a UNIX client's first bytes decide the protocol its upstream connection is
+/// offered, and the relay loop that accepted it reads them now. A client whose first byte is
+/// all that has come (`P`, which the HTTP/2 preface starts with too) is waited for, not
+/// decided on: its `POST` that follows goes upstream whole, as HTTP/1.1, its body echoed back.
+/// And a request that comes long after the connect (the loop read nothing at first, and
+/// waits for it) is served as well.
+#[test]
+fn a_unix_clients_first_bytes_in_pieces_reach_the_api_server_whole() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start_with(&id, &upstream, ProxyOptions::args(&["--no-preconnect"]));
+    for _ in 0..2 {
+        ask(&proxy, RawHttp::connect(&proxy.socket));
+    }
+    let mut conn = RawHttp::connect(&proxy.socket);
+    std::thread::sleep(Duration::from_millis(50));
+    conn.send("P");
+    std::thread::sleep(Duration::from_millis(50));
+    conn.send("OST /echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\nhello");
+    let (status, body) = conn.read_response();
+    assert_eq!(status, 200, "{body}\n{}", proxy.log());
+    assert_eq!(body, "hello");
+    assert!(
+        proxy.metric("hwkey_unix_connections_opened_total{on=\"relay_loop\"}") >= 2.0,
+        "{}",
+        proxy.metrics()
+    );
 }

@@ -373,7 +373,11 @@ fn a_unix_clients_connection_made_ahead_that_the_api_server_closed_is_not_used()
 }
 
 /// Against an API server that resumes nothing, a UNIX client's spare is refused too: its
-/// buffered handshake fails without a signature, and no more are tried.
+/// buffered handshake fails without a signature, and no more are tried. So is a relay loop's
+/// own resumption (a connection the loop opens, `proxy::relay_loop`'s `opening`): the client is
+/// served on a connection thread with a full handshake, and loops try no more for a minute.
+/// At most two connections are refused in all: the spare's and, when the second client
+/// comes before the spare's refusal leaves no ticket to claim, the loop's.
 #[test]
 fn a_unix_clients_connection_made_ahead_never_costs_a_signature() {
     let id = Identity::softhsm();
@@ -386,7 +390,13 @@ fn a_unix_clients_connection_made_ahead_never_costs_a_signature() {
     proxy.wait_for_metric("hwkey_upstream_errors_total{stage=\"handshake\"}", 1.0);
     assert_eq!(proxy.signatures() - before, 5, "{}", proxy.log());
     assert_eq!(proxy.metric(MADE), 0.0);
-    assert_eq!(upstream.stats().tcp_connections, 6, "{}", proxy.log());
+    let connections = upstream.stats().tcp_connections;
+    assert!(
+        (6..=7).contains(&connections),
+        "{connections} connections for 5 clients, a refused spare and at most one refused \
+         attempt of a relay loop\n{}",
+        proxy.log()
+    );
 }
 
 /// Against Go's crypto/tls (kube-apiserver's TLS stack: one ticket per handshake, a resumed

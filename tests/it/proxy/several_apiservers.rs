@@ -245,3 +245,69 @@ fn renewal_goes_to_an_api_server_that_answers() {
         proxy.log()
     );
 }
+
+/// Issue 55: a UNIX client's connection is opened on the relay loop that accepts it, with a
+/// resumed handshake to the API server whose turn it is. When that attempt fails (the API
+/// server went away: connection refused), the client is not lost: a connection thread tries
+/// the other API server, the failed one is marked down, and the failure is counted once (the
+/// endpoint is not tried a second time for the same client).
+#[test]
+fn a_unix_client_whose_loop_cannot_reach_its_api_server_is_served_by_the_other() {
+    let id = Identity::softhsm();
+    let mut first = TestUpstream::start(&id.ca);
+    let second = TestUpstream::start(&id.ca);
+    // Nothing made ahead: every client's connection is the loop's own attempt.
+    let proxy = ProxyProcess::start_to(
+        &id,
+        &first.url(),
+        ProxyOptions::args(&["--upstream", &second.url(), "--no-preconnect"]),
+    );
+    let ask = |i: usize| {
+        let out = proxy.curl_unix(&["-sS", "-w", "\n%{http_code}"], "/version");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            text.ends_with("\n200"),
+            "request {i}: {text}\n{}",
+            proxy.log()
+        );
+    };
+    // Both API servers' full handshakes, then resumed ones on the loops, taking turns.
+    for i in 0..8 {
+        ask(i);
+    }
+    let on_loop = "hwkey_unix_connections_opened_total{on=\"relay_loop\"}";
+    let on_thread = "hwkey_unix_connections_opened_total{on=\"connection_thread\"}";
+    let looped = proxy.metric(on_loop);
+    assert!(
+        looped >= 4.0,
+        "{looped} of 8 connections opened on a relay loop: the loops' path is not what is tested\n{}",
+        proxy.metrics()
+    );
+    assert!(first.stats().connections.len() >= 2 && second.stats().connections.len() >= 2);
+    let threads = proxy.metric(on_thread);
+    first.stop();
+    for i in 8..14 {
+        ask(i);
+    }
+    let refused = "hwkey_upstream_errors_total{stage=\"connect\"}";
+    assert_eq!(
+        proxy.metric(refused),
+        1.0,
+        "the API server that went away is tried once, then marked down\n{}",
+        proxy.metrics()
+    );
+    assert_eq!(
+        proxy.metric(&endpoint("hwkey_upstream_endpoint_up", first.port())),
+        0.0
+    );
+    assert!(
+        proxy.metric(on_thread) > threads,
+        "the client whose loop failed went on on a connection thread\n{}",
+        proxy.metrics()
+    );
+    assert!(
+        proxy.metric(on_loop) > looped,
+        "the clients after it were opened on the loops again, with the other API server\n{}",
+        proxy.metrics()
+    );
+}

@@ -1,0 +1,153 @@
+//! The upstream side of a connection a relay loop opens itself ([`super::relay_loop`], for a
+//! UNIX-socket client): which API server, whether its session can resume without a wait, and
+//! what the attempt's end means, with the same rules and counts as [`Upstream::connect_any`].
+//!
+//! A loop never waits for the hardware, for a ticket or for a name to resolve, so it takes
+//! only what needs none of them: an API server named by its address, reached straight (no
+//! forward proxy), with a session ticket in the store now. Anything else, and an attempt that
+//! fails, goes on on a connection thread as before.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use rustls::ClientConnection;
+
+use super::endpoints::endpoint_failure;
+use super::error::UpstreamError;
+use super::metrics::UpstreamStage;
+use super::relay_loop::Stage;
+use super::upstream::Upstream;
+
+/// A relay loop's attempt: a TCP connect under way and a session to resume, to one endpoint.
+pub struct LoopDial {
+    /// The TCP connection, non-blocking, its connect under way.
+    pub tcp: std::net::TcpStream,
+    /// The session, its ClientHello (with the ticket) queued.
+    pub session: Box<ClientConnection>,
+    /// The client's first bytes may go with the proxy's `Finished` ([`Upstream::connect_sending`]).
+    pub early: bool,
+    /// The attempt's deadline.
+    pub within: Duration,
+    /// What the attempt's end is told with.
+    pub attempt: LoopAttempt,
+}
+
+/// Which endpoint an attempt went to, and when it started.
+pub struct LoopAttempt {
+    endpoint: usize,
+    addr: String,
+    started: Instant,
+}
+
+/// What a connection whose attempt on a loop did not end in a relay does on its task.
+pub enum LoopNext {
+    /// Connects as any new connection does (the API server wanted a full handshake, which
+    /// the key signs there).
+    Connect,
+    /// Tries the other endpoints; this one failed with this error.
+    After(usize, UpstreamError),
+    /// Tells the client why (a 502): nothing else is tried.
+    Tell(UpstreamError),
+}
+
+impl Upstream {
+    /// A relay loop's attempt for a client offering `alpn`, when one needs no wait: the
+    /// endpoint the next connection would try, named by its address and reached straight,
+    /// with a ticket claimed. None: the connection is made on its task.
+    pub fn dial_in_loop(&self, alpn: Option<&[u8]>) -> Option<LoopDial> {
+        let i = self.endpoints.first()?;
+        let endpoint = &self.endpoints.list[i];
+        let target = &endpoint.target;
+        if self.egress.proxy_for(&target.host, target.port).is_some() {
+            return None;
+        }
+        let ip: IpAddr = target.host.parse().ok()?;
+        let generation = endpoint.generation();
+        let addr = target.authority();
+        let config = self.config_for(&generation, alpn, &addr).ok()?;
+        if !generation.store.try_claim() {
+            return None;
+        }
+        let tcp = match crate::egress::connect_started(SocketAddr::new(ip, target.port)) {
+            Ok(tcp) => tcp,
+            Err(e) => {
+                // Its task connects again, and reports what fails there.
+                tracing::debug!(upstream = %addr, error = %e, "could not start a connect on a relay loop");
+                generation.store.give_back();
+                return None;
+            }
+        };
+        // Takes the ticket out of the store, into its ClientHello.
+        let session = ClientConnection::new(config, endpoint.server_name.clone()).ok()?;
+        self.endpoints.advance();
+        Some(LoopDial {
+            tcp,
+            session: Box::new(session),
+            early: alpn != Some(b"h2".as_slice()) || endpoint.agreed_h2(),
+            within: self.attempt_timeout,
+            attempt: LoopAttempt {
+                endpoint: i,
+                addr,
+                started: Instant::now(),
+            },
+        })
+    }
+
+    /// The attempt's handshake is done: counted, and its protocol checked.
+    pub fn loop_established(
+        &self,
+        attempt: &LoopAttempt,
+        alpn: Option<&[u8]>,
+        state: &rustls::CommonState,
+    ) -> Result<(), UpstreamError> {
+        let endpoint = &self.endpoints.list[attempt.endpoint];
+        let (_, got) = self.established(&attempt.addr, alpn, state, attempt.started)?;
+        if got.as_deref() == Some(b"h2".as_slice()) {
+            endpoint.agree_h2();
+        }
+        endpoint.succeeded();
+        Ok(())
+    }
+
+    /// The attempt failed at `stage` with `error`, before any byte went upstream: counted as
+    /// a connection's attempt is, the endpoint marked down when it was its fault, and what the
+    /// connection's task does next.
+    pub fn loop_failed(
+        &self,
+        attempt: &LoopAttempt,
+        alpn: Option<&[u8]>,
+        stage: Stage,
+        error: std::io::Error,
+    ) -> LoopNext {
+        let addr = attempt.addr.clone();
+        let endpoint = &self.endpoints.list[attempt.endpoint];
+        if crate::key::tls::is_signature_refused(&error) {
+            tracing::debug!(upstream = %addr, "the API server did not resume the session; connecting where the key may sign");
+            endpoint.generation().store.loops_refused();
+            return LoopNext::Connect;
+        }
+        let e = match stage {
+            Stage::Timeout => {
+                self.metrics.upstream_error(UpstreamStage::Timeout);
+                UpstreamError::Timeout {
+                    addr,
+                    after: self.attempt_timeout,
+                }
+            }
+            Stage::Connect => {
+                self.metrics.upstream_error(UpstreamStage::Connect);
+                UpstreamError::Connect {
+                    addr,
+                    source: error,
+                }
+            }
+            Stage::Handshake => self.handshake_error(addr, alpn, error),
+        };
+        // A timeout is always the endpoint's, as in `connect_any`.
+        if stage != Stage::Timeout && !endpoint_failure(&e) {
+            return LoopNext::Tell(e);
+        }
+        endpoint.failed(&e);
+        LoopNext::After(attempt.endpoint, e)
+    }
+}
