@@ -143,6 +143,17 @@ impl Endpoint {
     }
 }
 
+/// What a relay loop's attempt at a connection leaves for the connection thread that goes on
+/// with it ([`super::loop_dial`]): the round robin's turn it took, and the endpoint it failed
+/// on with the failure.
+#[derive(Debug, Default)]
+pub struct Attempted {
+    /// The turn taken (None: none yet).
+    pub turn: Option<usize>,
+    /// The endpoint tried, and what it failed with.
+    pub failed: Option<(usize, UpstreamError)>,
+}
+
 /// The endpoints and the round-robin position.
 pub(crate) struct Endpoints {
     pub(crate) list: Vec<Endpoint>,
@@ -160,27 +171,21 @@ impl Endpoints {
     /// The order a new connection tries them in: the endpoints that are up, round robin;
     /// if none is, every endpoint, the one due back first.
     pub(crate) fn order(&self) -> Vec<usize> {
-        self.order_from(self.next.fetch_add(1, Ordering::Relaxed))
+        self.order_at(self.turn())
     }
 
-    /// The endpoint the next connection tries first, without taking its turn: a relay loop's
-    /// attempt ([`super::upstream::Upstream::dial_in_loop`]) that goes ahead takes it
-    /// ([`Endpoints::advance`]); one that does not leaves it for the connection's task, so the
-    /// round robin moves by one per connection either way.
-    pub(crate) fn first(&self) -> Option<usize> {
-        self.order_from(self.next.load(Ordering::Relaxed))
-            .first()
-            .copied()
+    /// Takes a turn of the round robin: a relay loop's attempt takes it before it looks at the
+    /// first endpoint ([`super::upstream::Upstream::dial_in_loop`]), and a connection thread
+    /// that goes on for it uses the same turn ([`Endpoints::order_at`]), so each connection
+    /// moves the round robin by one, and two loops at once never take the same turn.
+    pub(crate) fn turn(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Takes a turn of the round robin ([`Endpoints::first`]).
-    pub(crate) fn advance(&self) {
-        self.next.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn order_from(&self, start: usize) -> Vec<usize> {
+    /// [`Endpoints::order`] for a turn already taken.
+    pub(crate) fn order_at(&self, turn: usize) -> Vec<usize> {
         let n = self.list.len();
-        let start = start % n.max(1);
+        let start = turn % n.max(1);
         let now = Instant::now();
         let up: Vec<usize> = (0..n)
             .map(|i| (start + i) % n)
@@ -231,6 +236,37 @@ pub(crate) fn endpoint_failure(e: &UpstreamError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn endpoints(n: usize) -> Endpoints {
+        let metrics = super::super::metrics::Metrics::default();
+        Endpoints::new(
+            (0..n)
+                .map(|i| {
+                    let target: UpstreamTarget =
+                        format!("https://10.0.0.{i}:6443").parse().unwrap();
+                    let name = ServerName::try_from(format!("10.0.0.{i}")).unwrap();
+                    Endpoint::new(target, name, metrics.endpoint(&i.to_string()))
+                })
+                .collect(),
+        )
+    }
+
+    /// A turn of the round robin is its taker's alone: connections that start at once on two
+    /// relay loops (each takes its turn before it dials) try different API servers first, and
+    /// a connection thread that goes on in the same turn tries the same one the loop did.
+    /// When a loop read the position and moved it only once it had dialled, two loops at once
+    /// both went to the same API server, and so did the next two.
+    #[test]
+    fn connections_starting_at_once_take_turns_of_their_own() {
+        let e = endpoints(2);
+        let (a, b) = (e.turn(), e.turn());
+        assert_ne!(e.order_at(a)[0], e.order_at(b)[0]);
+        assert_eq!(e.order_at(a), e.order_at(a));
+        let c = e.turn();
+        assert_eq!(e.order_at(c)[0], e.order_at(a)[0]);
+        // Each connection moves the round robin by one: the next plain order is the turn after.
+        assert_eq!(e.order()[0], e.order_at(b)[0]);
+    }
 
     /// A connect that failed for want of a local resource does not mark the API server down;
     /// a refused or unreachable one does.

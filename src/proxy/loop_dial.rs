@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 use rustls::ClientConnection;
 
 use super::endpoints::endpoint_failure;
+use super::endpoints::Attempted;
 use super::error::UpstreamError;
 use super::metrics::UpstreamStage;
 use super::relay_loop::Stage;
+use super::sessions::taking_ticket;
 use super::upstream::Upstream;
 
 /// A relay loop's attempt: a TCP connect under way and a session to resume, to one endpoint.
@@ -32,8 +34,9 @@ pub struct LoopDial {
     pub attempt: LoopAttempt,
 }
 
-/// Which endpoint an attempt went to, and when it started.
+/// Which endpoint an attempt went to, in which turn of the round robin, and when it started.
 pub struct LoopAttempt {
+    turn: usize,
     endpoint: usize,
     addr: String,
     started: Instant,
@@ -41,51 +44,59 @@ pub struct LoopAttempt {
 
 /// What a connection whose attempt on a loop did not end in a relay does on its task.
 pub enum LoopNext {
-    /// Connects as any new connection does (the API server wanted a full handshake, which
-    /// the key signs there).
-    Connect,
-    /// Tries the other endpoints; this one failed with this error.
-    After(usize, UpstreamError),
+    /// Connects as any new connection does, in the turn the loop took and past the endpoint
+    /// it failed on ([`Upstream::connect_any_after`]).
+    Task(Attempted),
     /// Tells the client why (a 502): nothing else is tried.
     Tell(UpstreamError),
 }
 
 impl Upstream {
     /// A relay loop's attempt for a client offering `alpn`, when one needs no wait: the
-    /// endpoint the next connection would try, named by its address and reached straight,
-    /// with a ticket claimed. None: the connection is made on its task.
-    pub fn dial_in_loop(&self, alpn: Option<&[u8]>) -> Option<LoopDial> {
-        let i = self.endpoints.first()?;
+    /// endpoint whose turn it is, named by its address and reached straight, with a ticket
+    /// claimed and in the session's ClientHello. Otherwise the turn taken (None: none), for
+    /// the connection's task.
+    pub fn dial_in_loop(&self, alpn: Option<&[u8]>) -> Result<LoopDial, Option<usize>> {
+        let turn = self.endpoints.turn();
+        let i = *self.endpoints.order_at(turn).first().ok_or(Some(turn))?;
         let endpoint = &self.endpoints.list[i];
         let target = &endpoint.target;
-        if self.egress.proxy_for(&target.host, target.port).is_some() {
-            return None;
-        }
-        let ip: IpAddr = target.host.parse().ok()?;
+        let direct = self.egress.proxy_for(&target.host, target.port).is_none();
+        let ip = target.host.parse::<IpAddr>().ok().filter(|_| direct);
+        let ip = ip.ok_or(Some(turn))?;
         let generation = endpoint.generation();
         let addr = target.authority();
-        let config = self.config_for(&generation, alpn, &addr).ok()?;
+        let config = self.config_for(&generation, alpn, &addr);
+        let config = config.map_err(|_| Some(turn))?;
         if !generation.store.try_claim() {
-            return None;
+            return Err(Some(turn));
         }
-        let tcp = match crate::egress::connect_started(SocketAddr::new(ip, target.port)) {
-            Ok(tcp) => tcp,
-            Err(e) => {
-                // Its task connects again, and reports what fails there.
-                tracing::debug!(upstream = %addr, error = %e, "could not start a connect on a relay loop");
-                generation.store.give_back();
-                return None;
-            }
+        // rustls takes the ticket out of the store into its ClientHello here.
+        let (session, took) =
+            taking_ticket(|| ClientConnection::new(config, endpoint.server_name.clone()));
+        let Ok(session) = session else {
+            generation.store.give_back();
+            return Err(Some(turn));
         };
-        // Takes the ticket out of the store, into its ClientHello.
-        let session = ClientConnection::new(config, endpoint.server_name.clone()).ok()?;
-        self.endpoints.advance();
-        Some(LoopDial {
+        if !took {
+            // The count said there was one; the store had none (a connection that passed the
+            // gate without a claim took it).
+            generation.store.recount();
+            return Err(Some(turn));
+        }
+        let tcp = crate::egress::connect_started(SocketAddr::new(ip, target.port));
+        let tcp = tcp.map_err(|e| {
+            // Its task connects again, and reports what fails there.
+            tracing::debug!(upstream = %addr, error = %e, "could not start a connect on a relay loop");
+            Some(turn)
+        })?;
+        Ok(LoopDial {
             tcp,
             session: Box::new(session),
             early: alpn != Some(b"h2".as_slice()) || endpoint.agreed_h2(),
             within: self.attempt_timeout,
             attempt: LoopAttempt {
+                turn,
                 endpoint: i,
                 addr,
                 started: Instant::now(),
@@ -114,17 +125,32 @@ impl Upstream {
     /// connection's task does next.
     pub fn loop_failed(
         &self,
-        attempt: &LoopAttempt,
+        attempt: LoopAttempt,
         alpn: Option<&[u8]>,
         stage: Stage,
         error: std::io::Error,
     ) -> LoopNext {
-        let addr = attempt.addr.clone();
-        let endpoint = &self.endpoints.list[attempt.endpoint];
+        let LoopAttempt {
+            turn,
+            endpoint: i,
+            addr,
+            ..
+        } = attempt;
+        let endpoint = &self.endpoints.list[i];
+        let again = |failed| {
+            LoopNext::Task(Attempted {
+                turn: Some(turn),
+                failed,
+            })
+        };
+        if stage == Stage::Local {
+            tracing::debug!(upstream = %addr, error = %error, "a relay loop could not make its attempt; connecting on the task");
+            return again(None);
+        }
         if crate::key::tls::is_signature_refused(&error) {
             tracing::debug!(upstream = %addr, "the API server did not resume the session; connecting where the key may sign");
             endpoint.generation().store.loops_refused();
-            return LoopNext::Connect;
+            return again(None);
         }
         let e = match stage {
             Stage::Timeout => {
@@ -141,13 +167,13 @@ impl Upstream {
                     source: error,
                 }
             }
-            Stage::Handshake => self.handshake_error(addr, alpn, error),
+            Stage::Handshake | Stage::Local => self.handshake_error(addr, alpn, error),
         };
         // A timeout is always the endpoint's, as in `connect_any`.
         if stage != Stage::Timeout && !endpoint_failure(&e) {
             return LoopNext::Tell(e);
         }
         endpoint.failed(&e);
-        LoopNext::After(attempt.endpoint, e)
+        again(Some((i, e)))
     }
 }

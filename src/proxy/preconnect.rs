@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
+use super::endpoints::Attempted;
 use super::error::UpstreamError;
 use super::metrics::SpareOutcome;
 use super::origin::{ClientKind, Dial, Origin, OriginConn, UpstreamConn};
@@ -23,26 +24,24 @@ impl Upstream {
     /// ([`super::spare`]) if there is one, its first bytes then all still to send.
     /// `looked` says how far a relay loop went first: a spare is looked for only when it did
     /// not (a second look would count the client twice for the next spare's making), and
-    /// after its attempt failed on an endpoint only the others are tried
-    /// ([`Upstream::connect_any_after`]).
+    /// what its attempt left is honoured ([`Upstream::connect_any_after`]).
     pub async fn connect_unix(
         &self,
         alpn: Option<&[u8]>,
         first: &[u8],
         looked: Looked,
     ) -> Result<UpstreamConn, UpstreamError> {
-        let tried = match looked {
+        let attempted = match looked {
             Looked::Nothing => {
                 let spare = self.spares().take(alpn, ClientKind::Unix, self.epoch());
                 if let Some(conn) = spare.and_then(OriginConn::into_buffered) {
                     return Ok(conn);
                 }
-                None
+                Attempted::default()
             }
-            Looked::ForSpare => None,
-            Looked::AndFailed(i, e) => Some((i, e)),
+            Looked::After(attempted) => attempted,
         };
-        self.connect_sending_after(alpn, first, tried).await
+        self.connect_sending_after(alpn, first, attempted).await
     }
 
     /// [`Upstream::connect_sending`] for a loopback TLS client's connection: over plain TCP the
@@ -65,10 +64,8 @@ impl Upstream {
 pub enum Looked {
     /// Not at all: the task looks for a spare first.
     Nothing,
-    /// It looked for a spare and found none (or could not use it).
-    ForSpare,
-    /// Its attempt on the endpoint of this index failed with this error.
-    AndFailed(usize, UpstreamError),
+    /// It looked for a spare (none, or none it could use), and maybe tried an endpoint.
+    After(Attempted),
 }
 
 /// After an authenticated client's upstream connection offering `alpn`: makes the next

@@ -38,6 +38,21 @@ pub const WARMUP_WAIT: Duration = Duration::from_secs(3);
 pub const TICKET_WAIT: Duration = Duration::from_secs(1);
 /// How long after a successful full handshake its tickets may take to arrive.
 pub const GRACE: Duration = Duration::from_millis(500);
+thread_local! {
+    /// Whether the last ticket rustls asked this thread's store for was there
+    /// ([`taking_ticket`]).
+    static TOOK: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `start` (a client session's start: rustls takes a ticket from its store for the
+/// ClientHello) and says whether it took one. A relay loop resumes or gives the connection to
+/// its task: a ClientHello without a ticket would only make a full handshake it must refuse.
+pub fn taking_ticket<R>(start: impl FnOnce() -> R) -> (R, bool) {
+    TOOK.with(|t| t.set(None));
+    let started = start();
+    (started, TOOK.with(|t| t.take()) == Some(true))
+}
+
 /// How long relay loops leave resumption to the connection threads after one was refused.
 pub const LOOPS_REST: Duration = Duration::from_secs(60);
 /// rustls's memory cache keeps this many TLS 1.3 tickets per server (oldest dropped first).
@@ -208,10 +223,21 @@ impl SessionStore {
     }
 
     /// Gives back a ticket [`SessionStore::try_claim`] claimed for a connection that never
-    /// started its handshake.
+    /// started its handshake (no more than the store keeps).
     pub fn give_back(&self) {
-        self.available.fetch_add(1, Ordering::SeqCst);
+        let _ = self
+            .available
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                Some((n + 1).min(TICKETS_PER_SERVER))
+            });
         self.changed.notify_waiters();
+    }
+
+    /// The count of tickets said there was one to claim, and rustls found none in the store
+    /// ([`taking_ticket`]): connections that passed the gate without a claim took them. The
+    /// count starts again from none; the tickets that come count again.
+    pub fn recount(&self) {
+        self.available.store(0, Ordering::SeqCst);
     }
 
     /// A spare's claim when `spare` (a connection that is not one: none).
@@ -305,7 +331,9 @@ impl ClientSessionStore for SessionStore {
         &self,
         server_name: &ServerName<'static>,
     ) -> Option<Tls13ClientSessionValue> {
-        self.inner.take_tls13_ticket(server_name)
+        let ticket = self.inner.take_tls13_ticket(server_name);
+        TOOK.with(|t| t.set(Some(ticket.is_some())));
+        ticket
     }
 }
 

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use super::accept::ClientBound;
 use super::bind::Socket;
 use super::bridge::{ending, Held};
+use super::endpoints::Attempted;
 use super::first_bytes::H2_PREFACE;
 use super::listener::{accept_loop, admit_unix_peer, serve_admitted_unix, Clients};
 use super::loop_dial::{LoopAttempt, LoopNext};
@@ -95,7 +96,7 @@ impl Opener for UnixOpener {
             alpn: b"http/1.1",
             epoch: shared.bridge.upstream.epoch(),
             attempt: None,
-            next: LoopNext::Connect,
+            next: LoopNext::Task(Attempted::default()),
         };
         Some((client, Box::new(job)))
     }
@@ -140,8 +141,12 @@ impl OpenJob for Job {
                 }
             };
         }
-        let Some(dial) = upstream.dial_in_loop(alpn) else {
-            return Route::Task;
+        let dial = match upstream.dial_in_loop(alpn) {
+            Ok(dial) => dial,
+            Err(turn) => {
+                self.next = LoopNext::Task(Attempted { turn, failed: None });
+                return Route::Task;
+            }
         };
         self.attempt = Some(dial.attempt);
         Route::Dial {
@@ -172,7 +177,7 @@ impl OpenJob for Job {
     fn attempt_failed(&mut self, stage: Stage, error: std::io::Error) {
         if let Some(attempt) = self.attempt.take() {
             let upstream = &self.clients.bridge.upstream;
-            self.next = upstream.loop_failed(&attempt, Some(self.alpn), stage, error);
+            self.next = upstream.loop_failed(attempt, Some(self.alpn), stage, error);
         }
     }
 
@@ -196,8 +201,7 @@ impl OpenJob for Job {
             let bridge = &clients.bridge;
             let alpn = Some(alpn.to_vec());
             let looked = match next {
-                LoopNext::Connect => Looked::ForSpare,
-                LoopNext::After(i, e) => Looked::AndFailed(i, e),
+                LoopNext::Task(attempted) => Looked::After(attempted),
                 LoopNext::Tell(e) => {
                     tracing::warn!(error = %e, "upstream connection failed");
                     super::failure::tell_client(client, prefix, alpn.as_deref(), &e).await;

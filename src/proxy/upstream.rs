@@ -39,7 +39,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, HandshakeKind, RootCertStore};
 use tokio::sync::watch;
 
-use super::endpoints::{endpoint_failure, Endpoint, Endpoints, Generation};
+use super::endpoints::{endpoint_failure, Attempted, Endpoint, Endpoints, Generation};
 use super::error::{StartError, UpstreamError};
 use super::metrics::{Metrics, UpstreamStage};
 pub use super::origin::{ClientKind, Dial, Origin, OriginConn, UpstreamConn};
@@ -333,19 +333,20 @@ impl Upstream {
         alpn: Option<&[u8]>,
         first: &[u8],
     ) -> Result<UpstreamConn, UpstreamError> {
-        self.connect_sending_after(alpn, first, None).await
+        self.connect_sending_after(alpn, first, Attempted::default())
+            .await
     }
 
-    /// [`Upstream::connect_sending`] after a relay loop's attempt failed on the endpoint
-    /// `tried` names ([`Upstream::connect_any_after`]).
+    /// [`Upstream::connect_sending`] for a connection a relay loop began
+    /// ([`Upstream::connect_any_after`]).
     pub async fn connect_sending_after(
         &self,
         alpn: Option<&[u8]>,
         first: &[u8],
-        tried: Option<(usize, UpstreamError)>,
+        attempted: Attempted,
     ) -> Result<UpstreamConn, UpstreamError> {
         let conn = self
-            .connect_any_after(alpn, first, Dial::Buffered, tried)
+            .connect_any_after(alpn, first, Dial::Buffered, attempted)
             .await?;
         conn.into_buffered()
             .ok_or_else(|| UpstreamError::Handshake {
@@ -366,26 +367,28 @@ impl Upstream {
         first: &[u8],
         how: Dial,
     ) -> Result<OriginConn, UpstreamError> {
-        self.connect_any_after(alpn, first, how, None).await
+        self.connect_any_after(alpn, first, how, Attempted::default())
+            .await
     }
 
-    /// [`Upstream::connect_any`] after an attempt already made (by a relay loop,
-    /// [`Upstream::dial_in_loop`]) failed on the endpoint `tried` names: the others in turn,
-    /// and that one's failure when none is left.
+    /// [`Upstream::connect_any`] for a connection a relay loop began ([`Upstream::dial_in_loop`]):
+    /// in the round robin's turn it took, and, when its attempt failed on an endpoint, the
+    /// others in turn (that one's failure when none is left).
     pub(super) async fn connect_any_after(
         &self,
         alpn: Option<&[u8]>,
         first: &[u8],
         how: Dial,
-        tried: Option<(usize, UpstreamError)>,
+        attempted: Attempted,
     ) -> Result<OriginConn, UpstreamError> {
-        let (skip, mut last) = tried.map_or((None, None), |(i, e)| (Some(i), Some(e)));
-        for i in self
-            .endpoints
-            .order()
-            .into_iter()
-            .filter(|&i| Some(i) != skip)
-        {
+        let order = match attempted.turn {
+            Some(turn) => self.endpoints.order_at(turn),
+            None => self.endpoints.order(),
+        };
+        let (skip, mut last) = attempted
+            .failed
+            .map_or((None, None), |(i, e)| (Some(i), Some(e)));
+        for i in order.into_iter().filter(|&i| Some(i) != skip) {
             let endpoint = &self.endpoints.list[i];
             let attempt = tokio::time::timeout(
                 self.attempt_timeout,

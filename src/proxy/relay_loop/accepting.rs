@@ -3,14 +3,16 @@
 //! the connection itself ([`super::opening`]) from its first bytes to its relay.
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::event::epoll::{self, EventData, EventFlags};
 use rustix::net::SocketFlags;
 
-use super::listening::{Listening, LISTENER};
+use super::listening::{token, Listening, MAX_LISTENERS};
 use super::opening::{OpenJob, Opened, Opener, Opening};
 use super::relayed::Relayed;
 use super::{Command, Inbox, Loop, RelayLoops};
@@ -28,24 +30,35 @@ static ACCEPT_ERROR_LOG: RateLimited = RateLimited::new(Duration::from_secs(10))
 
 impl RelayLoops {
     /// Every loop accepts the clients of `listener` from now on (each on a copy of its
-    /// descriptor) and opens their connections, `opener` deciding on each, until
-    /// [`RelayLoops::unlisten`].
-    /// When a copy cannot be made, no loop accepts (an error: the caller accepts itself).
+    /// descriptor, registered in its epoll here) and opens their connections, `opener`
+    /// deciding on each, until [`RelayLoops::unlisten`]. An error (no loop accepts; the
+    /// caller accepts itself) when a copy cannot be made or registered for every loop.
     pub fn listen(&self, listener: &UnixListener, opener: Arc<dyn Opener>) -> io::Result<()> {
-        let copies = (0..self.loops.len())
-            .map(|_| {
-                let copy = listener.try_clone()?;
-                copy.set_nonblocking(true)?;
-                Ok(copy)
-            })
-            .collect::<io::Result<Vec<UnixListener>>>()?;
-        for (inbox, copy) in self.loops.iter().zip(copies) {
+        let i = self.listeners.fetch_add(1, Ordering::Relaxed);
+        if i >= MAX_LISTENERS {
+            return Err(io::Error::other(
+                "more UNIX socket listeners than the relay loops take",
+            ));
+        }
+        let mut added: Vec<(&Arc<Inbox>, UnixListener)> = Vec::new();
+        for inbox in &self.loops {
+            match register(&inbox.ep, listener, i) {
+                Ok(copy) => added.push((inbox, copy)),
+                Err(e) => {
+                    for (inbox, copy) in &added {
+                        let _ = epoll::delete(&inbox.ep, copy);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        for (inbox, copy) in added {
             let listening = Listening {
                 listener: copy,
                 opener: opener.clone(),
                 resting_until: None,
             };
-            inbox.send(Command::Listen(Box::new(listening), self.loops.clone()));
+            inbox.send(Command::Listen(i, Box::new(listening), self.loops.clone()));
         }
         Ok(())
     }
@@ -58,83 +71,104 @@ impl RelayLoops {
     }
 }
 
+/// A copy of `listener`, non-blocking, registered in `ep` as listener `i`: one wake-up per
+/// connection among the loops (`EPOLLEXCLUSIVE`), level-triggered (what one wake-up leaves is
+/// reported again).
+fn register(ep: &OwnedFd, listener: &UnixListener, i: usize) -> io::Result<UnixListener> {
+    let copy = listener.try_clone()?;
+    copy.set_nonblocking(true)?;
+    let interest = EventFlags::IN | EventFlags::EXCLUSIVE;
+    epoll::add(ep, &copy, EventData::new_u64(token(i)), interest)?;
+    Ok(copy)
+}
+
 impl Loop {
-    /// Waits for `listening`'s clients from now on.
-    pub(super) fn listen(&mut self, listening: Box<Listening>, loops: Vec<Arc<Inbox>>) {
-        let interest = EventFlags::IN | EventFlags::EXCLUSIVE;
-        let token = EventData::new_u64(LISTENER);
-        match epoll::add(&self.ep, &listening.listener, token, interest) {
-            Ok(()) => (self.listening, self.loops) = (Some(listening), loops),
-            Err(e) => {
-                tracing::error!(error = %e, "a relay loop cannot wait for the UNIX socket's clients; the other loops take them")
-            }
+    /// Keeps listener `i` (registered already) and every loop's inbox.
+    pub(super) fn listen(&mut self, i: usize, listening: Box<Listening>, loops: Vec<Arc<Inbox>>) {
+        if self.listening.len() <= i {
+            self.listening.resize_with(i + 1, || None);
         }
+        self.listening[i] = Some(listening);
+        self.loops = loops;
     }
 
     /// Accepts no more clients.
     pub(super) fn unlisten(&mut self) {
-        if let Some(l) = self.listening.take() {
+        for l in std::mem::take(&mut self.listening).into_iter().flatten() {
             if l.resting_until.is_none() {
                 let _ = epoll::delete(&self.ep, &l.listener);
             }
         }
+        self.loops.clear();
     }
 
-    /// Accepts what the listener has (at most [`ACCEPTS_PER_WAKE`]), each client admitted or
+    /// Accepts what listener `i` has (at most [`ACCEPTS_PER_WAKE`]), each client admitted or
     /// refused by the opener and, admitted, opened on this loop.
-    pub(super) fn accept(&mut self, now: u64) {
-        let Some(opener) = self.listening.as_ref().map(|l| l.opener.clone()) else {
+    pub(super) fn accept(&mut self, i: usize, now: u64) {
+        let Some(opener) = self.listener(i).map(|l| l.opener.clone()) else {
             return;
         };
         for _ in 0..ACCEPTS_PER_WAKE {
-            let Some(l) = self.listening.as_ref() else {
+            let Some(l) = self.listener(i) else {
                 return;
             };
             let flags = SocketFlags::NONBLOCK | SocketFlags::CLOEXEC;
             match rustix::net::accept_with(&l.listener, flags) {
                 Ok(fd) => {
-                    if let Some((client, job)) = opener.admit(UnixStream::from(fd)) {
+                    let client = UnixStream::from(fd);
+                    // A bug in the proxy's decision loses this client, not the loop.
+                    let admitted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        opener.admit(client)
+                    }));
+                    if let Ok(Some((client, job))) = admitted {
                         self.open(client, job, now);
                     }
                 }
                 Err(rustix::io::Errno::AGAIN) => return,
                 Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {}
-                Err(e) => return self.rest(e, now),
+                Err(e) => return self.rest(i, e, now),
             }
         }
     }
 
-    /// After a failed accept: the listener out of the epoll for [`REST_MS`].
-    fn rest(&mut self, e: rustix::io::Errno, now: u64) {
+    fn listener(&self, i: usize) -> Option<&Listening> {
+        self.listening.get(i)?.as_deref()
+    }
+
+    /// After a failed accept: listener `i` out of the epoll for [`REST_MS`].
+    fn rest(&mut self, i: usize, e: rustix::io::Errno, now: u64) {
         if let Some(suppressed) = ACCEPT_ERROR_LOG.allow() {
             tracing::warn!(listener = "unix", error = %e, suppressed, "accept failed");
         }
-        if let Some(l) = self.listening.as_mut() {
-            if l.resting_until.is_none() {
-                let _ = epoll::delete(&self.ep, &l.listener);
-            }
-            let at = now.saturating_add(REST_MS);
-            l.resting_until = Some(at);
-            self.next_check = Some(self.next_check.map_or(at, |n| n.min(at)));
-        }
-    }
-
-    /// A resting listener whose rest is over is waited for again.
-    pub(super) fn wake_listener(&mut self, now: u64) {
-        let Some(l) = self.listening.as_mut() else {
+        let Some(Some(l)) = self.listening.get_mut(i) else {
             return;
         };
-        match l.resting_until {
-            Some(at) if at <= now => {
-                l.resting_until = None;
-                let interest = EventFlags::IN | EventFlags::EXCLUSIVE;
-                let token = EventData::new_u64(LISTENER);
-                if let Err(e) = epoll::add(&self.ep, &l.listener, token, interest) {
-                    self.rest(e, now);
+        if l.resting_until.is_none() {
+            let _ = epoll::delete(&self.ep, &l.listener);
+        }
+        let at = now.saturating_add(REST_MS);
+        l.resting_until = Some(at);
+        self.next_check = Some(self.next_check.map_or(at, |n| n.min(at)));
+    }
+
+    /// The resting listeners whose rest is over are waited for again.
+    pub(super) fn wake_listeners(&mut self, now: u64) {
+        for i in 0..self.listening.len() {
+            let Some(Some(l)) = self.listening.get_mut(i) else {
+                continue;
+            };
+            match l.resting_until {
+                Some(at) if at <= now => {
+                    l.resting_until = None;
+                    let interest = EventFlags::IN | EventFlags::EXCLUSIVE;
+                    let token = EventData::new_u64(token(i));
+                    if let Err(e) = epoll::add(&self.ep, &l.listener, token, interest) {
+                        self.rest(i, e, now);
+                    }
                 }
+                Some(at) => self.next_check = Some(self.next_check.map_or(at, |n| n.min(at))),
+                None => {}
             }
-            Some(at) => self.next_check = Some(self.next_check.map_or(at, |n| n.min(at))),
-            None => {}
         }
     }
 
@@ -174,7 +208,7 @@ impl Loop {
             Ok(Opened::Ready) => self.opened(slot, now),
             Ok(Opened::ToTask) => {
                 if let Some(Relayed::Opening(opening)) = self.release(slot) {
-                    opening.hand_over(&self.ep);
+                    hand_over(*opening, &self.ep);
                 }
             }
             Err(e) => self.end(slot, Err(e)),
@@ -210,7 +244,7 @@ impl Loop {
             Err(opening) => {
                 self.conns[slot] = Some(Relayed::Opening(opening));
                 if let Some(Relayed::Opening(opening)) = self.release(slot) {
-                    opening.hand_over(&self.ep);
+                    hand_over(*opening, &self.ep);
                 }
             }
         }
@@ -223,7 +257,9 @@ impl Loop {
     /// moves only when the loads differ by two or more: one client after another stays where
     /// it was accepted, with no crossing.
     fn lighter(&self) -> Option<Arc<Inbox>> {
-        self.listening.as_ref()?;
+        if self.loops.is_empty() {
+            return None;
+        }
         let ours = self.inbox.load.load(std::sync::atomic::Ordering::Relaxed);
         self.loops
             .iter()
@@ -256,4 +292,10 @@ impl Loop {
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         Some(conn)
     }
+}
+
+/// Hands an opening connection to a connection thread; a bug in the proxy's hand-over loses
+/// this connection, not the loop.
+fn hand_over(opening: Opening, ep: &OwnedFd) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| opening.hand_over(ep)));
 }

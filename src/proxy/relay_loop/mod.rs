@@ -65,7 +65,7 @@ use rustix::event::epoll::{self, EventData, EventFlags};
 use super::cutoff::{say_retired, Cutoff};
 use super::idle;
 use conn::{Conn, Scratch, Step};
-use listening::{Listening, LISTENER};
+use listening::Listening;
 use loopback::TlsConn;
 pub use loopback::TlsPair;
 pub use opening::{OpenJob, Opener, Route, Stage};
@@ -85,15 +85,18 @@ const WAKER: u64 = u64::MAX;
 /// seccomp profiles refuse, and a loop whose wait fails ends its connections.
 const MAX_SLEEP_MS: u64 = 3_600_000;
 
-/// Descriptors each loop holds (its epoll and its waker), for the descriptor budget of
+/// Descriptors each loop holds (its epoll, a copy of it for registering from other threads,
+/// its waker, and a copy of the UNIX socket's listener), for the descriptor budget of
 /// [`super::limits`].
-pub const DESCRIPTORS_PER_LOOP: usize = 2;
+pub const DESCRIPTORS_PER_LOOP: usize = 4;
 
 /// The relay loops, one thread each.
 pub struct RelayLoops {
     loops: Vec<Arc<Inbox>>,
     /// Where the search for the least-loaded loop starts (ties rotate).
     next: AtomicUsize,
+    /// UNIX socket listeners given to the loops ([`RelayLoops::listen`]).
+    listeners: AtomicUsize,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -101,6 +104,8 @@ pub struct RelayLoops {
 struct Inbox {
     queue: Mutex<Queue>,
     wake: OwnedFd,
+    /// The loop's epoll (a copy), where another thread registers a listener for it.
+    ep: OwnedFd,
     /// Connections on this loop, for placing the next one.
     load: AtomicUsize,
 }
@@ -121,9 +126,10 @@ enum Command {
     /// The newest certificate generation: connections opened with an older one end if
     /// `--rotation-close immediate`.
     Retire(u64),
-    /// Accept the UNIX socket's clients ([`RelayLoops::listen`]); every loop's inbox, for
-    /// moving an established connection to a loop with fewer.
-    Listen(Box<Listening>, Vec<Arc<Inbox>>),
+    /// Accept the clients of UNIX socket listener `.0` ([`RelayLoops::listen`], registered
+    /// already); every loop's inbox, for moving an established connection to a loop with
+    /// fewer.
+    Listen(usize, Box<Listening>, Vec<Arc<Inbox>>),
     /// Accept no more.
     Unlisten,
     Stop,
@@ -136,6 +142,7 @@ impl RelayLoops {
         let mut made = RelayLoops {
             loops: Vec::new(),
             next: AtomicUsize::new(0),
+            listeners: AtomicUsize::new(0),
             threads: Mutex::new(Vec::new()),
         };
         for _ in 0..n.max(1) {
@@ -147,6 +154,7 @@ impl RelayLoops {
             epoll::add(&ep, &wake, EventData::new_u64(WAKER), EventFlags::IN)?;
             let inbox = Arc::new(Inbox {
                 queue: Mutex::new(Queue::default()),
+                ep: ep.try_clone()?,
                 wake,
                 load: AtomicUsize::new(0),
             });
@@ -318,8 +326,8 @@ struct Loop {
     next_check: Option<u64>,
     /// The newest certificate generation the loop was told of ([`RelayLoops::retire`]).
     newest: u64,
-    /// The UNIX socket's listener, while the loop accepts its clients.
-    listening: Option<Box<Listening>>,
+    /// The UNIX socket listeners, by index, while the loop accepts their clients.
+    listening: Vec<Option<Box<Listening>>>,
     /// Every loop's inbox (this one's too), while it accepts.
     loops: Vec<Arc<Inbox>>,
 }
@@ -335,7 +343,7 @@ impl Loop {
             again: Vec::new(),
             next_check: None,
             newest: 0,
-            listening: None,
+            listening: Vec::new(),
             loops: Vec::new(),
         }
     }
@@ -359,15 +367,15 @@ impl Loop {
                 }
             }
             let now = idle::now_ms();
-            let (mut commands, mut accepting) = (false, false);
+            let (mut commands, mut accepting) = (false, 0u32);
             for event in events.drain(..) {
                 let token = event.data.u64();
                 if token == WAKER {
                     commands = true;
                     continue;
                 }
-                if token == LISTENER {
-                    accepting = true;
+                if let Some(i) = listening::index(token) {
+                    accepting |= 1 << i;
                     continue;
                 }
                 let slot = usize::try_from(token / 2).unwrap_or(usize::MAX);
@@ -379,15 +387,15 @@ impl Loop {
             for slot in std::mem::take(&mut self.again) {
                 self.turn(slot, now);
             }
-            if accepting {
-                self.accept(now);
+            for i in (0..listening::MAX_LISTENERS).filter(|i| accepting & (1 << i) != 0) {
+                self.accept(i, now);
             }
             if commands && !self.commands(now) {
                 break;
             }
             if self.next_check.is_some_and(|at| at <= now) {
                 self.check(now);
-                self.wake_listener(now);
+                self.wake_listeners(now);
             }
         }
         for slot in 0..self.conns.len() {
@@ -452,7 +460,7 @@ impl Loop {
                     self.cut_off(due);
                 }
                 Command::Retire(_) => {}
-                Command::Listen(listening, loops) => self.listen(listening, loops),
+                Command::Listen(i, listening, loops) => self.listen(i, listening, loops),
                 Command::Unlisten => self.unlisten(),
                 Command::Stop => return false,
             }

@@ -92,6 +92,8 @@ pub enum Stage {
     Handshake,
     /// Its deadline passed.
     Timeout,
+    /// The loop could not make it (its socket could not be registered): nothing was tried.
+    Local,
 }
 
 /// Where a turn left an opening connection.
@@ -198,7 +200,7 @@ impl Opening {
                     within,
                 } => {
                     if let Err(e) = self.dial(ep, slot, tcp, session, early) {
-                        self.job.attempt_failed(Stage::Connect, e);
+                        self.job.attempt_failed(Stage::Local, e);
                         return Ok(Opened::ToTask);
                     }
                     (self.deadlines, self.last) = (deadline(within, now), now);

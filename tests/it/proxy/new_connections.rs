@@ -379,3 +379,30 @@ fn a_unix_clients_first_bytes_in_pieces_reach_the_api_server_whole() {
         proxy.metrics()
     );
 }
+
+/// Two UNIX sockets (`--listen unix:` twice, a user's and a service's): the relay loops accept
+/// on both, and every client of either is served, its connection opened on a loop. When the
+/// loops took one socket per loop-side slot, the second replaced the first, whose descriptor
+/// was then closed: its clients were refused while the proxy said it listened.
+#[test]
+fn clients_of_two_unix_sockets_are_all_served() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let second = id.dir.path().join("second.sock");
+    let listen = format!("unix:{}", second.display());
+    let proxy = ProxyProcess::start_with(
+        &id,
+        &upstream,
+        ProxyOptions::args(&["--listen", &listen, "--no-preconnect"]),
+    );
+    for _ in 0..4 {
+        ask(&proxy, RawHttp::connect(&proxy.socket));
+        ask(&proxy, RawHttp::connect(&second));
+    }
+    let on_loop = proxy.metric("hwkey_unix_connections_opened_total{on=\"relay_loop\"}");
+    assert!(
+        on_loop >= 6.0,
+        "{on_loop} of 8 connections opened on a relay loop\n{}",
+        proxy.metrics()
+    );
+}
