@@ -24,8 +24,12 @@ const RESERVED: usize = 64;
 
 /// Raises the soft descriptor limit as far as allowed and returns the number of connections
 /// that fit (at most `wanted`), `runtimes` runtimes and `relay_loops` relay loops holding their
-/// own descriptors.
-pub fn fit_connections(wanted: usize, runtimes: usize, relay_loops: usize) -> usize {
+/// own descriptors, each loop a copy of each of the `unix_listeners`.
+pub fn fit_connections(
+    wanted: usize,
+    runtimes: usize,
+    (relay_loops, unix_listeners): (usize, usize),
+) -> usize {
     let limit = raise_nofile();
     let Some(limit) = limit else {
         return wanted;
@@ -35,7 +39,7 @@ pub fn fit_connections(wanted: usize, runtimes: usize, relay_loops: usize) -> us
         + ADMIN_MAX_CONNECTIONS
         + super::spare::DESCRIPTORS
         + runtimes * super::threads::DESCRIPTORS_PER_RUNTIME
-        + relay_loops * super::relay_loop::DESCRIPTORS_PER_LOOP;
+        + relay_loops * (super::relay_loop::DESCRIPTORS_PER_LOOP + unix_listeners);
     let fit = (limit.saturating_sub(reserved as u64) / 2).max(1);
     let fit = usize::try_from(fit).unwrap_or(usize::MAX);
     if wanted > fit {

@@ -96,7 +96,7 @@ impl Clients {
             slots: Arc::new(Semaphore::new(super::limits::fit_connections(
                 c.max_connections.max(1),
                 parts.connections.threads() + 1,
-                parts.loops.len(),
+                (parts.loops.len(), unix_listeners(bound)),
             ))),
             allowed_uids: c.allow_uids.clone(),
             handshake_timeout: c.handshake_timeout,
@@ -112,6 +112,14 @@ impl Clients {
             },
         })
     }
+}
+
+/// How many UNIX sockets the proxy listens on (each relay loop holds a copy of each).
+fn unix_listeners(bound: &[ListenAddr]) -> usize {
+    bound
+        .iter()
+        .filter(|a| matches!(a, ListenAddr::Unix(_)))
+        .count()
 }
 
 /// Why a loopback client's certificate is refused after a (resumed) handshake.

@@ -65,28 +65,26 @@ impl Upstream {
         let ip = target.host.parse::<IpAddr>().ok().filter(|_| direct);
         let ip = ip.ok_or(Some(turn))?;
         let generation = endpoint.generation();
-        let addr = target.authority();
-        let config = self.config_for(&generation, alpn, &addr);
-        let config = config.map_err(|_| Some(turn))?;
+        // Claimed first: a store with no ticket (a new generation, after a certificate or CA
+        // reload) leaves building its first config to the task.
         if !generation.store.try_claim() {
             return Err(Some(turn));
         }
-        // rustls takes the ticket out of the store into its ClientHello here.
+        let addr = target.authority();
+        let config = self.config_for(&generation, alpn, &addr).map_err(|_| {
+            generation.store.give_back();
+            Some(turn)
+        })?;
+        // rustls takes the ticket out of the store into its ClientHello here. None there
+        // though the count said one (a connection that passed the gate without a claim took
+        // it): the claim took one off the count, which comes right one such look at a time.
         let (session, took) =
             taking_ticket(|| ClientConnection::new(config, endpoint.server_name.clone()));
-        let Ok(session) = session else {
-            generation.store.give_back();
-            return Err(Some(turn));
-        };
-        if !took {
-            // The count said there was one; the store had none (a connection that passed the
-            // gate without a claim took it).
-            generation.store.recount();
-            return Err(Some(turn));
-        }
+        let session = session.ok().filter(|_| took).ok_or(Some(turn))?;
+        // A connect that fails at once costs the ticket the session took: its task connects
+        // again, and reports what fails there.
         let tcp = crate::egress::connect_started(SocketAddr::new(ip, target.port));
         let tcp = tcp.map_err(|e| {
-            // Its task connects again, and reports what fails there.
             tracing::debug!(upstream = %addr, error = %e, "could not start a connect on a relay loop");
             Some(turn)
         })?;

@@ -233,13 +233,6 @@ impl SessionStore {
         self.changed.notify_waiters();
     }
 
-    /// The count of tickets said there was one to claim, and rustls found none in the store
-    /// ([`taking_ticket`]): connections that passed the gate without a claim took them. The
-    /// count starts again from none; the tickets that come count again.
-    pub fn recount(&self) {
-        self.available.store(0, Ordering::SeqCst);
-    }
-
     /// A spare's claim when `spare` (a connection that is not one: none).
     pub async fn claim_if(
         self: &Arc<Self>,

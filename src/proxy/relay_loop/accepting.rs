@@ -226,7 +226,18 @@ impl Loop {
         let Some(Relayed::Opening(opening)) = held.take() else {
             return;
         };
-        match opening.into_conn(&self.ep, slot, now) {
+        let ep = &self.ep;
+        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            opening.into_conn(ep, slot, now)
+        }));
+        let Ok(made) = made else {
+            // A bug in the proxy's part (logged above): this connection is lost, its slot
+            // given back; the loop goes on.
+            self.free.push(slot);
+            self.inbox.load.fetch_sub(1, Ordering::Relaxed);
+            return;
+        };
+        match made {
             Ok((conn, registered)) => {
                 self.conns[slot] = Some(Relayed::Unix(Box::new(conn)));
                 match registered {

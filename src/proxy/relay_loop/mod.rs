@@ -86,9 +86,9 @@ const WAKER: u64 = u64::MAX;
 const MAX_SLEEP_MS: u64 = 3_600_000;
 
 /// Descriptors each loop holds (its epoll, a copy of it for registering from other threads,
-/// its waker, and a copy of the UNIX socket's listener), for the descriptor budget of
-/// [`super::limits`].
-pub const DESCRIPTORS_PER_LOOP: usize = 4;
+/// and its waker; and a copy of each UNIX socket listener, counted by the caller), for the
+/// descriptor budget of [`super::limits`].
+pub const DESCRIPTORS_PER_LOOP: usize = 3;
 
 /// The relay loops, one thread each.
 pub struct RelayLoops {

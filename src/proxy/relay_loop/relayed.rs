@@ -123,7 +123,12 @@ impl Relayed {
         match self {
             Relayed::Unix(c) => c.finish(result),
             Relayed::Tls(c) => c.finish(result),
-            Relayed::Opening(o) => o.finish(ep, result),
+            // Runs the proxy's decisions (the hand-over to a task, the logs): a bug there
+            // loses this connection, not the loop.
+            Relayed::Opening(o) => {
+                let finish = std::panic::AssertUnwindSafe(|| o.finish(ep, result));
+                let _ = std::panic::catch_unwind(finish);
+            }
         }
     }
 }
