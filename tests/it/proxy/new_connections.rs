@@ -267,22 +267,28 @@ fn an_http2_clients_bytes_reach_only_an_api_server_that_agreed_to_http2() {
 /// upstream, through rustls's buffered session) or `sendto` (a loopback TLS client's records,
 /// sealed in the loop's buffer), which shows that they relayed every connection.
 ///
-/// Counted without connections made ahead (`--no-preconnect`): a UNIX client's connection is
-/// opened on the loop that accepted it, and after it the loop starts the next client's spare
-/// on a connection thread, which is one wake-up of that thread per connection.
+/// The UNIX half is counted without connections made ahead (`--no-preconnect`): a UNIX
+/// client's connection is opened on the loop that accepted it, and after it the loop starts
+/// the next client's spare on a connection thread, one wake-up of that thread per connection.
+/// The loopback half runs on a proxy as users run it (its spares are made on the connection
+/// threads, which wakes no loop).
 #[test]
 fn a_relayed_connection_ends_without_waking_another_thread() {
     let id = Identity::softhsm();
     let upstream = TestUpstream::start(&id.ca);
-    let proxy = ProxyProcess::start_with(&id, &upstream, ProxyOptions::args(&["--no-preconnect"]));
+    let plain = ProxyProcess::start_with(&id, &upstream, ProxyOptions::args(&["--no-preconnect"]));
+    let proxy = ProxyProcess::start(&id, &upstream);
     let config = support::proxy::loopback_client_config(&proxy.credential());
-    let unix = || ask(&proxy, RawHttp::connect(&proxy.socket));
+    let unix = || ask(&plain, RawHttp::connect(&plain.socket));
     let tls = || ask(&proxy, RawHttp::connect_tls(proxy.tcp_port, &config));
-    for (kind, one) in [("UNIX", &unix as &dyn Fn()), ("loopback TLS", &tls)] {
+    for (kind, one, pid) in [
+        ("UNIX", &unix as &dyn Fn(), plain.guard.id()),
+        ("loopback TLS", &tls, proxy.guard.id()),
+    ] {
         one();
         one();
         let n: u32 = 40;
-        let strace = Strace::attach_calls(proxy.guard.id(), "write,writev,sendto");
+        let strace = Strace::attach_calls(pid, "write,writev,sendto");
         for _ in 0..n {
             one();
             std::thread::sleep(Duration::from_millis(5));
@@ -356,7 +362,9 @@ fn a_loops_attempt_on_a_hung_api_server_costs_its_client_one_timeout() {
 /// all that has come (`P`, which the HTTP/2 preface starts with too) is waited for, not
 /// decided on: its `POST` that follows goes upstream whole, as HTTP/1.1, its body echoed back.
 /// And a request that comes long after the connect (the loop read nothing at first, and
-/// waits for it) is served as well.
+/// waits for it) is served as well. The HTTP/2 preface in two pieces is waited for whole
+/// too: the upstream connection is offered `h2` (a loop that decided on the first piece would
+/// offer HTTP/1.1).
 #[test]
 fn a_unix_clients_first_bytes_in_pieces_reach_the_api_server_whole() {
     let id = Identity::softhsm();
@@ -378,6 +386,22 @@ fn a_unix_clients_first_bytes_in_pieces_reach_the_api_server_whole() {
         "{}",
         proxy.metrics()
     );
+    let h2 = upstream.stats().with_protocol("h2");
+    let mut conn = RawHttp::connect(&proxy.socket);
+    conn.send("PRI * HTTP/2.0\r\n");
+    std::thread::sleep(Duration::from_millis(50));
+    conn.send("\r\nSM\r\n\r\n");
+    // The upstream records a connection once its handshake is done.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while upstream.stats().with_protocol("h2") == h2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no h2 connection upstream for a client whose preface came in two pieces: {:?}\n{}",
+            upstream.stats(),
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Two UNIX sockets (`--listen unix:` twice, a user's and a service's): the relay loops accept
