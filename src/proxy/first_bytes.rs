@@ -17,6 +17,14 @@ pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// arrived with the preface (or a whole HTTP/1.1 request) goes upstream in one record.
 pub(crate) const FIRST_READ: usize = 16 * 1024;
 
+/// Whether `first` (a client's first bytes) tells the HTTP/2 preface from anything else: the
+/// whole preface, or a byte that differs from it. Read until it does, by [`sniff`] and by a
+/// relay loop that opens the connection itself.
+pub(crate) fn decided(first: &[u8]) -> bool {
+    let seen = first.len().min(H2_PREFACE.len());
+    seen == H2_PREFACE.len() || first[..seen] != H2_PREFACE[..seen]
+}
+
 /// Reads the client's first bytes: at least enough to tell the HTTP/2 preface from anything
 /// else, and whatever else one read finds. A request that came in one piece is then replayed
 /// upstream in one piece (one record sealed, one write, one read for the API server), where
@@ -24,7 +32,7 @@ pub(crate) const FIRST_READ: usize = 16 * 1024;
 pub async fn sniff(stream: &mut ClientUnixStream) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; FIRST_READ];
     let mut len = 0;
-    while len < H2_PREFACE.len() {
+    while !decided(&buf[..len]) {
         let at_once = if len == 0 {
             first_read(stream, &mut buf)
         } else {
@@ -38,10 +46,6 @@ pub async fn sniff(stream: &mut ClientUnixStream) -> std::io::Result<Vec<u8>> {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
         len += n;
-        let seen = len.min(H2_PREFACE.len());
-        if buf[..seen] != H2_PREFACE[..seen] {
-            break;
-        }
     }
     // Held while the upstream connects (a stalled upstream, a thousand clients): only what
     // arrived, not the read's whole 16 KiB.

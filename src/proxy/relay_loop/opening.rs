@@ -31,7 +31,7 @@ use rustls::ClientConnection;
 use super::conn::{client_interest, Conn, Side};
 use super::pair::{OnEnd, Pair};
 use super::watch::{Deadlines, Watch};
-use crate::proxy::first_bytes::{FIRST_READ, H2_PREFACE};
+use crate::proxy::first_bytes::{self, FIRST_READ};
 use crate::proxy::unbuffered::tls_error;
 
 /// What the proxy gives the loops to decide on the UNIX-socket clients they accept.
@@ -232,8 +232,7 @@ impl Opening {
             if n < room {
                 self.client.readable = false;
             }
-            let seen = self.prefix.len().min(H2_PREFACE.len());
-            if seen == H2_PREFACE.len() || self.prefix[..seen] != H2_PREFACE[..seen] {
+            if first_bytes::decided(&self.prefix) {
                 return Ok(true);
             }
         }

@@ -18,6 +18,18 @@ use support::{output_text, temp_dir};
 /// Commands kubectl runs in a row (a count, not a duration).
 const COMMANDS: usize = 40;
 
+/// `GET /version` over the proxy's UNIX socket (curl), answered 200 (request `i` in the
+/// failure's message).
+fn version_is_served(proxy: &ProxyProcess, i: usize) {
+    let out = proxy.curl_unix(&["-sS", "-w", "\n%{http_code}"], "/version");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.ends_with("\n200"),
+        "request {i}: {text}\n{}",
+        proxy.log()
+    );
+}
+
 fn endpoint(series: &str, port: u16) -> String {
     format!("{series}{{endpoint=\"127.0.0.1:{port}\"}}")
 }
@@ -152,13 +164,7 @@ fn an_upstream_with_an_untrusted_certificate_is_never_used() {
         },
     );
     for i in 0..20 {
-        let out = proxy.curl_unix(&["-sS", "-w", "\n%{http_code}"], "/version");
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            text.ends_with("\n200"),
-            "request {i}: {text}\n{}",
-            proxy.log()
-        );
+        version_is_served(&proxy, i);
     }
     assert!(
         impostor.stats().connections.is_empty(),
@@ -262,15 +268,7 @@ fn a_unix_client_whose_loop_cannot_reach_its_api_server_is_served_by_the_other()
         &first.url(),
         ProxyOptions::args(&["--upstream", &second.url(), "--no-preconnect"]),
     );
-    let ask = |i: usize| {
-        let out = proxy.curl_unix(&["-sS", "-w", "\n%{http_code}"], "/version");
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            text.ends_with("\n200"),
-            "request {i}: {text}\n{}",
-            proxy.log()
-        );
-    };
+    let ask = |i: usize| version_is_served(&proxy, i);
     // Both API servers' full handshakes, then resumed ones on the loops, taking turns.
     for i in 0..8 {
         ask(i);
