@@ -153,6 +153,12 @@ impl Bridge {
                 drop(first);
                 self.relay_on_task(client, up, replayed, epoch, held).await;
             }
+            // Made by a relay loop for a UNIX-socket client, and kept in that kind's place
+            // only: never given to a loopback client.
+            Origin::Loop(spare) => {
+                spare.close();
+                tracing::error!("a UNIX-socket client's spare was given to a loopback client (a bug); the client is closed");
+            }
         }
     }
 

@@ -150,7 +150,53 @@ impl Upstream {
             endpoint.generation().store.loops_refused();
             return again(None);
         }
-        let e = match stage {
+        let e = self.loop_error(addr, alpn, stage, error);
+        // A timeout is always the endpoint's, as in `connect_any`.
+        if stage != Stage::Timeout && !endpoint_failure(&e) {
+            return LoopNext::Tell(e);
+        }
+        endpoint.failed(&e);
+        again(Some((i, e)))
+    }
+
+    /// A spare's attempt on a loop failed ([`super::relay_loop::SpareJob::failed`]): counted
+    /// as a connection's attempt is, but nobody's failure (no endpoint is marked down, no
+    /// other tried). Whether spares should rest a while: not after a failure of the loop's
+    /// own.
+    pub fn loop_spare_failed(
+        &self,
+        attempt: LoopAttempt,
+        alpn: Option<&[u8]>,
+        stage: Stage,
+        error: std::io::Error,
+    ) -> bool {
+        let addr = attempt.addr;
+        if stage == Stage::Local {
+            tracing::debug!(upstream = %addr, error = %error, "a relay loop could not make a spare");
+            return false;
+        }
+        if crate::key::tls::is_signature_refused(&error) {
+            tracing::debug!(upstream = %addr, "the API server did not resume a spare's session");
+            self.endpoints.list[attempt.endpoint]
+                .generation()
+                .store
+                .loops_refused();
+            return true;
+        }
+        let e = self.loop_error(addr, alpn, stage, error);
+        tracing::debug!(error = %e, "no spare upstream connection; none tried for a while");
+        true
+    }
+
+    /// What an attempt's failure at `stage` is, counted.
+    fn loop_error(
+        &self,
+        addr: String,
+        alpn: Option<&[u8]>,
+        stage: Stage,
+        error: std::io::Error,
+    ) -> UpstreamError {
+        match stage {
             Stage::Timeout => {
                 self.metrics.upstream_error(UpstreamStage::Timeout);
                 UpstreamError::Timeout {
@@ -166,12 +212,6 @@ impl Upstream {
                 }
             }
             Stage::Handshake | Stage::Local => self.handshake_error(addr, alpn, error),
-        };
-        // A timeout is always the endpoint's, as in `connect_any`.
-        if stage != Stage::Timeout && !endpoint_failure(&e) {
-            return LoopNext::Tell(e);
         }
-        endpoint.failed(&e);
-        again(Some((i, e)))
     }
 }

@@ -44,6 +44,7 @@ pub mod lifetime;
 pub mod limits;
 pub mod listener;
 mod loop_dial;
+mod loop_spare;
 pub mod metrics;
 pub mod notify;
 pub mod opened;

@@ -16,6 +16,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio_rustls::client::TlsStream;
 
 use super::readahead::ReadAhead;
+use super::relay_loop::LoopSpare;
 use super::unbuffered::{tls_error, Lean, Session};
 use crate::egress::Tunnel;
 
@@ -37,6 +38,9 @@ pub enum Origin {
     Lean(Box<Lean<UnbufferedClientConnection>>),
     /// Through an `https://` forward proxy: relayed on the connection's task.
     Buffered(Box<TlsStream<ReadAhead<Tunnel>>>),
+    /// A UNIX-socket client's spare made on a relay loop ([`super::relay_loop`]): a buffered
+    /// rustls session and its socket, in no runtime and no epoll, for the loop that takes it.
+    Loop(Box<LoopSpare>),
 }
 
 /// An established upstream connection.
@@ -61,6 +65,7 @@ impl Origin {
         match self {
             Origin::Lean(c) => c.session.common(),
             Origin::Buffered(s) => s.get_ref().1,
+            Origin::Loop(c) => &c.session,
         }
     }
 }
@@ -111,7 +116,7 @@ impl OriginConn {
                 resumed: self.resumed,
                 sent: self.sent,
             }),
-            Origin::Lean(_) => None,
+            Origin::Lean(_) | Origin::Loop(_) => None,
         }
     }
 }
@@ -266,6 +271,7 @@ mod tests {
         let mut io: Box<dyn super::super::bridge::ClientIo> = match origin {
             Origin::Lean(lean) => lean,
             Origin::Buffered(stream) => stream,
+            Origin::Loop(_) => panic!("the handshake here makes no loop spare"),
         };
         io.write_all(VERSION).await.unwrap();
         io.flush().await.unwrap();
@@ -295,7 +301,7 @@ mod tests {
             .unwrap();
         let mut io = match first {
             Origin::Buffered(s) => s,
-            Origin::Lean(_) => panic!("asked for a buffered session"),
+            Origin::Lean(_) | Origin::Loop(_) => panic!("asked for a buffered session"),
         };
         let mut answer = Vec::new();
         io.read_to_end(&mut answer).await.unwrap();

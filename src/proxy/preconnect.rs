@@ -33,7 +33,9 @@ impl Upstream {
     ) -> Result<UpstreamConn, UpstreamError> {
         let attempted = match looked {
             Looked::Nothing => {
-                let spare = self.spares().take(alpn, ClientKind::Unix, self.epoch());
+                let spare = self
+                    .spares()
+                    .take_on_task(alpn, ClientKind::Unix, self.epoch());
                 if let Some(conn) = spare.and_then(OriginConn::into_buffered) {
                     return Ok(conn);
                 }
@@ -80,17 +82,15 @@ pub fn preconnect(upstream: &Arc<Upstream>, alpn: Option<&[u8]>, kind: ClientKin
     tokio::spawn(async move { fill(&upstream, alpn, kind).await });
 }
 
-/// [`preconnect`] from a thread without a runtime (a relay loop): the spare is made on a
-/// connection thread, placed by `spawner`.
-pub fn preconnect_from_loop(
+/// A spare [`Spares::begin`](super::spare::Spares) marked as being made, made on a
+/// connection thread placed by `spawner` for a thread without a runtime (a relay loop that
+/// cannot make it itself: it would have to wait for a ticket, a name or a forward proxy).
+pub fn fill_from_loop(
     upstream: &Arc<Upstream>,
     alpn: Option<&[u8]>,
     kind: ClientKind,
     spawner: &Spawner,
 ) {
-    if !upstream.spares().begin(alpn, kind) {
-        return;
-    }
     let upstream = upstream.clone();
     let alpn = alpn.map(<[u8]>::to_vec);
     spawner.spawn(move || async move { fill(&upstream, alpn, kind).await });
@@ -125,6 +125,10 @@ async fn fill(upstream: &Upstream, alpn: Option<Vec<u8>>, kind: ClientKind) {
         match conn.origin {
             Origin::Lean(mut lean) => lean.shutdown().await,
             Origin::Buffered(mut stream) => stream.shutdown().await,
+            Origin::Loop(spare) => {
+                spare.close();
+                Ok(())
+            }
         }
     };
     let _ = tokio::time::timeout(CLOSE_TIMEOUT, close).await;

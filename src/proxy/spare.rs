@@ -127,6 +127,29 @@ impl Spares {
         kind: ClientKind,
         epoch: CertEpoch,
     ) -> Option<OriginConn> {
+        self.take_where(alpn, kind, epoch, |_| true)
+    }
+
+    /// [`Spares::take`] for a connection's task: a spare made on a relay loop, which a loop
+    /// relays as it is and a task cannot, is left for the next client a loop opens.
+    pub fn take_on_task(
+        &self,
+        alpn: Option<&[u8]>,
+        kind: ClientKind,
+        epoch: CertEpoch,
+    ) -> Option<OriginConn> {
+        self.take_where(alpn, kind, epoch, |origin| {
+            !matches!(origin, Origin::Loop(_))
+        })
+    }
+
+    fn take_where(
+        &self,
+        alpn: Option<&[u8]>,
+        kind: ClientKind,
+        epoch: CertEpoch,
+        usable: impl Fn(&Origin) -> bool,
+    ) -> Option<OriginConn> {
         if !self.enabled() {
             return None;
         }
@@ -138,6 +161,9 @@ impl Spares {
             .is_some_and(|t| now.duration_since(t) < MAX_AGE);
         place.last_client = Some(now);
         place.wanted = recent;
+        if !place.spare.as_ref().is_some_and(|s| usable(&s.conn.origin)) {
+            return None;
+        }
         let found = place.spare.take()?;
         self.taken.notify_waiters();
         if !open(&found.conn) {
@@ -303,6 +329,7 @@ fn open(conn: &OriginConn) -> bool {
             Tunnel::Tcp(tcp) => tcp.as_fd(),
             Tunnel::Tls(_) => return false,
         },
+        Origin::Loop(spare) => spare.tcp.as_fd(),
     };
     let mut fds = [PollFd::new(&fd, PollFlags::IN | PollFlags::RDHUP)];
     let now = Timespec {

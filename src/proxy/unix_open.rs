@@ -25,9 +25,9 @@ use super::first_bytes::H2_PREFACE;
 use super::listener::{accept_loop, admit_unix_peer, serve_admitted_unix, Clients};
 use super::loop_dial::{LoopAttempt, LoopNext};
 use super::metrics::{ListenerKind, OpenedOn, Refusal};
-use super::origin::{ClientKind, OriginConn};
+use super::origin::{ClientKind, Origin};
 use super::preconnect::Looked;
-use super::relay_loop::{upstream_parts, OnEnd, OpenJob, Opener, Route, Stage, Watch};
+use super::relay_loop::{upstream_parts, OnEnd, OpenJob, Opener, Route, SpareMaker, Stage, Watch};
 use super::rotation::CertEpoch;
 use super::unix_client::ClientUnixStream;
 
@@ -97,6 +97,7 @@ impl Opener for UnixOpener {
             epoch: shared.bridge.upstream.epoch(),
             attempt: None,
             next: LoopNext::Task(Attempted::default()),
+            ahead: false,
         };
         Some((client, Box::new(job)))
     }
@@ -114,6 +115,8 @@ struct Job {
     attempt: Option<LoopAttempt>,
     /// What its task does if it goes to one.
     next: LoopNext,
+    /// Its upstream connection is established: the next client's may be made ahead.
+    ahead: bool,
 }
 
 impl OpenJob for Job {
@@ -129,17 +132,25 @@ impl OpenJob for Job {
         self.epoch = upstream.epoch();
         let alpn = Some(self.alpn);
         let spare = upstream.spares().take(alpn, ClientKind::Unix, self.epoch);
-        if let Some(conn) = spare.and_then(OriginConn::into_buffered) {
-            return match upstream_parts(conn.stream) {
-                Ok((tcp, session, records)) => {
-                    self.made_ahead();
-                    Route::Established(tcp, Box::new(session), records)
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "a spare connection could not move to a relay loop; connecting on the task");
-                    Route::Task
-                }
+        if let Some(conn) = spare {
+            let route = match conn.origin {
+                // Made on a loop: taken as it is.
+                Origin::Loop(spare) => Route::Established(spare.tcp, spare.session, spare.records),
+                // Made on a connection thread: taken back from its runtime.
+                Origin::Buffered(stream) => match upstream_parts(stream) {
+                    Ok((tcp, session, records)) => {
+                        Route::Established(tcp, Box::new(session), records)
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "a spare connection could not move to a relay loop; connecting on the task");
+                        return Route::Task;
+                    }
+                },
+                // A loopback client's kind, never kept in this place.
+                Origin::Lean(_) => return Route::Task,
             };
+            self.ahead = true;
+            return route;
         }
         let dial = match upstream.dial_in_loop(alpn) {
             Ok(dial) => dial,
@@ -164,7 +175,7 @@ impl OpenJob for Job {
         let upstream = &self.clients.bridge.upstream;
         match upstream.loop_established(&attempt, Some(self.alpn), session) {
             Ok(()) => {
-                self.made_ahead();
+                self.ahead = true;
                 true
             }
             Err(e) => {
@@ -179,6 +190,19 @@ impl OpenJob for Job {
             let upstream = &self.clients.bridge.upstream;
             self.next = upstream.loop_failed(attempt, Some(self.alpn), stage, error);
         }
+    }
+
+    fn spare(&mut self) -> Option<SpareMaker> {
+        // After an authenticated client's upstream connection: the next client's, made ahead
+        // on this loop while clients come in a burst ([`super::spare`]).
+        if !std::mem::take(&mut self.ahead) {
+            return None;
+        }
+        let (upstream, alpn) = (self.clients.bridge.upstream.clone(), self.alpn);
+        let spawner = self.clients.connections.clone();
+        Some(Box::new(move || {
+            super::loop_spare::spare_for_loop(&upstream, alpn, &spawner)
+        }))
     }
 
     fn relay(self: Box<Self>, replayed: u64) -> (Watch, OnEnd) {
@@ -221,18 +245,5 @@ impl OpenJob for Job {
         } else {
             tracing::debug!(error = %error, "UNIX-socket client went away before sending a request");
         }
-    }
-}
-
-impl Job {
-    /// After an authenticated client's upstream connection: the next client's, made ahead on
-    /// a connection thread while clients come in a burst ([`super::preconnect`]).
-    fn made_ahead(&self) {
-        super::preconnect::preconnect_from_loop(
-            &self.clients.bridge.upstream,
-            Some(self.alpn),
-            ClientKind::Unix,
-            &self.clients.connections,
-        );
     }
 }

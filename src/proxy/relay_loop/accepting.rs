@@ -215,8 +215,25 @@ impl Loop {
         }
     }
 
-    /// The opening connection at `slot` is established: relayed from now on.
+    /// The opening connection at `slot` is established: relayed from now on; then the spare
+    /// its job wants for the next client is begun on this loop, after the client's first turn.
     fn opened(&mut self, slot: usize, now: u64) {
+        let Some(Some(Relayed::Opening(opening))) = self.conns.get_mut(slot) else {
+            return;
+        };
+        let spare = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| opening.spare()));
+        self.relay_opened(slot, now);
+        let Ok(Some(make)) = spare else {
+            return;
+        };
+        if let Ok(Some(dial)) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(make)) {
+            self.fill(dial, now);
+        }
+    }
+
+    /// [`Loop::opened`]'s relay: the connection moves to a lighter loop, or takes its first
+    /// turn here.
+    fn relay_opened(&mut self, slot: usize, now: u64) {
         let Some(held) = self.conns.get_mut(slot) else {
             return;
         };
@@ -295,7 +312,7 @@ impl Loop {
     }
 
     /// Takes the connection out of `slot` without ending it (it goes elsewhere).
-    fn release(&mut self, slot: usize) -> Option<Relayed> {
+    pub(super) fn release(&mut self, slot: usize) -> Option<Relayed> {
         let conn = self.conns.get_mut(slot).and_then(Option::take)?;
         self.free.push(slot);
         self.inbox

@@ -41,6 +41,8 @@
 
 mod accepting;
 mod conn;
+mod dialed;
+mod filling;
 mod listening;
 mod loopback;
 #[cfg(test)]
@@ -48,6 +50,7 @@ mod loopback_tests;
 mod opening;
 mod pair;
 mod relayed;
+mod spare_turns;
 #[cfg(test)]
 mod tests;
 mod watch;
@@ -65,10 +68,12 @@ use rustix::event::epoll::{self, EventData, EventFlags};
 use super::cutoff::{say_retired, Cutoff};
 use super::idle;
 use conn::{Conn, Scratch, Step};
+pub use dialed::Stage;
+pub use filling::{Expiry, LoopSpare, SpareDial, SpareJob, SpareMaker};
 use listening::Listening;
 use loopback::TlsConn;
 pub use loopback::TlsPair;
-pub use opening::{OpenJob, Opener, Route, Stage};
+pub use opening::{OpenJob, Opener, Route};
 pub use pair::{upstream_parts, OnEnd, Outcome, Pair, UpstreamStream};
 use relayed::Relayed;
 use watch::Deadlines;
@@ -330,6 +335,8 @@ struct Loop {
     listening: Vec<Option<Box<Listening>>>,
     /// Every loop's inbox (this one's too), while it accepts.
     loops: Vec<Arc<Inbox>>,
+    /// When to close each spare this loop made, if nobody took it by then ([`filling`]).
+    expiries: Vec<(u64, Expiry)>,
 }
 
 impl Loop {
@@ -345,6 +352,7 @@ impl Loop {
             newest: 0,
             listening: Vec::new(),
             loops: Vec::new(),
+            expiries: Vec::new(),
         }
     }
 
@@ -401,6 +409,7 @@ impl Loop {
         for slot in 0..self.conns.len() {
             self.end(slot, Err(interrupted("the proxy is stopping")));
         }
+        self.run_expiries(idle::now_ms(), true);
     }
 
     /// How long `epoll_wait` may sleep: not at all while connections have bytes left to move,
@@ -416,8 +425,10 @@ impl Loop {
         let Some(Some(conn)) = self.conns.get_mut(slot) else {
             return;
         };
-        if let Relayed::Opening(_) = conn {
-            return self.open_turn(slot, now);
+        match conn {
+            Relayed::Opening(_) => return self.open_turn(slot, now),
+            Relayed::Filling(_) => return self.fill_turn(slot, now),
+            Relayed::Unix(_) | Relayed::Tls(_) => {}
         }
         let moved = conn.moved();
         // A bug that panics on one connection's bytes (rustls's, or the loop's own) ends that
@@ -483,6 +494,9 @@ impl Loop {
             }
         }
         self.cut_off(due);
+        if let Some(at) = self.run_expiries(now, false) {
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
         self.next_check = next.map(|at| at.max(now.saturating_add(watch::MIN_SCAN_MS)));
     }
 
@@ -539,6 +553,10 @@ impl Loop {
     /// Removes the connection at `slot` (closing both sockets) and runs what it left for its
     /// end.
     fn end(&mut self, slot: usize, result: io::Result<()>) {
+        if let Some(Some(Relayed::Filling(filling))) = self.conns.get(slot) {
+            let filled = filling.cut(result);
+            return self.end_filling(slot, filled, idle::now_ms());
+        }
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::take) else {
             return;
         };

@@ -29,10 +29,11 @@ use rustix::event::epoll::{self, EventData, EventFlags};
 use rustls::ClientConnection;
 
 use super::conn::{client_interest, Conn, Side};
+use super::dialed::{Dialed, Stage, UPSTREAM_INTEREST};
+use super::filling::SpareMaker;
 use super::pair::{OnEnd, Pair};
 use super::watch::{Deadlines, Watch};
 use crate::proxy::first_bytes::{self, FIRST_READ};
-use crate::proxy::unbuffered::tls_error;
 
 /// What the proxy gives the loops to decide on the UNIX-socket clients they accept.
 pub trait Opener: Send + Sync {
@@ -52,6 +53,11 @@ pub trait OpenJob: Send {
     fn established(&mut self, session: &ClientConnection) -> bool;
     /// The attempt of a [`Route::Dial`] failed at `stage` before any byte went upstream.
     fn attempt_failed(&mut self, stage: Stage, error: io::Error);
+    /// The connection is established: what makes the spare for the next client on this loop,
+    /// if one is wanted ([`super::filling`]). Asked before [`OpenJob::relay`]; run after the
+    /// connection's first turn (its request goes upstream first), and it may then decline (a
+    /// spare that would need a wait is made elsewhere).
+    fn spare(&mut self) -> Option<SpareMaker>;
     /// The connection is established: its watch, and what the loop runs at its end. `replayed`
     /// bytes (its first bytes) went upstream before the relay.
     fn relay(self: Box<Self>, replayed: u64) -> (Watch, OnEnd);
@@ -83,19 +89,6 @@ pub enum Route {
     Task,
 }
 
-/// Where an attempt failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// The TCP connect.
-    Connect,
-    /// The TLS handshake.
-    Handshake,
-    /// Its deadline passed.
-    Timeout,
-    /// The loop could not make it (its socket could not be registered): nothing was tried.
-    Local,
-}
-
 /// Where a turn left an opening connection.
 pub(super) enum Opened {
     /// It waits for an event.
@@ -117,20 +110,6 @@ pub(super) struct Opening {
     dial: Option<Dialed>,
     pub(super) deadlines: Deadlines,
     pub(super) last: u64,
-}
-
-/// An upstream connection: a [`Route::Dial`] under way, or a [`Route::Established`] one.
-struct Dialed {
-    up: Side<TcpStream>,
-    session: Box<ClientConnection>,
-    /// Records read from it that the session has not taken (a spare's).
-    records: Vec<u8>,
-    /// How many of the first bytes the session took before its handshake.
-    sent: usize,
-    /// A write has gone through: a failure now is the handshake's, not the connect's.
-    connected: bool,
-    /// Its socket is registered with the loop.
-    registered: bool,
 }
 
 /// A deadline of `within` from `now`, as the loop keeps deadlines.
@@ -260,19 +239,8 @@ impl Opening {
             false => 0,
         };
         let token = EventData::new_u64(2 * slot as u64 + 1);
-        let interest = EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET;
-        epoll::add(ep, &tcp, token, interest)?;
-        let mut up = Side::new(tcp);
-        // On loopback the connect is usually done already: the ClientHello is tried at once.
-        up.writable = true;
-        self.dial = Some(Dialed {
-            up,
-            session,
-            records: Vec::new(),
-            sent,
-            connected: false,
-            registered: true,
-        });
+        epoll::add(ep, &tcp, token, UPSTREAM_INTEREST)?;
+        self.dial = Some(Dialed::started(tcp, session, sent));
         Ok(())
     }
 
@@ -281,32 +249,7 @@ impl Opening {
         let Some(d) = self.dial.as_mut() else {
             return Ok(Opened::ToTask);
         };
-        let step = loop {
-            let mut moved = false;
-            if d.session.wants_write() && d.up.writable {
-                match d.session.write_tls(&mut d.up.io) {
-                    Ok(_) => (d.connected, moved) = (true, true),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => d.up.writable = false,
-                    Err(e) => break Err((d.stage(), e)),
-                }
-            }
-            if d.up.can_read() {
-                match d.read(records) {
-                    Ok(m) => moved |= m,
-                    Err(e) => break Err((Stage::Handshake, e)),
-                }
-            }
-            // Done once its last flight (the `Finished`, and the first bytes with it) is
-            // written, or waits for room: whatever the proxy then decides, the API server has
-            // a whole handshake.
-            let flight_left = d.session.wants_write() && d.up.writable;
-            if !d.session.is_handshaking() && !flight_left {
-                break Ok(true);
-            }
-            if !moved {
-                break Ok(false);
-            }
-        };
+        let step = d.step(records);
         match step {
             Ok(false) => Ok(Opened::Waiting),
             Ok(true) if self.job.established(&d.session) => Ok(Opened::Ready),
@@ -346,8 +289,7 @@ impl Opening {
         }
         if !d.registered {
             let token = EventData::new_u64(2 * slot as u64 + 1);
-            let interest = EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET;
-            registering = registering.and(epoll::add(ep, &d.up.io, token, interest));
+            registering = registering.and(epoll::add(ep, &d.up.io, token, UPSTREAM_INTEREST));
         }
         let (watch, on_end) = job.relay(prefix.len() as u64);
         let (up, sent) = (d.up, d.sent);
@@ -370,6 +312,11 @@ impl Opening {
         };
         prefix.fill(0);
         Ok((conn, registering.map_err(io::Error::from).and(given)))
+    }
+
+    /// The spare its job wants made for the next client ([`OpenJob::spare`]).
+    pub(super) fn spare(&mut self) -> Option<SpareMaker> {
+        self.job.spare()
     }
 
     /// Hands the client to a connection thread (out of this loop's epoll first), with what it
@@ -396,47 +343,5 @@ impl Opening {
         }
         self.prefix.fill(0);
         self.job.abandoned(timed_out, &error);
-    }
-}
-
-impl Dialed {
-    /// Where a failed write failed: before a write went through, the connect's failure.
-    fn stage(&self) -> Stage {
-        match self.connected {
-            true => Stage::Handshake,
-            false => Stage::Connect,
-        }
-    }
-
-    /// One read of the upstream, given to the session whole; true if something moved.
-    fn read(&mut self, records: &mut [u8]) -> io::Result<bool> {
-        let n = match self.up.io.read(records) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the API server closed the connection during the TLS handshake",
-                ))
-            }
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.up.readable = false;
-                return Ok(false);
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(true),
-            Err(e) => return Err(e),
-        };
-        if n < records.len() {
-            self.up.readable = false;
-        }
-        let mut bytes = &records[..n];
-        while !bytes.is_empty() {
-            if self.session.read_tls(&mut bytes)? == 0 {
-                return Err(io::Error::other("the TLS session took no bytes"));
-            }
-            let session = &mut self.session;
-            crate::key::tls::without_signatures(|| session.process_new_packets())
-                .map_err(tls_error)?;
-        }
-        Ok(true)
     }
 }

@@ -8,6 +8,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::event::epoll::{self, EventData, EventFlags};
 
 use super::conn::{client_interest, Conn, Scratch, Step};
+use super::filling::Filling;
 use super::loopback::TlsConn;
 use super::opening::Opening;
 use super::watch::Deadlines;
@@ -21,6 +22,9 @@ pub(super) enum Relayed {
     /// A UNIX-socket client's the loop accepted, until its upstream connection is
     /// established ([`super::opening`]; the loop turns it with [`super::Loop::open_turn`]).
     Opening(Box<Opening>),
+    /// A spare upstream connection being made for the next UNIX-socket client
+    /// ([`super::filling`]; the loop turns it with [`super::Loop::fill_turn`]).
+    Filling(Box<Filling>),
 }
 
 impl Relayed {
@@ -30,6 +34,8 @@ impl Relayed {
             Relayed::Tls(c) if upstream => c.upstream.mark(flags),
             Relayed::Tls(c) => c.client.mark(flags),
             Relayed::Opening(o) => o.mark(upstream, flags),
+            Relayed::Filling(f) if upstream => f.mark(flags),
+            Relayed::Filling(_) => {}
         }
     }
 
@@ -42,8 +48,8 @@ impl Relayed {
         match self {
             Relayed::Unix(c) => c.drive(ep, slot, scratch),
             Relayed::Tls(c) => c.drive(ep, slot, scratch),
-            // Turned by the loop's `open_turn`, never here.
-            Relayed::Opening(_) => Ok(Step::Waiting),
+            // Turned by the loop's `open_turn` and `fill_turn`, never here.
+            Relayed::Opening(_) | Relayed::Filling(_) => Ok(Step::Waiting),
         }
     }
 
@@ -52,7 +58,7 @@ impl Relayed {
         match self {
             Relayed::Unix(c) => (c.up, c.down),
             Relayed::Tls(c) => (c.up, c.down),
-            Relayed::Opening(_) => (0, 0),
+            Relayed::Opening(_) | Relayed::Filling(_) => (0, 0),
         }
     }
 
@@ -61,6 +67,7 @@ impl Relayed {
             Relayed::Unix(c) => c.last,
             Relayed::Tls(c) => c.last,
             Relayed::Opening(o) => o.last,
+            Relayed::Filling(f) => f.last,
         }
     }
 
@@ -69,6 +76,7 @@ impl Relayed {
             Relayed::Unix(c) => &mut c.last,
             Relayed::Tls(c) => &mut c.last,
             Relayed::Opening(o) => &mut o.last,
+            Relayed::Filling(f) => &mut f.last,
         }
     }
 
@@ -77,6 +85,7 @@ impl Relayed {
             Relayed::Unix(c) => &c.deadlines,
             Relayed::Tls(c) => &c.deadlines,
             Relayed::Opening(o) => &o.deadlines,
+            Relayed::Filling(f) => &f.deadlines,
         }
     }
 
@@ -100,7 +109,7 @@ impl Relayed {
                 (c.client.io.as_fd(), c.upstream.io.as_fd())
             }
             // Registers its sockets itself, as they come.
-            Relayed::Opening(_) => return Ok(()),
+            Relayed::Opening(_) | Relayed::Filling(_) => return Ok(()),
         };
         epoll::add(
             ep,
@@ -112,7 +121,7 @@ impl Relayed {
             ep,
             upstream,
             EventData::new_u64(token + 1),
-            EventFlags::IN | EventFlags::OUT | EventFlags::RDHUP | EventFlags::ET,
+            super::dialed::UPSTREAM_INTEREST,
         )?;
         Ok(())
     }
@@ -128,6 +137,11 @@ impl Relayed {
             Relayed::Opening(o) => {
                 let finish = std::panic::AssertUnwindSafe(|| o.finish(ep, result));
                 let _ = std::panic::catch_unwind(finish);
+            }
+            // The loop ends a spare with `Loop::end_filling`, which keeps its expiry.
+            Relayed::Filling(f) => {
+                let filled = f.cut(result);
+                let _ = f.end(ep, filled);
             }
         }
     }

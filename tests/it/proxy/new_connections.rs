@@ -154,6 +154,55 @@ fn a_new_unix_connection_makes_no_system_call_it_can_do_without() {
     );
 }
 
+/// Issue 55: with connections made ahead (the default), a UNIX-socket client that connects for
+/// each request is still served by the relay loops alone: the spare each client takes was
+/// made on a loop (its connect, its resumed handshake and the ticket its API server sends
+/// back), kept in no runtime, and taken by the next client's loop as it is. On 950a097 each
+/// spare was made on a connection thread (woken for it, its socket registered with that
+/// thread's runtime and taken out again for the loop): about 20 calls per connection there.
+#[test]
+fn a_new_unix_connection_that_takes_a_spare_makes_no_call_off_the_relay_loops() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let used = || proxy.metric("hwkey_upstream_spares_total{event=\"used\"}");
+    let before = used();
+    let (by_thread, counts) = per_connection(&proxy, 40, || {
+        ask(&proxy, RawHttp::connect(&proxy.socket));
+    });
+    let all = format!("per connection (calls, failed): {counts:?}; by thread: {by_thread:?}");
+    let taken = used() - before;
+    assert!(
+        taken >= 30.0,
+        "{taken} of 42 clients took a spare: the clients did not come in a burst, or no \
+         spare was made; {all}\n{}",
+        proxy.log()
+    );
+    let elsewhere: f64 = by_thread
+        .iter()
+        .filter(|((thread, _), _)| thread != RELAY_THREAD)
+        .map(|(_, (calls, _))| calls)
+        .sum();
+    assert!(
+        elsewhere <= 0.25,
+        "{elsewhere} calls per connection by threads other than the relay loops: the spares \
+         are not made on the loops; {all}"
+    );
+    assert!(
+        calls(&counts, "connect") <= 1.0,
+        "{} upstream connects per connection, 1 expected (the next client's spare): 2 when a \
+         client made its own beside the spare it found; {all}",
+        calls(&counts, "connect")
+    );
+    // Each spare's socket: registered once while its loop makes it, out again to be kept,
+    // in again on the loop that takes it; the client's once.
+    assert!(
+        calls(&counts, "epoll_ctl") <= 4.5,
+        "epoll_ctl {} per connection, 4 expected; {all}",
+        calls(&counts, "epoll_ctl")
+    );
+}
+
 /// Issue 55: a new loopback TLS connection (kubectl's) costs the proxy (per connection, on
 /// 261f1eb → now):
 /// - `epoll_ctl` 8 → 6: the accept loop's runtime registered each accepted socket and took it

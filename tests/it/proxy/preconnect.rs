@@ -372,6 +372,55 @@ fn a_unix_clients_connection_made_ahead_that_the_api_server_closed_is_not_used()
     assert_eq!(proxy.metric(USED), 0.0);
 }
 
+/// A UNIX client's spare, made on a relay loop and kept in no runtime, that nobody comes for is
+/// closed after 3 s by the loop that made it, and counted: the proxy then holds no connection
+/// to the API server. A client that comes later finds none and is served on a connection of
+/// its own.
+#[test]
+fn a_unix_clients_connection_made_ahead_and_not_used_is_closed() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    for _ in 0..2 {
+        assert_eq!(ask_unix(&proxy).0, 200, "{}", proxy.log());
+    }
+    assert_eq!(made_ahead(&proxy, &upstream, 1), 3);
+    assert_eq!(connected_to(upstream.port()), 1, "the spare, held");
+    proxy.wait_for_metric(EXPIRED, 1.0);
+    // Closed as it was counted (the loop closes it right after), the kernel's state a moment
+    // later.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while connected_to(upstream.port()) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        connected_to(upstream.port()),
+        0,
+        "the spare is still open after it was counted expired\n{}",
+        proxy.log()
+    );
+    assert_eq!(ask_unix(&proxy).0, 200, "{}", proxy.log());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(upstream.stats().tcp_connections, 4, "{}", proxy.log());
+    assert_eq!(proxy.metric(USED), 0.0);
+    assert_eq!(proxy.metric(MADE), 1.0);
+}
+
+/// Established TCP connections on this machine to `port` on 127.0.0.1 (the proxy's side of
+/// its connections to a test's API server: the server's side has `port` as its own).
+fn connected_to(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("the kernel's TCP table");
+    let remote = format!("0100007F:{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.get(2) == Some(&remote.as_str()) && fields.get(3) == Some(&"01")
+        })
+        .count()
+}
+
 /// Against an API server that resumes nothing, a UNIX client's spare is refused too: its
 /// buffered handshake fails without a signature, and no more are tried. So is a relay loop's
 /// own resumption (a connection the loop opens, `proxy::relay_loop`'s `opening`): the client is
