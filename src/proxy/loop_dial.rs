@@ -17,7 +17,7 @@ use super::endpoints::Attempted;
 use super::error::UpstreamError;
 use super::metrics::UpstreamStage;
 use super::relay_loop::Stage;
-use super::sessions::taking_ticket;
+use super::sessions::{taking_ticket, SpareClaim};
 use super::upstream::Upstream;
 
 /// A relay loop's attempt: a TCP connect under way and a session to resume, to one endpoint.
@@ -32,6 +32,9 @@ pub struct LoopDial {
     pub within: Duration,
     /// What the attempt's end is told with.
     pub attempt: LoopAttempt,
+    /// A spare's claim on its ticket: while it is held, a client that finds no ticket waits
+    /// for the one this handshake brings back.
+    pub claim: Option<SpareClaim>,
 }
 
 /// Which endpoint an attempt went to, in which turn of the round robin, and when it started.
@@ -56,7 +59,13 @@ impl Upstream {
     /// endpoint whose turn it is, named by its address and reached straight, with a ticket
     /// claimed and in the session's ClientHello. Otherwise the turn taken (None: none), for
     /// the connection's task.
-    pub fn dial_in_loop(&self, alpn: Option<&[u8]>) -> Result<LoopDial, Option<usize>> {
+    ///
+    /// A spare's attempt (`for_spare`) holds its claim as a spare coming ([`LoopDial::claim`]).
+    pub fn dial_in_loop(
+        &self,
+        alpn: Option<&[u8]>,
+        for_spare: bool,
+    ) -> Result<LoopDial, Option<usize>> {
         let turn = self.endpoints.turn();
         let i = *self.endpoints.order_at(turn).first().ok_or(Some(turn))?;
         let endpoint = &self.endpoints.list[i];
@@ -67,12 +76,18 @@ impl Upstream {
         let generation = endpoint.generation();
         // Claimed first: a store with no ticket (a new generation, after a certificate or CA
         // reload) leaves building its first config to the task.
-        if !generation.store.try_claim() {
+        let mut claim = None;
+        if for_spare {
+            claim = Some(generation.store.try_claim_for_spare().ok_or(Some(turn))?);
+        } else if !generation.store.try_claim() {
             return Err(Some(turn));
         }
         let addr = target.authority();
         let config = self.config_for(&generation, alpn, &addr).map_err(|_| {
-            generation.store.give_back();
+            // A spare's claim gives its ticket back as it is dropped.
+            if claim.is_none() {
+                generation.store.give_back();
+            }
             Some(turn)
         })?;
         // rustls takes the ticket out of the store into its ClientHello here. None there
@@ -80,6 +95,9 @@ impl Upstream {
         // it): the claim took one off the count, which comes right one such look at a time.
         let (session, took) =
             taking_ticket(|| ClientConnection::new(config, endpoint.server_name.clone()));
+        if let Some(claim) = claim.as_mut() {
+            claim.start();
+        }
         let session = session.ok().filter(|_| took).ok_or(Some(turn))?;
         // A connect that fails at once costs the ticket the session took: its task connects
         // again, and reports what fails there.
@@ -93,6 +111,7 @@ impl Upstream {
             session: Box::new(session),
             early: alpn != Some(b"h2".as_slice()) || endpoint.agreed_h2(),
             within: self.attempt_timeout,
+            claim,
             attempt: LoopAttempt {
                 turn,
                 endpoint: i,

@@ -15,6 +15,7 @@ use super::metrics::SpareOutcome;
 use super::origin::{ClientKind, Origin, OriginConn};
 use super::relay_loop::{Expiry, LoopSpare, SpareDial, SpareJob, Stage};
 use super::rotation::CertEpoch;
+use super::sessions::SpareClaim;
 use super::spare::MAX_AGE;
 use super::threads::Spawner;
 use super::upstream::Upstream;
@@ -33,7 +34,7 @@ pub fn spare_for_loop(
         return None;
     }
     let made_with = (upstream.epoch(), spares.era());
-    let Ok(dial) = upstream.dial_in_loop(Some(alpn)) else {
+    let Ok(dial) = upstream.dial_in_loop(Some(alpn), true) else {
         super::preconnect::fill_from_loop(upstream, Some(alpn), ClientKind::Unix, spawner);
         return None;
     };
@@ -42,6 +43,8 @@ pub fn spare_for_loop(
         alpn: alpn.to_vec(),
         attempt: Some(dial.attempt),
         made_with,
+        _claim: dial.claim,
+        told: false,
     };
     Some(SpareDial {
         tcp: dial.tcp,
@@ -59,11 +62,25 @@ struct LoopFill {
     attempt: Option<LoopAttempt>,
     /// The certificate and the spares' era it was begun with.
     made_with: (CertEpoch, u64),
+    /// Its ticket's claim, held until it is kept or has failed (dropped with this job): a
+    /// client that finds no ticket meanwhile waits for the one this spare brings back.
+    _claim: Option<SpareClaim>,
+    /// The spares were told how it ended (kept or failed); if not when it is dropped (a bug
+    /// in the loop, the loop's end), they are told it failed, so spares go on being made.
+    told: bool,
 }
 
 impl LoopFill {
     fn place(&self) -> (Option<&[u8]>, ClientKind) {
         (Some(&self.alpn), ClientKind::Unix)
+    }
+}
+
+impl Drop for LoopFill {
+    fn drop(&mut self) {
+        if !self.told {
+            self.upstream.spares().failed(self.place(), (false, false));
+        }
     }
 }
 
@@ -78,6 +95,7 @@ impl SpareJob for LoopFill {
             Err(e) => {
                 tracing::debug!(error = %e, "no spare upstream connection; none tried for a while");
                 upstream.spares().failed(self.place(), (true, false));
+                self.told = true;
                 false
             }
         }
@@ -93,20 +111,26 @@ impl SpareJob for LoopFill {
             None => true,
         };
         self.upstream.spares().failed(self.place(), (quiet, false));
+        self.told = true;
     }
 
-    fn keep(self: Box<Self>, spare: LoopSpare) -> Option<(Duration, Expiry)> {
+    fn keep(mut self: Box<Self>, spare: LoopSpare) -> Option<(Duration, Expiry)> {
         let conn = OriginConn {
             alpn: spare.session.alpn_protocol().map(<[u8]>::to_vec),
             resumed: spare.session.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
             origin: Origin::Loop(Box::new(spare)),
             sent: 0,
         };
-        let spares = self.upstream.spares();
-        let serial = spares.put(self.place(), conn, self.made_with)?;
+        self.told = true;
+        let serial = self
+            .upstream
+            .spares()
+            .put(self.place(), conn, self.made_with)?;
+        // Its claim is dropped with this job, here: the expiry holds only what closes it.
+        let (upstream, alpn) = (self.upstream.clone(), std::mem::take(&mut self.alpn));
         let expiry: Expiry = Box::new(move || {
-            let spares = self.upstream.spares();
-            let Some(conn) = spares.expire(self.place(), serial) else {
+            let spares = upstream.spares();
+            let Some(conn) = spares.expire((Some(&alpn), ClientKind::Unix), serial) else {
                 return;
             };
             spares.metrics.spare(SpareOutcome::Expired);

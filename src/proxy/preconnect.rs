@@ -1,7 +1,8 @@
 //! Makes the spare upstream connections [`super::spare`] keeps: after an authenticated local
 //! client's connection, one for the next client of its kind while clients come in a burst, on
-//! the connection thread's runtime, off that client's path; and a client's connect, which takes
-//! the spare made for it first.
+//! the connection thread's runtime, off that client's path (a relay loop makes a UNIX-socket
+//! client's itself when it needs no wait: [`super::loop_spare`]); and a client's connect, which
+//! takes the spare made for it first.
 
 use std::sync::Arc;
 use std::time::Duration;

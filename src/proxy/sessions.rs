@@ -213,6 +213,22 @@ impl SessionStore {
         !resting && !self.bypass.load(Ordering::SeqCst) && self.claim()
     }
 
+    /// [`SessionStore::try_claim`] for a spare a relay loop makes ([`super::loop_spare`]):
+    /// counted as a spare coming, as [`SessionStore::claim_for_spare`]'s is, until the claim is
+    /// dropped, so a client that finds no ticket meanwhile waits for the one the spare's
+    /// handshake brings back rather than lead a full handshake. None when the store holds no
+    /// ticket now.
+    pub fn try_claim_for_spare(self: &Arc<Self>) -> Option<SpareClaim> {
+        if !self.try_claim() {
+            return None;
+        }
+        self.spares.fetch_add(1, Ordering::SeqCst);
+        Some(SpareClaim {
+            store: self.clone(),
+            started: false,
+        })
+    }
+
     /// A relay loop's resumption was refused (the API server wanted a full handshake, which
     /// the loop leaves to a connection thread): for [`LOOPS_REST`], no loop tries one with
     /// this store, so a server that stopped resuming costs each connection one attempt
@@ -380,6 +396,46 @@ mod tests {
             store.claim_for_spare(brief).await.is_none(),
             "no tickets counted: no spare"
         );
+    }
+
+    /// A spare a relay loop makes claims its ticket without waiting, and counts as a spare
+    /// coming as a connection thread's does: a client that finds no ticket while its handshake
+    /// is under way waits for the ticket it brings back rather than lead a full handshake. Its
+    /// claim given up before its handshake gives the ticket back; none is claimed while the
+    /// store holds no ticket, or while loops rest.
+    #[tokio::test]
+    async fn a_client_waits_for_the_ticket_a_loops_spare_brings_back() {
+        let store = Arc::new(SessionStore::new(4));
+        assert!(store.try_claim_for_spare().is_none(), "no ticket, no spare");
+        ticket_arrives(&store);
+        let mut spare = store.try_claim_for_spare().expect("a ticket for the spare");
+        let _ = spare.start();
+        assert_eq!(store.available(), 0);
+        let client = async { store.warm_up().await };
+        let spare_done = async {
+            tokio::task::yield_now().await;
+            ticket_arrives(&store);
+            drop(spare);
+        };
+        let (client, ()) = tokio::join!(client, spare_done);
+        assert!(matches!(client, Warmup::Go), "the client resumes");
+        assert!(
+            !store.leader.load(Ordering::SeqCst),
+            "a client led a full handshake while a loop's spare was bringing a ticket"
+        );
+        ticket_arrives(&store);
+        drop(
+            store
+                .try_claim_for_spare()
+                .expect("a ticket for the next spare"),
+        );
+        assert_eq!(
+            store.available(),
+            1,
+            "a claim given up gives its ticket back"
+        );
+        store.loops_refused();
+        assert!(store.try_claim_for_spare().is_none(), "loops rest");
     }
 
     /// A spare waits for the ticket the client connection just made brings back.

@@ -34,7 +34,10 @@
 //! - Not through an `https://` forward proxy (the outer TLS session's handshake is not one the
 //!   spare's refusal covers): the first attempt fails, and spares rest a minute.
 //! - A UNIX-socket client's spare is a buffered session (the relay loop's UNIX connections
-//!   take one), whose handshake runs with signatures refused at each step the same way.
+//!   take one), whose handshake runs with signatures refused at each step the same way. The
+//!   relay loops make it themselves when they can ([`super::loop_spare`]): kept then in no
+//!   runtime ([`Origin::Loop`]), for a loop to take; a connection's task leaves it
+//!   ([`Spares::take_on_task`]).
 //!
 //! Left: a spare the API server closes after the check and before the client's request (a
 //! window of microseconds, or an HTTP/2 GOAWAY, which only HTTP/2 framing shows) ends that

@@ -152,7 +152,7 @@ impl OpenJob for Job {
             self.ahead = true;
             return route;
         }
-        let dial = match upstream.dial_in_loop(alpn) {
+        let dial = match upstream.dial_in_loop(alpn, false) {
             Ok(dial) => dial,
             Err(turn) => {
                 self.next = LoopNext::Task(Attempted { turn, failed: None });

@@ -100,6 +100,13 @@ impl Dialed {
         }
     }
 
+    /// Whether the API server has sent its `close_notify`.
+    pub(super) fn peer_closed(&mut self) -> bool {
+        let session = &mut self.session;
+        crate::key::tls::without_signatures(|| session.process_new_packets())
+            .map_or(true, |state| state.peer_has_closed())
+    }
+
     /// One read of the upstream, given to the session whole; true if something moved.
     pub(super) fn read(&mut self, records: &mut [u8]) -> io::Result<bool> {
         let n = match self.up.io.read(records) {

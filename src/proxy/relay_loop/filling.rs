@@ -161,6 +161,13 @@ impl Filling {
                 Ok(false) => return Filled::Waiting,
                 Err(e) => return Filled::Failed(Stage::Handshake, e),
             }
+            if self.dial.peer_closed() {
+                let closed = io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the API server closed the connection right after the TLS handshake",
+                );
+                return Filled::Failed(Stage::Handshake, closed);
+            }
         }
         Filled::Ready
     }

@@ -448,6 +448,58 @@ fn a_unix_clients_connection_made_ahead_never_costs_a_signature() {
     );
 }
 
+/// Against Go's crypto/tls (one ticket per handshake), clients that come while a relay loop
+/// makes a spare never sign: the spare took the one ticket the store held, and a client that
+/// finds none waits for the ticket that spare's handshake brings back instead of leading a
+/// full handshake. UNIX-socket and loopback clients, several at once, again and again.
+/// (A spare made on a loop that did not count itself as coming let such a client lead a full
+/// handshake, a signature, in about one round of three.)
+#[test]
+fn clients_that_come_while_a_loop_makes_a_spare_never_sign() {
+    let id = Identity::softhsm();
+    let (cert, key) = id.ca.server_cert(id.dir.path());
+    let go = support::servers::GoTlsServer::start(&cert, &key, &id.ca.ca_path());
+    let url = format!("https://127.0.0.1:{}", go.port());
+    let proxy = ProxyProcess::start_to(&id, &url, ProxyOptions::default());
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    assert_eq!(ask_unix(&proxy).0, 200, "{}", proxy.log());
+    let signed = proxy.signatures();
+    for _ in 0..20 {
+        std::thread::scope(|s| {
+            let unix: Vec<_> = (0..3).map(|_| s.spawn(|| ask_unix(&proxy).0)).collect();
+            let tls = s.spawn(|| ask(&proxy, &config));
+            for client in unix {
+                assert_eq!(client.join().unwrap(), 200, "{}", proxy.log());
+            }
+            assert_eq!(tls.join().unwrap(), 200, "{}", proxy.log());
+        });
+    }
+    eprintln!(
+        "DEBUG\n{}",
+        proxy
+            .metrics()
+            .lines()
+            .filter(|l| !l.starts_with('#')
+                && (l.contains("spares_total")
+                    || l.contains("signatures_total")
+                    || l.contains("opened_total")
+                    || l.contains("handshake")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        proxy.metric(USED) >= 1.0,
+        "no spare was used\n{}",
+        proxy.metrics()
+    );
+    assert_eq!(
+        proxy.signatures() - signed,
+        0,
+        "clients signed after the first one's full handshake\n{}",
+        proxy.log()
+    );
+}
+
 /// Against Go's crypto/tls (kube-apiserver's TLS stack: one ticket per handshake, a resumed
 /// session's ticket sent with the server's `Finished`), clients of both kinds in a burst find
 /// their upstream connections made ahead, every one of them resumed, and no signature is made
