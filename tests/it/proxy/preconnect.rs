@@ -451,9 +451,10 @@ fn a_unix_clients_connection_made_ahead_never_costs_a_signature() {
 /// Against Go's crypto/tls (one ticket per handshake), clients that come while a relay loop
 /// makes a spare never sign: the spare took the one ticket the store held, and a client that
 /// finds none waits for the ticket that spare's handshake brings back instead of leading a
-/// full handshake. UNIX-socket and loopback clients, several at once, again and again.
-/// (A spare made on a loop that did not count itself as coming let such a client lead a full
-/// handshake, a signature, in about one round of three.)
+/// full handshake. UNIX-socket and loopback clients, several at once, again and again. (The
+/// window is a round trip on loopback: this run rarely hits it, and passed against a build
+/// whose loop spares did not count as coming; `proxy::sessions`'s
+/// `a_client_waits_for_the_ticket_a_loops_spare_brings_back` holds the count itself.)
 #[test]
 fn clients_that_come_while_a_loop_makes_a_spare_never_sign() {
     let id = Identity::softhsm();
