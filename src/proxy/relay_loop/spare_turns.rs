@@ -20,9 +20,8 @@ impl Loop {
             self.free.push(slot);
             return;
         };
-        self.inbox
-            .load
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Not counted in the loop's load, which places connections: a spare is no client's
+        // yet, and is here for a round trip or two.
         self.conns[slot] = Some(Relayed::Filling(Box::new(filling)));
         self.fill_turn(slot, now);
     }
@@ -54,9 +53,16 @@ impl Loop {
     /// Ends the spare at `slot` as `filled` says; one the proxy kept is closed here when its
     /// expiry is due, if nobody took it.
     pub(super) fn end_filling(&mut self, slot: usize, filled: Filled, now: u64) {
-        let Some(Relayed::Filling(filling)) = self.release(slot) else {
+        let Some(held) = self.conns.get_mut(slot) else {
             return;
         };
+        if !matches!(held, Some(Relayed::Filling(_))) {
+            return;
+        }
+        let Some(Relayed::Filling(filling)) = held.take() else {
+            return;
+        };
+        self.free.push(slot);
         let ep = &self.ep;
         let kept =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| filling.end(ep, filled)));
