@@ -356,6 +356,26 @@ mod tests {
         store.changed.notify_waiters();
     }
 
+    /// `spare` (holding the store's last ticket) starts its handshake; a client comes meanwhile
+    /// and finds no ticket: it waits for the one the spare brings back, and resumes. Nobody
+    /// leads a full handshake (a signature) the spare would have caused.
+    async fn client_waits_for(store: &Arc<SessionStore>, mut spare: SpareClaim) {
+        let _ = spare.start();
+        assert_eq!(store.available(), 0);
+        let client = async { store.warm_up().await };
+        let spare_done = async {
+            tokio::task::yield_now().await;
+            ticket_arrives(store);
+            drop(spare);
+        };
+        let (client, ()) = tokio::join!(client, spare_done);
+        assert!(matches!(client, Warmup::Go), "the client resumes");
+        assert!(
+            !store.leader.load(Ordering::SeqCst),
+            "a client led a full handshake while a spare was bringing a ticket"
+        );
+    }
+
     /// A client that finds no ticket while a spare's handshake is under way (it took the last
     /// one) waits for the ticket that handshake brings, and resumes: it does not lead a full
     /// handshake (a signature) the spare would have caused. With the gate open for good (no
@@ -369,24 +389,11 @@ mod tests {
             "no ticket, no spare"
         );
         ticket_arrives(&store);
-        let mut spare = store
+        let spare = store
             .claim_for_spare(brief)
             .await
             .expect("a ticket for the spare");
-        let _ = spare.start();
-        assert_eq!(store.available(), 0);
-        let client = async { store.warm_up().await };
-        let spare_done = async {
-            tokio::task::yield_now().await;
-            ticket_arrives(&store);
-            drop(spare);
-        };
-        let (client, ()) = tokio::join!(client, spare_done);
-        assert!(matches!(client, Warmup::Go), "the client resumes");
-        assert!(
-            !store.leader.load(Ordering::SeqCst),
-            "nobody led a full handshake"
-        );
+        client_waits_for(&store, spare).await;
         // A claim given up before its handshake (the dial failed) gives its ticket back.
         ticket_arrives(&store);
         drop(store.claim_for_spare(brief).await);
@@ -408,21 +415,8 @@ mod tests {
         let store = Arc::new(SessionStore::new(4));
         assert!(store.try_claim_for_spare().is_none(), "no ticket, no spare");
         ticket_arrives(&store);
-        let mut spare = store.try_claim_for_spare().expect("a ticket for the spare");
-        let _ = spare.start();
-        assert_eq!(store.available(), 0);
-        let client = async { store.warm_up().await };
-        let spare_done = async {
-            tokio::task::yield_now().await;
-            ticket_arrives(&store);
-            drop(spare);
-        };
-        let (client, ()) = tokio::join!(client, spare_done);
-        assert!(matches!(client, Warmup::Go), "the client resumes");
-        assert!(
-            !store.leader.load(Ordering::SeqCst),
-            "a client led a full handshake while a loop's spare was bringing a ticket"
-        );
+        let spare = store.try_claim_for_spare().expect("a ticket for the spare");
+        client_waits_for(&store, spare).await;
         ticket_arrives(&store);
         drop(
             store

@@ -22,7 +22,7 @@ use rustix::event::epoll;
 use rustls::ClientConnection;
 
 use super::dialed::{Dialed, Stage, UPSTREAM_INTEREST};
-use super::watch::{Deadlines, Watch};
+use super::watch::Deadlines;
 
 /// How long a spare waits after its handshake for the session ticket its server sends, when
 /// none came with the handshake (Go's server sends it with its `Finished` when resuming;
@@ -101,15 +101,6 @@ pub(super) struct Filling {
     pub(super) last: u64,
 }
 
-/// A deadline of `within` from `now`, as the loop keeps deadlines.
-fn deadline(within: Duration, now: u64) -> Deadlines {
-    let watch = Watch {
-        idle: Some(within),
-        ..Watch::none()
-    };
-    Deadlines::new(&watch, now)
-}
-
 impl Filling {
     /// The spare `dial` asks for, registered with `ep` as the upstream of `slot`; None (the
     /// proxy told) when it cannot be registered.
@@ -129,7 +120,7 @@ impl Filling {
             dial: Dialed::started(tcp, session, 0),
             job,
             taking_in: false,
-            deadlines: deadline(within, now),
+            deadlines: Deadlines::within(within, now),
             last: now,
         })
     }
@@ -150,7 +141,7 @@ impl Filling {
                 return Filled::Refused;
             }
             self.taking_in = true;
-            (self.deadlines, self.last) = (deadline(TICKET_WAIT, now), now);
+            (self.deadlines, self.last) = (Deadlines::within(TICKET_WAIT, now), now);
         }
         while self.dial.session.tls13_tickets_received() == 0 {
             if !self.dial.up.can_read() {

@@ -112,15 +112,6 @@ pub(super) struct Opening {
     pub(super) last: u64,
 }
 
-/// A deadline of `within` from `now`, as the loop keeps deadlines.
-fn deadline(within: Duration, now: u64) -> Deadlines {
-    let watch = Watch {
-        idle: Some(within),
-        ..Watch::none()
-    };
-    Deadlines::new(&watch, now)
-}
-
 impl Opening {
     pub(super) fn new(client: UnixStream, job: Box<dyn OpenJob>, now: u64) -> Opening {
         let mut client = Side::new(client);
@@ -130,7 +121,7 @@ impl Opening {
             client,
             registered: false,
             prefix: Vec::new(),
-            deadlines: deadline(job.first_bytes_within(), now),
+            deadlines: Deadlines::within(job.first_bytes_within(), now),
             job,
             dial: None,
             last: now,
@@ -182,7 +173,7 @@ impl Opening {
                         self.job.attempt_failed(Stage::Local, e);
                         return Ok(Opened::ToTask);
                     }
-                    (self.deadlines, self.last) = (deadline(within, now), now);
+                    (self.deadlines, self.last) = (Deadlines::within(within, now), now);
                 }
             }
         }

@@ -53,6 +53,16 @@ pub(super) struct Deadlines {
 }
 
 impl Deadlines {
+    /// One deadline, `within` from `now`: a connection being opened or a spare being made,
+    /// which must move on in that time (as an idle timeout, counted from its last step).
+    pub(super) fn within(within: Duration, now: u64) -> Deadlines {
+        let watch = Watch {
+            idle: Some(within),
+            ..Watch::none()
+        };
+        Deadlines::new(&watch, now)
+    }
+
     /// `watch` on the loop's clock, `now` being [`crate::proxy::idle::now_ms`]. An expiry
     /// beyond the clock's range is as good as never.
     pub(super) fn new(watch: &Watch, now: u64) -> Deadlines {

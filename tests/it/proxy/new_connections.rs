@@ -67,6 +67,15 @@ fn calls(counts: &HashMap<String, (f64, f64)>, call: &str) -> f64 {
     counts.get(call).map_or(0.0, |c| c.0)
 }
 
+/// Calls per connection by threads other than the relay loops.
+fn off_the_loops(by_thread: &HashMap<(String, String), (f64, f64)>) -> f64 {
+    by_thread
+        .iter()
+        .filter(|((thread, _), _)| thread != RELAY_THREAD)
+        .map(|(_, (calls, _))| calls)
+        .sum()
+}
+
 /// Failed calls of `call` per connection by the threads named `thread`.
 fn failed_on(by_thread: &HashMap<(String, String), (f64, f64)>, thread: &str, call: &str) -> f64 {
     by_thread
@@ -106,11 +115,7 @@ fn a_new_unix_connection_makes_no_system_call_it_can_do_without() {
         ask(&proxy, RawHttp::connect(&proxy.socket));
     });
     let all = format!("per connection (calls, failed): {counts:?}; by thread: {by_thread:?}");
-    let elsewhere: f64 = by_thread
-        .iter()
-        .filter(|((thread, _), _)| thread != RELAY_THREAD)
-        .map(|(_, (calls, _))| calls)
-        .sum();
+    let elsewhere = off_the_loops(&by_thread);
     // A few stray wake-ups of a runtime (a timer) are allowed: on d29cfef the connection
     // threads made about 20 calls per connection.
     assert!(
@@ -178,11 +183,7 @@ fn a_new_unix_connection_that_takes_a_spare_makes_no_call_off_the_relay_loops() 
          spare was made; {all}\n{}",
         proxy.log()
     );
-    let elsewhere: f64 = by_thread
-        .iter()
-        .filter(|((thread, _), _)| thread != RELAY_THREAD)
-        .map(|(_, (calls, _))| calls)
-        .sum();
+    let elsewhere = off_the_loops(&by_thread);
     assert!(
         elsewhere <= 0.25,
         "{elsewhere} calls per connection by threads other than the relay loops: the spares \

@@ -406,6 +406,15 @@ fn a_unix_clients_connection_made_ahead_and_not_used_is_closed() {
     assert_eq!(proxy.metric(MADE), 1.0);
 }
 
+/// Go's crypto/tls server (kube-apiserver's TLS stack) and a proxy in front of it.
+fn proxy_to_go_tls(id: &Identity) -> (support::servers::GoTlsServer, ProxyProcess) {
+    let (cert, key) = id.ca.server_cert(id.dir.path());
+    let go = support::servers::GoTlsServer::start(&cert, &key, &id.ca.ca_path());
+    let url = format!("https://127.0.0.1:{}", go.port());
+    let proxy = ProxyProcess::start_to(id, &url, ProxyOptions::default());
+    (go, proxy)
+}
+
 /// Established TCP connections on this machine to `port` on 127.0.0.1 (the proxy's side of
 /// its connections to a test's API server: the server's side has `port` as its own).
 fn connected_to(port: u16) -> usize {
@@ -458,10 +467,7 @@ fn a_unix_clients_connection_made_ahead_never_costs_a_signature() {
 #[test]
 fn clients_that_come_while_a_loop_makes_a_spare_never_sign() {
     let id = Identity::softhsm();
-    let (cert, key) = id.ca.server_cert(id.dir.path());
-    let go = support::servers::GoTlsServer::start(&cert, &key, &id.ca.ca_path());
-    let url = format!("https://127.0.0.1:{}", go.port());
-    let proxy = ProxyProcess::start_to(&id, &url, ProxyOptions::default());
+    let (_go, proxy) = proxy_to_go_tls(&id);
     let config = support::proxy::loopback_client_config(&proxy.credential());
     assert_eq!(ask_unix(&proxy).0, 200, "{}", proxy.log());
     let signed = proxy.signatures();
@@ -508,10 +514,7 @@ fn clients_that_come_while_a_loop_makes_a_spare_never_sign() {
 #[test]
 fn clients_in_a_burst_against_go_tls_find_connections_made_ahead() {
     let id = Identity::softhsm();
-    let (cert, key) = id.ca.server_cert(id.dir.path());
-    let go = support::servers::GoTlsServer::start(&cert, &key, &id.ca.ca_path());
-    let url = format!("https://127.0.0.1:{}", go.port());
-    let proxy = ProxyProcess::start_to(&id, &url, ProxyOptions::default());
+    let (_go, proxy) = proxy_to_go_tls(&id);
     let config = support::proxy::loopback_client_config(&proxy.credential());
     assert_eq!(ask_unix(&proxy).0, 200, "{}", proxy.log());
     let signed = proxy.signatures();
