@@ -83,6 +83,15 @@ impl Fixture {
     }
 }
 
+/// Rounds of the timed keep-alive trials whose goals are ratios to a floor (UNIX socket and
+/// loopback TLS, 8 and 64 connections). One round's ratio spreads about ± 10 % on a shared
+/// two-core machine (each trial is under a second), so the median of five moved between 0.92×
+/// and 1.11× from run to run of the same build; fifteen rounds narrow the median's spread by
+/// √3 for about three more minutes per run.
+pub(crate) fn goal_rounds() -> usize {
+    pick(15, 2)
+}
+
 /// The order of trials: `rounds` rounds of every series, the order reversed every other round
 /// so that neither side always runs first (or right after a warm cache).
 pub(crate) fn schedule(rounds: usize, series: usize) -> Vec<usize> {

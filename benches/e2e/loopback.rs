@@ -86,7 +86,7 @@ const FLOOR_LABEL: &str = "two-sided TLS floor relay (one thread, epoll, no runt
 async fn keep_alive_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Vec<Row> {
     let n = 8;
     let total = pick(40_000, 8_000);
-    let rounds = pick(5, 2);
+    let rounds = goal_rounds();
     let mut conns: Vec<Vec<Conn>> = Vec::new();
     for way in [DIRECT, PROXY, FLOOR] {
         let mut cs = Vec::new();
@@ -101,7 +101,7 @@ async fn keep_alive_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) ->
         trials[way].push(load(&mut conns[way], total, &whose[way]).await);
     }
     let mut calls: Vec<Vec<Calls>> = vec![Vec::new(); 3];
-    for k in schedule(rounds, 2) {
+    for k in schedule(pick(5, 2), 2) {
         let way = [PROXY, FLOOR][k];
         if let Some(c) = load_counted(&mut conns[way], pick(20_000, 4_000), &whose[way]).await {
             calls[way].push(c);

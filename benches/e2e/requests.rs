@@ -415,7 +415,7 @@ fn whose_of(f: &Fixture, p: &Peers<'_>, route: Route) -> Whose {
 /// against ghostunnel.
 async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> Vec<Row> {
     let total = pick(40_000, 8_000);
-    let rounds = pick(5, 2);
+    let rounds = goal_rounds();
     let mut conns = Vec::new();
     for &route in routes {
         let mut cs = Vec::new();
@@ -451,7 +451,7 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
         .map(|(i, _)| i)
         .collect();
     let mut calls: Vec<Vec<Calls>> = vec![Vec::new(); routes.len()];
-    for k in schedule(rounds, counted.len()) {
+    for k in schedule(pick(5, 2), counted.len()) {
         let series = counted[k];
         let whose = whose_of(f, p, routes[series]);
         let counted_total = pick(20_000, 4_000);
