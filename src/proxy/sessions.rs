@@ -13,7 +13,9 @@
 //!   handshake brings new ones: Go's server one, so the supply stays even, others more); or
 //! - it waits for a ticket, for the lead, or for a spare connection's handshake under way
 //!   ([`super::spare`]: it brings a ticket back), at most [`WARMUP_WAIT`], then goes ahead
-//!   anyway.
+//!   anyway. A spare's handshake is waited for alone at most [`SPARE_PATIENCE`]: later, one
+//!   waiter leads and the others wait for its tickets, so a spare that stalled (an API server
+//!   that accepted it and never answered) costs one signature, not one per waiting client.
 //!
 //! An upstream that sends no tickets (or uses TLS 1.2 sessions, which are reusable) opens the
 //! gate for good, so it never slows connections down: after a successful lead, [`GRACE`] without
@@ -34,6 +36,12 @@ use super::error::UpstreamError;
 
 /// The longest a connection waits at the gate.
 pub const WARMUP_WAIT: Duration = Duration::from_secs(3);
+/// The longest a connection waits at the gate for spares' handshakes alone (no lead under way)
+/// before it leads a full handshake itself, if nobody does. A resumed handshake takes two round
+/// trips and its ticket comes with the second, so a spare this late has stalled; waiting on
+/// until [`WARMUP_WAIT`] would send every waiter ahead at once, each with a full handshake (a
+/// signature each, queued on a TPM), where one lead serves them all.
+pub const SPARE_PATIENCE: Duration = Duration::from_secs(1);
 /// The longest a spare waits for a ticket to claim ([`SessionStore::claim_for_spare`]).
 pub const TICKET_WAIT: Duration = Duration::from_secs(1);
 /// How long after a successful full handshake its tickets may take to arrive.
@@ -266,14 +274,18 @@ impl SessionStore {
 
     /// Passes the gate: see the module comment.
     pub async fn warm_up(self: &Arc<Self>) -> Warmup {
-        let deadline = tokio::time::Instant::now() + WARMUP_WAIT;
+        let arrived = tokio::time::Instant::now();
+        let deadline = arrived + WARMUP_WAIT;
+        let patience = arrived + SPARE_PATIENCE;
         loop {
             if self.bypass.load(Ordering::SeqCst) || self.claim() {
                 return Warmup::Go;
             }
-            // A spare's handshake under way brings a ticket: wait for it, do not lead.
+            // A spare's handshake under way brings a ticket: wait for it rather than lead,
+            // for as long as a resumed handshake may take.
             let spare_coming = self.spares.load(Ordering::SeqCst) > 0;
-            if !spare_coming && !self.leader.swap(true, Ordering::SeqCst) {
+            let patient = spare_coming && tokio::time::Instant::now() < patience;
+            if !patient && !self.leader.swap(true, Ordering::SeqCst) {
                 return Warmup::Leader(LeaderGuard {
                     store: self.clone(),
                     succeeded: false,
@@ -289,7 +301,10 @@ impl SessionStore {
             {
                 continue;
             }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            // While only spares are awaited, wake when patience ends too (then lead if nobody
+            // does).
+            let wake = if patient { patience.min(deadline) } else { deadline };
+            if tokio::time::timeout_at(wake, changed).await.is_err() && wake == deadline {
                 tracing::debug!("no session ticket within {WARMUP_WAIT:?}; full handshake");
                 return Warmup::Go;
             }
@@ -430,6 +445,46 @@ mod tests {
         );
         store.loops_refused();
         assert!(store.try_claim_for_spare().is_none(), "loops rest");
+    }
+
+    /// A spare whose handshake stalls (an API server that accepted it and never answers) does
+    /// not send every waiting client into a full handshake of its own (a signature each) when
+    /// the gate's wait ends: after [`SPARE_PATIENCE`] one of them leads, and the others wait
+    /// for its tickets and resume.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_spare_makes_one_waiting_client_lead_not_every_one_sign() {
+        let store = Arc::new(SessionStore::new(4));
+        ticket_arrives(&store);
+        let mut spare = store.try_claim_for_spare().expect("a ticket for the spare");
+        let _ = spare.start();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move { store.warm_up().await })
+            })
+            .collect();
+        // Past the patience, well before the gate's own wait ends.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let (done, waiting): (Vec<_>, Vec<_>) = waiters.into_iter().partition(|w| w.is_finished());
+        assert_eq!(
+            done.len(),
+            1,
+            "one client leads once the stalled spare has had its time; the others wait for it"
+        );
+        let lead = done.into_iter().next().expect("the lead").await.expect("joined");
+        let Warmup::Leader(guard) = lead else {
+            panic!("the client that went ahead goes as the leader, not on its own: {lead:?}");
+        };
+        // The lead's handshake brings its tickets: the others resume with them.
+        guard.succeeded();
+        ticket_arrives(&store);
+        ticket_arrives(&store);
+        for w in waiting {
+            let went = w.await.expect("joined");
+            assert!(matches!(went, Warmup::Go), "a waiter resumes: {went:?}");
+        }
+        assert_eq!(store.available(), 0, "each waiter claimed a ticket");
+        drop(spare);
     }
 
     /// A spare waits for the ticket the client connection just made brings back.

@@ -339,6 +339,16 @@ struct Loop {
     expiries: Vec<(u64, Expiry)>,
 }
 
+/// However the loop's thread ends (its run returned, or a bug unwound it past the guards around
+/// each connection), the spares it made and nobody took are closed: their closes are only in
+/// this loop's list, and a spare left open would hold a connection to the API server until a
+/// client found it too old.
+impl Drop for Loop {
+    fn drop(&mut self) {
+        self.run_expiries(idle::now_ms(), true);
+    }
+}
+
 impl Loop {
     fn new(ep: OwnedFd, inbox: Arc<Inbox>) -> Loop {
         Loop {
@@ -409,7 +419,7 @@ impl Loop {
         for slot in 0..self.conns.len() {
             self.end(slot, Err(interrupted("the proxy is stopping")));
         }
-        self.run_expiries(idle::now_ms(), true);
+        // The spares this loop made and the proxy still keeps are closed as `self` drops.
     }
 
     /// How long `epoll_wait` may sleep: not at all while connections have bytes left to move,

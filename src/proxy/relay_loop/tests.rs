@@ -414,3 +414,32 @@ fn records_before_a_bad_one_reach_the_client_first() {
     upstream.join().unwrap();
     loops.shutdown();
 }
+
+/// However a loop's thread ends, the spares it made and nobody took are closed: here its
+/// thread panics (as a bug past the guards around each connection would) with one spare's
+/// close not yet due. The close was only in the loop's list, so the spare stayed open until
+/// a client found it too old.
+#[test]
+fn a_loop_whose_thread_panics_still_closes_the_spares_it_made() {
+    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let told = closed.clone();
+    let thread = std::thread::spawn(move || {
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+        let wake = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+        let inbox = Arc::new(Inbox {
+            queue: Mutex::new(Queue::default()),
+            wake,
+            ep: ep.try_clone().unwrap(),
+            load: AtomicUsize::new(0),
+        });
+        let mut lp = Loop::new(ep, inbox);
+        let close: Expiry = Box::new(move || told.store(true, Ordering::SeqCst));
+        lp.expiries.push((idle::now_ms() + 3_000, close));
+        panic!("a bug in the loop (this test's)");
+    });
+    assert!(thread.join().is_err(), "the loop's thread panicked");
+    assert!(
+        closed.load(Ordering::SeqCst),
+        "the spare the loop made was left open when its thread ended"
+    );
+}
