@@ -259,3 +259,123 @@ impl Records {
         }
     }
 }
+
+/// Relays 127.0.0.1:`port` to an upstream port, except one connection that resumes a TLS
+/// session: the `nth` whose ClientHello offers a pre-shared key (RFC 8446 §4.2.11) is accepted
+/// and then never answered, as an API server behind a balancer whose backend hangs. Every other
+/// connection passes as it came.
+pub struct StallingRelay {
+    /// The relay's own port.
+    pub port: u16,
+    stalled: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl StallingRelay {
+    /// Starts relaying to 127.0.0.1:`upstream`, stalling the `nth` resumption (1: the first).
+    pub fn start(upstream: u16, nth: u64) -> StallingRelay {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
+        let port = listener.local_addr().expect("relay address").port();
+        listener.set_nonblocking(true).expect("nonblocking accept");
+        let stalled = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (held, s) = (stalled.clone(), stop.clone());
+        std::thread::spawn(move || {
+            // Stalled connections stay open until the relay is dropped.
+            let mut hung = Vec::new();
+            let mut resumptions = 0;
+            while !s.load(Ordering::SeqCst) {
+                let Ok((mut client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                let _ = client.set_nonblocking(false);
+                let _ = client.set_read_timeout(Some(Duration::from_secs(5)));
+                let Some(hello) = first_record(&mut client) else {
+                    continue;
+                };
+                if offers_psk(&hello) {
+                    resumptions += 1;
+                    if resumptions == nth {
+                        held.fetch_add(1, Ordering::SeqCst);
+                        hung.push(client);
+                        continue;
+                    }
+                }
+                let _ = client.set_read_timeout(None);
+                let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                if server.write_all(&hello).is_err() {
+                    continue;
+                }
+                for (from, to) in [
+                    (client.try_clone(), server.try_clone()),
+                    (server.try_clone(), client.try_clone()),
+                ] {
+                    let (Ok(mut from), Ok(mut to)) = (from, to) else {
+                        continue;
+                    };
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(Shutdown::Write);
+                    });
+                }
+            }
+        });
+        StallingRelay {
+            port,
+            stalled,
+            stop,
+        }
+    }
+
+    /// How many connections it has stalled so far (0 or 1).
+    pub fn stalled(&self) -> u64 {
+        self.stalled.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for StallingRelay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The first TLS record a client sends (its ClientHello), header included; None if the
+/// connection ends or stalls first.
+fn first_record(client: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut record = vec![0u8; 5];
+    client.read_exact(&mut record).ok()?;
+    let len = usize::from(u16::from_be_bytes([record[3], record[4]]));
+    record.resize(5 + len, 0);
+    client.read_exact(&mut record[5..]).ok()?;
+    Some(record)
+}
+
+/// Whether a ClientHello record offers a pre-shared key (extension 41): a resumption.
+fn offers_psk(record: &[u8]) -> bool {
+    fn skip(at: usize, len_bytes: usize, b: &[u8]) -> Option<usize> {
+        let len = b.get(at..at + len_bytes)?.iter().fold(0usize, |n, &x| n << 8 | usize::from(x));
+        Some(at + len_bytes + len)
+    }
+    let find = || -> Option<bool> {
+        // Record header (5), handshake header (4), version (2), random (32).
+        let b = record;
+        (b.first() == Some(&0x16) && b.get(5) == Some(&0x01)).then_some(())?;
+        let at = skip(5 + 4 + 2 + 32, 1, b)?; // session id
+        let at = skip(at, 2, b)?; // cipher suites
+        let at = skip(at, 1, b)?; // compression methods
+        let end = skip(at, 2, b)?.min(b.len());
+        let mut at = at + 2;
+        while at + 4 <= end {
+            let kind = u16::from_be_bytes([b[at], b[at + 1]]);
+            if kind == 41 {
+                return Some(true);
+            }
+            at = skip(at + 2, 2, b)?;
+        }
+        Some(false)
+    };
+    find().unwrap_or(false)
+}

@@ -481,19 +481,6 @@ fn clients_that_come_while_a_loop_makes_a_spare_never_sign() {
             assert_eq!(tls.join().unwrap(), 200, "{}", proxy.log());
         });
     }
-    eprintln!(
-        "DEBUG\n{}",
-        proxy
-            .metrics()
-            .lines()
-            .filter(|l| !l.starts_with('#')
-                && (l.contains("spares_total")
-                    || l.contains("signatures_total")
-                    || l.contains("opened_total")
-                    || l.contains("handshake")))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
     assert!(
         proxy.metric(USED) >= 1.0,
         "no spare was used\n{}",
@@ -503,6 +490,50 @@ fn clients_that_come_while_a_loop_makes_a_spare_never_sign() {
         proxy.signatures() - signed,
         0,
         "clients signed after the first one's full handshake\n{}",
+        proxy.log()
+    );
+}
+
+/// A spare whose handshake stalls (an API server behind a balancer whose backend accepted it
+/// and never answers) costs one signature, not one per client waiting: against Go's TLS (one
+/// ticket per handshake) the spare took the store's only ticket, so the clients that come
+/// meanwhile find none and wait for the spare's; after a second one of them leads a full
+/// handshake, and the others resume with the tickets that brings. They used to wait the gate's
+/// 3 s and then make a full handshake each.
+#[test]
+fn clients_waiting_for_a_stalled_spare_sign_once_between_them() {
+    let id = Identity::softhsm();
+    let (cert, key) = id.ca.server_cert(id.dir.path());
+    let go = support::servers::GoTlsServer::start(&cert, &key, &id.ca.ca_path());
+    // The first client's connection resumes nothing; the second client's is the first
+    // resumption, and the spare made after it the second: that one stalls.
+    let relay = support::relay::StallingRelay::start(go.port(), 2);
+    let url = format!("https://127.0.0.1:{}", relay.port);
+    let proxy = ProxyProcess::start_to(&id, &url, ProxyOptions::default());
+    assert_eq!(ask_unix(&proxy).0, 200, "{}", proxy.log());
+    let signed = proxy.signatures();
+    let (status, body) = ask_unix(&proxy);
+    assert_eq!(status, 200, "{}", proxy.log());
+    assert!(body.contains("\"resumed\":true"), "{body}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while relay.stalled() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no spare was begun after the second client\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::scope(|s| {
+        let clients: Vec<_> = (0..3).map(|_| s.spawn(|| ask_unix(&proxy).0)).collect();
+        for client in clients {
+            assert_eq!(client.join().unwrap(), 200, "{}", proxy.log());
+        }
+    });
+    assert_eq!(
+        proxy.signatures() - signed,
+        1,
+        "three clients waiting for a stalled spare: one full handshake between them\n{}",
         proxy.log()
     );
 }
