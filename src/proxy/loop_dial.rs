@@ -129,7 +129,11 @@ impl Upstream {
         state: &rustls::CommonState,
     ) -> Result<(), UpstreamError> {
         let endpoint = &self.endpoints.list[attempt.endpoint];
-        let (_, got) = self.established(&attempt.addr, alpn, state, attempt.started)?;
+        let (resumed, got) = self.established(&attempt.addr, alpn, state, attempt.started)?;
+        if resumed {
+            let took = attempt.started.elapsed();
+            endpoint.generation().store.resumed_in(took);
+        }
         if got.as_deref() == Some(b"h2".as_slice()) {
             endpoint.agree_h2();
         }

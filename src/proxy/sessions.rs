@@ -36,11 +36,13 @@ use super::error::UpstreamError;
 
 /// The longest a connection waits at the gate.
 pub const WARMUP_WAIT: Duration = Duration::from_secs(3);
-/// The longest a connection waits at the gate for spares' handshakes alone (no lead under way)
-/// before it leads a full handshake itself, if nobody does. A resumed handshake takes two round
-/// trips and its ticket comes with the second, so a spare this late has stalled; waiting on
-/// until [`WARMUP_WAIT`] would send every waiter ahead at once, each with a full handshake (a
-/// signature each, queued on a TPM), where one lead serves them all.
+/// The least a connection waits at the gate for spares' handshakes alone (no lead under way)
+/// before it leads a full handshake itself, if nobody does: four times the API server's last
+/// resumed handshake ([`SessionStore::resumed_in`]), at least this and at most
+/// [`WARMUP_WAIT`]. A spare's resumed handshake takes two round trips and its ticket comes with
+/// the second, so a spare that late has stalled (an API server that accepted it and never
+/// answers); waiting on until [`WARMUP_WAIT`] would send every waiter ahead at once, each with
+/// a full handshake (a signature each, queued on a TPM), where one lead serves them all.
 pub const SPARE_PATIENCE: Duration = Duration::from_secs(1);
 /// The longest a spare waits for a ticket to claim ([`SessionStore::claim_for_spare`]).
 pub const TICKET_WAIT: Duration = Duration::from_secs(1);
@@ -84,6 +86,9 @@ pub struct SessionStore {
     /// No relay loop resumes with this store before this ([`super::idle::now_ms`]): its API
     /// server refused a loop's resumption lately ([`SessionStore::loops_refused`]).
     loops_rest_until: AtomicU64,
+    /// How long the last resumed handshake with this store's API server took, in
+    /// milliseconds ([`SessionStore::resumed_in`]).
+    resumed_ms: AtomicU64,
     changed: Notify,
 }
 
@@ -172,12 +177,27 @@ impl SessionStore {
             bypass: AtomicBool::new(false),
             spares: AtomicUsize::new(0),
             loops_rest_until: AtomicU64::new(0),
+            resumed_ms: AtomicU64::new(0),
             changed: Notify::new(),
         }
     }
 
     fn available(&self) -> usize {
         self.available.load(Ordering::SeqCst)
+    }
+
+    /// A connection resumed a session from this store in `took`: the gate waits for a spare's
+    /// handshake alone for four times that ([`SPARE_PATIENCE`]), so an API server far away
+    /// (hundreds of milliseconds per round trip) gets the time its spares need.
+    pub fn resumed_in(&self, took: Duration) {
+        let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        self.resumed_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long a connection at the gate waits for spares alone ([`SPARE_PATIENCE`]).
+    fn spare_patience(&self) -> Duration {
+        let last = Duration::from_millis(self.resumed_ms.load(Ordering::Relaxed));
+        last.saturating_mul(4).clamp(SPARE_PATIENCE, WARMUP_WAIT)
     }
 
     /// Claims one ticket for the calling connection, if any is left.
@@ -276,7 +296,7 @@ impl SessionStore {
     pub async fn warm_up(self: &Arc<Self>) -> Warmup {
         let arrived = tokio::time::Instant::now();
         let deadline = arrived + WARMUP_WAIT;
-        let patience = arrived + SPARE_PATIENCE;
+        let patience = arrived + self.spare_patience();
         loop {
             if self.bypass.load(Ordering::SeqCst) || self.claim() {
                 return Warmup::Go;
@@ -295,9 +315,11 @@ impl SessionStore {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
+            let may_lead = self.spares.load(Ordering::SeqCst) == 0
+                || tokio::time::Instant::now() >= patience;
             if self.bypass.load(Ordering::SeqCst)
                 || self.available() > 0
-                || (!self.leader.load(Ordering::SeqCst) && self.spares.load(Ordering::SeqCst) == 0)
+                || (!self.leader.load(Ordering::SeqCst) && may_lead)
             {
                 continue;
             }
@@ -485,6 +507,29 @@ mod tests {
         }
         assert_eq!(store.available(), 0, "each waiter claimed a ticket");
         drop(spare);
+    }
+
+    /// An API server far away (its last resumed handshake took 600 ms) gets four times that
+    /// for a spare before a waiting client leads: at 1.5 s the client still waits, and the
+    /// spare's ticket arriving then lets it resume with no full handshake.
+    #[tokio::test(start_paused = true)]
+    async fn a_far_api_servers_spare_is_waited_for_longer() {
+        let store = Arc::new(SessionStore::new(4));
+        store.resumed_in(Duration::from_millis(600));
+        ticket_arrives(&store);
+        let mut spare = store.try_claim_for_spare().expect("a ticket for the spare");
+        let _ = spare.start();
+        let waiter = {
+            let store = store.clone();
+            tokio::spawn(async move { store.warm_up().await })
+        };
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert!(!waiter.is_finished(), "the client waits for a far server's spare");
+        ticket_arrives(&store);
+        drop(spare);
+        let went = waiter.await.expect("joined");
+        assert!(matches!(went, Warmup::Go), "the client resumes: {went:?}");
+        assert!(!store.leader.load(Ordering::SeqCst), "nobody led");
     }
 
     /// A spare waits for the ticket the client connection just made brings back.

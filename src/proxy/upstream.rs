@@ -464,6 +464,9 @@ impl Upstream {
             guard.succeeded();
         }
         let (resumed, got) = self.established(&addr, alpn, origin.state(), started)?;
+        if resumed {
+            generation.store.resumed_in(started.elapsed());
+        }
         if got.as_deref() == Some(b"h2".as_slice()) {
             endpoint.agree_h2();
         }

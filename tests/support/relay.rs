@@ -261,14 +261,18 @@ impl Records {
 }
 
 /// Relays 127.0.0.1:`port` to an upstream port, except one connection that resumes a TLS
-/// session: the `nth` whose ClientHello offers a pre-shared key (RFC 8446 §4.2.11) is accepted
-/// and then never answered, as an API server behind a balancer whose backend hangs. Every other
-/// connection passes as it came.
+/// session: the `nth` whose ClientHello offers a pre-shared key (RFC 8446 §4.2.11), counted in
+/// the order ClientHellos arrive, is accepted and then never answered, as an API server behind
+/// a balancer whose backend hangs. Every other connection passes as it came. Each connection
+/// is read on a thread of its own: a client may connect well before it sends its ClientHello
+/// (the proxy connects, then waits at its ticket gate).
 pub struct StallingRelay {
     /// The relay's own port.
     pub port: u16,
     stalled: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    /// Stalled connections, open until the relay is dropped.
+    hung: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl StallingRelay {
@@ -279,54 +283,26 @@ impl StallingRelay {
         listener.set_nonblocking(true).expect("nonblocking accept");
         let stalled = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (held, s) = (stalled.clone(), stop.clone());
+        let hung = Arc::new(Mutex::new(Vec::new()));
+        let resumptions = Arc::new(AtomicU64::new(0));
+        let (held, s, kept) = (stalled.clone(), stop.clone(), hung.clone());
         std::thread::spawn(move || {
-            // Stalled connections stay open until the relay is dropped.
-            let mut hung = Vec::new();
-            let mut resumptions = 0;
             while !s.load(Ordering::SeqCst) {
-                let Ok((mut client, _)) = listener.accept() else {
+                let Ok((client, _)) = listener.accept() else {
                     std::thread::sleep(Duration::from_millis(10));
                     continue;
                 };
-                let _ = client.set_nonblocking(false);
-                let _ = client.set_read_timeout(Some(Duration::from_secs(5)));
-                let Some(hello) = first_record(&mut client) else {
-                    continue;
-                };
-                if offers_psk(&hello) {
-                    resumptions += 1;
-                    if resumptions == nth {
-                        held.fetch_add(1, Ordering::SeqCst);
-                        hung.push(client);
-                        continue;
-                    }
-                }
-                let _ = client.set_read_timeout(None);
-                let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                    continue;
-                };
-                if server.write_all(&hello).is_err() {
-                    continue;
-                }
-                for (from, to) in [
-                    (client.try_clone(), server.try_clone()),
-                    (server.try_clone(), client.try_clone()),
-                ] {
-                    let (Ok(mut from), Ok(mut to)) = (from, to) else {
-                        continue;
-                    };
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
-                        let _ = to.shutdown(Shutdown::Write);
-                    });
-                }
+                let (held, kept, resumptions) = (held.clone(), kept.clone(), resumptions.clone());
+                std::thread::spawn(move || {
+                    stall_or_pass(client, upstream, nth, &resumptions, &held, &kept)
+                });
             }
         });
         StallingRelay {
             port,
             stalled,
             stop,
+            hung,
         }
     }
 
@@ -339,11 +315,51 @@ impl StallingRelay {
 impl Drop for StallingRelay {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        if let Ok(mut hung) = self.hung.lock() {
+            hung.clear();
+        }
     }
 }
 
+/// One connection of a [`StallingRelay`]: its ClientHello read, then stalled (the `nth`
+/// resumption) or passed on to the upstream with everything after it.
+fn stall_or_pass(
+    mut client: TcpStream,
+    upstream: u16,
+    nth: u64,
+    resumptions: &AtomicU64,
+    stalled: &AtomicU64,
+    hung: &Mutex<Vec<TcpStream>>,
+) {
+    let _ = client.set_nonblocking(false);
+    let Some(hello) = first_record(&mut client) else {
+        return;
+    };
+    if offers_psk(&hello) && resumptions.fetch_add(1, Ordering::SeqCst) + 1 == nth {
+        stalled.fetch_add(1, Ordering::SeqCst);
+        hung.lock().expect("the stalled connections").push(client);
+        return;
+    }
+    let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+        return;
+    };
+    if server.write_all(&hello).is_err() {
+        return;
+    }
+    let (Ok(mut from), Ok(mut to)) = (server.try_clone(), client.try_clone()) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from, &mut to);
+        let _ = to.shutdown(Shutdown::Write);
+    });
+    let _ = std::io::copy(&mut client, &mut server);
+    let _ = server.shutdown(Shutdown::Write);
+}
+
 /// The first TLS record a client sends (its ClientHello), header included; None if the
-/// connection ends or stalls first.
+/// connection ends first. (rustls's ClientHello fits one record; one split over records would
+/// be read only up to its first record's end, and its PSK extension, last, missed.)
 fn first_record(client: &mut TcpStream) -> Option<Vec<u8>> {
     let mut record = vec![0u8; 5];
     client.read_exact(&mut record).ok()?;
