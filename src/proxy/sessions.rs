@@ -315,8 +315,8 @@ impl SessionStore {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let may_lead = self.spares.load(Ordering::SeqCst) == 0
-                || tokio::time::Instant::now() >= patience;
+            let may_lead =
+                self.spares.load(Ordering::SeqCst) == 0 || tokio::time::Instant::now() >= patience;
             if self.bypass.load(Ordering::SeqCst)
                 || self.available() > 0
                 || (!self.leader.load(Ordering::SeqCst) && may_lead)
@@ -325,7 +325,11 @@ impl SessionStore {
             }
             // While only spares are awaited, wake when patience ends too (then lead if nobody
             // does).
-            let wake = if patient { patience.min(deadline) } else { deadline };
+            let wake = if patient {
+                patience.min(deadline)
+            } else {
+                deadline
+            };
             if tokio::time::timeout_at(wake, changed).await.is_err() && wake == deadline {
                 tracing::debug!("no session ticket within {WARMUP_WAIT:?}; full handshake");
                 return Warmup::Go;
@@ -493,7 +497,12 @@ mod tests {
             1,
             "one client leads once the stalled spare has had its time; the others wait for it"
         );
-        let lead = done.into_iter().next().expect("the lead").await.expect("joined");
+        let lead = done
+            .into_iter()
+            .next()
+            .expect("the lead")
+            .await
+            .expect("joined");
         let Warmup::Leader(guard) = lead else {
             panic!("the client that went ahead goes as the leader, not on its own: {lead:?}");
         };
@@ -524,7 +533,10 @@ mod tests {
             tokio::spawn(async move { store.warm_up().await })
         };
         tokio::time::sleep(Duration::from_millis(1_500)).await;
-        assert!(!waiter.is_finished(), "the client waits for a far server's spare");
+        assert!(
+            !waiter.is_finished(),
+            "the client waits for a far server's spare"
+        );
         ticket_arrives(&store);
         drop(spare);
         let went = waiter.await.expect("joined");

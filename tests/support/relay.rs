@@ -372,7 +372,10 @@ fn first_record(client: &mut TcpStream) -> Option<Vec<u8>> {
 /// Whether a ClientHello record offers a pre-shared key (extension 41): a resumption.
 fn offers_psk(record: &[u8]) -> bool {
     fn skip(at: usize, len_bytes: usize, b: &[u8]) -> Option<usize> {
-        let len = b.get(at..at + len_bytes)?.iter().fold(0usize, |n, &x| n << 8 | usize::from(x));
+        let len = b
+            .get(at..at + len_bytes)?
+            .iter()
+            .fold(0usize, |n, &x| n << 8 | usize::from(x));
         Some(at + len_bytes + len)
     }
     let find = || -> Option<bool> {
