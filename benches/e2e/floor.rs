@@ -35,6 +35,8 @@ pub(crate) struct FloorRelay {
     tid: Arc<AtomicI32>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The relay's process when it runs in one of its own ([`FloorRelay::start_own_process`]).
+    child: Option<i32>,
     _dir: tempfile::TempDir,
 }
 
@@ -160,6 +162,44 @@ impl FloorRelay {
         FloorRelay::started(socket, 0, tid, stop, thread, dir)
     }
 
+    /// The bytes floor in a process of its own: forked from this one once its socket is bound,
+    /// the child runs the relay's loop and nothing else, and is killed on drop. A relay is never
+    /// a thread of its clients' process: each switch between the load generator and a relay in
+    /// another process changes address space, as it does for hwkey, which a floor thread in the
+    /// bench's own process does not pay.
+    #[allow(
+        unsafe_code,
+        reason = "fork, and _exit in the child: no safe binding forks a process"
+    )]
+    pub(crate) fn start_own_process(upstream_port: u16) -> FloorRelay {
+        let dir = temp_dir();
+        let socket = dir.path().join("floor.sock");
+        let listener = UnixListener::bind(&socket).expect("floor relay socket");
+        // SAFETY: the child only runs `serve` (epoll, sockets and the allocator, whose locks
+        // glibc resets in a forked child) on this thread, and leaves with `_exit` whatever
+        // happens: no destructor of the parent's state runs in it.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let stop = AtomicBool::new(false);
+            let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                serve(listener, upstream_port, None, &stop)
+            }));
+            // SAFETY: ends the child without running anything of the parent's.
+            unsafe { libc::_exit(i32::from(served.is_err())) };
+        }
+        drop(listener);
+        FloorRelay {
+            socket,
+            port: 0,
+            tid: Arc::new(AtomicI32::new(pid)),
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: None,
+            child: Some(pid),
+            _dir: dir,
+        }
+    }
+
     /// The relay once its thread has said which it is.
     fn started(
         socket: PathBuf,
@@ -178,21 +218,34 @@ impl FloorRelay {
             tid,
             stop,
             thread: Some(thread),
+            child: None,
             _dir: dir,
         }
     }
 
     /// The relay thread's `/proc` directory (its CPU clock and context switches).
     pub(crate) fn task_dir(&self) -> PathBuf {
-        PathBuf::from(format!(
-            "/proc/self/task/{}",
-            self.tid.load(Ordering::SeqCst)
-        ))
+        let tid = self.tid.load(Ordering::SeqCst);
+        match self.child {
+            Some(pid) => PathBuf::from(format!("/proc/{pid}/task/{tid}")),
+            None => PathBuf::from(format!("/proc/self/task/{tid}")),
+        }
     }
 }
 
 impl Drop for FloorRelay {
+    #[allow(
+        unsafe_code,
+        reason = "kill and waitpid of the relay's own child process"
+    )]
     fn drop(&mut self) {
+        if let Some(pid) = self.child.take() {
+            // SAFETY: plain system calls on the child this relay forked.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();

@@ -18,6 +18,8 @@ use super::*;
 struct Peers<'a> {
     ghost: Option<&'a Ghostunnel>,
     floor: &'a FloorRelay,
+    /// The bytes floor in a process of its own, as hwkey is.
+    floor_proc: &'a FloorRelay,
     /// The floor relay in TLS mode: the proxy's job with no runtime (issue 38).
     tls_floor: &'a FloorRelay,
     /// Two TLS floor relays taking connections in turn: the TLS floor on two threads, as the
@@ -40,6 +42,9 @@ enum Route {
     Ghostunnel,
     /// TLS from the client to the upstream through the floor relay ([`FloorRelay`]).
     Floor,
+    /// The same through the floor relay in a process of its own
+    /// ([`FloorRelay::start_own_process`]).
+    FloorProc,
     /// Plain HTTP to the floor relay in TLS mode ([`FloorRelay::start_tls`]).
     TlsFloor,
     /// Plain HTTP to the two-thread TLS floor (`Peers::tls_floor2`), connections in turn.
@@ -232,6 +237,9 @@ async fn connect(f: &Fixture, p: &Peers<'_>, route: Route) -> Conn {
                 .expect("ghostunnel UNIX"),
         ),
         Route::Floor => Conn::TlsUnix(Box::new(tls_connect_unix(&f.direct, &p.floor.socket).await)),
+        Route::FloorProc => Conn::TlsUnix(Box::new(
+            tls_connect_unix(&f.direct, &p.floor_proc.socket).await,
+        )),
         Route::TlsFloor => Conn::Unix(
             UnixStream::connect(&p.tls_floor.socket)
                 .await
@@ -402,6 +410,7 @@ fn whose_of(f: &Fixture, p: &Peers<'_>, route: Route) -> Whose {
         Route::Unix | Route::Loopback => Whose::Process(f.proxy.guard.id()),
         Route::Ghostunnel => Whose::Process(p.ghost.expect("ghostunnel").guard.id()),
         Route::Floor => Whose::Task(p.floor.task_dir()),
+        Route::FloorProc => Whose::Task(p.floor_proc.task_dir()),
         Route::TlsFloor => Whose::Task(p.tls_floor.task_dir()),
         Route::TlsFloor2 => Whose::Tasks(p.tls_floor2.iter().map(|f| f.task_dir()).collect()),
         Route::UringFloor => Whose::Task(p.uring_floor.expect("io_uring floor").task_dir()),
@@ -534,6 +543,9 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
                 ),
                 0.97,
             ));
+            if let Some(fp) = of(Route::FloorProc) {
+                rows.extend(own_process_rows(n, &t, &fl, &fp));
+            }
             rows.extend(calls_row(
                 n,
                 &calls_of(Route::Unix),
@@ -650,6 +662,50 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
         }
     }
     rows
+}
+
+/// The bytes floor in a process of its own (`fp`), as hwkey and any real relay are, against the
+/// proxy (`t`) and against the same floor as a thread of the bench's process (`fl`, the goal
+/// rows' baseline): what an address-space switch per wake-up costs a relay here.
+fn own_process_rows(n: usize, t: &[Trial], fl: &[Trial], fp: &[Trial]) -> Vec<Row> {
+    let field = |t: &[Trial], get: fn(&Trial) -> f64| t.iter().map(get).collect::<Vec<f64>>();
+    let label = "floor relay (bytes only, one thread) in a process of its own";
+    vec![
+        ratio_row(
+            "requests",
+            &format!("requests/s vs the relay floor in a process of its own, HTTP/1.1, {n} connections, UNIX socket"),
+            "req/s",
+            &field(t, |t| t.per_second),
+            label,
+            &field(fp, |t| t.per_second),
+        )
+        .note(format!("floor in its own process: {}", latency_note(fp))),
+        ratio_row(
+            "requests",
+            &format!("proxy CPU per request vs the relay floor in a process of its own, HTTP/1.1, {n} connections, UNIX socket"),
+            "µs",
+            &field(t, |t| t.cpu_us),
+            label,
+            &field(fp, |t| t.cpu_us),
+        ),
+        ratio_row(
+            "requests",
+            &format!("requests/s, the floor relay in a process of its own vs as a thread of the load generator's, HTTP/1.1, {n} connections"),
+            "req/s",
+            &field(fp, |t| t.per_second),
+            "floor relay (bytes only, one thread)",
+            &field(fl, |t| t.per_second),
+        )
+        .note("the same relay; what its clients' process being another one costs (each wake-up switches address space)"),
+        ratio_row(
+            "requests",
+            &format!("CPU per request, the floor relay in a process of its own vs as a thread of the load generator's, HTTP/1.1, {n} connections"),
+            "µs",
+            &field(fp, |t| t.cpu_us),
+            "floor relay (bytes only, one thread)",
+            &field(fl, |t| t.cpu_us),
+        ),
+    ]
 }
 
 /// The io_uring floor against the epoll floor: does io_uring lower a relay's CPU per request on
@@ -987,6 +1043,7 @@ async fn paced_rows(f: &Fixture, p: &Peers<'_>) -> Vec<Row> {
 pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
     let ghost = Ghostunnel::start(f);
     let floor = FloorRelay::start(f.upstream.port());
+    let floor_proc = FloorRelay::start_own_process(f.upstream.port());
     let tls_floor = FloorRelay::start_tls(f.upstream.port(), f.direct.clone());
     let tls_floor2 = [
         FloorRelay::start_tls(f.upstream.port(), f.direct.clone()),
@@ -997,6 +1054,7 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
     let p = Peers {
         ghost: ghost.as_ref(),
         floor: &floor,
+        floor_proc: &floor_proc,
         tls_floor: &tls_floor,
         tls_floor2: &tls_floor2,
         next_floor: std::cell::Cell::new(0),
@@ -1008,6 +1066,7 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
         Route::Unix,
         Route::Loopback,
         Route::Floor,
+        Route::FloorProc,
         Route::TlsFloor,
         Route::TlsFloor2,
     ];
@@ -1025,6 +1084,7 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
         Route::Direct,
         Route::Unix,
         Route::Floor,
+        Route::FloorProc,
         Route::TlsFloor,
         Route::TlsFloor2,
     ];
