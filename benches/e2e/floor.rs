@@ -181,6 +181,21 @@ impl FloorRelay {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
         if pid == 0 {
+            // The child keeps only its listener (and the standard streams): a copy of any other
+            // descriptor of the bench's (a pipe, a client's socket) would keep it open for its
+            // peer after the bench closes its own.
+            let keep = std::os::fd::AsRawFd::as_raw_fd(&listener);
+            let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+                .map(|dir| {
+                    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                        .filter(|&fd| fd > 2 && fd != keep)
+                        .collect()
+                })
+                .unwrap_or_default();
+            for fd in open {
+                // SAFETY: the child owns nothing it uses through these descriptors.
+                unsafe { libc::close(fd) };
+            }
             let stop = AtomicBool::new(false);
             let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 serve(listener, upstream_port, None, &stop)
