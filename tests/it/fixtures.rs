@@ -410,3 +410,97 @@ fn port_pairs_come_from_below_the_ephemeral_range() {
 fn require_tool_fails_loudly() {
     require_tool("definitely-not-a-tool-xyz", "nope");
 }
+
+/// Whether this process has a TCP connection open to 127.0.0.1:`port` (its descriptors
+/// matched by inode against `/proc/net/tcp`).
+#[cfg(feature = "tpm")]
+fn connected_to(port: u16) -> bool {
+    let inodes: Vec<String> = fs::read_to_string("/proc/net/tcp")
+        .expect("/proc/net/tcp")
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let remote = u16::from_str_radix(fields.get(2)?.rsplit_once(':')?.1, 16).ok()?;
+            (remote == port && *fields.get(3)? == "01").then(|| format!("socket:[{}]", fields[9]))
+        })
+        .collect();
+    fs::read_dir("/proc/self/fd")
+        .expect("this process's descriptors")
+        .filter_map(|fd| fs::read_link(fd.ok()?.path()).ok())
+        .any(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+}
+
+/// The test binary runs tests on several threads, and many of them start programs (swtpm,
+/// daemons, tools) while others talk to a TPM in this process. tpm2-tss's swtpm TCTI opens a
+/// connection for each command without close-on-exec, so a program started on another thread
+/// while a command was in flight kept that connection, and swtpm (one connection at a time)
+/// then waited on it for good: every later command of that TPM hung. In CI two `key::tpm`
+/// tests hung this way, each TPM held by a program the other had started, until the run was
+/// killed at 90 minutes. A program started mid-command now gets no such descriptor: every
+/// socket this process opens is close-on-exec (tests/it/main.rs). The command is held in
+/// flight by stopping swtpm, so the test does not depend on timing.
+#[cfg(feature = "tpm")]
+#[test]
+fn a_program_started_while_a_tpm_command_is_in_flight_leaves_the_tpm_free() {
+    use hwkey::key::{Key, KeyAlgorithm, SignScheme};
+    require_tool("tpm2_getrandom", "tpm2-tools");
+    let tpm = Swtpm::start();
+    let dir = temp_dir();
+    let uri = format!(
+        "tpm:path={}?tcti={}",
+        dir.path().join("k.pem").display(),
+        tpm.tcti()
+    )
+    .parse()
+    .expect("key URI");
+    let key = std::sync::Arc::new(Key::create(&uri, KeyAlgorithm::EcP256).expect("create a key"));
+    let paused = tpm.pause();
+    let signer = key.clone();
+    let signing =
+        std::thread::spawn(move || signer.sign(SignScheme::EcdsaP256Sha256, b"in flight"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !connected_to(tpm.port()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the signature never reached the TPM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // Another thread starts a long-lived program while the command waits for its answer.
+    let mut program = ChildGuard::spawn(
+        Command::new("sleep").arg("600"),
+        "a program started meanwhile",
+        &dir.path().join("sleep.log"),
+    );
+    drop(paused);
+    joined(signing, "the signature in flight").expect("the signature in flight");
+    // The key's next command (its flush as it closes), and the next client, get the TPM while
+    // that program still runs.
+    joined(std::thread::spawn(move || drop(key)), "closing the key");
+    let envs = tpm.envs();
+    let client = std::thread::spawn(move || {
+        Command::new("tpm2_getrandom")
+            .envs(envs)
+            .args(["8", "--hex"])
+            .output()
+            .expect("run tpm2_getrandom")
+    });
+    let out = joined(client, "tpm2_getrandom");
+    assert!(out.status.success(), "tpm2_getrandom: {out:?}");
+    program.kill();
+}
+
+/// `thread`'s result, or a failure after 30 s (a hang must fail this test, not stall the run).
+#[cfg(feature = "tpm")]
+fn joined<T>(thread: std::thread::JoinHandle<T>, what: &str) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !thread.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} waited 30 s for the TPM: the program started mid-command holds its connection"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    thread.join().expect(what)
+}

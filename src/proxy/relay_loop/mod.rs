@@ -141,8 +141,11 @@ enum Command {
 }
 
 impl RelayLoops {
-    /// `n` loops (at least one), their threads named `hwkey-proxy-relay`. On an error, the
-    /// loops already started are stopped again.
+    /// `n` loops (at least one), their threads named `hwkey-proxy-relay`, each running when
+    /// this returns: the proxy says it is ready after it, and whoever finds the loops by their
+    /// threads' names (an operator's `top -H`, the tests) finds every one (a new thread names
+    /// itself once it is first scheduled, which on a busy machine can be after the proxy is
+    /// ready). On an error, the loops already started are stopped again.
     pub fn start(n: usize) -> io::Result<RelayLoops> {
         let mut made = RelayLoops {
             loops: Vec::new(),
@@ -150,6 +153,7 @@ impl RelayLoops {
             listeners: AtomicUsize::new(0),
             threads: Mutex::new(Vec::new()),
         };
+        let (running, started) = std::sync::mpsc::channel::<()>();
         for _ in 0..n.max(1) {
             let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
             let wake = rustix::event::eventfd(
@@ -164,11 +168,24 @@ impl RelayLoops {
                 load: AtomicUsize::new(0),
             });
             let mine = inbox.clone();
+            let running = running.clone();
             let thread = std::thread::Builder::new()
                 .name("hwkey-proxy-relay".into())
-                .spawn(move || Loop::new(ep, mine).run())?;
+                .spawn(move || {
+                    let _ = running.send(());
+                    drop(running);
+                    Loop::new(ep, mine).run()
+                })?;
             made.loops.push(inbox);
             made.threads_mut().push(thread);
+        }
+        drop(running);
+        // Every thread says so as it starts; `recv` fails only once every thread has ended
+        // without saying so, and then there is nothing left to wait for.
+        for _ in 0..made.loops.len() {
+            if started.recv().is_err() {
+                break;
+            }
         }
         Ok(made)
     }

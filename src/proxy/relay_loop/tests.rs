@@ -443,3 +443,19 @@ fn a_loop_whose_thread_panics_still_closes_the_spares_it_made() {
         "the spare the loop made was left open when its thread ended"
     );
 }
+
+/// The loops run, under their names, once `start` returns: the proxy says it is ready after
+/// it, and the tests (and operators) that find the loops by their threads' names found one
+/// loop of two in CI, the other's thread not yet scheduled (a new thread names itself).
+#[test]
+fn the_loops_run_under_their_names_once_started() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    let loops = RelayLoops::start(64).unwrap();
+    let named = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("hwkey-proxy-rel"))
+        .count();
+    assert!(named >= 64, "{named} of 64 loops were running");
+    loops.shutdown();
+}
