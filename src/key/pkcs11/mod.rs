@@ -112,6 +112,12 @@ fn session_lost(e: &CkError) -> bool {
 
 /// Opens the key a URI names: finds the token, logs in once, finds the key and its public key.
 pub fn open(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
+    let _reading = objects_read();
+    open_unguarded(uri)
+}
+
+/// [`open`], for a caller that holds [`OBJECTS`] already.
+fn open_unguarded(uri: &Pkcs11Uri) -> Result<Pkcs11Key, KeyError> {
     let FoundKey {
         token,
         session,
@@ -218,7 +224,8 @@ fn signing_path(token: &Token, algorithm: KeyAlgorithm) -> SigningPath {
     }
 }
 
-/// Key creation and deletion in this process, one at a time.
+/// Key creation and deletion in this process, one at a time, and never beside a read of the
+/// token's objects.
 ///
 /// The check for an existing label or id and the generation must be one step: two threads
 /// creating the same label both passed the check and made two keys. And SoftHSM's object store
@@ -228,7 +235,25 @@ fn signing_path(token: &Token, algorithm: KeyAlgorithm) -> SigningPath {
 /// label at the same moment is not covered: a token has no transaction for it. Deletion takes
 /// the same lock: a key destroyed while a creation listed the token's keys made that listing
 /// fail with `CKR_OBJECT_HANDLE_INVALID` (a rotation deletes the previous key in the signer).
-static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+///
+/// What changes a token's objects (creating, deleting, storing a chain) takes it to write;
+/// what walks them (opening a key, listing, reading a key's protection) takes it to read.
+/// SoftHSM's reads of a token another thread is writing fail now and then, and so do its
+/// writes: an open beside a generation failed with "the value is not one of the expected
+/// options" or `CKR_OBJECT_HANDLE_INVALID`, and the generation with `CKR_GENERAL_ERROR` or
+/// `CKR_TEMPLATE_INCONSISTENT` (the key contract tests, about one run in three here).
+/// Signing walks no objects and takes no part in it: it goes on while a key is made.
+static OBJECTS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Holds [`OBJECTS`] to read a token's objects.
+fn objects_read() -> std::sync::RwLockReadGuard<'static, ()> {
+    OBJECTS.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Holds [`OBJECTS`] to change a token's objects.
+fn objects_write() -> std::sync::RwLockWriteGuard<'static, ()> {
+    OBJECTS.write().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Creates a key pair on the token. Refuses when a private key with that label or id exists.
 pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, KeyError> {
@@ -238,7 +263,7 @@ pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, Key
             reason: "a new key needs a label: add object=NAME to the URI".into(),
         });
     };
-    let creating = CREATING.lock().unwrap_or_else(|p| p.into_inner());
+    let creating = objects_write();
     let token = Token::find(uri)?;
     let calls = token.enter();
     let session = token.open_session(true)?;
@@ -276,13 +301,14 @@ pub fn create(uri: &Pkcs11Uri, algorithm: KeyAlgorithm) -> Result<Pkcs11Key, Key
     let uri = uri.with_key(ident.label.clone(), Some(ident.id.clone()));
     // Opened under the lock too: SoftHSM's reads of a token being written by another thread's
     // generation fail the same way (CKR_OBJECT_HANDLE_INVALID, CKR_GENERAL_ERROR).
-    let key = open(&uri);
+    let key = open_unguarded(&uri);
     drop(creating);
     key
 }
 
 /// Lists the private keys on the token the URI names.
 pub fn list(uri: &Pkcs11Uri) -> Result<Vec<KeyListing>, KeyError> {
+    let _reading = objects_read();
     let token = Token::find(uri)?;
     let _calls = token.enter();
     let session = token.try_open_session()?.ok_or_else(|| {
@@ -322,7 +348,7 @@ pub fn list(uri: &Pkcs11Uri) -> Result<Vec<KeyListing>, KeyError> {
 
 /// Deletes the private key, its public key and its certificates.
 pub fn delete(uri: &Pkcs11Uri) -> Result<Vec<String>, KeyError> {
-    let _deleting = CREATING.lock().unwrap_or_else(|p| p.into_inner());
+    let _deleting = objects_write();
     let FoundKey {
         token,
         session,
@@ -350,6 +376,7 @@ pub fn delete(uri: &Pkcs11Uri) -> Result<Vec<String>, KeyError> {
 /// Stores certificates as `CKO_CERTIFICATE` objects sharing the key's id and label. The new
 /// objects are written before the old ones are removed, so a failure leaves the old chain.
 pub fn store_chain(uri: &Pkcs11Uri, chain: &[Vec<u8>]) -> Result<String, KeyError> {
+    let _storing = objects_write();
     let FoundKey {
         token,
         session,
@@ -665,6 +692,7 @@ impl KeyBackend for Pkcs11Key {
 /// `CKA_SENSITIVE`, `CKA_EXTRACTABLE`, `CKA_NEVER_EXTRACTABLE`, `CKA_ALWAYS_SENSITIVE`, and
 /// whether `CKA_VALUE` was readable. `hwkey key show` prints them; tests assert on them.
 pub fn protection(uri: &Pkcs11Uri) -> Result<Vec<(&'static str, bool)>, KeyError> {
+    let _reading = objects_read();
     let FoundKey {
         token,
         session,

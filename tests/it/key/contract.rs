@@ -37,20 +37,34 @@ key_contract_on_both_backends!(
     the_cli_refuses_to_overwrite_a_key_and_names_it,
 );
 
+/// The contract tests that run `hwkey` processes on their device ([`Device::softhsm`]).
+#[cfg(feature = "pkcs11")]
+const CLI_TESTS: [&str; 1] = ["the_cli_refuses_to_overwrite_a_key_and_names_it"];
+
 /// Where a test's keys live.
 enum Device {
     /// A token of the shared in-process SoftHSM; labels are prefixed with the test's name.
     #[cfg(feature = "pkcs11")]
-    SoftHsm { prefix: String },
+    SoftHsm { token: &'static str, prefix: String },
     /// A swtpm of this test; key files in `dir`.
     #[cfg(feature = "tpm")]
     Tpm { tpm: Swtpm, dir: tempfile::TempDir },
 }
 
 impl Device {
+    /// A test that runs `hwkey` on its token gets a token of its own: SoftHSM keeps no
+    /// transaction across processes, and another process using the token while this one
+    /// generates keys on it fails reads and generations now and then (seen with a
+    /// `hwkey key create` loop beside creations in this process).
     #[cfg(feature = "pkcs11")]
     fn softhsm(test: &str) -> Device {
+        let runs_hwkey = CLI_TESTS.contains(&test);
         Device::SoftHsm {
+            token: if runs_hwkey {
+                "contract-cli"
+            } else {
+                "contract"
+            },
             prefix: test.chars().take(24).collect(),
         }
     }
@@ -71,8 +85,8 @@ impl Device {
     fn uri_text(&self, name: &str) -> String {
         match self {
             #[cfg(feature = "pkcs11")]
-            Device::SoftHsm { prefix } => {
-                crate::key::pkcs11::hsm().key_uri("contract", &format!("{prefix}-{name}"))
+            Device::SoftHsm { token, prefix } => {
+                crate::key::pkcs11::hsm().key_uri(token, &format!("{prefix}-{name}"))
             }
             #[cfg(feature = "tpm")]
             Device::Tpm { tpm, dir } => format!(
