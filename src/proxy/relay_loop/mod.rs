@@ -84,12 +84,6 @@ const EVENTS: usize = 256;
 /// The token of the loop's waker (commands in its inbox); connections use `2 × slot + side`.
 const WAKER: u64 = u64::MAX;
 
-/// The longest a loop sleeps for a deadline, in milliseconds (an hour; it looks again then).
-/// A certificate's expiry is usually weeks away: a longer timeout than `i32::MAX` milliseconds
-/// would make rustix wait with `epoll_pwait2`, which kernels before 5.11 and older container
-/// seccomp profiles refuse, and a loop whose wait fails ends its connections.
-const MAX_SLEEP_MS: u64 = 3_600_000;
-
 /// Descriptors each loop holds (its epoll, a copy of it for registering from other threads,
 /// and its waker; and a copy of each UNIX socket listener, counted by the caller), for the
 /// descriptor budget of [`super::limits`].
@@ -141,11 +135,9 @@ enum Command {
 }
 
 impl RelayLoops {
-    /// `n` loops (at least one), their threads named `hwkey-proxy-relay`, each running when
-    /// this returns: the proxy says it is ready after it, and whoever finds the loops by their
-    /// threads' names (an operator's `top -H`, the tests) finds every one (a new thread names
-    /// itself once it is first scheduled, which on a busy machine can be after the proxy is
-    /// ready). On an error, the loops already started are stopped again.
+    /// `n` loops (at least one), their threads named `hwkey-proxy-relay` and each running when
+    /// this returns (a new thread names itself when first scheduled: `top -H` and the tests
+    /// missed one). On an error, the loops already started are stopped again.
     pub fn start(n: usize) -> io::Result<RelayLoops> {
         let mut made = RelayLoops {
             loops: Vec::new(),
@@ -172,16 +164,14 @@ impl RelayLoops {
             let thread = std::thread::Builder::new()
                 .name("hwkey-proxy-relay".into())
                 .spawn(move || {
-                    let _ = running.send(());
-                    drop(running);
+                    let _ = { running }.send(()); // and dropped: see below
                     Loop::new(ep, mine).run()
                 })?;
             made.loops.push(inbox);
             made.threads_mut().push(thread);
         }
         drop(running);
-        // Every thread says so as it starts; `recv` fails only once every thread has ended
-        // without saying so, and then there is nothing left to wait for.
+        // `recv` fails only once no thread is left that has not said it runs.
         for _ in 0..made.loops.len() {
             if started.recv().is_err() {
                 break;
@@ -440,10 +430,10 @@ impl Loop {
     }
 
     /// How long `epoll_wait` may sleep: not at all while connections have bytes left to move,
-    /// until the next deadline if one is set (at most [`MAX_SLEEP_MS`]), else until an event
+    /// until the next deadline if one is set (at most [`watch::MAX_SLEEP_MS`]), else until an event
     /// comes.
     fn timeout(&self, now: u64) -> Option<rustix::event::Timespec> {
-        sleep_for(!self.again.is_empty(), self.next_check, now)
+        watch::sleep_for(!self.again.is_empty(), self.next_check, now)
     }
 
     /// A connection's turn: move what can be moved (at most [`ROUNDS_PER_TURN`] rounds),
@@ -591,20 +581,6 @@ impl Loop {
         self.inbox.load.fetch_sub(1, Ordering::Relaxed);
         conn.finish(&self.ep, result);
     }
-}
-
-/// [`Loop::timeout`]: no sleep with `more` to move, else until `next_check` (at most
-/// [`MAX_SLEEP_MS`]), else none (until an event).
-fn sleep_for(more: bool, next_check: Option<u64>, now: u64) -> Option<rustix::event::Timespec> {
-    let ms = if more {
-        0
-    } else {
-        next_check?.saturating_sub(now).min(MAX_SLEEP_MS)
-    };
-    Some(rustix::event::Timespec {
-        tv_sec: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
-        tv_nsec: i64::try_from(ms % 1000).unwrap_or(0) * 1_000_000,
-    })
 }
 
 fn interrupted(why: &'static str) -> io::Error {

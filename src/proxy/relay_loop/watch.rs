@@ -18,6 +18,30 @@ use crate::proxy::rotation::{self, CertEpoch, RotationClose};
 /// timeout or an expiry is acted on at most this late.
 pub const MIN_SCAN_MS: u64 = 50;
 
+/// The longest a loop sleeps for a deadline, in milliseconds (an hour; it looks again then).
+/// A certificate's expiry is usually weeks away: a longer timeout than `i32::MAX` milliseconds
+/// would make rustix wait with `epoll_pwait2`, which kernels before 5.11 and older container
+/// seccomp profiles refuse, and a loop whose wait fails ends its connections.
+pub(super) const MAX_SLEEP_MS: u64 = 3_600_000;
+
+/// [`super::Loop::timeout`]: no sleep with `more` to move, else until `next_check` (at most
+/// [`MAX_SLEEP_MS`]), else none (until an event).
+pub(super) fn sleep_for(
+    more: bool,
+    next_check: Option<u64>,
+    now: u64,
+) -> Option<rustix::event::Timespec> {
+    let ms = if more {
+        0
+    } else {
+        next_check?.saturating_sub(now).min(MAX_SLEEP_MS)
+    };
+    Some(rustix::event::Timespec {
+        tv_sec: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+        tv_nsec: i64::try_from(ms % 1000).unwrap_or(0) * 1_000_000,
+    })
+}
+
 /// What ends a relayed connection besides its two sides, taken when it was opened.
 #[derive(Clone, Copy, Debug)]
 pub struct Watch {

@@ -10,7 +10,8 @@ use std::time::Duration;
 use super::tests::{
     configs, connect, ended, read_to_close, relay, relay_watched, sees_the_end, server,
 };
-use super::{sleep_for, OnEnd, Pair, RelayLoops, Watch};
+use super::watch::sleep_for;
+use super::{OnEnd, Pair, RelayLoops, Watch};
 use crate::proxy::buffers::TEST_SERIAL;
 use crate::proxy::rotation::{CertEpoch, RotationClose};
 use std::os::unix::net::UnixStream;
