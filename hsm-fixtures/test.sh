@@ -66,13 +66,35 @@ RUN="$$-$(date +%s%N)"
 # during the run (a SoftHSM object file with a garbage name once did, from a use after free)
 # fails the run, named.
 UNTRACKED_BEFORE=$(git status --porcelain --untracked-files=all 2>/dev/null | grep '^??' || true)
+# A test that hangs fails its cargo run after a limit (HWKEY_TEST_LIMIT, or the minutes given),
+# naming the tests still running then, rather than holding the run until CI's 90 minutes are
+# over with nothing said (a hang in key::tpm did that once). `timeout` signals the whole
+# process group: cargo, the test binary and what the tests started (outlived.sh reaps the rest).
+limited() {
+    local minutes=$1
+    shift
+    local log
+    log=$(mktemp)
+    local rc=0
+    timeout --kill-after=30s "${HWKEY_TEST_LIMIT:-${minutes}m}" "$@" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
+    if [[ $rc == 124 || $rc == 137 ]]; then
+        echo "test.sh: stopped after ${HWKEY_TEST_LIMIT:-${minutes}m}: $*" >&2
+        echo "test.sh: the tests that ran over 60 seconds and had not ended then:" >&2
+        grep -o '^test [^ ]* has been running for over 60 seconds' "$log" | cut -d' ' -f2 | sort -u |
+            while read -r name; do
+                grep -q "^test $name \.\.\. " "$log" || echo "  $name" >&2
+            done
+    fi
+    rm -f "$log"
+    return "$rc"
+}
 # Every proxy the suite starts (directly, or through kubectl's exec plugin) confines its network
 # side fully or refuses to start: a test that needs a hole in the sandbox fails.
 export HWKEY_SANDBOX=required
 # Everything, with both backends (the default build). Three tests at a time on two cores: the
 # tests wait on real servers (kube-apiserver, etcd, swtpm, kubectl) more than they compute, and a
 # third took the suite from 845 s to 743 s here. Their assertions are counts and orders, not clocks.
-HWKEY_TEST_RUN=$RUN RUST_TEST_THREADS=${RUST_TEST_THREADS:-3} \
+HWKEY_TEST_RUN=$RUN RUST_TEST_THREADS=${RUST_TEST_THREADS:-3} limited 45 \
     cargo test --locked --all-targets --no-fail-fast "$@" -- "${RELEASED[@]/#/--skip=}" || status=1
 hsm-fixtures/outlived.sh "$RUN" || status=1
 # The package, then the tests that need it (the same build: nothing compiles).
@@ -83,7 +105,7 @@ fi
 trap - EXIT
 cat "$PACKAGE_LOG" >&2
 echo "== tests of what hsm-fixtures/package.sh made: ${RELEASED[*]}" >&2
-HWKEY_TEST_RUN=$RUN RUST_TEST_THREADS=${RUST_TEST_THREADS:-3} \
+HWKEY_TEST_RUN=$RUN RUST_TEST_THREADS=${RUST_TEST_THREADS:-3} limited 15 \
     cargo test --locked --test it --no-fail-fast "$@" -- "${RELEASED[@]}" || status=1
 hsm-fixtures/outlived.sh "$RUN" || status=1
 # Each backend alone (Cargo features `pkcs11` and `tpm`): the integration tests compiled for that
@@ -108,8 +130,8 @@ for backend in pkcs11 tpm; do
         select=(-- key:: exec:: shipping:: fixtures:: proxy::signer:: proxy::transport:: proxy::local_auth::)
         echo "test.sh: the pkcs11-only build runs what differs between builds: ${select[*]:1}" >&2
     fi
-    HWKEY_TEST_RUN=$RUN cargo test --locked --no-default-features --features "$backend" --test it \
-        --no-fail-fast "$@" "${select[@]}" || status=1
+    HWKEY_TEST_RUN=$RUN limited 20 cargo test --locked --no-default-features --features "$backend" \
+        --test it --no-fail-fast "$@" "${select[@]}" || status=1
     hsm-fixtures/outlived.sh "$RUN" || status=1
 done
 UNTRACKED_AFTER=$(git status --porcelain --untracked-files=all 2>/dev/null | grep '^??' || true)
