@@ -68,21 +68,37 @@ RUN="$$-$(date +%s%N)"
 UNTRACKED_BEFORE=$(git status --porcelain --untracked-files=all 2>/dev/null | grep '^??' || true)
 # A test that hangs fails its cargo run after a limit (HWKEY_TEST_LIMIT, or the minutes given),
 # naming the tests still running then, rather than holding the run until CI's 90 minutes are
-# over with nothing said (a hang in key::tpm did that once). `timeout` signals the whole
-# process group: cargo, the test binary and what the tests started (outlived.sh reaps the rest).
+# over with nothing said (a hang in key::tpm did that once). `timeout` runs the command in a
+# process group of its own and signals all of it (cargo, the test binary and what the tests
+# started; outlived.sh reaps the rest); an interrupt or a TERM of this script is passed on to
+# it, and the script then stops. The output goes to a log that `tail` shows as it comes.
 limited() {
     local minutes=$1
     shift
-    local log
+    local limit=${HWKEY_TEST_LIMIT:-${minutes}m} log pid tailer rc=0 stopped=""
     log=$(mktemp)
-    local rc=0
-    timeout --kill-after=30s "${HWKEY_TEST_LIMIT:-${minutes}m}" "$@" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
+    timeout --kill-after=30s "$limit" "$@" >"$log" 2>&1 &
+    pid=$!
+    trap 'stopped=1; kill -TERM "$pid" 2>/dev/null' INT TERM HUP
+    tail -n +1 -f --pid="$pid" "$log" &
+    tailer=$!
+    wait "$pid" && rc=0 || rc=$?
+    # An interrupt ends `wait` early: wait on until the command has stopped.
+    while [[ -n $stopped ]] && kill -0 "$pid" 2>/dev/null; do
+        wait "$pid" && rc=0 || rc=$?
+    done
+    wait "$tailer" || true
+    trap - INT TERM HUP
+    if [[ -n $stopped ]]; then
+        rm -f "$log"
+        exit 130
+    fi
     if [[ $rc == 124 || $rc == 137 ]]; then
-        echo "test.sh: stopped after ${HWKEY_TEST_LIMIT:-${minutes}m}: $*" >&2
+        echo "test.sh: stopped after $limit: $*" >&2
         echo "test.sh: the tests that ran over 60 seconds and had not ended then:" >&2
-        grep -o '^test [^ ]* has been running for over 60 seconds' "$log" | cut -d' ' -f2 | sort -u |
+        grep -o 'test [^ ]* has been running for over 60 seconds' "$log" | cut -d' ' -f2 | sort -u |
             while read -r name; do
-                grep -q "^test $name \.\.\. " "$log" || echo "  $name" >&2
+                grep -q "test $name \.\.\. " "$log" || echo "  $name" >&2
             done
     fi
     rm -f "$log"
@@ -130,7 +146,7 @@ for backend in pkcs11 tpm; do
         select=(-- key:: exec:: shipping:: fixtures:: proxy::signer:: proxy::transport:: proxy::local_auth::)
         echo "test.sh: the pkcs11-only build runs what differs between builds: ${select[*]:1}" >&2
     fi
-    HWKEY_TEST_RUN=$RUN limited 20 cargo test --locked --no-default-features --features "$backend" \
+    HWKEY_TEST_RUN=$RUN limited 25 cargo test --locked --no-default-features --features "$backend" \
         --test it --no-fail-fast "$@" "${select[@]}" || status=1
     hsm-fixtures/outlived.sh "$RUN" || status=1
 done

@@ -436,10 +436,10 @@ fn connected_to(port: u16) -> bool {
 /// connection for each command without close-on-exec, so a program started on another thread
 /// while a command was in flight kept that connection, and swtpm (one connection at a time)
 /// then waited on it for good: every later command of that TPM hung. In CI two `key::tpm`
-/// tests hung this way, each TPM held by a program the other had started, until the run was
-/// killed at 90 minutes. A program started mid-command now gets no such descriptor: every
-/// socket this process opens is close-on-exec (tests/it/main.rs). The command is held in
-/// flight by stopping swtpm, so the test does not depend on timing.
+/// tests hung, most likely this way, until the run was killed at 90 minutes. A program
+/// started mid-command now gets no such descriptor: every `socket(2)` call in this process
+/// makes a close-on-exec socket (tests/it/main.rs). The command is held in flight by
+/// stopping swtpm, so the test does not depend on timing.
 #[cfg(feature = "tpm")]
 #[test]
 fn a_program_started_while_a_tpm_command_is_in_flight_leaves_the_tpm_free() {

@@ -11,9 +11,10 @@
 #[cfg(feature = "tpm")]
 mod approver;
 
-/// Every socket this test binary opens is close-on-exec, whoever opens it: this definition
-/// stands in for the C library's `socket` (build.rs exports it from the binary, so the shared
-/// libraries' calls resolve here too) and adds `SOCK_CLOEXEC` to the type.
+/// Every `socket(2)` call in this test binary makes a close-on-exec socket, whoever calls it:
+/// this definition stands in for the C library's `socket` (build.rs exports it from the
+/// binary, so the shared libraries' calls resolve here too) and adds `SOCK_CLOEXEC` to the
+/// type. (`accept` and `socketpair` are not covered; no C library here uses them.)
 ///
 /// Why: the tests run on several threads and many start programs (swtpm, daemons, tools)
 /// while others talk to a TPM in this process, and tpm2-tss's swtpm TCTI opens a connection
@@ -38,9 +39,9 @@ pub extern "C" fn socket(
     let fd = unsafe {
         libc::syscall(
             libc::SYS_socket,
-            domain,
-            kind | libc::SOCK_CLOEXEC,
-            protocol,
+            libc::c_long::from(domain),
+            libc::c_long::from(kind | libc::SOCK_CLOEXEC),
+            libc::c_long::from(protocol),
         )
     };
     libc::c_int::try_from(fd).unwrap_or(-1)

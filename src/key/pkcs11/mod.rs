@@ -237,12 +237,15 @@ fn signing_path(token: &Token, algorithm: KeyAlgorithm) -> SigningPath {
 /// fail with `CKR_OBJECT_HANDLE_INVALID` (a rotation deletes the previous key in the signer).
 ///
 /// What changes a token's objects (creating, deleting, storing a chain) takes it to write;
-/// what walks them (opening a key, listing, reading a key's protection) takes it to read.
-/// SoftHSM's reads of a token another thread is writing fail now and then, and so do its
-/// writes: an open beside a generation failed with "the value is not one of the expected
-/// options" or `CKR_OBJECT_HANDLE_INVALID`, and the generation with `CKR_GENERAL_ERROR` or
-/// `CKR_TEMPLATE_INCONSISTENT` (the key contract tests, about one run in three here).
-/// Signing walks no objects and takes no part in it: it goes on while a key is made.
+/// what walks them (opening a key, listing, reading a key's protection, its stored chain or
+/// its PIV attestation) takes it to read. SoftHSM's reads of a token another thread is writing
+/// fail now and then, and so do its writes: an open beside a generation failed with "the
+/// value is not one of the expected options" or `CKR_OBJECT_HANDLE_INVALID`, and the
+/// generation with `CKR_GENERAL_ERROR` or `CKR_TEMPLATE_INCONSISTENT` (the key contract
+/// tests, three suite runs in twelve here). A signature takes no part in it, nor the search
+/// for its key after a lost session (`recover`): they run as calls in flight, which a
+/// module's re-initialisation under the write lock waits for, so they must not wait for the
+/// lock. One lock for every token of the process: keys are made rarely.
 static OBJECTS: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 /// Holds [`OBJECTS`] to read a token's objects.
@@ -630,6 +633,7 @@ impl KeyBackend for Pkcs11Key {
     }
 
     fn stored_chain(&self) -> Result<Option<Vec<Vec<u8>>>, KeyError> {
+        let _reading = objects_read();
         let read = || -> Result<Vec<(ObjectHandle, Vec<u8>)>, KeyError> {
             let session = self.pool.get(&self.token)?;
             objects::certificates(&self.token, session.session(), &self.ident)
@@ -650,6 +654,7 @@ impl KeyBackend for Pkcs11Key {
     }
 
     fn piv_attestation(&self) -> Result<Option<super::PivAttestationCerts>, KeyError> {
+        let _reading = objects_read();
         let read = || -> Result<Vec<(String, Vec<u8>)>, KeyError> {
             let session = self.pool.get(&self.token)?;
             objects::labelled_certificates(&self.token, session.session())

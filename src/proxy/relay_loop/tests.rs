@@ -446,16 +446,38 @@ fn a_loop_whose_thread_panics_still_closes_the_spares_it_made() {
 
 /// The loops run, under their names, once `start` returns: the proxy says it is ready after
 /// it, and the tests (and operators) that find the loops by their threads' names found one
-/// loop of two in CI, the other's thread not yet scheduled (a new thread names itself).
+/// loop of two in CI, the other's thread not yet scheduled (a new thread names itself). With
+/// every core kept busy, the old `start` returned with 1, 2, 57 and 1 of 64 running.
 #[test]
 fn the_loops_run_under_their_names_once_started() {
     let _serial = TEST_SERIAL.blocking_lock();
+    let tasks = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| Some(t.ok()?.path()))
+            .collect()
+    };
+    // Every core busy, as on a loaded machine: a new thread waits its turn to run.
+    let busy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let spinners: Vec<_> = (0..4)
+        .map(|_| {
+            let busy = busy.clone();
+            std::thread::spawn(move || while busy.load(Ordering::Relaxed) {})
+        })
+        .collect();
+    let before = tasks();
     let loops = RelayLoops::start(64).unwrap();
-    let named = std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+    // This start's threads: those that were not there before it.
+    let named = tasks()
+        .into_iter()
+        .filter(|task| !before.contains(task))
+        .filter_map(|task| std::fs::read_to_string(task.join("comm")).ok())
         .filter(|name| name.starts_with("hwkey-proxy-rel"))
         .count();
-    assert!(named >= 64, "{named} of 64 loops were running");
+    busy.store(false, Ordering::Relaxed);
+    for spinner in spinners {
+        spinner.join().unwrap();
+    }
+    assert_eq!(named, 64, "{named} of 64 loops were running");
     loops.shutdown();
 }
