@@ -18,6 +18,7 @@ pub mod control_client;
 pub mod credential;
 pub mod error;
 pub mod launcher;
+mod pin_prompt;
 pub mod settings;
 
 use std::path::PathBuf;

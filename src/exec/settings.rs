@@ -196,6 +196,6 @@ pub fn pin_for(
         });
     }
     let prompt = format!("PIN for token '{}': ", uri.token_desc());
-    let pin = rpassword::prompt_password(prompt).map_err(ExecError::PinPrompt)?;
+    let pin = super::pin_prompt::prompt_pin(&prompt).map_err(ExecError::PinPrompt)?;
     Ok(Some(Zeroizing::new(pin)))
 }
