@@ -27,7 +27,7 @@ fn main() {
         _ => "not built from a git checkout".to_string(),
     };
     println!("cargo:rustc-env=HWKEY_GIT_COMMIT={commit}");
-    // The integration tests' binary exports its `socket` (tests/it/main.rs), so that the
+    // The integration tests' binary exports its `socket` (tests/it/cloexec.rs), so that the
     // shared libraries it loads (tpm2-tss's TCTIs) open their sockets close-on-exec too.
     println!("cargo:rustc-link-arg-tests=-Wl,--export-dynamic-symbol=socket");
 }

@@ -438,7 +438,7 @@ fn connected_to(port: u16) -> bool {
 /// then waited on it for good: every later command of that TPM hung. In CI two `key::tpm`
 /// tests hung, most likely this way, until the run was killed at 90 minutes. A program
 /// started mid-command now gets no such descriptor: every `socket(2)` call in this process
-/// makes a close-on-exec socket (tests/it/main.rs). The command is held in flight by
+/// makes a close-on-exec socket (tests/it/cloexec.rs). The command is held in flight by
 /// stopping swtpm, so the test does not depend on timing.
 #[cfg(feature = "tpm")]
 #[test]
