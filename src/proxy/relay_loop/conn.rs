@@ -196,6 +196,22 @@ pub(super) struct Conn {
     pub(super) deadlines: Deadlines,
     /// What the loop does with its outcome, on the loop's thread.
     on_end: Option<OnEnd>,
+    /// rustls may hold plaintext (or the upstream's end) not yet gathered: set by each
+    /// `process_new_packets`, cleared when a gather finds nothing. A round that has nothing to
+    /// send the client then asks rustls nothing: the reader a gather polls costs as much as
+    /// the loop's own work on a small keep-alive request, and most rounds find it empty.
+    unread: bool,
+    /// What a turn did, for the tests that count it.
+    #[cfg(test)]
+    pub(super) counts: Counts,
+}
+
+/// Rounds of [`Conn::drive`] and polls of rustls's reader, counted for the tests.
+#[cfg(test)]
+#[derive(Default, Debug, Clone, Copy)]
+pub(super) struct Counts {
+    pub(super) rounds: usize,
+    pub(super) polls: usize,
 }
 
 impl Conn {
@@ -224,6 +240,10 @@ impl Conn {
             last: 0,
             deadlines,
             on_end: Some(on_end),
+            // The handshake's last flight may have brought application data already.
+            unread: true,
+            #[cfg(test)]
+            counts: Counts::default(),
         };
         if !pair.records.is_empty() {
             // Usually a session ticket or two: a buffer of their size, not a pooled 64 KiB one
@@ -254,6 +274,10 @@ impl Conn {
     ) -> io::Result<Step> {
         let mut step = Step::More;
         for _ in 0..ROUNDS_PER_TURN {
+            #[cfg(test)]
+            {
+                self.counts.rounds += 1;
+            }
             let forward = self.forward(scratch)?;
             let backward = self.backward(&mut scratch.records[..RECORDS], &mut scratch.out)?;
             if !(forward || backward) {
@@ -283,17 +307,7 @@ impl Conn {
             return Ok(false);
         }
         if self.tls.wants_write() {
-            if !self.upstream.writable {
-                return Ok(false);
-            }
-            return match self.tls.write_tls(&mut self.upstream.io) {
-                Ok(_) => Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.upstream.writable = false;
-                    Ok(false)
-                }
-                Err(e) => Err(e),
-            };
+            return self.write_upstream();
         }
         if self.client_eof {
             self.upstream_shut = true;
@@ -320,6 +334,9 @@ impl Conn {
                 plain[..n].fill(0);
                 sealed?;
                 self.up += n as u64;
+                // Out now, in this round: a request costs one round, not one to seal and
+                // another to send.
+                self.write_upstream()?;
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -327,6 +344,22 @@ impl Conn {
                 Ok(false)
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes the sealed records rustls holds to the upstream, as far as it has room; true if
+    /// some went.
+    fn write_upstream(&mut self) -> io::Result<bool> {
+        if !self.upstream.writable {
+            return Ok(false);
+        }
+        match self.tls.write_tls(&mut self.upstream.io) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.upstream.writable = false;
+                Ok(false)
+            }
             Err(e) => Err(e),
         }
     }
@@ -464,6 +497,8 @@ impl Conn {
     }
 
     pub(super) fn process(&mut self) -> io::Result<()> {
+        // Even on an error: the plaintext of the records before a bad one is still gathered.
+        self.unread = true;
         if let Err(e) = self.tls.process_new_packets() {
             // The alert rustls queued, if the socket takes it.
             let _ = self.tls.write_tls(&mut self.upstream.io);
@@ -477,8 +512,15 @@ impl Conn {
     /// An error (the upstream cut the stream without `close_notify`) comes once what was
     /// gathered is out.
     fn gather(&mut self, out: &mut [u8], n: &mut usize) -> io::Result<bool> {
+        if !self.unread {
+            return Ok(false);
+        }
         let mut reader = self.tls.reader();
         while *n < out.len() {
+            #[cfg(test)]
+            {
+                self.counts.polls += 1;
+            }
             match reader.fill_buf() {
                 Ok([]) => return Ok(true),
                 Ok(chunk) => {
@@ -487,7 +529,10 @@ impl Conn {
                     reader.consume(k);
                     *n += k;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.unread = false;
+                    break;
+                }
                 Err(_) if *n > 0 => break,
                 Err(e) => return Err(e),
             }

@@ -344,6 +344,90 @@ fn a_turn_ends_after_its_rounds_with_bytes_still_waiting() {
     upstream.join().unwrap();
 }
 
+/// A keep-alive exchange costs the loop one round to send the request upstream and one to
+/// bring the answer back, and rustls's reader is polled only after records were opened:
+/// twice per answer (the plaintext, then the poll that finds no more). Before, a request
+/// took three rounds (read and seal; write; find nothing) and every round of either
+/// direction polled the reader, as did the answer's read before its records went in: eight
+/// polls per exchange, six finding nothing. Counted, not timed.
+#[test]
+fn a_keep_alive_exchange_costs_two_rounds_and_two_reader_polls() {
+    let _serial = TEST_SERIAL.blocking_lock();
+    const EXCHANGES: usize = 20;
+    let (server_config, client_config) = configs(false);
+    // No session tickets: they would come between the handshake and the first answer.
+    let mut server_config = (*server_config).clone();
+    server_config.send_tls13_tickets = 0;
+    let (port, upstream) = server(Arc::new(server_config), |s| {
+        let mut request = [0u8; 64];
+        for i in 0..EXCHANGES {
+            let n = s.read(&mut request).unwrap();
+            assert_eq!(&request[..n], format!("GET {i}").as_bytes());
+            s.write_all(format!("200 {i}").as_bytes()).unwrap();
+            s.flush().unwrap();
+        }
+        let _ = read_to_close(s);
+    });
+    let (pair, mut client) = connect(port, client_config);
+    let upstream_fd = pair.upstream.try_clone().unwrap();
+    let deadlines = watch::Deadlines::new(&Watch::none(), 0);
+    let mut conn = Box::new(Conn::new(pair, deadlines, Box::new(|_| {})));
+    conn.client.writable = true;
+    conn.upstream.writable = true;
+    let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+    let mut scratch = Scratch::new();
+    // The connection as handed off may hold plaintext from the handshake: its first turn
+    // looks (and finds none).
+    conn.drive(&ep, 0, &mut scratch).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let (mut rounds, mut polls) = (Vec::new(), Vec::new());
+    for i in 0..EXCHANGES {
+        conn.counts = Default::default();
+        client.write_all(format!("GET {i}").as_bytes()).unwrap();
+        conn.client.readable = true;
+        assert!(matches!(
+            conn.drive(&ep, 0, &mut scratch).unwrap(),
+            Step::Waiting
+        ));
+        let sent = conn.counts;
+        // The answer's records have come when the upstream's socket is readable.
+        let mut fds = [rustix::event::PollFd::new(
+            &upstream_fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let ten_s = rustix::event::Timespec {
+            tv_sec: 10,
+            tv_nsec: 0,
+        };
+        assert_eq!(rustix::event::poll(&mut fds, Some(&ten_s)).unwrap(), 1);
+        conn.upstream.readable = true;
+        assert!(matches!(
+            conn.drive(&ep, 0, &mut scratch).unwrap(),
+            Step::Waiting
+        ));
+        let mut answer = [0u8; 64];
+        let n = client.read(&mut answer).unwrap();
+        assert_eq!(&answer[..n], format!("200 {i}").as_bytes());
+        rounds.push((sent.rounds, conn.counts.rounds - sent.rounds));
+        polls.push(conn.counts.polls);
+    }
+    assert!(
+        rounds.iter().all(|&r| r == (2, 2)),
+        "rounds (request, answer) per exchange: {rounds:?}"
+    );
+    assert!(
+        polls.iter().all(|&p| p == 2),
+        "reader polls per exchange: {polls:?}"
+    );
+    client.shutdown(Shutdown::Write).unwrap();
+    conn.client.readable = true;
+    conn.drive(&ep, 0, &mut scratch).unwrap();
+    drop(conn);
+    upstream.join().unwrap();
+}
+
 /// Once the loops have stopped, a connection handed to them is refused (and closed: its
 /// client sees the end) instead of waiting in a queue nobody reads.
 #[test]
