@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rustls::ClientConnection;
 
-use super::conn::{PLAIN, ROUNDS_PER_TURN};
+use super::conn::{Counts, PLAIN, ROUNDS_PER_TURN};
 use crate::egress::Tunnel;
 use crate::proxy::readahead::ReadAhead;
 use crate::proxy::unix_client::ClientUnixStream;
@@ -368,50 +368,13 @@ fn a_keep_alive_exchange_costs_two_rounds_and_two_reader_polls() {
         }
         let _ = read_to_close(s);
     });
-    let (pair, mut client) = connect(port, client_config);
-    let upstream_fd = pair.upstream.try_clone().unwrap();
-    let deadlines = watch::Deadlines::new(&Watch::none(), 0);
-    let mut conn = Box::new(Conn::new(pair, deadlines, Box::new(|_| {})));
-    conn.client.writable = true;
-    conn.upstream.writable = true;
-    let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
-    let mut scratch = Scratch::new();
-    // The connection as handed off may hold plaintext from the handshake: its first turn
-    // looks (and finds none).
-    conn.drive(&ep, 0, &mut scratch).unwrap();
-    client
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    let (pair, client) = connect(port, client_config);
+    let mut by_hand = ByHand::new(pair, client);
     let (mut rounds, mut polls) = (Vec::new(), Vec::new());
     for i in 0..EXCHANGES {
-        conn.counts = Default::default();
-        client.write_all(format!("GET {i}").as_bytes()).unwrap();
-        conn.client.readable = true;
-        assert!(matches!(
-            conn.drive(&ep, 0, &mut scratch).unwrap(),
-            Step::Waiting
-        ));
-        let sent = conn.counts;
-        // The answer's records have come when the upstream's socket is readable.
-        let mut fds = [rustix::event::PollFd::new(
-            &upstream_fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let ten_s = rustix::event::Timespec {
-            tv_sec: 10,
-            tv_nsec: 0,
-        };
-        assert_eq!(rustix::event::poll(&mut fds, Some(&ten_s)).unwrap(), 1);
-        conn.upstream.readable = true;
-        assert!(matches!(
-            conn.drive(&ep, 0, &mut scratch).unwrap(),
-            Step::Waiting
-        ));
-        let mut answer = [0u8; 64];
-        let n = client.read(&mut answer).unwrap();
-        assert_eq!(&answer[..n], format!("200 {i}").as_bytes());
-        rounds.push((sent.rounds, conn.counts.rounds - sent.rounds));
-        polls.push(conn.counts.polls);
+        let (sent, answered) = by_hand.exchange(i);
+        rounds.push((sent.rounds, answered.rounds));
+        polls.push(sent.polls + answered.polls);
     }
     assert!(
         rounds.iter().all(|&r| r == (2, 2)),
@@ -421,11 +384,76 @@ fn a_keep_alive_exchange_costs_two_rounds_and_two_reader_polls() {
         polls.iter().all(|&p| p == 2),
         "reader polls per exchange: {polls:?}"
     );
-    client.shutdown(Shutdown::Write).unwrap();
-    conn.client.readable = true;
-    conn.drive(&ep, 0, &mut scratch).unwrap();
-    drop(conn);
+    by_hand.client.shutdown(Shutdown::Write).unwrap();
+    by_hand.conn.client.readable = true;
+    by_hand.drive();
+    drop(by_hand);
     upstream.join().unwrap();
+}
+
+/// A connection driven by the test as its loop would drive it, with its events set by hand.
+struct ByHand {
+    conn: Box<Conn>,
+    client: UnixStream,
+    /// The upstream's socket (a copy), to wait for the answer's records.
+    upstream: TcpStream,
+    ep: OwnedFd,
+    scratch: Scratch,
+}
+
+impl ByHand {
+    fn new(pair: Pair, client: UnixStream) -> ByHand {
+        let upstream = pair.upstream.try_clone().unwrap();
+        let deadlines = watch::Deadlines::new(&Watch::none(), 0);
+        let mut conn = Box::new(Conn::new(pair, deadlines, Box::new(|_| {})));
+        conn.client.writable = true;
+        conn.upstream.writable = true;
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut by_hand = ByHand {
+            conn,
+            client,
+            upstream,
+            ep: epoll::create(epoll::CreateFlags::CLOEXEC).unwrap(),
+            scratch: Scratch::new(),
+        };
+        // The connection as handed off may hold plaintext from the handshake: its first turn
+        // looks (and finds none).
+        by_hand.drive();
+        by_hand
+    }
+
+    fn drive(&mut self) -> Step {
+        self.conn.drive(&self.ep, 0, &mut self.scratch).unwrap()
+    }
+
+    /// Request `i` and its answer; what the connection's turns counted for each.
+    fn exchange(&mut self, i: usize) -> (Counts, Counts) {
+        self.conn.counts = Counts::default();
+        self.client
+            .write_all(format!("GET {i}").as_bytes())
+            .unwrap();
+        self.conn.client.readable = true;
+        assert!(matches!(self.drive(), Step::Waiting));
+        let sent = std::mem::take(&mut self.conn.counts);
+        // The answer's records have come when the upstream's socket is readable.
+        let mut fds = [rustix::event::PollFd::new(
+            &self.upstream,
+            rustix::event::PollFlags::IN,
+        )];
+        let ten_s = rustix::event::Timespec {
+            tv_sec: 10,
+            tv_nsec: 0,
+        };
+        assert_eq!(rustix::event::poll(&mut fds, Some(&ten_s)).unwrap(), 1);
+        self.conn.upstream.readable = true;
+        assert!(matches!(self.drive(), Step::Waiting));
+        let mut answer = [0u8; 64];
+        let n = self.client.read(&mut answer).unwrap();
+        assert_eq!(&answer[..n], format!("200 {i}").as_bytes());
+        (sent, self.conn.counts)
+    }
 }
 
 /// Once the loops have stopped, a connection handed to them is refused (and closed: its
