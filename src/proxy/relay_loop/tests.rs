@@ -344,12 +344,12 @@ fn a_turn_ends_after_its_rounds_with_bytes_still_waiting() {
     upstream.join().unwrap();
 }
 
-/// A keep-alive exchange costs the loop one round to send the request upstream and one to
-/// bring the answer back, and rustls's reader is polled only after records were opened:
-/// twice per answer (the plaintext, then the poll that finds no more). Before, a request
-/// took three rounds (read and seal; write; find nothing) and every round of either
-/// direction polled the reader, as did the answer's read before its records went in: eight
-/// polls per exchange, six finding nothing. Counted, not timed.
+/// A keep-alive exchange costs the loop two rounds each way (one that moves the request or
+/// the answer, then the one that finds nothing more), and rustls's reader is polled only
+/// after records were opened: twice per answer (the plaintext, then the poll that finds no
+/// more). Before, a request took three rounds (read and seal; write; find nothing) and every
+/// round of either direction polled the reader, as did the answer's read before its records
+/// went in: eight polls per exchange, seven finding nothing. Counted, not timed.
 #[test]
 fn a_keep_alive_exchange_costs_two_rounds_and_two_reader_polls() {
     let _serial = TEST_SERIAL.blocking_lock();
