@@ -198,8 +198,9 @@ pub(super) struct Conn {
     on_end: Option<OnEnd>,
     /// rustls may hold plaintext (or the upstream's end) not yet gathered: set by each
     /// `process_new_packets`, cleared when a gather finds nothing. A round that has nothing to
-    /// send the client then asks rustls nothing: the reader a gather polls costs as much as
-    /// the loop's own work on a small keep-alive request, and most rounds find it empty.
+    /// send the client then asks rustls nothing: most rounds of a keep-alive request found
+    /// the reader empty, and each such poll made and dropped an `io::Error` (about a fifth of
+    /// the loop's own samples, docs/BENCHMARKS.md round sixteen).
     unread: bool,
     /// What a turn did, for the tests that count it.
     #[cfg(test)]
