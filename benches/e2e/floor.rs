@@ -29,6 +29,9 @@ use super::*;
 /// The floor relay's thread; stopped on drop.
 pub(crate) struct FloorRelay {
     pub(crate) socket: PathBuf,
+    /// Every socket it listens on: `socket` alone, but for a relay of several threads in a
+    /// process of its own ([`FloorRelay::start_tls2_own_process`]), one per thread.
+    pub(crate) sockets: Vec<PathBuf>,
     /// The loopback TCP port of the two-sided TLS floor ([`FloorRelay::start_both_tls`]); 0
     /// for the floors on a UNIX socket.
     pub(crate) port: u16,
@@ -167,28 +170,53 @@ impl FloorRelay {
     /// a thread of its clients' process: each switch between the load generator and a relay in
     /// another process changes address space, as it does for hwkey, which a floor thread in the
     /// bench's own process does not pay.
+    pub(crate) fn start_own_process(upstream_port: u16) -> FloorRelay {
+        FloorRelay::fork(upstream_port, None, 1)
+    }
+
+    /// The two-thread TLS floor (two TLS floor relays, a thread each, connections in turn) in a
+    /// process of its own, as [`FloorRelay::start_own_process`] is the bytes floor: the proxy's
+    /// job on a thread per core, done by the least relay, paying what hwkey pays for being
+    /// another process than its clients. Its sockets are [`FloorRelay::sockets`].
+    pub(crate) fn start_tls2_own_process(
+        upstream_port: u16,
+        config: Arc<ClientConfig>,
+    ) -> FloorRelay {
+        FloorRelay::fork(upstream_port, Some(config), 2)
+    }
+
+    /// A child process serving `threads` listeners, a thread each (the child's first thread
+    /// serves the first).
     #[allow(
         unsafe_code,
         reason = "fork, and _exit in the child: no safe binding forks a process"
     )]
-    pub(crate) fn start_own_process(upstream_port: u16) -> FloorRelay {
+    fn fork(upstream_port: u16, tls: Option<Arc<ClientConfig>>, threads: usize) -> FloorRelay {
         let dir = temp_dir();
-        let socket = dir.path().join("floor.sock");
-        let listener = UnixListener::bind(&socket).expect("floor relay socket");
-        // SAFETY: the child only runs `serve` (epoll, sockets and the allocator, whose locks
-        // glibc resets in a forked child) on this thread, and leaves with `_exit` whatever
-        // happens: no destructor of the parent's state runs in it.
+        let sockets: Vec<PathBuf> = (0..threads)
+            .map(|i| dir.path().join(format!("floor-{i}.sock")))
+            .collect();
+        let listeners: Vec<UnixListener> = sockets
+            .iter()
+            .map(|s| UnixListener::bind(s).expect("floor relay socket"))
+            .collect();
+        // SAFETY: the child only runs `serve` (epoll, sockets, threads and the allocator, whose
+        // locks glibc resets in a forked child), and leaves with `_exit` whatever happens: no
+        // destructor of the parent's state runs in it.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
         if pid == 0 {
-            // The child keeps only its listener (and the standard streams): a copy of any other
-            // descriptor of the bench's (a pipe, a client's socket) would keep it open for its
-            // peer after the bench closes its own.
-            let keep = std::os::fd::AsRawFd::as_raw_fd(&listener);
+            // The child keeps only its listeners (and the standard streams): a copy of any
+            // other descriptor of the bench's (a pipe, a client's socket) would keep it open
+            // for its peer after the bench closes its own.
+            let keep: Vec<i32> = listeners
+                .iter()
+                .map(std::os::fd::AsRawFd::as_raw_fd)
+                .collect();
             let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")
                 .map(|dir| {
                     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                        .filter(|&fd| fd > 2 && fd != keep)
+                        .filter(|fd| *fd > 2 && !keep.contains(fd))
                         .collect()
                 })
                 .unwrap_or_default();
@@ -196,16 +224,33 @@ impl FloorRelay {
                 // SAFETY: the child owns nothing it uses through these descriptors.
                 unsafe { libc::close(fd) };
             }
-            let stop = AtomicBool::new(false);
+            // Its threads' names tell them from the bench's in a profile.
+            let _ = rustix::thread::set_name(c"floor-proc");
             let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                serve(listener, upstream_port, None, &stop)
+                let stop: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+                let mut listeners = listeners.into_iter();
+                let first = listeners.next().expect("a listener");
+                for listener in listeners {
+                    let tls = tls.clone();
+                    std::thread::Builder::new()
+                        .name("floor-proc".into())
+                        .spawn(move || serve(listener, upstream_port, tls, stop))
+                        .expect("floor relay thread");
+                }
+                serve(first, upstream_port, tls, stop)
             }));
             // SAFETY: ends the child without running anything of the parent's.
             unsafe { libc::_exit(i32::from(served.is_err())) };
         }
-        drop(listener);
+        drop(listeners);
+        // Its threads, once all are running (a thread's CPU is read from its task directory).
+        let tasks = || std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+        while tasks() < threads {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         FloorRelay {
-            socket,
+            socket: sockets[0].clone(),
+            sockets,
             port: 0,
             tid: Arc::new(AtomicI32::new(pid)),
             stop: Arc::new(AtomicBool::new(false)),
@@ -228,6 +273,7 @@ impl FloorRelay {
             std::thread::sleep(Duration::from_millis(1));
         }
         FloorRelay {
+            sockets: vec![socket.clone()],
             socket,
             port,
             tid,
@@ -235,6 +281,16 @@ impl FloorRelay {
             thread: Some(thread),
             child: None,
             _dir: dir,
+        }
+    }
+
+    /// Every thread's `/proc` directory: the relay's thread, or each of its process's.
+    pub(crate) fn task_dirs(&self) -> Vec<PathBuf> {
+        match self.child {
+            Some(pid) => std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|d| d.filter_map(|t| Some(t.ok()?.path())).collect())
+                .unwrap_or_default(),
+            None => vec![self.task_dir()],
         }
     }
 
