@@ -171,27 +171,36 @@ impl FloorRelay {
     /// another process changes address space, as it does for hwkey, which a floor thread in the
     /// bench's own process does not pay.
     pub(crate) fn start_own_process(upstream_port: u16) -> FloorRelay {
-        FloorRelay::fork(upstream_port, None, 1)
+        FloorRelay::fork(upstream_port, None, 1, false)
     }
 
     /// The two-thread TLS floor (two TLS floor relays, a thread each, connections in turn) in a
     /// process of its own, as [`FloorRelay::start_own_process`] is the bytes floor: the proxy's
     /// job on a thread per core, done by the least relay, paying what hwkey pays for being
-    /// another process than its clients. Its sockets are [`FloorRelay::sockets`].
+    /// another process than its clients. Its sockets are [`FloorRelay::sockets`]. `seccomp`:
+    /// under the proxy's own seccomp filters (`hwkey::proxy::sandbox::install_seccomp_filters`),
+    /// as hwkey's network side runs, so that each of its system calls costs what one of hwkey's
+    /// does.
     pub(crate) fn start_tls2_own_process(
         upstream_port: u16,
         config: Arc<ClientConfig>,
+        seccomp: bool,
     ) -> FloorRelay {
-        FloorRelay::fork(upstream_port, Some(config), 2)
+        FloorRelay::fork(upstream_port, Some(config), 2, seccomp)
     }
 
     /// A child process serving `threads` listeners, a thread each (the child's first thread
-    /// serves the first).
+    /// serves the first), under the proxy's seccomp filters if `seccomp`.
     #[allow(
         unsafe_code,
         reason = "fork, and _exit in the child: no safe binding forks a process"
     )]
-    fn fork(upstream_port: u16, tls: Option<Arc<ClientConfig>>, threads: usize) -> FloorRelay {
+    fn fork(
+        upstream_port: u16,
+        tls: Option<Arc<ClientConfig>>,
+        threads: usize,
+        seccomp: bool,
+    ) -> FloorRelay {
         let dir = temp_dir();
         let sockets: Vec<PathBuf> = (0..threads)
             .map(|i| dir.path().join(format!("floor-{i}.sock")))
@@ -227,6 +236,11 @@ impl FloorRelay {
             // Its threads' names tell them from the bench's in a profile.
             let _ = rustix::thread::set_name(c"floor-proc");
             let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if seccomp {
+                    // Before its threads: the filters are the whole process's either way.
+                    hwkey::proxy::sandbox::install_seccomp_filters(false)
+                        .expect("the proxy's seccomp filters");
+                }
                 let stop: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
                 let mut listeners = listeners.into_iter();
                 let first = listeners.next().expect("a listener");
@@ -245,7 +259,12 @@ impl FloorRelay {
         drop(listeners);
         // Its threads, once all are running (a thread's CPU is read from its task directory).
         let tasks = || std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+        let started = Instant::now();
         while tasks() < threads {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the floor relay's process {pid} did not start its {threads} threads (it says why on stderr)"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
         FloorRelay {

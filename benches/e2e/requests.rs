@@ -31,6 +31,10 @@ struct Peers<'a> {
     tls_floor2_proc: &'a FloorRelay,
     /// Which of `tls_floor2_proc`'s sockets the next connection goes to.
     next_floor_proc: std::cell::Cell<usize>,
+    /// The same under the proxy's seccomp filters, as hwkey's network side runs.
+    tls_floor2_seccomp: &'a FloorRelay,
+    /// Which of `tls_floor2_seccomp`'s sockets the next connection goes to.
+    next_floor_seccomp: std::cell::Cell<usize>,
     /// The bytes floor on io_uring (issue 38); None when this kernel refuses a ring.
     uring_floor: Option<&'a FloorRelay>,
     /// The TLS floor on io_uring; None as above.
@@ -55,6 +59,8 @@ enum Route {
     TlsFloor2,
     /// The same to the two-thread TLS floor in a process of its own.
     TlsFloor2Proc,
+    /// The same to that floor under the proxy's seccomp filters.
+    TlsFloor2Seccomp,
     /// TLS from the client to the upstream through the io_uring floor ([`FloorRelay::start_uring`]).
     UringFloor,
     /// Plain HTTP to the io_uring floor in TLS mode ([`FloorRelay::start_uring_tls`]).
@@ -268,6 +274,15 @@ async fn connect(f: &Fixture, p: &Peers<'_>, route: Route) -> Conn {
                     .expect("two-thread TLS floor (own process) UNIX"),
             )
         }
+        Route::TlsFloor2Seccomp => {
+            let sockets = &p.tls_floor2_seccomp.sockets;
+            let i = p.next_floor_seccomp.replace(p.next_floor_seccomp.get() + 1) % sockets.len();
+            Conn::Unix(
+                UnixStream::connect(&sockets[i])
+                    .await
+                    .expect("two-thread TLS floor (own process, seccomp) UNIX"),
+            )
+        }
         Route::UringFloor => Conn::TlsUnix(Box::new(
             tls_connect_unix(&f.direct, &p.uring_floor.expect("io_uring floor").socket).await,
         )),
@@ -429,6 +444,7 @@ fn whose_of(f: &Fixture, p: &Peers<'_>, route: Route) -> Whose {
         Route::TlsFloor => Whose::Task(p.tls_floor.task_dir()),
         Route::TlsFloor2 => Whose::Tasks(p.tls_floor2.iter().map(|f| f.task_dir()).collect()),
         Route::TlsFloor2Proc => Whose::Tasks(p.tls_floor2_proc.task_dirs()),
+        Route::TlsFloor2Seccomp => Whose::Tasks(p.tls_floor2_seccomp.task_dirs()),
         Route::UringFloor => Whose::Task(p.uring_floor.expect("io_uring floor").task_dir()),
         Route::UringTlsFloor => {
             Whose::Task(p.uring_tls_floor.expect("io_uring TLS floor").task_dir())
@@ -607,7 +623,10 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
                 rows.extend(two_thread_rows(n, &t2, &fl));
             }
             if let Some(tp) = of(Route::TlsFloor2Proc) {
-                rows.extend(two_thread_own_process_rows(n, &t, &fl, &tp));
+                rows.extend(two_thread_own_process_rows(n, &t, &fl, &tp, false));
+            }
+            if let Some(ts) = of(Route::TlsFloor2Seccomp) {
+                rows.extend(two_thread_own_process_rows(n, &t, &fl, &ts, true));
             }
         }
         if let (Some(fl), Some(uf), Route::Unix) = (of(Route::Floor), of(Route::UringFloor), route)
@@ -729,30 +748,48 @@ fn own_process_rows(n: usize, t: &[Trial], fl: &[Trial], fp: &[Trial]) -> Vec<Ro
 }
 
 /// The two-thread TLS floor in a process of its own (`tp`): the least relay doing the proxy's
-/// job on a thread per core, in a process other than its clients' as hwkey is. Against the
-/// bytes floor (`fl`, the goal rows' baseline) it shows what the goal row allows any such
-/// relay here; the proxy (`t`) against it, what hwkey spends above that relay.
-fn two_thread_own_process_rows(n: usize, t: &[Trial], fl: &[Trial], tp: &[Trial]) -> Vec<Row> {
+/// job on a thread per core, in a process other than its clients' as hwkey is, and with
+/// `seccomp` under the proxy's seccomp filters too. Against the bytes floor (`fl`, the goal
+/// rows' baseline) it shows what the goal row allows such a relay here; the proxy (`t`)
+/// against it, what hwkey spends above that relay.
+fn two_thread_own_process_rows(
+    n: usize,
+    t: &[Trial],
+    fl: &[Trial],
+    tp: &[Trial],
+    seccomp: bool,
+) -> Vec<Row> {
     let field = |t: &[Trial], get: fn(&Trial) -> f64| t.iter().map(get).collect::<Vec<f64>>();
-    let label = "TLS floor relay on two threads, in a process of its own";
+    let (label, what) = if seccomp {
+        (
+            "TLS floor relay on two threads, in a process of its own under the proxy's seccomp filters",
+            "in a process of its own under the proxy's seccomp filters",
+        )
+    } else {
+        (
+            "TLS floor relay on two threads, in a process of its own",
+            "in a process of its own",
+        )
+    };
     let rate = paired_median(tp, fl, |t| t.per_second);
     vec![
         ratio_row(
             "requests",
-            &format!("requests/s, TLS floor relay on two threads in a process of its own vs the bytes-only floor, HTTP/1.1, {n} connections"),
+            &format!("requests/s, TLS floor relay on two threads {what} vs the bytes-only floor, HTTP/1.1, {n} connections"),
             "req/s",
             &field(tp, |t| t.per_second),
             "floor relay (bytes only, one thread)",
             &field(fl, |t| t.per_second),
         )
         .note(format!(
-            "the least relay doing the proxy's job, as hwkey runs (a thread per core, another process than its clients'); the goal the proxy has here (≥ 0.97×) is {} by it; {}",
+            "the least relay doing the proxy's job, as hwkey runs (a thread per core, another process than its clients'{}); the goal the proxy has here (≥ 0.97×) is {} by it; {}",
+            if seccomp { ", the proxy's seccomp filters" } else { "" },
             if rate >= 0.97 { "met" } else { "missed" },
             latency_note(tp)
         )),
         ratio_row(
             "requests",
-            &format!("requests/s vs the TLS floor relay on two threads in a process of its own, HTTP/1.1, {n} connections, UNIX socket"),
+            &format!("requests/s vs the TLS floor relay on two threads {what}, HTTP/1.1, {n} connections, UNIX socket"),
             "req/s",
             &field(t, |t| t.per_second),
             label,
@@ -760,13 +797,17 @@ fn two_thread_own_process_rows(n: usize, t: &[Trial], fl: &[Trial], tp: &[Trial]
         ),
         ratio_row(
             "requests",
-            &format!("proxy CPU per request vs the TLS floor relay on two threads in a process of its own, HTTP/1.1, {n} connections, UNIX socket"),
+            &format!("proxy CPU per request vs the TLS floor relay on two threads {what}, HTTP/1.1, {n} connections, UNIX socket"),
             "µs",
             &field(t, |t| t.cpu_us),
             label,
             &field(tp, |t| t.cpu_us),
         )
-        .note("what hwkey's own work (its loops, bookkeeping and sandbox) costs above the least relay doing its job in a process of its own"),
+        .note(if seccomp {
+            "what hwkey's own work (its loops and bookkeeping) costs above the least relay doing its job in a process of its own under the same seccomp filters"
+        } else {
+            "what hwkey's own work (its loops, bookkeeping and sandbox) costs above the least relay doing its job in a process of its own"
+        }),
     ]
 }
 
@@ -1111,7 +1152,10 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
         FloorRelay::start_tls(f.upstream.port(), f.direct.clone()),
         FloorRelay::start_tls(f.upstream.port(), f.direct.clone()),
     ];
-    let tls_floor2_proc = FloorRelay::start_tls2_own_process(f.upstream.port(), f.direct.clone());
+    let tls_floor2_proc =
+        FloorRelay::start_tls2_own_process(f.upstream.port(), f.direct.clone(), false);
+    let tls_floor2_seccomp =
+        FloorRelay::start_tls2_own_process(f.upstream.port(), f.direct.clone(), true);
     let uring_floor = FloorRelay::start_uring(f.upstream.port());
     let uring_tls_floor = FloorRelay::start_uring_tls(f.upstream.port(), f.direct.clone());
     let p = Peers {
@@ -1123,6 +1167,8 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
         next_floor: std::cell::Cell::new(0),
         tls_floor2_proc: &tls_floor2_proc,
         next_floor_proc: std::cell::Cell::new(0),
+        tls_floor2_seccomp: &tls_floor2_seccomp,
+        next_floor_seccomp: std::cell::Cell::new(0),
         uring_floor: uring_floor.as_ref(),
         uring_tls_floor: uring_tls_floor.as_ref(),
     };
@@ -1135,6 +1181,7 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
         Route::TlsFloor,
         Route::TlsFloor2,
         Route::TlsFloor2Proc,
+        Route::TlsFloor2Seccomp,
     ];
     if p.uring_floor.is_some() {
         routes.push(Route::UringFloor);
@@ -1154,6 +1201,7 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
         Route::TlsFloor,
         Route::TlsFloor2,
         Route::TlsFloor2Proc,
+        Route::TlsFloor2Seccomp,
     ];
     if p.uring_floor.is_some() {
         wide.push(Route::UringFloor);

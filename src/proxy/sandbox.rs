@@ -92,6 +92,16 @@ pub struct Report {
     pub no_capabilities: bool,
 }
 
+/// Installs the network side's seccomp filters on every thread of the calling process, and
+/// nothing else of its sandbox. For the benchmarks: a floor relay under the same filters pays
+/// what they cost per system call (a seccomp'd call takes the kernel's slow entry path), which
+/// tells that cost from what the proxy's own code spends (docs/BENCHMARKS.md). `dns`: whether
+/// UDP (name resolution) is allowed, as for a proxy that resolves its upstream's name.
+#[doc(hidden)]
+pub fn install_seccomp_filters(dns: bool) -> std::io::Result<()> {
+    super::syscalls::install_filters(dns).map_err(|e| std::io::Error::other(e.to_string()))
+}
+
 /// Confines this process as `plan` says, per `mode`, and checks the result.
 pub fn confine(mode: SandboxMode, plan: &Plan) -> Result<Report, SandboxError> {
     if mode == SandboxMode::Off {
