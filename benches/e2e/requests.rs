@@ -31,8 +31,9 @@ struct Peers<'a> {
     tls_floor2_proc: &'a FloorRelay,
     /// Which of `tls_floor2_proc`'s sockets the next connection goes to.
     next_floor_proc: std::cell::Cell<usize>,
-    /// The same under the proxy's seccomp filters, as hwkey's network side runs.
-    tls_floor2_seccomp: &'a FloorRelay,
+    /// The same under the proxy's seccomp filters, as hwkey's network side runs; None when this
+    /// kernel takes no seccomp filter.
+    tls_floor2_seccomp: Option<&'a FloorRelay>,
     /// Which of `tls_floor2_seccomp`'s sockets the next connection goes to.
     next_floor_seccomp: std::cell::Cell<usize>,
     /// The bytes floor on io_uring (issue 38); None when this kernel refuses a ring.
@@ -76,7 +77,8 @@ pub(crate) enum Whose {
     Process(u32),
     /// One thread, by its `/proc` task directory (the floor relay).
     Task(PathBuf),
-    /// Several threads of this process (the two-thread TLS floor).
+    /// Several threads, by their `/proc` task directories: of this process (the two-thread TLS
+    /// floor) or of another (that floor in a process of its own).
     Tasks(Vec<PathBuf>),
 }
 
@@ -275,7 +277,7 @@ async fn connect(f: &Fixture, p: &Peers<'_>, route: Route) -> Conn {
             )
         }
         Route::TlsFloor2Seccomp => {
-            let sockets = &p.tls_floor2_seccomp.sockets;
+            let sockets = &p.tls_floor2_seccomp.expect("the seccomp'd floor").sockets;
             let i = p.next_floor_seccomp.replace(p.next_floor_seccomp.get() + 1) % sockets.len();
             Conn::Unix(
                 UnixStream::connect(&sockets[i])
@@ -444,7 +446,11 @@ fn whose_of(f: &Fixture, p: &Peers<'_>, route: Route) -> Whose {
         Route::TlsFloor => Whose::Task(p.tls_floor.task_dir()),
         Route::TlsFloor2 => Whose::Tasks(p.tls_floor2.iter().map(|f| f.task_dir()).collect()),
         Route::TlsFloor2Proc => Whose::Tasks(p.tls_floor2_proc.task_dirs()),
-        Route::TlsFloor2Seccomp => Whose::Tasks(p.tls_floor2_seccomp.task_dirs()),
+        Route::TlsFloor2Seccomp => Whose::Tasks(
+            p.tls_floor2_seccomp
+                .expect("the seccomp'd floor")
+                .task_dirs(),
+        ),
         Route::UringFloor => Whose::Task(p.uring_floor.expect("io_uring floor").task_dir()),
         Route::UringTlsFloor => {
             Whose::Task(p.uring_tls_floor.expect("io_uring TLS floor").task_dir())
@@ -627,6 +633,9 @@ async fn http1_rows(f: &Fixture, p: &Peers<'_>, n: usize, routes: &[Route]) -> V
             }
             if let Some(ts) = of(Route::TlsFloor2Seccomp) {
                 rows.extend(two_thread_own_process_rows(n, &t, &fl, &ts, true));
+                if let Some(tp) = of(Route::TlsFloor2Proc) {
+                    rows.extend(seccomp_rows(n, &tp, &ts));
+                }
             }
         }
         if let (Some(fl), Some(uf), Route::Unix) = (of(Route::Floor), of(Route::UringFloor), route)
@@ -808,6 +817,33 @@ fn two_thread_own_process_rows(
         } else {
             "what hwkey's own work (its loops, bookkeeping and sandbox) costs above the least relay doing its job in a process of its own"
         }),
+    ]
+}
+
+/// The two-thread TLS floor in a process of its own under the proxy's seccomp filters (`ts`)
+/// against the same without them (`tp`), in the same rounds: what the filters cost a relay per
+/// request (each system call of a filtered process takes the kernel's slow entry path).
+fn seccomp_rows(n: usize, tp: &[Trial], ts: &[Trial]) -> Vec<Row> {
+    let field = |t: &[Trial], get: fn(&Trial) -> f64| t.iter().map(get).collect::<Vec<f64>>();
+    let label = "the same relay without the filters";
+    vec![
+        ratio_row(
+            "requests",
+            &format!("requests/s, TLS floor relay on two threads in a process of its own, under the proxy's seccomp filters vs without, HTTP/1.1, {n} connections"),
+            "req/s",
+            &field(ts, |t| t.per_second),
+            label,
+            &field(tp, |t| t.per_second),
+        ),
+        ratio_row(
+            "requests",
+            &format!("CPU per request, TLS floor relay on two threads in a process of its own, under the proxy's seccomp filters vs without, HTTP/1.1, {n} connections"),
+            "µs",
+            &field(ts, |t| t.cpu_us),
+            label,
+            &field(tp, |t| t.cpu_us),
+        )
+        .note("what the proxy's seccomp filters cost a relay that does its job"),
     ]
 }
 
@@ -1153,7 +1189,8 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
         FloorRelay::start_tls(f.upstream.port(), f.direct.clone()),
     ];
     let tls_floor2_proc =
-        FloorRelay::start_tls2_own_process(f.upstream.port(), f.direct.clone(), false);
+        FloorRelay::start_tls2_own_process(f.upstream.port(), f.direct.clone(), false)
+            .expect("the two-thread TLS floor's process");
     let tls_floor2_seccomp =
         FloorRelay::start_tls2_own_process(f.upstream.port(), f.direct.clone(), true);
     let uring_floor = FloorRelay::start_uring(f.upstream.port());
@@ -1167,7 +1204,7 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
         next_floor: std::cell::Cell::new(0),
         tls_floor2_proc: &tls_floor2_proc,
         next_floor_proc: std::cell::Cell::new(0),
-        tls_floor2_seccomp: &tls_floor2_seccomp,
+        tls_floor2_seccomp: tls_floor2_seccomp.as_ref(),
         next_floor_seccomp: std::cell::Cell::new(0),
         uring_floor: uring_floor.as_ref(),
         uring_tls_floor: uring_tls_floor.as_ref(),
@@ -1181,8 +1218,10 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
         Route::TlsFloor,
         Route::TlsFloor2,
         Route::TlsFloor2Proc,
-        Route::TlsFloor2Seccomp,
     ];
+    if p.tls_floor2_seccomp.is_some() {
+        routes.push(Route::TlsFloor2Seccomp);
+    }
     if p.uring_floor.is_some() {
         routes.push(Route::UringFloor);
     }
@@ -1201,8 +1240,10 @@ pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
         Route::TlsFloor,
         Route::TlsFloor2,
         Route::TlsFloor2Proc,
-        Route::TlsFloor2Seccomp,
     ];
+    if p.tls_floor2_seccomp.is_some() {
+        wide.push(Route::TlsFloor2Seccomp);
+    }
     if p.uring_floor.is_some() {
         wide.push(Route::UringFloor);
     }

@@ -97,6 +97,10 @@ pub struct Report {
 /// what they cost per system call (a seccomp'd call takes the kernel's slow entry path), which
 /// tells that cost from what the proxy's own code spends (docs/BENCHMARKS.md). `dns`: whether
 /// UDP (name resolution) is allowed, as for a proxy that resolves its upstream's name.
+///
+/// Irreversible, like the sandbox: it sets `no_new_privs`, and from then on every call the
+/// allow-list does not name answers `EPERM`. On an error some of the filters may already be
+/// on (the error says how many).
 #[doc(hidden)]
 pub fn install_seccomp_filters(dns: bool) -> std::io::Result<()> {
     super::syscalls::install_filters(dns).map_err(|e| std::io::Error::other(e.to_string()))
