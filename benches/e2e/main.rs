@@ -137,6 +137,11 @@ fn main() {
         step("keep-alive requests");
         rows.extend(rt.block_on(requests(&f)));
     }
+    // Only when named: its trials repeat the requests step's goal rows, in more rounds.
+    if only.split(',').any(|o| o.trim() == "goal") {
+        step("the UNIX socket's keep-alive goal, in more rounds");
+        rows.extend(rt.block_on(goal(&f)));
+    }
     if wanted("loopback") {
         step("the loopback TLS path against its floor");
         rows.extend(rt.block_on(loopback(&f)));
