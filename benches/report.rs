@@ -280,8 +280,9 @@ fn tables(out: &mut String, rows: &[&Row]) {
     }
 }
 
-/// What `cargo test` runs of this target (it has no test harness): every row of every area,
-/// listed or not, lands in a table line of its own.
+/// What `cargo test --all-targets` (hsm-fixtures/test.sh) runs of this target, which has no
+/// test harness: [`tables`] gives every row of every area, listed or not, exactly one table
+/// line and its area one heading.
 fn check_every_row_has_a_table() {
     let areas = AREAS.iter().copied().chain(["an area no list names"]);
     let owned: Vec<Row> = areas
@@ -292,16 +293,19 @@ fn check_every_row_has_a_table() {
     let mut out = String::new();
     tables(&mut out, &rows);
     for r in &owned {
-        assert!(
-            out.lines()
-                .any(|line| line.starts_with(&format!("| {} |", r.measure))),
-            "report: the row {:?} of area {:?} has no table line:\n{out}",
-            r.measure,
-            r.area
+        let lines = out
+            .lines()
+            .filter(|line| line.starts_with(&format!("| {} |", r.measure)))
+            .count();
+        assert_eq!(
+            lines, 1,
+            "report: the row {:?} of area {:?} has {lines} table lines, not one:\n{out}",
+            r.measure, r.area
         );
-        assert!(
-            out.contains(&format!("\n## {}\n", r.area)),
-            "report: area {:?} has no heading",
+        let headings = out.matches(&format!("\n## {}\n", r.area)).count();
+        assert_eq!(
+            headings, 1,
+            "report: area {:?} has {headings} headings, not one",
             r.area
         );
     }
@@ -313,6 +317,7 @@ fn check_every_row_has_a_table() {
 
 fn main() {
     if common::skip_unless_cargo_bench("report") {
+        // Under `cargo test --all-targets`: the self-check instead of a report.
         check_every_row_has_a_table();
         return;
     }

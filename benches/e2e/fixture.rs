@@ -109,9 +109,11 @@ pub(crate) fn schedule(rounds: usize, series: usize) -> Vec<usize> {
 
 /// A 95 % interval for the median of `values` that assumes nothing of their distribution
 /// (order statistics: the median lies between the j-th smallest and the j-th largest value
-/// with probability 1 − 2·P(Binomial(n, ½) < j)); None with fewer than six values, where even
-/// the extremes give less than 95 %. A goal row's median alone does not say whether a
-/// shortfall of 1 % is the relay's or the run's: this does.
+/// with probability 1 − 2·P(Binomial(n, ½) < j), at least 95 %: 97 % at 41 values); None with
+/// fewer than six values, where even the extremes give less than 95 %. It speaks of the
+/// rounds of one run, taken as independent: how far that run's median could move with more
+/// rounds, not how far another run's would (the machine's speed moves between runs). Meant
+/// for the tens of rounds a bench runs (2^-n underflows past about a thousand values).
 pub(crate) fn median_interval(values: &[f64]) -> Option<(f64, f64)> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     v.sort_by(|a, b| a.total_cmp(b));
@@ -136,7 +138,10 @@ pub(crate) fn median_interval(values: &[f64]) -> Option<(f64, f64)> {
 /// "the median's 95 % interval [lo–hi]" of `subject ÷ baseline`, round by round, and how
 /// many rounds reached `goal`, for a row whose target is a ratio.
 pub(crate) fn interval_note(subject: &[f64], baseline: &[f64], goal: Option<f64>) -> String {
-    let ratios = paired_ratios(subject, baseline);
+    let ratios: Vec<f64> = paired_ratios(subject, baseline)
+        .into_iter()
+        .filter(|r| r.is_finite())
+        .collect();
     let mut note = match median_interval(&ratios) {
         Some((lo, hi)) => format!(
             "the median's 95 % interval (order statistics, {} rounds): {lo:.3}–{hi:.3}×",

@@ -1197,7 +1197,6 @@ async fn paced_rows(f: &Fixture, p: &Peers<'_>) -> Vec<Row> {
     rows
 }
 
-/// All the keep-alive request figures.
 /// The relays the keep-alive rows measure beside the proxy, running (idle until a route
 /// sends them load).
 struct Relays {
@@ -1254,8 +1253,8 @@ impl Relays {
 /// the proxy, the bytes floor (the goal's baseline) and the least relay doing the proxy's job
 /// as hwkey must run (two threads, a process of its own, the proxy's seccomp filters), at 64
 /// and 8 connections, in more rounds than the `requests` step gives them. Each goal row says
-/// the 95 % interval of its median, so a shortfall of a percent or two reads as the relay's
-/// or the run's.
+/// the 95 % interval of its median over the run's rounds ([`median_interval`]): whether a
+/// shortfall of a percent or two would hold with more rounds of the same run.
 pub(crate) async fn goal(f: &Fixture) -> Vec<Row> {
     let relays = Relays::start(f);
     let p = relays.peers();
@@ -1269,6 +1268,7 @@ pub(crate) async fn goal(f: &Fixture) -> Vec<Row> {
     rows
 }
 
+/// All the keep-alive request figures.
 pub(crate) async fn requests(f: &Fixture) -> Vec<Row> {
     let relays = Relays::start(f);
     let p = relays.peers();
