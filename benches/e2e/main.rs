@@ -88,8 +88,26 @@ fn raise_fd_limit() {
     );
 }
 
+/// The intervals the goal rows print ([`median_interval`]) against the binomial order
+/// statistics worked out by hand: none below six values, the extremes at six (96.9 %), the
+/// 4th and 12th of 15 (96.5 %), the 14th and 28th of 41 (97.3 %), the order of the values
+/// not mattering and a NaN not counted.
+fn check_median_interval() {
+    let ranks = |n: usize| (1..=n).rev().map(|i| i as f64).collect::<Vec<f64>>();
+    assert_eq!(median_interval(&ranks(5)), None);
+    assert_eq!(median_interval(&ranks(6)), Some((1.0, 6.0)));
+    assert_eq!(median_interval(&ranks(15)), Some((4.0, 12.0)));
+    assert_eq!(median_interval(&ranks(41)), Some((14.0, 28.0)));
+    let mut with_nan = ranks(6);
+    with_nan.push(f64::NAN);
+    assert_eq!(median_interval(&with_nan), Some((1.0, 6.0)));
+    eprintln!("e2e: the median's interval checked at 5, 6, 15 and 41 values");
+}
+
 fn main() {
     if common::skip_unless_cargo_bench("e2e") {
+        // Under `cargo test --all-targets`: what the goal rows' intervals rest on.
+        check_median_interval();
         return;
     }
     let started = Instant::now();
