@@ -58,10 +58,14 @@ pub fn run(args: CredentialArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&info, &overrides)?;
     let credential = crate::exec::run(&info, &settings)?;
     let json = zeroize::Zeroizing::new(credential.to_json()?);
+    // One write: stdout's line buffer would pass the object (longer than the buffer) and its
+    // newline on in two. Sized up front, so no copy of the key is left unwiped by a regrowth.
+    let mut line = zeroize::Zeroizing::new(Vec::with_capacity(json.len() + 1));
+    line.extend_from_slice(json.as_bytes());
+    line.push(b'\n');
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    out.write_all(json.as_bytes())?;
-    out.write_all(b"\n")?;
+    out.write_all(&line)?;
     out.flush()?;
     Ok(())
 }

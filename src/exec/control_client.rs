@@ -116,11 +116,12 @@ fn get<T: DeserializeOwned>(sock: &Path, path: &str, timeout: Duration) -> Resul
     stream
         .set_read_timeout(Some(timeout))
         .map_err(|e| err(ControlProblem::Io(e)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: hwkey\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| err(ControlProblem::Io(e)))?;
+    // One write: `write!` on the unbuffered stream would send each piece of the format string
+    // by itself, and each could wake the proxy for a partial request.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: hwkey\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| err(ControlProblem::Io(e)))?;
     let raw = read_answer(&mut stream, timeout).map_err(err)?;
     let text = std::str::from_utf8(&raw).map_err(|_| err(ControlProblem::NotUtf8))?;
     let (head, body) = text

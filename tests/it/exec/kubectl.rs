@@ -141,6 +141,15 @@ impl Cluster {
         cmd
     }
 
+    /// [`Cluster::credential`] run as the generated kubeconfig runs it: `hwkey-credential`.
+    fn plugin(&self, exec_info: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new(support::hwkey_bin().with_file_name("hwkey-credential"));
+        cmd.envs(self.id.envs())
+            .env("KUBERNETES_EXEC_INFO", exec_info)
+            .args(args);
+        cmd
+    }
+
     /// The cluster extension with its own state directory (so a failing case starts its own
     /// proxy instead of finding the shared one).
     fn extension_in(&self, state: &str) -> serde_json::Value {
@@ -578,6 +587,10 @@ fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
 /// it) instead of `/v1/info` and then `/v1/credential`. Counted as the plugin's connections to
 /// the control socket, under strace. On c3b946d there were 2, both with and without
 /// `--cert-only`.
+///
+/// And each of them is one write: the request in one (a6d3f41 wrote it in three, `write!` on
+/// the unbuffered socket, each able to wake the proxy for a part of it) and the answer on
+/// stdout in one (a6d3f41: two, the object and then its newline).
 #[cfg(feature = "pkcs11")]
 #[test]
 fn a_running_proxy_answers_the_plugin_in_one_control_request() {
@@ -586,12 +599,26 @@ fn a_running_proxy_answers_the_plugin_in_one_control_request() {
     let info = c.exec_info("client.authentication.k8s.io/v1");
     // The first call starts the proxy.
     run_ok(&mut c.credential(&info, &[]));
-    for args in [&[][..], &["--cert-only"][..]] {
+    for (args, plugin) in [&[][..], &["--cert-only"][..]]
+        .into_iter()
+        .flat_map(|args| {
+            [
+                (args, c.credential(&info, args)),
+                (args, c.plugin(&info, args)),
+            ]
+        })
+    {
         let trace = c.dir.path().join("connects");
-        let plugin = c.credential(&info, args);
+        let args = (plugin.get_program(), args);
         let mut traced = Command::new("strace");
         traced
-            .args(["-f", "-qq", "-e", "trace=connect", "-o"])
+            .args([
+                "-f",
+                "-qq",
+                "-e",
+                "trace=connect,write,writev,sendto,sendmsg",
+                "-o",
+            ])
             .arg(&trace)
             .arg(plugin.get_program())
             .args(plugin.get_args())
@@ -614,8 +641,117 @@ fn a_running_proxy_answers_the_plugin_in_one_control_request() {
             1,
             "plugin {args:?}: one control request with the proxy running: {control:#?}"
         );
+        // The control socket's descriptor, from `connect(3, {…control.sock…}, …)`.
+        let fd = control[0]
+            .split_once("connect(")
+            .and_then(|(_, rest)| rest.split_once(','))
+            .map(|(fd, _)| fd.trim().to_string())
+            .expect("the connect call's descriptor");
+        let writes_to = |fd: &str| -> Vec<&str> {
+            text.lines()
+                .filter(|l| {
+                    ["write(", "writev(", "sendto(", "sendmsg("]
+                        .iter()
+                        .any(|call| l.contains(&format!("{call}{fd},")))
+                })
+                .collect()
+        };
+        let request = writes_to(&fd);
+        assert_eq!(
+            request.len(),
+            1,
+            "plugin {args:?}: the control request in one write: {request:#?}"
+        );
+        let answer = writes_to("1");
+        assert_eq!(
+            answer.len(),
+            1,
+            "plugin {args:?}: the ExecCredential in one write on stdout: {answer:#?}"
+        );
     }
     assert_eq!(c.proxy_starts(), 1);
+}
+
+/// `hwkey-credential` starts without std's runtime (src/bin/hwkey-credential.rs) and does itself
+/// what of it the plugin needs. One is SIGPIPE ignored: a kubectl that went away before the
+/// answer (its end of stdout closed) gets the plugin's error on stderr and exit status 1, as
+/// any std program's, not a plugin killed by the signal without a word. The other is closed
+/// standard descriptors opened on /dev/null: with stdout closed, the control socket would take
+/// its number and the credential would be written to the proxy.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_plugin_says_so_when_nobody_reads_its_answer_and_writes_no_credential_to_a_socket() {
+    use std::os::unix::process::ExitStatusExt;
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let info = c.exec_info("client.authentication.k8s.io/v1");
+    // The first call starts the proxy.
+    run_ok(&mut c.plugin(&info, &[]));
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = c
+        .plugin(&info, &[])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run the plugin");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.signal(),
+        None,
+        "the plugin was killed by a signal: {err}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("hwkey: error:") && err.contains("Broken pipe"),
+        "{err}"
+    );
+
+    // Standard descriptors closed: the answer goes to /dev/null, not into the control socket.
+    let trace = c.dir.path().join("closed");
+    let plugin = c.plugin(&info, &[]);
+    let out = Command::new("strace")
+        .args([
+            "-f",
+            "-qq",
+            "-s",
+            "200",
+            "-e",
+            "trace=connect,write,sendto",
+            "-o",
+        ])
+        .arg(&trace)
+        .args(["sh", "-c", r#"exec "$0" >&- <&-"#])
+        .arg(plugin.get_program())
+        .envs(
+            plugin
+                .get_envs()
+                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+        )
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run the plugin");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&trace).expect("strace output");
+    let connect = text
+        .lines()
+        .find(|l| l.contains("connect(") && l.contains("control.sock"))
+        .expect("the control request");
+    assert!(
+        !connect.contains("connect(0,") && !connect.contains("connect(1,"),
+        "the control socket took a standard descriptor's number: {connect}"
+    );
+    let credential = text
+        .lines()
+        .filter(|l| l.contains("ExecCredential"))
+        .collect::<Vec<_>>();
+    assert!(
+        credential.iter().all(|l| l.contains("write(1,")),
+        "the credential went elsewhere than fd 1: {credential:#?}"
+    );
 }
 
 /// Files the plugin writes in a state directory are not followed through a symbolic link, nor
