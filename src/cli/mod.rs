@@ -126,8 +126,9 @@ pub use crate::key::pin::EXIT_PIN_REFUSED;
 /// The `hwkey-credential` binary: exactly `hwkey credential`, in a binary that links neither
 /// the TSS nor OpenSSL. client-go starts the exec plugin for every kubectl invocation, and
 /// starting the full `hwkey` binary costs about 5 ms of CPU (page faults and eager symbol
-/// binding of its shared libraries; docs/BENCHMARKS.md).
-pub fn credential_main() -> ExitCode {
+/// binding of its shared libraries; docs/BENCHMARKS.md). Returns the exit status, which the
+/// binary exits with itself: it starts without std's runtime (src/bin/hwkey-credential.rs).
+pub fn credential_main() -> u8 {
     #[derive(Parser)]
     #[command(
         name = "hwkey-credential",
@@ -143,7 +144,7 @@ pub fn credential_main() -> ExitCode {
     }
     let cli = CredentialCli::parse();
     init_logging(cli.log_format);
-    exit_code(credential::run(cli.args))
+    exit_status(credential::run(cli.args))
 }
 
 /// The `hwkey-net` binary: the proxy's network side, which `hwkey proxy` becomes once it has
@@ -183,14 +184,19 @@ pub fn net_main() -> ExitCode {
 /// Prints the error on one line and picks the exit code: the PIN-refused code when a PIN was
 /// rejected anywhere in the chain, else 1.
 fn exit_code(result: anyhow::Result<()>) -> ExitCode {
+    ExitCode::from(exit_status(result))
+}
+
+/// [`exit_code`] as the number: 0, the PIN-refused code or 1.
+fn exit_status(result: anyhow::Result<()>) -> u8 {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => 0,
         Err(e) => {
             eprintln!("hwkey: error: {}", one_line(&e));
             if pin_refused(&e) {
-                ExitCode::from(EXIT_PIN_REFUSED)
+                EXIT_PIN_REFUSED
             } else {
-                ExitCode::FAILURE
+                1
             }
         }
     }
