@@ -107,34 +107,6 @@ pub(crate) fn schedule(rounds: usize, series: usize) -> Vec<usize> {
         .collect()
 }
 
-/// A 95 % interval for the median of `values` that assumes nothing of their distribution
-/// (order statistics: the median lies between the j-th smallest and the j-th largest value
-/// with probability 1 − 2·P(Binomial(n, ½) < j), at least 95 %: 97 % at 41 values); None with
-/// fewer than six values, where even the extremes give less than 95 %. It speaks of the
-/// rounds of one run, taken as independent: how far that run's median could move with more
-/// rounds, not how far another run's would (the machine's speed moves between runs). Meant
-/// for the tens of rounds a bench runs (2^-n underflows past about a thousand values).
-pub(crate) fn median_interval(values: &[f64]) -> Option<(f64, f64)> {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    // P(B = i) for B ~ Binomial(n, ½), built up from P(B = 0) = 2^-n.
-    let mut p = 0.5f64.powi(i32::try_from(n).ok()?);
-    let mut below = 0.0; // P(B < j)
-    let mut j = 0;
-    while j < n / 2 {
-        // P(B < j + 1) = P(B < j) + P(B = j)
-        if 2.0 * (below + p) > 0.05 {
-            break;
-        }
-        below += p;
-        p *= (n - j) as f64 / (j + 1) as f64;
-        j += 1;
-    }
-    // The interval [v(j), v(n − j + 1)] (1-based) holds the median with 1 − 2·P(B < j).
-    (j >= 1).then(|| (v[j - 1], v[n - j]))
-}
-
 /// "the median's 95 % interval [lo–hi]" of `subject ÷ baseline`, round by round, and how
 /// many rounds reached `goal`, for a row whose target is a ratio.
 pub(crate) fn interval_note(subject: &[f64], baseline: &[f64], goal: Option<f64>) -> String {

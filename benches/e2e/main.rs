@@ -40,7 +40,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 
-use common::{paired_ratios, pick, Row, Stat};
+use common::{median_interval, paired_ratios, pick, Row, Stat};
 use support::proxy::{metric_in, Identity, ProxyOptions, ProxyProcess, RawHttp};
 use support::upstream::TestUpstream;
 use support::{hwkey, run_ok, temp_dir};
@@ -104,10 +104,40 @@ fn check_median_interval() {
     eprintln!("e2e: the median's interval checked at 5, 6, 15 and 41 values");
 }
 
+/// What `common::settle` (run on the binaries before every bench) does, seen from outside with
+/// util-linux's `fincore`: a file just written has its pages in the page cache, and none after.
+fn check_settle() {
+    let dir = temp_dir();
+    let file = dir.path().join("binary");
+    std::fs::write(&file, vec![7u8; 1 << 20]).expect("write 1 MiB");
+    let resident = || {
+        let out = Command::new("fincore")
+            .args(["--bytes", "--noheadings", "--output", "RES"])
+            .arg(&file)
+            .output()
+            .expect("fincore (util-linux) runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .expect("fincore's RES is a number")
+    };
+    assert!(resident() > 0, "a file just written is in the page cache");
+    common::settle(&file).expect("settle");
+    assert_eq!(resident(), 0, "the settled file's pages are dropped");
+    eprintln!("e2e: a settled binary leaves the page cache");
+}
+
 fn main() {
     if common::skip_unless_cargo_bench("e2e") {
-        // Under `cargo test --all-targets`: what the goal rows' intervals rest on.
+        // Under `cargo test --all-targets`: what the goal rows' intervals rest on, and what
+        // every bench does to the binaries it runs.
         check_median_interval();
+        check_settle();
         return;
     }
     let started = Instant::now();

@@ -20,12 +20,51 @@ pub fn quick() -> bool {
 /// True when `cargo bench` runs the binary (it passes `--bench`). `cargo test --all-targets`
 /// (hsm-fixtures/test.sh) runs bench binaries too, without it: they must then do nothing, or
 /// the test suite would spend a minute benchmarking and rewrite docs/BENCHMARKS.md.
+///
+/// A bench that runs settles the binaries it measures first ([`settle_binaries`]).
 pub fn skip_unless_cargo_bench(name: &str) -> bool {
     if std::env::args().any(|a| a == "--bench") {
+        settle_binaries();
         return false;
     }
     eprintln!("{name}: not run (benchmarks run under `cargo bench`; see hsm-fixtures/bench.sh)");
     true
+}
+
+/// Writes back and drops from the page cache the binaries a bench runs: `hwkey`,
+/// `hwkey-credential` and `hwkey-net` of this build and of the baseline build
+/// (`HWKEY_BENCH_BASELINE_BIN`). The next start reads them as an installed binary is read.
+///
+/// Why: a binary still in the page cache the linker wrote it through starts slower than the
+/// same bytes read back from disk or copied (`cargo install`, `dpkg`, hsm-fixtures/baseline.sh):
+/// `hwkey-credential` took about 230 µs more per start, 1.93 against 1.69 ms as Go's os/exec
+/// starts it, with the same number of page faults (docs/BENCHMARKS.md, round nineteen). Every
+/// bench ran this build's binaries as linked and the baseline's as copied.
+pub fn settle_binaries() {
+    let this = crate::hwkey_bin();
+    let baseline = std::env::var_os("HWKEY_BENCH_BASELINE_BIN").map(PathBuf::from);
+    for hwkey in std::iter::once(this).chain(baseline) {
+        for name in ["hwkey", "hwkey-credential", "hwkey-net"] {
+            let bin = hwkey.with_file_name(name);
+            if bin.is_file() {
+                if let Err(e) = settle(&bin) {
+                    eprintln!(
+                        "bench: cannot drop {} from the page cache: {e}",
+                        bin.display()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Writes `path` back to disk and asks the kernel to drop its cached pages (those no process
+/// has mapped).
+pub fn settle(path: &std::path::Path) -> std::io::Result<()> {
+    let file = std::fs::File::open(path)?;
+    file.sync_all()?;
+    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed)?;
+    Ok(())
 }
 
 /// `full` normally, `quick` in quick mode.
@@ -91,6 +130,34 @@ pub fn paired_ratios(subject: &[f64], baseline: &[f64]) -> Vec<f64> {
         .zip(baseline)
         .map(|(s, b)| if *b == 0.0 { f64::NAN } else { s / b })
         .collect()
+}
+
+/// A 95 % interval for the median of `values` that assumes nothing of their distribution
+/// (order statistics: the median lies between the j-th smallest and the j-th largest value
+/// with probability 1 − 2·P(Binomial(n, ½) < j), at least 95 %: 97 % at 41 values); None with
+/// fewer than six values, where even the extremes give less than 95 %. It speaks of the
+/// rounds of one run, taken as independent: how far that run's median could move with more
+/// rounds, not how far another run's would (the machine's speed moves between runs). Meant
+/// for the tens of rounds a bench runs (2^-n underflows past about a thousand values).
+pub fn median_interval(values: &[f64]) -> Option<(f64, f64)> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    // P(B = i) for B ~ Binomial(n, ½), built up from P(B = 0) = 2^-n.
+    let mut p = 0.5f64.powi(i32::try_from(n).ok()?);
+    let mut below = 0.0; // P(B < j)
+    let mut j = 0;
+    while j < n / 2 {
+        // P(B < j + 1) = P(B < j) + P(B = j)
+        if 2.0 * (below + p) > 0.05 {
+            break;
+        }
+        below += p;
+        p *= (n - j) as f64 / (j + 1) as f64;
+        j += 1;
+    }
+    // The interval [v(j), v(n − j + 1)] (1-based) holds the median with 1 − 2·P(B < j).
+    (j >= 1).then(|| (v[j - 1], v[n - j]))
 }
 
 /// One line of a result table.
