@@ -5,7 +5,7 @@
 # an earlier one in the same run (hsm-fixtures/bench.sh --baseline REF), and prints the binary's
 # path. The build is kept under target/baseline/<commit> and reused: a second run returns at once.
 # Since the signer split (issue 35) `hwkey proxy` execs `hwkey-net` from beside itself: a commit
-# that has it gets it built and copied too.
+# that has it gets it built and copied too, and so does its exec plugin `hwkey-credential`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ref=${1:?usage: hsm-fixtures/baseline.sh REF (a commit, tag or branch)}
@@ -14,11 +14,19 @@ commit=$(git rev-parse --verify "$ref^{commit}") || {
   exit 1
 }
 dest="target/baseline/$commit"
-needs_net=0
-if git cat-file -e "$commit:src/bin/hwkey-net.rs" 2>/dev/null; then
-  needs_net=1
-fi
-if [[ -x "$dest/hwkey" ]] && { ((needs_net == 0)) || [[ -x "$dest/hwkey-net" ]]; }; then
+# The binaries beside hwkey that the commit has: hwkey-net (the proxy's network side, issue 35)
+# and hwkey-credential (the exec plugin, which the e2e exec step times against this build's).
+bins=(hwkey)
+for extra in hwkey-net hwkey-credential; do
+  if git cat-file -e "$commit:src/bin/$extra.rs" 2>/dev/null; then
+    bins+=("$extra")
+  fi
+done
+built=1
+for bin in "${bins[@]}"; do
+  [[ -x "$dest/$bin" ]] || built=0
+done
+if ((built == 1)); then
   echo "$PWD/$dest/hwkey"
   exit 0
 fi
@@ -26,11 +34,7 @@ src="target/baseline/src-$commit"
 rm -rf "$src"
 mkdir -p "$src"
 git archive "$commit" | tar -x -C "$src"
-echo "baseline.sh: building hwkey at ${commit:0:12} (release; once per commit)" >&2
-bins=(hwkey)
-if ((needs_net == 1)); then
-  bins+=(hwkey-net)
-fi
+echo "baseline.sh: building ${bins[*]} at ${commit:0:12} (release; once per commit)" >&2
 (cd "$src" && CARGO_TARGET_DIR="$PWD/../target-$commit" cargo build --release --locked "${bins[@]/#/--bin=}" >&2)
 mkdir -p "$dest"
 for bin in "${bins[@]}"; do

@@ -167,22 +167,57 @@ pub(crate) fn kubectl_and_exec(f: &Fixture) -> Vec<Row> {
     let exec_env = kube.exec_env();
     let runs = pick(30, 8);
     let plugin_bin = support::hwkey_bin().with_file_name("hwkey-credential");
+    let plugin_cmd = |bin: &Path, args: &[&str]| {
+        let mut cmd = Command::new(bin);
+        cmd.envs(kube.envs.clone())
+            .env_remove("RUST_LOG")
+            .envs(exec_env.clone())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    // The exec floor: `cat` of an answer the plugin gave, what no plugin can undercut by much.
+    let answer = kube.dir.path().join("answer.json");
+    let out = plugin_cmd(&plugin_bin, &[])
+        .output()
+        .expect("run the plugin");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&answer, &out.stdout).expect("write the plugin's answer");
+    // The baseline build's plugin, against the same proxy (the control API is the same).
+    let baseline_plugin = std::env::var_os("HWKEY_BENCH_BASELINE_BIN")
+        .map(|b| PathBuf::from(b).with_file_name("hwkey-credential"))
+        .filter(|p| p.is_file());
     let (mut plugin, mut full, mut spawn) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..runs {
-        // What the generated kubeconfig runs, and the same plugin as a subcommand of hwkey.
-        for (bin, args, out) in [
-            (plugin_bin.clone(), &[][..], &mut plugin),
-            (support::hwkey_bin(), &["credential"][..], &mut full),
-        ] {
-            let mut cmd = Command::new(bin);
-            cmd.envs(kube.envs.clone())
-                .env_remove("RUST_LOG")
-                .envs(exec_env.clone())
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            out.push(Kube::time(&mut cmd));
+    let (mut cat, mut before) = (Vec::new(), Vec::new());
+    for round in 0..runs {
+        // What the generated kubeconfig runs, the same plugin as a subcommand of hwkey, `cat`
+        // of its answer and the baseline's plugin, every other round in reverse.
+        let mut order = vec![0, 1, 2, 3];
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            match i {
+                0 => plugin.push(Kube::time(&mut plugin_cmd(&plugin_bin, &[]))),
+                1 => full.push(Kube::time(&mut plugin_cmd(
+                    &support::hwkey_bin(),
+                    &["credential"],
+                ))),
+                2 => cat.push(Kube::time(
+                    Command::new("/bin/cat").arg(&answer).stdout(Stdio::piped()),
+                )),
+                _ => {
+                    if let Some(bin) = &baseline_plugin {
+                        before.push(Kube::time(&mut plugin_cmd(bin, &[])));
+                    }
+                }
+            }
         }
         spawn.push(Kube::time(Command::new("/bin/true").stdout(Stdio::null())));
     }
@@ -201,5 +236,35 @@ pub(crate) fn kubectl_and_exec(f: &Fixture) -> Vec<Row> {
         "the ratio is to process start-up only, not a target; `hwkey credential` (the full binary, which links the TSS and OpenSSL) took {:.2} ms [{:.2}–{:.2}] in the same rounds",
         f.median, f.p25, f.p75
     ));
-    vec![kubectl, exec]
+    let floor = ratio_row(
+        "exec",
+        "`hwkey-credential` wall time, proxy warm, against the exec floor",
+        "ms",
+        &plugin,
+        "`/bin/cat` of an answer the plugin gave (the exec floor)",
+        &cat,
+    )
+    .note("what hwkey's plugin costs kubectl beyond the least any exec plugin costs it: its start-up and one control request");
+    let mut rows = vec![kubectl, exec, floor];
+    rows.push(match (&baseline_plugin, std::env::var("HWKEY_BENCH_BASELINE_REF")) {
+        (Some(_), reference) => ratio_row(
+            "exec",
+            "`hwkey-credential` wall time, proxy warm, against the baseline build's",
+            "ms",
+            &plugin,
+            &format!(
+                "the `hwkey-credential` of {} against the same proxy",
+                reference.unwrap_or_else(|_| "the baseline build".into())
+            ),
+            &before,
+        ),
+        (None, _) => Row::new(
+            "exec",
+            "`hwkey-credential` wall time, proxy warm, against the baseline build's",
+            "ms",
+            None,
+        )
+        .note("not measured: no hwkey-credential beside HWKEY_BENCH_BASELINE_BIN (hsm-fixtures/bench.sh --baseline REF builds it for a commit that has it)"),
+    });
+    rows
 }
