@@ -5,8 +5,9 @@
 # libraries and tools, OpenSC (pkcs11-tool), tpm2-openssl, nginx-light, clang, pkg-config,
 # openssl, curl, p11-kit (its proxy module), tpm2-abrmd with D-Bus (a shared TPM) and a C
 # toolchain with pkcs11.h (libp11-kit-dev: a session-limited test module), and what packaging
-# and its tests use (lintian, umoci, runc, mmdebstrap: hsm-fixtures/package.sh), and strace (a test counts the
-# proxy's thread wake-ups). Idempotent: when every package is already installed it
+# and its tests use (lintian, umoci, runc, mmdebstrap: hsm-fixtures/package.sh), strace (a test counts the
+# proxy's thread wake-ups) and util-linux-extra (fincore: the benches' check that the binaries they
+# run leave the page cache). Idempotent: when every package is already installed it
 # changes nothing. Uses sudo only when not running as root.
 #
 # It never installs Debian's `kubernetes-client`: that kubectl (1.20) knows no
@@ -18,7 +19,7 @@ PACKAGES=(
   opensc nginx-light clang pkg-config openssl curl ca-certificates build-essential
   python3 python3-prometheus-client p11-kit p11-kit-modules tpm2-abrmd libtss2-tcti-tabrmd0 dbus
   libtpm2-pkcs11-1 libtpm2-pkcs11-tools libp11-kit-dev squid dante-server iptables man-db
-  lintian umoci runc mmdebstrap bash-completion strace systemd
+  lintian umoci runc mmdebstrap bash-completion strace systemd util-linux-extra
 )
 
 is_installed() {
@@ -51,7 +52,7 @@ else
 fi
 
 # Commands the tests run; a package can be installed and still be broken or incomplete.
-for cmd in softhsm2-util swtpm swtpm_setup tpm2_getrandom pkcs11-tool openssl curl clang pkg-config; do
+for cmd in softhsm2-util swtpm swtpm_setup tpm2_getrandom pkcs11-tool openssl curl clang pkg-config fincore; do
   if ! command -v "$cmd" >/dev/null 2>&1; then
     echo "install-deps: '$cmd' is still not on PATH after installing packages" >&2
     exit 1
