@@ -132,9 +132,10 @@ fn main() {
         assert!(names >= OBJECTS, "the list has {names} objects");
     }
 
-    // One object takes about 70 ms and a round's kubectl runs vary by ±10 %: 150 rounds put the
-    // median's interval within about ±2 %, where 30 left it at ±5 %, as wide as the goal's
-    // margin. The list takes 5× as long and sits well inside its goal.
+    // One object takes about 75 ms and a round's kubectl runs vary by ±10 %: 150 rounds put the
+    // median's interval within about ±2–4 % (1.021–1.065× to 1.005–1.086× in round nineteen),
+    // where 30 left it wider than the goal's margin. The list takes 5× as long and sits well
+    // inside its goal.
     let mut rows = Vec::new();
     for (label, args, rounds) in [
         ("one object", one, common::pick(150, 4)),

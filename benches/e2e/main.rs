@@ -106,8 +106,13 @@ fn check_median_interval() {
 
 /// What `common::settle` (run on the binaries before every bench) does, seen from outside with
 /// util-linux's `fincore`: a file just written has its pages in the page cache, and none after.
+/// The file is made beside the binaries, on their file system (on tmpfs nothing is dropped).
 fn check_settle() {
-    let dir = temp_dir();
+    let beside = support::hwkey_bin()
+        .parent()
+        .map(Path::to_path_buf)
+        .expect("the binaries' directory");
+    let dir = tempfile::tempdir_in(beside).expect("a directory beside the binaries");
     let file = dir.path().join("binary");
     std::fs::write(&file, vec![7u8; 1 << 20]).expect("write 1 MiB");
     let resident = || {

@@ -59,7 +59,8 @@ pub fn run(args: CredentialArgs) -> anyhow::Result<()> {
     let credential = crate::exec::run(&info, &settings)?;
     let json = zeroize::Zeroizing::new(credential.to_json()?);
     // One write: stdout's line buffer would pass the object (longer than the buffer) and its
-    // newline on in two. Sized up front, so no copy of the key is left unwiped by a regrowth.
+    // newline on in two. Sized up front, so that this copy adds no unwiped one by a regrowth
+    // (serializing and reading the answer grow their buffers, as before).
     let mut line = zeroize::Zeroizing::new(Vec::with_capacity(json.len() + 1));
     line.extend_from_slice(json.as_bytes());
     line.push(b'\n');

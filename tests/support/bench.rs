@@ -37,7 +37,7 @@ pub fn skip_unless_cargo_bench(name: &str) -> bool {
 ///
 /// Why: a binary still in the page cache the linker wrote it through starts slower than the
 /// same bytes read back from disk or copied (`cargo install`, `dpkg`, hsm-fixtures/baseline.sh):
-/// `hwkey-credential` took about 230 µs more per start, 1.93 against 1.69 ms as Go's os/exec
+/// `hwkey-credential` took about 240 µs more per start, 1.93 against 1.69 ms as Go's os/exec
 /// starts it, with the same number of page faults (docs/BENCHMARKS.md, round nineteen). Every
 /// bench ran this build's binaries as linked and the baseline's as copied.
 pub fn settle_binaries() {
