@@ -180,14 +180,7 @@ pub(crate) fn kubectl_and_exec(f: &Fixture) -> Vec<Row> {
     };
     // The exec floor: `cat` of an answer the plugin gave, what no plugin can undercut by much.
     let answer = kube.dir.path().join("answer.json");
-    let out = plugin_cmd(&plugin_bin, &[])
-        .output()
-        .expect("run the plugin");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(&mut plugin_cmd(&plugin_bin, &[]));
     std::fs::write(&answer, &out.stdout).expect("write the plugin's answer");
     // The baseline build's plugin, against the same proxy (the control API is the same).
     let baseline_plugin = std::env::var_os("HWKEY_BENCH_BASELINE_BIN")

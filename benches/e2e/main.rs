@@ -116,15 +116,10 @@ fn check_settle() {
     let file = dir.path().join("binary");
     std::fs::write(&file, vec![7u8; 1 << 20]).expect("write 1 MiB");
     let resident = || {
-        let out = Command::new("fincore")
-            .args(["--bytes", "--noheadings", "--output", "RES"])
-            .arg(&file)
-            .output()
-            .expect("fincore (util-linux) runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = run_ok(
+            Command::new("fincore")
+                .args(["--bytes", "--noheadings", "--output", "RES"])
+                .arg(&file),
         );
         String::from_utf8_lossy(&out.stdout)
             .trim()

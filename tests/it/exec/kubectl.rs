@@ -582,6 +582,22 @@ fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
     );
 }
 
+/// `strace` recording into `trace` the plugin's connections and writes (every call that can
+/// write: the tests count them), run with `plugin`'s environment; the caller adds what to run.
+fn traced(plugin: &Command, trace: &Path) -> Command {
+    let mut cmd = Command::new("strace");
+    cmd.args(["-f", "-qq", "-s", "200", "-e"])
+        .arg("trace=connect,write,writev,sendto,sendmsg")
+        .arg("-o")
+        .arg(trace)
+        .envs(
+            plugin
+                .get_envs()
+                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+        );
+    cmd
+}
+
 /// kubectl runs the plugin once per process, so its control requests are on the path of every
 /// `kubectl get`: with the proxy running, one request (the credential names the proxy that gave
 /// it) instead of `/v1/info` and then `/v1/credential`. Counted as the plugin's connections to
@@ -610,24 +626,11 @@ fn a_running_proxy_answers_the_plugin_in_one_control_request() {
     {
         let trace = c.dir.path().join("connects");
         let args = (plugin.get_program(), args);
-        let mut traced = Command::new("strace");
-        traced
-            .args([
-                "-f",
-                "-qq",
-                "-e",
-                "trace=connect,write,writev,sendto,sendmsg",
-                "-o",
-            ])
-            .arg(&trace)
-            .arg(plugin.get_program())
-            .args(plugin.get_args())
-            .envs(
-                plugin
-                    .get_envs()
-                    .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
-            );
-        let out = run_ok(&mut traced);
+        let out = run_ok(
+            traced(&plugin, &trace)
+                .arg(plugin.get_program())
+                .args(plugin.get_args()),
+        );
         let cred: serde_json::Value =
             serde_json::from_str(&stdout(&out)).expect("stdout is one JSON object");
         assert_eq!(cred["kind"], "ExecCredential", "{cred}");
@@ -709,31 +712,10 @@ fn the_plugin_says_so_when_nobody_reads_its_answer_and_writes_no_credential_to_a
     // Standard descriptors closed: the answer goes to /dev/null, not into the control socket.
     let trace = c.dir.path().join("closed");
     let plugin = c.plugin(&info, &[]);
-    let out = Command::new("strace")
-        .args([
-            "-f",
-            "-qq",
-            "-s",
-            "200",
-            "-e",
-            "trace=connect,write,writev,sendto,sendmsg",
-            "-o",
-        ])
-        .arg(&trace)
-        .args(["sh", "-c", r#"exec "$0" >&- <&-"#])
-        .arg(plugin.get_program())
-        .envs(
-            plugin
-                .get_envs()
-                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
-        )
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run the plugin");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        traced(&plugin, &trace)
+            .args(["sh", "-c", r#"exec "$0" >&- <&-"#])
+            .arg(plugin.get_program()),
     );
     let text = std::fs::read_to_string(&trace).expect("strace output");
     let connect = text
