@@ -158,6 +158,14 @@ async fn keep_alive_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) ->
             "direct TLS (software key)",
             &field(direct, |t| t.per_second),
         ),
+        ratio_row(
+            "loopback",
+            &format!("requests/s, proxy vs direct, {what}"),
+            "req/s",
+            &field(proxy, |t| t.per_second),
+            "direct TLS (software key)",
+            &field(direct, |t| t.per_second),
+        ),
     ];
     if !calls[PROXY].is_empty() && !calls[FLOOR].is_empty() {
         let all = |c: &[Calls]| c.iter().map(|c| c.all).collect::<Vec<f64>>();
@@ -174,7 +182,7 @@ async fn keep_alive_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) ->
                 &all(&calls[FLOOR]),
             )
             .note(format!(
-                "counted by `perf stat` in separate trials; per request, proxy: {:.2} waits, {:.2} futex; floor: {:.2} waits, {:.2} futex",
+                "counted by `perf stat` in separate trials; per request, proxy: {:.2} waits, {:.2} futex; floor: {:.2} waits, {:.2} futex; a direct client has no relay whose calls could be counted",
                 med(&calls[PROXY], |c| c.waits),
                 med(&calls[PROXY], |c| c.futex),
                 med(&calls[FLOOR], |c| c.waits),
@@ -304,6 +312,15 @@ async fn new_connection_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]
         ),
         ratio_row(
             "loopback",
+            &format!("two-sided TLS floor CPU per connection vs a direct client's, {what}"),
+            "µs",
+            &cpu[FLOOR],
+            "client CPU per connection, direct TLS, full handshake (software key)",
+            &cpu[DIRECT],
+        )
+        .note("scale: the floor runs two handshakes per connection (the client's full, the upstream's resumed), a client one"),
+        ratio_row(
+            "loopback",
             &format!("connections/s with --no-preconnect vs the two-sided TLS floor, {what}"),
             "conn/s",
             &rate[PLAIN],
@@ -431,6 +448,7 @@ async fn bulk_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Vec<R
     let mut relays = vec![
         (conn(f, floor, PROXY).await, whose[PROXY].clone()),
         (conn(f, floor, FLOOR).await, whose[FLOOR].clone()),
+        (conn(f, floor, DIRECT).await, whose[DIRECT].clone()),
     ];
     let d = downloads(&mut relays, pick(5, 2), None).await;
     let size_mib = d.size >> 20;
@@ -447,9 +465,10 @@ async fn bulk_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Vec<R
             1.1,
         )
         .note(format!(
-            "MB/s: proxy {:.0}, floor {:.0}; context switches per MB: proxy {:.1}, floor {:.1}",
+            "MB/s: proxy {:.0}, floor {:.0}, direct {:.0}; context switches per MB: proxy {:.1}, floor {:.1}",
             Stat::of(&d.rate[0]).median,
             Stat::of(&d.rate[1]).median,
+            Stat::of(&d.rate[2]).median,
             Stat::of(&d.switches[0]).median,
             Stat::of(&d.switches[1]).median,
         )),
@@ -461,6 +480,23 @@ async fn bulk_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Vec<R
             FLOOR_LABEL,
             &d.rate[1],
         ),
+        ratio_row(
+            "loopback",
+            &format!("MB/s, proxy vs direct, {size_mib} MiB downloads, loopback TLS"),
+            "MB/s",
+            &d.rate[0],
+            "direct TLS (software key)",
+            &d.rate[2],
+        ),
+        ratio_row(
+            "loopback",
+            &format!("two-sided TLS floor CPU per GB vs a direct client's, {size_mib} MiB downloads, loopback TLS"),
+            "s/GB",
+            &d.cpu[1],
+            "client CPU per GB, direct TLS (software key)",
+            &d.cpu[2],
+        )
+        .note("scale: the floor opens and seals every byte twice (two TLS sessions), a client opens it once"),
     ]
 }
 
@@ -637,5 +673,22 @@ async fn kubelet_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Ve
             FLOOR_LABEL,
             &rate[FLOOR],
         ),
+        ratio_row(
+            "loopback",
+            &format!("requests/s, proxy vs direct, {what}"),
+            "req/s",
+            &rate[PROXY],
+            "direct TLS (software key)",
+            &rate[DIRECT],
+        ),
+        ratio_row(
+            "loopback",
+            &format!("two-sided TLS floor CPU per stream request vs a direct client's, {what}"),
+            "µs",
+            &cpu[FLOOR],
+            "client CPU per stream request, direct TLS (software key)",
+            &cpu[DIRECT],
+        )
+        .note("scale: the floor opens and seals every byte twice (two TLS sessions), a client once"),
     ]
 }

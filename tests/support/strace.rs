@@ -128,6 +128,40 @@ impl Strace {
         by_thread
     }
 
+    /// Detaches ([`Strace::attach_calls`]) and returns, per kind of call, how many returned at
+    /// least `bytes`: the reads and writes that moved data, told apart from the wake-ups
+    /// (eventfd's 8 bytes), small requests and `EAGAIN`s the same calls also make. A call
+    /// another thread's line interrupted is counted where it resumes, with its result.
+    pub fn stop_moving_at_least(mut self, bytes: i64) -> std::collections::HashMap<String, u64> {
+        let pid = i32::try_from(self.child.id()).expect("pid fits");
+        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
+        let rc = unsafe { libc::kill(pid, libc::SIGINT) };
+        assert_eq!(rc, 0, "kill({pid}, SIGINT)");
+        self.child.wait().expect("strace exits");
+        let text = std::fs::read_to_string(&self.summary).expect("strace output");
+        let mut counts = std::collections::HashMap::new();
+        for line in text.lines() {
+            let Some((_tid, rest)) = line.trim_start().split_once(' ') else {
+                continue;
+            };
+            let rest = rest.trim_start();
+            let call = match rest.strip_prefix("<... ") {
+                Some(resumed) => resumed.split_once(" resumed>").map(|(call, _)| call),
+                None if rest.ends_with("<unfinished ...>") => None,
+                None => rest.split_once('(').map(|(call, _)| call),
+            };
+            let result = rest
+                .rsplit_once(" = ")
+                .and_then(|(_, r)| r.split_whitespace().next()?.parse::<i64>().ok());
+            if let (Some(call), Some(result)) = (call, result) {
+                if result >= bytes {
+                    *counts.entry(call.to_string()).or_insert(0) += 1;
+                }
+            }
+        }
+        counts
+    }
+
     /// Detaches and returns how many calls were made while attached (of every call named, when
     /// `call` names several, comma-separated).
     pub fn stop(self) -> u64 {

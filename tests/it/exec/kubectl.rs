@@ -585,9 +585,14 @@ fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
 /// `strace` recording into `trace` the plugin's connections and writes (every call that can
 /// write: the tests count them), run with `plugin`'s environment; the caller adds what to run.
 fn traced(plugin: &Command, trace: &Path) -> Command {
+    traced_calls(plugin, trace, "connect,write,writev,sendto,sendmsg")
+}
+
+/// [`traced`] for the system calls `calls` names (strace's `trace=` list).
+fn traced_calls(plugin: &Command, trace: &Path, calls: &str) -> Command {
     let mut cmd = Command::new("strace");
     cmd.args(["-f", "-qq", "-s", "200", "-e"])
-        .arg("trace=connect,write,writev,sendto,sendmsg")
+        .arg(format!("trace={calls}"))
         .arg("-o")
         .arg(trace)
         .envs(
@@ -733,6 +738,52 @@ fn the_plugin_says_so_when_nobody_reads_its_answer_and_writes_no_credential_to_a
     assert!(
         credential.len() == 1 && credential[0].contains("write(1,"),
         "the credential in one write to fd 1, nowhere else: {credential:#?}"
+    );
+}
+
+/// Issue 55, round nineteen: `hwkey-credential`, which kubectl starts on every call, skips the
+/// parts of std's runtime start-up it does not need (a90bfd8: its own C `main`). glibc's lookup
+/// of the main thread's stack for std opens and parses all of /proc/self/maps, and std gives
+/// the main thread a signal stack (`sigaltstack`): about 130 µs a start here. Counted under
+/// strace: `hwkey-credential` makes neither call, while `hwkey credential` (the same plugin
+/// behind std's `main`) makes both, which shows the trace sees them where they happen. On
+/// a6d3f41, whose `hwkey-credential` had std's `main`, it opened /proc/self/maps.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn the_plugin_binary_starts_without_stds_runtime_start_up() {
+    support::tools::require_tool("strace", "strace");
+    let c = Cluster::new(Identity::softhsm, "10m");
+    let info = c.exec_info("client.authentication.k8s.io/v1");
+    // The first call starts the proxy.
+    run_ok(&mut c.plugin(&info, &[]));
+    let start_up = |plugin: Command, name: &str| -> Vec<String> {
+        let trace = c.dir.path().join(name);
+        let out = run_ok(
+            traced_calls(&plugin, &trace, "open,openat,sigaltstack")
+                .arg(plugin.get_program())
+                .args(plugin.get_args()),
+        );
+        assert!(
+            stdout(&out).contains("ExecCredential"),
+            "{name}: no credential"
+        );
+        std::fs::read_to_string(&trace)
+            .expect("strace output")
+            .lines()
+            .filter(|l| l.contains("/proc/self/maps") || l.contains("sigaltstack("))
+            .map(str::to_string)
+            .collect()
+    };
+    let std_main = start_up(c.credential(&info, &[]), "std-main");
+    assert!(
+        std_main.iter().any(|l| l.contains("/proc/self/maps"))
+            && std_main.iter().any(|l| l.contains("sigaltstack(")),
+        "`hwkey credential` (std's main) should show std's start-up in the trace: {std_main:#?}"
+    );
+    let own = start_up(c.plugin(&info, &[]), "own-main");
+    assert!(
+        own.is_empty(),
+        "hwkey-credential did std's runtime start-up work: {own:#?}"
     );
 }
 

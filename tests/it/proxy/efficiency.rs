@@ -575,6 +575,54 @@ fn a_download_is_written_to_the_client_once_per_read_of_the_upstream() {
     );
 }
 
+/// Issue 55: a loopback TLS client's download costs the proxy one write to the client per read
+/// of the upstream, as on the UNIX socket. What one read of the upstream brings (about 64 KiB:
+/// four records) is opened and sealed again for the client into one buffer and written once
+/// (`proxy::relay_loop::loopback`). A guard, not a defect test: the runtime's path this
+/// replaced (4ea3478) wrote once per read too (tokio-rustls's `writev` of every record it had),
+/// and passes it. The loop made to write one record per call (a mutation tried once, not
+/// kept) fails it: 4,117 writes for 1,026 reads. Counted with strace over a 64 MiB download,
+/// the calls that moved at least 4 KiB: a write the client's full socket cuts short is
+/// finished by one more.
+#[cfg(feature = "pkcs11")]
+#[test]
+fn a_loopback_download_is_written_to_the_client_once_per_read_of_the_upstream() {
+    let id = Identity::softhsm();
+    let upstream = TestUpstream::start(&id.ca);
+    let proxy = ProxyProcess::start(&id, &upstream);
+    let config = support::proxy::loopback_client_config(&proxy.credential());
+    let mut conn = RawHttp::connect_tls(proxy.tcp_port, &config);
+    conn.send("GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let (status, _) = conn.read_response();
+    assert_eq!(status, 200, "{}", proxy.log());
+    // Every way a relay could write or read (4ea3478's loopback path wrote with `writev`).
+    let strace = support::strace::Strace::attach_calls(
+        proxy.guard.id(),
+        "write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg",
+    );
+    let size: u64 = 64 << 20;
+    conn.send(&format!(
+        "GET /bytes?n={size} HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    ));
+    download_rest(&proxy, &mut conn, size);
+    // Calls that moved at least 4 KiB: the download's records, not the request (a few hundred
+    // bytes), a wake-up's 8 bytes or a read that found nothing (`EAGAIN`), which would make a
+    // loop that reads once more than it writes look as if it wrote half as often.
+    let moved = strace.stop_moving_at_least(4096);
+    let sum = |calls: &[&str]| -> u64 { calls.iter().filter_map(|c| moved.get(*c)).sum() };
+    let writes = sum(&["write", "writev", "sendto", "sendmsg"]);
+    let reads = sum(&["read", "readv", "recvfrom", "recvmsg"]);
+    let records = size / (16 * 1024);
+    assert!(
+        reads > 0 && reads < records,
+        "{reads} reads for {records} records: the download was not read in large reads"
+    );
+    assert!(
+        writes <= 2 * reads,
+        "{writes} writes for {reads} reads ({records} records of the upstream): at most two writes to the client per read of the upstream expected"
+    );
+}
+
 /// What a connection costs once its download is over: 200 connections that each moved 256 KiB
 /// and then went idle may add at most 16 KiB of proxy RSS apiece (12.0–12.4 KiB in this test's
 /// debug build, about what an idle connection that moved one response costs). rustls gives the
