@@ -183,9 +183,15 @@ pub(crate) fn kubectl_and_exec(f: &Fixture) -> Vec<Row> {
     let out = run_ok(&mut plugin_cmd(&plugin_bin, &[]));
     std::fs::write(&answer, &out.stdout).expect("write the plugin's answer");
     // The baseline build's plugin, against the same proxy (the control API is the same).
-    let baseline_plugin = std::env::var_os("HWKEY_BENCH_BASELINE_BIN")
-        .map(|b| PathBuf::from(b).with_file_name("hwkey-credential"))
-        .filter(|p| p.is_file());
+    let baseline_bin = std::env::var_os("HWKEY_BENCH_BASELINE_BIN").map(PathBuf::from);
+    let (baseline_plugin, baseline_note) =
+        match usable_baseline_plugin(baseline_bin.as_deref(), |bin| plugin_cmd(bin, &[])) {
+            Ok(bin) => (Some(bin), String::new()),
+            Err(why) => {
+                eprintln!("e2e: the baseline build's plugin is left out: {why}");
+                (None, why)
+            }
+        };
     let (mut plugin, mut full, mut spawn) = (Vec::new(), Vec::new(), Vec::new());
     let (mut cat, mut before) = (Vec::new(), Vec::new());
     for round in 0..runs {
@@ -239,25 +245,60 @@ pub(crate) fn kubectl_and_exec(f: &Fixture) -> Vec<Row> {
     )
     .note("what hwkey's plugin costs kubectl beyond the least any exec plugin costs it: its start-up and one control request");
     let mut rows = vec![kubectl, exec, floor];
-    rows.push(match (&baseline_plugin, std::env::var("HWKEY_BENCH_BASELINE_REF")) {
-        (Some(_), reference) => ratio_row(
-            "exec",
-            "`hwkey-credential` wall time, proxy warm, against the baseline build's",
-            "ms",
-            &plugin,
-            &format!(
-                "the `hwkey-credential` of {} against the same proxy",
-                reference.unwrap_or_else(|_| "the baseline build".into())
+    rows.push(
+        match (&baseline_plugin, std::env::var("HWKEY_BENCH_BASELINE_REF")) {
+            (Some(_), reference) => ratio_row(
+                "exec",
+                "`hwkey-credential` wall time, proxy warm, against the baseline build's",
+                "ms",
+                &plugin,
+                &format!(
+                    "the `hwkey-credential` of {} against the same proxy",
+                    reference.unwrap_or_else(|_| "the baseline build".into())
+                ),
+                &before,
             ),
-            &before,
-        ),
-        (None, _) => Row::new(
-            "exec",
-            "`hwkey-credential` wall time, proxy warm, against the baseline build's",
-            "ms",
-            None,
-        )
-        .note("not measured: no hwkey-credential beside HWKEY_BENCH_BASELINE_BIN (hsm-fixtures/bench.sh --baseline REF builds it for a commit that has it)"),
-    });
+            (None, _) => Row::new(
+                "exec",
+                "`hwkey-credential` wall time, proxy warm, against the baseline build's",
+                "ms",
+                None,
+            )
+            .note(format!("not measured: {baseline_note}")),
+        },
+    );
     rows
+}
+
+/// The `hwkey-credential` beside the baseline build's `hwkey` (`baseline_bin`), if it answers
+/// the call `call` makes of it; else why not. An older build may not take this kubeconfig's
+/// call (4ea3478's plugin wants its key in the exec extension of a kubeconfig with
+/// provideClusterInfo): its row is then left out with the reason, rather than ending the
+/// bench after its other steps ran.
+pub(crate) fn usable_baseline_plugin(
+    baseline_bin: Option<&Path>,
+    call: impl Fn(&Path) -> Command,
+) -> Result<PathBuf, String> {
+    let Some(bin) = baseline_bin.map(|b| b.with_file_name("hwkey-credential")) else {
+        return Err("no HWKEY_BENCH_BASELINE_BIN".into());
+    };
+    if !bin.is_file() {
+        return Err(format!(
+            "no {} (hsm-fixtures/bench.sh --baseline REF builds it for a commit that has it)",
+            bin.display()
+        ));
+    }
+    let out = call(&bin)
+        .output()
+        .map_err(|e| format!("{} does not start: {e}", bin.display()))?;
+    if out.status.success() {
+        return Ok(bin);
+    }
+    let said = String::from_utf8_lossy(&out.stderr);
+    Err(format!(
+        "{} does not answer this kubeconfig's call ({}): {}",
+        bin.display(),
+        out.status,
+        said.lines().next().unwrap_or("").trim()
+    ))
 }

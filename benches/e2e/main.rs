@@ -132,12 +132,40 @@ fn check_settle() {
     eprintln!("e2e: a settled binary leaves the page cache");
 }
 
+/// The exec step's baseline plugin ([`usable_baseline_plugin`]): one that fails the call (as
+/// 4ea3478's did, which ended a full bench run after 28 minutes) or is missing is left out
+/// with what it said; one that answers is used.
+fn check_baseline_plugin() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let hwkey = dir.path().join("hwkey");
+    let plugin = dir.path().join("hwkey-credential");
+    let call = |bin: &Path| Command::new(bin);
+    let missing = usable_baseline_plugin(Some(&hwkey), call).expect_err("no plugin there");
+    assert!(missing.contains("builds it"), "{missing}");
+    let write = |script: &str| {
+        std::fs::write(&plugin, script).expect("write the plugin");
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755))
+            .expect("make it executable");
+    };
+    write("#!/bin/sh\necho 'hwkey: error: no key URI' >&2\nexit 2\n");
+    let refused = usable_baseline_plugin(Some(&hwkey), call).expect_err("a failing plugin");
+    assert!(refused.contains("no key URI"), "{refused}");
+    write("#!/bin/sh\necho '{}'\n");
+    assert_eq!(
+        usable_baseline_plugin(Some(&hwkey), call),
+        Ok(plugin.clone())
+    );
+    eprintln!("e2e: a baseline plugin that fails its call is left out with what it said");
+}
+
 fn main() {
     if common::skip_unless_cargo_bench("e2e") {
         // Under `cargo test --all-targets`: what the goal rows' intervals rest on, and what
         // every bench does to the binaries it runs.
         check_median_interval();
         check_settle();
+        check_baseline_plugin();
         return;
     }
     let started = Instant::now();
