@@ -299,6 +299,9 @@ pub(crate) fn usable_baseline_plugin(
         "{} does not answer this kubeconfig's call ({}): {}",
         bin.display(),
         out.status,
-        said.lines().next().unwrap_or("").trim()
+        said.lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .unwrap_or("nothing on stderr")
     ))
 }

@@ -689,6 +689,6 @@ async fn kubelet_rows(f: &Fixture, floor: &FloorRelay, whose: &[Whose; 3]) -> Ve
             "client CPU per stream request, direct TLS (software key)",
             &cpu[DIRECT],
         )
-        .note("scale: the floor opens and seals every byte twice (two TLS sessions), a client once"),
+        .note("scale only, and not of TLS alone: the client's thread also runs hyper's HTTP/2 client and the watch tasks of all three connections"),
     ]
 }

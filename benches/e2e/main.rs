@@ -137,7 +137,12 @@ fn check_settle() {
 /// with what it said; one that answers is used.
 fn check_baseline_plugin() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().expect("temp dir");
+    // Beside the binaries, which are run from there: a temp dir may be mounted noexec.
+    let beside = support::hwkey_bin()
+        .parent()
+        .map(Path::to_path_buf)
+        .expect("the binaries' directory");
+    let dir = tempfile::tempdir_in(beside).expect("a directory beside the binaries");
     let hwkey = dir.path().join("hwkey");
     let plugin = dir.path().join("hwkey-credential");
     let call = |bin: &Path| Command::new(bin);

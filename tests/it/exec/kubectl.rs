@@ -767,9 +767,14 @@ fn the_plugin_binary_starts_without_stds_runtime_start_up() {
             stdout(&out).contains("ExecCredential"),
             "{name}: no credential"
         );
-        std::fs::read_to_string(&trace)
-            .expect("strace output")
-            .lines()
+        let text = std::fs::read_to_string(&trace).expect("strace output");
+        // The trace saw the binary start: its shared libraries are opened.
+        assert!(
+            text.lines()
+                .any(|l| l.contains("openat(") && l.contains(".so")),
+            "{name}: strace recorded no library being opened:\n{text}"
+        );
+        text.lines()
             .filter(|l| l.contains("/proc/self/maps") || l.contains("sigaltstack("))
             .map(str::to_string)
             .collect()

@@ -621,6 +621,12 @@ fn a_loopback_download_is_written_to_the_client_once_per_read_of_the_upstream() 
         writes <= 2 * reads,
         "{writes} writes for {reads} reads ({records} records of the upstream): at most two writes to the client per read of the upstream expected"
     );
+    // And the writes were seen at all: a relay writing through a call not traced here
+    // would otherwise pass with none.
+    assert!(
+        2 * writes >= reads,
+        "{writes} writes for {reads} reads: the download's writes were not traced (a call missing from the list?)"
+    );
 }
 
 /// What a connection costs once its download is over: 200 connections that each moved 256 KiB
