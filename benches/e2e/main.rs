@@ -104,15 +104,21 @@ fn check_median_interval() {
     eprintln!("e2e: the median's interval checked at 5, 6, 15 and 41 values");
 }
 
-/// What `common::settle` (run on the binaries before every bench) does, seen from outside with
-/// util-linux's `fincore`: a file just written has its pages in the page cache, and none after.
-/// The file is made beside the binaries, on their file system (on tmpfs nothing is dropped).
-fn check_settle() {
+/// A temporary directory beside the binaries, on their file system: what is made there is
+/// dropped from the page cache as they are (on tmpfs nothing is), and can be run as they are (a
+/// temp dir may be mounted noexec).
+fn dir_beside_binaries() -> tempfile::TempDir {
     let beside = support::hwkey_bin()
         .parent()
         .map(Path::to_path_buf)
         .expect("the binaries' directory");
-    let dir = tempfile::tempdir_in(beside).expect("a directory beside the binaries");
+    tempfile::tempdir_in(beside).expect("a directory beside the binaries")
+}
+
+/// What `common::settle` (run on the binaries before every bench) does, seen from outside with
+/// util-linux's `fincore`: a file just written has its pages in the page cache, and none after.
+fn check_settle() {
+    let dir = dir_beside_binaries();
     let file = dir.path().join("binary");
     std::fs::write(&file, vec![7u8; 1 << 20]).expect("write 1 MiB");
     let resident = || {
@@ -137,12 +143,7 @@ fn check_settle() {
 /// with what it said; one that answers is used.
 fn check_baseline_plugin() {
     use std::os::unix::fs::PermissionsExt;
-    // Beside the binaries, which are run from there: a temp dir may be mounted noexec.
-    let beside = support::hwkey_bin()
-        .parent()
-        .map(Path::to_path_buf)
-        .expect("the binaries' directory");
-    let dir = tempfile::tempdir_in(beside).expect("a directory beside the binaries");
+    let dir = dir_beside_binaries();
     let hwkey = dir.path().join("hwkey");
     let plugin = dir.path().join("hwkey-credential");
     let call = |bin: &Path| Command::new(bin);

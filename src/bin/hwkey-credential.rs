@@ -65,9 +65,12 @@ fn standard_descriptors_open() -> bool {
             // std does.
             Some(libc::EINVAL | libc::ENOMEM | libc::EAGAIN) => {
                 break (0..3)
-                    // SAFETY: fcntl(F_GETFD) only queries the descriptor's flags.
-                    .filter(|fd| unsafe { libc::fcntl(*fd, libc::F_GETFD) } == -1)
-                    .filter(|_| std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF))
+                    .filter(|fd| {
+                        // SAFETY: fcntl(F_GETFD) only queries the descriptor's flags.
+                        let failed = unsafe { libc::fcntl(*fd, libc::F_GETFD) } == -1;
+                        failed
+                            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF)
+                    })
                     .collect();
             }
             _ => return false,

@@ -61,6 +61,17 @@ impl Strace {
         }
     }
 
+    /// Stops strace (SIGINT: it detaches from every thread and writes its output) and returns
+    /// what it wrote: the summary, or each call for [`Strace::attach_calls`].
+    fn detach(&mut self) -> String {
+        let pid = i32::try_from(self.child.id()).expect("pid fits");
+        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
+        let rc = unsafe { libc::kill(pid, libc::SIGINT) };
+        assert_eq!(rc, 0, "kill({pid}, SIGINT)");
+        self.child.wait().expect("strace exits");
+        std::fs::read_to_string(&self.summary).expect("strace output")
+    }
+
     /// Detaches ([`Strace::attach_calls`]) and returns how many calls of each kind each thread
     /// made while attached, keyed by (thread name, call): the name is
     /// `/proc/PID/task/TID/comm`, read while the threads still run. Failed calls count too.
@@ -76,16 +87,12 @@ impl Strace {
     pub fn stop_by_thread_failed(
         mut self,
     ) -> std::collections::HashMap<(String, String), (u64, u64)> {
+        let pid = self.pid;
         let name = |tid: &str| {
-            std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", self.pid))
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
                 .map_or_else(|_| format!("gone thread {tid}"), |c| c.trim().to_string())
         };
-        let pid = i32::try_from(self.child.id()).expect("pid fits");
-        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
-        let rc = unsafe { libc::kill(pid, libc::SIGINT) };
-        assert_eq!(rc, 0, "kill({pid}, SIGINT)");
-        self.child.wait().expect("strace exits");
-        let text = std::fs::read_to_string(&self.summary).expect("strace output");
+        let text = self.detach();
         let mut by_thread = std::collections::HashMap::new();
         // "TID call(args) = result" (strace pads TID); "TID <... call resumed> ...) = result"
         // ends a call another thread's line interrupted (counted once, at its start; its
@@ -133,12 +140,7 @@ impl Strace {
     /// (eventfd's 8 bytes), small requests and `EAGAIN`s the same calls also make. A call
     /// another thread's line interrupted is counted where it resumes, with its result.
     pub fn stop_moving_at_least(mut self, bytes: i64) -> std::collections::HashMap<String, u64> {
-        let pid = i32::try_from(self.child.id()).expect("pid fits");
-        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
-        let rc = unsafe { libc::kill(pid, libc::SIGINT) };
-        assert_eq!(rc, 0, "kill({pid}, SIGINT)");
-        self.child.wait().expect("strace exits");
-        let text = std::fs::read_to_string(&self.summary).expect("strace output");
+        let text = self.detach();
         let mut counts = std::collections::HashMap::new();
         for line in text.lines() {
             let Some((_tid, rest)) = line.trim_start().split_once(' ') else {
@@ -180,12 +182,7 @@ impl Strace {
     /// Detaches and returns, for each kind named that was made while attached, how many calls
     /// there were and how many of them failed (`EAGAIN` included).
     pub fn stop_counts(mut self) -> Vec<Counted> {
-        let pid = i32::try_from(self.child.id()).expect("pid fits");
-        // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
-        let rc = unsafe { libc::kill(pid, libc::SIGINT) };
-        assert_eq!(rc, 0, "kill({pid}, SIGINT)");
-        self.child.wait().expect("strace exits");
-        let text = std::fs::read_to_string(&self.summary).expect("strace summary");
+        let text = self.detach();
         // "% time  seconds  usecs/call  calls  errors  syscall": calls is the 4th column, and
         // the errors column is empty when none failed.
         let names: Vec<&str> = self.call.split(',').collect();

@@ -585,7 +585,20 @@ fn exec_errors_leave_stdout_empty_and_say_what_to_fix() {
 /// `strace` recording into `trace` the plugin's connections and writes (every call that can
 /// write: the tests count them), run with `plugin`'s environment; the caller adds what to run.
 fn traced(plugin: &Command, trace: &Path) -> Command {
-    traced_calls(plugin, trace, "connect,write,writev,sendto,sendmsg")
+    traced_calls(plugin, trace, WRITES)
+}
+
+/// The plugin's connections and every call that can write.
+const WRITES: &str = "connect,write,writev,sendto,sendmsg";
+
+/// Runs `plugin` under strace recording the system calls `calls` names into `trace`; asserts it
+/// succeeded.
+fn run_traced(plugin: &Command, trace: &Path, calls: &str) -> std::process::Output {
+    run_ok(
+        traced_calls(plugin, trace, calls)
+            .arg(plugin.get_program())
+            .args(plugin.get_args()),
+    )
 }
 
 /// [`traced`] for the system calls `calls` names (strace's `trace=` list).
@@ -631,11 +644,7 @@ fn a_running_proxy_answers_the_plugin_in_one_control_request() {
     {
         let trace = c.dir.path().join("connects");
         let args = (plugin.get_program(), args);
-        let out = run_ok(
-            traced(&plugin, &trace)
-                .arg(plugin.get_program())
-                .args(plugin.get_args()),
-        );
+        let out = run_traced(&plugin, &trace, WRITES);
         let cred: serde_json::Value =
             serde_json::from_str(&stdout(&out)).expect("stdout is one JSON object");
         assert_eq!(cred["kind"], "ExecCredential", "{cred}");
@@ -758,11 +767,7 @@ fn the_plugin_binary_starts_without_stds_runtime_start_up() {
     run_ok(&mut c.plugin(&info, &[]));
     let start_up = |plugin: Command, name: &str| -> Vec<String> {
         let trace = c.dir.path().join(name);
-        let out = run_ok(
-            traced_calls(&plugin, &trace, "open,openat,sigaltstack")
-                .arg(plugin.get_program())
-                .args(plugin.get_args()),
-        );
+        let out = run_traced(&plugin, &trace, "open,openat,sigaltstack");
         assert!(
             stdout(&out).contains("ExecCredential"),
             "{name}: no credential"
